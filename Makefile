@@ -1,0 +1,32 @@
+# Two commands on a fresh machine (Debian, Python 3.11): `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tpuflow-installed
+
+.PHONY: install demo test lint clean-local
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The lock pins every transitive version; torch is installed with pip, which takes the
+# CPU wheel from the machine's find-links folder where there is one.
+$(STAMP): $(BIN)/python requirements.lock pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip uv
+	$(BIN)/uv pip install --python $(BIN)/python $(UV_FIND_LINKS) -r requirements.lock
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
+	touch $(STAMP)
+
+UV_FIND_LINKS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\([^']*\)'.*/--find-links \1/p" | head -1)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/tpuflow demo
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check dags operators plugins workloads tests bench

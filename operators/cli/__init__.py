@@ -1,0 +1,34 @@
+"""The `tpuflow` command line: slice catalog, local cluster, manifest rendering."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from operators.cli import slice_cmd
+from operators.errors import UserInputError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpuflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (slice_cmd,):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserInputError as err:
+        print(f"tpuflow: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""`tpuflow render ...`: print what the operators would send, exactly as sent."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("render", help="print a request body or manifest for a slice")
+    renderers = parser.add_subparsers(dest="what", required=True)
+    # Each renderer module adds one subcommand (nodepool, raycluster, rayservice).
+    del renderers

@@ -1,0 +1,32 @@
+"""`tpuflow slice`: describe a TPU slice from the catalog."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from operators.tpu import TpuSlice
+
+
+def add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument("--accelerator", required=required, help="TPU-V6E, tpu-v6e-slice or v6e")
+    parser.add_argument("--topology", required=required, help="slice shape, e.g. 4x4 or 2x2x2 (not a chip count)")
+    parser.add_argument("--machine-type", default=None, help="e.g. ct6e-standard-4t (default: derived)")
+    parser.add_argument("--num-slices", default="1", help="number of identical slices (default 1)")
+
+
+def slice_from_args(args: argparse.Namespace) -> TpuSlice:
+    return TpuSlice.from_spec(args.accelerator, args.topology, args.machine_type, args.num_slices)
+
+
+def _run(args: argparse.Namespace) -> int:
+    tpu = slice_from_args(args)
+    print(json.dumps(tpu.to_dict(), indent=2) if args.json else tpu.summary())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("slice", help="describe a TPU slice (chips, hosts, machine type, ScalingConfig)")
+    add_slice_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=_run)

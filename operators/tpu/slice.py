@@ -1,0 +1,287 @@
+"""One immutable TPU slice definition from which every operator derives its shape.
+
+Node pool size, KubeRay numOfHosts, the google.com/tpu request, node selectors, the
+Ray Train ScalingConfig and Serve placement all come from a TpuSlice, so they
+cannot disagree with each other.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from operators.errors import UserInputError
+from operators.tpu.generations import (
+    ALIASES,
+    GENERATIONS,
+    MISLEADING_NAMES,
+    Generation,
+    accepted_accelerator_names,
+)
+
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
+
+_TOPOLOGY_RE = re.compile(r"^[1-9]\d*(x[1-9]\d*)+$")
+_MACHINE_RE = re.compile(r"^(?P<family>.+)-(?P<chips>\d+)t$")
+
+
+class SliceSpecError(UserInputError):
+    """Bad slice input: names the field, the bad value and what would be valid."""
+
+
+def resolve_generation(accelerator: str) -> Generation:
+    """Accept a Ray accelerator type, a GKE accelerator label or a generation name."""
+    key = (accelerator or "").strip().lower()
+    if key in ALIASES:
+        return ALIASES[key]
+    if key in MISLEADING_NAMES:
+        raise SliceSpecError(
+            "accelerator", accelerator, f"Ray and GKE do not know this name; use {MISLEADING_NAMES[key]}"
+        )
+    raise SliceSpecError("accelerator", accelerator, "use one of " + ", ".join(accepted_accelerator_names()))
+
+
+def chips_in(topology: str) -> int:
+    return math.prod(int(d) for d in topology.split("x"))
+
+
+def _shapes_with(gen: Generation, chips: int) -> list[str]:
+    return sorted((t for t in gen.known_topologies if chips_in(t) == chips), key=_shape_key)
+
+
+def _shape_key(topology: str) -> tuple[int, ...]:
+    return (chips_in(topology), *(int(d) for d in topology.split("x")))
+
+
+def _check_topology(gen: Generation, topology: str) -> str:
+    topo = (topology or "").strip().lower()
+    if topo.isdigit():
+        shapes = _shapes_with(gen, int(topo))
+        hint = f"e.g. {', '.join(shapes)} ({topo} chips)" if shapes else f"e.g. {sorted(gen.gke_topologies, key=_shape_key)[:4]}"
+        raise SliceSpecError(
+            "topology", topology, f"a topology is the slice's shape, not a chip count; give a shape, {hint}"
+        )
+    if not _TOPOLOGY_RE.match(topo):
+        raise SliceSpecError("topology", topology, f"write the shape as {'AxB' if gen.dims == 2 else 'AxBxC'}, e.g. "
+                             f"{'4x4' if gen.dims == 2 else '2x2x2'}")
+    if len(topo.split("x")) != gen.dims:
+        raise SliceSpecError(
+            "topology", topology, f"{gen.name} slices are {gen.dims}D ({'AxB' if gen.dims == 2 else 'AxBxC'}); "
+            f"valid shapes include {', '.join(sorted(gen.gke_topologies, key=_shape_key)[:8])}"
+        )
+    if topo not in gen.known_topologies:
+        raise SliceSpecError(
+            "topology", topology, f"{gen.name} has no such slice; valid shapes: "
+            f"{', '.join(sorted(gen.known_topologies, key=_shape_key)[:14])}"
+        )
+    return topo
+
+
+def _chips_per_host(gen: Generation, topo: str, machine_type: str | None) -> int:
+    chips = chips_in(topo)
+    fits_one_vm = chips <= gen.single_vm_max_chips
+    default = chips if fits_one_vm and chips in gen.machine_chip_options else 4
+    if machine_type is None:
+        return default
+    m = _MACHINE_RE.match(machine_type.strip())
+    if not m or m.group("family") != gen.machine_family or int(m.group("chips")) not in gen.machine_chip_options:
+        raise SliceSpecError("machine_type", machine_type, f"{gen.name} machine types are {', '.join(gen.machine_types)}")
+    per_host = int(m.group("chips"))
+    valid = {default}
+    # v5e/v6e 2x4 exists as one 8-chip VM or as two 4-chip VMs.
+    if fits_one_vm and chips == 8 and gen.single_vm_max_chips == 8:
+        valid.add(4)
+    if per_host not in valid:
+        options = ", ".join(gen.machine_type(n) for n in sorted(valid))
+        raise SliceSpecError(
+            "machine_type", machine_type, f"a {gen.name} {topo} slice ({chips} chips) runs on {options}"
+        )
+    return per_host
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    generation: Generation
+    topology: str
+    chips_per_host: int
+    num_slices: int = 1
+
+    @classmethod
+    def from_spec(
+        cls,
+        accelerator: str,
+        topology: str,
+        machine_type: str | None = None,
+        num_slices: int | str = 1,
+    ) -> TpuSlice:
+        gen = resolve_generation(accelerator)
+        topo = _check_topology(gen, topology)
+        if isinstance(num_slices, bool) or not re.fullmatch(r"\s*\d+\s*", str(num_slices)) or int(num_slices) < 1:
+            raise SliceSpecError("num_slices", num_slices, "give a whole number of slices, 1 or more")
+        n = int(num_slices)
+        return cls(gen, topo, _chips_per_host(gen, topo, machine_type), n)
+
+    # --- shape ---------------------------------------------------------------
+    @property
+    def chips(self) -> int:
+        """Chips in one slice."""
+        return chips_in(self.topology)
+
+    @property
+    def num_hosts(self) -> int:
+        """TPU VMs (GKE nodes, KubeRay numOfHosts) in one slice."""
+        return self.chips // self.chips_per_host
+
+    @property
+    def total_hosts(self) -> int:
+        return self.num_hosts * self.num_slices
+
+    @property
+    def multi_host(self) -> bool:
+        return self.num_hosts > 1
+
+    @property
+    def machine_type(self) -> str:
+        return self.generation.machine_type(self.chips_per_host)
+
+    @property
+    def ray_pod_type(self) -> str:
+        """What Ray calls the slice (TPU_ACCELERATOR_TYPE, ray.io/tpu-pod-type), e.g. v6e-16."""
+        return f"{self.generation.ray_version}-{self.chips * self.generation.cores_per_chip}"
+
+    @property
+    def logical_devices_per_host(self) -> int:
+        """Ray's TPU resource per host: chips, or chiplets on tpu7x."""
+        return self.chips_per_host * self.generation.logical_devices_per_chip
+
+    @property
+    def gke_supported(self) -> bool:
+        return self.topology in self.generation.gke_topologies
+
+    @property
+    def ray_supported(self) -> bool:
+        return self.topology in self.generation.ray_topologies
+
+    # --- what the platform layers need ----------------------------------------
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {GKE_ACCELERATOR_LABEL: self.generation.gke_accelerator, GKE_TOPOLOGY_LABEL: self.topology}
+
+    @property
+    def tpu_resource_request(self) -> dict[str, str]:
+        """The container resource request/limit for one TPU host pod."""
+        return {TPU_RESOURCE: str(self.chips_per_host)}
+
+    @property
+    def ray_env(self) -> dict[str, str]:
+        """Environment every Ray process of the cluster needs (head, workers, drivers)."""
+        per_chip = self.generation.logical_devices_per_chip
+        return {"RAY_TPU_RESOURCE_PER_CHIP": str(per_chip)} if per_chip > 1 else {}
+
+    @property
+    def ray_worker_resources(self) -> dict[str, int]:
+        """Resources to declare on a Ray worker node for one host (rayStartParams / ray start)."""
+        return {"TPU": self.logical_devices_per_host}
+
+    def scaling_config(self) -> dict[str, Any]:
+        """Keyword arguments for ray.train.ScalingConfig: one worker per TPU host."""
+        cfg: dict[str, Any] = {
+            "use_tpu": True,
+            "topology": self.topology,
+            "accelerator_type": self.generation.ray_accelerator_type,
+            "num_workers": self.total_hosts,
+        }
+        default_per_host = 4 if self.chips > self.generation.single_vm_max_chips else self.chips
+        if self.chips_per_host != default_per_host or self.generation.logical_devices_per_chip > 1:
+            cfg["resources_per_worker"] = {"TPU": self.logical_devices_per_host}
+        return cfg
+
+    def slice_placement_group_kwargs(self) -> dict[str, Any]:
+        """Arguments for ray.util.tpu.slice_placement_group reserving exactly this slice."""
+        kwargs: dict[str, Any] = {
+            "topology": self.topology,
+            "accelerator_version": self.generation.ray_version,
+            "num_slices": self.num_slices,
+            "chips_per_vm": self.chips_per_host,
+        }
+        if self.generation.logical_devices_per_chip > 1:
+            kwargs["tpu_resource_per_chip"] = self.generation.logical_devices_per_chip
+        return kwargs
+
+    def serve_accelerator_config(self) -> dict[str, Any]:
+        """Ray Serve LLM placement: a multi-host model must name its topology or it hangs in DEPLOYING."""
+        return {
+            "accelerator_type": self.generation.ray_accelerator_type,
+            "accelerator_config": {"kind": "tpu", "topology": self.topology},
+        }
+
+    def simulated_host_env(self, slice_name: str, worker_id: int) -> dict[str, str]:
+        """The four TPU_* variables GKE's TPU webhook injects; Ray derives slice labels from them."""
+        return {
+            "TPU_NAME": slice_name,
+            "TPU_WORKER_ID": str(worker_id),
+            "TPU_ACCELERATOR_TYPE": self.ray_pod_type,
+            "TPU_TOPOLOGY": self.topology,
+            **self.ray_env,
+        }
+
+    def require(self, *, gke: bool = False, ray: bool = False) -> TpuSlice:
+        """Reject shapes the target platform does not accept, before anything is provisioned."""
+        gen = self.generation
+        if gke and not self.gke_supported:
+            raise SliceSpecError(
+                "topology", self.topology, f"GKE has no {gen.name} node pool of this shape; use one of "
+                f"{', '.join(sorted(gen.gke_topologies, key=_shape_key)[:12])}"
+            )
+        if ray and not self.ray_supported:
+            raise SliceSpecError(
+                "topology", self.topology, f"Ray 2.60 does not accept this {gen.name} topology; use one of "
+                f"{', '.join(sorted(gen.ray_topologies, key=_shape_key)[:12])}"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation.name,
+            "gke_accelerator": self.generation.gke_accelerator,
+            "ray_accelerator_type": self.generation.ray_accelerator_type,
+            "topology": self.topology,
+            "machine_type": self.machine_type,
+            "chips": self.chips,
+            "chips_per_host": self.chips_per_host,
+            "num_hosts": self.num_hosts,
+            "num_slices": self.num_slices,
+            "total_hosts": self.total_hosts,
+            "multi_host": self.multi_host,
+            "ray_pod_type": self.ray_pod_type,
+            "logical_devices_per_chip": self.generation.logical_devices_per_chip,
+            "logical_devices_per_host": self.logical_devices_per_host,
+            "node_selector": self.node_selector,
+            "tpu_resource_request": self.tpu_resource_request,
+            "scaling_config": self.scaling_config(),
+            "ray_env": self.ray_env,
+            "gke_supported": self.gke_supported,
+            "ray_supported": self.ray_supported,
+        }
+
+    def summary(self) -> str:
+        kind = "multi-host" if self.multi_host else "single-host"
+        slices = f" x {self.num_slices} slices" if self.num_slices > 1 else ""
+        return (
+            f"{self.generation.name} {self.topology} ({self.ray_pod_type}){slices}: {self.chips} chips, {kind}, "
+            f"{self.num_hosts} x {self.machine_type} per slice, google.com/tpu={self.chips_per_host}, "
+            f"Ray {self.generation.ray_accelerator_type}; GKE {'ok' if self.gke_supported else 'NO'}, "
+            f"Ray 2.60 {'ok' if self.ray_supported else 'NO'}"
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TpuSlice:
+        return cls.from_spec(data["generation"], data["topology"], data.get("machine_type"), data.get("num_slices", 1))
+
+
+def generation_names() -> list[str]:
+    return list(GENERATIONS)
