@@ -1,0 +1,9 @@
+"""Train a small LM on a (simulated) TPU slice with Ray, evaluate it, serve it, tear down.
+
+The embedded default: a local Ray cluster with simulated TPU hosts stands in for GKE.
+Heavy imports (ray, jax, google clients) happen inside tasks, never at parse time.
+"""
+
+from operators.pipeline.factory import build_pipeline_dag
+
+dag = build_pipeline_dag("tpu_llm_pipeline_local")

@@ -1,0 +1,95 @@
+"""`tpuflow render nodepool`: the GKE CreateNodePool request body for a TPU slice.
+
+With --json it prints ``{"nodePool": {...}}`` in the GKE v1 REST form (camelCase fields, enum values
+by name, as in the GKE reference; the Python client sends the same message with enums as numbers).
+A multi-host request with --num-slices N > 1 needs N pools (GKE cannot grow a multi-host pool), so
+then it prints a JSON list of N bodies. Pass --dag-id/--run-id/--task-id to get the node pool name
+and ownership labels GKECreateTPUNodePoolOperator would use for that task instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from operators.cli.slice_cmd import add_slice_arguments
+from operators.errors import UserInputError
+from operators.gke.nodepool_spec import TaskIdentity, plan_node_pools
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserInputError(flag, item, "write KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    identity = None
+    if args.dag_id or args.run_id or args.task_id:
+        if not (args.dag_id and args.run_id and args.task_id):
+            raise UserInputError("--task-id", args.task_id, "give --dag-id, --run-id and --task-id together")
+        identity = TaskIdentity(args.dag_id, args.run_id, args.task_id, args.map_index)
+    plan = plan_node_pools(
+        project_id=args.project,
+        location=args.location,
+        cluster_name=args.cluster,
+        accelerator=args.accelerator,
+        topology=args.topology,
+        machine_type=args.machine_type,
+        num_slices=args.num_slices,
+        capacity=args.capacity,
+        node_zone=args.node_zone,
+        node_pool_name=args.node_pool_name,
+        node_labels=_pairs(args.node_label, "--node-label"),
+        node_taints=args.node_taint,
+        service_account=args.service_account,
+        workload_policy=args.workload_policy,
+        identity=identity,
+        expires_at=int(time.time() + args.expires_after_hours * 3600) if identity else None,
+    )
+    bodies = [{"nodePool": body} for body in plan.bodies()]
+    if args.json:
+        print(json.dumps(bodies[0] if len(bodies) == 1 else bodies, indent=2))
+        return 0
+    tpu = plan.tpu
+    for body in plan.bodies():
+        placement = body.get("placementPolicy") or "none (single-host)"
+        print(
+            f"POST https://container.googleapis.com/v1/{plan.parent}/nodePools: {body['name']} = "
+            f"{plan.nodes_per_pool} x {tpu.machine_type} in {plan.node_zone}, placement {placement}, "
+            f"capacity {plan.capacities[0]}"
+        )
+    print(tpu.summary())
+    return 0
+
+
+def register(renderers: argparse._SubParsersAction) -> None:
+    parser = renderers.add_parser(
+        "nodepool", help="the GKE node pool request body for a TPU slice", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--project", required=True, help="Google Cloud project ID")
+    parser.add_argument("--location", required=True, help="the cluster's zone (or region, with --node-zone)")
+    parser.add_argument("--cluster", required=True, help="GKE cluster name")
+    add_slice_arguments(parser)
+    parser.add_argument(
+        "--capacity", default="on-demand", help="on-demand (default), spot, reservation:NAME, flex-start or queued"
+    )
+    parser.add_argument("--node-zone", default=None, help="zone of the slice when --location is a region")
+    parser.add_argument("--node-pool-name", default=None, help="default: derived (see --task-id)")
+    parser.add_argument("--workload-policy", default=None, help="workload policy name (multi-host tpu7x)")
+    parser.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE", help="node label (repeat)")
+    parser.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT", help="taint (repeat)")
+    parser.add_argument("--service-account", default=None, help="node service account email")
+    parser.add_argument("--dag-id", default=None)
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--task-id", default=None)
+    parser.add_argument("--map-index", type=int, default=-1)
+    parser.add_argument("--expires-after-hours", type=float, default=24.0)
+    parser.add_argument("--json", action="store_true", help="print the request body as JSON")
+    parser.set_defaults(func=_run)

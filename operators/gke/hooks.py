@@ -1,0 +1,215 @@
+"""Node pool calls on top of the google provider's GKEHook (its credentials, its ClusterManagerClient).
+
+Connection extras honoured besides the google_cloud_platform ones (``is_anonymous``, ``key_path``,
+``project``, ...):
+
+``container_api_endpoint``
+    Base URL of the GKE API, e.g. ``http://127.0.0.1:8123`` for the local stand-in
+    (``python -m operators.standins.gke_api``). Unset: the real GKE endpoint.
+``container_api_transport``
+    ``rest`` or ``grpc``. Defaults to ``rest`` when the endpoint starts with ``http://`` or
+    ``https://``, otherwise to the client library's default (gRPC).
+
+A connection for the stand-in, as an environment variable::
+
+    AIRFLOW_CONN_GKE_STANDIN='{"conn_type": "google_cloud_platform",
+        "extra": {"is_anonymous": true, "container_api_endpoint": "http://127.0.0.1:8123"}}'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
+from airflow.providers.google.common.consts import CLIENT_INFO
+from airflow.providers.google.common.hooks.base_google import PROVIDE_PROJECT_ID
+from google.api_core.client_options import ClientOptions
+from google.api_core.exceptions import NotFound
+from google.cloud.container_v1 import ClusterManagerAsyncClient, ClusterManagerClient
+from google.cloud.container_v1.types import NodePool, Operation
+
+ACTIVE_OPERATION = (Operation.Status.PENDING, Operation.Status.RUNNING)
+
+
+def to_rest_json(message: Any) -> dict[str, Any]:
+    """A proto-plus message as the GKE REST API writes it (camelCase, enums by name, unset fields left out)."""
+    return json.loads(
+        type(message).to_json(
+            message, use_integers_for_enums=False, always_print_fields_with_no_presence=False, indent=None
+        )
+    )
+
+
+class GKEOperationError(Exception):
+    """A GKE operation finished (DONE) with an error."""
+
+    def __init__(self, operation: Operation) -> None:
+        self.operation = operation
+        self.operation_json = to_rest_json(operation)
+        super().__init__(f"operation {operation.name} failed: {operation.error.message or operation.detail}")
+
+
+class GKENodePoolHook(GKEHook):
+    """Create, read, list and delete GKE node pools and follow their operations."""
+
+    def __init__(
+        self,
+        gcp_conn_id: str = "google_cloud_default",
+        location: str | None = None,
+        impersonation_chain: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(gcp_conn_id=gcp_conn_id, location=location, impersonation_chain=impersonation_chain, **kwargs)
+
+    # --- connection-driven client set-up ----------------------------------------------------------------
+    @property
+    def container_api_endpoint(self) -> str | None:
+        return self._get_field("container_api_endpoint", None) or None
+
+    @property
+    def container_api_transport(self) -> str | None:
+        transport = self._get_field("container_api_transport", None)
+        if transport:
+            return str(transport).lower()
+        endpoint = self.container_api_endpoint or ""
+        return "rest" if endpoint.startswith(("http://", "https://")) else None
+
+    @property
+    def uses_rest_transport(self) -> bool:
+        return self.container_api_transport == "rest"
+
+    def container_client_options(self) -> ClientOptions:
+        return self.get_client_options(api_endpoint_override=self.container_api_endpoint)
+
+    def get_cluster_manager_client(self) -> ClusterManagerClient:
+        if self._client is None:
+            self._client = ClusterManagerClient(
+                credentials=self.get_credentials(),
+                client_info=CLIENT_INFO,
+                client_options=self.container_client_options(),
+                transport=self.container_api_transport,
+            )
+        return self._client
+
+    # --- paths --------------------------------------------------------------------------------------
+    def cluster_path(self, project_id: str, cluster_name: str) -> str:
+        return f"projects/{project_id}/locations/{self.location}/clusters/{cluster_name}"
+
+    def node_pool_path(self, project_id: str, cluster_name: str, node_pool_name: str) -> str:
+        return f"{self.cluster_path(project_id, cluster_name)}/nodePools/{node_pool_name}"
+
+    # --- node pools ---------------------------------------------------------------------------------
+    def create_node_pool(self, *, project_id: str, cluster_name: str, node_pool: dict[str, Any]) -> Operation:
+        """Send one NodePool (REST JSON form, as built by operators.gke.nodepool_spec) and return its Operation."""
+        self.log.info("Creating node pool %s in %s", node_pool.get("name"), self.cluster_path(project_id, cluster_name))
+        return self.get_cluster_manager_client().create_node_pool(
+            parent=self.cluster_path(project_id, cluster_name),
+            node_pool=NodePool.from_json(json.dumps(node_pool)),
+        )
+
+    def get_node_pool(self, *, project_id: str, cluster_name: str, node_pool_name: str) -> NodePool | None:
+        try:
+            return self.get_cluster_manager_client().get_node_pool(
+                name=self.node_pool_path(project_id, cluster_name, node_pool_name)
+            )
+        except NotFound:
+            return None
+
+    def list_node_pools(self, *, project_id: str, cluster_name: str) -> list[NodePool]:
+        response = self.get_cluster_manager_client().list_node_pools(parent=self.cluster_path(project_id, cluster_name))
+        return list(response.node_pools)
+
+    def delete_node_pool(self, *, project_id: str, cluster_name: str, node_pool_name: str) -> Operation | None:
+        """Start deleting a node pool; None when it does not exist."""
+        self.log.info("Deleting node pool %s", self.node_pool_path(project_id, cluster_name, node_pool_name))
+        try:
+            return self.get_cluster_manager_client().delete_node_pool(
+                name=self.node_pool_path(project_id, cluster_name, node_pool_name)
+            )
+        except NotFound:
+            self.log.info("Node pool %s does not exist", node_pool_name)
+            return None
+
+    # --- operations ---------------------------------------------------------------------------------
+    def get_operation(self, operation_name: str, project_id: str = PROVIDE_PROJECT_ID) -> Operation:
+        # GKEHook's version, with a short name accepted as well as a full path.
+        short = operation_name.rsplit("/", 1)[-1]
+        return super().get_operation(short, project_id=project_id)
+
+    def find_running_operation(self, *, project_id: str, cluster_name: str, node_pool_name: str) -> Operation | None:
+        """The unfinished operation on a node pool (e.g. a create started by an earlier try of the task)."""
+        response = self.get_cluster_manager_client().list_operations(
+            parent=f"projects/{project_id}/locations/{self.location}"
+        )
+        suffix = f"/clusters/{cluster_name}/nodePools/{node_pool_name}"
+        for operation in response.operations:
+            if operation.status in ACTIVE_OPERATION and operation.target_link.endswith(suffix):
+                return operation
+        return None
+
+    @staticmethod
+    def raise_for_operation_error(operation: Operation) -> Operation:
+        """GKE marks a failed operation DONE; the failure is only in ``operation.error``."""
+        if operation.error.code or operation.error.message or list(operation.nodepool_conditions):
+            raise GKEOperationError(operation)
+        return operation
+
+    def wait_for_node_pool_operation(
+        self,
+        operation: Operation | str,
+        *,
+        project_id: str,
+        poll_interval: float = 10.0,
+        timeout: float | None = None,
+    ) -> Operation:
+        """Poll until the operation is DONE, then raise GKEOperationError if it failed."""
+        name = operation if isinstance(operation, str) else operation.name
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            current = self.get_operation(name, project_id=project_id)
+            if current.status == Operation.Status.DONE:
+                return self.raise_for_operation_error(current)
+            if current.status not in ACTIVE_OPERATION:
+                raise GKEOperationError(current)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"GKE operation {name} still {current.status.name} after {timeout} s")
+            time.sleep(poll_interval)
+
+
+class GKENodePoolAsyncHook(GKEAsyncHook):
+    """GKEAsyncHook whose client honours the connection's endpoint and transport extras."""
+
+    sync_hook_class = GKENodePoolHook
+
+    def __init__(
+        self,
+        gcp_conn_id: str = "google_cloud_default",
+        location: str | None = None,
+        impersonation_chain: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(gcp_conn_id=gcp_conn_id, location=location, impersonation_chain=impersonation_chain, **kwargs)
+        # GKEAsyncHook does not hand the location to its sync hook; get_operation there needs it.
+        self._hook_kwargs["location"] = location
+
+    async def _get_client(self) -> ClusterManagerAsyncClient:
+        if self._client is None:
+            sync_hook = await self.get_sync_hook()
+            self._client = ClusterManagerAsyncClient(
+                credentials=sync_hook.get_credentials(),
+                client_info=CLIENT_INFO,
+                client_options=sync_hook.container_client_options(),
+            )
+        return self._client
+
+    async def get_operation(self, operation_name: str, project_id: str = PROVIDE_PROJECT_ID) -> Operation:
+        sync_hook: GKENodePoolHook = await self.get_sync_hook()
+        if sync_hook.uses_rest_transport:
+            # container_v1 has no asyncio REST transport (ClusterManagerAsyncClient is gRPC only), so a
+            # connection configured for REST (e.g. the local stand-in) polls with the sync client in a thread.
+            return await asyncio.to_thread(sync_hook.get_operation, operation_name, project_id)
+        return await super().get_operation(operation_name=operation_name, project_id=project_id)

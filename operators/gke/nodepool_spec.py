@@ -1,0 +1,557 @@
+"""What a TPU slice node pool looks like on the GKE API, built and checked without touching the API.
+
+Pure module (no google-cloud imports): the operators, the `tpuflow render nodepool` command and the
+GKE stand-in all derive the request body from here, so what is rendered is what is sent. Bodies use
+the GKE v1 REST/JSON form (camelCase field names, enum values by name).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from operators.errors import UserInputError
+from operators.naming import dns_name, run_key
+from operators.tpu import TpuSlice
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+NODE_POOL_NAME_MAX = 40
+
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_PROJECT_RE = re.compile(r"^([a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_CLUSTER_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
+_NODE_POOL_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
+_GCE_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+_SHARED_RESERVATION_RE = re.compile(r"^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/(?P<name>[^/]+)$")
+_EMAIL_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*@[a-z0-9-]+(\.[a-z0-9-]+)+$")
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
+_GCE_LABEL_INVALID = re.compile(r"[^a-z0-9_-]")
+
+# GKE taint effects by name; Kubernetes spellings are accepted too.
+_TAINT_EFFECTS = {
+    "NO_SCHEDULE": "NO_SCHEDULE",
+    "NOSCHEDULE": "NO_SCHEDULE",
+    "PREFER_NO_SCHEDULE": "PREFER_NO_SCHEDULE",
+    "PREFERNOSCHEDULE": "PREFER_NO_SCHEDULE",
+    "NO_EXECUTE": "NO_EXECUTE",
+    "NOEXECUTE": "NO_EXECUTE",
+}
+# Node label prefixes GKE owns; GKE rejects pools that try to set them.
+_RESERVED_LABEL_PREFIXES = ("cloud.google.com/", "kubernetes.io/", "k8s.io/", "node.kubernetes.io/")
+
+CAPACITY_KINDS = ("on-demand", "spot", "reservation", "flex-start", "queued")
+_CAPACITY_FORMS = "on-demand, spot, reservation:NAME, flex-start or queued"
+_CAPACITY_HINTS = {
+    "preemptible": "preemptible VMs are retired for TPUs; use spot",
+    "ondemand": "write on-demand",
+    "on_demand": "write on-demand",
+    "standard": "write on-demand",
+    "flex": "write flex-start",
+    "flexstart": "write flex-start",
+    "dws": "write flex-start (or queued for queued provisioning)",
+    "queued-provisioning": "write queued",
+}
+
+
+# --- capacity ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Capacity:
+    """Where the TPU VMs come from: on-demand, spot, a specific reservation, flex-start or queued."""
+
+    kind: str
+    reservation: str | None = None
+
+    def __str__(self) -> str:
+        return f"reservation:{self.reservation}" if self.kind == "reservation" else self.kind
+
+    @property
+    def autoscaled(self) -> bool:
+        """Flex-start and queued pools start empty and scale up to the slice when a workload asks."""
+        return self.kind in ("flex-start", "queued")
+
+
+def parse_capacity(value: object, field_name: str = "capacity") -> Capacity:
+    if isinstance(value, Capacity):
+        return value
+    text = str(value or "").strip()
+    kind, sep, rest = text.partition(":")
+    kind = kind.strip().lower()
+    if kind == "reservation":
+        name = rest.strip()
+        if not name:
+            raise UserInputError(
+                field_name, value, "a reservation needs its name: write reservation:NAME "
+                "(or reservation:projects/OWNER_PROJECT/reservations/NAME for a shared reservation)"
+            )
+        shared = _SHARED_RESERVATION_RE.match(name)
+        if not _GCE_NAME_RE.match(shared.group("name") if shared else name):
+            raise UserInputError(
+                field_name, value, "a reservation name is lowercase letters, digits and hyphens, starts with a "
+                "letter and has at most 63 characters"
+            )
+        return Capacity("reservation", name)
+    if sep:
+        raise UserInputError(field_name, value, f"only reservation takes a ':NAME' part; use one of {_CAPACITY_FORMS}")
+    if kind in CAPACITY_KINDS:
+        return Capacity(kind)
+    hint = _CAPACITY_HINTS.get(kind)
+    raise UserInputError(field_name, value, f"{hint + '; ' if hint else ''}use one of {_CAPACITY_FORMS}")
+
+
+def parse_capacity_order(capacity: object, fallback: object = ()) -> tuple[Capacity, ...]:
+    """The capacity to try first, then the fallbacks in order (a list or a comma-separated string)."""
+    first = parse_capacity(capacity, "capacity")
+    if isinstance(fallback, str):
+        items: Iterable[object] = [p for p in fallback.split(",") if p.strip()]
+    else:
+        items = fallback or ()
+    order = [first]
+    for item in items:
+        cap = parse_capacity(item, "fallback_capacity")
+        if cap in order:
+            raise UserInputError("fallback_capacity", fallback, f"{cap} is listed twice; list each capacity once")
+        order.append(cap)
+    return tuple(order)
+
+
+# --- names and places --------------------------------------------------------------------------------
+def check_project(project_id: str) -> str:
+    if not isinstance(project_id, str) or not _PROJECT_RE.match(project_id):
+        raise UserInputError(
+            "project_id", project_id, "a project ID is 6-30 lowercase letters, digits or hyphens, starting with a "
+            "letter (the ID, not the project name or number)"
+        )
+    return project_id
+
+
+def is_zone(location: str) -> bool:
+    return bool(_ZONE_RE.match(location or ""))
+
+
+def check_cluster_location(location: str) -> str:
+    """The cluster's location: a zone (zonal cluster) or a region (regional cluster)."""
+    if not isinstance(location, str) or not (_ZONE_RE.match(location) or _REGION_RE.match(location)):
+        raise UserInputError(
+            "location", location, "give the cluster's zone like us-east5-b (or its region like us-east5 together "
+            "with node_zone)"
+        )
+    return location
+
+
+def check_location(location: str, node_zone: str | None = None) -> tuple[str, str]:
+    """The cluster location (zone or region) and the zone the slice's VMs go in."""
+    check_cluster_location(location)
+    if node_zone is not None and not (isinstance(node_zone, str) and _ZONE_RE.match(node_zone)):
+        raise UserInputError("node_zone", node_zone, "give a zone like us-east5-b; a TPU slice lives in one zone")
+    if is_zone(location):
+        if node_zone and node_zone != location:
+            raise UserInputError(
+                "node_zone", node_zone, f"a zonal cluster in {location} can only place nodes in {location}; drop node_zone"
+            )
+        return location, location
+    if not node_zone:
+        raise UserInputError(
+            "node_zone", node_zone, f"{location} is a region: name the zone of the slice too, e.g. {location}-b"
+        )
+    if not node_zone.startswith(location + "-"):
+        raise UserInputError("node_zone", node_zone, f"pick a zone of the cluster's region {location}")
+    return location, node_zone
+
+
+def check_cluster_name(cluster_name: str) -> str:
+    if not isinstance(cluster_name, str) or not _CLUSTER_RE.match(cluster_name):
+        raise UserInputError(
+            "cluster_name", cluster_name, "a GKE cluster name is at most 40 lowercase letters, digits or hyphens, "
+            "starts with a letter and ends with a letter or digit"
+        )
+    return cluster_name
+
+
+def check_node_pool_name(name: str, field_name: str = "node_pool_name") -> str:
+    if not isinstance(name, str) or not _NODE_POOL_RE.match(name):
+        raise UserInputError(
+            field_name, name, f"a node pool name is at most {NODE_POOL_NAME_MAX} lowercase letters, digits or hyphens, "
+            "starts with a letter and ends with a letter or digit"
+        )
+    return name
+
+
+def node_pool_names(
+    tpu: TpuSlice, *, identity: TaskIdentity | None = None, explicit: str | None = None
+) -> tuple[str, ...]:
+    """One pool per multi-host slice (GKE cannot grow a multi-host pool); one pool for single-host slices.
+
+    The name derives from the task instance (dag id, run id, task id, map index), never the try number,
+    so a retried task finds the pool its earlier try created.
+    """
+    count = tpu.num_slices if tpu.multi_host else 1
+    if explicit:
+        check_node_pool_name(explicit)
+        if count == 1:
+            return (explicit,)
+        names = tuple(f"{explicit}-s{i}" for i in range(count))
+        if len(names[-1]) > NODE_POOL_NAME_MAX:
+            raise UserInputError(
+                "node_pool_name", explicit, f"{count} slices need the suffixes -s0..-s{count - 1}; shorten the name to "
+                f"{NODE_POOL_NAME_MAX - len(names[-1]) + len(explicit)} characters"
+            )
+        return names
+    if identity is None:
+        readable = ("tpuflow", tpu.generation.name, tpu.topology)
+        key = run_key("render", tpu.generation.name, tpu.topology)
+    else:
+        readable = (identity.task_id,)
+        key = identity.key
+    if count == 1:
+        return (dns_name(*readable, key=key, max_len=NODE_POOL_NAME_MAX),)
+    return tuple(dns_name(*readable, key=f"{key}-s{i}", max_len=NODE_POOL_NAME_MAX) for i in range(count))
+
+
+# --- node configuration --------------------------------------------------------------------------------
+def _check_label_key(key: object, field_name: str, value: object) -> str:
+    if not isinstance(key, str):
+        raise UserInputError(field_name, value, "label keys are strings")
+    prefix, slash, name = key.rpartition("/")
+    if not _LABEL_NAME_RE.match(name) or (slash and not _DNS_SUBDOMAIN_RE.match(prefix)):
+        raise UserInputError(
+            field_name, value, f"{key!r} is not a Kubernetes label key ([prefix/]name, name up to 63 of "
+            "A-Z a-z 0-9 . _ -, starting and ending alphanumeric)"
+        )
+    return key
+
+
+def check_node_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    if not labels:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise UserInputError("node_labels", labels, "give a mapping of label key to value")
+    out: dict[str, str] = {}
+    for key, val in labels.items():
+        _check_label_key(key, "node_labels", labels)
+        if key.startswith(_RESERVED_LABEL_PREFIXES):
+            raise UserInputError(
+                "node_labels", labels, f"{key!r} is set by GKE itself (the TPU labels come from the slice); "
+                "use your own prefix, e.g. example.com/team"
+            )
+        text = "" if val is None else str(val)
+        if text and not _LABEL_NAME_RE.match(text):
+            raise UserInputError(
+                "node_labels", labels, f"the value of {key!r} must be at most 63 of A-Z a-z 0-9 . _ -, starting and "
+                "ending alphanumeric"
+            )
+        out[key] = text
+    return out
+
+
+def _parse_taint(item: object) -> dict[str, str]:
+    if isinstance(item, str):
+        m = re.fullmatch(r"\s*([^=:\s]+)(?:=([^:\s]*))?:(\w+)\s*", item)
+        if not m:
+            raise UserInputError("node_taints", item, "write a taint as KEY=VALUE:EFFECT, e.g. team=ml:NoSchedule")
+        key, value, effect = m.group(1), m.group(2) or "", m.group(3)
+    elif isinstance(item, Mapping):
+        key, value, effect = item.get("key"), item.get("value", "") or "", item.get("effect", "")
+    else:
+        raise UserInputError("node_taints", item, "give each taint as KEY=VALUE:EFFECT or {key, value, effect}")
+    _check_label_key(key, "node_taints", item)
+    canonical = _TAINT_EFFECTS.get(str(effect).replace("-", "").upper().replace("_", "")) or _TAINT_EFFECTS.get(
+        str(effect).upper()
+    )
+    if canonical is None:
+        raise UserInputError("node_taints", item, "the effect is NoSchedule, PreferNoSchedule or NoExecute")
+    if value and not _LABEL_NAME_RE.match(str(value)):
+        raise UserInputError("node_taints", item, "a taint value is at most 63 of A-Z a-z 0-9 . _ -")
+    return {"key": str(key), "value": str(value), "effect": canonical}
+
+
+def check_node_taints(taints: Sequence[object] | str | None) -> list[dict[str, str]]:
+    if not taints:
+        return []
+    items = [t for t in taints.split(",") if t.strip()] if isinstance(taints, str) else list(taints)
+    return [_parse_taint(t) for t in items]
+
+
+def check_service_account(service_account: str | None) -> str | None:
+    if service_account in (None, ""):
+        return None
+    if not isinstance(service_account, str) or not _EMAIL_RE.match(service_account):
+        raise UserInputError(
+            "service_account", service_account, "give the node service account's email, e.g. "
+            "tpu-nodes@PROJECT.iam.gserviceaccount.com"
+        )
+    return service_account
+
+
+# --- ownership labels (GCE labels on the VMs, so orphans can be found and billed) -------------------------------
+@dataclass(frozen=True)
+class TaskIdentity:
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+
+    @property
+    def key(self) -> str:
+        return run_key(self.dag_id, self.run_id, self.task_id, self.map_index)
+
+
+def gce_label_value(text: str) -> str:
+    """Lowercase, [a-z0-9_-] only, at most 63 characters (GCE label rules)."""
+    return _GCE_LABEL_INVALID.sub("_", str(text).lower())[:63]
+
+
+OWNER_KEY_LABEL = "tpuflow-key"
+EXPIRES_LABEL = "tpuflow-expires"
+
+
+def ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, str]:
+    """Who created the pool and until when it is wanted. `tpuflow-key` is the exact identity (a digest of
+    dag, run, task and map index); the readable labels may be truncated or lose characters."""
+    return {
+        "tpuflow-managed": "true",
+        "tpuflow-dag": gce_label_value(identity.dag_id),
+        "tpuflow-run": gce_label_value(identity.run_id),
+        "tpuflow-task": gce_label_value(identity.task_id),
+        OWNER_KEY_LABEL: identity.key,
+        EXPIRES_LABEL: str(int(expires_at)),
+    }
+
+
+# --- the request ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodePoolPlan:
+    """Everything needed to create (or recognise) the node pools of one slice request."""
+
+    project_id: str
+    location: str
+    cluster_name: str
+    node_zone: str
+    tpu: TpuSlice
+    capacities: tuple[Capacity, ...]
+    names: tuple[str, ...]
+    node_labels: dict[str, str] = field(default_factory=dict)
+    node_taints: tuple[dict[str, str], ...] = ()
+    service_account: str | None = None
+    workload_policy: str | None = None
+    resource_labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project_id}/locations/{self.location}/clusters/{self.cluster_name}"
+
+    @property
+    def nodes_per_pool(self) -> int:
+        return self.tpu.num_hosts if self.tpu.multi_host else self.tpu.total_hosts
+
+    def body(self, index: int = 0, capacity: Capacity | None = None) -> dict[str, Any]:
+        """The NodePool message for pool `index` with `capacity` (default: the first choice)."""
+        cap = capacity or self.capacities[0]
+        config: dict[str, Any] = {"machineType": self.tpu.machine_type}
+        if self.node_labels:
+            config["labels"] = dict(self.node_labels)
+        if self.node_taints:
+            config["taints"] = [dict(t) for t in self.node_taints]
+        if self.service_account:
+            config["serviceAccount"] = self.service_account
+        if self.resource_labels:
+            config["resourceLabels"] = dict(self.resource_labels)
+        if cap.kind == "reservation":
+            config["reservationAffinity"] = {
+                "consumeReservationType": "SPECIFIC_RESERVATION",
+                "key": RESERVATION_KEY,
+                "values": [cap.reservation],
+            }
+        else:
+            # Explicit, so a pool never silently eats (or waits for) someone else's reservation.
+            config["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
+        if cap.kind == "spot":
+            config["spot"] = True
+        if cap.autoscaled:
+            config["flexStart"] = True
+
+        nodes = self.nodes_per_pool
+        pool: dict[str, Any] = {
+            "name": self.names[index],
+            "config": config,
+            "initialNodeCount": 0 if cap.autoscaled else nodes,
+            "locations": [self.node_zone],
+        }
+        if self.tpu.multi_host:
+            if self.tpu.generation.multi_host_uses_workload_policy:
+                pool["placementPolicy"] = {"policyName": self.workload_policy}
+            else:
+                pool["placementPolicy"] = {"type": "COMPACT", "tpuTopology": self.tpu.topology}
+        if cap.kind == "flex-start":
+            pool["autoscaling"] = {"enabled": True, "minNodeCount": 0, "maxNodeCount": nodes}
+        elif cap.kind == "queued":
+            pool["autoscaling"] = {
+                "enabled": True,
+                "totalMinNodeCount": 0,
+                "totalMaxNodeCount": nodes,
+                "locationPolicy": "ANY",
+            }
+            pool["queuedProvisioning"] = {"enabled": True}
+            pool["management"] = {"autoRepair": False}
+        return pool
+
+    def bodies(self, capacity: Capacity | None = None) -> list[dict[str, Any]]:
+        return [self.body(i, capacity) for i in range(len(self.names))]
+
+    def describe(self) -> dict[str, Any]:
+        """A small JSON summary for XCom and logs."""
+        return {
+            "project_id": self.project_id,
+            "location": self.location,
+            "cluster_name": self.cluster_name,
+            "node_zone": self.node_zone,
+            "node_pool_names": list(self.names),
+            "machine_type": self.tpu.machine_type,
+            "topology": self.tpu.topology,
+            "accelerator": self.tpu.generation.gke_accelerator,
+            "num_slices": self.tpu.num_slices,
+            "nodes_per_pool": self.nodes_per_pool,
+            "node_selector": self.tpu.node_selector,
+            "capacity_order": [str(c) for c in self.capacities],
+        }
+
+
+def plan_node_pools(
+    *,
+    project_id: str,
+    location: str,
+    cluster_name: str,
+    accelerator: str,
+    topology: str,
+    machine_type: str | None = None,
+    num_slices: int | str = 1,
+    capacity: object = "on-demand",
+    fallback_capacity: object = (),
+    node_zone: str | None = None,
+    node_pool_name: str | None = None,
+    node_labels: Mapping[str, str] | None = None,
+    node_taints: Sequence[object] | str | None = None,
+    service_account: str | None = None,
+    workload_policy: str | None = None,
+    identity: TaskIdentity | None = None,
+    expires_at: int | None = None,
+) -> NodePoolPlan:
+    """Validate every input (raising UserInputError / SliceSpecError naming the field) and plan the pools."""
+    check_project(project_id)
+    location, zone = check_location(location, node_zone)
+    check_cluster_name(cluster_name)
+    tpu = TpuSlice.from_spec(accelerator, topology, machine_type, num_slices).require(gke=True)
+    capacities = parse_capacity_order(capacity, fallback_capacity)
+    if tpu.multi_host and tpu.generation.multi_host_uses_workload_policy:
+        if not workload_policy:
+            region = zone.rsplit("-", 1)[0]
+            raise UserInputError(
+                "workload_policy", workload_policy, f"multi-host {tpu.generation.name} pools are placed by a workload "
+                f"policy, not a topology: create one with `gcloud compute resource-policies create workload-policy "
+                f"NAME --type=HIGH_THROUGHPUT --accelerator-topology={tpu.topology} --region={region}` and pass its name"
+            )
+        if not _GCE_NAME_RE.match(workload_policy):
+            raise UserInputError("workload_policy", workload_policy, "give the workload policy's name (not its URL)")
+    elif workload_policy:
+        raise UserInputError(
+            "workload_policy", workload_policy, "only multi-host tpu7x pools take a workload policy; drop it"
+        )
+    names = node_pool_names(tpu, identity=identity, explicit=node_pool_name or None)
+    labels = ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
+    return NodePoolPlan(
+        project_id=project_id,
+        location=location,
+        cluster_name=cluster_name,
+        node_zone=zone,
+        tpu=tpu,
+        capacities=capacities,
+        names=names,
+        node_labels=check_node_labels(node_labels),
+        node_taints=tuple(check_node_taints(node_taints)),
+        service_account=check_service_account(service_account),
+        workload_policy=workload_policy or None,
+        resource_labels=labels,
+    )
+
+
+# --- recognising an existing pool ------------------------------------------------------------------------
+def _get(d: Mapping[str, Any], path: str) -> Any:
+    cur: Any = d
+    for part in path.split("."):
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+# (path, default GKE omits from its JSON when unset)
+_EXACT_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("config.machineType", None),
+    ("initialNodeCount", 0),
+    ("locations", None),
+    ("placementPolicy.type", None),
+    ("placementPolicy.tpuTopology", None),
+    ("placementPolicy.policyName", None),
+    ("config.spot", False),
+    ("config.flexStart", False),
+    ("config.reservationAffinity.consumeReservationType", None),
+    ("config.reservationAffinity.values", None),
+    ("queuedProvisioning.enabled", False),
+    ("autoscaling.enabled", False),
+    ("autoscaling.maxNodeCount", 0),
+    ("autoscaling.totalMaxNodeCount", 0),
+)
+
+
+def _norm(value: Any, default: Any) -> Any:
+    if value in (None, "", [], {}) or value == default:
+        return default
+    if value == "TYPE_UNSPECIFIED" or value == "UNSPECIFIED":
+        return default
+    return value
+
+
+def spec_differences(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:
+    """What differs between the pool we would create and one that exists (both REST JSON NodePools).
+
+    Labels and taints only need to be present (GKE adds its own, e.g. the google.com/tpu taint);
+    ownership labels and anything GKE fills in are ignored.
+    """
+    diffs = []
+    for path, default in _EXACT_FIELDS:
+        want, have = _norm(_get(desired, path), default), _norm(_get(actual, path), default)
+        if path == "config.reservationAffinity.consumeReservationType":
+            # GKE reports an unset affinity as NO_RESERVATION's opposite (ANY); we always set it explicitly.
+            want = want or "ANY_RESERVATION"
+            have = have or "ANY_RESERVATION"
+        if want != have:
+            diffs.append(f"{path}: want {want!r}, found {have!r}")
+    want_sa = _get(desired, "config.serviceAccount")
+    if want_sa and want_sa != _get(actual, "config.serviceAccount"):
+        diffs.append(f"config.serviceAccount: want {want_sa!r}, found {_get(actual, 'config.serviceAccount')!r}")
+    have_labels = _get(actual, "config.labels") or {}
+    for key, val in (_get(desired, "config.labels") or {}).items():
+        if have_labels.get(key) != val:
+            diffs.append(f"config.labels[{key!r}]: want {val!r}, found {have_labels.get(key)!r}")
+    have_taints = [
+        (t.get("key"), t.get("value", "") or "", t.get("effect")) for t in (_get(actual, "config.taints") or [])
+    ]
+    for t in _get(desired, "config.taints") or []:
+        if (t["key"], t.get("value", ""), t["effect"]) not in have_taints:
+            diffs.append(f"config.taints: missing {t['key']}={t.get('value', '')}:{t['effect']}")
+    return diffs
+
+
+def match_capacity(plan: NodePoolPlan, index: int, actual: Mapping[str, Any]) -> tuple[Capacity | None, list[str]]:
+    """The capacity choice an existing pool was created with, or (None, differences to the closest choice)."""
+    best: list[str] | None = None
+    for cap in plan.capacities:
+        diffs = spec_differences(plan.body(index, cap), actual)
+        if not diffs:
+            return cap, []
+        if best is None or len(diffs) < len(best):
+            best = diffs
+    return None, best or []

@@ -1,0 +1,368 @@
+"""Airflow operators that create and delete GKE TPU slice node pools.
+
+Cheap to import (DAG files import this): google-cloud, the hooks and the triggers load inside
+execute. Validation happens before any API call and raises UserInputError naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, conf
+
+from operators.errors import UserInputError
+from operators.gke.links import GKEClusterNodesLink, GKENodePoolLink
+from operators.gke.nodepool_spec import (
+    OWNER_KEY_LABEL,
+    NodePoolPlan,
+    TaskIdentity,
+    check_cluster_location,
+    check_cluster_name,
+    check_node_pool_name,
+    check_project,
+    plan_node_pools,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from operators.gke.hooks import GKENodePoolHook
+    from operators.gke.provisioning import Progress, RetryPolicy, _Loop
+
+
+def _is_static(value: Any) -> bool:
+    """A plain value (not a Jinja template or an XComArg), so it can be checked when the DAG is parsed."""
+    if value is None or isinstance(value, (bool, int, float, timedelta)):
+        return True
+    if isinstance(value, str):
+        return "{{" not in value and "{%" not in value
+    if isinstance(value, (list, tuple)):
+        return all(_is_static(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(_is_static(k) and _is_static(v) for k, v in value.items())
+    return False
+
+
+def _identity(context: Context, task_id: str | None = None) -> TaskIdentity:
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    return TaskIdentity(ti.dag_id, ti.run_id, task_id or ti.task_id, -1 if map_index is None else int(map_index))
+
+
+class _NodePoolOperatorBase(BaseOperator):
+    """Runs a provisioning loop in the worker, or across deferrals when ``deferrable``."""
+
+    def __init__(
+        self,
+        *,
+        project_id: str,
+        location: str,
+        cluster_name: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
+        retry_backoff: float = 30.0,
+        max_backoff: float = 600.0,
+        max_busy_retries: int = 30,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.retry_backoff = retry_backoff
+        self.max_backoff = max_backoff
+        self.max_busy_retries = max_busy_retries
+
+    # --- shared plumbing -------------------------------------------------------------------------------
+    def _policy(self, **extra: Any) -> RetryPolicy:
+        from operators.gke.provisioning import RetryPolicy
+
+        return RetryPolicy(
+            poll_interval=float(self.poll_interval),
+            backoff=float(self.retry_backoff),
+            max_backoff=float(self.max_backoff),
+            max_busy_retries=int(self.max_busy_retries),
+            **extra,
+        )
+
+    def get_hook(self, location: str) -> GKENodePoolHook:
+        from operators.gke.hooks import GKENodePoolHook
+
+        return GKENodePoolHook(
+            gcp_conn_id=self.gcp_conn_id, location=location, impersonation_chain=self.impersonation_chain
+        )
+
+    def _loop(self, context: Context, progress: Progress) -> _Loop:
+        raise NotImplementedError
+
+    def _drive(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        from operators.gke.provisioning import (
+            Done,
+            NodePoolFailed,
+            Sleep,
+            WaitForOperation,
+            run_to_completion,
+        )
+
+        loop = self._loop(context, progress)
+        try:
+            if not self.deferrable:
+                return run_to_completion(loop, progress)
+            finished = None
+            if waiting is not None:
+                wait = WaitForOperation(**waiting)
+                finished = (wait, loop.hook.get_operation(wait.operation, project_id=loop.project_id))
+            step = loop.step(progress, finished)
+        except NodePoolFailed as err:
+            # Fail at once (no Airflow retries) unless a later try could succeed, e.g. capacity returns.
+            raise (AirflowException if err.retryable else AirflowFailException)(str(err)) from err
+        if isinstance(step, Done):
+            return step.result
+        from operators.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
+
+        trigger: Any
+        if isinstance(step, Sleep):
+            self.log.info("Deferring for %.1f s: %s", step.seconds, step.reason)
+            resume = {"progress": progress.to_dict(), "waiting": None}
+            trigger = NodePoolBackoffTrigger(wake_at=time.time() + step.seconds, reason=step.reason, resume=resume)
+        else:
+            self.log.info("Deferring until operation %s (%s %s) is done", step.operation, step.action, step.pool)
+            resume = {"progress": progress.to_dict(), "waiting": step.to_dict()}
+            trigger = GKENodePoolOperationTrigger(
+                operation_name=step.operation,
+                project_id=loop.project_id,
+                location=loop.hook.location or "",
+                gcp_conn_id=self.gcp_conn_id,
+                impersonation_chain=self.impersonation_chain,
+                poll_interval=self.poll_interval,  # type: ignore[arg-type]
+                resume=resume,
+            )
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: Any = None) -> Any:
+        from airflow.sdk.exceptions import AirflowException
+
+        from operators.gke.provisioning import Progress
+
+        if not isinstance(event, Mapping) or "resume" not in event:
+            raise AirflowException(f"Unexpected trigger event {event!r}; clear the task to start over")
+        waiting = event["resume"].get("waiting")
+        if event.get("status") != "success":
+            what = f"GKE operation {waiting['operation']}" if waiting else "the backoff wait"
+            raise AirflowException(f"Lost track of {what}: {event.get('message')}")
+        return self._drive(context, Progress.from_dict(event["resume"].get("progress")), waiting)
+
+
+class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
+    """Create the GKE node pool(s) for a TPU slice, or adopt the ones an earlier try created.
+
+    The slice comes from the catalog (``accelerator``, ``topology``, optional ``machine_type`` and
+    ``num_slices``): machine type, node count (hosts; one pool per multi-host slice, since GKE
+    cannot grow a multi-host pool), COMPACT placement with the topology for multi-host slices, a
+    workload policy for multi-host tpu7x, none for single-host slices.
+
+    :param capacity: ``on-demand``, ``spot``, ``reservation:NAME``, ``flex-start`` or ``queued``.
+    :param fallback_capacity: capacities to try in order when GKE reports a stockout, e.g.
+        ``["on-demand"]`` after ``capacity="spot"``. After the last one, the create is retried
+        ``stockout_retries`` times with backoff, then the task fails (an Airflow retry adopts or
+        starts over).
+    :param node_pool_name: default: derived from dag id, run id, task id and map index, so a retry
+        adopts the pool its earlier try made; a pool of that name with another spec is an error.
+    :param node_zone: the zone of the slice when ``location`` is a region (regional cluster).
+    :param workload_policy: name of a HIGH_THROUGHPUT workload policy (multi-host tpu7x only).
+    :param expires_after: recorded on the VMs as the ``tpuflow-expires`` label (unix time), with
+        ``tpuflow-dag/-run/-task/-key`` labels, so an orphaned pool can be found and removed.
+
+    Pushes XCom ``node_pool_name``, ``node_pool_names`` and returns a dict describing the pools.
+    Failure after GKE created something deletes what this task created before failing.
+    """
+
+    template_fields: Sequence[str] = (
+        "project_id",
+        "location",
+        "cluster_name",
+        "accelerator",
+        "topology",
+        "machine_type",
+        "num_slices",
+        "capacity",
+        "fallback_capacity",
+        "node_zone",
+        "node_pool_name",
+        "node_labels",
+        "node_taints",
+        "service_account",
+        "workload_policy",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
+    operator_extra_links = (GKENodePoolLink(), GKEClusterNodesLink())
+    ui_color = "#d5e8ff"
+
+    def __init__(
+        self,
+        *,
+        accelerator: str,
+        topology: str,
+        machine_type: str | None = None,
+        num_slices: int | str = 1,
+        capacity: str = "on-demand",
+        fallback_capacity: Sequence[str] | str = (),
+        node_zone: str | None = None,
+        node_pool_name: str | None = None,
+        node_labels: Mapping[str, str] | None = None,
+        node_taints: Sequence[Any] | str | None = None,
+        service_account: str | None = None,
+        workload_policy: str | None = None,
+        expires_after: timedelta | float = timedelta(hours=24),
+        stockout_retries: int = 2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.accelerator = accelerator
+        self.topology = topology
+        self.machine_type = machine_type
+        self.num_slices = num_slices
+        self.capacity = capacity
+        self.fallback_capacity = fallback_capacity
+        self.node_zone = node_zone
+        self.node_pool_name = node_pool_name
+        self.node_labels = node_labels
+        self.node_taints = node_taints
+        self.service_account = service_account
+        self.workload_policy = workload_policy
+        self.expires_after = expires_after
+        self.stockout_retries = stockout_retries
+        if all(_is_static(getattr(self, f)) for f in self.template_fields):
+            # Bad input shows up as a DAG import error, long before anything is provisioned.
+            self.plan(TaskIdentity("parse", "parse", self.task_id), None)
+
+    def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
+        return plan_node_pools(
+            project_id=self.project_id,
+            location=self.location,
+            cluster_name=self.cluster_name,
+            accelerator=self.accelerator,
+            topology=self.topology,
+            machine_type=self.machine_type or None,
+            num_slices=self.num_slices,
+            capacity=self.capacity,
+            fallback_capacity=self.fallback_capacity,
+            node_zone=self.node_zone or None,
+            node_pool_name=self.node_pool_name or None,
+            node_labels=self.node_labels,
+            node_taints=self.node_taints,
+            service_account=self.service_account,
+            workload_policy=self.workload_policy,
+            identity=identity,
+            expires_at=expires_at,
+        )
+
+    def _loop(self, context: Context, progress: Progress) -> _Loop:
+        from operators.gke.provisioning import NodePoolProvisioner
+
+        plan = self.plan(_identity(context), progress.expires_at)
+        policy = self._policy(stockout_retries=self.stockout_retries)
+        return NodePoolProvisioner(self.get_hook(plan.location), plan, policy)
+
+    def execute(self, context: Context) -> Any:
+        from operators.gke.provisioning import Progress
+
+        seconds = (
+            self.expires_after.total_seconds()
+            if isinstance(self.expires_after, timedelta)
+            else float(self.expires_after)
+        )
+        progress = Progress(expires_at=int(time.time() + seconds))
+        plan = self.plan(_identity(context), progress.expires_at)  # raises on bad input, before any API call
+        where = {"project_id": plan.project_id, "location": plan.location, "cluster_name": plan.cluster_name}
+        GKENodePoolLink.persist(context, node_pool_name=plan.names[0], **where)
+        GKEClusterNodesLink.persist(context, **where)
+        context["ti"].xcom_push(key="node_pool_name", value=plan.names[0])
+        context["ti"].xcom_push(key="node_pool_names", value=list(plan.names))
+        self.log.info("Node pool plan: %s", plan.describe())
+        return self._drive(context, progress)
+
+
+class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
+    """Delete node pools and wait until they are gone; a missing pool is success. Use as a teardown.
+
+    Name the pools with ``node_pool_name`` (a name or a list, e.g. the create task's
+    ``node_pool_names`` XCom), or with ``created_by_task_id``: every pool in the cluster whose
+    ``tpuflow-key`` label says that task of this DAG run (same map index) created it.
+    """
+
+    template_fields: Sequence[str] = (
+        "project_id",
+        "location",
+        "cluster_name",
+        "node_pool_name",
+        "created_by_task_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
+    operator_extra_links = (GKEClusterNodesLink(),)
+    ui_color = "#ffd9d5"
+
+    def __init__(
+        self,
+        *,
+        node_pool_name: str | Sequence[str] | None = None,
+        created_by_task_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.node_pool_name = node_pool_name
+        self.created_by_task_id = created_by_task_id
+        if all(_is_static(getattr(self, f)) for f in self.template_fields):
+            self._validate()
+
+    def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
+        if self.created_by_task_id:
+            key = _identity(context, self.created_by_task_id).key
+            pools = hook.list_node_pools(project_id=self.project_id, cluster_name=self.cluster_name)
+            return [p.name for p in pools if p.config.resource_labels.get(OWNER_KEY_LABEL) == key]
+        value = self.node_pool_name
+        return [value] if isinstance(value, str) else list(value or [])
+
+    def _validate(self) -> None:
+        check_project(self.project_id)
+        check_cluster_location(self.location)
+        check_cluster_name(self.cluster_name)
+        if bool(self.node_pool_name) == bool(self.created_by_task_id):
+            raise UserInputError(
+                "node_pool_name", self.node_pool_name, "give exactly one of node_pool_name and created_by_task_id"
+            )
+        names = [self.node_pool_name] if isinstance(self.node_pool_name, str) else list(self.node_pool_name or [])
+        for name in names:
+            if _is_static(name):
+                check_node_pool_name(name)
+
+    def _loop(self, context: Context, progress: Progress) -> _Loop:
+        from operators.gke.provisioning import NodePoolRemover
+
+        hook = self.get_hook(self.location)
+        if progress.pools is None:
+            # Resolved once: a resumed task keeps deleting the same pools.
+            progress.pools = self._names(context, hook)
+        return NodePoolRemover(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
+
+    def execute(self, context: Context) -> Any:
+        from operators.gke.provisioning import Progress
+
+        self._validate()
+        GKEClusterNodesLink.persist(
+            context, project_id=self.project_id, location=self.location, cluster_name=self.cluster_name
+        )
+        return self._drive(context, Progress())

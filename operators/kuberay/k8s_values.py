@@ -1,0 +1,98 @@
+"""Checks and normalisers for the Kubernetes values a manifest carries (names, labels, quantities).
+
+Every check raises UserInputError naming the field, so a bad argument fails before any API call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from operators.errors import UserInputError
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE]\d+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
+
+# KubeRay derives pod and service names from the CR name ("<name>-head-svc", "<name>-raycluster-xxxxx");
+# 40 characters leaves room for those suffixes inside the 63-character limit.
+MAX_NAME_LENGTH = 40
+
+
+def check_name(field: str, name: object, *, max_len: int = MAX_NAME_LENGTH) -> str:
+    if not isinstance(name, str) or not _DNS1035.match(name) or len(name) > max_len:
+        raise UserInputError(
+            field, name, f"use at most {max_len} lowercase letters, digits and '-', starting with a letter and "
+            "ending with a letter or digit (an RFC 1035 label)",
+        )
+    return name
+
+
+def check_namespace(namespace: object) -> str:
+    if not isinstance(namespace, str) or not _DNS1123_LABEL.match(namespace) or len(namespace) > 63:
+        raise UserInputError("namespace", namespace, "use an existing Kubernetes namespace name (RFC 1123 label)")
+    return namespace
+
+
+def check_labels(field: str, labels: Mapping[str, str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (labels or {}).items():
+        prefix, _, name = key.rpartition("/")
+        if (
+            not isinstance(key, str)
+            or not _LABEL_NAME.match(name)
+            or len(name) > 63
+            or (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
+        ):
+            raise UserInputError(f"{field}[{key!r}]", key, "a label key is [prefix/]name, name at most 63 "
+                                 "characters of letters, digits, '-', '_', '.'")
+        if not isinstance(value, str) or len(value) > 63 or (value and not _LABEL_NAME.match(value)):
+            raise UserInputError(f"{field}[{key!r}]", value, "a label value is a string of at most 63 letters, "
+                                 "digits, '-', '_', '.', beginning and ending alphanumeric")
+        out[key] = value
+    return out
+
+
+def check_quantities(field: str, resources: Mapping[str, str] | None, *, forbidden: tuple[str, ...] = ()) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (resources or {}).items():
+        if key in forbidden:
+            raise UserInputError(f"{field}[{key!r}]", value, f"{key} comes from the TPU slice; remove it")
+        text = str(value).strip()
+        if not _QUANTITY.match(text):
+            raise UserInputError(f"{field}[{key!r}]", value, "give a Kubernetes quantity such as '2', '500m', '8Gi'")
+        out[str(key)] = text
+    return out
+
+
+def check_env(field: str, env: Mapping[str, str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (env or {}).items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise UserInputError(f"{field}[{key!r}]", key, "environment variable names are letters, digits and "
+                                 "'_', not starting with a digit")
+        if not isinstance(value, str):
+            raise UserInputError(f"{field}[{key!r}]", value, "environment values must be strings; quote numbers")
+        out[key] = value
+    return out
+
+
+def label_safe(value: str) -> str:
+    """A label value derived from free text (dag or task id): invalid runs become '-', at most 63 chars."""
+    text = _LABEL_INVALID.sub("-", value)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", text)
+
+
+def parse_key_values(field: str, pairs: list[str] | None) -> dict[str, str]:
+    """KEY=VALUE strings (CLI arguments) to a dict."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserInputError(field, pair, "write KEY=VALUE")
+        out[key] = value
+    return out

@@ -1,0 +1,457 @@
+"""The embedded default backend: a real local Ray cluster with simulated TPU slice hosts.
+
+Each simulated TPU host is its own Ray node (`ray start --block` in its own process group)
+carrying the four TPU_* variables GKE's TPU webhook injects, so Ray itself derives the
+slice labels (ray.io/tpu-slice-name, ...) and the TPU-<pod>-head resource, and
+slice_placement_group / ScalingConfig(use_tpu=True) behave as on a real slice.
+
+Why not `ray.util.cluster_utils.Cluster` or `ray start` alone: cluster_utils is a test helper
+that ties the cluster to the calling process, and `ray stop` kills every Ray process on the
+machine. A DAG run needs a cluster that outlives the task that started it and a stop that
+touches only its own processes, so we track process groups ourselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from operators.errors import UserInputError
+from operators.tpu import TpuSlice
+
+STATE_FILE = "state.json"
+TOKEN_FILE = "auth_token"
+DEFAULT_BASE_DIR = Path(os.environ.get("TPUFLOW_HOME", Path.home() / ".tpuflow")) / "clusters"
+# Memory a simulated host needs (raylet, agents, one JAX/torch worker); refuse to start
+# a slice the machine cannot hold instead of letting the OOM killer pick processes.
+_HOST_MEMORY_BYTES = 700 * 1024 * 1024
+_HEAD_MEMORY_BYTES = 1500 * 1024 * 1024
+# Every node binds this loopback address. Not 127.0.0.1: Ray rewrites "localhost" addresses
+# to the machine's network address when nodes join, which would expose (and break) the cluster.
+NODE_IP = "127.0.0.2"
+
+
+class LocalClusterError(RuntimeError):
+    """The local cluster could not be started, reached or stopped."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+@dataclass
+class NodeProcess:
+    role: str  # "head" or "tpu-host"
+    pid: int
+    log: str
+    slice_name: str = ""
+    worker_id: int = -1
+
+
+@dataclass
+class LocalRayCluster:
+    """A running (or stopped) local cluster; its state lives in `state_dir/state.json`."""
+
+    name: str
+    state_dir: str
+    temp_dir: str
+    gcs_address: str
+    dashboard_url: str
+    serve_port: int
+    slice: dict[str, Any] | None
+    nodes: list[NodeProcess] = field(default_factory=list)
+    started_at: float = 0.0
+
+    # --- lifecycle ---------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        tpu: TpuSlice | None,
+        name: str,
+        base_dir: Path | str | None = None,
+        *,
+        head_cpus: int = 2,
+        host_cpus: int = 1,
+        env: dict[str, str] | None = None,
+        timeout: float = 120.0,
+        adopt: bool = True,
+    ) -> LocalRayCluster:
+        """Start a head plus one Ray node per simulated TPU host, or adopt a live cluster of that name."""
+        state_dir = Path(base_dir or DEFAULT_BASE_DIR) / name
+        if adopt and (state_dir / STATE_FILE).exists():
+            existing = cls.load(state_dir)
+            wanted = tpu.to_dict() if tpu else None
+            if existing.is_alive():
+                if existing.slice != wanted:
+                    raise UserInputError(
+                        "name",
+                        name,
+                        "a live local cluster of this name has a different slice; "
+                        "stop it (tpuflow local down) or choose another name",
+                    )
+                return existing
+            existing.stop()
+        hosts = tpu.total_hosts if tpu else 0
+        needed = _HEAD_MEMORY_BYTES + hosts * _HOST_MEMORY_BYTES
+        if needed > _available_memory():
+            raise UserInputError(
+                "topology",
+                tpu.topology if tpu else None,
+                f"simulating {hosts} TPU hosts needs about {needed >> 20} MiB of free memory, this machine has "
+                f"{_available_memory() >> 20} MiB; use a smaller slice (e.g. 2x2 or 2x4) for local runs",
+            )
+        state_dir.mkdir(parents=True, exist_ok=True)
+        token_path = state_dir / TOKEN_FILE
+        token_path.write_text(secrets.token_hex(32))
+        token_path.chmod(0o600)
+        # Ray's unix socket paths must stay under ~107 bytes: keep the temp dir short.
+        temp_dir = tempfile.mkdtemp(prefix="tpf-", dir="/tmp")
+        cluster = cls(
+            name=name,
+            state_dir=str(state_dir),
+            temp_dir=temp_dir,
+            gcs_address="",
+            dashboard_url="",
+            serve_port=free_port(),
+            slice=tpu.to_dict() if tpu else None,
+            started_at=time.time(),
+        )
+        base_env = cluster._base_env(tpu, env)
+        try:
+            cluster._start_head(head_cpus, base_env, timeout)
+            if tpu is not None:
+                for s in range(tpu.num_slices):
+                    for w in range(tpu.num_hosts):
+                        cluster._start_host(tpu, f"{name}-slice-{s}", w, base_env, host_cpus, timeout)
+            cluster._wait_for_nodes(1 + hosts, timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        cluster.save()
+        return cluster
+
+    def stop(self, timeout: float = 15.0) -> list[int]:
+        """Stop exactly the processes this cluster started; returns the pids that were signalled."""
+        signalled: list[int] = []
+        # Workers first, so the head does not spend the deadline reporting dead nodes.
+        for node in sorted(self.nodes, key=lambda n: n.role == "head"):
+            if _group_alive(node.pid):
+                _signal_group(node.pid, signal.SIGTERM)
+                signalled.append(node.pid)
+        deadline = time.time() + timeout
+        while time.time() < deadline and any(_group_alive(n.pid) for n in self.nodes):
+            time.sleep(0.2)
+        for node in self.nodes:
+            if _group_alive(node.pid):
+                _signal_group(node.pid, signal.SIGKILL)
+        # Ray processes that left our process groups still carry our unique temp dir.
+        for pid in _pids_referencing(self.temp_dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                signalled.append(pid)
+            except ProcessLookupError:
+                pass
+        self._keep_ray_logs()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        state = Path(self.state_dir)
+        if state.exists():
+            (state / STATE_FILE).unlink(missing_ok=True)
+            (state / TOKEN_FILE).unlink(missing_ok=True)
+        return signalled
+
+    def _keep_ray_logs(self) -> None:
+        """Ray's own logs live in the temp dir we delete; keep them beside the state for post-mortems."""
+        logs = Path(self.temp_dir) / "session_latest" / "logs"
+        if logs.is_dir():
+            shutil.copytree(
+                logs,
+                Path(self.state_dir) / "ray-logs",
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("*.sock", "events", "export_events"),
+            )
+
+    def kill_host(self, slice_index: int, worker_id: int) -> int:
+        """Simulate a preempted TPU host: kill that Ray node's whole process group."""
+        for node in self.nodes:
+            if (
+                node.role == "tpu-host"
+                and node.worker_id == worker_id
+                and node.slice_name.endswith(f"-slice-{slice_index}")
+            ):
+                _signal_group(node.pid, signal.SIGKILL)
+                return node.pid
+        raise UserInputError("host", f"{slice_index}/{worker_id}", "no such simulated host in this cluster")
+
+    # --- state -------------------------------------------------------------
+    def save(self) -> None:
+        path = Path(self.state_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, state_dir: Path | str) -> LocalRayCluster:
+        data = json.loads((Path(state_dir) / STATE_FILE).read_text())
+        data["nodes"] = [NodeProcess(**n) for n in data.get("nodes", [])]
+        return cls(**data)
+
+    def is_alive(self) -> bool:
+        head = next((n for n in self.nodes if n.role == "head"), None)
+        return head is not None and _group_alive(head.pid)
+
+    def auth_token(self) -> str | None:
+        path = Path(self.state_dir) / TOKEN_FILE
+        return path.read_text().strip() if path.exists() else None
+
+    def auth_headers(self) -> dict[str, str]:
+        token = self.auth_token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://127.0.0.1:{self.serve_port}"
+
+    def client_env(self) -> dict[str, str]:
+        """Environment a local process needs to use this cluster with the Ray CLI or ray.init()."""
+        return {
+            "RAY_ADDRESS": self.gcs_address,
+            "RAY_API_SERVER_ADDRESS": self.dashboard_url,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
+        }
+
+    def connection_info(self) -> dict[str, Any]:
+        """What downstream tasks need (XCom): addresses, never the token itself."""
+        return {
+            "backend": "local",
+            "name": self.name,
+            "dashboard_url": self.dashboard_url,
+            "serve_url": self.serve_url,
+            "serve_port": self.serve_port,
+            "gcs_address": self.gcs_address,
+            "state_dir": self.state_dir,
+            "auth_token_path": str(Path(self.state_dir) / TOKEN_FILE),
+            "slice": self.slice,
+        }
+
+    def nodes_summary(self) -> list[dict[str, Any]]:
+        resp = requests.get(f"{self.dashboard_url}/api/v0/nodes", headers=self.auth_headers(), timeout=10)
+        resp.raise_for_status()
+        return resp.json()["data"]["result"]["result"]
+
+    # --- internals -------------------------------------------------------------
+    def _base_env(self, tpu: TpuSlice | None, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TPU_"))}
+        env.update(
+            {
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
+                "RAY_USAGE_STATS_ENABLED": "0",
+                # Several nodes booting at once on 2 cores can exceed the default 30 s registration wait.
+                "RAY_raylet_start_wait_time_s": "120",
+                "RAY_agent_register_timeout_ms": "120000",
+                "JAX_PLATFORMS": "cpu",
+            }
+        )
+        if tpu is not None:
+            env.update(tpu.ray_env)
+        env.update(extra or {})
+        return env
+
+    def _spawn(
+        self, role: str, args: list[str], env: dict[str, str], slice_name: str = "", worker_id: int = -1
+    ) -> None:
+        ray_bin = Path(sys.executable).with_name("ray")
+        label = "head" if role == "head" else f"{slice_name}-w{worker_id}"
+        log = Path(self.state_dir) / f"{label}.log"
+        cmd = [
+            str(ray_bin),
+            "start",
+            "--block",
+            f"--node-ip-address={NODE_IP}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            "--object-store-memory=200000000",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            *args,
+        ]
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.nodes.append(
+            NodeProcess(role=role, pid=proc.pid, log=str(log), slice_name=slice_name, worker_id=worker_id)
+        )
+
+    def _start_head(self, cpus: int, env: dict[str, str], timeout: float) -> None:
+        def spawn() -> None:
+            gcs_port, dash_port = free_port(), free_port()
+            self.gcs_address = f"{NODE_IP}:{gcs_port}"
+            self.dashboard_url = f"http://127.0.0.1:{dash_port}"
+            args = [
+                "--head",
+                f"--port={gcs_port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dash_port}",
+                "--include-dashboard=true",
+                f"--num-cpus={cpus}",
+                f"--ray-client-server-port={free_port()}",
+            ]
+            self._spawn("head", args, env)
+
+        def ready(deadline: float) -> None:
+            self._wait_for_dashboard(deadline)
+            self._wait_for_nodes(1, deadline)  # hosts joining before the head registered are refused
+
+        self._start_with_retries(spawn, ready, timeout)
+
+    def _start_host(
+        self, tpu: TpuSlice, slice_name: str, worker_id: int, env: dict[str, str], cpus: int, timeout: float
+    ) -> None:
+        args = [
+            f"--address={self.gcs_address}",
+            f"--num-cpus={cpus}",
+            f"--resources={json.dumps(tpu.ray_worker_resources)}",
+        ]
+        host_env = {**env, **tpu.simulated_host_env(slice_name, worker_id)}
+
+        def spawn() -> None:
+            self._spawn("tpu-host", args, host_env, slice_name=slice_name, worker_id=worker_id)
+
+        def ready(deadline: float) -> None:
+            # One at a time: nodes sharing a temp dir race for the same socket names.
+            self._wait_for_nodes(len(self.nodes), deadline)
+
+        self._start_with_retries(spawn, ready, timeout)
+
+    def _start_with_retries(
+        self, spawn: Callable[[], None], ready: Callable[[float], None], timeout: float, attempts: int = 3
+    ) -> None:
+        """Start one node, retrying a node that failed to boot.
+
+        On a loaded 2-core machine a node's dashboard agent can miss the raylet's fixed start
+        deadline; the raylet then aborts (and `ray start` may linger), while a second attempt
+        succeeds. Each attempt gets a bounded share of the overall timeout.
+        """
+        per_attempt = max(30.0, min(timeout, 90.0))
+        for attempt in range(attempts):
+            spawn()
+            self.save()
+            try:
+                ready(per_attempt)
+                return
+            except LocalClusterError:
+                failed = self.nodes.pop()
+                _signal_group(failed.pid, signal.SIGKILL)
+                self.save()
+                if attempt == attempts - 1:
+                    raise
+
+    def _wait_for_dashboard(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not self.is_alive():
+                raise LocalClusterError(
+                    f"Ray head exited during start; see {self.nodes[0].log}:\n{_tail(self.nodes[0].log)}"
+                )
+            try:
+                if requests.get(f"{self.dashboard_url}/api/version", headers=self.auth_headers(), timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise LocalClusterError(f"Ray dashboard did not answer within {timeout:.0f}s; see {self.nodes[0].log}")
+
+    def _wait_for_nodes(self, count: int, timeout: float) -> None:
+        deadline = time.time() + timeout
+        alive = 0
+        while time.time() < deadline:
+            dead = [n for n in self.nodes if not _group_alive(n.pid)]
+            if dead:
+                raise LocalClusterError(f"Ray node {dead[0].role} exited during start:\n{_tail(dead[0].log)}")
+            try:
+                alive = sum(1 for n in self.nodes_summary() if n.get("state") == "ALIVE")
+            except (requests.RequestException, KeyError, ValueError):
+                alive = 0
+            if alive >= count:
+                return
+            time.sleep(0.5)
+        raise LocalClusterError(f"only {alive} of {count} Ray nodes joined within {timeout:.0f}s")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie leader keeps the group "alive" until reaped; reap our own children.
+    try:
+        os.waitpid(pgid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _pids_referencing(marker: str) -> list[int]:
+    """Pids whose command line mentions `marker` (our unique temp dir)."""
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,161 @@
+"""The train-and-serve pipeline as a DAG factory: one chain, several backends.
+
+local: embedded Ray cluster with a simulated slice (default; runs on one machine).
+The cluster lifecycle is the only part that differs per backend; prep, train, evaluate,
+deploy and smoke test are the same operators talking to the same Ray APIs.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, task
+
+from operators.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+from operators.pipeline.params import pipeline_params, validate_params
+from operators.rayjob.operators import RaySubmitJobOperator
+from operators.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from operators.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
+
+# Outputs are keyed by the run's date (logical date, or run_after for manual runs without one),
+# so backfilled dates never collide and a rerun of a date reuses what that date already produced.
+RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
+SERVE_APP = "addition"
+PROMPT, ANSWER = "17+25=", "42"
+
+
+def default_output_root() -> str:
+    return os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path.home() / ".tpuflow" / "outputs"))
+
+
+@task
+def check_params(**context: Any) -> dict[str, Any]:
+    """Reject a bad accelerator/topology pair (or other Param) before anything is started."""
+    return validate_params(dict(context["params"]))
+
+
+@task
+def build_serve_config(cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str, **context: Any) -> dict[str, Any]:
+    from operators.serve.config import serve_application, serve_config
+
+    params = context["params"]
+    app = serve_application(
+        SERVE_APP,
+        "addition.serve_app:app_builder",
+        route_prefix=f"/{SERVE_APP}",
+        args={"checkpoint": trained["checkpoint"], "framework": params["framework"], "model_name": SERVE_APP},
+        runtime_env={"working_dir": workloads_uri},
+    )
+    port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
+    return serve_config([app], http_port=port)
+
+
+@task
+def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, Any], deployed: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    report = {
+        "output_dir": output_dir,
+        "accuracy": evaluation.get("accuracy"),
+        "heldout_examples": evaluation.get("n"),
+        "sample_prompt": PROMPT,
+        "sample_completion": (answer.get("choices") or [{}])[0].get("text"),
+        "endpoint": f"{deployed['serve_url']}/{SERVE_APP}/v1",
+    }
+    path = Path(output_dir) / "report.json"
+    if "://" not in output_dir:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2))
+    print(f"TPUFLOW_REPORT {json.dumps(report)}")
+    return report
+
+
+def build_pipeline_dag(
+    dag_id: str,
+    *,
+    backend: str = "local",
+    schedule: str | None = "@daily",
+    output_root: str | None = None,
+    start_date: datetime = datetime(2026, 11, 1),
+    max_active_runs: int = 1,
+    **dag_kwargs: Any,
+) -> DAG:
+    if backend != "local":
+        raise ValueError(f"unknown backend {backend!r}")
+    root = output_root or default_output_root()
+    run_dir = f"{root}/{dag_id}/{RUN_DATE}"
+    workloads_dir = str(Path(__file__).resolve().parents[2] / "workloads")
+
+    with DAG(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        catchup=False,
+        # One slice at a time: a backfill never asks for more TPU hosts than one run needs.
+        max_active_runs=max_active_runs,
+        params=pipeline_params(),
+        render_template_as_native_obj=True,
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
+        tags=["tpuflow", "tpu", "ray"],
+        doc_md=__doc__,
+        **dag_kwargs,
+    ) as dag:
+        checked = check_params()
+        start = LocalRayClusterCreateOperator(
+            task_id="start_cluster",
+            accelerator="{{ params.accelerator }}",
+            topology="{{ params.topology }}",
+            machine_type="{{ params.machine_type }}",
+            retries=0,
+        )
+        cluster = start.output
+        prep = RayDataPrepOperator(
+            task_id="prep",
+            cluster=cluster,
+            module="addition.prep",
+            arguments={"output_dir": f"{run_dir}/data", "date": RUN_DATE, "num_train": "{{ params.num_train }}"},
+        )
+        train = RayTrainOperator(
+            task_id="train",
+            cluster=cluster,
+            framework="{{ params.framework }}",
+            train_loop="addition.train_{{ params.framework }}:train_loop_per_worker",
+            accelerator="{{ params.accelerator }}",
+            topology="{{ params.topology }}",
+            machine_type="{{ params.machine_type }}",
+            storage_path=f"{run_dir}/train",
+            run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
+            datasets={"train": f"{run_dir}/data/train"},
+            train_loop_config={"steps": "{{ params.train_steps }}"},
+        )
+        evaluate = RaySubmitJobOperator(
+            task_id="evaluate",
+            cluster=cluster,
+            entrypoint=(
+                "python -m addition.evaluate --framework {{ params.framework }}"
+                " --checkpoint {{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"
+                f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
+            ),
+            min_result={"accuracy": "{{ params.accuracy_threshold }}"},
+        )
+        serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir}")
+        deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)
+        smoke = ServeEndpointSmokeTestOperator(
+            task_id="smoke_test",
+            url="{{ ti.xcom_pull(task_ids='deploy')['serve_url'] }}" + f"/{SERVE_APP}/v1/completions",
+            payload={"model": SERVE_APP, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
+            expect=ANSWER,
+        )
+        report = write_report(run_dir, evaluate.output, smoke.output, deploy.output)
+        stop = LocalRayClusterDeleteOperator(
+            task_id="stop_cluster",
+            cluster=cluster,
+            # Keep the endpoint only when it was actually serving; a failed run never leaves a cluster behind.
+            keep="{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}",
+        )
+        checked >> start >> prep >> train >> evaluate >> serve_cfg >> deploy >> smoke >> report >> stop
+        stop.as_teardown(setups=start)
+    return dag

@@ -1,0 +1,56 @@
+"""The pipeline's Params (the trigger form in the Airflow UI) and their cross-field check.
+
+Each Param carries a JSON schema, so the UI form rejects a bad single value at trigger time;
+the accelerator/topology pair is checked by `validate_params` in the first task, before any
+cluster or node pool exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from operators.errors import UserInputError
+from operators.tpu import GENERATIONS, TpuSlice
+
+ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
+TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
+FRAMEWORKS = ["jax", "torch"]
+
+
+def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
+    return {
+        "accelerator": Param(accelerator, type="string", enum=ACCELERATORS, title="TPU accelerator",
+                             description="Ray accelerator type of the training slice (TPU-V5LITEPOD is v5e)."),
+        "topology": Param(topology, type="string", enum=TOPOLOGIES, title="Slice topology",
+                          description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e."),
+        "machine_type": Param("", type="string", title="Machine type (optional)",
+                              description="Only to pick the two-VM form of v5e/v6e 2x4: ct6e-standard-4t."),
+        "framework": Param("jax", type="string", enum=FRAMEWORKS, title="Framework",
+                           description="JaxTrainer (ray.train.v2.jax) or TorchTrainer."),
+        "train_steps": Param(1500, type="integer", minimum=1, maximum=100_000, title="Training steps"),
+        "accuracy_threshold": Param(0.9, type="number", minimum=0, maximum=1, title="Accuracy threshold",
+                                    description="Quality gate: the model is not deployed below this held-out accuracy."),
+        "keep_endpoint": Param(False, type="boolean", title="Keep the endpoint running",
+                               description="Leave the cluster and Serve endpoint up after the run "
+                               "(local: `tpuflow local down` removes them)."),
+        "num_train": Param(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
+    }
+
+
+def validate_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Cross-field validation; returns the slice description the run will use."""
+    framework = params.get("framework")
+    if framework not in FRAMEWORKS:
+        raise UserInputError("params.framework", framework, f"use one of {', '.join(FRAMEWORKS)}")
+    threshold = params.get("accuracy_threshold")
+    if not isinstance(threshold, int | float) or not 0 <= float(threshold) <= 1:
+        raise UserInputError("params.accuracy_threshold", threshold, "give a number between 0 and 1")
+    try:
+        tpu = TpuSlice.from_spec(params.get("accelerator", ""), params.get("topology", ""),
+                                 params.get("machine_type") or None)
+        tpu.require(ray=True)
+    except UserInputError as err:
+        raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
+    return tpu.to_dict()

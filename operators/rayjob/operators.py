@@ -1,0 +1,233 @@
+"""Submit a Ray job and wait for it, deferrably; re-attach instead of resubmitting on retries."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from operators.errors import UserInputError
+from operators.naming import submission_id as derive_submission_id
+from operators.rayjob.links import RayDashboardLink, RayJobLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from operators.rayjob.hooks import RayJobHook
+
+# workloads/ beside the installed package (editable installs and the repo layout).
+DEFAULT_WORKING_DIR = str(Path(__file__).resolve().parents[2] / "workloads")
+
+
+class RayJobFailedError(RuntimeError):
+    """The Ray job ended FAILED, STOPPED or past its deadline."""
+
+
+class QualityGateError(AirflowFailException):
+    """The job succeeded but its result is below the gate: retrying would not help."""
+
+
+class RaySubmitJobOperator(BaseOperator):
+    """Run `entrypoint` as a Ray job on a cluster and return its result (the last TPUFLOW_RESULT line).
+
+    The submission id derives from (dag id, run id, task id, map index), never the try number:
+    a retry re-attaches to the running job, returns the result of a job that already succeeded,
+    and resubmits (as `<id>-rN`) only a job that failed or was stopped.
+
+    :param entrypoint: shell command run by the job driver on the head node.
+    :param cluster: connection info pushed by a cluster-start task (dashboard_url, ...); templated.
+    :param ray_conn_id: Airflow connection naming the dashboard, when `cluster` is not given.
+    :param working_dir: folder shipped as the job's runtime_env working_dir (default: the project's workloads/).
+    :param runtime_env: extra runtime_env keys (pip, py_modules, ...).
+    :param env_vars: environment variables for the driver and the job's workers.
+    :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail if the result is below.
+    """
+
+    template_fields: Sequence[str] = (
+        "entrypoint",
+        "cluster",
+        "runtime_env",
+        "env_vars",
+        "working_dir",
+        "submission_id",
+        "min_result",
+    )
+    template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
+    operator_extra_links = (RayJobLink(), RayDashboardLink())
+    ui_color = "#c7e8ff"
+
+    def __init__(
+        self,
+        *,
+        entrypoint: str,
+        cluster: dict[str, Any] | str | None = None,
+        ray_conn_id: str | None = None,
+        working_dir: str | None = DEFAULT_WORKING_DIR,
+        runtime_env: dict[str, Any] | None = None,
+        env_vars: dict[str, str] | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
+        submission_id: str | None = None,
+        deferrable: bool = True,
+        poll_interval: float = 2.0,
+        job_timeout: float | None = None,
+        min_result: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.entrypoint = entrypoint
+        self.cluster = cluster
+        self.ray_conn_id = ray_conn_id
+        self.working_dir = working_dir
+        self.runtime_env = runtime_env or {}
+        self.env_vars = env_vars or {}
+        self.entrypoint_num_cpus = entrypoint_num_cpus
+        self.entrypoint_resources = entrypoint_resources
+        self.submission_id = submission_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.job_timeout = job_timeout
+        self.min_result = min_result or {}
+        self._active_submission_id: str | None = None
+
+    # --- helpers -----------------------------------------------------------------
+    def _cluster_info(self) -> dict[str, Any]:
+        if isinstance(self.cluster, dict):
+            return self.cluster
+        if self.cluster in (None, ""):
+            return {}
+        raise UserInputError(
+            "cluster",
+            self.cluster,
+            "pass the cluster-start task's XCom (a dict), e.g. "
+            "\"{{ ti.xcom_pull(task_ids='start_cluster') }}\" with render_template_as_native_obj",
+        )
+
+    def hook(self) -> RayJobHook:
+        from operators.rayjob.hooks import RayJobHook
+
+        return RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self._cluster_info())
+
+    def build_runtime_env(self) -> dict[str, Any]:
+        env = dict(self.runtime_env)
+        if self.working_dir and "working_dir" not in env:
+            if "://" not in self.working_dir and not Path(self.working_dir).is_dir():
+                raise UserInputError("working_dir", self.working_dir, "give an existing folder or a remote URI")
+            env["working_dir"] = self.working_dir
+        if self.env_vars:
+            env["env_vars"] = {**env.get("env_vars", {}), **{k: str(v) for k, v in self.env_vars.items()}}
+        return env
+
+    def base_submission_id(self, context: Context) -> str:
+        if self.submission_id:
+            return self.submission_id
+        ti = context["ti"]
+        return derive_submission_id(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+
+    # --- execution ---------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        hook = self.hook()
+        base_id = self.base_submission_id(context)
+        RayDashboardLink.persist_url(context, hook.dashboard_url)
+        sid, status = self._attach_or_submit(hook, base_id)
+        self._active_submission_id = sid
+        RayJobLink.persist_url(context, f"{hook.dashboard_url}/#/jobs/{sid}")
+        if status == "SUCCEEDED":
+            self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
+            from operators.rayjob.hooks import parse_result
+
+            return self._check_result(parse_result(hook.get_job_logs(sid)))
+        if self.deferrable:
+            from operators.rayjob.triggers import RayJobTrigger
+
+            self.defer(
+                trigger=RayJobTrigger(
+                    submission_id=sid,
+                    cluster=self._cluster_info(),
+                    ray_conn_id=self.ray_conn_id,
+                    poll_interval=self.poll_interval,
+                    timeout=self.job_timeout,
+                ),
+                method_name="execute_complete",
+            )
+        return self.execute_complete(context, self._wait_blocking(hook, sid))
+
+    def _attach_or_submit(self, hook: RayJobHook, base_id: str) -> tuple[str, str]:
+        jobs = hook.find_jobs(base_id)
+        if jobs:
+            latest = jobs[-1]
+            status = str(latest.status.value if hasattr(latest.status, "value") else latest.status)
+            if status in ("PENDING", "RUNNING", "SUCCEEDED"):
+                self.log.info("Re-attaching to Ray job %s (%s)", latest.submission_id, status)
+                return latest.submission_id, status
+            sid = f"{base_id}-r{len(jobs)}"
+            self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)
+        else:
+            sid = base_id
+        runtime_env = self.build_runtime_env()
+        self.log.info("Submitting Ray job %s: %s", sid, self.entrypoint)
+        hook.submit_job(
+            entrypoint=self.entrypoint,
+            submission_id=sid,
+            runtime_env=runtime_env,
+            entrypoint_num_cpus=self.entrypoint_num_cpus,
+            entrypoint_resources=self.entrypoint_resources,
+            metadata={"airflow_task": self.task_id, "airflow_dag": self.dag_id},
+        )
+        return sid, "PENDING"
+
+    def _wait_blocking(self, hook: RayJobHook, sid: str) -> dict[str, Any]:
+        from operators.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result
+
+        offset, started = 0, time.time()
+        while True:
+            status = hook.get_job_status(sid)
+            logs = hook.get_job_logs(sid)
+            for line in logs[offset:].rstrip("\n").splitlines():
+                self.log.info("[ray job] %s", line)
+            offset = max(offset, len(logs))
+            if status in TERMINAL_JOB_STATES:
+                info = hook.get_client().get_job_info(sid)
+                return {
+                    "status": status,
+                    "submission_id": sid,
+                    "message": info.message or "",
+                    "log_tail": log_tail(logs),
+                    "result": parse_result(logs),
+                }
+            if self.job_timeout is not None and time.time() - started > self.job_timeout:
+                hook.stop_job(sid)
+                return {
+                    "status": "TIMEOUT",
+                    "submission_id": sid,
+                    "log_tail": log_tail(logs),
+                    "message": f"job exceeded {self.job_timeout:.0f}s and was stopped",
+                    "result": {},
+                }
+            time.sleep(self.poll_interval)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        self._active_submission_id = None
+        status = event.get("status")
+        if status != "SUCCEEDED":
+            raise RayJobFailedError(
+                f"Ray job {event.get('submission_id')} ended {status}: {event.get('message', '')}\n"
+                f"--- last lines of the driver log ---\n{event.get('log_tail', '')}"
+            )
+        return self._check_result(event.get("result") or {})
+
+    def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        for key, minimum in self.min_result.items():
+            value = result.get(key)
+            if not isinstance(value, int | float) or value < float(minimum):
+                raise QualityGateError(f"quality gate: {key}={value!r} is below the required {minimum}; not continuing")
+        return result
+
+    def on_kill(self) -> None:
+        if self._active_submission_id:
+            self.log.info("Task killed: stopping Ray job %s", self._active_submission_id)
+            self.hook().stop_job(self._active_submission_id)

@@ -1,0 +1,139 @@
+"""Typed operators for the two Ray jobs every pipeline has: data preparation and training.
+
+Both are RaySubmitJobOperator underneath (same identity, re-attach, logs, result); they only
+build the entrypoint. Training derives its ScalingConfig from the TPU slice catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from operators.errors import UserInputError
+from operators.rayjob.operators import RaySubmitJobOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+FRAMEWORKS = ("jax", "torch")
+RESUME_POLICIES = ("auto", "never")
+
+
+def module_entrypoint(module: str, arguments: dict[str, Any]) -> str:
+    """`python -m module --key value ...` with every value shell-quoted."""
+    parts = ["python", "-m", module]
+    for key, value in arguments.items():
+        if value is None or value is False:
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        parts.append(flag if value is True else f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
+class RayDataPrepOperator(RaySubmitJobOperator):
+    """Run a Ray Data preparation module (`python -m <module> --arg value ...`) as a Ray job."""
+
+    template_fields: Sequence[str] = (*RaySubmitJobOperator.template_fields, "module", "arguments")
+    template_fields_renderers = {**RaySubmitJobOperator.template_fields_renderers, "arguments": "json"}
+
+    def __init__(self, *, module: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(entrypoint="", **kwargs)
+        self.module = module
+        self.arguments = arguments or {}
+
+    def execute(self, context: Context) -> Any:
+        self.entrypoint = module_entrypoint(self.module, self.arguments)
+        return super().execute(context)
+
+
+class RayTrainOperator(RaySubmitJobOperator):
+    """Train with Ray Train (JaxTrainer or TorchTrainer) on exactly one TPU slice shape.
+
+    :param framework: "jax" (ray.train.v2.jax.JaxTrainer) or "torch" (TorchTrainer).
+    :param train_loop: import path of the user's train_loop_per_worker, "module:function".
+    :param accelerator/topology/machine_type/num_slices: the slice; ScalingConfig derives from it.
+    :param storage_path: checkpoints and results (local path or gs://); a resubmitted run with the
+        same run_name resumes from its latest checkpoint there.
+    :param datasets: {"train": parquet path, ...} read with Ray Data and sharded to the workers.
+    :param resume: "auto" resumes from the latest checkpoint; "never" starts from scratch.
+    """
+
+    template_fields: Sequence[str] = (
+        *RaySubmitJobOperator.template_fields, "framework", "train_loop", "accelerator", "topology",
+        "machine_type", "num_slices", "storage_path", "run_name", "datasets", "train_loop_config", "resume",
+    )
+    template_fields_renderers = {
+        **RaySubmitJobOperator.template_fields_renderers, "datasets": "json", "train_loop_config": "json",
+    }
+
+    def __init__(
+        self,
+        *,
+        framework: str,
+        train_loop: str,
+        accelerator: str,
+        topology: str,
+        storage_path: str,
+        run_name: str,
+        machine_type: str | None = None,
+        num_slices: int | str = 1,
+        datasets: dict[str, str] | None = None,
+        train_loop_config: dict[str, Any] | None = None,
+        max_failures: int = 2,
+        checkpoint_num_to_keep: int = 2,
+        resume: str = "auto",
+        worker_env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(entrypoint="", **kwargs)
+        self.framework = framework
+        self.train_loop = train_loop
+        self.accelerator = accelerator
+        self.topology = topology
+        self.machine_type = machine_type
+        self.num_slices = num_slices
+        self.storage_path = storage_path
+        self.run_name = run_name
+        self.datasets = datasets or {}
+        self.train_loop_config = train_loop_config or {}
+        self.max_failures = max_failures
+        self.checkpoint_num_to_keep = checkpoint_num_to_keep
+        self.resume = resume
+        self.worker_env = worker_env or {}
+
+    def build_spec(self) -> dict[str, Any]:
+        from operators.tpu import TpuSlice
+
+        if self.framework not in FRAMEWORKS:
+            raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")
+        if ":" not in self.train_loop:
+            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "addition.train_jax:train_loop_per_worker"')
+        if self.resume not in RESUME_POLICIES:
+            raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
+        tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
+        tpu.require(ray=True)
+        return {
+            "framework": self.framework,
+            "train_loop": self.train_loop,
+            "train_loop_config": self.train_loop_config,
+            "scaling_config": tpu.scaling_config(),
+            "run_name": self.run_name,
+            "storage_path": self.storage_path,
+            "datasets": self.datasets,
+            "max_failures": self.max_failures,
+            "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
+            "resume": self.resume == "auto",
+            "worker_env": {"JAX_PLATFORMS": "cpu", **tpu.ray_env, **self.worker_env}
+            if self._cluster_info().get("backend") == "local"
+            else {**tpu.ray_env, **self.worker_env},
+        }
+
+    def execute(self, context: Context) -> Any:
+        spec = self.build_spec()
+        self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
+        self.entrypoint = f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
+        # Ray Train's controller polls workers every 2 s by default; each report then blocks that long.
+        self.env_vars = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", **self.env_vars}
+        return super().execute(context)

@@ -1,0 +1,93 @@
+"""One Ray Serve config object for both backends.
+
+Locally it is PUT to the dashboard's /api/serve/applications/; on GKE the same dict becomes
+a KubeRay RayService's serveConfigV2 (the RayService controller PUTs it the same way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operators.errors import UserInputError
+from operators.tpu import TpuSlice
+
+# Serve silently drops unknown fields; check the ones we set so a typo fails here instead.
+_APP_KEYS = frozenset({"name", "import_path", "route_prefix", "args", "runtime_env", "deployments"})
+
+
+def serve_application(
+    name: str,
+    import_path: str,
+    *,
+    route_prefix: str = "/",
+    args: dict[str, Any] | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    deployments: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    if ":" not in import_path and "." not in import_path:
+        raise UserInputError("import_path", import_path, 'give "module:attribute", e.g. "addition.serve_app:app_builder"')
+    if not route_prefix.startswith("/"):
+        raise UserInputError("route_prefix", route_prefix, 'start it with "/", e.g. "/addition"')
+    app: dict[str, Any] = {"name": name, "import_path": import_path, "route_prefix": route_prefix}
+    if args:
+        app["args"] = args
+    if runtime_env:
+        app["runtime_env"] = runtime_env
+    if deployments:
+        app["deployments"] = deployments
+    return app
+
+
+def serve_config(
+    applications: list[dict[str, Any]],
+    *,
+    http_port: int | None = None,
+    proxy_location: str = "HeadOnly",
+) -> dict[str, Any]:
+    """The body of PUT /api/serve/applications/ (Serve's ServeDeploySchema).
+
+    `http_port` is set only for the local backend (one machine, a free port); KubeRay serves
+    on the head pod's port 8000 and the RayService manifest builder drops http_options.
+    proxy_location HeadOnly: simulated TPU hosts share one machine and one port namespace.
+    """
+    if not applications:
+        raise UserInputError("applications", applications, "deploy at least one application")
+    names = [a.get("name") for a in applications]
+    if len(set(names)) != len(names):
+        raise UserInputError("applications", names, "application names must be unique")
+    for app in applications:
+        unknown = set(app) - _APP_KEYS
+        if unknown:
+            raise UserInputError(f"applications[{app.get('name')}]", sorted(unknown), f"Serve knows only {sorted(_APP_KEYS)}")
+    config: dict[str, Any] = {"proxy_location": proxy_location, "applications": applications}
+    if http_port is not None:
+        config["http_options"] = {"host": "127.0.0.1", "port": int(http_port)}
+    return config
+
+
+def check_tpu_placement(config: dict[str, Any], tpu: TpuSlice | None) -> None:
+    """Fail fast where Serve would hang: a multi-host TPU model needs its slice topology.
+
+    Without `accelerator_config.topology`, Serve falls back to per-chip bundles that can straddle
+    two slices; the replica never finishes its first collective and the app sits in DEPLOYING
+    forever with no error. Ray Serve LLM reads the topology from each LLMConfig.
+    """
+    if tpu is None or not tpu.multi_host:
+        return
+    for app in config.get("applications", []):
+        args = app.get("args") or {}
+        llm_configs = args.get("llm_configs") or [args]
+        for llm in llm_configs:
+            accel = (llm or {}).get("accelerator_config") or {}
+            if accel.get("topology") != tpu.topology or llm.get("accelerator_type") != tpu.generation.ray_accelerator_type:
+                want = tpu.serve_accelerator_config()
+                raise UserInputError(
+                    f"applications[{app.get('name')}].args",
+                    {k: llm.get(k) for k in ("accelerator_type", "accelerator_config")},
+                    f"a model on a multi-host {tpu.generation.name} {tpu.topology} slice must declare {want}; "
+                    "without a topology Serve's replicas can straddle two slices and hang in DEPLOYING",
+                )
+
+
+def application_names(config: dict[str, Any]) -> list[str]:
+    return [str(a["name"]) for a in config.get("applications", [])]

@@ -1,0 +1,50 @@
+"""Interpret Ray Serve's application status (GET /api/serve/applications/), shared by trigger and operator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FAILED_APP_STATES = frozenset({"DEPLOY_FAILED", "UNHEALTHY"})
+STUCK_HINT = (
+    "A replica that never becomes ready usually lacks resources: check the cluster has the CPUs/TPUs "
+    "the deployment asks for. A multi-host TPU model without accelerator_config.topology can sit in "
+    "DEPLOYING forever (its per-chip bundles straddle slices); declare the slice topology."
+)
+
+
+@dataclass(frozen=True)
+class ServeVerdict:
+    state: str  # "running" | "failed" | "waiting"
+    detail: str
+
+
+def _deployment_lines(app: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, dep in (app.get("deployments") or {}).items():
+        status = dep.get("status", "?")
+        if status != "HEALTHY":
+            message = (dep.get("message") or "").strip()
+            lines.append(f"  deployment {name}: {status}" + (f" — {message}" if message else ""))
+    return lines
+
+
+def judge(payload: dict[str, Any], app_names: list[str]) -> ServeVerdict:
+    apps = (payload or {}).get("applications") or {}
+    failed, waiting = [], []
+    for name in app_names:
+        app = apps.get(name)
+        if app is None:
+            waiting.append(f"application {name}: not deployed yet")
+            continue
+        status = app.get("status", "?")
+        line = f"application {name}: {status}" + (f" — {app['message'].strip()}" if app.get("message") else "")
+        if status in FAILED_APP_STATES:
+            failed.append("\n".join([line, *_deployment_lines(app)]))
+        elif status != "RUNNING":
+            waiting.append("\n".join([line, *_deployment_lines(app)]))
+    if failed:
+        return ServeVerdict("failed", "\n".join(failed))
+    if waiting:
+        return ServeVerdict("waiting", "\n".join(waiting))
+    return ServeVerdict("running", ", ".join(f"{n}: RUNNING" for n in app_names))

@@ -1,0 +1,885 @@
+"""A loopback stand-in for the GKE v1 REST API: node pools and their operations.
+
+The real google-cloud-container client (REST transport, anonymous credentials, ``api_endpoint``
+pointing here) and so the tpuflow hooks and operators talk to it unchanged. It serves:
+
+- ``POST/GET .../clusters/C/nodePools``, ``GET/DELETE .../nodePools/NP``, ``GET .../clusters/C``
+- ``GET .../locations/L/operations/OP`` and ``GET .../locations/L/operations``
+
+under ``/v1/projects/P/locations/L``. Creates and deletes return a RUNNING Operation that is DONE
+after ``operation_seconds``; a pool is PROVISIONING, then RUNNING (or ERROR when the operation
+failed), STOPPING, then gone. Errors look like GKE's: ``{"error": {"code", "message", "status"}}``
+for rejected requests, ``Operation.error`` plus ``nodepoolConditions`` for failed operations, with
+GKE's wording (409 "Already exists", 429 "Too many operations: cluster ... hits the concurrent
+operations quota", "[GCE_STOCKOUT]", "Quota '...' exceeded", 403 "Required ... permission").
+
+Validation follows GKE for TPU pools: machine type vs topology, COMPACT placement with a topology
+only for multi-host slices (never on single-host ones), a workload policy (not a topology) for
+multi-host tpu7x, node count = hosts of the slice, unknown JSON fields rejected.
+
+Stand-in only paths (not GKE):
+
+- ``POST /_standin/faults`` ``{"faults": [{"kind": "stockout", "capacity": "spot", "times": 1}]}``
+  queues errors for the next create (or ``"on": "delete"``) calls. Kinds: stockout, quota,
+  too_many_operations, permission, invalid_argument, already_exists, internal. ``stage``:
+  ``request`` (the call is refused) or ``operation`` (the operation fails; default for stockout and
+  quota, as on GKE). ``capacity``: on-demand | spot | reservation | flex-start | queued.
+  ``GET`` lists pending faults, ``DELETE`` clears them.
+- ``POST /_standin/match`` ``{"nodeSelector": {...}, "nodes": 4}``: RUNNING pools whose simulated
+  node labels include the selector and that have (or can scale to) that many nodes.
+- ``POST /_standin/workload-policies`` ``{"name": "wp", "acceleratorTopology": "2x2x2"}``
+- ``POST /_standin/clusters`` ``{"name": "projects/P/locations/L/clusters/C"}`` (when the stand-in
+  was started with a fixed cluster list; by default every cluster exists)
+- ``POST /_standin/config`` ``{"operationSeconds": 0.2, "maxConcurrentOperations": 5}``
+- ``GET /_standin/state``, ``GET /_standin/requests``, ``POST /_standin/reset``, ``GET /_standin/health``
+
+Library: ``with GKEApiStandin(operation_seconds=0.2) as gke: gke.url``. Shell:
+``python -m operators.standins.gke_api --port 0`` prints the base URL, then serves until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from operators.errors import UserInputError
+from operators.tpu import GENERATIONS, Generation, TpuSlice
+from operators.tpu.slice import GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, chips_in
+
+GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+_API = "https://container.googleapis.com/v1"
+_POOL_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
+_MACHINE_RE = re.compile(r"^(?P<family>.+)-(?P<chips>\d+)t$")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+FAULT_KINDS = ("stockout", "quota", "too_many_operations", "permission", "invalid_argument", "already_exists", "internal")
+CAPACITY_KINDS = ("on-demand", "spot", "reservation", "flex-start", "queued")
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ApiError(Exception):
+    """An HTTP error answer in GKE's JSON error shape."""
+
+    def __init__(self, code: int, status: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "status": self.status}}
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(400, "INVALID_ARGUMENT", message)
+
+
+# --- TPU rules ----------------------------------------------------------------------------------------
+def tpu_machine(machine_type: str) -> tuple[Generation, int] | None:
+    """(generation, chips per VM) for a TPU machine type; None for other machine types."""
+    m = _MACHINE_RE.match(machine_type or "")
+    if not m:
+        return None
+    for gen in GENERATIONS.values():
+        if gen.machine_family == m.group("family"):
+            chips = int(m.group("chips"))
+            if chips not in gen.machine_chip_options:
+                raise _invalid(
+                    f'Machine type "{machine_type}" does not exist; {gen.name} machine types are '
+                    f"{', '.join(gen.machine_types)}."
+                )
+            return gen, chips
+    return None
+
+
+def _single_vm_topology(gen: Generation, chips: int) -> str:
+    shapes = sorted((t for t in gen.gke_topologies if chips_in(t) == chips), key=lambda t: [int(d) for d in t.split("x")])
+    return shapes[0] if shapes else ("x".join(["1"] * gen.dims))
+
+
+def _capacity_kind(pool: Mapping[str, Any]) -> str:
+    config = pool.get("config") or {}
+    if (pool.get("queuedProvisioning") or {}).get("enabled"):
+        return "queued"
+    if config.get("flexStart"):
+        return "flex-start"
+    if config.get("spot") or config.get("preemptible"):
+        return "spot"
+    if (config.get("reservationAffinity") or {}).get("consumeReservationType") == "SPECIFIC_RESERVATION":
+        return "reservation"
+    return "on-demand"
+
+
+def _node_count(pool: Mapping[str, Any]) -> tuple[int, int]:
+    """(nodes created now, nodes it may scale to)."""
+    initial = int(pool.get("initialNodeCount") or 0)
+    scaling = pool.get("autoscaling") or {}
+    ceiling = initial
+    if scaling.get("enabled"):
+        ceiling = max(initial, int(scaling.get("maxNodeCount") or 0), int(scaling.get("totalMaxNodeCount") or 0))
+    return initial, ceiling
+
+
+def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, str]) -> str | None:
+    """Check a NodePool like GKE does for TPU pools; return the TPU topology its nodes get (None: not TPU)."""
+    name = pool.get("name") or ""
+    if not _POOL_NAME_RE.match(name):
+        raise _invalid(
+            f'Invalid node pool name "{name}": it must match [a-z]([-a-z0-9]*[a-z0-9])? and have at most 40 characters.'
+        )
+    config = pool.get("config") or {}
+    machine_type = config.get("machineType") or ""
+    placement = pool.get("placementPolicy") or {}
+    topology, policy, ptype = placement.get("tpuTopology"), placement.get("policyName"), placement.get("type")
+    nodes, ceiling = _node_count(pool)
+    affinity = (config.get("reservationAffinity") or {}).get("consumeReservationType")
+    if config.get("spot") and affinity == "SPECIFIC_RESERVATION":
+        raise _invalid("Spot VMs cannot consume a specific reservation; drop spot or the reservation affinity.")
+    if affinity == "SPECIFIC_RESERVATION":
+        values = (config.get("reservationAffinity") or {}).get("values") or []
+        if (config.get("reservationAffinity") or {}).get("key") != "compute.googleapis.com/reservation-name" or not values:
+            raise _invalid("A SPECIFIC_RESERVATION affinity needs key compute.googleapis.com/reservation-name and a value.")
+    if config.get("flexStart"):
+        if affinity not in (None, "NO_RESERVATION"):
+            raise _invalid("Flex-start node pools cannot consume reservations; set reservationAffinity NO_RESERVATION.")
+        if not (pool.get("autoscaling") or {}).get("enabled"):
+            raise _invalid("Flex-start node pools need autoscaling enabled.")
+    tpu = tpu_machine(machine_type)
+    if tpu is None:
+        if topology or policy:
+            raise _invalid(f'Machine type "{machine_type}" is not a TPU machine type; tpuTopology is not allowed.')
+        return None
+    gen, per_vm = tpu
+    if topology and gen.multi_host_uses_workload_policy:
+        raise _invalid(
+            f"tpuTopology is not supported for {machine_type}: multi-host {gen.name} node pools are placed with a "
+            "workload policy (placementPolicy.policyName)."
+        )
+    if policy and not gen.multi_host_uses_workload_policy:
+        raise _invalid(
+            f"placementPolicy.policyName is not supported for {machine_type}; use type COMPACT with tpuTopology."
+        )
+    if policy:
+        if policy not in workload_policies:
+            raise _invalid(f'The resource policy "{policy}" was not found in this region.')
+        topology = workload_policies[policy]
+    if not topology:
+        if ptype == "COMPACT":
+            raise _invalid(
+                f"Placement policy COMPACT without tpuTopology is not supported for single-host TPU node pools "
+                f"({machine_type}); remove placementPolicy."
+            )
+        return _single_vm_topology(gen, per_vm)
+    if topology not in gen.gke_topologies:
+        raise _invalid(
+            f'Invalid TPU topology "{topology}" for machine type "{machine_type}". Supported {gen.name} topologies: '
+            f"{', '.join(sorted(gen.gke_topologies, key=lambda t: (chips_in(t), t)))}."
+        )
+    chips = chips_in(topology)
+    if chips % per_vm or chips // per_vm < 2:
+        raise _invalid(
+            f"Placement policy is not supported for single-host TPU slice node pools: topology {topology} "
+            f"({chips} chips) does not span several {machine_type} VMs. Remove placementPolicy for a single-host pool."
+        )
+    try:
+        TpuSlice.from_spec(gen.name, topology, machine_type)
+    except UserInputError as err:
+        raise _invalid(f'Machine type "{machine_type}" cannot form TPU topology {topology}: {err.fix}.') from err
+    if not policy and ptype != "COMPACT":
+        raise _invalid("Multi-host TPU slice node pools need placementPolicy.type COMPACT with tpuTopology.")
+    hosts = chips // per_vm
+    if ceiling != hosts:
+        raise _invalid(
+            f"Node count {ceiling} is invalid for TPU topology {topology} with machine type {machine_type}: a "
+            f"multi-host TPU slice node pool has exactly {hosts} nodes."
+        )
+    return topology
+
+
+def node_labels_of(pool: Mapping[str, Any], tpu_topology: str | None, zone: str) -> dict[str, str]:
+    """The Kubernetes labels GKE puts on the pool's nodes."""
+    config = pool.get("config") or {}
+    labels = dict(config.get("labels") or {})
+    labels[GKE_NODEPOOL_LABEL] = pool["name"]
+    labels["node.kubernetes.io/instance-type"] = config.get("machineType", "")
+    labels["topology.kubernetes.io/zone"] = zone
+    tpu = tpu_machine(config.get("machineType", ""))
+    if tpu is not None and tpu_topology:
+        labels[GKE_ACCELERATOR_LABEL] = tpu[0].gke_accelerator
+        labels[GKE_TOPOLOGY_LABEL] = tpu_topology
+    kind = _capacity_kind(pool)
+    if kind == "spot":
+        labels["cloud.google.com/gke-spot"] = "true"
+    elif kind == "reservation":
+        labels["cloud.google.com/reservation-name"] = str(config["reservationAffinity"]["values"][0]).rsplit("/", 1)[-1]
+    elif kind in ("flex-start", "queued"):
+        labels["cloud.google.com/gke-flex-start"] = "true"
+    return labels
+
+
+# --- state ------------------------------------------------------------------------------------------
+@dataclass
+class _Pool:
+    cluster: tuple[str, str, str]
+    body: dict[str, Any]
+    tpu_topology: str | None
+    status: str = "PROVISIONING"
+    status_message: str = ""
+    nodes: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.body["name"]
+
+    @property
+    def zone(self) -> str:
+        locations = self.body.get("locations") or [self.cluster[1]]
+        return locations[0]
+
+    def labels(self) -> dict[str, str]:
+        return node_labels_of(self.body, self.tpu_topology, self.zone)
+
+    def to_json(self) -> dict[str, Any]:
+        project, location, cluster = self.cluster
+        out = copy.deepcopy(self.body)
+        out.setdefault("locations", [self.zone])
+        out["status"] = self.status
+        if self.status_message:
+            out["statusMessage"] = self.status_message
+        out["selfLink"] = f"{_API}/projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{self.name}"
+        out["version"] = "1.34.1-gke.1000"
+        return out
+
+
+@dataclass
+class _Operation:
+    id: str
+    kind: str  # CREATE_NODE_POOL | DELETE_NODE_POOL
+    cluster: tuple[str, str, str]
+    pool: str
+    done_at: float
+    failure: dict[str, Any] | None = None  # error, detail, conditions
+    start_time: str = field(default_factory=_now_iso)
+    end_time: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.end_time is not None
+
+    def to_json(self) -> dict[str, Any]:
+        project, location, cluster = self.cluster
+        out: dict[str, Any] = {
+            "name": self.id,
+            "zone": location,
+            "location": location,
+            "operationType": self.kind,
+            "status": "DONE" if self.done else "RUNNING",
+            "selfLink": f"{_API}/projects/{project}/locations/{location}/operations/{self.id}",
+            "targetLink": f"{_API}/projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{self.pool}",
+            "startTime": self.start_time,
+        }
+        if self.done:
+            out["endTime"] = self.end_time
+        if self.done and self.failure:
+            out["error"] = self.failure["error"]
+            out["detail"] = self.failure["detail"]
+            out["statusMessage"] = self.failure["detail"]
+            out["nodepoolConditions"] = self.failure["conditions"]
+        return out
+
+
+def _quota_metric(pool: Mapping[str, Any]) -> str:
+    tpu = tpu_machine((pool.get("config") or {}).get("machineType", ""))
+    base = tpu[0].gke_accelerator.upper().replace("-", "_") if tpu else "CPUS"
+    return ("PREEMPTIBLE_" if _capacity_kind(pool) == "spot" else "") + base
+
+
+class GKEApiStandin:
+    """The stand-in server and its state; every method is thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        operation_seconds: float = 2.0,
+        max_concurrent_operations: int = 5,
+        clusters: Iterable[str] | None = None,
+        workload_policies: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if host not in _LOOPBACK:
+            raise ValueError(f"the GKE stand-in only binds loopback, not {host!r}")
+        self.operation_seconds = float(operation_seconds)
+        self.max_concurrent_operations = int(max_concurrent_operations)
+        self._host, self._port = host, port
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._clusters: set[tuple[str, str, str]] | None = None
+        if clusters is not None:
+            self._clusters = {self._parse_cluster(c) for c in clusters}
+        self.workload_policies: dict[str, str] = dict(workload_policies or {})
+        self._pools: dict[tuple[str, str, str, str], _Pool] = {}
+        self._operations: dict[str, _Operation] = {}
+        self._faults: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> str:
+        if self._server is None:
+            server = _Server((self._host, self._port), _Handler)
+            server.standin = self
+            self._server = server
+            self._thread = threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="gke-standin", daemon=True
+            )
+            self._thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> GKEApiStandin:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the GKE stand-in is not running")
+        host = self._server.server_address[0]
+        return f"http://{host}:{self._server.server_address[1]}"
+
+    def airflow_connection(self, project_id: str | None = None) -> dict[str, Any]:
+        """A google_cloud_platform connection (as AIRFLOW_CONN_* JSON) that reaches this stand-in."""
+        extra: dict[str, Any] = {"is_anonymous": True, "container_api_endpoint": self.url}
+        if project_id:
+            extra["project"] = project_id
+        return {"conn_type": "google_cloud_platform", "extra": extra}
+
+    # --- control --------------------------------------------------------------------------------
+    @staticmethod
+    def _parse_cluster(path: str) -> tuple[str, str, str]:
+        m = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/clusters/([^/]+)", path)
+        if not m:
+            raise ValueError(f"a cluster is projects/P/locations/L/clusters/C, not {path!r}")
+        return m.group(1), m.group(2), m.group(3)
+
+    def add_cluster(self, path: str) -> None:
+        with self._lock:
+            if self._clusters is None:
+                self._clusters = set()
+            self._clusters.add(self._parse_cluster(path))
+
+    def add_workload_policy(self, name: str, accelerator_topology: str) -> None:
+        with self._lock:
+            self.workload_policies[name] = accelerator_topology
+
+    def add_fault(
+        self,
+        kind: str,
+        *,
+        capacity: str | None = None,
+        stage: str | None = None,
+        on: str = "create",
+        times: int = 1,
+        message: str | None = None,
+        quota_metric: str | None = None,
+    ) -> dict[str, Any]:
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind {kind!r}: use one of {', '.join(FAULT_KINDS)}")
+        if capacity is not None and capacity not in CAPACITY_KINDS:
+            raise ValueError(f"fault capacity {capacity!r}: use one of {', '.join(CAPACITY_KINDS)}")
+        if on not in ("create", "delete"):
+            raise ValueError(f"fault on {on!r}: use create or delete")
+        default_stage = "operation" if kind in ("stockout", "quota") and on == "create" else "request"
+        stage = stage or default_stage
+        if stage not in ("request", "operation"):
+            raise ValueError(f"fault stage {stage!r}: use request or operation")
+        if on == "delete" and stage == "operation":
+            raise ValueError("delete faults refuse the request (stage request); deletes do not fail mid-operation here")
+        fault = {
+            "kind": kind, "capacity": capacity, "stage": stage, "on": on, "times": int(times),
+            "message": message, "quota_metric": quota_metric,
+        }
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def faults(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return copy.deepcopy(self._faults)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._pools.clear()
+            self._operations.clear()
+            self._faults.clear()
+            self.requests.clear()
+
+    def _take_fault(self, on: str, capacity: str) -> dict[str, Any] | None:
+        for fault in self._faults:
+            if fault["on"] == on and fault["capacity"] in (None, capacity):
+                fault["times"] -= 1
+                if fault["times"] <= 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    # --- queries (also for the simulated KubeRay controller) ------------------------------------------
+    def node_pools(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            self._tick()
+            wanted = self._parse_cluster(cluster) if cluster else None
+            return [
+                {**p.to_json(), "nodeLabels": p.labels(), "nodeCount": p.nodes}
+                for p in self._pools.values()
+                if wanted is None or p.cluster == wanted
+            ]
+
+    def find_node_pools(
+        self, node_selector: Mapping[str, str], nodes: int = 1, *, cluster: str | None = None
+    ) -> list[dict[str, Any]]:
+        """RUNNING pools whose node labels include node_selector and that have (or can scale to) `nodes` nodes."""
+        with self._lock:
+            self._tick()
+            wanted = self._parse_cluster(cluster) if cluster else None
+            matches = []
+            for pool in self._pools.values():
+                if pool.status != "RUNNING" or (wanted is not None and pool.cluster != wanted):
+                    continue
+                labels = pool.labels()
+                if any(labels.get(k) != str(v) for k, v in node_selector.items()):
+                    continue
+                _, ceiling = _node_count(pool.body)
+                if max(pool.nodes, ceiling) < nodes:
+                    continue
+                project, location, cluster_name = pool.cluster
+                matches.append({
+                    "name": pool.name,
+                    "cluster": f"projects/{project}/locations/{location}/clusters/{cluster_name}",
+                    "nodeCount": pool.nodes,
+                    "maxNodeCount": ceiling,
+                    "labels": labels,
+                })
+            return matches
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            return {
+                "nodePools": self.node_pools(),
+                "operations": [op.to_json() for op in self._operations.values()],
+                "faults": copy.deepcopy(self._faults),
+                "workloadPolicies": dict(self.workload_policies),
+                "operationSeconds": self.operation_seconds,
+                "maxConcurrentOperations": self.max_concurrent_operations,
+            }
+
+    # --- the GKE API ---------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for op in self._operations.values():
+            if op.done or now < op.done_at:
+                continue
+            op.end_time = _now_iso()
+            key = (*op.cluster, op.pool)
+            pool = self._pools.get(key)
+            if op.kind == "DELETE_NODE_POOL":
+                self._pools.pop(key, None)
+            elif pool is not None and op.failure:
+                pool.status, pool.status_message, pool.nodes = "ERROR", op.failure["detail"], 0
+            elif pool is not None:
+                pool.status, pool.nodes = "RUNNING", _node_count(pool.body)[0]
+
+    def _cluster(self, project: str, location: str, cluster: str) -> tuple[str, str, str]:
+        key = (project, location, cluster)
+        if self._clusters is not None and key not in self._clusters:
+            raise ApiError(404, "NOT_FOUND", f"Not found: projects/{project}/locations/{location}/clusters/{cluster}.")
+        return key
+
+    def _busy_check(self, key: tuple[str, str, str]) -> None:
+        running = sum(1 for op in self._operations.values() if op.cluster == key and not op.done)
+        if running >= self.max_concurrent_operations:
+            raise self._too_many(key)
+
+    def _too_many(self, key: tuple[str, str, str]) -> ApiError:
+        return ApiError(
+            429, "RESOURCE_EXHAUSTED",
+            f'Too many operations: cluster "{key[2]}" hits the concurrent operations quota '
+            f"{self.max_concurrent_operations}, please try again later.",
+        )
+
+    def _request_fault(self, fault: Mapping[str, Any], key: tuple[str, str, str], pool: Mapping[str, Any]) -> ApiError:
+        project, location, cluster = key
+        kind, message = fault["kind"], fault.get("message")
+        if kind == "too_many_operations":
+            err = self._too_many(key)
+            err.message = message or err.message
+            return err
+        if kind == "permission":
+            return ApiError(403, "PERMISSION_DENIED", message or (
+                f'Required "container.clusters.update" permission(s) for '
+                f'"projects/{project}/locations/{location}/clusters/{cluster}".'))
+        if kind == "quota":
+            metric = fault.get("quota_metric") or _quota_metric(pool)
+            return ApiError(403, "PERMISSION_DENIED", message or (
+                f"Insufficient quota to satisfy the request: Quota '{metric}' exceeded.  Limit: 0.0 in zone {location}."))
+        if kind == "stockout":
+            return ApiError(503, "UNAVAILABLE", message or (
+                f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/{project}/zones/{location}' does not have enough "
+                "resources available to fulfill the request. Try a different zone, or try again later."))
+        if kind == "already_exists":
+            return ApiError(409, "ALREADY_EXISTS", message or (
+                f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{pool.get('name')}."))
+        if kind == "invalid_argument":
+            return _invalid(message or "Invalid request (injected by the stand-in).")
+        return ApiError(500, "INTERNAL", message or "Internal error (injected by the stand-in).")
+
+    def _operation_failure(self, fault: Mapping[str, Any], key: tuple[str, str, str], pool: Mapping[str, Any]) -> dict:
+        project, location, cluster = key
+        zone = (pool.get("locations") or [location])[0]
+        nodes = max(_node_count(pool)[0], 1)
+        instance = f"gke-{cluster}-{pool['name']}-{next(self._ids):08x}"[:60]
+        if fault["kind"] == "stockout":
+            code, condition = 8, "GCE_STOCKOUT"
+            message = fault.get("message") or (
+                f"Instance '{instance}' creation failed: The zone 'projects/{project}/zones/{zone}' does not have "
+                "enough resources available to fulfill the request.  '(resource type:compute)'.")
+            summary = ""
+        elif fault["kind"] == "quota":
+            code, condition = 8, "GCE_QUOTA_EXCEEDED"
+            metric = fault.get("quota_metric") or _quota_metric(pool)
+            message = fault.get("message") or (
+                f"Instance '{instance}' creation failed: Quota '{metric}' exceeded.  Limit: 0.0 in zone {zone}.")
+            summary = "Insufficient quota to satisfy the request: "
+        else:
+            code, condition = 13, "UNKNOWN"
+            message = fault.get("message") or f"Operation failed ({fault['kind']}, injected by the stand-in)."
+            summary = ""
+        detail = (
+            f"{summary}Not all instances running in IGM after {self.operation_seconds:.1f}s. Expected {nodes}, "
+            f"running 0, transitioning {nodes}. Current errors: [{condition}]: {message}"
+        )
+        canonical = "RESOURCE_EXHAUSTED" if code == 8 else "INTERNAL"
+        return {
+            "error": {"code": code, "message": message},
+            "detail": detail,
+            "conditions": [{"code": condition, "message": message, "canonicalCode": canonical}],
+        }
+
+    def _new_operation(self, kind: str, key: tuple[str, str, str], pool: str, failure: dict | None = None) -> _Operation:
+        op_id = f"operation-{int(time.time() * 1000)}-{next(self._ids):08x}"
+        op = _Operation(op_id, kind, key, pool, time.monotonic() + self.operation_seconds, failure)
+        self._operations[op_id] = op
+        return op
+
+    def create_node_pool(self, project: str, location: str, cluster: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        pool = _parse_node_pool(body)
+        with self._lock:
+            self._tick()
+            key = self._cluster(project, location, cluster)
+            fault = self._take_fault("create", _capacity_kind(pool))
+            if fault is not None and fault["stage"] == "request":
+                raise self._request_fault(fault, key, pool)
+            self._busy_check(key)
+            name = pool.get("name", "")
+            if (*key, name) in self._pools:
+                raise ApiError(409, "ALREADY_EXISTS", (
+                    f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."))
+            topology = validate_node_pool(pool, self.workload_policies)
+            failure = self._operation_failure(fault, key, pool) if fault is not None else None
+            self._pools[(*key, name)] = _Pool(key, pool, topology)
+            return self._new_operation("CREATE_NODE_POOL", key, name, failure).to_json()
+
+    def delete_node_pool(self, project: str, location: str, cluster: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            key = self._cluster(project, location, cluster)
+            pool = self._pools.get((*key, name))
+            fault = self._take_fault("delete", _capacity_kind(pool.body) if pool else "on-demand")
+            if fault is not None:
+                raise self._request_fault(fault, key, pool.body if pool else {"name": name})
+            if pool is None:
+                raise ApiError(404, "NOT_FOUND", (
+                    f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."))
+            running = next(
+                (op for op in self._operations.values() if op.cluster == key and op.pool == name and not op.done), None
+            )
+            if running is not None:
+                verb = "creating" if running.kind == "CREATE_NODE_POOL" else "deleting"
+                raise ApiError(400, "FAILED_PRECONDITION", (
+                    f"Operation {running.id} is currently {verb} node pool {name} for cluster {cluster}. "
+                    "Please wait and try again once it is done."))
+            self._busy_check(key)
+            pool.status = "STOPPING"
+            return self._new_operation("DELETE_NODE_POOL", key, name).to_json()
+
+    def get_node_pool(self, project: str, location: str, cluster: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            key = self._cluster(project, location, cluster)
+            pool = self._pools.get((*key, name))
+            if pool is None:
+                raise ApiError(404, "NOT_FOUND", (
+                    f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."))
+            return pool.to_json()
+
+    def list_node_pools(self, project: str, location: str, cluster: str) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            key = self._cluster(project, location, cluster)
+            return {"nodePools": [p.to_json() for p in self._pools.values() if p.cluster == key]}
+
+    def get_cluster(self, project: str, location: str, cluster: str) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            key = self._cluster(project, location, cluster)
+            return {
+                "name": cluster,
+                "location": location,
+                "status": "RUNNING",
+                "selfLink": f"{_API}/projects/{project}/locations/{location}/clusters/{cluster}",
+                "nodePools": [p.to_json() for p in self._pools.values() if p.cluster == key],
+            }
+
+    def get_operation(self, project: str, location: str, op_id: str) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            op = self._operations.get(op_id)
+            if op is None or op.cluster[:2] != (project, location):
+                raise ApiError(404, "NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_id}.")
+            return op.to_json()
+
+    def list_operations(self, project: str, location: str) -> dict[str, Any]:
+        with self._lock:
+            self._tick()
+            return {"operations": [
+                op.to_json() for op in self._operations.values() if op.cluster[:2] == (project, location)
+            ]}
+
+
+def _parse_node_pool(body: Any) -> dict[str, Any]:
+    """Read a CreateNodePoolRequest body the way GKE does: unknown fields and bad values are 400s."""
+    from google.cloud.container_v1.types import NodePool
+
+    if not isinstance(body, Mapping) or not isinstance(body.get("nodePool"), Mapping):
+        raise _invalid("Invalid JSON payload: the request needs a nodePool object.")
+    try:
+        message = NodePool.from_json(json.dumps(body["nodePool"]))
+    except Exception as err:  # json_format.ParseError and friends
+        raise _invalid(f"Invalid JSON payload received. {err}") from err
+    # Enum values arrive as numbers from the Python client; keep names, as GKE's own JSON does.
+    parsed = json.loads(
+        NodePool.to_json(message, use_integers_for_enums=False, always_print_fields_with_no_presence=False, indent=None)
+    )
+    if not parsed.get("name"):
+        raise _invalid("nodePool.name is required.")
+    return parsed
+
+
+# --- HTTP --------------------------------------------------------------------------------------------
+_PREFIX = r"^/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
+_ROUTES = [
+    (re.compile(_PREFIX + r"/clusters/(?P<cluster>[^/]+)/nodePools/(?P<pool>[^/]+)$"), "pool"),
+    (re.compile(_PREFIX + r"/clusters/(?P<cluster>[^/]+)/nodePools$"), "pools"),
+    (re.compile(_PREFIX + r"/clusters/(?P<cluster>[^/]+)$"), "cluster"),
+    (re.compile(_PREFIX + r"/operations/(?P<op>[^/]+)$"), "operation"),
+    (re.compile(_PREFIX + r"/operations$"), "operations"),
+]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    standin: GKEApiStandin
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
+        pass
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise _invalid(f"Invalid JSON payload received. {err}") from err
+
+    def _handle(self) -> None:
+        standin = self.server.standin
+        path = urlsplit(self.path).path
+        try:
+            body = self._body() if self.command in ("POST", "PUT", "PATCH") else None
+            if not path.startswith("/_standin/"):
+                with standin._lock:
+                    standin.requests.append({"method": self.command, "path": path, "body": body})
+            code, payload = 200, (self._control(path, body) if path.startswith("/_standin/") else self._api(path, body))
+        except ApiError as err:
+            code, payload = err.code, err.body()
+        except (ValueError, KeyError, TypeError) as err:
+            code, payload = 400, {"error": {"code": 400, "message": str(err), "status": "INVALID_ARGUMENT"}}
+        except Exception as err:  # a stand-in bug: answer like a broken server
+            code, payload = 500, {"error": {"code": 500, "message": f"stand-in error: {err!r}", "status": "INTERNAL"}}
+        self._send(code, payload)
+
+    do_GET = do_POST = do_DELETE = _handle
+
+    def _api(self, path: str, body: Any) -> Any:
+        gke = self.server.standin
+        for pattern, what in _ROUTES:
+            m = pattern.match(path)
+            if not m:
+                continue
+            p = m.groupdict()
+            method = self.command
+            if what == "pool" and method == "GET":
+                return gke.get_node_pool(p["project"], p["location"], p["cluster"], p["pool"])
+            if what == "pool" and method == "DELETE":
+                return gke.delete_node_pool(p["project"], p["location"], p["cluster"], p["pool"])
+            if what == "pools" and method == "GET":
+                return gke.list_node_pools(p["project"], p["location"], p["cluster"])
+            if what == "pools" and method == "POST":
+                return gke.create_node_pool(p["project"], p["location"], p["cluster"], body)
+            if what == "cluster" and method == "GET":
+                return gke.get_cluster(p["project"], p["location"], p["cluster"])
+            if what == "operation" and method == "GET":
+                return gke.get_operation(p["project"], p["location"], p["op"])
+            if what == "operations" and method == "GET":
+                return gke.list_operations(p["project"], p["location"])
+            raise ApiError(405, "METHOD_NOT_ALLOWED", f"{method} is not supported on {path}.")
+        raise ApiError(404, "NOT_FOUND", f"The stand-in does not serve {path}.")
+
+    def _control(self, path: str, body: Any) -> Any:
+        gke = self.server.standin
+        method = self.command
+        body = body or {}
+        if path == "/_standin/health":
+            return {"status": "ok"}
+        if path == "/_standin/faults":
+            if method == "POST":
+                items = body.get("faults", [body] if "kind" in body else [])
+                return {"queued": [gke.add_fault(**_fault_kwargs(f)) for f in items]}
+            if method == "DELETE":
+                gke.clear_faults()
+                return {"faults": []}
+            return {"faults": gke.faults()}
+        if path == "/_standin/match" and method == "POST":
+            selector = body.get("nodeSelector") or {}
+            return {"matches": gke.find_node_pools(selector, int(body.get("nodes", 1)), cluster=body.get("cluster"))}
+        if path == "/_standin/workload-policies" and method == "POST":
+            gke.add_workload_policy(body["name"], body["acceleratorTopology"])
+            return {"workloadPolicies": dict(gke.workload_policies)}
+        if path == "/_standin/clusters" and method == "POST":
+            gke.add_cluster(body["name"])
+            return {"added": body["name"]}
+        if path == "/_standin/config" and method == "POST":
+            with gke._lock:
+                if "operationSeconds" in body:
+                    gke.operation_seconds = float(body["operationSeconds"])
+                if "maxConcurrentOperations" in body:
+                    gke.max_concurrent_operations = int(body["maxConcurrentOperations"])
+            return {"operationSeconds": gke.operation_seconds, "maxConcurrentOperations": gke.max_concurrent_operations}
+        if path == "/_standin/state" and method == "GET":
+            return gke.state()
+        if path == "/_standin/requests" and method == "GET":
+            with gke._lock:
+                return {"requests": copy.deepcopy(gke.requests)}
+        if path == "/_standin/reset" and method == "POST":
+            gke.reset()
+            return {"reset": True}
+        raise ApiError(404, "NOT_FOUND", f"No stand-in control path {method} {path}.")
+
+
+def _fault_kwargs(item: Mapping[str, Any]) -> dict[str, Any]:
+    allowed = {"kind", "capacity", "stage", "on", "times", "message", "quota_metric"}
+    unknown = set(item) - allowed - {"quotaMetric"}
+    if unknown:
+        raise ValueError(f"unknown fault fields {sorted(unknown)}; use {sorted(allowed)}")
+    kwargs = {k: v for k, v in item.items() if k in allowed}
+    if "quotaMetric" in item:
+        kwargs["quota_metric"] = item["quotaMetric"]
+    return kwargs
+
+
+# --- shell ------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m operators.standins.gke_api", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
+    parser.add_argument("--operation-seconds", type=float, default=2.0, help="time each operation takes")
+    parser.add_argument("--max-concurrent-operations", type=int, default=5, help="per cluster, like GKE")
+    parser.add_argument("--cluster", action="append", default=None,
+                        help="projects/P/locations/L/clusters/C that exists (repeat; default: any cluster exists)")
+    parser.add_argument("--workload-policy", action="append", default=[], metavar="NAME=TOPOLOGY",
+                        help="a workload policy for multi-host tpu7x pools, e.g. wp-2x2x2=2x2x2 (repeat)")
+    args = parser.parse_args(argv)
+    policies = {}
+    for item in args.workload_policy:
+        name, sep, topology = item.partition("=")
+        if not sep:
+            parser.error(f"--workload-policy {item!r}: write NAME=TOPOLOGY")
+        policies[name] = topology
+    standin = GKEApiStandin(
+        operation_seconds=args.operation_seconds,
+        max_concurrent_operations=args.max_concurrent_operations,
+        clusters=args.cluster,
+        workload_policies=policies,
+        host=args.host,
+        port=args.port,
+    )
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    print(standin.start(), flush=True)
+    try:
+        stopped.wait()
+    finally:
+        standin.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

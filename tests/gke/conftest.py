@@ -1,0 +1,77 @@
+"""Fixtures for the GKE node pool tests: the GKE API stand-in, an Airflow connection to it, a task
+context for running operators directly, and a throw-away Airflow home for ``dag.test()``."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Airflow reads its home and config when first imported: point it at a throw-away home unless
+# something (another conftest) already configured and imported it.
+_OWN_HOME: Path | None = None
+if "airflow" not in sys.modules:
+    _OWN_HOME = _home = Path(tempfile.mkdtemp(prefix="tpuflow-gke-airflow-"))
+    (_home / "dags").mkdir()
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ["AIRFLOW_HOME"] = str(_home)
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_home / "dags")
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+
+from gke_testlib import CLUSTER_PATH, CONN_ID, PROJECT  # noqa: E402
+
+from operators.standins.gke_api import GKEApiStandin  # noqa: E402
+
+
+@pytest.fixture
+def gke(monkeypatch: pytest.MonkeyPatch) -> Iterator[GKEApiStandin]:
+    """A running stand-in (0.2 s per operation) and the Airflow connection ``gke_standin`` to it."""
+    standin = GKEApiStandin(operation_seconds=0.2, clusters=[CLUSTER_PATH])
+    standin.start()
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(standin.airflow_connection(PROJECT)))
+    try:
+        yield standin
+    finally:
+        standin.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated metadata DB in the throw-away Airflow home (once per session)."""
+    from airflow import settings
+    from airflow.utils.db import upgradedb
+
+    if _OWN_HOME is None and Path(settings.AIRFLOW_HOME).expanduser().resolve() == Path("~/airflow").expanduser().resolve():
+        pytest.skip("Airflow was imported with the default ~/airflow home; not migrating a real metadata DB")
+    upgradedb()
+    return Path(settings.DAGS_FOLDER)
+
+
+@pytest.fixture
+def dag_file(airflow_db: Path) -> Iterator[Any]:
+    """Write a DAG module into the DAGs folder (dag.test() needs it there), import it, remove it after."""
+    written: list[Path] = []
+
+    def write(module_name: str, source: str) -> Any:
+        path = airflow_db / f"{module_name}.py"
+        path.write_text(source)
+        written.append(path)
+        sys.path.insert(0, str(airflow_db))
+        try:
+            __import__(module_name)
+        finally:
+            sys.path.remove(str(airflow_db))
+        return sys.modules[module_name]
+
+    yield write
+    for path in written:
+        sys.modules.pop(path.stem, None)
+        path.unlink(missing_ok=True)

@@ -1,0 +1,276 @@
+"""The node pool operators against the GKE stand-in, through the real hook and google-cloud-container
+client (REST transport, anonymous credentials, endpoint from the Airflow connection)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE, context
+
+from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+
+FAST = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
+V6E_4X4 = {"cluster_name": CLUSTER, "accelerator": "v6e", "topology": "4x4"}
+
+
+def create_op(task_id: str = "create_pool", **kwargs: Any) -> GKECreateTPUNodePoolOperator:
+    args = {"project_id": PROJECT, "location": ZONE, "gcp_conn_id": CONN_ID, **V6E_4X4, **FAST, **kwargs}
+    return GKECreateTPUNodePoolOperator(task_id=task_id, **args)
+
+
+def delete_op(**kwargs: Any) -> GKEDeleteNodePoolOperator:
+    args = {"project_id": PROJECT, "location": ZONE, "cluster_name": CLUSTER, "gcp_conn_id": CONN_ID, **FAST, **kwargs}
+    return GKEDeleteNodePoolOperator(task_id="delete_pool", **args)
+
+
+def posts(gke: Any) -> list[dict[str, Any]]:
+    return [r for r in gke.requests if r["method"] == "POST"]
+
+
+def queue_faults(gke: Any, *faults: dict[str, Any]) -> None:
+    """Fault injection over the stand-in's HTTP control path, as the local pipeline does it."""
+    request = urllib.request.Request(
+        gke.url + "/_standin/faults", data=json.dumps({"faults": list(faults)}).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert len(json.load(response)["queued"]) == len(faults)
+
+
+def test_create_provisions_the_slice_and_reports_it(gke):
+    ctx = context()
+    result = create_op(capacity="spot").execute(ctx)
+
+    [pool] = gke.node_pools()
+    assert pool["status"] == "RUNNING"
+    assert pool["name"] == result["node_pool_name"] == ctx["ti"].xcom["node_pool_name"]
+    assert pool["config"]["machineType"] == "ct6e-standard-4t" and pool["nodeCount"] == 4
+    assert pool["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+    assert pool["config"]["spot"] is True
+    # The k8s side can find the slice by the labels TPU pods select on.
+    assert gke.find_node_pools({"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                "cloud.google.com/gke-tpu-topology": "4x4"}, nodes=4)[0]["name"] == pool["name"]
+    # Ownership labels: GCE label rules, exact identity digest, expiry in the future.
+    labels = pool["config"]["resourceLabels"]
+    assert labels["tpuflow-dag"] == "train_dag" and labels["tpuflow-task"] == "create_pool"
+    assert labels["tpuflow-run"] == "manual__2026-11-29t10_00_00_00_00"
+    assert int(labels["tpuflow-expires"]) > time.time() + 23 * 3600
+    assert result["created"] == [pool["name"]] and result["adopted"] == []
+    assert result["capacity"] == {pool["name"]: "spot"}
+    assert result["node_selector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+    assert ctx["ti"].xcom["gke_node_pool"] == (
+        f"https://console.cloud.google.com/kubernetes/nodepool/{ZONE}/{CLUSTER}/{pool['name']}?project={PROJECT}"
+    )
+
+
+def test_a_retry_adopts_the_pool_instead_of_creating_a_second(gke):
+    first = create_op().execute(context(try_number=1))
+    second = create_op().execute(context(try_number=2))
+
+    assert len(posts(gke)) == 1
+    assert len(gke.node_pools()) == 1
+    assert second["node_pool_name"] == first["node_pool_name"]
+    assert second["adopted"] == [first["node_pool_name"]] and second["created"] == []
+
+
+def test_a_retry_waits_for_the_create_its_earlier_try_started(gke):
+    """The worker died while GKE was still creating: the retry follows that operation."""
+    from operators.gke.hooks import GKENodePoolHook
+    from operators.gke.nodepool_spec import TaskIdentity
+
+    op = create_op()
+    plan = op.plan(TaskIdentity("train_dag", "manual__2026-11-29T10:00:00+00:00", "create_pool"), 2_000_000_000)
+    gke.operation_seconds = 0.6
+    GKENodePoolHook(gcp_conn_id=CONN_ID, location=ZONE).create_node_pool(
+        project_id=PROJECT, cluster_name=CLUSTER, node_pool=plan.body()
+    )
+    result = op.execute(context(try_number=2))
+
+    assert len(posts(gke)) == 1
+    assert result["adopted"] == [plan.names[0]]
+    assert [p["status"] for p in gke.node_pools()] == ["RUNNING"]
+
+
+def test_a_pool_with_the_same_name_but_another_spec_is_an_error_and_is_left_alone(gke):
+    create_op(node_pool_name="shared-pool", topology="2x4", machine_type="ct6e-standard-4t").execute(context())
+    with pytest.raises(AirflowFailException) as err:
+        create_op(node_pool_name="shared-pool").execute(context(task_id="other"))
+
+    message = str(err.value)
+    assert "shared-pool already exists" in message
+    assert "placementPolicy.tpuTopology: want '4x4', found '2x4'" in message
+    assert "initialNodeCount: want 4, found 2" in message
+    [pool] = gke.node_pools()
+    assert pool["status"] == "RUNNING" and pool["placementPolicy"]["tpuTopology"] == "2x4"
+    assert len(posts(gke)) == 1
+
+
+def test_delete_waits_until_the_pool_is_gone(gke):
+    created = create_op().execute(context())
+    result = delete_op(node_pool_name=created["node_pool_name"]).execute(context(task_id="delete_pool"))
+
+    assert result["deleted"] == [created["node_pool_name"]]
+    assert gke.node_pools() == []
+
+
+def test_delete_finds_the_pools_a_task_created_by_their_ownership_label(gke):
+    created = create_op(accelerator="v5p", topology="2x2x2", num_slices=2).execute(context())
+    other = create_op(accelerator="v6e", topology="2x2").execute(context(task_id="other_task"))
+    assert len(created["node_pool_names"]) == 2  # one pool per multi-host slice
+    assert len(gke.find_node_pools({"cloud.google.com/gke-tpu-topology": "2x2x2"}, nodes=2)) == 2
+
+    result = delete_op(created_by_task_id="create_pool").execute(context(task_id="delete_pool"))
+
+    assert sorted(result["deleted"]) == sorted(created["node_pool_names"])
+    assert [p["name"] for p in gke.node_pools()] == other["node_pool_names"]
+
+
+def test_deleting_a_missing_pool_is_success(gke):
+    result = delete_op(node_pool_name="never-created").execute(context(task_id="delete_pool"))
+    assert result["deleted"] == [] and result["absent"] == ["never-created"]
+
+
+def test_a_stockout_falls_back_to_the_next_capacity_choice(gke):
+    queue_faults(gke, {"kind": "stockout", "capacity": "spot"})
+    result = create_op(capacity="spot", fallback_capacity=["on-demand"]).execute(context())
+
+    name = result["node_pool_name"]
+    assert result["capacity"] == {name: "on-demand"} and result["stockouts"] == ["spot"]
+    [pool] = gke.node_pools()
+    assert pool["status"] == "RUNNING" and "spot" not in pool["config"]
+    # The failed spot pool was deleted before the on-demand one was created.
+    methods = [(r["method"], (r["body"] or {}).get("nodePool", {}).get("config", {}).get("spot"))
+               for r in gke.requests if r["method"] in ("POST", "DELETE")]
+    assert methods == [("POST", True), ("DELETE", None), ("POST", None)]
+
+
+def test_a_stockout_on_every_choice_fails_after_retries_and_leaves_nothing_behind(gke):
+    queue_faults(gke, {"kind": "stockout", "times": 10})
+    with pytest.raises(AirflowException) as err:
+        create_op(capacity="spot", fallback_capacity="on-demand", stockout_retries=1).execute(context())
+
+    assert not isinstance(err.value, AirflowFailException)  # an Airflow retry may find capacity later
+    message = str(err.value)
+    assert f"No capacity for a v6e 4x4 slice (ct6e-standard-4t) in zone {ZONE}" in message
+    assert "tried spot, on-demand" in message and "GCE_STOCKOUT" in message
+    assert len(posts(gke)) == 3  # spot, on-demand, on-demand again after a backoff
+    assert gke.node_pools() == []
+
+
+def test_quota_exceeded_fails_at_once_naming_the_quota(gke):
+    queue_faults(gke, {"kind": "quota", "capacity": "spot"})
+    with pytest.raises(AirflowFailException) as err:
+        create_op(capacity="spot", fallback_capacity=["on-demand"]).execute(context())
+
+    message = str(err.value)
+    assert message.startswith("Quota PREEMPTIBLE_TPU_V6E_SLICE is too small")
+    assert f"Request more of PREEMPTIBLE_TPU_V6E_SLICE for project {PROJECT}" in message
+    assert len(posts(gke)) == 1  # no fallback on quota
+    assert gke.node_pools() == []  # the ERROR pool was cleaned up
+
+
+def test_quota_refused_at_request_time_also_names_the_quota(gke):
+    queue_faults(gke, {"kind": "quota", "stage": "request", "quota_metric": "TPU_V6E_SLICE_CHIPS"})
+    with pytest.raises(AirflowFailException, match="Quota TPU_V6E_SLICE_CHIPS is too small"):
+        create_op().execute(context())
+
+
+def test_too_many_operations_waits_and_retries(gke):
+    queue_faults(gke, {"kind": "too_many_operations", "times": 2})
+    started = time.monotonic()
+    result = create_op(retry_backoff=0.15, max_backoff=1.0).execute(context())
+
+    assert time.monotonic() - started >= 0.15 + 0.3  # backoff doubles: 0.15 s, then 0.3 s
+    assert len(posts(gke)) == 3
+    assert result["created"] == [result["node_pool_name"]]
+
+
+def test_a_busy_cluster_is_waited_for(gke):
+    """GKE's real limit: other operations hold the cluster's concurrency quota until they finish."""
+    from operators.gke.hooks import GKENodePoolHook
+
+    gke.max_concurrent_operations = 1
+    gke.operation_seconds = 0.4
+    GKENodePoolHook(gcp_conn_id=CONN_ID, location=ZONE).create_node_pool(
+        project_id=PROJECT, cluster_name=CLUSTER,
+        node_pool={"name": "cpu-pool", "config": {"machineType": "n2-standard-8"}, "initialNodeCount": 1},
+    )
+    result = create_op(retry_backoff=0.1).execute(context())
+    assert result["created"] == [result["node_pool_name"]]
+    assert len(posts(gke)) >= 3  # the CPU pool, at least one refused create, the accepted one
+
+
+def test_too_many_operations_for_too_long_fails_with_advice(gke):
+    queue_faults(gke, {"kind": "too_many_operations", "times": 5})
+    with pytest.raises(AirflowException, match="kept refusing new operations"):
+        create_op(max_busy_retries=2).execute(context())
+
+
+def test_already_exists_from_a_racing_try_is_looked_at_again_not_fatal(gke):
+    queue_faults(gke, {"kind": "already_exists"})
+    result = create_op().execute(context())
+    assert len(posts(gke)) == 2 and result["created"] == [result["node_pool_name"]]
+
+
+def test_permission_denied_fails_at_once_with_the_role_to_grant(gke):
+    queue_faults(gke, {"kind": "permission"})
+    with pytest.raises(AirflowFailException) as err:
+        create_op().execute(context())
+    assert "roles/container.admin" in str(err.value) and "container.clusters.update" in str(err.value)
+    assert len(posts(gke)) == 1
+
+
+def test_invalid_argument_fails_at_once(gke):
+    queue_faults(gke, {"kind": "invalid_argument", "message": "Invalid value for field 'nodePool.config'."})
+    with pytest.raises(AirflowFailException, match="GKE rejected the request.*Invalid value for field"):
+        create_op().execute(context())
+
+
+def test_a_missing_cluster_is_reported_as_such(gke):
+    with pytest.raises(AirflowFailException, match="cluster other-cluster .* was not found"):
+        create_op(cluster_name="other-cluster").execute(context())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "fix"),
+    [
+        ({"location": "us_east5_b"}, "location", "zone like us-east5-b"),
+        ({"location": "us-east5"}, "node_zone", "us-east5 is a region"),
+        ({"cluster_name": "My_Cluster"}, "cluster_name", "at most 40 lowercase letters"),
+        ({"capacity": "preemptible"}, "capacity", "use spot"),
+        ({"capacity": "reservation"}, "capacity", "write reservation:NAME"),
+        ({"capacity": "reservation:"}, "capacity", "write reservation:NAME"),
+        ({"fallback_capacity": ["spot", "spot"]}, "fallback_capacity", "listed twice"),
+        ({"project_id": "My Project"}, "project_id", "project ID"),
+        ({"topology": "16"}, "topology", "not a chip count"),
+        ({"node_labels": {"cloud.google.com/gke-tpu-topology": "4x4"}}, "node_labels", "set by GKE itself"),
+        ({"node_taints": ["dedicated=tpu:Sometimes"]}, "node_taints", "NoSchedule"),
+    ],
+)
+def test_bad_input_fails_before_any_api_call_naming_the_field(gke, overrides, field, fix):
+    from operators.errors import UserInputError
+
+    with pytest.raises(UserInputError) as err:
+        create_op(**overrides).execute(context())
+    assert err.value.field == field
+    assert fix in str(err.value)
+    assert gke.requests == []
+
+
+def test_static_bad_input_fails_when_the_dag_is_parsed_templated_input_when_the_task_runs(gke):
+    from operators.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="capacity='spot-ish'"):
+        create_op(capacity="spot-ish")  # no execute: the DAG file would not import
+    with pytest.raises(UserInputError, match="exactly one of node_pool_name and created_by_task_id"):
+        delete_op()
+    op = create_op(capacity="{{ params.capacity }}")  # cannot be checked before rendering
+    op.capacity = "spot-ish"  # what the template rendered to
+    with pytest.raises(UserInputError, match="capacity='spot-ish'"):
+        op.execute(context())
+    assert gke.requests == []

@@ -1,0 +1,261 @@
+"""KubeRay operators against the Kubernetes stand-in, through the real kubernetes client and the
+providers' hooks (connection from an AIRFLOW_CONN_* env var). The deferral path is exercised as the
+triggerer would: the trigger is rebuilt from serialize() (plain JSON) and its event fed to execute_complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+from operators.errors import UserInputError
+from operators.kuberay.manifests import RayClusterTemplate, raycluster_manifest, resource_name
+from operators.kuberay.operators import (
+    KubeRayCreateClusterOperator,
+    KubeRayDeleteClusterOperator,
+    KubeRayDeleteServiceOperator,
+    KubeRayDeployServiceOperator,
+)
+from operators.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
+from operators.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
+from operators.tpu import TpuSlice
+
+CONN = "kube_standin"
+V6E = TpuSlice.from_spec("v6e", "4x4")
+IMAGE = "rayproject/ray:2.60.0-py311"
+SERVE = {"applications": [{"name": "llm", "import_path": "workloads.serve:app", "route_prefix": "/",
+                           "deployments": [{"name": "LLMServer"}]}]}
+
+
+class FakeTI:
+    def __init__(self, task_id: str, dag_id: str = "tpu_llm_pipeline_gke", run_id: str = "manual__2026-11-29",
+                 map_index: int = -1) -> None:
+        self.dag_id, self.run_id, self.task_id, self.map_index = dag_id, run_id, task_id, map_index
+        self.xcom: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        json.dumps(value)  # XCom values must be JSON
+        self.xcom[key] = value
+
+
+@pytest.fixture
+def kube(standin: KubeRayStandin, monkeypatch: pytest.MonkeyPatch) -> KubeRayStandin:
+    for key, value in standin.connection_env(CONN).items():
+        monkeypatch.setenv(key, value)
+    return standin
+
+
+def add_pool(kube: KubeRayStandin, tpu: TpuSlice = V6E) -> None:
+    pools = kube.controller.node_pools
+    assert isinstance(pools, StaticNodePools)
+    pools.pools.append((dict(tpu.node_selector), tpu.total_hosts))
+
+
+def run(op: Any, ti: FakeTI | None = None) -> Any:
+    """execute(); on deferral run the trigger like the triggerer (from its serialized form), then resume."""
+    context: Any = {"ti": ti or FakeTI(op.task_id)}
+    try:
+        return op.execute(context)
+    except TaskDeferred as deferred:
+        classpath, kwargs = deferred.trigger.serialize()
+        json.dumps(kwargs)  # trigger kwargs are plain JSON
+        module, _, cls = classpath.rpartition(".")
+        trigger = getattr(importlib.import_module(module), cls)(**kwargs)
+
+        async def first_event() -> Any:
+            async for event in trigger.run():
+                return event.payload
+            raise AssertionError("trigger ended without an event")
+
+        payload = asyncio.run(first_event())
+        json.dumps(payload)
+        return getattr(op, deferred.method_name)(context, payload)
+
+
+def create_op(**kw: Any) -> KubeRayCreateClusterOperator:
+    kw.setdefault("tpu", V6E)
+    kw.setdefault("image", IMAGE)
+    return KubeRayCreateClusterOperator(task_id=kw.pop("task_id", "ray_cluster"), kubernetes_conn_id=CONN,
+                                        poll_interval=0.1, wait_timeout=kw.pop("wait_timeout", 10), **kw)
+
+
+def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    ti = FakeTI("ray_cluster")
+    payload = run(create_op(deferrable=True), ti)
+    name = resource_name(ti.dag_id, ti.run_id, "ray_cluster")
+    status = kube.store.get(RAYCLUSTERS, "default", name)["status"]
+    ports = status["endpoints"]
+    assert payload["name"] == name and payload["namespace"] == "default"
+    assert payload["dashboard_url"] == f"http://127.0.0.1:{ports['dashboard']}"
+    assert payload["serve_url"] == f"http://127.0.0.1:{ports['serve']}"
+    assert payload["gcs_address"] == f"127.0.0.1:{ports['gcs']}"
+    assert payload["address_mode"] == "head_service"
+    assert payload["in_cluster_dns"]["dashboard_url"] == (
+        f"http://{name}-head-svc.default.svc.cluster.local:{ports['dashboard']}")
+    assert payload["slice"]["topology"] == "4x4" and payload["slice"]["num_hosts"] == 4
+    assert ti.xcom["ray_dashboard_url"] == payload["dashboard_url"]
+    handle = kube.controller.handle_for("default", name)
+    assert handle is not None and payload["dashboard_url"] == handle.dashboard_url
+
+    # A retry of the same task instance adopts the ready cluster instead of creating a second one.
+    posts = sum(1 for method, path, *_ in kube.api.requests if method == "POST")
+    again = run(create_op(deferrable=True), FakeTI("ray_cluster"))
+    assert again["dashboard_url"] == payload["dashboard_url"]
+    assert sum(1 for method, path, *_ in kube.api.requests if method == "POST") == posts
+    assert len(kube.store.list(RAYCLUSTERS)) == 1
+
+    with pytest.raises(AirflowFailException, match="different spec"):
+        run(create_op(image="rayproject/ray:2.60.0-py312"), FakeTI("ray_cluster"))
+
+    assert run(create_op(address_mode="in_cluster_dns"), FakeTI("ray_cluster"))["dashboard_url"].startswith(
+        f"http://{name}-head-svc.default.svc.cluster.local:")
+
+
+def test_wrong_numofhosts_fails_before_anything_is_sent(kube: KubeRayStandin) -> None:
+    manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="copied-sample")
+    manifest["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
+    op = KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest)
+    with pytest.raises(UserInputError) as err:
+        run(op)
+    assert err.value.field == "manifest.spec.workerGroupSpecs[0].numOfHosts"
+    assert "needs numOfHosts=4" in str(err.value)
+    assert not any(method == "POST" for method, *_ in kube.api.requests)
+
+
+def test_wrong_numofhosts_rejected_by_the_tpu_webhook_ends_the_task_at_once(kube: KubeRayStandin) -> None:
+    manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="copied-sample")
+    manifest["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
+    op = KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest,
+                                      tpu_preflight=False, wait_timeout=60, deferrable=True)
+    started = time.monotonic()
+    with pytest.raises(AirflowFailException) as err:
+        run(op)
+    text = str(err.value)
+    assert "Number of workers in worker group not equal to specified topology" in text
+    assert "numOfHosts=2, but topology 4x4" in text and "workerGroupSpecs[0].numOfHosts=4" in text
+    assert time.monotonic() - started < 5 and kube.store.list(RAYCLUSTERS) == []
+
+
+@pytest.mark.parametrize("deferrable", [True, False])
+def test_a_cluster_that_never_becomes_ready_fails_at_the_deadline_with_reasons(kube: KubeRayStandin,
+                                                                              deferrable: bool) -> None:
+    # No node pool matches the TPU worker group: its pods stay Pending (FailedScheduling).
+    op = create_op(deferrable=deferrable, wait_timeout=1.5, log_lines=5)
+    started = time.monotonic()
+    with pytest.raises(AirflowException) as err:
+        run(op)
+    elapsed = time.monotonic() - started
+    text = str(err.value)
+    assert 1.5 <= elapsed < 5, elapsed
+    assert "not ready by the deadline" in text and "0/4 worker pods ready" in text
+    assert "FailedScheduling" in text and "didn't match Pod's node affinity/selector" in text
+    assert "is Pending (Unschedulable" in text
+    assert "log lines of head pod" in text and "pod created by the simulated KubeRay operator" in text
+
+
+def test_existing_object_of_another_owner_is_not_adopted(kube: KubeRayStandin) -> None:
+    kube.store.create(RAYCLUSTERS, "default", raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="shared"))
+    with pytest.raises(AirflowFailException, match="belongs to something other than tpuflow"):
+        run(create_op(name="shared"))
+
+
+def deploy_op(**kw: Any) -> KubeRayDeployServiceOperator:
+    kw.setdefault("tpu", V6E)
+    kw.setdefault("image", IMAGE)
+    kw.setdefault("serve_config", SERVE)
+    return KubeRayDeployServiceOperator(task_id=kw.pop("task_id", "serve"), kubernetes_conn_id=CONN,
+                                        poll_interval=0.1, wait_timeout=kw.pop("wait_timeout", 10), **kw)
+
+
+def test_deploy_service_then_update_in_place_then_delete(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    payload = run(deploy_op(name="llm-endpoint", deferrable=True))
+    status = kube.store.get(RAYSERVICES, "default", "llm-endpoint")["status"]
+    cluster = status["activeServiceStatus"]["rayClusterName"]
+    handle = kube.controller.handle_for("default", cluster)
+    assert handle is not None
+    assert payload["applications"] == {"llm": "RUNNING"} and payload["ray_cluster_name"] == cluster
+    assert payload["serve_url"] == f"http://127.0.0.1:{handle.serve_port}"
+    assert payload["in_cluster_dns"]["serve_url"] == "http://llm-endpoint-serve-svc.default.svc.cluster.local:" + str(
+        handle.serve_port)
+
+    updated = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
+    again = run(deploy_op(name="llm-endpoint", serve_config=updated, deferrable=False), FakeTI("serve", run_id="r2"))
+    assert again["ray_cluster_name"] == cluster  # same cluster: no second slice
+    assert handle.deployed[-1]["applications"][0]["route_prefix"] == "/v2"  # type: ignore[attr-defined]
+
+    with pytest.raises(AirflowFailException, match="second\\s+TPU slice"):
+        run(deploy_op(name="llm-endpoint", image="rayproject/ray:2.60.0-py312"), FakeTI("serve", run_id="r3"))
+
+    deleted = run(KubeRayDeleteServiceOperator(task_id="delete_serve", name="llm-endpoint", kubernetes_conn_id=CONN,
+                                               poll_interval=0.1, deferrable=True))
+    assert deleted == {"kind": "RayService", "name": "llm-endpoint", "namespace": "default", "existed": True,
+                       "deleted": True}
+    assert kube.store.list(RAYSERVICES) == []
+
+
+def test_service_stuck_deploying_fails_at_the_deadline_naming_the_deployment(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    kube.launcher.serve["llm"] = FakeServeBehaviour(  # type: ignore[attr-defined]
+        app_status="DEPLOYING", deployment_message="Deployment 'LLMServer' in application 'llm' has 1 replicas that "
+        "have taken more than 30s to be scheduled. Resources required for each replica: {'TPU': 4.0, 'CPU': 1.0}")
+    started = time.monotonic()
+    with pytest.raises(AirflowException) as err:
+        run(deploy_op(deferrable=True, wait_timeout=1.5))
+    text = str(err.value)
+    assert 1.5 <= time.monotonic() - started < 5
+    assert "deployment 'LLMServer' of application 'llm' is UPDATING" in text
+    assert "accelerator_config" in text and "topology" in text
+
+
+def test_service_deploy_failed_fails_fast(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    kube.launcher.serve["*"] = FakeServeBehaviour(  # type: ignore[attr-defined]
+        app_status="DEPLOY_FAILED", message="ModuleNotFoundError: No module named 'workloads.serve'")
+    started = time.monotonic()
+    with pytest.raises(AirflowException) as err:
+        run(deploy_op(deferrable=True, wait_timeout=30))
+    assert time.monotonic() - started < 5
+    assert "application 'llm' is DEPLOY_FAILED" in str(err.value) and "ModuleNotFoundError" in str(err.value)
+
+
+def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    created = run(create_op())
+    op = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster", cluster_task_id="ray_cluster",
+                                      kubernetes_conn_id=CONN, poll_interval=0.1, deferrable=True)
+    result = run(op, FakeTI("delete_ray_cluster"))
+    assert result["name"] == created["name"] and result["deleted"] and result["existed"]
+    assert kube.store.list(RAYCLUSTERS) == []
+    assert run(op, FakeTI("delete_ray_cluster"))["existed"] is False  # a second teardown is a no-op
+
+
+def test_bad_static_arguments_fail_at_parse_time() -> None:
+    with pytest.raises(UserInputError) as err:
+        KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="16", image=IMAGE)
+    assert err.value.field == "topology"
+    with pytest.raises(UserInputError) as err:
+        KubeRayDeployServiceOperator(task_id="t", tpu=V6E, image=IMAGE, serve_config={"applications": []})
+    assert err.value.field == "serve_config.applications"
+    with pytest.raises(UserInputError) as err:
+        KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, address_mode="nodeport")
+    assert err.value.field == "address_mode"
+    KubeRayCreateClusterOperator(task_id="t", accelerator="{{ params.acc }}", topology="{{ params.topo }}",
+                                 image=IMAGE)  # templated: checked at run time
+
+
+def test_operator_module_is_cheap_to_import() -> None:
+    code = ("import sys; import operators.kuberay.operators; "
+            "heavy = [m for m in ('kubernetes', 'kubernetes_asyncio', 'ray', 'airflow.providers.cncf', "
+            "'airflow.providers.google') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

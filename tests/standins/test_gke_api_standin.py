@@ -1,0 +1,188 @@
+"""The GKE API stand-in, driven by the real google-cloud-container client over REST (no Airflow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.api_core import exceptions
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud.container_v1 import ClusterManagerClient, NodePool
+
+from operators.standins.gke_api import GKEApiStandin
+
+PARENT = "projects/p-123456/locations/us-east5-b/clusters/c1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def standin() -> Iterator[GKEApiStandin]:
+    with GKEApiStandin(operation_seconds=0.2, workload_policies={"wp-2x2x2": "2x2x2"}) as gke:
+        yield gke
+
+
+@pytest.fixture
+def client(standin: GKEApiStandin) -> ClusterManagerClient:
+    return ClusterManagerClient(
+        credentials=AnonymousCredentials(), transport="rest", client_options=ClientOptions(api_endpoint=standin.url)
+    )
+
+
+def pool(name: str = "np", machine: str = "ct6e-standard-4t", nodes: int = 4, **extra: Any) -> NodePool:
+    body: dict[str, Any] = {"name": name, "config": {"machineType": machine}, "initialNodeCount": nodes, **extra}
+    return NodePool.from_json(json.dumps(body))
+
+
+def compact(topology: str) -> dict[str, Any]:
+    return {"placementPolicy": {"type": "COMPACT", "tpuTopology": topology}}
+
+
+def wait_done(client: ClusterManagerClient, operation: Any) -> Any:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        current = client.get_operation(name=f"projects/p-123456/locations/us-east5-b/operations/{operation.name}")
+        if current.status.name == "DONE":
+            return current
+        time.sleep(0.05)
+    raise AssertionError("operation did not finish")
+
+
+def call(standin: GKEApiStandin, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(standin.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def test_create_get_delete_lifecycle_takes_the_configured_time(client, standin):
+    started = time.monotonic()
+    op = client.create_node_pool(parent=PARENT, node_pool=pool(**compact("4x4")))
+    assert op.status.name == "RUNNING" and op.operation_type.name == "CREATE_NODE_POOL"
+    assert client.get_node_pool(name=f"{PARENT}/nodePools/np").status.name == "PROVISIONING"
+    wait_done(client, op)
+    assert time.monotonic() - started >= 0.2
+    assert client.get_node_pool(name=f"{PARENT}/nodePools/np").status.name == "RUNNING"
+    assert [p.name for p in client.list_node_pools(parent=PARENT).node_pools] == ["np"]
+
+    delete = client.delete_node_pool(name=f"{PARENT}/nodePools/np")
+    assert client.get_node_pool(name=f"{PARENT}/nodePools/np").status.name == "STOPPING"
+    wait_done(client, delete)
+    with pytest.raises(exceptions.NotFound):
+        client.get_node_pool(name=f"{PARENT}/nodePools/np")
+
+
+@pytest.mark.parametrize(
+    ("node_pool", "message"),
+    [
+        (pool(machine="ct6e-standard-8t", **compact("4x4")), "cannot form TPU topology 4x4"),
+        (pool(nodes=1, **compact("2x2")), "Placement policy is not supported for single-host"),
+        (pool(machine="ct6e-standard-8t", nodes=1, **compact("2x4")), "Placement policy is not supported for single"),
+        (pool(nodes=3, **compact("4x4")), "a multi-host TPU slice node pool has exactly 4 nodes"),
+        (pool(nodes=1, placementPolicy={"type": "COMPACT"}), "COMPACT without tpuTopology is not supported"),
+        (pool(machine="ct6e-standard-3t", nodes=1), 'Machine type "ct6e-standard-3t" does not exist'),
+        (pool(machine="tpu7x-standard-4t", nodes=2, **compact("2x2x2")), "placed with a workload policy"),
+        (pool(machine="ct5p-hightpu-4t", nodes=2, placementPolicy={"policyName": "wp-2x2x2"}), "policyName is not supported for"),
+        (pool(machine="tpu7x-standard-4t", nodes=2, placementPolicy={"policyName": "nope"}), '"nope" was not found'),
+        (pool(name="Bad_Name"), "Invalid node pool name"),
+        (pool(**compact("3x3")), 'Invalid TPU topology "3x3"'),
+    ],
+)
+def test_requests_gke_would_reject_are_rejected(client, node_pool, message):
+    with pytest.raises(exceptions.BadRequest, match=message):
+        client.create_node_pool(parent=PARENT, node_pool=node_pool)
+
+
+def test_valid_tpu_shapes_are_accepted(client):
+    client.create_node_pool(parent=PARENT, node_pool=pool("v6e-single", nodes=3))  # 3 single-host 2x2 slices
+    client.create_node_pool(parent=PARENT, node_pool=pool("v5e-2x4", "ct5lp-hightpu-4t", 2, **compact("2x4")))
+    client.create_node_pool(parent=PARENT, node_pool=pool(
+        "tpu7x", "tpu7x-standard-4t", 2, placementPolicy={"policyName": "wp-2x2x2"}))
+    client.create_node_pool(parent=PARENT, node_pool=pool("cpu", "n2-standard-8", 2))
+
+
+def test_unknown_fields_are_rejected_like_gke(standin):
+    with pytest.raises(urllib.error.HTTPError) as err:
+        call(standin, "POST", f"/v1/{PARENT}/nodePools", {"nodePool": {"name": "np", "tpuTopology": "4x4"}})
+    assert err.value.code == 400
+    assert "Invalid JSON payload" in json.load(err.value)["error"]["message"]
+
+
+def test_duplicates_missing_pools_and_busy_pools_answer_like_gke(client):
+    client.create_node_pool(parent=PARENT, node_pool=pool(**compact("4x4")))
+    with pytest.raises(exceptions.Conflict, match="Already exists"):
+        client.create_node_pool(parent=PARENT, node_pool=pool(**compact("4x4")))
+    with pytest.raises(exceptions.BadRequest, match="is currently creating node pool np.*Please wait and try again"):
+        client.delete_node_pool(name=f"{PARENT}/nodePools/np")
+    with pytest.raises(exceptions.NotFound, match="Not found"):
+        client.delete_node_pool(name=f"{PARENT}/nodePools/other")
+
+
+def test_the_cluster_concurrency_limit_answers_429(client, standin):
+    standin.max_concurrent_operations = 2
+    client.create_node_pool(parent=PARENT, node_pool=pool("a", nodes=1))
+    client.create_node_pool(parent=PARENT, node_pool=pool("b", nodes=1))
+    with pytest.raises(exceptions.TooManyRequests, match='cluster "c1" hits the concurrent operations quota 2'):
+        client.create_node_pool(parent=PARENT, node_pool=pool("c", nodes=1))
+
+
+def test_faults_queued_over_http_fail_the_next_matching_creates(client, standin):
+    call(standin, "POST", "/_standin/faults", {"faults": [
+        {"kind": "stockout", "capacity": "spot"},
+        {"kind": "permission", "capacity": "on-demand"},
+    ]})
+    with pytest.raises(exceptions.Forbidden, match="container.clusters.update"):
+        client.create_node_pool(parent=PARENT, node_pool=pool("od", nodes=1))
+    spot = client.create_node_pool(parent=PARENT, node_pool=pool("sp", nodes=1, config={
+        "machineType": "ct6e-standard-4t", "spot": True}))
+    failed = wait_done(client, spot)
+    assert failed.error.code == 8 and "does not have enough resources" in failed.error.message
+    assert failed.nodepool_conditions[0].code.name == "GCE_STOCKOUT"
+    assert client.get_node_pool(name=f"{PARENT}/nodePools/sp").status.name == "ERROR"
+    assert call(standin, "GET", "/_standin/faults") == {"faults": []}
+    # Faults are used up: the next create works.
+    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool("od", nodes=1)))
+
+
+def test_node_labels_and_the_match_query(client, standin):
+    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool(
+        "slice", **compact("4x4"), config={"machineType": "ct6e-standard-4t", "labels": {"team": "ml"}})))
+    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool("small", nodes=1)))
+    selector = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"}
+
+    [match] = call(standin, "POST", "/_standin/match", {"nodeSelector": selector, "nodes": 4})["matches"]
+    assert match["name"] == "slice" and match["nodeCount"] == 4 and match["cluster"] == PARENT
+    assert match["labels"]["cloud.google.com/gke-nodepool"] == "slice" and match["labels"]["team"] == "ml"
+    assert call(standin, "POST", "/_standin/match", {"nodeSelector": selector, "nodes": 5})["matches"] == []
+    # A single-host 4-chip v6e node is labelled with its own 2x2 topology.
+    [small] = standin.find_node_pools({"cloud.google.com/gke-tpu-topology": "2x2"})
+    assert small["name"] == "small"
+
+
+def test_only_loopback_addresses_are_bound():
+    with pytest.raises(ValueError, match="loopback"):
+        GKEApiStandin(host="0.0.0.0")
+
+
+def test_it_starts_from_a_shell_and_prints_its_url():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "operators.standins.gke_api", "--port", "0", "--operation-seconds", "0.1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url + "/_standin/health", timeout=5) as response:
+            assert json.load(response) == {"status": "ok"}
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0

@@ -1,0 +1,157 @@
+"""Data-parallel torch training of the addition model, for ray.train.torch.TorchTrainer (gloo, DDP).
+
+Same model, objective, schedule, checkpoint layout and resume semantics as train_jax.
+torch is imported inside functions: the driver imports this module to find the function.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from addition import checkpoint as ckpt
+from addition.data import loss_mask
+from addition.model_jax import init_params
+from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config
+
+
+def _threads(cfg: dict[str, Any], local_world: int) -> int:
+    if int(cfg["torch_threads"]) > 0:
+        return int(cfg["torch_threads"])
+    return max(1, (os.cpu_count() or 1) // max(local_world, 1))
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+    from ray.train import Checkpoint
+
+    from addition.model_torch import AdditionTransformer, loss_fn, make_optimizer
+
+    cfg = resolve_config(config)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(_threads(cfg, ctx.get_local_world_size()))
+    torch.manual_seed(int(cfg["seed"]))
+
+    def log(msg: str) -> None:
+        if rank == 0:
+            print(f"[train_torch] {msg}", flush=True)
+
+    bsz = int(cfg["global_batch_size"])
+    if bsz % world:
+        raise ValueError(f"global_batch_size {bsz} must divide by the {world} workers")
+    per_worker = bsz // world
+    spec, model_cfg = model_config(cfg)
+    log(f"{world} worker(s), {torch.get_num_threads()} thread(s) each, global batch {bsz} ({per_worker} per worker)")
+
+    module = AdditionTransformer(model_cfg)
+    step = epoch = 0
+    resumed_from: str | None = None
+    opt_state: dict[str, Any] | None = None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            meta = ckpt.load_meta(d)
+            if meta.framework != "torch":
+                raise ckpt.CheckpointError(f"cannot resume torch training from a {meta.framework} checkpoint")
+            if meta.model != model_cfg:
+                raise ckpt.CheckpointError(f"checkpoint model {meta.model} differs from the configured {model_cfg}")
+            module.load_canonical(ckpt.load_params(d, model_cfg))
+            opt_state = torch.load(Path(d) / ckpt.TORCH_OPT, weights_only=True)
+        step, epoch, resumed_from = meta.step, meta.epoch + 1, checkpoint.path
+        log(f"resumed from checkpoint {checkpoint.path} at step {step}")
+    else:
+        module.load_canonical(init_params(model_cfg, int(cfg["seed"])))
+    if step >= int(cfg["num_steps"]):
+        log(f"checkpoint is at step {step}, num_steps is {cfg['num_steps']}: nothing to train")
+        return
+
+    model = ray.train.torch.prepare_model(module)  # DDP when world > 1: gradients averaged in backward
+    optimizer, scheduler = make_optimizer(model, cfg)
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state["optimizer"])
+        scheduler.load_state_dict(opt_state["scheduler"])
+    mask = torch.from_numpy(loss_mask(spec))
+    clip = float(cfg["grad_clip"]) if cfg["optimizer"] == "adamw" else 0.0
+
+    def train_step(tokens: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, tokens, mask)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        scheduler.step()
+        return loss.detach()
+
+    def fetch(loss: torch.Tensor) -> float:
+        # each worker's loss is on its own shard; average so rank 0 reports the global mean
+        if world > 1:
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss)
+            loss /= world
+        return float(loss)
+
+    shard = ray.train.get_dataset_shard("train")
+    shuffle = int(cfg["shuffle_buffer"])
+
+    def to_batch(rows: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+
+    def stream(ep: int) -> Iterator[torch.Tensor]:
+        for batch in shard.iter_batches(
+            batch_size=per_worker,
+            batch_format="numpy",
+            drop_last=True,  # equal shards (streaming_split equal=True) give every worker the same count
+            local_shuffle_buffer_size=shuffle or None,
+            local_shuffle_seed=(int(cfg["seed"]) * 1_000_003 + ep * world + rank) if shuffle else None,
+            prefetch_batches=4,
+        ):
+            epochs.keep(batch["tokens"])
+            yield to_batch(batch["tokens"])
+
+    def min_across_workers(value: int) -> int:
+        if world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return int(t.item())
+
+    epochs = CachedEpochs(
+        stream, to_batch, per_worker, int(cfg["cache_rows"]), int(cfg["seed"]), rank, min_across_workers
+    )
+
+    metrics = RunMetrics("torch", world, step, resumed_from)
+
+    def replicas_in_sync() -> bool | None:
+        if world == 1:
+            return None
+        mine = torch.from_numpy(fingerprint(module.canonical()))
+        prints = [torch.zeros_like(mine) for _ in range(world)]
+        torch.distributed.all_gather(prints, mine)
+        return all(bool(torch.equal(p, prints[0])) for p in prints)
+
+    def on_checkpoint(at_step: int, at_epoch: int, loss: float) -> None:
+        in_sync = replicas_in_sync()
+        if in_sync is False:
+            print(f"[train_torch] ERROR: worker parameters diverged at step {at_step} (rank {rank})", flush=True)
+        with tempfile.TemporaryDirectory(prefix="tpuflow-torch-ckpt-") as tmp:
+            if rank == 0:
+                ckpt.save(tmp, ckpt.Meta("torch", at_step, at_epoch, model_cfg, spec), module.canonical())
+                torch.save(
+                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                    Path(tmp) / ckpt.TORCH_OPT,
+                )
+            ray.train.report(
+                metrics(at_step, at_epoch, loss, in_sync),
+                checkpoint=Checkpoint.from_directory(tmp) if rank == 0 else None,
+            )
+
+    fit(train_step, fetch, cfg, epochs, step=step, epoch=epoch, on_checkpoint=on_checkpoint, log=log)

@@ -1,0 +1,1 @@
+"""Framework-neutral entrypoints that tpuflow submits as Ray jobs."""
