@@ -13,7 +13,7 @@ $(BIN)/python:
 # CPU wheel from the machine's find-links folder where there is one.
 $(STAMP): $(BIN)/python requirements.lock pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip uv
-	$(BIN)/uv pip install --python $(BIN)/python $(UV_FIND_LINKS) -r requirements.lock
+	$(BIN)/uv pip install --python $(BIN)/python --compile-bytecode $(UV_FIND_LINKS) -r requirements.lock
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
 	touch $(STAMP)

@@ -1,4 +1,4 @@
-"""Train a small LM on a (simulated) TPU slice with Ray, evaluate it, serve it, tear down.
+"""Airflow DAG: train a small LM on a (simulated) TPU slice with Ray, evaluate it, serve it, tear down.
 
 The embedded default: a local Ray cluster with simulated TPU hosts stands in for GKE.
 Heavy imports (ray, jax, google clients) happen inside tasks, never at parse time.

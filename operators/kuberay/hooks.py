@@ -47,6 +47,13 @@ class KubeApiError(Exception):
         return cls(code, reason, message)
 
 
+class _HttpError(Exception):
+    def __init__(self, status: int, body: bytes | str) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.reason = status, ""
+        self.body = body.decode(errors="replace") if isinstance(body, bytes) else body
+
+
 @dataclass(frozen=True)
 class KubeTarget:
     """Where the Kubernetes API is: a kubernetes connection, or a GKE endpoint (cluster_url set)."""
@@ -175,6 +182,8 @@ class KubeRayHook:
             resp = call(*args, _preload_content=False, **kwargs)
         except k8s.ApiException as exc:
             raise KubeApiError.from_exception(exc) from exc
+        if not 200 <= int(resp.status) < 300:  # unpreloaded responses are not status-checked by every client
+            raise KubeApiError.from_exception(_HttpError(int(resp.status), resp.data))
         return resp.data
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
@@ -235,9 +244,13 @@ class AsyncKubeRayHook:
             api = getattr(async_k8s, api_name)(api_client)
             try:
                 resp = await getattr(api, method)(*args, _preload_content=False, **kwargs)
-                return bytes(await resp.read())
+                data = bytes(await resp.read())
             except async_k8s.ApiException as exc:
                 raise KubeApiError.from_exception(exc) from exc
+            # kubernetes_asyncio does not check the status of an unpreloaded response: a 404 body is a Status.
+            if not 200 <= int(resp.status) < 300:
+                raise KubeApiError.from_exception(_HttpError(int(resp.status), data))
+            return data
 
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:

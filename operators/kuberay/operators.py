@@ -396,6 +396,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
 class _KubeRayDeleteOperator(KubeRayBaseOperator):
     kind = "RayCluster"
     plural = RAYCLUSTERS
+    operator_extra_links = ()
 
     def __init__(self, *, name: str | None = None, owner_task_id: str | None = None, wait: bool = True,
                  wait_timeout: float = 600.0, poll_interval: float = 5.0, **kwargs: Any) -> None:

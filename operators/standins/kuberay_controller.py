@@ -886,7 +886,8 @@ class KubeRayController:
             "observedGeneration": generation,
             "conditions": [
                 {"type": "Ready", "status": "True" if ready else "False", "reason": reason,
-                 "message": "" if ready else ("Serve applications are not ready" if active else
+                 "message": "" if ready else ("Serve applications are not ready"
+                                              if active or state.serve.get(pending) else
                                               "waiting for the RayCluster to be ready"),
                  "observedGeneration": generation},
                 {"type": "UpgradeInProgress", "status": "True" if (active and pending) else "False",

@@ -36,9 +36,13 @@ from tpuflow_driver.result import emit_result
 
 FRAMEWORKS = ("jax", "torch")
 SNAPSHOT = "checkpoint_manager_snapshot.json"  # what Ray Train v2 restores a run from
-# ray.train.report waits for the controller's poll; at the default 2 s every checkpoint
-# blocks the workers for up to a second.
-DRIVER_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+DRIVER_ENV_DEFAULTS = {
+    # ray.train.report waits for the controller's poll; at the default 2 s every
+    # checkpoint blocks the workers for up to a second
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    # Train's print patch tees worker prints to its logger and stdout: every line twice in the job log
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+}
 
 
 class SpecError(ValueError):

@@ -1,0 +1,5 @@
+import sys
+
+from operators.cli import main
+
+sys.exit(main())

@@ -1,0 +1,108 @@
+"""`tpuflow local up|status|down|env|preempt`: the embedded Ray cluster from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from operators.cli.slice_cmd import add_slice_arguments, slice_from_args
+from operators.errors import UserInputError
+
+DEFAULT_NAME = "tpuflow-local"
+
+
+def _base_dir(args: argparse.Namespace) -> Path:
+    from operators.local.cluster import DEFAULT_BASE_DIR
+
+    return Path(args.base_dir) if args.base_dir else DEFAULT_BASE_DIR
+
+
+def _clusters(args: argparse.Namespace) -> list:
+    from operators.local.cluster import STATE_FILE, LocalRayCluster
+
+    base = _base_dir(args)
+    names = [args.name] if getattr(args, "name", None) else sorted(p.parent.name for p in base.glob(f"*/{STATE_FILE}"))
+    found = []
+    for name in names:
+        if (base / name / STATE_FILE).exists():
+            found.append(LocalRayCluster.load(base / name))
+        elif getattr(args, "name", None):
+            raise UserInputError("name", name, f"no local cluster of that name under {base}; see `tpuflow local status`")
+    return found
+
+
+def _up(args: argparse.Namespace) -> int:
+    from operators.local.cluster import LocalRayCluster
+
+    tpu = slice_from_args(args).require(ray=True)
+    print(f"Starting {args.name}: {tpu.summary()}", file=sys.stderr)
+    cluster = LocalRayCluster.start(tpu, args.name, _base_dir(args))
+    print(json.dumps(cluster.connection_info(), indent=2))
+    print(f"Use it from a shell: eval \"$(tpuflow local env --name {args.name})\"; stop it: tpuflow local down --name {args.name}",
+          file=sys.stderr)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    clusters = _clusters(args)
+    if not clusters:
+        print(f"no local clusters under {_base_dir(args)}")
+    for c in clusters:
+        state = "running" if c.is_alive() else "dead (state left behind; `tpuflow local down` cleans it)"
+        shape = f"{c.slice['generation']} {c.slice['topology']}" if c.slice else "no slice"
+        print(f"{c.name}: {state}; {shape}; {len(c.nodes)} Ray nodes; dashboard {c.dashboard_url}; serve {c.serve_url}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    clusters = _clusters(args)
+    for c in clusters:
+        stopped = c.stop()
+        print(f"stopped {c.name} ({len(stopped)} process groups/pids signalled)")
+    if not clusters:
+        print("nothing to stop")
+    return 0
+
+
+def _env(args: argparse.Namespace) -> int:
+    (cluster,) = _clusters(args)
+    for key, value in cluster.client_env().items():
+        print(f"export {key}={value}")
+    return 0
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    (cluster,) = _clusters(args)
+    pid = cluster.kill_host(args.slice, args.host)
+    print(f"killed simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("local", help="run the embedded Ray cluster with a simulated TPU slice")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    def common(p: argparse.ArgumentParser, name_default: str | None) -> None:
+        p.add_argument("--name", default=name_default, help="cluster name" + (" (default: all)" if not name_default else ""))
+        p.add_argument("--base-dir", default=None, help="where cluster state lives (default ~/.tpuflow/clusters)")
+
+    up = verbs.add_parser("up", help="start a cluster simulating a slice")
+    add_slice_arguments(up)
+    common(up, DEFAULT_NAME)
+    up.set_defaults(func=_up)
+    status = verbs.add_parser("status", help="list local clusters")
+    common(status, None)
+    status.set_defaults(func=_status)
+    down = verbs.add_parser("down", help="stop a cluster (default: every local cluster) by pid, never `ray stop`")
+    common(down, None)
+    down.set_defaults(func=_down)
+    env = verbs.add_parser("env", help="print the environment for ray CLI / ray.init against a cluster")
+    common(env, DEFAULT_NAME)
+    env.set_defaults(func=_env)
+    preempt = verbs.add_parser("preempt", help="kill one simulated TPU host, as a spot preemption would")
+    common(preempt, DEFAULT_NAME)
+    preempt.add_argument("--host", type=int, required=True, help="TPU worker id within the slice")
+    preempt.add_argument("--slice", type=int, default=0, help="slice index (default 0)")
+    preempt.set_defaults(func=_preempt)

@@ -1,0 +1,97 @@
+"""The embedded cluster behaves like TPU slices: Ray's own slice labels and slice_placement_group work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operators.errors import UserInputError
+from operators.local import cluster as cluster_mod
+from operators.local.cluster import LocalRayCluster, _pids_referencing
+from operators.rayjob.hooks import RayJobHook, parse_result
+from operators.tpu import TpuSlice
+
+DRIVERS = Path(__file__).parent / "drivers"
+pytestmark = pytest.mark.slow
+
+
+def test_hosts_carry_the_labels_ray_derives_on_real_slices(slice_cluster):
+    tpu_nodes = [n for n in slice_cluster.nodes_summary() if n["resources_total"].get("TPU")]
+    assert len(tpu_nodes) == 8
+    by_slice: dict[str, set[str]] = {}
+    for node in tpu_nodes:
+        labels = node["labels"]
+        assert labels["ray.io/tpu-pod-type"] == "v6e-16"
+        assert labels["ray.io/tpu-topology"] == "4x4"
+        assert labels["ray.io/accelerator-type"] == "TPU-V6E"
+        assert node["resources_total"]["TPU"] == 4
+        by_slice.setdefault(labels["ray.io/tpu-slice-name"], set()).add(labels["ray.io/tpu-worker-id"])
+        # Ray gives worker 0 of each slice the head resource slice_placement_group reserves first.
+        assert ("TPU-v6e-16-head" in node["resources_total"]) == (labels["ray.io/tpu-worker-id"] == "0")
+    assert by_slice == {f"pytest-v6e-slice-{i}": {"0", "1", "2", "3"} for i in range(2)}
+
+
+def _run_probe(cluster: LocalRayCluster, reservations: int) -> dict:
+    hook = RayJobHook(cluster=cluster.connection_info())
+    kwargs = TpuSlice.from_spec("TPU-V6E", "4x4").slice_placement_group_kwargs()
+    sid = hook.submit_job(
+        entrypoint=f"python placement_probe.py '{json.dumps(kwargs)}' {reservations}",
+        submission_id=f"probe-{reservations}-{cluster.started_at:.0f}",
+        runtime_env={"working_dir": str(DRIVERS)},
+    )
+    client = hook.get_client()
+    import time
+
+    deadline = time.time() + 300
+    while hook.get_job_status(sid) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
+        time.sleep(1)
+    logs = hook.get_job_logs(sid)
+    assert client.get_job_status(sid).value == "SUCCEEDED", logs[-3000:]
+    return parse_result(logs)
+
+
+def test_slice_placement_group_reserves_whole_slices_without_mixing(slice_cluster):
+    result = _run_probe(slice_cluster, reservations=2)
+    assert result["num_hosts"] == [4, 4]
+    first, second = result["reservations"]
+    for hosts in (first, second):
+        assert len({h["node"] for h in hosts}) == 4, "one task per host"
+        assert len({h["slice"] for h in hosts}) == 1, "every host of a reservation is in one slice"
+        assert sorted(h["worker"] for h in hosts) == ["0", "1", "2", "3"]
+    assert first[0]["slice"] != second[0]["slice"], "the second reservation got the other slice"
+
+
+def test_start_adopts_a_live_cluster_and_rejects_a_different_slice(slice_cluster, cluster_base_dir):
+    same = LocalRayCluster.start(TpuSlice.from_spec("TPU-V6E", "4x4", num_slices=2), "pytest-v6e", cluster_base_dir)
+    assert same.dashboard_url == slice_cluster.dashboard_url
+    with pytest.raises(UserInputError, match="different slice"):
+        LocalRayCluster.start(TpuSlice.from_spec("TPU-V6E", "2x2"), "pytest-v6e", cluster_base_dir)
+
+
+def test_refuses_a_slice_the_machine_cannot_hold(tmp_path, monkeypatch):
+    monkeypatch.setattr(cluster_mod, "_available_memory", lambda: 2 << 30)
+    with pytest.raises(UserInputError) as err:
+        LocalRayCluster.start(TpuSlice.from_spec("TPU-V6E", "4x8"), "too-big", tmp_path)
+    assert err.value.field == "topology" and "smaller slice" in str(err.value)
+    assert not (tmp_path / "too-big").exists()
+
+
+def test_cli_up_status_down_leaves_no_process(tmp_path):
+    cli = [sys.executable, "-m", "operators.cli", "local"]
+    base = ["--name", "cli-test", "--base-dir", str(tmp_path)]
+    up = subprocess.run([*cli, "up", "--accelerator", "v6e", "--topology", "2x2", *base],
+                        capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    info = json.loads(up.stdout)
+    state = LocalRayCluster.load(tmp_path / "cli-test")
+    assert state.is_alive() and info["dashboard_url"] == state.dashboard_url
+    status = subprocess.run([*cli, "status", "--base-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert "cli-test: running; v6e 2x2; 2 Ray nodes" in status.stdout
+    down = subprocess.run([*cli, "down", *base], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0 and "stopped cli-test" in down.stdout
+    assert _pids_referencing(state.temp_dir) == []
+    assert not any(cluster_mod._group_alive(n.pid) for n in state.nodes)
