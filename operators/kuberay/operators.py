@@ -35,13 +35,7 @@ from operators.kuberay.manifests import (
     rayservice_manifest,
     spec_hash,
 )
-from operators.kuberay.operator_base import (
-    KubeRayBaseOperator,
-    SliceArgumentsMixin,
-    identity,
-    object_name,
-    owner_labels,
-)
+from operators.kuberay.operator_base import KubeRayBaseOperator, SliceArgumentsMixin, object_name, owner_labels
 from operators.kuberay.serve_config import serve_config_dict
 from operators.kuberay.webhook_rules import WEBHOOK_DENIAL, slice_of_group, tpu_group_problems, tpu_worker_groups
 
@@ -140,13 +134,19 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
             self.build_template()  # bad slice/image/env fails at parse time, naming the field
 
     # --- manifest ---
-    def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    def _parsed_manifest(self) -> dict[str, Any]:
         import yaml
 
-        raw = yaml.safe_load(self.manifest) if isinstance(self.manifest, str) else self.manifest
+        try:
+            raw = yaml.safe_load(self.manifest) if isinstance(self.manifest, str) else self.manifest
+        except yaml.YAMLError as err:
+            raise UserInputError("manifest", str(self.manifest)[:80], f"not valid YAML: {err}") from err
         if not isinstance(raw, Mapping) or raw.get("kind") != "RayCluster" or raw.get("apiVersion") != "ray.io/v1":
             raise UserInputError("manifest", str(raw)[:80], "give a ray.io/v1 RayCluster manifest")
-        body = dict(raw)
+        return dict(raw)
+
+    def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        body = self._parsed_manifest()
         spec = dict(body.get("spec") or {})
         if not spec.get("headGroupSpec"):
             raise UserInputError("manifest.spec.headGroupSpec", None, "a RayCluster needs a headGroupSpec")
@@ -161,10 +161,10 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
 
     def build_manifest(self, context: Context, namespace: str) -> dict[str, Any]:
         labels = owner_labels(context, self.labels)
-        manifest_name = (self.manifest.get("metadata") or {}).get("name") if isinstance(self.manifest, Mapping) else None
-        name = object_name(context, self.name or manifest_name)
         if self.manifest is not None:
-            return self._manifest_from_user(name, namespace, labels)
+            manifest_name = (self._parsed_manifest().get("metadata") or {}).get("name")
+            return self._manifest_from_user(object_name(context, self.name or manifest_name), namespace, labels)
+        name = object_name(context, self.name)
         return raycluster_manifest(self.build_template(), name=name, namespace=namespace, labels=labels,
                                    annotations=self.annotations)
 
@@ -213,8 +213,9 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
             owner = f"run-key {theirs}" if theirs else "something other than tpuflow"
             raise AirflowFailException(f"RayCluster {namespace}/{name} already exists and belongs to {owner}; delete "
                                        "it or choose another name")
+        # Compare what was sent (the annotation), not the stored spec: the apiserver fills CRD defaults in.
         want, have = body["metadata"]["annotations"][SPEC_HASH], (meta.get("annotations") or {}).get(SPEC_HASH)
-        if want != have or spec_hash(existing.get("spec") or {}) != have:
+        if want != have:
             raise AirflowFailException(f"RayCluster {namespace}/{name} exists with a different spec (spec-hash {have}, "
                                        f"this task wants {want}): delete it (KubeRayDeleteClusterOperator) or use "
                                        "another name")
@@ -346,10 +347,11 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
                                        "it or choose another name")
         annotations = meta.get("annotations") or {}
         want = body["metadata"]["annotations"]
-        if annotations.get(SPEC_HASH) == want[SPEC_HASH] and spec_hash(existing.get("spec") or {}) == want[SPEC_HASH]:
+        # What was sent is recorded in annotations; the stored spec also carries the apiserver's CRD defaults.
+        if annotations.get(SPEC_HASH) == want[SPEC_HASH]:
             self.log.info("RayService %s/%s already has this spec; adopting it", namespace, name)
             return existing
-        cluster_changed = spec_hash((existing.get("spec") or {}).get("rayClusterConfig") or {}) != want[CLUSTER_SPEC_HASH]
+        cluster_changed = annotations.get(CLUSTER_SPEC_HASH) != want[CLUSTER_SPEC_HASH]
         if cluster_changed and self.upgrade_strategy == "None":
             raise AirflowFailException(
                 f"RayService {namespace}/{name} exists with a different Ray cluster (image, slice, env or resources). "
@@ -459,5 +461,4 @@ __all__ = [
     "KubeRayDeleteClusterOperator",
     "KubeRayDeleteServiceOperator",
     "KubeRayDeployServiceOperator",
-    "identity",
 ]

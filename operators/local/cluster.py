@@ -277,6 +277,8 @@ class LocalRayCluster:
                 "RAY_raylet_start_wait_time_s": "120",
                 "RAY_agent_register_timeout_ms": "120000",
                 "JAX_PLATFORMS": "cpu",
+                # Job entrypoints say `python ...`: it must be this environment's interpreter.
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             }
         )
         if tpu is not None:
@@ -409,22 +411,22 @@ class LocalRayCluster:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in the process group."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie leader keeps the group "alive" until reaped; reap our own children.
-    try:
-        os.waitpid(pgid, os.WNOHANG)
+        os.waitpid(pgid, os.WNOHANG)  # reap our own child leader, if it is ours
     except ChildProcessError:
         pass
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:

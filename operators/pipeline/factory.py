@@ -117,6 +117,7 @@ def build_pipeline_dag(
             cluster=cluster,
             module="addition.prep",
             arguments={"output_dir": f"{run_dir}/data", "date": RUN_DATE, "num_train": "{{ params.num_train }}"},
+            log_uri=f"{run_dir}/logs/prep.log",
         )
         train = RayTrainOperator(
             task_id="train",
@@ -130,6 +131,7 @@ def build_pipeline_dag(
             run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
             datasets={"train": f"{run_dir}/data/train"},
             train_loop_config={"steps": "{{ params.train_steps }}"},
+            log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
         )
         evaluate = RaySubmitJobOperator(
             task_id="evaluate",
@@ -140,6 +142,7 @@ def build_pipeline_dag(
                 f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
             ),
             min_result={"accuracy": "{{ params.accuracy_threshold }}"},
+            log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
         )
         serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir}")
         deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)

@@ -13,3 +13,10 @@ class RayDashboardLink(StoredUrlLink):
 class RayJobLink(StoredUrlLink):
     name = "Ray Job"
     key = "ray_job"
+
+
+class RayJobLogLink(StoredUrlLink):
+    """The job's full driver log, kept under the run's storage path after the cluster is gone."""
+
+    name = "Ray Job Log"
+    key = "ray_job_log"

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from operators.errors import UserInputError
 from operators.naming import submission_id as derive_submission_id
-from operators.rayjob.links import RayDashboardLink, RayJobLink
+from operators.rayjob.links import RayDashboardLink, RayJobLink, RayJobLogLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -45,6 +45,7 @@ class RaySubmitJobOperator(BaseOperator):
     :param runtime_env: extra runtime_env keys (pip, py_modules, ...).
     :param env_vars: environment variables for the driver and the job's workers.
     :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail if the result is below.
+    :param log_uri: where to keep the job's full driver log once it ends (local path or gs://).
     """
 
     template_fields: Sequence[str] = (
@@ -57,7 +58,7 @@ class RaySubmitJobOperator(BaseOperator):
         "min_result",
     )
     template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
-    operator_extra_links = (RayJobLink(), RayDashboardLink())
+    operator_extra_links = (RayJobLink(), RayDashboardLink(), RayJobLogLink())
     ui_color = "#c7e8ff"
 
     def __init__(
@@ -76,6 +77,7 @@ class RaySubmitJobOperator(BaseOperator):
         poll_interval: float = 2.0,
         job_timeout: float | None = None,
         min_result: dict[str, float] | None = None,
+        log_uri: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -92,6 +94,7 @@ class RaySubmitJobOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
         self.min_result = min_result or {}
+        self.log_uri = log_uri
         self._active_submission_id: str | None = None
 
     # --- helpers -----------------------------------------------------------------
@@ -140,7 +143,7 @@ class RaySubmitJobOperator(BaseOperator):
             self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
             from operators.rayjob.hooks import parse_result
 
-            return self._check_result(parse_result(hook.get_job_logs(sid)))
+            return self._check_result(parse_result(self._keep_log(context, hook, sid)))
         if self.deferrable:
             from operators.rayjob.triggers import RayJobTrigger
 
@@ -210,9 +213,24 @@ class RaySubmitJobOperator(BaseOperator):
                 }
             time.sleep(self.poll_interval)
 
+    def _keep_log(self, context: Context, hook: RayJobHook, sid: str) -> str:
+        logs = hook.get_job_logs(sid)
+        if self.log_uri:
+            from operators.storage import browse_url, write_text
+
+            write_text(self.log_uri, logs)
+            RayJobLogLink.persist_url(context, browse_url(self.log_uri))
+            self.log.info("Full driver log of %s kept at %s", sid, self.log_uri)
+        return logs
+
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         self._active_submission_id = None
         status = event.get("status")
+        if self.log_uri and event.get("submission_id"):
+            try:
+                self._keep_log(context, self.hook(), event["submission_id"])
+            except Exception as err:  # keeping the log must not mask the job's own outcome
+                self.log.warning("Could not keep the driver log at %s: %s", self.log_uri, err)
         if status != "SUCCEEDED":
             raise RayJobFailedError(
                 f"Ray job {event.get('submission_id')} ended {status}: {event.get('message', '')}\n"

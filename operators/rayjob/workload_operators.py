@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from operators.errors import UserInputError
+from operators.output_links import OutputsLink
 from operators.rayjob.operators import RaySubmitJobOperator
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
 
     template_fields: Sequence[str] = (*RaySubmitJobOperator.template_fields, "module", "arguments")
     template_fields_renderers = {**RaySubmitJobOperator.template_fields_renderers, "arguments": "json"}
+    operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
 
     def __init__(self, *, module: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(entrypoint="", **kwargs)
@@ -44,6 +46,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         self.arguments = arguments or {}
 
     def execute(self, context: Context) -> Any:
+        OutputsLink.persist(context, self.arguments.get("output_dir"))
         self.entrypoint = module_entrypoint(self.module, self.arguments)
         return super().execute(context)
 
@@ -67,6 +70,7 @@ class RayTrainOperator(RaySubmitJobOperator):
     template_fields_renderers = {
         **RaySubmitJobOperator.template_fields_renderers, "datasets": "json", "train_loop_config": "json",
     }
+    operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
 
     def __init__(
         self,
@@ -131,6 +135,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         }
 
     def execute(self, context: Context) -> Any:
+        OutputsLink.persist(context, self.storage_path)
         spec = self.build_spec()
         self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
         self.entrypoint = f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"

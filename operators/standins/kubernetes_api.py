@@ -222,6 +222,19 @@ def json_patch(target: Any, ops: Iterable[Mapping[str, Any]]) -> Any:
     return doc
 
 
+def apply_crd_defaults(value: Any) -> None:
+    """A little of the apiserver's structural-schema defaulting (KubeRay CRDs): container ports get
+    protocol TCP. Enough that clients cannot assume the stored spec equals what they sent."""
+    if isinstance(value, dict):
+        if "containerPort" in value:
+            value.setdefault("protocol", "TCP")
+        for item in value.values():
+            apply_crd_defaults(item)
+    elif isinstance(value, list):
+        for item in value:
+            apply_crd_defaults(item)
+
+
 # --- the object store ------------------------------------------------------------------------------
 
 
@@ -280,6 +293,8 @@ class ObjectStore:
         obj.setdefault("kind", rtype.kind)
         if rtype.has_status and rtype.group:
             obj.pop("status", None)  # status is a subresource for custom resources
+        if rtype.group:
+            apply_crd_defaults(obj.get("spec"))
         with self._lock:
             key = self._key(rtype, meta.get("namespace"), meta["name"])
             if key in self._objects:
@@ -359,6 +374,8 @@ class ObjectStore:
                         new["status"] = copy.deepcopy(old["status"])
                     else:
                         new.pop("status", None)
+                if rtype.group:
+                    apply_crd_defaults(new.get("spec"))
                 if rtype.has_generation and new.get("spec") != old.get("spec"):
                     meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
                 if admit:

@@ -18,3 +18,4 @@ def standin(tmp_path: Path) -> Iterator[Any]:
     kube.controller.serve_poll_interval = 0.05
     with kube:
         yield kube
+    assert kube.controller.errors == [], "the simulated KubeRay operator raised while reconciling"

@@ -16,7 +16,7 @@ def main(dag_file: str, dag_id: str) -> None:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    dag = getattr(module, "dag")
+    dag = module.dag
     dag.test()
 
     from airflow.models.dagrun import DagRun

@@ -260,3 +260,44 @@ def test_operator_module_is_cheap_to_import() -> None:
             "or m.startswith(('airflow.providers', 'airflow.triggers'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_gke_cluster_with_a_kubernetes_connection_only_feeds_the_console_links(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    ti = FakeTI("ray_cluster")
+    gke = {"project_id": "tpuflow-test", "location": "us-east5", "cluster_name": "ml"}
+    payload = run(create_op(gke_cluster=gke), ti)
+    assert ti.xcom["gke_ray_workloads"].startswith(
+        "https://console.cloud.google.com/kubernetes/workload/overview?project=tpuflow-test")
+    assert ti.xcom["gke_ray_head_pod"] == ("https://console.cloud.google.com/kubernetes/pod/us-east5/ml/default/"
+                                           f"{payload['head_pod']}/details?project=tpuflow-test")
+
+
+def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
+    from operators.kuberay.hooks import KubeTarget
+
+    cluster = SimpleNamespace(endpoint="34.1.1.1", master_auth=SimpleNamespace(cluster_ca_certificate="Q0E="),
+                              private_cluster_config=SimpleNamespace(private_endpoint="10.0.0.2"))
+    seen: dict[str, Any] = {}
+
+    def get_cluster(self: Any, name: str, project_id: str, **kw: Any) -> Any:
+        seen.update(name=name, project_id=project_id)
+        return cluster
+
+    monkeypatch.setattr(GKEHook, "get_cluster", get_cluster)
+    monkeypatch.setenv("AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform",
+                                                       "extra": {"is_anonymous": True}}))
+    op = KubeRayCreateClusterOperator(task_id="rc", tpu=V6E, image=IMAGE, gcp_conn_id="gcp",
+                                      gke_cluster={"project_id": "tpuflow-test", "location": "us-east5",
+                                                   "cluster_name": "ml", "use_internal_ip": True})
+    target = op.kube_target()
+    assert seen == {"name": "ml", "project_id": "tpuflow-test"}
+    assert (target.cluster_url, target.ssl_ca_cert, target.gcp_conn_id, target.kubernetes_conn_id) == (
+        "https://10.0.0.2", "Q0E=", "gcp", None)
+    assert KubeTarget.from_dict(json.loads(json.dumps(target.to_dict()))) == target
+    with pytest.raises(UserInputError, match="cluster_name"):
+        KubeRayCreateClusterOperator(task_id="rc", tpu=V6E, image=IMAGE, gke_cluster={"project_id": "p"})

@@ -124,3 +124,13 @@ def test_stuck_diagnosis_names_the_deployment_and_the_likely_cause() -> None:
     assert "straddle slices" in stuck_service_diagnosis(silent)
     no_cluster = stuck_service_diagnosis(service(active="", ready=False, endpoints=0), "RayCluster x: 0/4 ready")
     assert "never became ready" in no_cluster and "0/4" in no_cluster
+
+
+def test_first_deploy_reports_the_pending_clusters_applications() -> None:
+    obj = {"metadata": {"name": "svc", "generation": 1}, "status": {
+        "conditions": [cond("Ready", False, "Initializing")], "numServeEndpoints": 0, "observedGeneration": 1,
+        "pendingServiceStatus": {"rayClusterName": "svc-raycluster-x", "applicationStatuses": {
+            "llm": app("DEPLOYING", LLMServer=("UPDATING", "Resources required for each replica: {'TPU': 8}"))}}}}
+    verdict = rayservice_verdict(obj)
+    assert verdict.state == "waiting" and "'llm' is DEPLOYING" in verdict.reason
+    assert "deployment 'LLMServer' of application 'llm'" in stuck_service_diagnosis(obj)

@@ -27,7 +27,8 @@ def api(tmp_path: Path) -> Iterator[tuple[KubernetesApiStandin, client.ApiClient
 
 def rc(name: str, **labels: str) -> dict[str, Any]:
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "labels": labels},
-            "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "x"}]}}}},
+            "spec": {"headGroupSpec": {"template": {"spec": {"containers": [
+                {"name": "ray-head", "image": "x", "ports": [{"containerPort": 8265, "name": "dashboard"}]}]}}}},
             "status": {"state": "ready"}}
 
 
@@ -42,6 +43,8 @@ def test_crud_with_kubernetes_status_errors(api: Any) -> None:
     meta = created["metadata"]
     assert meta["uid"] and meta["resourceVersion"] and meta["generation"] == 1 and meta["namespace"] == NS
     assert "status" not in created  # status is a subresource: ignored on create
+    head = created["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["ports"] == [{"containerPort": 8265, "name": "dashboard", "protocol": "TCP"}]  # CRD defaulting
     with pytest.raises(client.ApiException) as dup:
         co.create_namespaced_custom_object(G, V, NS, "rayclusters", rc("a"))
     assert dup.value.status == 409

@@ -34,6 +34,7 @@ def kube(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeRayStan
     standin.controller.serve_poll_interval = 0.05
     with standin:
         yield standin
+    assert standin.controller.errors == [], "the simulated KubeRay operator raised while reconciling"
 
 
 def api_client(kube: KubeRayStandin) -> client.ApiClient:
@@ -208,3 +209,29 @@ def test_rayservice_new_cluster_strategy_needs_a_second_slice(kube: KubeRayStand
     events = until(lambda: kube.store.list(EVENTS, NS, field_selector="reason=FailedScheduling"), bool)
     assert pending and "Insufficient google.com/tpu" in events[0]["message"]
     assert not cluster_verdict(kube, pending).ready
+
+
+@pytest.mark.parametrize("by_url", [False, True])
+def test_tpu_workers_schedule_once_the_gke_standin_has_the_node_pool(tmp_path: Path, by_url: bool) -> None:
+    import urllib.request
+
+    from operators.gke.nodepool_spec import plan_node_pools
+    from operators.standins.gke_api import GKEApiStandin
+    from operators.standins.kuberay_controller import GkeNodePools
+
+    cluster = "projects/tpuflow-test/locations/us-east5/clusters/ml"
+    with GKEApiStandin(operation_seconds=0.1) as gke:
+        pools = GkeNodePools(gke.url if by_url else gke, cluster=cluster)
+        with KubeRayStandin(tmp_path, launcher=FakeRayLauncher(), node_pools=pools, interval=0.05) as kube:
+            kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
+            events = until(lambda: kube.store.list(EVENTS, NS, field_selector="reason=FailedScheduling"), bool)
+            assert "didn't match Pod's node affinity/selector" in events[0]["message"]
+            plan = plan_node_pools(project_id="tpuflow-test", location="us-east5", cluster_name="ml", accelerator="v6e",
+                                   topology="4x4", node_zone="us-east5-b")
+            [body] = plan.bodies()
+            request = urllib.request.Request(f"{gke.url}/v1/{cluster}/nodePools", method="POST",
+                                             data=json.dumps({"nodePool": body}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=10).read()
+            assert until(lambda: cluster_verdict(kube, "rc"), lambda v: v.ready, timeout=10).ready
+            assert pools.matching_nodes(V6E.node_selector) == 4

@@ -1,0 +1,325 @@
+"""A real local Airflow for this project: api-server, scheduler, dag-processor and triggerer.
+
+Unlike `airflow dags test` (which runs triggers inside its own process), these are the four
+separate services of a deployment: deferred tasks really go to the triggerer, which imports
+their triggers from the installed package, and task workers talk to the API server's
+execution API. Everything lives in a throw-away AIRFLOW_HOME under `work_dir`, binds
+127.0.0.1 only, and each service runs in its own process group so `stop` signals exactly
+the processes it started (never `pkill airflow`).
+
+Database: SQLite. Airflow 3.3 runs LocalExecutor on SQLite with real parallelism (task
+processes report through the API server, so only four services write to the DB; Airflow
+retries SQLITE_BUSY) -- the SequentialExecutor restriction of Airflow 2 is gone. A
+deployment uses PostgreSQL (Cloud Composer, the Helm chart); `database_url` takes one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from operators.local.cluster import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_WORK_DIR = REPO / ".tpuflow" / "airflow-services"
+STATE_FILE = "services.json"
+SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+ADMIN_USER = "admin"
+# 2 cores: a few task slots is plenty -- the pipeline's tasks mostly defer to the triggerer
+# while Ray does the work in its own processes.
+DEFAULT_PARALLELISM = 4
+
+
+class AirflowServicesError(RuntimeError):
+    """The local Airflow could not be started, reached or stopped."""
+
+
+@dataclass
+class AirflowServices:
+    """A started (or stopped) local Airflow; its state lives in `work_dir/services.json`."""
+
+    work_dir: str
+    port: int
+    password: str
+    env: dict[str, str]
+    pids: dict[str, int] = field(default_factory=dict)  # service -> process group id
+
+    # --- paths and addresses -----------------------------------------------------
+    @property
+    def home(self) -> Path:
+        return Path(self.work_dir) / "home"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def output_root(self) -> str:
+        return self.env["TPUFLOW_OUTPUT_ROOT"]
+
+    def log_path(self, service: str) -> Path:
+        return Path(self.work_dir) / "logs" / f"{service}.log"
+
+    # --- lifecycle -----------------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        work_dir: Path | str | None = None,
+        *,
+        port: int | None = None,
+        parallelism: int = DEFAULT_PARALLELISM,
+        use_schedule: bool = True,
+        unpause: bool = False,
+        database_url: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        timeout: float = 240.0,
+    ) -> AirflowServices:
+        """Create a fresh AIRFLOW_HOME, migrate its DB, start the four services, wait for health."""
+        work = Path(work_dir or DEFAULT_WORK_DIR).resolve()
+        if (work / STATE_FILE).exists():
+            old = cls.load(work)
+            if old.alive_services():
+                raise AirflowServicesError(
+                    f"a local Airflow from {work} is still running at {old.url}; stop it first (`tpuflow airflow down`)"
+                )
+        if work.exists():
+            shutil.rmtree(work)
+        (work / "logs").mkdir(parents=True)
+        services = cls(
+            work_dir=str(work),
+            port=port or free_port(),
+            password=secrets.token_urlsafe(12),
+            env={},
+        )
+        services.home.mkdir()
+        (services.home / "passwords.json").write_text(json.dumps({ADMIN_USER: services.password}) + "\n")
+        services.env = services.build_env(parallelism, use_schedule, unpause, database_url, extra_env or {})
+        services.save()
+        services.airflow("db", "migrate", timeout=timeout)
+        try:
+            for name in SERVICES:
+                services.pids[name] = services._spawn(name)
+                services.save()
+            services.wait_healthy(timeout)
+        except BaseException:
+            services.stop()
+            raise
+        return services
+
+    def build_env(
+        self,
+        parallelism: int,
+        use_schedule: bool,
+        unpause: bool,
+        database_url: str | None,
+        extra: dict[str, str],
+    ) -> dict[str, str]:
+        """The AIRFLOW__* settings every service (and a user's `airflow` CLI) shares."""
+        home = self.home
+        venv_bin = str(Path(sys.executable).parent)
+        env = {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False" if unpause else "True",
+            "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url or f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API__WORKERS": "1",
+            # Every service must sign and verify task tokens with the same secret.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(use_schedule),
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "TPUFLOW_OUTPUT_ROOT": os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path(self.work_dir) / "outputs")),
+            # Children run `airflow ...` (task supervisors, LocalExecutor workers): the venv first.
+            "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        env.update(extra)
+        return env
+
+    def process_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def airflow(self, *args: str, timeout: float = 300.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run an `airflow` CLI command against this deployment's home and database."""
+        proc = subprocess.run(
+            [_airflow_bin(), *args], env=self.process_env(), capture_output=True, text=True, timeout=timeout
+        )
+        if check and proc.returncode != 0:
+            raise AirflowServicesError(f"`airflow {' '.join(args)}` failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return proc
+
+    def _spawn(self, service: str) -> int:
+        log = open(self.log_path(service), "ab")  # noqa: SIM115 -- handed to the child
+        try:
+            proc = subprocess.Popen(
+                [_airflow_bin(), service],
+                env=self.process_env(),
+                cwd=self.work_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() signals exactly it
+            )
+        finally:
+            log.close()
+        return proc.pid
+
+    def wait_healthy(self, timeout: float) -> dict[str, Any]:
+        """Until /api/v2/monitor/health reports scheduler, triggerer and dag processor healthy."""
+        deadline = time.time() + timeout
+        last: Any = "no answer"
+        while time.time() < deadline:
+            dead = [s for s, pid in self.pids.items() if not _group_alive(pid)]
+            if dead:
+                raise AirflowServicesError(
+                    f"airflow {dead[0]} exited while starting:\n{_tail(self.log_path(dead[0]))}"
+                )
+            try:
+                resp = requests.get(f"{self.url}/api/v2/monitor/health", timeout=5)
+                last = resp.json() if resp.ok else f"{resp.status_code} {resp.text[:200]}"
+                if isinstance(last, dict) and all(
+                    (last.get(part) or {}).get("status") == "healthy"
+                    for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                ):
+                    return last
+            except (requests.RequestException, ValueError) as err:
+                last = str(err)
+            time.sleep(1)
+        raise AirflowServicesError(f"local Airflow not healthy after {timeout:.0f}s: {last}")
+
+    def alive_services(self) -> list[str]:
+        return [name for name, pid in self.pids.items() if _group_alive(pid)]
+
+    def stop(self, timeout: float = 30.0) -> list[str]:
+        """SIGTERM each service's process group, SIGKILL what is left after `timeout`."""
+        stopped = []
+        for name, pgid in self.pids.items():
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGTERM)
+                stopped.append(name)
+        deadline = time.time() + timeout
+        while time.time() < deadline and any(_group_alive(p) for p in self.pids.values()):
+            time.sleep(0.5)
+        for pgid in self.pids.values():
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+        self.pids = {}
+        self.save()
+        return stopped
+
+    # --- state ---------------------------------------------------------------------
+    def save(self) -> None:
+        path = Path(self.work_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.chmod(0o600)  # holds the admin password
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, work_dir: Path | str | None = None) -> AirflowServices:
+        path = Path(work_dir or DEFAULT_WORK_DIR) / STATE_FILE
+        return cls(**json.loads(path.read_text()))
+
+    # --- REST API ------------------------------------------------------------------
+    def token(self) -> str:
+        resp = requests.post(
+            f"{self.url}/auth/token", json={"username": ADMIN_USER, "password": self.password}, timeout=30
+        )
+        resp.raise_for_status()
+        return str(resp.json()["access_token"])
+
+    def api(self) -> requests.Session:
+        """A requests session authenticated as the admin user; paths are relative to /api/v2."""
+        session = _BaseUrlSession(f"{self.url}/api/v2")
+        session.headers["Authorization"] = f"Bearer {self.token()}"
+        return session
+
+    def shell_exports(self) -> str:
+        keys = [k for k in self.env if k.startswith(("AIRFLOW", "TPUFLOW"))]
+        return "\n".join(f"export {k}={_shell_quote(self.env[k])}" for k in sorted(keys))
+
+
+class _BaseUrlSession(requests.Session):
+    def __init__(self, base: str) -> None:
+        super().__init__()
+        self.base = base.rstrip("/")
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        url = url.decode() if isinstance(url, bytes) else url
+        if url.startswith("/"):
+            url = self.base + url
+        kwargs.setdefault("timeout", 30)
+        return super().request(method, url, *args, **kwargs)
+
+
+def _airflow_bin() -> str:
+    candidate = Path(sys.executable).with_name("airflow")
+    return str(candidate) if candidate.exists() else "airflow"
+
+
+def _fernet_key() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A group whose members are all zombies is as good as gone.
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _shell_quote(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)

@@ -1,0 +1,37 @@
+"""Provider metadata (entry point `apache_airflow_provider`): the "Ray" connection type in the UI.
+
+With this, Admin > Connections offers "Ray cluster (dashboard)" (conn_type "ray", used by
+RayJobHook via ray_conn_id). "extra-links" only feeds `airflow providers links`; the links
+themselves reach the task page through serialization (see plugins/tpuflow_plugin.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Kept static: provider discovery must not import operator modules. A test checks it against
+# operators.ui.links_catalog (every link class the project defines).
+EXTRA_LINKS = [
+    "operators.rayjob.links.RayDashboardLink",
+    "operators.rayjob.links.RayJobLink",
+    "operators.rayjob.links.RayJobLogLink",
+    "operators.serve.operators.RayServeEndpointLink",
+    "operators.output_links.OutputsLink",
+    "operators.gke.links.GKENodePoolLink",
+    "operators.gke.links.GKEClusterNodesLink",
+    "operators.kuberay.links.RayDashboardLink",
+    "operators.kuberay.links.GKEWorkloadsLink",
+    "operators.kuberay.links.GKERayHeadPodLink",
+]
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "tpuflow",
+        "name": "tpuflow",
+        "description": "Train and serve models with Ray on Cloud TPU slices (GKE + KubeRay), or an embedded local Ray.",
+        "connection-types": [
+            {"connection-type": "ray", "hook-class-name": "operators.rayjob.hooks.RayJobHook", "hook-name": "Ray cluster (dashboard)"}
+        ],
+        "extra-links": list(EXTRA_LINKS),
+    }

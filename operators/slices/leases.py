@@ -1,0 +1,190 @@
+"""Lease stores: N numbered slots, each claimed by one DAG run with an atomic create.
+
+Why not an Airflow pool or max_active_runs alone: a slice is held from the cluster-start task
+to the teardown, across many tasks, and a pool slot is held only while one task runs.
+max_active_runs does not cover backfills either: in Airflow 3.3 a backfill has its own
+max_active_runs (10 unless `--max-active-runs` is given) and its runs are counted apart
+from scheduled and manual runs. A lease is taken before the cluster starts and given back
+by a teardown, so every way of starting runs shares one limit.
+
+Stores: a local folder (O_EXCL file create; the embedded default, one machine) or a gs://
+prefix (object create with if_generation_match=0; Composer / Airflow on GKE with many workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from operators.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class Lease:
+    slot: int
+    holder: str
+    acquired_at: float
+
+
+class LeaseStore(Protocol):
+    def holders(self, slots: int) -> dict[int, Lease]: ...
+
+    def try_acquire(self, holder: str, slots: int) -> Lease | None: ...
+
+    def describe(self) -> str: ...
+
+    def release(self, holder: str) -> list[int]: ...
+
+
+def _record(holder: str) -> str:
+    return json.dumps({"holder": holder, "acquired_at": time.time()})
+
+
+def _parse(slot: int, text: str) -> Lease:
+    data: dict[str, Any] = json.loads(text or "{}")
+    return Lease(slot, str(data.get("holder", "")), float(data.get("acquired_at", 0.0)))
+
+
+class LocalLeaseStore:
+    """Slots as files `slot-<i>.json` in a folder; O_CREAT|O_EXCL makes the claim atomic."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, slot: int) -> Path:
+        return self.root / f"slot-{slot}.json"
+
+    def holders(self, slots: int) -> dict[int, Lease]:
+        found = {}
+        for slot in range(slots):
+            try:
+                found[slot] = _parse(slot, self._path(slot).read_text())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                found[slot] = Lease(slot, "?", 0.0)  # half-written: taken
+        return found
+
+    def try_acquire(self, holder: str, slots: int) -> Lease | None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        held = self.holders(slots)
+        for lease in held.values():
+            if lease.holder == holder:  # a retry of the same run keeps its slot
+                return lease
+        for slot in range(slots):
+            if slot in held:
+                continue
+            try:
+                fd = os.open(self._path(slot), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(_record(holder))
+            return self.holders(slots).get(slot)
+        return None
+
+    def release(self, holder: str) -> list[int]:
+        """Free every slot this holder has, whatever the limit is now (it may have been lowered)."""
+        freed = []
+        for path in sorted(self.root.glob("slot-*.json")):
+            slot = int(path.stem.split("-", 1)[1])
+            try:
+                lease = _parse(slot, path.read_text())
+            except (OSError, ValueError):
+                continue
+            if lease.holder == holder:
+                path.unlink(missing_ok=True)
+                freed.append(slot)
+        return freed
+
+    def describe(self) -> str:
+        return str(self.root)
+
+
+class GcsLeaseStore:
+    """Slots as objects `<prefix>/slot-<i>.json`; creating with if_generation_match=0 is atomic."""
+
+    def __init__(self, uri: str, gcp_conn_id: str = "google_cloud_default") -> None:
+        bucket, _, prefix = uri[len("gs://") :].partition("/")
+        self.bucket_name, self.prefix, self.gcp_conn_id = bucket, prefix.strip("/"), gcp_conn_id
+
+    def _bucket(self) -> Any:
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+        return GCSHook(gcp_conn_id=self.gcp_conn_id).get_conn().bucket(self.bucket_name)
+
+    def _name(self, slot: int) -> str:
+        return f"{self.prefix}/slot-{slot}.json" if self.prefix else f"slot-{slot}.json"
+
+    def holders(self, slots: int) -> dict[int, Lease]:
+        from google.api_core.exceptions import NotFound
+
+        bucket, found = self._bucket(), {}
+        for slot in range(slots):
+            try:
+                found[slot] = _parse(slot, bucket.blob(self._name(slot)).download_as_text())
+            except NotFound:
+                continue
+        return found
+
+    def try_acquire(self, holder: str, slots: int) -> Lease | None:
+        from google.api_core.exceptions import PreconditionFailed
+
+        held = self.holders(slots)
+        for lease in held.values():
+            if lease.holder == holder:
+                return lease
+        bucket = self._bucket()
+        for slot in range(slots):
+            if slot in held:
+                continue
+            try:
+                bucket.blob(self._name(slot)).upload_from_string(
+                    _record(holder), content_type="application/json", if_generation_match=0
+                )
+            except PreconditionFailed:
+                continue
+            return Lease(slot, holder, time.time())
+        return None
+
+    def release(self, holder: str) -> list[int]:
+        bucket, freed = self._bucket(), []
+        for blob in bucket.client.list_blobs(self.bucket_name, prefix=self._name(0).rsplit("slot-", 1)[0] + "slot-"):
+            slot = int(blob.name.rsplit("slot-", 1)[1].split(".", 1)[0])
+            if _parse(slot, blob.download_as_text()).holder == holder:
+                blob.delete()
+                freed.append(slot)
+        return freed
+
+    def describe(self) -> str:
+        return f"gs://{self.bucket_name}/{self.prefix}"
+
+
+def default_lease_root() -> str:
+    """Local default beside the local clusters (TPUFLOW_HOME, else ~/.tpuflow)."""
+    return os.environ.get(
+        "TPUFLOW_SLICE_LEASES", str(Path(os.environ.get("TPUFLOW_HOME", Path.home() / ".tpuflow")) / "slice-leases")
+    )
+
+
+def lease_store(root: str | None, gcp_conn_id: str = "google_cloud_default") -> LeaseStore:
+    root = root or default_lease_root()
+    if root.startswith("gs://"):
+        return GcsLeaseStore(root, gcp_conn_id)
+    if "://" in root:
+        raise UserInputError("lease_root", root, "give a local folder or a gs://bucket/prefix")
+    return LocalLeaseStore(root)
+
+
+def parse_slots(value: int | str) -> int:
+    try:
+        slots = int(value)
+    except (TypeError, ValueError):
+        slots = 0
+    if slots < 1:
+        raise UserInputError("max_slices", value, "give a whole number of slices >= 1")
+    return slots

@@ -1,0 +1,110 @@
+"""Take a slice lease before a cluster starts, give it back in a teardown.
+
+    checked >> acquire >> start_cluster >> ... >> stop_cluster >> release
+    release.as_teardown(setups=acquire)
+
+The limit (`max_slices`) is templated, so it can come from an Airflow Variable and be changed
+without a deploy: "{{ var.value.get('tpuflow_max_slices', 1) }}".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def lease_holder(context: Context) -> str:
+    """One lease per DAG run: every try and every task of the run names the same holder."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}"
+
+
+class AcquireSliceOperator(BaseOperator):
+    """Claim one of `max_slices` slice leases; wait deferred (on the triggerer) while all are taken.
+
+    :param max_slices: how many slices may be in use at once across every run sharing `lease_root`.
+    :param lease_root: local folder (default ~/.tpuflow/slice-leases) or gs://bucket/prefix.
+    :param wait_timeout: seconds to wait for a lease before failing (default: wait as long as it takes).
+    """
+
+    template_fields: Sequence[str] = ("max_slices", "lease_root")
+    ui_color = "#f3e5f5"
+
+    def __init__(
+        self,
+        *,
+        max_slices: int | str = 1,
+        lease_root: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        poll_interval: float = 5.0,
+        wait_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_slices = max_slices
+        self.lease_root = lease_root
+        self.gcp_conn_id = gcp_conn_id
+        self.poll_interval = poll_interval
+        self.wait_timeout = wait_timeout
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self._claim(context)
+
+    def _claim(self, context: Context) -> dict[str, Any]:
+        from operators.slices.leases import default_lease_root, lease_store, parse_slots
+        from operators.slices.triggers import SliceLeaseTrigger
+
+        slots = parse_slots(self.max_slices)
+        root = self.lease_root or default_lease_root()
+        store = lease_store(root, self.gcp_conn_id)
+        holder = lease_holder(context)
+        lease = store.try_acquire(holder, slots)
+        if lease is not None:
+            self.log.info("Slice lease %d of %d taken for %s (%s)", lease.slot + 1, slots, holder, store.describe())
+            return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots}
+        held = sorted(x.holder for x in store.holders(slots).values())
+        self.log.info(
+            "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted run "
+            "is freed by removing its slot-<n>.json there.", slots, store.describe(), ", ".join(held),
+        )
+        self.defer(
+            trigger=SliceLeaseTrigger(
+                lease_root=root, slots=slots, holder=holder, gcp_conn_id=self.gcp_conn_id,
+                poll_interval=self.poll_interval, timeout=self.wait_timeout,
+            ),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") == "timeout":
+            raise AirflowException(
+                f"no slice lease became free within {self.wait_timeout}s; held by {', '.join(event.get('held', []))}"
+            )
+        return self._claim(context)  # may defer again if another run claimed the slot first
+
+
+class ReleaseSliceOperator(BaseOperator):
+    """Give back this run's slice lease (a teardown: runs even when the pipeline failed)."""
+
+    template_fields: Sequence[str] = ("lease_root",)
+    ui_color = "#f3e5f5"
+
+    def __init__(self, *, lease_root: str | None = None, gcp_conn_id: str = "google_cloud_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lease_root = lease_root
+        self.gcp_conn_id = gcp_conn_id
+
+    def execute(self, context: Context) -> list[int]:
+        from operators.slices.leases import default_lease_root, lease_store
+
+        store = lease_store(self.lease_root or default_lease_root(), self.gcp_conn_id)
+        holder = lease_holder(context)
+        freed = store.release(holder)
+        self.log.info("Released slice lease(s) %s of %s in %s", freed or "none", holder, store.describe())
+        return freed

@@ -1,0 +1,107 @@
+"""The controller's seams: which nodes exist (node pools) and how a Ray cluster is launched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from operators.tpu import TpuSlice
+
+
+class NodePoolDirectory(Protocol):
+    """Which nodes exist (the GKE stand-in implements it)."""
+
+    def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
+        """Number of nodes whose labels include every node_selector entry."""
+        ...
+
+
+@dataclass
+class StaticNodePools:
+    """A NodePoolDirectory from a fixed list of (labels, node count); `cpu_nodes` for the head."""
+
+    pools: list[tuple[dict[str, str], int]] = field(default_factory=list)
+    cpu_nodes: int = 1
+
+    @classmethod
+    def for_slice(cls, tpu: TpuSlice, slices: int | None = None) -> StaticNodePools:
+        return cls([(dict(tpu.node_selector), tpu.num_hosts * (slices or tpu.num_slices))])
+
+    def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
+        return sum(n for labels, n in self.pools if all(labels.get(k) == v for k, v in node_selector.items()))
+
+    def total_nodes(self) -> int:
+        return self.cpu_nodes + sum(n for _, n in self.pools)
+
+
+class GkeNodePools:
+    """NodePoolDirectory over the GKE stand-in (operators.standins.gke_api): the GKEApiStandin object
+    itself (in-process), or its base URL (POST /_standin/match, GET /_standin/state).
+
+    Counts the nodes of RUNNING pools whose node labels include the selector; an autoscaling pool counts
+    with its ceiling, as GKE's autoscaler would add nodes for Pending pods. `cluster`
+    ("projects/P/locations/L/clusters/C") limits the count to the GKE cluster the stand-in plays.
+    """
+
+    def __init__(self, gke: object, *, cluster: str | None = None, cpu_nodes: int = 1) -> None:
+        if not isinstance(gke, str) and not callable(getattr(gke, "find_node_pools", None)):
+            raise TypeError("give a GKEApiStandin (with find_node_pools) or the stand-in's base URL")
+        self.gke, self.cluster, self.cpu_nodes = gke, cluster, cpu_nodes
+
+    def _http(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{str(self.gke).rstrip('/')}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return dict(json.loads(resp.read() or b"{}"))
+
+    def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
+        selector = dict(node_selector)
+        if isinstance(self.gke, str):
+            body: dict[str, Any] = {"nodeSelector": selector, "nodes": 1}
+            if self.cluster:
+                body["cluster"] = self.cluster
+            matches = self._http("POST", "/_standin/match", body).get("matches") or []
+        else:
+            matches = self.gke.find_node_pools(selector, 1, cluster=self.cluster)  # type: ignore[attr-defined]
+        return sum(max(int(m.get("nodeCount") or 0), int(m.get("maxNodeCount") or 0)) for m in matches)
+
+    def total_nodes(self) -> int:
+        if isinstance(self.gke, str):
+            pools = self._http("GET", "/_standin/state").get("nodePools") or []
+        else:
+            pools = self.gke.node_pools(self.cluster)  # type: ignore[attr-defined]
+        return self.cpu_nodes + sum(int(p.get("nodeCount") or 0) for p in pools)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a ClusterLauncher starts for one RayCluster."""
+
+    key: str  # unique per RayCluster object: "<namespace>-<name>-<uid8>"
+    namespace: str
+    name: str
+    tpu: TpuSlice | None
+    env: dict[str, str]
+
+
+class RayClusterHandle(Protocol):
+    dashboard_url: str
+    gcs_address: str
+    serve_port: int
+
+    def stop(self) -> None: ...
+
+    def deploy_serve(self, config: dict[str, Any]) -> None: ...
+
+    def serve_status(self) -> dict[str, Any]: ...
+
+    def log_tail(self, role: str, lines: int) -> list[str]: ...
+
+
+class ClusterLauncher(Protocol):
+    def launch(self, spec: LaunchSpec) -> RayClusterHandle: ...

@@ -1,0 +1,106 @@
+"""The shared wait loop (triggers and non-deferrable path) and the XCom address payload."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from operators.errors import UserInputError
+from operators.kuberay.addresses import cluster_payload, service_payload
+from operators.kuberay.hooks import KubeApiError
+from operators.kuberay.waits import wait_gone, wait_ready
+
+
+class ScriptedReader:
+    """Returns the scripted objects in turn (the last one repeats); errors are raised."""
+
+    def __init__(self, *objects: Any) -> None:
+        self.objects = list(objects)
+        self.calls = 0
+
+    async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        item = self.objects[min(self.calls, len(self.objects) - 1)]
+        self.calls += 1
+        if isinstance(item, Exception):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return []
+
+    async def list_events(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
+        return []
+
+    async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
+        return []
+
+
+WAITING = {"metadata": {"name": "rc"}, "status": {"conditions": [
+    {"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady"}]}}
+READY = {"metadata": {"name": "rc"}, "status": {"desiredWorkerReplicas": 0, "readyWorkerReplicas": 0, "conditions": [
+    {"type": "RayClusterProvisioned", "status": "True"}, {"type": "HeadPodReady", "status": "True"}]}}
+
+
+def wait(reader: ScriptedReader, timeout: float = 2.0) -> dict[str, Any]:
+    return asyncio.run(wait_ready(reader, kind="RayCluster", name="rc", namespace="ns", deadline=time.time() + timeout,
+                                  poll_interval=0.01))
+
+
+def test_transient_api_errors_are_retried_until_ready() -> None:
+    reader = ScriptedReader(KubeApiError(503, "ServiceUnavailable", "etcd"), OSError("reset"), WAITING, READY)
+    assert wait(reader)["status"] == "ready" and reader.calls == 4
+
+
+def test_permission_errors_end_the_wait_at_once() -> None:
+    event = wait(ScriptedReader(KubeApiError(403, "Forbidden", "rayclusters.ray.io is forbidden")))
+    assert event["status"] == "error" and "forbidden" in event["message"]
+
+
+def test_an_object_deleted_while_waiting_fails() -> None:
+    event = wait(ScriptedReader(WAITING, None))
+    assert event["status"] == "failed" and "no longer exists" in event["message"]
+
+
+def test_delete_wait_reports_a_stuck_finalizer() -> None:
+    held = {"metadata": {"name": "rc", "deletionTimestamp": "2026-11-29T00:00:00Z", "finalizers": ["ray.io/gcs-ft"]}}
+    event = asyncio.run(wait_gone(ScriptedReader(held), kind="RayCluster", name="rc", namespace="ns",
+                                  deadline=time.time() + 0.2, poll_interval=0.05))
+    assert event["status"] == "timeout" and "ray.io/gcs-ft" in event["message"]
+
+
+CLUSTER = {
+    "metadata": {"name": "rc", "namespace": "ml"},
+    "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "ports": [
+        {"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
+        {"name": "client", "containerPort": 10001}, {"name": "serve", "containerPort": 8000}]}]}}}},
+    "status": {"head": {"serviceName": "rc-head-svc", "serviceIP": "10.0.0.7", "podName": "rc-head-x"},
+               "endpoints": {"gcs": "6379", "dashboard": "8265", "client": "10001", "serve": "8000"}},
+}
+
+
+def test_address_modes() -> None:
+    outside = cluster_payload(CLUSTER, None, mode="auto", in_cluster=False)
+    assert outside["dashboard_url"] == "http://10.0.0.7:8265" and outside["address_mode"] == "head_service"
+    inside = cluster_payload(CLUSTER, None, mode="auto", in_cluster=True)
+    assert inside["dashboard_url"] == "http://rc-head-svc.ml.svc.cluster.local:8265"
+    assert inside["client_address"] == "ray://rc-head-svc.ml.svc.cluster.local:10001"
+    assert inside["gcs_address"] == "rc-head-svc.ml.svc.cluster.local:6379"
+    forwarded = cluster_payload(CLUSTER, None, mode="port_forward", in_cluster=False)
+    assert forwarded["serve_url"] == "http://127.0.0.1:8000"
+    lb = {"spec": {"clusterIP": "10.0.0.7", "ports": []}, "status": {"loadBalancer": {"ingress": [{"ip": "34.1.2.3"}]}}}
+    assert cluster_payload(CLUSTER, lb, mode="head_service", in_cluster=False)["dashboard_url"] == "http://34.1.2.3:8265"
+    with pytest.raises(UserInputError):
+        cluster_payload(CLUSTER, None, mode="nodeport", in_cluster=False)
+
+
+def test_service_payload_prefers_the_serve_service() -> None:
+    svc = {"metadata": {"name": "llm", "namespace": "ml"}, "status": {"activeServiceStatus": {
+        "rayClusterName": "rc", "applicationStatuses": {"llm": {"status": "RUNNING"}}}}}
+    cluster = cluster_payload(CLUSTER, None, mode="auto", in_cluster=True)
+    payload = service_payload(svc, cluster, None, mode="auto", in_cluster=True)
+    assert payload["serve_url"] == "http://llm-serve-svc.ml.svc.cluster.local:8000"
+    assert payload["applications"] == {"llm": "RUNNING"} and payload["ray_cluster_name"] == "rc"

@@ -1,0 +1,116 @@
+"""RaySubmitJobOperator on the embedded cluster: result, streamed logs, re-attach, resubmit, gates."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from operators.rayjob.hooks import RayJobHook
+from operators.rayjob.operators import QualityGateError, RayJobFailedError, RaySubmitJobOperator
+from operators.rayjob.triggers import RayJobTrigger
+
+JOBS = Path(__file__).parent / "jobs"
+
+pytestmark = pytest.mark.slow
+
+
+def operator(cluster, args: str, **kwargs) -> RaySubmitJobOperator:
+    return RaySubmitJobOperator(
+        task_id="job", entrypoint=f"python counter.py {args}", cluster=cluster.connection_info(),
+        working_dir=str(JOBS), deferrable=False, poll_interval=0.5, **kwargs,
+    )
+
+
+def jobs_of(cluster, op, context) -> list:
+    return RayJobHook(cluster=cluster.connection_info()).find_jobs(op.base_submission_id(context))
+
+
+def streamed_lines(capfd) -> list[str]:
+    """Task-log lines the operator/trigger wrote for the job's driver output (Airflow logs to stdout/err)."""
+    out, err = capfd.readouterr()
+    return [line.split("[ray job] ", 1)[1].split(" [")[0].strip() for line in (out + err).splitlines()
+            if "[ray job] " in line]
+
+
+def test_result_returned_and_log_streamed_and_kept(slice_cluster, task_context, capfd, tmp_path):
+    ctx = task_context()
+    op = operator(slice_cluster, "3 0.3 ok", log_uri=str(tmp_path / "logs" / "job.log"))
+    result = op.execute(ctx)
+    assert result == {"steps": 3, "accuracy": 0.5}
+    streamed = streamed_lines(capfd)
+    assert "step 0" in streamed and "step 2" in streamed
+    assert "step 2" in (tmp_path / "logs" / "job.log").read_text()
+    assert ctx["ti"].xcoms["ray_job_log"].startswith("file://")
+    assert ctx["ti"].xcoms["ray_job"].endswith(op.base_submission_id(ctx))
+
+
+def test_retry_returns_the_succeeded_job_without_rerunning(slice_cluster, task_context):
+    ctx = task_context()
+    first = operator(slice_cluster, "1 0.1 ok")
+    assert first.execute(ctx)["steps"] == 1
+    ctx["ti"].try_number = 2
+    again = operator(slice_cluster, "1 0.1 ok")
+    assert again.execute(ctx)["steps"] == 1
+    assert len(jobs_of(slice_cluster, again, ctx)) == 1
+
+
+def test_failed_job_fails_the_task_with_the_log_tail_and_a_retry_resubmits(slice_cluster, task_context):
+    ctx = task_context()
+    op = operator(slice_cluster, "2 0.1 fail")
+    with pytest.raises(RayJobFailedError) as err:
+        op.execute(ctx)
+    assert "ended FAILED" in str(err.value) and "the user's code is broken" in str(err.value)
+    with pytest.raises(RayJobFailedError):
+        operator(slice_cluster, "2 0.1 fail").execute(ctx)
+    ids = [j.submission_id for j in jobs_of(slice_cluster, op, ctx)]
+    base = op.base_submission_id(ctx)
+    assert ids == [base, f"{base}-r1"]
+
+
+def test_quality_gate_fails_without_retry(slice_cluster, task_context):
+    op = operator(slice_cluster, "1 0.1 ok", min_result={"accuracy": 0.9})
+    with pytest.raises(QualityGateError, match="accuracy=0.5 is below the required 0.9"):
+        op.execute(task_context())
+
+
+def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluster, task_context, capfd):
+    ctx = task_context()
+    op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 4 0.5 ok",
+                              cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
+    hook = op.hook()
+    sid, status = op._attach_or_submit(hook, op.base_submission_id(ctx))
+    # A second try of the same task finds the running job instead of submitting another.
+    sid_again, _ = op._attach_or_submit(hook, op.base_submission_id(ctx))
+    assert sid_again == sid and len(jobs_of(slice_cluster, op, ctx)) == 1
+    trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info(), poll_interval=0.3)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "operators.rayjob.triggers.RayJobTrigger"
+    rebuilt = RayJobTrigger(**kwargs)
+
+    async def first_event():
+        async for event in rebuilt.run():
+            return event.payload
+
+    capfd.readouterr()
+    payload = asyncio.run(first_event())
+    assert payload["status"] == "SUCCEEDED" and payload["result"]["steps"] == 4
+    assert [line for line in streamed_lines(capfd) if line.startswith("step")] == [f"step {i}" for i in range(4)]
+    assert op.execute_complete(ctx, payload)["steps"] == 4
+
+
+def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
+    ctx = task_context()
+    op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 200 0.5 ok",
+                              cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
+    hook = op.hook()
+    sid, _ = op._attach_or_submit(hook, op.base_submission_id(ctx))
+    trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info())
+    asyncio.run(trigger.on_kill())
+    import time
+
+    deadline = time.time() + 10
+    while hook.get_job_status(sid) != "STOPPED" and time.time() < deadline:
+        time.sleep(0.5)
+    assert hook.get_job_status(sid) == "STOPPED"

@@ -1,0 +1,68 @@
+"""The driver as a Ray job on the local launcher's simulated TPU slice (operators/local/cluster.py):
+JaxTrainer(use_tpu=True) on a v6e 2x4 built from two 4-chip hosts, from the catalog's scaling config."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tpuflow_driver.result import parse_result
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def v6e_2x4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from operators.local.cluster import LocalRayCluster
+    from operators.tpu import TpuSlice
+
+    tpu = TpuSlice.from_spec("TPU-V6E", "2x4", machine_type="ct6e-standard-4t").require(ray=True)
+    base = tmp_path_factory.mktemp("clusters")
+    cluster = LocalRayCluster.start(tpu, f"wl-{uuid.uuid4().hex[:6]}", base, head_cpus=2, host_cpus=1, adopt=False)
+    try:
+        yield cluster, tpu
+    finally:
+        cluster.stop()
+
+
+def test_driver_job_on_simulated_v6e_2x4(v6e_2x4: Any, prepared: dict[str, Any], tmp_path: Path) -> None:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    cluster, tpu = v6e_2x4
+    spec = {
+        "framework": "jax",
+        "train_loop": "addition.train_jax:train_loop_per_worker",
+        "train_loop_config": {"num_steps": 120, "checkpoint_every": 60, "log_every": 20},
+        "scaling_config": tpu.scaling_config(),
+        "run_name": "slice-run",
+        "storage_path": str(tmp_path / "runs"),
+        "datasets": {"train": prepared["train_path"]},
+        "worker_env": {"JAX_PLATFORMS": "cpu"},
+    }
+    client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.auth_headers())
+    job = client.submit_job(
+        # the cluster inherits the PATH of whoever started it, which need not lead to this venv
+        entrypoint=f"{shlex.quote(sys.executable)} -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}",
+        runtime_env={"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}},
+    )
+    deadline = time.time() + 420
+    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.time() < deadline, f"job {job} still {status}"
+        time.sleep(2)
+    logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-4000:]
+    result = parse_result(logs)
+    assert result is not None, logs[-4000:]
+    m = result["metrics"]
+    assert (m["step"], m["world_size"], m["replicas_in_sync"]) == (120, 2, True)
+    # JaxTrainer(use_tpu=True) initialised jax.distributed itself: one JAX job over both hosts
+    assert "2 worker(s), 2 JAX device(s) (cpu)" in logs
+    assert Path(result["checkpoint"], "meta.json").exists()
