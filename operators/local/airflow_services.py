@@ -35,6 +35,10 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_WORK_DIR = REPO / ".tpuflow" / "airflow-services"
 STATE_FILE = "services.json"
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+# The scheduler and triggerer would each start a log server on [::]:8793 / [::]:8794 (every
+# interface, fixed ports). Everything runs on this machine, so the API server reads task and
+# trigger logs from the files directly: no log servers, nothing listening beyond the API port.
+SERVICE_ARGS = {"scheduler": ["--skip-serve-logs"], "triggerer": ["--skip-serve-logs"]}
 ADMIN_USER = "admin"
 # 2 cores: a few task slots is plenty -- the pipeline's tasks mostly defer to the triggerer
 # while Ray does the work in its own processes.
@@ -174,7 +178,7 @@ class AirflowServices:
         log = open(self.log_path(service), "ab")  # noqa: SIM115 -- handed to the child
         try:
             proc = subprocess.Popen(
-                [_airflow_bin(), service],
+                [_airflow_bin(), service, *SERVICE_ARGS.get(service, [])],
                 env=self.process_env(),
                 cwd=self.work_dir,
                 stdin=subprocess.DEVNULL,

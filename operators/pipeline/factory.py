@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, BaseOperator, task
 
 from operators.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
 from operators.pipeline.params import pipeline_params, validate_params
@@ -73,36 +73,98 @@ def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, 
     return report
 
 
-def build_pipeline_dag(
-    dag_id: str,
-    *,
-    backend: str = "local",
-    schedule: str | None = "@daily",
-    output_root: str | None = None,
-    start_date: datetime = datetime(2026, 11, 1),
-    max_active_runs: int = 1,
-    **dag_kwargs: Any,
-) -> DAG:
-    if backend != "local":
-        raise ValueError(f"unknown backend {backend!r}")
-    root = output_root or default_output_root()
-    run_dir = f"{root}/{dag_id}/{RUN_DATE}"
-    workloads_dir = str(Path(__file__).resolve().parents[2] / "workloads")
-
-    with DAG(
+def pipeline_dag(dag_id: str, *, schedule: str | None, start_date: datetime, max_active_runs: int,
+                 params: dict[str, Any] | None = None, **dag_kwargs: Any) -> DAG:
+    """The DAG settings every backend shares."""
+    return DAG(
         dag_id=dag_id,
         schedule=schedule,
         start_date=start_date,
         catchup=False,
         # One slice at a time: a backfill never asks for more TPU hosts than one run needs.
         max_active_runs=max_active_runs,
-        params=pipeline_params(),
+        params=params or pipeline_params(),
         render_template_as_native_obj=True,
         default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
         tags=["tpuflow", "tpu", "ray"],
         doc_md=__doc__,
         **dag_kwargs,
-    ) as dag:
+    )
+
+
+def run_dir_for(dag_id: str, output_root: str | None) -> str:
+    return f"{output_root or default_output_root()}/{dag_id}/{RUN_DATE}"
+
+
+def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
+    """prep -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info): backend-independent."""
+    prep = RayDataPrepOperator(
+        task_id="prep",
+        cluster=cluster,
+        module="addition.prep",
+        arguments={"output_dir": f"{run_dir}/data", "date": RUN_DATE, "num_train": "{{ params.num_train }}"},
+        log_uri=f"{run_dir}/logs/prep.log",
+    )
+    train = RayTrainOperator(
+        task_id="train",
+        cluster=cluster,
+        framework="{{ params.framework }}",
+        train_loop="addition.train_{{ params.framework }}:train_loop_per_worker",
+        accelerator="{{ params.accelerator }}",
+        topology="{{ params.topology }}",
+        machine_type="{{ params.machine_type }}",
+        storage_path=f"{run_dir}/train",
+        run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
+        datasets={"train": f"{run_dir}/data/train"},
+        train_loop_config={"steps": "{{ params.train_steps }}"},
+        log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
+    )
+    evaluate = RaySubmitJobOperator(
+        task_id="evaluate",
+        cluster=cluster,
+        entrypoint=(
+            "python -m addition.evaluate --framework {{ params.framework }}"
+            " --checkpoint {{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"
+            f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
+        ),
+        min_result={"accuracy": "{{ params.accuracy_threshold }}"},
+        log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
+    )
+    prep >> train >> evaluate
+    return prep, train, evaluate
+
+
+def smoke_test_and_report(run_dir: str, evaluate: BaseOperator, deploy: BaseOperator) -> tuple[BaseOperator, Any]:
+    """Call the deployed endpoint (deploy's XCom carries serve_url) and write the run's report."""
+    smoke = ServeEndpointSmokeTestOperator(
+        task_id="smoke_test",
+        url="{{ ti.xcom_pull(task_ids='" + deploy.task_id + "')['serve_url'] }}" + f"/{SERVE_APP}/v1/completions",
+        payload={"model": SERVE_APP, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
+        expect=ANSWER,
+    )
+    report = write_report(run_dir, evaluate.output, smoke.output, deploy.output)
+    deploy >> smoke >> report
+    return smoke, report
+
+
+# Keep the endpoint only when it was actually serving; a failed run never leaves a cluster behind.
+KEEP_ENDPOINT = "{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}"
+
+
+def build_pipeline_dag(
+    dag_id: str,
+    *,
+    schedule: str | None = "@daily",
+    output_root: str | None = None,
+    start_date: datetime = datetime(2026, 11, 1),
+    max_active_runs: int = 1,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay."""
+    run_dir = run_dir_for(dag_id, output_root)
+    workloads_dir = str(Path(__file__).resolve().parents[2] / "workloads")
+    with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
+                      **dag_kwargs) as dag:
         checked = check_params()
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
@@ -112,53 +174,13 @@ def build_pipeline_dag(
             retries=0,
         )
         cluster = start.output
-        prep = RayDataPrepOperator(
-            task_id="prep",
-            cluster=cluster,
-            module="addition.prep",
-            arguments={"output_dir": f"{run_dir}/data", "date": RUN_DATE, "num_train": "{{ params.num_train }}"},
-            log_uri=f"{run_dir}/logs/prep.log",
-        )
-        train = RayTrainOperator(
-            task_id="train",
-            cluster=cluster,
-            framework="{{ params.framework }}",
-            train_loop="addition.train_{{ params.framework }}:train_loop_per_worker",
-            accelerator="{{ params.accelerator }}",
-            topology="{{ params.topology }}",
-            machine_type="{{ params.machine_type }}",
-            storage_path=f"{run_dir}/train",
-            run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
-            datasets={"train": f"{run_dir}/data/train"},
-            train_loop_config={"steps": "{{ params.train_steps }}"},
-            log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
-        )
-        evaluate = RaySubmitJobOperator(
-            task_id="evaluate",
-            cluster=cluster,
-            entrypoint=(
-                "python -m addition.evaluate --framework {{ params.framework }}"
-                " --checkpoint {{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"
-                f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
-            ),
-            min_result={"accuracy": "{{ params.accuracy_threshold }}"},
-            log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
-        )
+        prep, train, evaluate = training_steps(cluster, run_dir)
         serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir}")
         deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)
-        smoke = ServeEndpointSmokeTestOperator(
-            task_id="smoke_test",
-            url="{{ ti.xcom_pull(task_ids='deploy')['serve_url'] }}" + f"/{SERVE_APP}/v1/completions",
-            payload={"model": SERVE_APP, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
-            expect=ANSWER,
-        )
-        report = write_report(run_dir, evaluate.output, smoke.output, deploy.output)
-        stop = LocalRayClusterDeleteOperator(
-            task_id="stop_cluster",
-            cluster=cluster,
-            # Keep the endpoint only when it was actually serving; a failed run never leaves a cluster behind.
-            keep="{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}",
-        )
-        checked >> start >> prep >> train >> evaluate >> serve_cfg >> deploy >> smoke >> report >> stop
+        _, report = smoke_test_and_report(run_dir, evaluate, deploy)
+        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)
+        checked >> start >> prep
+        evaluate >> serve_cfg >> deploy
+        report >> stop
         stop.as_teardown(setups=start)
     return dag

@@ -107,7 +107,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         self.resume = resume
         self.worker_env = worker_env or {}
 
-    def build_spec(self) -> dict[str, Any]:
+    def build_spec(self, try_number: int = 1) -> dict[str, Any]:
         from operators.tpu import TpuSlice
 
         if self.framework not in FRAMEWORKS:
@@ -123,12 +123,13 @@ class RayTrainOperator(RaySubmitJobOperator):
             "train_loop": self.train_loop,
             "train_loop_config": self.train_loop_config,
             "scaling_config": tpu.scaling_config(),
-            "run_name": self.run_name,
+            # Ray Train resumes a run from the latest checkpoint under storage_path/run_name;
+            # "never" gives every try its own run, so nothing is resumed.
+            "run_name": self.run_name if self.resume == "auto" else f"{self.run_name}-try{try_number}",
             "storage_path": self.storage_path,
             "datasets": self.datasets,
             "max_failures": self.max_failures,
             "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
-            "resume": self.resume == "auto",
             "worker_env": {"JAX_PLATFORMS": "cpu", **tpu.ray_env, **self.worker_env}
             if self._cluster_info().get("backend") == "local"
             else {**tpu.ray_env, **self.worker_env},
@@ -136,7 +137,7 @@ class RayTrainOperator(RaySubmitJobOperator):
 
     def execute(self, context: Context) -> Any:
         OutputsLink.persist(context, self.storage_path)
-        spec = self.build_spec()
+        spec = self.build_spec(getattr(context["ti"], "try_number", 1))
         self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
         self.entrypoint = f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
         # Ray Train's controller polls workers every 2 s by default; each report then blocks that long.

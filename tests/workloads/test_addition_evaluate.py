@@ -27,7 +27,7 @@ def test_evaluate_matches_in_process_exact_match(
     result = parse_result(capsys.readouterr().out)
     assert result is not None
     held = pq.read_table(prepared["heldout_path"], columns=["prompt", "answer"]).to_pydict()
-    expected = exact_match(Predictor(trained["checkpoint"]), held["prompt"], held["answer"])
+    expected = exact_match(Predictor.from_checkpoint(trained["checkpoint"]), held["prompt"], held["answer"])
     assert result["n"] == 200 and result["accuracy"] == pytest.approx(expected)
     assert result["accuracy"] >= 0.9 and result["correct"] == round(result["accuracy"] * 200)
     assert (result["framework"], result["trained_with"], result["step"]) == (framework, "jax", 1500)

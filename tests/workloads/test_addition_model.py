@@ -85,9 +85,19 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path: Path) -> None:
     assert loaded.keys() == param_shapes(CFG).keys()
     for k in params:
         np.testing.assert_array_equal(loaded[k], params[k])
-    pred = Predictor(tmp_path)
+    pred = Predictor.from_checkpoint(tmp_path)
     np.testing.assert_allclose(pred._logits(_tokens()), forward(params, _tokens(), CFG, np), rtol=1e-6)
     with pytest.raises(ckpt.CheckpointError, match="do not match"):
         ckpt.load_params(tmp_path, ModelConfig(seq_len=SPEC.seq_len, n_layers=1))
     with pytest.raises(ckpt.CheckpointError, match="not a checkpoint"):
         ckpt.load_meta(tmp_path / "nowhere")
+
+
+def test_checkpoint_at_a_uri_is_copied_to_a_local_directory(tmp_path: Path) -> None:
+    params = _params()
+    ckpt.save(tmp_path / "c", ckpt.Meta("torch", 3, 0, CFG, SPEC), params)
+    with ckpt.local_copy(f"file://{tmp_path / 'c'}") as local:
+        assert local != tmp_path / "c"
+        pred = Predictor.from_checkpoint(local)
+    assert pred.meta.framework == "torch"
+    np.testing.assert_array_equal(pred.params["head_w"], params["head_w"])

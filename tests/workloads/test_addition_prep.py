@@ -34,19 +34,21 @@ def test_prep_writes_disjoint_deterministic_splits(prepared: dict[str, Any]) -> 
 def test_prep_is_idempotent_and_regenerates_on_new_parameters(
     ray_local: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = str(tmp_path / "ds")
+    local = tmp_path / "ds"
+    out = f"file://{local}"  # a URI, as gs:// would be, through the same pyarrow filesystem code
     args = ["--output-dir", out, "--date", "2026-06-01", "--num-train", "300", "--num-heldout", "50", "--seed", "3"]
     prep.main(args)
     first = parse_result(capsys.readouterr().out)
     assert first is not None and first["skipped"] is False and first["train_rows"] == 300
-    files = sorted(p.name for p in Path(out, "train").iterdir())
+    assert first["train_path"] == f"{out}/train"
+    files = sorted(p.name for p in (local / "train").iterdir())
     first_heldout = _read(first["heldout_path"])["problem_id"]
 
     prep.main(args)
     second = parse_result(capsys.readouterr().out)
     assert second is not None and second["skipped"] is True
     assert {k: v for k, v in second.items() if k != "skipped"} == {k: v for k, v in first.items() if k != "skipped"}
-    assert sorted(p.name for p in Path(out, "train").iterdir()) == files  # untouched
+    assert sorted(p.name for p in (local / "train").iterdir()) == files  # untouched
 
     prep.main([*args[:-2], "--seed", "4"])
     third = parse_result(capsys.readouterr().out)

@@ -12,7 +12,7 @@ from addition.inference import Predictor, exact_match
 
 def test_in_process_training_reaches_ninety_percent_heldout(trained: dict[str, Any]) -> None:
     held = data.generate(trained["date"], "heldout", 200, num_heldout=200)
-    pred = Predictor(trained["checkpoint"])
+    pred = Predictor.from_checkpoint(trained["checkpoint"])
     accuracy = exact_match(pred, list(held["prompt"]), list(held["answer"]))
     print(f"held-out exact match {accuracy:.3f} after {trained['metrics']['step']} steps "
           f"in {trained['metrics']['train_s']:.1f}s")  # fmt: skip

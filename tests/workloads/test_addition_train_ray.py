@@ -120,20 +120,20 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_driver_jax_trains_checkpoints_and_resumes(
     ray_local: dict[str, Any], prepared: dict[str, Any], runs_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = _drive(_spec("jax", prepared, runs_dir, "jax-demo", num_steps=200, checkpoint_every=100), capsys)
+    first = _drive(_spec("jax", prepared, runs_dir, "jax-demo", num_steps=120, checkpoint_every=60), capsys)
     m = first["metrics"]
-    assert (m["step"], m["start_step"], m["resumed"], m["world_size"]) == (200, 0, False, 2)
+    assert (m["step"], m["start_step"], m["resumed"], m["world_size"]) == (120, 0, False, 2)
     assert m["replicas_in_sync"] is True and m["loss"] < 2.0
     assert first["resumed"] is False and first["previous_run_found"] is False
-    assert _checkpoint_step(first["checkpoint"]) == 200
+    assert _checkpoint_step(first["checkpoint"]) == 120
 
-    # the same run name again, asked to go further: continues from the stored step-200 checkpoint
-    second = _drive(_spec("jax", prepared, runs_dir, "jax-demo", num_steps=260, checkpoint_every=30), capsys)
+    # the same run name again, asked to go further: continues from the stored step-120 checkpoint
+    second = _drive(_spec("jax", prepared, runs_dir, "jax-demo", num_steps=150, checkpoint_every=15), capsys)
     m = second["metrics"]
     assert second["resumed"] is True and second["previous_run_found"] is True
-    assert (m["start_step"], m["step"], m["resumed_from"]) == (200, 260, first["checkpoint"])
+    assert (m["start_step"], m["step"], m["resumed_from"]) == (120, 150, first["checkpoint"])
     assert m["replicas_in_sync"] is True
-    assert _checkpoint_step(second["checkpoint"]) == 260
+    assert _checkpoint_step(second["checkpoint"]) == 150
     kept = [p for p in (runs_dir / "jax-demo").iterdir() if p.is_dir() and p.name.startswith("checkpoint")]
     assert len(kept) == 2  # checkpoint_num_to_keep
 

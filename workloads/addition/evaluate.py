@@ -31,7 +31,7 @@ class CheckpointPredictor:
             # inference of this tiny model belongs on the CPU even on a TPU host
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
         with local_copy(checkpoint) as d:
-            self.predictor = Predictor(d, backend=framework)
+            self.predictor = Predictor.from_checkpoint(d, backend=framework)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         prompts = [str(p) for p in batch["prompt"]]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -109,22 +108,16 @@ def logits_fn_for(backend: str, params: dict[str, np.ndarray], cfg: ModelConfig)
 
 
 class Predictor:
-    """A checkpoint loaded for completion of text prompts such as "17+25="."""
+    """Parameters loaded for completing text prompts such as "17+25="."""
 
-    def __init__(self, checkpoint_dir: str | Path, backend: str = "numpy"):
-        self.meta = ckpt.load_meta(checkpoint_dir)
-        self.params = ckpt.load_params(checkpoint_dir, self.meta.model)
-        self.spec = self.meta.task
-        self.backend = backend
-        self._logits = logits_fn_for(backend, self.params, self.meta.model)
+    def __init__(self, params: dict[str, np.ndarray], meta: ckpt.Meta, backend: str = "numpy"):
+        self.params, self.meta, self.spec, self.backend = params, meta, meta.task, backend
+        self._logits = logits_fn_for(backend, params, meta.model)
 
     @classmethod
-    def from_params(cls, params: dict[str, np.ndarray], cfg: ModelConfig, spec: TaskSpec, backend: str = "numpy") -> Predictor:
-        self = cls.__new__(cls)
-        self.meta = ckpt.Meta("memory", 0, 0, cfg, spec)
-        self.params, self.spec, self.backend = params, spec, backend
-        self._logits = logits_fn_for(backend, params, cfg)
-        return self
+    def from_checkpoint(cls, directory: str | Path, backend: str = "numpy") -> Predictor:
+        meta = ckpt.load_meta(directory)
+        return cls(ckpt.load_params(directory, meta.model), meta, backend)
 
     def complete(
         self,
@@ -147,6 +140,3 @@ def exact_match(predictor: Predictor, prompts: Sequence[str], answers: Sequence[
         hits += sum(o.text == a for o, a in zip(outs, answers[i : i + batch_size], strict=True))
     return hits / max(len(prompts), 1)
 
-
-def describe(predictor: Predictor) -> dict[str, Any]:
-    return {"backend": predictor.backend, "framework": predictor.meta.framework, "step": predictor.meta.step}

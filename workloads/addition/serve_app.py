@@ -72,7 +72,7 @@ class AdditionCompletions:
             meta = load_meta(d)
             if meta.framework != framework:
                 raise ValueError(f"{checkpoint} was trained with {meta.framework}, not {framework}")
-            self.predictor = Predictor(d, backend=backend)
+            self.predictor = Predictor.from_checkpoint(d, backend=backend)
         self.model_name = model_name
         self.created = int(time.time())
 

@@ -63,7 +63,7 @@ def fit(
     on_checkpoint: Callable[[int, int, float], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[int, int, float]:
-    """Run steps until num_steps; returns (step, epoch, last loss). One epoch = one pass over the data.
+    """Run steps until num_steps; returns (step, epoch of the last step, last loss). One epoch = one pass over the data.
 
     step_fn returns the loss as a device value; it is fetched (a host sync) only when logged
     or checkpointed.
@@ -95,7 +95,8 @@ def fit(
                 break
         if batches == 0:
             raise RuntimeError("the training data yielded no full batch; lower global_batch_size or add data")
-        epoch += 1
+        if step < num_steps:
+            epoch += 1
     return step, epoch, loss_value
 
 
@@ -143,10 +144,13 @@ class CachedEpochs:
     def __call__(self, epoch: int) -> Iterator[Any]:
         if self._rows is None:
             yield from self._stream(epoch)
-            if self._seen:
-                self._rows = np.concatenate(self._seen)
-                # workers must agree on the step count or the next collective hangs
-                self._batches = self._min(len(self._rows) // self._batch_rows)
+            if self._cache_rows > 0:
+                rows = np.concatenate(self._seen) if self._seen else None
+                # every worker calls this collective; all must agree to cache and on the step count
+                # (a worker over the cap reports 0 and everyone keeps streaming)
+                agreed = self._min(len(rows) // self._batch_rows if rows is not None else 0)
+                if agreed > 0:
+                    self._rows, self._batches = rows, agreed
             self._seen = None
             return
         order = np.random.default_rng([self._seed, epoch, self._rank]).permutation(len(self._rows))

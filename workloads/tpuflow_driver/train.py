@@ -177,7 +177,7 @@ def build_trainer(spec: TrainSpec) -> Any:
 def _uri(path: str, storage_path: str) -> str:
     """Checkpoint.path drops the URI scheme of remote storage; put it back."""
     if "://" in storage_path and "://" not in path:
-        return f"{storage_path.split('://', 1)[0]}://{path.lstrip('/')}"
+        return f"{storage_path.split('://', 1)[0]}://{path}"
     return path
 
 

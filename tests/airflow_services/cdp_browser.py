@@ -112,6 +112,18 @@ class Browser:
         )
         self.click_at(*box)
 
+    def click_text(self, text: str) -> None:
+        """Click the innermost element whose text starts with `text`."""
+        box = self.evaluate(
+            "(() => { const els = [...document.querySelectorAll('body *')].filter(e =>"
+            f" e.children.length === 0 && e.innerText && e.innerText.startsWith({json.dumps(text)}));"
+            " if (!els.length) return null; const r = els[0].getBoundingClientRect();"
+            " return [r.x + Math.min(r.width / 2, 20), r.y + r.height / 2]; })()"
+        )
+        if not box:
+            raise AssertionError(f"no element with text {text!r} to click")
+        self.click_at(*box)
+
     def press(self, key: str, code: str, key_code: int) -> None:
         for kind in ("rawKeyDown", "keyUp"):
             self.send("Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=key_code)

@@ -1,0 +1,46 @@
+"""Helpers for the real-Airflow tests (a module name unique in the test tree, importable from any test file)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts"
+PIPELINE = "tpu_llm_pipeline_local"
+TERMINAL_RUN_STATES = {"success", "failed"}
+
+
+def wait_for_runs(api: Any, dag_id: str, run_ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
+    """Poll until every run is success or failed; returns {run_id: run} (with its task instances)."""
+    deadline = time.time() + timeout
+    runs: dict[str, dict[str, Any]] = {}
+    while time.time() < deadline:
+        runs = {rid: api.get(f"/dags/{dag_id}/dagRuns/{rid}").json() for rid in run_ids}
+        if all(r.get("state") in TERMINAL_RUN_STATES for r in runs.values()):
+            break
+        time.sleep(3)
+    for rid, run in runs.items():
+        run["tis"] = {ti["task_id"]: ti for ti in task_instances(api, dag_id, rid)}
+    return runs
+
+
+def task_instances(api: Any, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    return list(api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"])
+
+
+def explain(api: Any, dag_id: str, run: dict[str, Any]) -> str:
+    """What a user would look at when a run did not succeed: task states and the failed tasks' log tails."""
+    lines = [f"run {run.get('dag_run_id')} is {run.get('state')}"]
+    for ti in run.get("tis", {}).values():
+        lines.append(f"  {ti['task_id']}: {ti['state']} (try {ti['try_number']})")
+        if ti["state"] in ("failed", "up_for_retry"):
+            resp = api.get(
+                f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances/{ti['task_id']}/logs/{max(ti['try_number'], 1)}",
+                headers={"Accept": "application/json"},
+            )
+            content = resp.json().get("content", []) if resp.ok else resp.text
+            text = "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c) for c in content)
+            lines.append("    " + text[-3000:].replace("\n", "\n    "))
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""Through a running Airflow: the UI's trigger form, the plugin, slice leases under a backfill.
+
+The pipeline's own end-to-end runs (REST trigger, two-date backfill) are in test_pipeline_runs.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from airflow_testlib import ARTIFACTS, PIPELINE, explain, wait_for_runs
+
+pytestmark = pytest.mark.slow
+PROBE = "tpuflow_slice_lease_probe"
+
+
+def test_services_healthy_with_project_dags_plugin_and_provider(services: Any, api: Any) -> None:
+    health = requests.get(f"{services.url}/api/v2/monitor/health", timeout=10).json()
+    assert {k: v["status"] for k, v in health.items()} == {
+        "metadatabase": "healthy", "scheduler": "healthy", "triggerer": "healthy", "dag_processor": "healthy",
+    }
+    assert api.get("/importErrors").json()["total_entries"] == 0
+    dag_ids = {d["dag_id"] for d in api.get("/dags", params={"limit": 100}).json()["dags"]}
+    assert {PIPELINE, PROBE} <= dag_ids
+    plugins = {p["name"]: p for p in api.get("/plugins").json()["plugins"]}
+    assert [v["href"] for v in plugins["tpuflow"]["external_views"]] == ["/tpuflow/clusters"]
+    page = requests.get(f"{services.url}/tpuflow/clusters", timeout=10)
+    assert page.ok and "Local Ray clusters" in page.text
+    providers = {p["package_name"] for p in api.get("/providers", params={"limit": 100}).json()["providers"]}
+    assert "tpuflow" in providers
+    # Nothing but the API server listens: scheduler/triggerer log servers are off.
+    for port in (8793, 8794):
+        assert f":{port} " not in _listening_owned_by(services), f"a log server listens on {port}"
+
+
+def _listening_owned_by(services: Any) -> str:
+    """Listening TCP sockets of the services' processes, as 'addr:port ' text (from /proc)."""
+    inodes = set()
+    for pgid in services.pids.values():
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+                for fd in (proc / "fd").iterdir():
+                    target = str(fd.readlink())
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+            except OSError:
+                continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in inodes:  # LISTEN
+                out.append(f":{int(parts[1].rsplit(':', 1)[1], 16)} ")
+    return "".join(out)
+
+
+def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None:
+    """What a user sees after pressing Trigger: one field per Param, choices for accelerator and topology."""
+    from cdp_browser import Browser
+
+    from operators.pipeline.params import ACCELERATORS, TOPOLOGIES
+
+    browser = Browser()
+    try:
+        browser.set_cookie(services.url, "_token", services.token())
+        browser.open(f"{services.url}/dags/{PIPELINE}")
+        browser.wait_for("!!document.querySelector('button[aria-label=\"Trigger Dag\"]')", 120, "the Trigger button")
+        browser.click_selector('button[aria-label="Trigger Dag"]')
+        browser.wait_for("!!document.querySelector('#element_accelerator')", 60, "the trigger form's Params")
+        fields = browser.evaluate(
+            "Object.fromEntries([...document.querySelectorAll('[role=dialog] [name^=element_]')]"
+            ".map(e => [e.name.slice(8), e.type === 'checkbox' ? e.checked : e.value]))"
+        )
+        assert fields == {
+            "accelerator": "TPU-V6E", "topology": "4x4", "machine_type": "", "framework": "jax",
+            "train_steps": "1500", "accuracy_threshold": "0.9", "keep_endpoint": False, "num_train": "20000",
+        }
+        # accelerator and topology are dropdowns (react-select) listing the allowed values.
+        choices = {}
+        for name in ("topology", "accelerator"):
+            browser.click_selector(f"#element_{name}")
+            choices[name] = browser.wait_for(
+                "(() => { const o = [...document.querySelectorAll('[id*=-option-]')].map(e => e.innerText);"
+                " return o.length ? o : null; })()", 20, f"the {name} choices",
+            )
+            if name == "topology":
+                browser.click_text("Trigger Dag - ")  # closes the menu (Escape would close the dialog)
+        assert choices == {"topology": TOPOLOGIES, "accelerator": ACCELERATORS}
+        shot = browser.screenshot(ARTIFACTS / "trigger_form.png")
+        assert shot.stat().st_size > 20_000
+        browser.click_text("Trigger Dag - ")
+        # With the defaults the form must be submittable: a Param the UI thinks is missing disables Trigger.
+        state = browser.evaluate(
+            "(() => { const b = [...document.querySelectorAll('[role=dialog] button')]"
+            ".find(b => b.innerText.trim() === 'Trigger'); return b ? (b.disabled ? 'disabled' : 'enabled') : 'missing'; })()"
+        )
+        invalid = browser.evaluate(
+            "[...document.querySelectorAll('[role=dialog] [data-invalid] [name^=element_], [role=dialog] [aria-invalid=true]')]"
+            ".map(e => e.name || e.id)"
+        )
+        empty = sorted(k for k, v in fields.items() if v == "")
+        assert state == "enabled", (
+            f"the trigger form's Trigger button is {state} with the default Params (invalid: {invalid}; empty: {empty}). "
+            "The UI treats an empty string default as a missing required value: make optional Params nullable, "
+            'e.g. Param(None, type=["null", "string"]).'
+        )
+    finally:
+        browser.close()
+
+
+def test_backfill_runs_share_one_slice_lease(services: Any, api: Any, tmp_path: Path) -> None:
+    """`airflow backfill create` without --max-active-runs (Airflow's default: 10 runs at once) still
+    holds one slice at a time: the lease waits are deferred to the triggerer, and the holds never overlap."""
+    api.patch(f"/dags/{PROBE}", json={"is_paused": False}).raise_for_status()
+    services.airflow("backfill", "create", "--dag-id", PROBE, "--from-date", "2026-11-01", "--to-date", "2026-11-03")
+    runs = api.get(f"/dags/{PROBE}/dagRuns", params={"run_type": "backfill"}).json()["dag_runs"]
+    run_ids = sorted(r["dag_run_id"] for r in runs)
+    assert len(run_ids) == 3
+    final = wait_for_runs(api, PROBE, run_ids, timeout=240)
+    for run in final.values():
+        assert run["state"] == "success", explain(api, PROBE, run)
+    holds_dir = Path(services.env["TPUFLOW_PROBE_LEASES"]).parent / "probe-holds"
+    holds = sorted((json.loads(p.read_text()) for p in holds_dir.glob("*.json")), key=lambda h: h["start"])
+    assert len(holds) == 3
+    for earlier, later in zip(holds, holds[1:], strict=False):
+        assert later["start"] >= earlier["end"], f"two runs held a slice at once: {earlier} / {later}"
+    # The runs that had to wait did so in the triggerer (a trigger log file per deferral), not in a worker slot.
+    logs = Path(services.home) / "logs" / f"dag_id={PROBE}"
+    deferred = [p for p in logs.glob("run_id=*/task_id=acquire_slice/*.trigger.*.log") if "held by" in p.read_text()]
+    assert len(deferred) >= 2, "waiting runs should defer to the triggerer"
+    assert not list(Path(services.env["TPUFLOW_PROBE_LEASES"]).glob("slot-*.json")), "a lease was not given back"
