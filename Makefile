@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test lint clean-local
+.PHONY: install demo test lint clean-local airflow airflow-down test-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,23 @@ install: $(STAMP)
 demo: install
 	$(BIN)/tpuflow demo
 
-test: install
+test: install test-deps
 	$(BIN)/python -m pytest -q tests
 
 lint: install
 	$(BIN)/ruff check dags operators plugins workloads tests bench
+
+# A real local Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor; 127.0.0.1):
+# prints the UI URL and the admin login. `make airflow-down` stops exactly what it started.
+airflow: install
+	$(BIN)/tpuflow airflow up
+
+airflow-down:
+	$(BIN)/tpuflow airflow down
+
+# Headless Chromium for the UI tests (tests/airflow_services): Debian's package, no browser download.
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "make test-deps: install Chromium first: sudo apt-get install -y chromium" >&2; exit 1; fi; }

@@ -1,12 +1,13 @@
 """The "Outputs" extra link: where a task wrote this run's data, checkpoints or results.
 
 gs:// folders open in the Cloud console's storage browser; local folders (the embedded
-default) as file:// URLs. Like every link here, the full URL is stored in XCom when the task
+default) in the tpuflow plugin's outputs page. Like every link here, the full URL is stored in XCom when the task
 starts, so it works while the task is deferred and after it failed.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -17,17 +18,29 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 CONSOLE_STORAGE = "https://console.cloud.google.com/storage/browser"
+# Served by the tpuflow plugin inside the Airflow UI (operators/ui/app.py). The UI shows only
+# http(s) or same-origin extra links -- a file:// link would silently not appear.
+LOCAL_OUTPUTS_ROUTE = "/tpuflow/outputs"
+
+
+def output_root() -> Path:
+    """Where local runs write (the pipeline factory's default; TPUFLOW_OUTPUT_ROOT overrides)."""
+    return Path(os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path.home() / ".tpuflow" / "outputs"))).absolute()
 
 
 def outputs_url(uri: str) -> str:
-    """Browser URL of an output folder: Cloud console for gs://, file:// for a local path, else as is."""
+    """Browser URL of an output folder: the Cloud console for gs://, the plugin's page for a folder
+    under the local output root, a file:// URL for any other local folder."""
     uri = uri.strip()
     if uri.startswith("gs://"):
         path = uri[len("gs://") :].strip("/")
         return f"{CONSOLE_STORAGE}/{quote(path)}" + ("/" if "/" in path else "")
     if "://" in uri or not uri:
         return uri
-    return Path(uri).absolute().as_uri()
+    path = Path(uri).absolute()
+    if path.is_relative_to(output_root()):
+        return f"{LOCAL_OUTPUTS_ROUTE}/{quote(path.relative_to(output_root()).as_posix())}"
+    return path.as_uri()
 
 
 class OutputsLink(StoredUrlLink):

@@ -12,21 +12,24 @@ then runs inside the API server, where the Task SDK's XCom accessor is unavailab
 does not help either: its "extra-links" only feed `airflow providers links`; the provider
 info (operators/provider_info.py) is kept for the "Ray" connection type in the UI's form.
 
-What the plugin adds: a "Ray clusters" page (nav entry) listing the local Ray clusters with
-their dashboard URLs -- ports are chosen at run time, and keep_endpoint leaves a cluster up
-after its run, so the UI needs a way back to them.
+What the plugin adds (operators/ui/app.py, mounted at /tpuflow, login required):
+- /tpuflow/outputs/<dag>/<date>/...: a local run's outputs. The local "Outputs" extra link
+  points there, because the Airflow 3.3 UI drops extra links that are not http(s) or
+  same-origin: a file:// URL would not show on the task page at all.
+- /tpuflow/clusters, in the nav as "Ray clusters": the local Ray clusters and their dashboards
+  (ports are chosen at run time; keep_endpoint leaves a cluster up after its run).
 """
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from operators.ui.clusters_app import app as clusters_app
+from operators.ui.app import app as tpuflow_app
 
 
 class TpuflowPlugin(AirflowPlugin):
     name = "tpuflow"
-    fastapi_apps = [{"app": clusters_app, "url_prefix": "/tpuflow", "name": "tpuflow"}]
+    fastapi_apps = [{"app": tpuflow_app, "url_prefix": "/tpuflow", "name": "tpuflow"}]
     external_views = [
         {
             "name": "Ray clusters",

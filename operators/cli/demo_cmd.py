@@ -41,7 +41,8 @@ def _run(args: argparse.Namespace) -> int:
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     conf = {"framework": args.framework, "accelerator": args.accelerator, "topology": args.topology,
             "machine_type": args.machine_type or "", "train_steps": args.train_steps,
-            "keep_endpoint": args.keep_endpoint}
+            "keep_endpoint": args.keep_endpoint, "accuracy_threshold": args.accuracy_threshold,
+            "num_train": args.num_train}
     run_date = args.date or date.today().isoformat()
     print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
     started = time.time()
@@ -68,6 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--topology", default="4x4")
     parser.add_argument("--machine-type", default="")
     parser.add_argument("--train-steps", type=int, default=1500)
+    parser.add_argument("--num-train", type=int, default=20000, help="training examples")
+    parser.add_argument("--accuracy-threshold", type=float, default=0.9, help="quality gate on held-out accuracy")
     parser.add_argument("--keep-endpoint", action="store_true", help="leave the cluster and Serve endpoint running")
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
     parser.add_argument("--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)")

@@ -75,8 +75,14 @@ def _env(args: argparse.Namespace) -> int:
 
 def _preempt(args: argparse.Namespace) -> int:
     (cluster,) = _clusters(args)
-    pid = cluster.kill_host(args.slice, args.host)
-    print(f"killed simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid})")
+    if args.no_restart:
+        pid = cluster.kill_host(args.slice, args.host)
+        print(f"killed simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
+              "it stays down")
+        return 0
+    pid = cluster.preempt_host(args.slice, args.host, restart_after=args.restart_after)
+    print(f"preempted simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
+          f"a replacement joined after {args.restart_after:.0f}s")
     return 0
 
 
@@ -105,4 +111,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(preempt, DEFAULT_NAME)
     preempt.add_argument("--host", type=int, required=True, help="TPU worker id within the slice")
     preempt.add_argument("--slice", type=int, default=0, help="slice index (default 0)")
+    preempt.add_argument("--restart-after", type=float, default=5.0, help="seconds until the replacement host starts")
+    preempt.add_argument("--no-restart", action="store_true", help="leave the host down (the slice stays broken)")
     preempt.set_defaults(func=_preempt)

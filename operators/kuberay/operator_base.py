@@ -53,7 +53,7 @@ class KubeRayBaseOperator(BaseOperator):
     :param log_lines: head pod log lines to include on failure or timeout.
     """
 
-    template_fields: Sequence[str] = ("namespace", "kubernetes_conn_id", "gke_cluster")
+    template_fields: Sequence[str] = ("namespace", "kubernetes_conn_id", "gke_cluster", "gcp_conn_id")
     operator_extra_links = (RayDashboardLink(), GKEWorkloadsLink(), GKERayHeadPodLink())
     ui_color = "#e6f0ff"
 
@@ -212,7 +212,7 @@ class SliceArgumentsMixin:
             raise UserInputError("topology" if self.accelerator else "accelerator",
                                  self.topology if self.accelerator else self.accelerator,
                                  "give the TPU slice: tpu=TpuSlice.from_spec(...) or accelerator= and topology=")
-        tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type, self.num_slices)
+        tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
         kwargs: dict[str, Any] = {}
         if self.head_resources is not None:
             kwargs["head_resources"] = self.head_resources

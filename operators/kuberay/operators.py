@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk import XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from operators.errors import UserInputError
@@ -254,7 +255,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
     Returns {{"kind", "name", "namespace", "serve_url", "dashboard_url", "gcs_address", "ray_cluster_name",
     "applications": {{app: status}}, "address_mode", "in_cluster_dns": {{...}}}}.
     {_SLICE_DOC}
-    :param serve_config: {{"applications": [...], "http_options"?: ...}} or an object with to_dict().
+    :param serve_config: {{"applications": [...], "http_options"?: ...}} or an object with to_dict(); templated
+        (an upstream task's XCom works, and is checked when the task runs).
     :param name: a stable name makes the task update one long-lived endpoint across runs; default: per
         task instance.
     """
@@ -292,13 +294,15 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
                         num_slices=num_slices, image=image, ray_version=ray_version, env=env,
                         head_resources=head_resources, worker_resources=worker_resources,
                         service_account=service_account, shm_size=shm_size)
-        self.serve_config = serve_config if isinstance(serve_config, str) else serve_config_dict(serve_config)
+        # A template or an upstream task's XCom (e.g. a @task building the config) is checked when it renders.
+        deferred = isinstance(serve_config, XComArg) or (isinstance(serve_config, str) and "{{" in serve_config)
+        self.serve_config = serve_config if isinstance(serve_config, (str, XComArg)) else serve_config_dict(serve_config)
         self.name = name
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
         self.upgrade_strategy = upgrade_strategy
         self.address_mode = check_address_mode(address_mode)
-        if not self.slice_is_templated():
+        if not self.slice_is_templated() and not deferred:
             self.build_manifest_for("parse-check", "default", {})
 
     def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:

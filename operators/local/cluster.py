@@ -87,6 +87,7 @@ class LocalRayCluster:
     slice: dict[str, Any] | None
     nodes: list[NodeProcess] = field(default_factory=list)
     started_at: float = 0.0
+    host_cpus: int = 1
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -141,6 +142,7 @@ class LocalRayCluster:
             serve_port=free_port(),
             slice=tpu.to_dict() if tpu else None,
             started_at=time.time(),
+            host_cpus=host_cpus,
         )
         base_env = cluster._base_env(tpu, env)
         try:
@@ -198,15 +200,36 @@ class LocalRayCluster:
 
     def kill_host(self, slice_index: int, worker_id: int) -> int:
         """Simulate a preempted TPU host: kill that Ray node's whole process group."""
+        node = self._host(slice_index, worker_id)
+        _signal_group(node.pid, signal.SIGKILL)
+        return node.pid
+
+    def preempt_host(self, slice_index: int, worker_id: int, restart_after: float = 5.0, timeout: float = 180.0) -> int:
+        """Kill a host, then bring a replacement up in its place, as GKE recreates a preempted TPU VM.
+
+        The replacement carries the same slice name and worker id, so a slice placement group
+        (and Ray Train restarting its workers from the last checkpoint) can be satisfied again.
+        """
+        old = self._host(slice_index, worker_id)
+        _signal_group(old.pid, signal.SIGKILL)
+        self.nodes.remove(old)
+        self.save()
+        time.sleep(restart_after)
+        if self.slice is None:
+            raise LocalClusterError("this cluster simulates no TPU slice")
+        tpu = TpuSlice.from_dict(self.slice)
+        self._start_host(tpu, old.slice_name, worker_id, self._base_env(tpu, None), self.host_cpus, timeout)
+        self.save()
+        return old.pid
+
+    def _host(self, slice_index: int, worker_id: int) -> NodeProcess:
         for node in self.nodes:
-            if (
-                node.role == "tpu-host"
-                and node.worker_id == worker_id
-                and node.slice_name.endswith(f"-slice-{slice_index}")
+            if node.role == "tpu-host" and node.worker_id == worker_id and node.slice_name.endswith(
+                f"-slice-{slice_index}"
             ):
-                _signal_group(node.pid, signal.SIGKILL)
-                return node.pid
-        raise UserInputError("host", f"{slice_index}/{worker_id}", "no such simulated host in this cluster")
+                return node
+        raise UserInputError("host", f"{slice_index}/{worker_id}", "no such simulated host in this cluster; "
+                             "see `tpuflow local status`")
 
     # --- state -------------------------------------------------------------
     def save(self) -> None:

@@ -87,7 +87,7 @@ def pipeline_dag(dag_id: str, *, schedule: str | None, start_date: datetime, max
         render_template_as_native_obj=True,
         default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
         tags=["tpuflow", "tpu", "ray"],
-        doc_md=__doc__,
+        doc_md=dag_kwargs.pop("doc_md", __doc__),
         **dag_kwargs,
     )
 
@@ -116,7 +116,7 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
         storage_path=f"{run_dir}/train",
         run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
         datasets={"train": f"{run_dir}/data/train"},
-        train_loop_config={"steps": "{{ params.train_steps }}"},
+        train_loop_config={"num_steps": "{{ params.train_steps }}"},
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
     )
     evaluate = RaySubmitJobOperator(

@@ -186,5 +186,13 @@ def parse_result(logs: str) -> dict[str, Any]:
     return {}
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_ansi(text: str) -> str:
+    """Ray colours its log prefixes; task logs and error messages read better without escapes."""
+    return _ANSI.sub("", text)
+
+
 def log_tail(logs: str, lines: int = 40) -> str:
-    return "\n".join(logs.rstrip().splitlines()[-lines:])
+    return strip_ansi("\n".join(logs.rstrip().splitlines()[-lines:]))

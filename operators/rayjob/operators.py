@@ -27,6 +27,10 @@ class RayJobFailedError(RuntimeError):
     """The Ray job ended FAILED, STOPPED or past its deadline."""
 
 
+class UserCodeError(AirflowFailException):
+    """The job failed in the user's code: a retry would fail the same way, so the task fails at once."""
+
+
 class QualityGateError(AirflowFailException):
     """The job succeeded but its result is below the gate: retrying would not help."""
 
@@ -184,13 +188,13 @@ class RaySubmitJobOperator(BaseOperator):
         return sid, "PENDING"
 
     def _wait_blocking(self, hook: RayJobHook, sid: str) -> dict[str, Any]:
-        from operators.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result
+        from operators.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
 
         offset, started = 0, time.time()
         while True:
             status = hook.get_job_status(sid)
             logs = hook.get_job_logs(sid)
-            for line in logs[offset:].rstrip("\n").splitlines():
+            for line in strip_ansi(logs[offset:]).rstrip("\n").splitlines():
                 self.log.info("[ray job] %s", line)
             offset = max(offset, len(logs))
             if status in TERMINAL_JOB_STATES:
@@ -232,7 +236,10 @@ class RaySubmitJobOperator(BaseOperator):
             except Exception as err:  # keeping the log must not mask the job's own outcome
                 self.log.warning("Could not keep the driver log at %s: %s", self.log_uri, err)
         if status != "SUCCEEDED":
-            raise RayJobFailedError(
+            from operators.rayjob.failures import is_user_code_error
+
+            error = UserCodeError if is_user_code_error(status, event.get("message", ""), event.get("log_tail", "")) else RayJobFailedError
+            raise error(
                 f"Ray job {event.get('submission_id')} ended {status}: {event.get('message', '')}\n"
                 f"--- last lines of the driver log ---\n{event.get('log_tail', '')}"
             )

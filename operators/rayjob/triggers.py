@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from operators.rayjob.hooks import TERMINAL_JOB_STATES, RayJobHook, log_tail, parse_result
+from operators.rayjob.hooks import TERMINAL_JOB_STATES, RayJobHook, log_tail, parse_result, strip_ansi
 
 
 class RayJobTrigger(BaseTrigger):
@@ -67,7 +67,7 @@ class RayJobTrigger(BaseTrigger):
                 self.log.warning("Ray dashboard unreachable (%s); retrying", err)
                 info = {"status": "UNKNOWN"}
             if len(logs) > offset:
-                for line in logs[offset:].rstrip("\n").splitlines():
+                for line in strip_ansi(logs[offset:]).rstrip("\n").splitlines():
                     self.log.info("[ray job] %s", line)
                 offset = len(logs)
             if info is None:

@@ -27,7 +27,8 @@ def test_services_healthy_with_project_dags_plugin_and_provider(services: Any, a
     assert {PIPELINE, PROBE} <= dag_ids
     plugins = {p["name"]: p for p in api.get("/plugins").json()["plugins"]}
     assert [v["href"] for v in plugins["tpuflow"]["external_views"]] == ["/tpuflow/clusters"]
-    page = requests.get(f"{services.url}/tpuflow/clusters", timeout=10)
+    assert requests.get(f"{services.url}/tpuflow/clusters", timeout=10).status_code == 401
+    page = requests.get(f"{services.url}/tpuflow/clusters", cookies={"_token": services.token()}, timeout=10)
     assert page.ok and "Local Ray clusters" in page.text
     providers = {p["package_name"] for p in api.get("/providers", params={"limit": 100}).json()["providers"]}
     assert "tpuflow" in providers

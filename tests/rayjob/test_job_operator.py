@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from operators.rayjob.hooks import RayJobHook
-from operators.rayjob.operators import QualityGateError, RayJobFailedError, RaySubmitJobOperator
+from operators.rayjob.operators import QualityGateError, RaySubmitJobOperator, UserCodeError
 from operators.rayjob.triggers import RayJobTrigger
 
 JOBS = Path(__file__).parent / "jobs"
@@ -56,13 +56,15 @@ def test_retry_returns_the_succeeded_job_without_rerunning(slice_cluster, task_c
     assert len(jobs_of(slice_cluster, again, ctx)) == 1
 
 
-def test_failed_job_fails_the_task_with_the_log_tail_and_a_retry_resubmits(slice_cluster, task_context):
+def test_user_code_error_fails_at_once_with_traceback_and_a_rerun_resubmits(slice_cluster, task_context):
     ctx = task_context()
     op = operator(slice_cluster, "2 0.1 fail")
-    with pytest.raises(RayJobFailedError) as err:
+    # AirflowFailException: Airflow does not retry it.
+    with pytest.raises(UserCodeError) as err:
         op.execute(ctx)
-    assert "ended FAILED" in str(err.value) and "the user's code is broken" in str(err.value)
-    with pytest.raises(RayJobFailedError):
+    assert "ended FAILED" in str(err.value) and "ValueError: the user's code is broken" in str(err.value)
+    # A user clearing the task (a new try) gets a new job, not the failed one's result.
+    with pytest.raises(UserCodeError):
         operator(slice_cluster, "2 0.1 fail").execute(ctx)
     ids = [j.submission_id for j in jobs_of(slice_cluster, op, ctx)]
     base = op.base_submission_id(ctx)

@@ -138,18 +138,36 @@ def test_driver_jax_trains_checkpoints_and_resumes(
     assert len(kept) == 2  # checkpoint_num_to_keep
 
 
-def test_driver_torch_trains_and_resumes(
+def _torch_crash_once(config: dict[str, Any]) -> None:
+    """The real torch loop, but the first attempt dies after `crash_after` steps like a preempted host."""
+    import ray.train
+    from addition import train_torch
+
+    config = dict(config)
+    marker, crash_after = Path(config.pop("crash_marker")), int(config.pop("crash_after"))
+    if marker.exists():
+        train_torch.train_loop_per_worker(config)
+        return
+    train_torch.train_loop_per_worker({**config, "num_steps": crash_after})
+    if ray.train.get_context().get_world_rank() == 0:
+        marker.touch()
+    raise RuntimeError("simulated preemption")
+
+
+def test_driver_torch_trains_and_resumes_after_a_worker_failure(
     ray_local: dict[str, Any], prepared: dict[str, Any], runs_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = _drive(_spec("torch", prepared, runs_dir, "torch-demo", num_steps=40, checkpoint_every=20), capsys)
-    m = first["metrics"]
-    assert (m["framework"], m["step"], m["world_size"], m["resumed"]) == ("torch", 40, 2, False)
-    assert m["replicas_in_sync"] is True
-    second = _drive(_spec("torch", prepared, runs_dir, "torch-demo", num_steps=60, checkpoint_every=20), capsys)
-    m = second["metrics"]
-    assert (m["start_step"], m["step"], second["resumed"]) == (40, 60, True)
-    assert _checkpoint_step(second["checkpoint"]) == 60
     from addition import checkpoint as ckpt
 
-    assert ckpt.load_meta(second["checkpoint"]).framework == "torch"
-    assert (Path(second["checkpoint"]) / ckpt.TORCH_OPT).exists()
+    spec = _spec("torch", prepared, runs_dir, "torch-demo", num_steps=60, checkpoint_every=20,
+                 crash_marker=str(runs_dir / "torch-crashed"), crash_after=40)  # fmt: skip
+    spec |= {"train_loop": f"{__name__}:_torch_crash_once", "max_failures": 1}
+    result = _drive(spec, capsys)
+    m = result["metrics"]
+    assert (runs_dir / "torch-crashed").exists()
+    # FailureConfig restarted the workers, which resumed from the step-40 checkpoint of this run
+    assert (m["framework"], m["world_size"], m["start_step"], m["step"]) == ("torch", 2, 40, 60)
+    assert m["resumed"] is True and result["previous_run_found"] is False
+    assert m["replicas_in_sync"] is True
+    assert ckpt.load_meta(result["checkpoint"]).framework == "torch" and _checkpoint_step(result["checkpoint"]) == 60
+    assert (Path(result["checkpoint"]) / ckpt.TORCH_OPT).exists()

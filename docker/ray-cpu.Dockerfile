@@ -1,0 +1,13 @@
+# Ray head node (CPU; num-cpus 0 on GKE) with the same workloads/ as the TPU workers.
+# Build from the repository root:
+#   docker build -f docker/ray-cpu.Dockerfile -t REGION-docker.pkg.dev/PROJECT/tpuflow/ray-cpu:0.1.0 .
+# The Ray version in the tag must equal ray== in requirements.lock (checked by tests/docker).
+FROM rayproject/ray:2.60.0-py311-cpu
+
+# Job drivers run on the head: the workloads' libraries (CPU JAX) at the lock's versions.
+COPY requirements.lock /tmp/tpuflow-requirements.lock
+RUN pip install --no-cache-dir -c /tmp/tpuflow-requirements.lock jax jaxlib optax pyarrow \
+    && rm /tmp/tpuflow-requirements.lock
+
+COPY --chown=ray:users workloads /home/ray/workloads
+ENV PYTHONPATH=/home/ray/workloads

@@ -1,0 +1,321 @@
+"""The train-and-serve pipeline on GKE: a TPU slice node pool, a KubeRay RayCluster on it, and a RayService.
+
+    check_params -> create_node_pool (setup) -> create_ray_cluster (setup) -> prep -> train -> evaluate
+      -> [build_serve_config, create_serve_node_pool (setup)] -> deploy (RayService) -> smoke_test -> write_report
+      -> delete_service -> delete_serve_node_pool      (kept when keep_endpoint and the endpoint answered)
+      -> delete_ray_cluster -> delete_node_pool         (always)
+
+prep, train, evaluate, the Serve config, the smoke test and the report are the factory's shared steps
+(operators.pipeline.factory); only the cluster lifecycle is GKE + KubeRay. Serving gets its own
+single-host slice of the training generation (Param ``serve_topology``; default the smallest one), so
+the endpoint can outlive the training slice.
+
+Every delete is a teardown whose setups include ``check_params``: it runs once the run has got past
+validation, whatever failed later, including the create task it cleans up after (a teardown whose
+only setup failed would be skipped by Airflow, and a RayCluster that never became ready would keep
+its node pool). Names are deterministic per task instance, so a delete finds what its create made
+even when the create failed before pushing XCom.
+
+Where it runs is configuration: `variable_settings()` reads connection ids, project, cluster, image
+and the workloads URI from Airflow Variables (also settable as ``AIRFLOW_VAR_<NAME>``) at run time.
+Pointing the DAG at the GKE and Kubernetes stand-ins is therefore a matter of connections and
+Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module level.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import DAG, Param, task
+
+from operators.errors import UserInputError
+from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+from operators.kuberay.operators import (
+    KubeRayCreateClusterOperator,
+    KubeRayDeleteClusterOperator,
+    KubeRayDeleteServiceOperator,
+    KubeRayDeployServiceOperator,
+)
+from operators.pipeline.factory import (
+    KEEP_ENDPOINT,
+    build_serve_config,
+    pipeline_dag,
+    run_dir_for,
+    smoke_test_and_report,
+    training_steps,
+)
+from operators.pipeline.params import pipeline_params, validate_params
+from operators.tpu import TpuSlice
+from operators.tpu.slice import resolve_generation
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+# Where the Ray image keeps workloads/ (the Serve app's working_dir; Ray *jobs* upload workloads/ themselves).
+IMAGE_WORKLOADS_URI = "local:///home/ray/workloads"
+DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
+# Single-host shapes a serve slice may take (which ones exist depends on the generation).
+SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "2x2x1"]
+
+
+# --- Params ------------------------------------------------------------------------------------------
+def gke_pipeline_params() -> dict[str, Param]:
+    params = pipeline_params()
+    params["serve_topology"] = Param(
+        "", type="string", enum=SERVE_TOPOLOGIES, title="Serve slice topology (optional)",
+        description="A single-host slice of the training accelerator for the endpoint's RayService. Empty: the "
+        "smallest one (1x1 on v5e/v6e, 2x2x1 on v4/v5p/tpu7x).",
+    )
+    return params
+
+
+def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
+    """The endpoint's slice: single-host, of the training generation, valid on GKE and in Ray."""
+    generation = resolve_generation(accelerator)
+    if not topology:
+        shapes = [TpuSlice.from_spec(generation.name, t) for t in generation.gke_topologies & generation.ray_topologies]
+        topology = min((s for s in shapes if not s.multi_host), key=lambda s: (s.chips, s.topology)).topology
+    try:
+        tpu = TpuSlice.from_spec(generation.name, topology).require(gke=True, ray=True)
+    except UserInputError as err:
+        raise UserInputError("params.serve_topology", topology, err.fix) from None
+    if tpu.multi_host:
+        raise UserInputError(
+            "params.serve_topology", topology, f"a {generation.name} {topology} slice has {tpu.num_hosts} hosts; serve "
+            "on a single-host slice (a multi-host model needs Ray Serve LLM's accelerator_config topology)")
+    return tpu
+
+
+@task(task_id="check_params")
+def check_gke_params(**context: Any) -> dict[str, Any]:
+    """The training slice (as the local pipeline checks it, plus GKE's shapes) and the serve slice."""
+    params = dict(context["params"])
+    train = validate_params(params)
+    try:
+        TpuSlice.from_spec(params["accelerator"], params["topology"], params.get("machine_type") or None).require(
+            gke=True)
+    except UserInputError as err:
+        raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
+    return {**train, "serve": serve_slice(params["accelerator"], params.get("serve_topology")).to_dict()}
+
+
+def _checked(key: str, serve: bool = False) -> str:
+    """A template for one field of check_params' slice (or of its serve slice)."""
+    path = f"['serve']['{key}']" if serve else f"['{key}']"
+    return "{{ ti.xcom_pull(task_ids='check_params')" + path + " }}"
+
+
+# --- teardowns that can keep the endpoint -------------------------------------------------------------
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
+    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true."""
+
+    template_fields: Sequence[str] = (*KubeRayDeleteServiceOperator.template_fields, "keep")
+
+    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        if _truthy(self.keep):
+            self.log.info("keep_endpoint: leaving the RayService of task %s running", self.owner_task_id)
+            return {"kind": self.kind, "kept": True, "deleted": False}
+        return super().execute(context)
+
+
+class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
+    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true."""
+
+    template_fields: Sequence[str] = (*GKEDeleteNodePoolOperator.template_fields, "keep")
+
+    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def execute(self, context: Context) -> Any:
+        if _truthy(self.keep):
+            self.log.info("keep_endpoint: leaving the node pools of task %s in place", self.created_by_task_id)
+            return {"kept": True, "deleted": []}
+        return super().execute(context)
+
+
+# --- configuration ------------------------------------------------------------------------------------
+def _var(name: str, default: str) -> str:
+    return "{{ var.value.get(" + repr(name) + ", " + repr(default) + ") }}"
+
+
+def variable_settings() -> dict[str, Any]:
+    """Builder arguments read from Airflow Variables when a task runs (no DB access at parse time).
+
+    tpuflow_gcp_conn_id          google_cloud_default   GKE API (node pools); reaches the cluster when no
+                                                        Kubernetes connection is named
+    tpuflow_kubernetes_conn_id   (empty)                a ``kubernetes`` connection to the cluster instead
+    tpuflow_gke_project          (empty)                empty: the GCP connection's ``project`` extra
+    tpuflow_gke_location         us-east5-b             the cluster's zone or region
+    tpuflow_gke_node_zone        (empty)                the slices' zone when the location is a region
+    tpuflow_gke_cluster          tpuflow
+    tpuflow_kuberay_namespace    (empty)                empty: the connection's namespace, else default
+    tpuflow_ray_image            rayproject/ray:2.60.0-py311   must carry workloads/ at the URI below
+    tpuflow_serve_workloads_uri  local:///home/ray/workloads   the Serve app's working_dir on the cluster
+    tpuflow_tpu_capacity         on-demand              on-demand | spot | reservation:NAME | flex-start | queued
+    tpuflow_tpu_fallback_capacity (empty)               comma-separated capacities to try on a stockout
+
+    The output root (data, checkpoints, logs; gs://... on GKE) is read when the DAG file is parsed, from
+    $TPUFLOW_GKE_OUTPUT_ROOT, else $TPUFLOW_OUTPUT_ROOT, else ~/.tpuflow/outputs.
+    """
+    gcp = _var("tpuflow_gcp_conn_id", "google_cloud_default")
+    gcp_expr = "var.value.get('tpuflow_gcp_conn_id', 'google_cloud_default')"
+    project = (
+        "{{ var.value.get('tpuflow_gke_project', '') or "
+        f"(conn.get({gcp_expr}).extra_dejson if conn.get({gcp_expr}) else {{}}).get('project', '') }}}}"
+    )
+    return {
+        "gcp_conn_id": gcp,
+        "kubernetes_conn_id": _var("tpuflow_kubernetes_conn_id", ""),
+        "project_id": project,
+        "location": _var("tpuflow_gke_location", "us-east5-b"),
+        "node_zone": _var("tpuflow_gke_node_zone", ""),
+        "cluster_name": _var("tpuflow_gke_cluster", "tpuflow"),
+        "namespace": _var("tpuflow_kuberay_namespace", ""),
+        "image": _var("tpuflow_ray_image", DEFAULT_RAY_IMAGE),
+        "serve_workloads_uri": _var("tpuflow_serve_workloads_uri", IMAGE_WORKLOADS_URI),
+        "capacity": _var("tpuflow_tpu_capacity", "on-demand"),
+        "fallback_capacity": _var("tpuflow_tpu_fallback_capacity", ""),
+        "output_root": os.environ.get("TPUFLOW_GKE_OUTPUT_ROOT") or None,
+    }
+
+
+# --- the DAG ------------------------------------------------------------------------------------------
+def build_gke_pipeline_dag(
+    dag_id: str,
+    *,
+    gcp_conn_id: str = "google_cloud_default",
+    kubernetes_conn_id: str | None = None,
+    project_id: str,
+    location: str,
+    cluster_name: str,
+    image: str,
+    node_zone: str | None = None,
+    namespace: str | None = None,
+    capacity: str = "on-demand",
+    fallback_capacity: Sequence[str] | str = (),
+    serve_workloads_uri: str = IMAGE_WORKLOADS_URI,
+    address_mode: str = "auto",
+    output_root: str | None = None,
+    cluster_ready_timeout: float = 1800.0,
+    service_ready_timeout: float = 1800.0,
+    delete_timeout: float = 1200.0,
+    poll_interval: float = 10.0,
+    node_pool_poll_interval: float = 10.0,
+    deferrable: bool = True,
+    ray_env: Mapping[str, str] | None = None,
+    schedule: str | None = "@daily",
+    start_date: datetime = datetime(2026, 11, 1),
+    max_active_runs: int = 1,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The pipeline on a GKE cluster with the Ray operator (KubeRay) add-on; see the module docstring.
+
+    :param kubernetes_conn_id: a ``kubernetes`` connection to the cluster; empty/None: reach it through
+        ``gcp_conn_id`` (GKE endpoint and credentials from the google provider).
+    :param serve_workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees
+        it (the image's copy of workloads/; a local:// path to the repo's workloads/ for the stand-in).
+    :param cluster_ready_timeout / service_ready_timeout: deadlines for the RayCluster to become ready
+        and for the RayService to serve; past them the task fails with KubeRay's reason, pod states and
+        events, and the teardowns still run.
+    :param ray_env: environment for the Ray head and TPU hosts of both clusters.
+    """
+    run_dir = run_dir_for(dag_id, output_root)
+    gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
+    pools: dict[str, Any] = {**gke, "gcp_conn_id": gcp_conn_id, "deferrable": deferrable,
+                             "poll_interval": node_pool_poll_interval, "retry_backoff": node_pool_poll_interval}
+    kube: dict[str, Any] = {"kubernetes_conn_id": kubernetes_conn_id, "gke_cluster": gke, "gcp_conn_id": gcp_conn_id,
+                            "namespace": namespace, "deferrable": deferrable, "poll_interval": poll_interval}
+    env = dict(ray_env or {})
+    dag_kwargs.setdefault("doc_md", __doc__)
+    with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
+                      params=gke_pipeline_params(), **dag_kwargs) as dag:
+        checked = check_gke_params()
+        create_pool = GKECreateTPUNodePoolOperator(
+            task_id="create_node_pool",
+            accelerator=_checked("ray_accelerator_type"),
+            topology=_checked("topology"),
+            machine_type=_checked("machine_type"),
+            capacity=capacity,
+            fallback_capacity=fallback_capacity,
+            node_zone=node_zone,
+            **pools,
+        )
+        create_cluster = KubeRayCreateClusterOperator(
+            task_id="create_ray_cluster",
+            accelerator=_checked("ray_accelerator_type"),
+            topology=_checked("topology"),
+            machine_type=_checked("machine_type"),
+            image=image,
+            env=env,
+            address_mode=address_mode,
+            wait_timeout=cluster_ready_timeout,
+            # A cluster that missed its deadline would miss it again; the teardowns release the slice.
+            retries=0,
+            **kube,
+        )
+        cluster = create_cluster.output
+        prep, train, evaluate = training_steps(cluster, run_dir)
+        serve_cfg = build_serve_config(cluster, train.output, serve_workloads_uri)
+        create_serve_pool = GKECreateTPUNodePoolOperator(
+            task_id="create_serve_node_pool",
+            accelerator=_checked("ray_accelerator_type", serve=True),
+            topology=_checked("topology", serve=True),
+            machine_type=_checked("machine_type", serve=True),
+            capacity=capacity,
+            fallback_capacity=fallback_capacity,
+            node_zone=node_zone,
+            **pools,
+        )
+        deploy = KubeRayDeployServiceOperator(
+            task_id="deploy",
+            serve_config=serve_cfg,
+            accelerator=_checked("ray_accelerator_type", serve=True),
+            topology=_checked("topology", serve=True),
+            machine_type=_checked("machine_type", serve=True),
+            image=image,
+            env=env,
+            address_mode=address_mode,
+            wait_timeout=service_ready_timeout,
+            retries=0,
+            **kube,
+        )
+        _, report = smoke_test_and_report(run_dir, evaluate, deploy)
+
+        deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
+        delete_service = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy",
+                                                       keep=KEEP_ENDPOINT, **deletes)
+        delete_serve_pool = KeepableDeleteNodePoolOperator(task_id="delete_serve_node_pool",
+                                                           created_by_task_id="create_serve_node_pool",
+                                                           keep=KEEP_ENDPOINT, **pools)
+        delete_cluster = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster",
+                                                      cluster_task_id="create_ray_cluster", **deletes)
+        delete_pool = GKEDeleteNodePoolOperator(task_id="delete_node_pool", created_by_task_id="create_node_pool",
+                                                **pools)
+
+        checked >> create_pool >> create_cluster >> prep
+        evaluate >> [serve_cfg, create_serve_pool]
+        [serve_cfg, create_serve_pool] >> deploy
+        report >> [delete_service, delete_cluster]
+        delete_service >> delete_serve_pool
+        delete_cluster >> delete_pool
+        # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
+        checked.as_setup()
+        delete_pool.as_teardown(setups=[checked, create_pool])
+        delete_cluster.as_teardown(setups=[checked, create_cluster])
+        delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
+        delete_service.as_teardown(setups=[checked])
+    return dag

@@ -1,0 +1,118 @@
+"""The local pipeline through a running Airflow: a REST-triggered run and a two-date backfill.
+
+Cost (2 cores): each run starts a local Ray cluster simulating a v6e 2x2 slice (one host) and
+trains for the DAG's default steps; about 2-4 minutes a run, three runs in all.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_testlib import ARTIFACTS, PIPELINE, explain, task_instances, wait_for_runs
+
+pytestmark = pytest.mark.slow
+# Small but real: a one-host slice; the DAG's accuracy gate (0.9) stays on.
+CONF = {"topology": "2x2", "accelerator": "TPU-V6E", "framework": "jax"}
+DEFERRABLE = ("prep", "train", "evaluate", "deploy")
+RUN_TIMEOUT = 1200
+
+
+def _trigger_logs(services: Any, run_id: str, task_id: str) -> list[Path]:
+    folder = Path(services.home) / "logs" / f"dag_id={PIPELINE}" / f"run_id={run_id}" / f"task_id={task_id}"
+    return sorted(folder.glob("attempt=*.log.trigger.*.log"))
+
+
+def _report(services: Any, date: str) -> dict[str, Any]:
+    path = Path(services.output_root) / PIPELINE / date / "report.json"
+    assert path.exists(), f"no report for {date} at {path}"
+    return dict(json.loads(path.read_text()))
+
+
+def _no_live_cluster(services: Any) -> None:
+    live = sorted(p.parent.name for p in (Path(services.env["TPUFLOW_HOME"]) / "clusters").glob("*/state.json"))
+    assert live == [], f"the teardown left local Ray clusters running: {live}"
+
+
+@pytest.fixture(scope="module")
+def unpaused(api: Any) -> None:
+    api.patch(f"/dags/{PIPELINE}", json={"is_paused": False}).raise_for_status()
+
+
+def test_rest_triggered_run_defers_to_the_triggerer(services: Any, api: Any, unpaused: None) -> None:
+    resp = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-03T00:00:00Z", "conf": CONF})
+    assert resp.status_code == 200, resp.text
+    run_id = resp.json()["dag_run_id"]
+    run = wait_for_runs(api, PIPELINE, [run_id], RUN_TIMEOUT)[run_id]
+    assert run["state"] == "success", explain(api, PIPELINE, run)
+    # Each wait ran in the real triggerer process: it writes a trigger log beside the task's log.
+    for task_id in DEFERRABLE:
+        logs = _trigger_logs(services, run_id, task_id)
+        assert logs and any(p.stat().st_size for p in logs), f"{task_id} never deferred to the triggerer"
+    report = _report(services, "2026-11-03")
+    assert report["accuracy"] >= 0.9 and "42" in str(report["sample_completion"])
+    _no_live_cluster(services)
+
+    links = api.get(f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/train/links").json()["extra_links"]
+    assert links["Ray Job"].startswith("http://127.0.0.1:") and "/#/jobs/tpuflow-train-" in links["Ray Job"]
+    assert links["Outputs"] == f"/tpuflow/outputs/{PIPELINE}/2026-11-03/train"
+    deploy_links = api.get(f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/deploy/links").json()["extra_links"]
+    assert deploy_links["Serve Endpoint"].startswith("http://127.0.0.1:")
+    _task_page_shows_links(services, run_id)
+
+
+def _task_page_shows_links(services: Any, run_id: str) -> None:
+    """The task page in the UI renders the extra links as buttons, and the Outputs one opens the run's folder."""
+    from cdp_browser import Browser
+
+    browser = Browser()
+    try:
+        browser.set_cookie(services.url, "_token", services.token())
+        browser.open(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train")
+        shown = browser.wait_for(
+            "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
+            ".filter(t => ['Ray Job', 'Ray Dashboard', 'Outputs'].includes(t)); return n.length === 3 ? n : null; })()",
+            90, "the extra links Ray Job, Ray Dashboard and Outputs on the task page",
+        )
+        assert sorted(shown) == ["Outputs", "Ray Dashboard", "Ray Job"]
+        browser.screenshot(ARTIFACTS / "task_links.png")
+        browser.evaluate("[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Outputs').click()")
+        browser.wait_for("document.title.startsWith('Outputs:')", 30, "the outputs page")
+        listing = browser.evaluate("document.body.innerText")
+        assert "checkpoint" in listing.lower() or "jax-tpu-v6e-2x2" in listing, listing[:1000]
+    finally:
+        browser.close()
+
+
+def test_backfill_two_dates_one_slice_at_a_time(services: Any, api: Any, unpaused: None) -> None:
+    """`airflow backfill create` as a user types it (no --max-active-runs): both dates succeed, each
+    with its own outputs, and the two runs' clusters never exist at the same time."""
+    services.airflow(
+        "backfill", "create", "--dag-id", PIPELINE, "--from-date", "2026-11-05", "--to-date", "2026-11-06",
+        "--dag-run-conf", json.dumps(CONF),
+    )
+    runs = api.get(f"/dags/{PIPELINE}/dagRuns", params={"run_type": "backfill"}).json()["dag_runs"]
+    run_ids = sorted(r["dag_run_id"] for r in runs)
+    assert len(run_ids) == 2
+    final = wait_for_runs(api, PIPELINE, run_ids, 2 * RUN_TIMEOUT)
+    for run in final.values():
+        assert run["state"] == "success", explain(api, PIPELINE, run)
+    reports = {d: _report(services, d) for d in ("2026-11-05", "2026-11-06")}
+    assert reports["2026-11-05"]["output_dir"] != reports["2026-11-06"]["output_dir"]
+    for date in reports:
+        assert (Path(services.output_root) / PIPELINE / date / "train").is_dir()
+    # One slice at a time: cluster lifetimes [start_cluster start, stop_cluster end] do not overlap.
+    spans = []
+    for rid in run_ids:
+        tis = {ti["task_id"]: ti for ti in task_instances(api, PIPELINE, rid)}
+        spans.append((_ts(tis["start_cluster"]["start_date"]), _ts(tis["stop_cluster"]["end_date"]), rid))
+    spans.sort()
+    assert spans[1][0] >= spans[0][1], f"two slices at once: {spans}"
+    _no_live_cluster(services)
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,97 @@
+"""The Dockerfiles (not buildable here: no Docker engine) parse, and their bases agree with the lock."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+LOCK = REPO / "requirements.lock"
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with comments dropped and continuation lines joined."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        keyword, _, args = line.partition(" ")
+        assert keyword.isupper(), f"{path.name}: cannot parse {line!r}"
+        out.append((keyword, args.strip()))
+    assert not pending, f"{path.name}: ends inside a continued line"
+    return out
+
+
+def lock_version(name: str) -> str:
+    match = re.search(rf"^{re.escape(name)}==(\S+)$", LOCK.read_text(), re.MULTILINE)
+    assert match, f"{name} is not pinned in requirements.lock"
+    return match.group(1)
+
+
+def lock_python() -> str:
+    match = re.search(r"--python-version (\d+\.\d+)", LOCK.read_text().splitlines()[0])
+    assert match, "the lock's header should name its --python-version"
+    return match.group(1)
+
+
+def base_image(path: Path) -> str:
+    froms = [args for kw, args in instructions(path) if kw == "FROM"]
+    assert len(froms) == 1, f"{path.name}: expected one FROM, got {froms}"
+    return froms[0]
+
+
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+
+
+def test_the_three_images_exist() -> None:
+    assert {p.name for p in DOCKERFILES} == {"airflow.Dockerfile", "ray-tpu.Dockerfile", "ray-cpu.Dockerfile"}
+
+
+def test_airflow_base_matches_the_lock() -> None:
+    image = base_image(DOCKER / "airflow.Dockerfile")
+    assert image == f"apache/airflow:{lock_version('apache-airflow')}-python{lock_python()}"
+    runs = " ".join(args for kw, args in instructions(DOCKER / "airflow.Dockerfile") if kw == "RUN")
+    assert "-r /opt/tpuflow/requirements.lock" in runs, "the Airflow image must install the project's lock"
+    assert "--no-deps /opt/tpuflow" in runs, "the project itself goes in without re-resolving"
+
+
+@pytest.mark.parametrize("name,platform", [("ray-tpu.Dockerfile", "tpu"), ("ray-cpu.Dockerfile", "cpu")])
+def test_ray_bases_match_the_lock(name: str, platform: str) -> None:
+    py = lock_python().replace(".", "")
+    assert base_image(DOCKER / name) == f"rayproject/ray:{lock_version('ray')}-py{py}-{platform}"
+    steps = instructions(DOCKER / name)
+    runs = " ".join(args for kw, args in steps if kw == "RUN")
+    assert "-c /tmp/tpuflow-requirements.lock" in runs, "workload libraries must be constrained by the lock"
+    copies = [shlex.split(args) for kw, args in steps if kw == "COPY"]
+    assert any(c[-2:] == ["workloads", "/home/ray/workloads"] for c in copies), "the image must carry workloads/"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")}
+    for keyword, args in instructions(path):
+        if keyword != "COPY":
+            continue
+        parts = [p for p in shlex.split(args) if not p.startswith("--")]
+        for src in parts[:-1]:
+            assert (REPO / src).exists(), f"{path.name}: COPY {src} but the repository has no {src}"
+            assert src.split("/")[0] not in ignored, f"{path.name}: COPY {src} is excluded by .dockerignore"
+    assert ".venv" in ignored, "the 3 GB .venv must stay out of the build context"
+
+
+def test_gke_dag_default_workloads_path_is_where_the_images_put_them() -> None:
+    gke = REPO / "operators" / "pipeline" / "gke.py"
+    if not gke.exists():
+        pytest.skip("no GKE DAG module yet")
+    uris = set(re.findall(r"local://(/[\w/.-]+)", gke.read_text()))
+    assert uris <= {"/home/ray/workloads"}, f"the GKE DAG expects workloads at {uris}; the images put them at /home/ray/workloads"

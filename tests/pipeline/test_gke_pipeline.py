@@ -1,0 +1,231 @@
+"""`tpu_llm_pipeline_gke` against the GKE API stand-in and the Kubernetes stand-in with simulated KubeRay.
+
+The DAG file is the shipped one (the session's DAGs folder links dags/*.py); it is pointed at the
+stand-ins only through Airflow connections and Variables (AIRFLOW_CONN_* / AIRFLOW_VAR_*), and run with
+dag.test() (what `airflow dags test` runs: real task runner, XCom, triggers inline). The simulated
+KubeRay starts a real local Ray cluster (a head plus one simulated TPU host per GKE node) for the
+training RayCluster and another for the RayService, once the GKE stand-in has the matching node pool.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operators.errors import UserInputError
+from operators.standins.gke_api import GKEApiStandin
+from operators.standins.kuberay_controller import (
+    FakeRayLauncher,
+    GkeNodePools,
+    KubeRayStandin,
+    LaunchSpec,
+    LocalRayLauncher,
+    RayClusterHandle,
+)
+from operators.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_ID = "tpu_llm_pipeline_gke"
+PROJECT, ZONE, CLUSTER = "tpu-proj-123", "us-east5-b", "tpu-cluster"
+CLUSTER_PATH = f"projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER}"
+ORDER = ["check_params", "create_node_pool", "create_ray_cluster", "prep", "train", "evaluate", "build_serve_config",
+         "deploy", "smoke_test", "write_report"]
+TEARDOWNS = ["delete_service", "delete_serve_node_pool", "delete_ray_cluster", "delete_node_pool"]
+
+
+class RecordingLauncher(LocalRayLauncher):
+    """LocalRayLauncher that remembers every cluster it started (to check their processes are gone)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clusters: list[Any] = []
+
+    def launch(self, spec: LaunchSpec) -> RayClusterHandle:
+        handle = super().launch(spec)
+        self.clusters.append(handle.cluster)  # type: ignore[attr-defined]
+        return handle
+
+
+def _point_airflow_at(monkeypatch: pytest.MonkeyPatch, gke: GKEApiStandin, kube: KubeRayStandin, outputs: Path) -> None:
+    """Configuration only: connections to the stand-ins and the Variables the DAG reads."""
+    monkeypatch.setenv("AIRFLOW_CONN_GKE_STANDIN", json.dumps(gke.airflow_connection(PROJECT)))
+    for key, value in kube.connection_env("kube_standin").items():
+        monkeypatch.setenv(key, value)
+    variables = {
+        "tpuflow_gcp_conn_id": "gke_standin",  # the project comes from this connection's extra
+        "tpuflow_kubernetes_conn_id": "kube_standin",
+        "tpuflow_gke_location": ZONE,
+        "tpuflow_gke_cluster": CLUSTER,
+        # The stand-in's Ray clusters run here, not in the image: Serve finds workloads/ in the repo.
+        "tpuflow_serve_workloads_uri": f"local://{REPO / 'workloads'}",
+    }
+    for name, value in variables.items():
+        monkeypatch.setenv(f"AIRFLOW_VAR_{name.upper()}", value)
+    monkeypatch.setenv("TPUFLOW_GKE_OUTPUT_ROOT", str(outputs))  # read when the DAG file is parsed
+
+
+def _load_dag(dags_folder: Path, *, poll: float) -> Any:
+    """The shipped DAG file, parsed from the DAGs folder, with test-sized polling (the waits are unchanged)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(dags_folder / f"{DAG_ID}.py"))
+    assert bag.import_errors == {}, bag.import_errors
+    dag = bag.get_dag(DAG_ID)
+    for op in dag.tasks:
+        for attr in ("poll_interval", "retry_backoff"):
+            if hasattr(op, attr):
+                setattr(op, attr, poll)
+    return dag
+
+
+def _states(run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+def _wait_until_empty(gke: GKEApiStandin, kube: KubeRayStandin, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and (gke.node_pools() or kube.store.list(RAYCLUSTERS)
+                                      or kube.store.list(RAYSERVICES) or kube.store.list(PODS)):
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def gke() -> Iterator[GKEApiStandin]:
+    with GKEApiStandin(operation_seconds=0.2, clusters=[CLUSTER_PATH]) as standin:
+        yield standin
+
+
+# --- the DAG's shape and its checks (no stand-ins) -------------------------------------------------------
+def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(migrated_airflow_db / f"{DAG_ID}.py"))
+    assert bag.import_errors == {}
+    dag = bag.get_dag(DAG_ID)
+    for up, down in zip(ORDER, ORDER[1:], strict=False):
+        if (up, down) == ("evaluate", "build_serve_config"):
+            assert "create_serve_node_pool" in dag.get_task(up).downstream_task_ids
+        assert down in dag.get_task(up).downstream_task_ids, (up, down)
+    assert "deploy" in dag.get_task("create_serve_node_pool").downstream_task_ids
+    assert {t.task_id for t in dag.tasks if t.is_setup} == {"check_params", "create_node_pool", "create_ray_cluster",
+                                                              "create_serve_node_pool"}
+    assert {t.task_id for t in dag.tasks if t.is_teardown} == set(TEARDOWNS)
+    for teardown in TEARDOWNS:
+        # Every teardown has check_params among its setups: it runs even when its own create task failed.
+        assert "check_params" in dag.get_task(teardown).upstream_task_ids
+        assert "write_report" in dag.get_task(teardown).get_flat_relative_ids(upstream=True)
+    assert "delete_node_pool" in dag.get_task("delete_ray_cluster").downstream_task_ids
+    assert "delete_serve_node_pool" in dag.get_task("delete_service").downstream_task_ids
+    assert dag.get_task("create_ray_cluster").retries == 0 and dag.get_task("deploy").retries == 0
+    assert {"serve_topology", "keep_endpoint", "accelerator", "topology"} <= set(dag.params)
+
+
+@pytest.mark.parametrize(("accelerator", "topology", "expected"), [
+    ("TPU-V6E", "", "1x1"), ("v5e", "", "1x1"), ("TPU-V4", "", "2x2x1"), ("tpu7x", "", "2x2x1"),
+    ("TPU-V6E", "2x4", "2x4"),
+])
+def test_serve_slice_is_single_host(accelerator: str, topology: str, expected: str) -> None:
+    from operators.pipeline.gke import serve_slice
+
+    tpu = serve_slice(accelerator, topology)
+    assert tpu.topology == expected and tpu.num_hosts == 1
+
+
+@pytest.mark.parametrize(("accelerator", "topology", "fix"), [
+    ("TPU-V6E", "4x4", "single-host"), ("TPU-V6E", "2x2x1", "2D"), ("TPU-V5P", "1x1", "3D"),
+])
+def test_serve_slice_rejects(accelerator: str, topology: str, fix: str) -> None:
+    from operators.pipeline.gke import serve_slice
+
+    with pytest.raises(UserInputError) as err:
+        serve_slice(accelerator, topology)
+    assert err.value.field == "params.serve_topology" and fix in str(err.value)
+
+
+# --- end to end on the stand-ins ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_gke_pipeline_end_to_end_on_the_standins(migrated_airflow_db: Path, gke: GKEApiStandin, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=300)
+    kube = KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH),
+                          interval=0.2)
+    with kube:
+        _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        dag = _load_dag(migrated_airflow_db, poll=0.5)
+        conf = {"accelerator": "TPU-V6E", "topology": "2x2", "framework": "jax", "train_steps": 1500,
+                "accuracy_threshold": 0.8, "num_train": 5000}
+        started = time.time()
+        run = dag.test(run_conf=conf)
+        elapsed = time.time() - started
+        states = _states(run)
+        assert run.state == "success", states
+        assert set(states.values()) == {"success"}, states
+        print(f"tpu_llm_pipeline_gke on the stand-ins: {elapsed:.0f}s")
+
+        tis = {ti.task_id: ti for ti in run.get_task_instances()}
+        cluster = tis["create_ray_cluster"].xcom_pull(task_ids="create_ray_cluster")
+        assert cluster["dashboard_url"].startswith("http://127.0.0.1:") and cluster["slice"]["topology"] == "2x2"
+        deployed = tis["deploy"].xcom_pull(task_ids="deploy")
+        assert deployed["applications"] == {"addition": "RUNNING"}
+        report_files = list((tmp_path / "outputs" / DAG_ID).glob("*/report.json"))
+        assert len(report_files) == 1
+        report = json.loads(report_files[0].read_text())
+        assert report["accuracy"] >= 0.8 and report["sample_completion"].strip().startswith("42")
+        assert report["endpoint"] == f"{deployed['serve_url']}/addition/v1"
+
+        # Node pools: the training slice (one ct6e-standard-4t node) and the serve slice (1x1), both deleted.
+        created = [(r["body"] or {}).get("nodePool", {}).get("config", {}).get("machineType")
+                   for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
+        assert sorted(created) == ["ct6e-standard-1t", "ct6e-standard-4t"], gke.requests
+        _wait_until_empty(gke, kube)
+        assert gke.node_pools() == []
+        assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
+        # Two Ray clusters were started (training, then the RayService's); no process of either is left.
+        from operators.local.cluster import _pids_referencing
+
+        assert len(launcher.clusters) == 2
+        for local in launcher.clusters:
+            assert not local.is_alive() and _pids_referencing(local.temp_dir) == [], local.name
+        assert kube.controller.errors == []
+
+
+@pytest.mark.slow
+def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_deletes_everything(
+        migrated_airflow_db: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # The Kubernetes connection reaches a cluster whose nodes are not the GKE cluster's that got the slice's
+    # node pool: the TPU worker pods stay Pending (FailedScheduling) and the RayCluster never becomes ready.
+    other_cluster = f"projects/{PROJECT}/locations/{ZONE}/clusters/another-cluster"
+    launcher = FakeRayLauncher()
+    kube = KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=other_cluster),
+                          interval=0.1)
+    with kube:
+        _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        dag = _load_dag(migrated_airflow_db, poll=0.3)
+        deadline = 20.0
+        dag.get_task("create_ray_cluster").wait_timeout = deadline  # the configured deadline, test-sized
+        started = time.time()
+        run = dag.test(run_conf={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"})
+        elapsed = time.time() - started
+        states = _states(run)
+        assert run.state == "failed", states
+        assert states["check_params"] == "success" and states["create_node_pool"] == "success"
+        assert states["create_ray_cluster"] == "failed"
+        assert {states[t] for t in ("prep", "train", "evaluate", "deploy", "smoke_test")} == {"upstream_failed"}
+        assert {t: states[t] for t in TEARDOWNS} == dict.fromkeys(TEARDOWNS, "success"), states
+        out = capfd.readouterr()
+        text = out.out + out.err
+        # A clear reason, within the deadline: KubeRay's state plus the scheduler's FailedScheduling event.
+        assert "didn't match Pod's node affinity/selector" in text, text[-5000:]
+        assert elapsed < deadline + 120, elapsed
+        # The two-host pool existed while the cluster waited, then teardown removed the pool and the RayCluster.
+        pools_created = [r for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
+        assert len(pools_created) == 1
+        assert gke.node_pools() == []
+        assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
+        assert launcher.launched == []

@@ -1,0 +1,69 @@
+"""The product as a user runs it: `tpuflow demo` (airflow dags test of tpu_llm_pipeline_local)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+TPUFLOW = [sys.executable, "-m", "operators.cli"]
+DATE = "2026-11-03"
+
+
+def run_demo(work: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TPUFLOW_HOME": str(work / "home")}
+    return subprocess.run([*TPUFLOW, "demo", "--work-dir", str(work), "--date", DATE, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def cluster_states(work: Path) -> list[Path]:
+    return list((work / "home" / "clusters").glob("*/state.json"))
+
+
+def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path):
+    out = run_demo(tmp_path, "--framework", "jax", "--keep-endpoint")
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
+    assert "pipeline succeeded" in out.stdout
+    report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
+    assert report["accuracy"] >= 0.9 and report["heldout_examples"] == 200
+    assert report["sample_completion"].strip().startswith("42")
+    run_dir = Path(report["output_dir"])
+    assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir() and (run_dir / "eval" / "jax.json").exists()
+    train_log = (run_dir / "logs" / "train-jax.log").read_text()
+    assert "[train_jax] step" in train_log
+
+    # The kept endpoint answers the official OpenAI client, then `tpuflow local down` removes it.
+    from openai import OpenAI
+
+    client = OpenAI(base_url=report["endpoint"], api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["addition"]
+    for prompt, answer in (("17+25=", "42"), ("58+39=", "97"), ("3+4=", "7")):
+        completion = client.completions.create(model="addition", prompt=prompt, max_tokens=4, temperature=0)
+        assert completion.choices[0].text.strip().startswith(answer)
+    assert len(cluster_states(tmp_path)) == 1
+    down = subprocess.run([*TPUFLOW, "local", "down", "--base-dir", str(tmp_path / "home" / "clusters")],
+                          capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    assert cluster_states(tmp_path) == []
+
+
+def test_torch_pipeline_end_to_end_leaves_nothing_running(tmp_path):
+    out = run_demo(tmp_path, "--framework", "torch", "--topology", "2x4", "--machine-type", "ct6e-standard-4t",
+                   "--train-steps", "1200", "--accuracy-threshold", "0.5")
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
+    report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
+    assert report["accuracy"] >= 0.5
+    assert (Path(report["output_dir"]) / "eval" / "torch.json").exists()
+    assert cluster_states(tmp_path) == [], "the teardown task must stop the cluster"
+
+
+def test_bad_params_fail_before_any_cluster_starts(tmp_path):
+    out = run_demo(tmp_path, "--accelerator", "TPU-V5P", "--topology", "4x4", timeout=600)
+    assert out.returncode != 0
+    assert "params.topology='4x4' is invalid" in out.stdout + out.stderr
+    assert not (tmp_path / "home" / "clusters").exists() or cluster_states(tmp_path) == []

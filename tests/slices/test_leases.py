@@ -1,0 +1,116 @@
+"""Slice leases: the atomic claim, retries keeping their slot, release, and the deferrable wait."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from operators.errors import UserInputError
+from operators.slices.leases import LocalLeaseStore, lease_store, parse_slots
+
+
+def _claim(root: str, holder: str, queue: Any) -> None:
+    lease = LocalLeaseStore(root).try_acquire(holder, 2)
+    queue.put((holder, None if lease is None else lease.slot))
+
+
+def test_concurrent_claims_never_exceed_the_limit(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(str(tmp_path), f"dag/run-{i}", queue)) for i in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    results = dict(queue.get(timeout=5) for _ in procs)
+    won = {h: s for h, s in results.items() if s is not None}
+    assert sorted(won.values()) == [0, 1], results
+    assert {lease.holder for lease in LocalLeaseStore(tmp_path).holders(2).values()} == set(won)
+
+
+def test_retry_keeps_its_slot_and_release_frees_it(tmp_path: Path) -> None:
+    store = LocalLeaseStore(tmp_path)
+    first = store.try_acquire("dag/a", 1)
+    assert first is not None and first.slot == 0
+    assert store.try_acquire("dag/a", 1) == first  # a retry of the same run
+    assert store.try_acquire("dag/b", 1) is None
+    assert store.release("dag/b") == []
+    assert store.release("dag/a") == [0]
+    assert store.try_acquire("dag/b", 1) is not None
+
+
+def test_release_finds_a_slot_above_a_lowered_limit(tmp_path: Path) -> None:
+    store = LocalLeaseStore(tmp_path)
+    store.try_acquire("dag/a", 3)
+    store.try_acquire("dag/b", 3)
+    assert store.release("dag/b") == [1]
+
+
+def test_bad_limits_and_roots_are_user_errors() -> None:
+    assert parse_slots("2") == 2
+    for bad in ("0", "-1", "x", None):
+        with pytest.raises(UserInputError):
+            parse_slots(bad)  # type: ignore[arg-type]
+    with pytest.raises(UserInputError):
+        lease_store("s3://bucket/leases")
+
+
+def test_trigger_waits_until_a_slot_frees_and_serializes(tmp_path: Path) -> None:
+    from airflow.serialization.serialized_objects import BaseSerialization
+
+    from operators.slices.triggers import SliceLeaseTrigger
+
+    store = LocalLeaseStore(tmp_path)
+    store.try_acquire("dag/a", 1)
+    trigger = SliceLeaseTrigger(str(tmp_path), 1, "dag/b", poll_interval=0.05, timeout=5)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "operators.slices.triggers.SliceLeaseTrigger"
+    BaseSerialization.serialize(kwargs, strict=True)  # plain JSON values only
+
+    async def scenario() -> dict[str, Any]:
+        gen = trigger.run()
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.3)
+        assert not task.done(), "fired while the only slot was held"
+        store.release("dag/a")
+        event = await asyncio.wait_for(task, 5)
+        return dict(event.payload)
+
+    assert asyncio.run(scenario())["status"] == "free"
+
+
+def test_trigger_times_out(tmp_path: Path) -> None:
+    from operators.slices.triggers import SliceLeaseTrigger
+
+    LocalLeaseStore(tmp_path).try_acquire("dag/a", 1)
+    trigger = SliceLeaseTrigger(str(tmp_path), 1, "dag/b", poll_interval=0.05, timeout=0.2)
+
+    async def first() -> dict[str, Any]:
+        return dict((await trigger.run().__anext__()).payload)
+
+    assert asyncio.run(first()) == {"status": "timeout", "held": ["dag/a"]}
+
+
+class _TI(SimpleNamespace):
+    pass
+
+
+def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+
+    ctx_a = {"ti": _TI(dag_id="dag", run_id="a")}
+    ctx_b = {"ti": _TI(dag_id="dag", run_id="b")}
+    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
+    assert op.execute(ctx_a)["slot"] == 0  # type: ignore[arg-type]
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx_b)  # type: ignore[arg-type]
+    assert deferred.value.trigger.holder == "dag/b"
+    ReleaseSliceOperator(task_id="release_slice", lease_root=str(tmp_path)).execute(ctx_a)  # type: ignore[arg-type]
+    assert op.execute_complete(ctx_b, {"status": "free"})["holder"] == "dag/b"  # type: ignore[arg-type]
