@@ -33,7 +33,12 @@ def _up(args: argparse.Namespace) -> int:
     except AirflowServicesError as err:
         print(f"tpuflow airflow up: {err}", file=sys.stderr)
         return 1
-    print(f"Airflow UI:   {services.url}")
+    try:
+        dags = services.wait_for_dags([])
+    except AirflowServicesError as err:
+        print(f"tpuflow airflow up: running, but {err}", file=sys.stderr)
+        dags = []
+    print(f"Airflow UI:   {services.url}   ({len(dags)} DAGs: {', '.join(sorted(d['dag_id'] for d in dags))})")
     print(f"login:        {ADMIN_USER} / {services.password}")
     print(f"outputs:      {services.output_root}")
     print(f"logs:         {work / 'logs'} (services), {services.home / 'logs'} (tasks)")

@@ -70,7 +70,9 @@ class AirflowServices:
 
     @property
     def output_root(self) -> str:
-        return self.env["TPUFLOW_OUTPUT_ROOT"]
+        from operators.output_links import output_root
+
+        return self.env.get("TPUFLOW_OUTPUT_ROOT") or str(output_root())
 
     def log_path(self, service: str) -> Path:
         return Path(self.work_dir) / "logs" / f"{service}.log"
@@ -97,8 +99,9 @@ class AirflowServices:
                 raise AirflowServicesError(
                     f"a local Airflow from {work} is still running at {old.url}; stop it first (`tpuflow airflow down`)"
                 )
-        if work.exists():
-            shutil.rmtree(work)
+        # A fresh Airflow home and logs every time; outputs (when kept under work_dir) survive.
+        for stale in ("home", "logs"):
+            shutil.rmtree(work / stale, ignore_errors=True)
         (work / "logs").mkdir(parents=True)
         services = cls(
             work_dir=str(work),
@@ -155,7 +158,6 @@ class AirflowServices:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(use_schedule),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-            "TPUFLOW_OUTPUT_ROOT": os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path(self.work_dir) / "outputs")),
             # Children run `airflow ...` (task supervisors, LocalExecutor workers): the venv first.
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -212,6 +214,22 @@ class AirflowServices:
                 last = str(err)
             time.sleep(1)
         raise AirflowServicesError(f"local Airflow not healthy after {timeout:.0f}s: {last}")
+
+    def wait_for_dags(self, dag_ids: list[str], timeout: float = 180.0) -> list[dict[str, Any]]:
+        """Until the dag-processor has parsed these DAGs (health comes first); an import error fails at once."""
+        api = self.api()
+        deadline = time.time() + timeout
+        while True:
+            errors = api.get("/importErrors").json().get("import_errors", [])
+            if errors:
+                raise AirflowServicesError("DAG import errors:\n" + "\n".join(
+                    f"{e.get('filename')}: {str(e.get('stack_trace', ''))[-1500:]}" for e in errors))
+            dags = api.get("/dags", params={"limit": 1000}).json().get("dags", [])
+            if set(dag_ids) <= {d["dag_id"] for d in dags} and (dag_ids or dags):
+                return list(dags)
+            if time.time() > deadline:
+                raise AirflowServicesError(f"DAGs {dag_ids or '(any)'} not parsed after {timeout:.0f}s")
+            time.sleep(2)
 
     def alive_services(self) -> list[str]:
         return [name for name, pid in self.pids.items() if _group_alive(pid)]

@@ -135,6 +135,7 @@ class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
     """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true."""
 
     template_fields: Sequence[str] = (*GKEDeleteNodePoolOperator.template_fields, "keep")
+    keep: Any = False  # read by the parent's parse-time check of static template fields, before __init__ sets it
 
     def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)

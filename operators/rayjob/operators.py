@@ -60,6 +60,7 @@ class RaySubmitJobOperator(BaseOperator):
         "working_dir",
         "submission_id",
         "min_result",
+        "log_uri",
     )
     template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
     operator_extra_links = (RayJobLink(), RayDashboardLink(), RayJobLogLink())

@@ -118,7 +118,8 @@ class RayTrainOperator(RaySubmitJobOperator):
             raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
         tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
         tpu.require(ray=True)
-        return {
+        simulated = self._cluster_info().get("backend") == "local"
+        spec: dict[str, Any] = {
             "framework": self.framework,
             "train_loop": self.train_loop,
             "train_loop_config": self.train_loop_config,
@@ -130,10 +131,15 @@ class RayTrainOperator(RaySubmitJobOperator):
             "datasets": self.datasets,
             "max_failures": self.max_failures,
             "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
-            "worker_env": {"JAX_PLATFORMS": "cpu", **tpu.ray_env, **self.worker_env}
-            if self._cluster_info().get("backend") == "local"
-            else {**tpu.ray_env, **self.worker_env},
+            "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **self.worker_env},
         }
+        if self.framework == "torch":
+            # Simulated hosts have no TPU chips: torch runs data-parallel on their CPUs (gloo).
+            # On real chips TorchTPU wants one worker per TPU device (seed tutorial, FSDP2 on TPU).
+            spec["torch_backend"] = "gloo" if simulated else "tpu_dist"
+            if not simulated:
+                spec["scaling_config"] = tpu.torch_scaling_config()
+        return spec
 
     def execute(self, context: Context) -> Any:
         OutputsLink.persist(context, self.storage_path)

@@ -200,6 +200,16 @@ class TpuSlice:
             cfg["resources_per_worker"] = {"TPU": self.logical_devices_per_host}
         return cfg
 
+    def torch_scaling_config(self) -> dict[str, Any]:
+        """TorchTrainer on TPU chips (TorchTPU, backend tpu_dist): one worker per TPU device, not per host."""
+        return {
+            "use_tpu": True,
+            "topology": self.topology,
+            "accelerator_type": self.generation.ray_accelerator_type,
+            "num_workers": self.logical_devices_per_host * self.total_hosts,
+            "resources_per_worker": {"TPU": 1},
+        }
+
     def slice_placement_group_kwargs(self) -> dict[str, Any]:
         """Arguments for ray.util.tpu.slice_placement_group reserving exactly this slice."""
         kwargs: dict[str, Any] = {

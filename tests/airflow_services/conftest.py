@@ -39,8 +39,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     }
     started = time.time()
     svc = AirflowServices.start(base / "airflow", use_schedule=False, extra_env=extra, timeout=300)
-    print(f"\nreal Airflow up in {time.time() - started:.0f}s at {svc.url}")
     try:
+        svc.wait_for_dags(["tpu_llm_pipeline_local", "tpuflow_slice_lease_probe"])
+        print(f"\nreal Airflow up, DAGs parsed, in {time.time() - started:.0f}s at {svc.url}")
         yield svc
     finally:
         svc.stop()

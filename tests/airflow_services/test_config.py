@@ -56,3 +56,14 @@ def test_cli_registers_airflow_verbs() -> None:
     for verb in ("up", "status", "down", "env"):
         args = parser.parse_args(["airflow", verb])
         assert args.command == "airflow" and args.verb == verb
+
+
+def test_ruff_airflow_rules_are_clean_on_dags_and_operators() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    ruff = Path(sys.executable).with_name("ruff")
+    out = subprocess.run([str(ruff), "check", "--select", "AIR", "--no-cache", "dags", "operators", "plugins"],
+                         cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

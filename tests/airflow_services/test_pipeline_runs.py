@@ -71,7 +71,7 @@ def _task_page_shows_links(services: Any, run_id: str) -> None:
     browser = Browser()
     try:
         browser.set_cookie(services.url, "_token", services.token())
-        browser.open(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train")
+        browser.open(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train/details")
         shown = browser.wait_for(
             "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
             ".filter(t => ['Ray Job', 'Ray Dashboard', 'Outputs'].includes(t)); return n.length === 3 ? n : null; })()",

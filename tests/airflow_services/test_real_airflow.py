@@ -30,6 +30,10 @@ def test_services_healthy_with_project_dags_plugin_and_provider(services: Any, a
     assert requests.get(f"{services.url}/tpuflow/clusters", timeout=10).status_code == 401
     page = requests.get(f"{services.url}/tpuflow/clusters", cookies={"_token": services.token()}, timeout=10)
     assert page.ok and "Local Ray clusters" in page.text
+    # The outputs page serves only a DAG's folder under the output root.
+    sneaky = requests.get(f"{services.url}/tpuflow/outputs/{PIPELINE}/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+                          cookies={"_token": services.token()}, timeout=10)
+    assert sneaky.status_code == 404 and "root:" not in sneaky.text
     providers = {p["package_name"] for p in api.get("/providers", params={"limit": 100}).json()["providers"]}
     assert "tpuflow" in providers
     # Nothing but the API server listens: scheduler/triggerer log servers are off.
@@ -137,3 +141,17 @@ def test_backfill_runs_share_one_slice_lease(services: Any, api: Any, tmp_path: 
     deferred = [p for p in logs.glob("run_id=*/task_id=acquire_slice/*.trigger.*.log") if "held by" in p.read_text()]
     assert len(deferred) >= 2, "waiting runs should defer to the triggerer"
     assert not list(Path(services.env["TPUFLOW_PROBE_LEASES"]).glob("slot-*.json")), "a lease was not given back"
+
+
+def test_cli_status_and_env_describe_the_running_services(services: Any) -> None:
+    import subprocess
+    import sys
+
+    tpuflow = str(Path(sys.executable).with_name("tpuflow"))
+    status = subprocess.run([tpuflow, "airflow", "status", "--work-dir", services.work_dir],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert services.url in status.stdout and services.password in status.stdout
+    env = subprocess.run([tpuflow, "airflow", "env", "--work-dir", services.work_dir],
+                         capture_output=True, text=True, timeout=60)
+    assert f"export AIRFLOW_HOME={services.home}" in env.stdout

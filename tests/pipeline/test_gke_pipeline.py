@@ -95,6 +95,20 @@ def _wait_until_empty(gke: GKEApiStandin, kube: KubeRayStandin, timeout: float =
 
 
 @pytest.fixture
+def dags_folder(migrated_airflow_db: Path) -> Iterator[Path]:
+    """The session's DAGs folder with the shipped DAG file in it (dag.test() runs DAGs of a bundle).
+
+    tests/conftest.py links dags/*.py there; another conftest may have chosen a DAGs folder without them."""
+    path = migrated_airflow_db / f"{DAG_ID}.py"
+    linked = not path.exists()
+    if linked:
+        path.symlink_to(REPO / "dags" / f"{DAG_ID}.py")
+    yield migrated_airflow_db
+    if linked:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
 def gke() -> Iterator[GKEApiStandin]:
     with GKEApiStandin(operation_seconds=0.2, clusters=[CLUSTER_PATH]) as standin:
         yield standin
@@ -104,7 +118,7 @@ def gke() -> Iterator[GKEApiStandin]:
 def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(migrated_airflow_db / f"{DAG_ID}.py"))
+    bag = DagBag(dag_folder=str(REPO / "dags" / f"{DAG_ID}.py"))
     assert bag.import_errors == {}
     dag = bag.get_dag(DAG_ID)
     for up, down in zip(ORDER, ORDER[1:], strict=False):
@@ -147,16 +161,69 @@ def test_serve_slice_rejects(accelerator: str, topology: str, fix: str) -> None:
     assert err.value.field == "params.serve_topology" and fix in str(err.value)
 
 
+class _TI:
+    dag_id, run_id, map_index = DAG_ID, "manual__keep", -1
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("keep", [True, "True"])
+def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
+    from operators.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
+
+    # Connections that do not exist: keeping must not call anything.
+    svc = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy", keep=keep,
+                                        kubernetes_conn_id="no_such_connection")
+    assert svc.execute({"ti": _TI("delete_service")})["kept"] is True  # type: ignore[arg-type]
+    pool = KeepableDeleteNodePoolOperator(task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool",
+                                          keep=keep, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+                                          gcp_conn_id="no_such_connection")
+    assert pool.execute({"ti": _TI("delete_serve_node_pool")})["kept"] is True  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("keep", [False, "False", None])
+def test_endpoint_teardowns_delete_unless_kept(keep: Any, gke: GKEApiStandin, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from operators.kuberay.operators import KubeRayDeployServiceOperator
+    from operators.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
+
+    kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke), interval=0.05)
+    with kube:
+        _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": {
+            "name": "serve-pool", "config": {"machineType": "ct6e-standard-1t"}, "initialNodeCount": 1,
+            "locations": [ZONE]}})
+        deploy = KubeRayDeployServiceOperator(
+            task_id="deploy", accelerator="TPU-V6E", topology="1x1", image="rayproject/ray:2.60.0-py311",
+            serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
+            kubernetes_conn_id="kube_standin", poll_interval=0.1, wait_timeout=60)
+        deploy.execute({"ti": _TI("deploy")})  # type: ignore[arg-type]
+        svc = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy", keep=keep,
+                                            kubernetes_conn_id="kube_standin", poll_interval=0.1, wait_timeout=60)
+        result = svc.execute({"ti": _TI("delete_service")})  # type: ignore[arg-type]
+        assert result["existed"] is True and result["deleted"] is True
+        assert kube.store.list(RAYSERVICES) == []
+        pool = KeepableDeleteNodePoolOperator(task_id="delete_serve_node_pool", node_pool_name="serve-pool", keep=keep,
+                                              project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+                                              gcp_conn_id="gke_standin", poll_interval=0.1, retry_backoff=0.1)
+        pool.execute({"ti": _TI("delete_serve_node_pool")})  # type: ignore[arg-type]
+        assert gke.node_pools() == []
+
+
 # --- end to end on the stand-ins ------------------------------------------------------------------------
 @pytest.mark.slow
-def test_gke_pipeline_end_to_end_on_the_standins(migrated_airflow_db: Path, gke: GKEApiStandin, tmp_path: Path,
+def test_gke_pipeline_end_to_end_on_the_standins(dags_folder: Path, gke: GKEApiStandin, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=300)
     kube = KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH),
                           interval=0.2)
     with kube:
         _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
-        dag = _load_dag(migrated_airflow_db, poll=0.5)
+        dag = _load_dag(dags_folder, poll=0.5)
         conf = {"accelerator": "TPU-V6E", "topology": "2x2", "framework": "jax", "train_steps": 1500,
                 "accuracy_threshold": 0.8, "num_train": 5000}
         started = time.time()
@@ -196,7 +263,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(migrated_airflow_db: Path, gke:
 
 @pytest.mark.slow
 def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_deletes_everything(
-        migrated_airflow_db: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        dags_folder: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
     # The Kubernetes connection reaches a cluster whose nodes are not the GKE cluster's that got the slice's
     # node pool: the TPU worker pods stay Pending (FailedScheduling) and the RayCluster never becomes ready.
@@ -206,7 +273,7 @@ def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_delete
                           interval=0.1)
     with kube:
         _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
-        dag = _load_dag(migrated_airflow_db, poll=0.3)
+        dag = _load_dag(dags_folder, poll=0.3)
         deadline = 20.0
         dag.get_task("create_ray_cluster").wait_timeout = deadline  # the configured deadline, test-sized
         started = time.time()

@@ -45,10 +45,10 @@ def test_killed_task_process_reattaches_to_its_job(slice_cluster, tmp_path):
     hook = RayJobHook(cluster=slice_cluster.connection_info())
     probe = RaySubmitJobOperator(task_id="train", entrypoint="x", cluster=slice_cluster.connection_info())
 
-    class TI:
-        dag_id, run_id, task_id, map_index = "durability", run_id, "train", -1
+    from types import SimpleNamespace
 
-    base = probe.base_submission_id({"ti": TI()})
+    ti = SimpleNamespace(dag_id="durability", run_id=run_id, task_id="train", map_index=-1)
+    base = probe.base_submission_id({"ti": ti})
     deadline = time.time() + 120
     while time.time() < deadline and not (hook.find_jobs(base) and "step 2" in hook.get_job_logs(base)):
         time.sleep(0.5)

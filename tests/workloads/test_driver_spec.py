@@ -82,3 +82,17 @@ def test_result_marker_roundtrip(capsys: pytest.CaptureFixture[str]) -> None:
         "accuracy": 0.95, "samples": [{"prompt": "1+1=", "completion": "2"}]
     }  # fmt: skip
     assert parse_result("nothing here") is None
+
+
+def test_driver_side_imports_load_neither_jax_nor_torch() -> None:
+    """The driver imports the train loop modules; on a TPU host a driver-side `import jax` takes the chips."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import tpuflow_driver.train, addition.train_jax, addition.train_torch, addition.serve_app, "
+        "addition.evaluate, addition.prep; print(sorted({'jax', 'torch'} & set(sys.modules)))"
+    )
+    workloads = Path(driver.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=workloads, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

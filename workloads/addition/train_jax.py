@@ -22,7 +22,7 @@ import numpy as np
 from addition import checkpoint as ckpt
 from addition.data import loss_mask
 from addition.model_jax import init_params, make_optimizer, make_train_step
-from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config
+from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config, shuffle_seed
 
 
 class DataParallelState:
@@ -184,10 +184,6 @@ def ensure_jax_distributed(world: int, rank: int) -> bool:
     address = broadcast_from_rank_zero(address)
     jax.distributed.initialize(address, world, rank)
     return True
-
-
-def shuffle_seed(cfg: dict[str, Any], epoch: int, world: int, rank: int) -> int | None:
-    return int(cfg["seed"]) * 1_000_003 + epoch * world + rank if int(cfg["shuffle_buffer"]) else None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:

@@ -17,12 +17,18 @@ import numpy as np
 from addition import checkpoint as ckpt
 from addition.data import loss_mask
 from addition.model_jax import init_params
-from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config
+from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config, shuffle_seed
 
 
 def _threads(cfg: dict[str, Any], local_world: int) -> int:
+    """Configured, else the CPUs Ray gave this worker, else the node's cores shared by its workers."""
     if int(cfg["torch_threads"]) > 0:
         return int(cfg["torch_threads"])
+    import ray
+
+    assigned = ray.get_runtime_context().get_assigned_resources().get("CPU", 0)
+    if assigned >= 1:
+        return int(assigned)
     return max(1, (os.cpu_count() or 1) // max(local_world, 1))
 
 
@@ -111,7 +117,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             batch_format="numpy",
             drop_last=True,  # equal shards (streaming_split equal=True) give every worker the same count
             local_shuffle_buffer_size=shuffle or None,
-            local_shuffle_seed=(int(cfg["seed"]) * 1_000_003 + ep * world + rank) if shuffle else None,
+            local_shuffle_seed=shuffle_seed(cfg, ep, world, rank),
             prefetch_batches=4,
         ):
             epochs.keep(batch["tokens"])

@@ -100,6 +100,11 @@ def fit(
     return step, epoch, loss_value
 
 
+def shuffle_seed(cfg: dict[str, Any], epoch: int, world: int, rank: int) -> int | None:
+    """Ray Data's local shuffle seed: different per epoch and worker, reproducible per run."""
+    return int(cfg["seed"]) * 1_000_003 + epoch * world + rank if int(cfg["shuffle_buffer"]) else None
+
+
 class CachedEpochs:
     """Epoch 0 streams the worker's Ray Data shard and keeps a copy of the rows it sees; later
     epochs replay that copy in a fresh order without touching Ray Data again.

@@ -109,8 +109,10 @@ class TrainSpec:
         bad = sorted(set(self.scaling_config) - allowed)
         if bad:
             raise SpecError(f"scaling_config has keys ScalingConfig does not know: {bad}")
-        if self.framework == "torch" and self.scaling_config.get("use_tpu"):
-            raise SpecError("use_tpu with torch needs torch_xla workers (one per TPU core); this driver runs torch on CPU/GPU")
+        if self.framework == "torch" and self.scaling_config.get("use_tpu") and self.torch_backend not in ("gloo", "tpu_dist"):
+            # tpu_dist: TorchTPU, one worker per TPU core; gloo: CPU collectives on the slice's
+            # hosts (a simulated slice, or CPU-side work placed on a real one).
+            raise SpecError("torch on TPU hosts needs torch_backend 'tpu_dist' (TPU chips) or 'gloo' (host CPUs)")
 
     @property
     def run_path(self) -> str:
@@ -147,6 +149,7 @@ def build_trainer(spec: TrainSpec) -> Any:
     import ray.data
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
+    loop = import_train_loop(spec.train_loop)  # before reading data: a wrong path fails fast
     run_config = RunConfig(
         name=spec.run_name,
         storage_path=storage.normalize(spec.storage_path),
@@ -162,7 +165,6 @@ def build_trainer(spec: TrainSpec) -> Any:
         "run_config": run_config,
         "datasets": datasets or None,
     }
-    loop = import_train_loop(spec.train_loop)
     if spec.framework == "jax":
         from ray.train.v2.jax import JaxConfig, JaxTrainer
 
