@@ -320,7 +320,10 @@ class LocalRayCluster:
             "start",
             "--block",
             f"--node-ip-address={NODE_IP}",
-            f"--temp-dir={self.temp_dir}",
+            # Each node gets its own temp dir, as on separate VMs: a shared one makes every node's
+            # log monitor forward every node's logs, and nodes race unpacking runtime_env packages.
+            # Short names: Ray's unix socket paths under it must stay below ~107 bytes.
+            f"--temp-dir={self.temp_dir}/n{sum(1 for _ in Path(self.temp_dir).iterdir())}",
             "--disable-usage-stats",
             "--object-store-memory=200000000",
             f"--dashboard-agent-listen-port={free_port()}",
