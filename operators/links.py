@@ -25,8 +25,13 @@ class StoredUrlLink(BaseOperatorLink):
 
     @classmethod
     def persist_url(cls, context: Context, url: str) -> str:
-        context["ti"].xcom_push(key=cls.key, value=url)
+        if url:
+            context["ti"].xcom_push(key=cls.key, value=url)
         return url
+
+    @classmethod
+    def persist(cls, context: Context, url: str) -> str:
+        return cls.persist_url(context, url)
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom

@@ -19,7 +19,6 @@ EXTRA_LINKS = [
     "operators.output_links.OutputsLink",
     "operators.gke.links.GKENodePoolLink",
     "operators.gke.links.GKEClusterNodesLink",
-    "operators.kuberay.links.RayDashboardLink",
     "operators.kuberay.links.GKEWorkloadsLink",
     "operators.kuberay.links.GKERayHeadPodLink",
 ]

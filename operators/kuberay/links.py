@@ -9,43 +9,16 @@ with the webserver through a plugin's ``operator_extra_links`` (or the operators
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
-from airflow.sdk import BaseOperatorLink
-
-if TYPE_CHECKING:
-    from airflow.sdk import BaseOperator, Context
-    from airflow.sdk.types import TaskInstanceKey
+from operators.links import StoredUrlLink
+from operators.rayjob.links import RayDashboardLink as RayDashboardLink
 
 CONSOLE = "https://console.cloud.google.com"
 
 
-class _StoredUrlLink(BaseOperatorLink):
-    name: ClassVar[str]
-    key: ClassVar[str]
-
-    @property
-    def xcom_key(self) -> str:
-        return self.key
-
-    @classmethod
-    def persist(cls, context: Context, url: str) -> str:
-        if url:
-            context["ti"].xcom_push(key=cls.key, value=url)
-        return url
-
-    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
-        value = XCom.get_value(key=self.xcom_key, ti_key=ti_key)
-        return value if isinstance(value, str) else ""
-
-
-class RayDashboardLink(_StoredUrlLink):
-    """The Ray dashboard at the address the task published (see operators.kuberay.addresses)."""
-
-    name = "Ray Dashboard"
-    key = "ray_dashboard_url"
+# The cluster's dashboard is the same link whichever backend started the cluster.
+_StoredUrlLink = StoredUrlLink
 
 
 class GKEWorkloadsLink(_StoredUrlLink):

@@ -79,7 +79,7 @@ def test_operators_in_a_dag_run(tmp_path: Path) -> None:
                           "delete_serve": "success"}, output[-5000:]
         payload = result["xcoms"]["ray_cluster.return_value"]
         assert payload["dashboard_url"].startswith("http://127.0.0.1:") and payload["slice"]["num_hosts"] == 4
-        assert result["xcoms"]["ray_cluster.ray_dashboard_url"] == payload["dashboard_url"]
+        assert result["xcoms"]["ray_cluster.ray_dashboard"] == payload["dashboard_url"]
         assert result["xcoms"]["delete_ray_cluster.return_value"]["deleted"] is True
         # The stuck RayService ended the task at its 3 s deadline, naming the deployment and the likely cause.
         assert "deployment 'LLMServer' of application 'llm' is UPDATING" in output

@@ -102,7 +102,7 @@ def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin)
     assert payload["in_cluster_dns"]["dashboard_url"] == (
         f"http://{name}-head-svc.default.svc.cluster.local:{ports['dashboard']}")
     assert payload["slice"]["topology"] == "4x4" and payload["slice"]["num_hosts"] == 4
-    assert ti.xcom["ray_dashboard_url"] == payload["dashboard_url"]
+    assert ti.xcom["ray_dashboard"] == payload["dashboard_url"]
     handle = kube.controller.handle_for("default", name)
     assert handle is not None and payload["dashboard_url"] == handle.dashboard_url
 
