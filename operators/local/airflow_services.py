@@ -45,6 +45,13 @@ ADMIN_USER = "admin"
 DEFAULT_PARALLELISM = 4
 
 
+# SQLite allows one writer at a time (Airflow turns on WAL, so readers never wait). Python's
+# default busy timeout is 5 s: on a loaded 2-core machine a scheduler transaction can hold the
+# write lock longer, and `airflow backfill create` then failed with "database is locked".
+SQLITE_CONNECT_ARGS: dict[str, Any] = {"timeout": 60}
+SQLITE_CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": 60}
+
+
 class AirflowServicesError(RuntimeError):
     """The local Airflow could not be started, reached or stopped."""
 
@@ -161,6 +168,9 @@ class AirflowServices:
             # Children run `airflow ...` (task supervisors, LocalExecutor workers): the venv first.
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         }
+        if env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite"):
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.SQLITE_CONNECT_ARGS"
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"] = f"{__name__}.SQLITE_CONNECT_ARGS_ASYNC"
         env.update(extra)
         return env
 

@@ -134,11 +134,16 @@ class RayTrainOperator(RaySubmitJobOperator):
             "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **self.worker_env},
         }
         if self.framework == "torch":
-            # Simulated hosts have no TPU chips: torch runs data-parallel on their CPUs (gloo).
             # On real chips TorchTPU wants one worker per TPU device (seed tutorial, FSDP2 on TPU).
+            # Simulated hosts have no chips (Ray Train's TPU device manager needs torch_tpu), so torch
+            # runs data-parallel on their CPUs with gloo, one worker per host: each simulated host
+            # carries its slice's name as a unit resource, which pins the workers to that slice.
             spec["torch_backend"] = "gloo" if simulated else "tpu_dist"
-            if not simulated:
-                spec["scaling_config"] = tpu.torch_scaling_config()
+            spec["scaling_config"] = tpu.torch_scaling_config()
+            if simulated:
+                pin = {f"{self._cluster_info().get('name')}-slice-0": 1} if tpu.num_slices == 1 else {}
+                spec["scaling_config"] = {"use_tpu": False, "num_workers": tpu.total_hosts,
+                                          "resources_per_worker": {"CPU": 1, **pin}}
         return spec
 
     def execute(self, context: Context) -> Any:
