@@ -6,14 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from operators.cli import airflow_cmd, demo_cmd, local_cmd, render_cmd, slice_cmd
+from operators.cli import airflow_cmd, demo_cmd, leases_cmd, local_cmd, render_cmd, slice_cmd
 from operators.errors import UserInputError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpuflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (slice_cmd, local_cmd, render_cmd, demo_cmd, airflow_cmd):
+    for module in (slice_cmd, local_cmd, render_cmd, demo_cmd, airflow_cmd, leases_cmd):
         module.register(sub)
     return parser
 

@@ -16,15 +16,15 @@ only setup failed would be skipped by Airflow, and a RayCluster that never becam
 its node pool). Names are deterministic per task instance, so a delete finds what its create made
 even when the create failed before pushing XCom.
 
-Where it runs is configuration: `variable_settings()` reads connection ids, project, cluster, image
-and the workloads URI from Airflow Variables (also settable as ``AIRFLOW_VAR_<NAME>``) at run time.
+Where it runs is configuration: `variable_settings()` reads connection ids, project, cluster, image,
+the workloads URI and the output root from Airflow Variables (also settable as ``AIRFLOW_VAR_<NAME>``)
+when the tasks run; the project defaults to the GCP connection's own.
 Pointing the DAG at the GKE and Kubernetes stand-ins is therefore a matter of connections and
 Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module level.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from operators.kuberay.operators import (
 from operators.pipeline.factory import (
     KEEP_ENDPOINT,
     build_serve_config,
+    default_output_root,
     pipeline_dag,
     run_dir_for,
     smoke_test_and_report,
@@ -168,9 +169,9 @@ def variable_settings() -> dict[str, Any]:
     tpuflow_serve_workloads_uri  local:///home/ray/workloads   the Serve app's working_dir on the cluster
     tpuflow_tpu_capacity         on-demand              on-demand | spot | reservation:NAME | flex-start | queued
     tpuflow_tpu_fallback_capacity (empty)               comma-separated capacities to try on a stockout
-
-    The output root (data, checkpoints, logs; gs://... on GKE) is read when the DAG file is parsed, from
-    $TPUFLOW_GKE_OUTPUT_ROOT, else $TPUFLOW_OUTPUT_ROOT, else ~/.tpuflow/outputs.
+    tpuflow_gke_output_root      $TPUFLOW_OUTPUT_ROOT or ~/.tpuflow/outputs (when parsed)
+                                                        data, checkpoints and logs: gs://BUCKET/PREFIX on GKE,
+                                                        where the TPU hosts and Airflow both reach it
     """
     gcp = _var("tpuflow_gcp_conn_id", "google_cloud_default")
     gcp_expr = "var.value.get('tpuflow_gcp_conn_id', 'google_cloud_default')"
@@ -190,7 +191,7 @@ def variable_settings() -> dict[str, Any]:
         "serve_workloads_uri": _var("tpuflow_serve_workloads_uri", IMAGE_WORKLOADS_URI),
         "capacity": _var("tpuflow_tpu_capacity", "on-demand"),
         "fallback_capacity": _var("tpuflow_tpu_fallback_capacity", ""),
-        "output_root": os.environ.get("TPUFLOW_GKE_OUTPUT_ROOT") or None,
+        "output_root": _var("tpuflow_gke_output_root", default_output_root()),
     }
 
 

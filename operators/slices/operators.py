@@ -70,8 +70,8 @@ class AcquireSliceOperator(BaseOperator):
             return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots}
         held = sorted(x.holder for x in store.holders(slots).values())
         self.log.info(
-            "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted run "
-            "is freed by removing its slot-<n>.json there.", slots, store.describe(), ", ".join(held),
+            "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted or "
+            "killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`.", slots, store.describe(), ", ".join(held),
         )
         self.defer(
             trigger=SliceLeaseTrigger(

@@ -63,10 +63,10 @@ def _point_airflow_at(monkeypatch: pytest.MonkeyPatch, gke: GKEApiStandin, kube:
         "tpuflow_gke_cluster": CLUSTER,
         # The stand-in's Ray clusters run here, not in the image: Serve finds workloads/ in the repo.
         "tpuflow_serve_workloads_uri": f"local://{REPO / 'workloads'}",
+        "tpuflow_gke_output_root": str(outputs),
     }
     for name, value in variables.items():
         monkeypatch.setenv(f"AIRFLOW_VAR_{name.upper()}", value)
-    monkeypatch.setenv("TPUFLOW_GKE_OUTPUT_ROOT", str(outputs))  # read when the DAG file is parsed
 
 
 def _load_dag(dags_folder: Path, *, poll: float) -> Any:
@@ -87,7 +87,8 @@ def _states(run: Any) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
-def _wait_until_empty(gke: GKEApiStandin, kube: KubeRayStandin, timeout: float = 60.0) -> None:
+def _wait_until_empty(gke: GKEApiStandin, kube: KubeRayStandin, timeout: float = 180.0) -> None:
+    """The RayService's own RayCluster is garbage-collected (its Ray processes stopped) after the RayService."""
     deadline = time.time() + timeout
     while time.time() < deadline and (gke.node_pools() or kube.store.list(RAYCLUSTERS)
                                       or kube.store.list(RAYSERVICES) or kube.store.list(PODS)):
@@ -218,7 +219,7 @@ def test_endpoint_teardowns_delete_unless_kept(keep: Any, gke: GKEApiStandin, tm
 @pytest.mark.slow
 def test_gke_pipeline_end_to_end_on_the_standins(dags_folder: Path, gke: GKEApiStandin, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=300)
+    launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=600)
     kube = KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH),
                           interval=0.2)
     with kube:

@@ -114,3 +114,14 @@ def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
     assert deferred.value.trigger.holder == "dag/b"
     ReleaseSliceOperator(task_id="release_slice", lease_root=str(tmp_path)).execute(ctx_a)  # type: ignore[arg-type]
     assert op.execute_complete(ctx_b, {"status": "free"})["holder"] == "dag/b"  # type: ignore[arg-type]
+
+
+def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from operators.cli import main
+
+    LocalLeaseStore(tmp_path).try_acquire("dag/killed-run", 1)
+    assert main(["leases", "list", "--lease-root", str(tmp_path)]) == 0
+    assert "slot 0: dag/killed-run" in capsys.readouterr().out
+    assert main(["leases", "free", "--lease-root", str(tmp_path), "dag/killed-run"]) == 0
+    assert main(["leases", "free", "--lease-root", str(tmp_path), "dag/killed-run"]) == 1
+    assert LocalLeaseStore(tmp_path).holders(1) == {}

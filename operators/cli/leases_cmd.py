@@ -1,0 +1,48 @@
+"""`tpuflow leases list|free`: see and free slice leases (operators/slices) from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _store(args: argparse.Namespace):  # -> LeaseStore
+    from operators.slices.leases import default_lease_root, lease_store
+
+    return lease_store(args.lease_root or default_lease_root(), args.gcp_conn_id)
+
+
+def _list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    held = store.holders(args.max_slices)
+    if not held:
+        print(f"no slice leases held in {store.describe()}")
+    for slot, lease in sorted(held.items()):
+        age = (time.time() - lease.acquired_at) / 60 if lease.acquired_at else float("nan")
+        print(f"slot {slot}: {lease.holder} (for {age:.0f} min)")
+    return 0
+
+
+def _free(args: argparse.Namespace) -> int:
+    store = _store(args)
+    freed = store.release(args.holder)
+    print(f"freed slot(s) {freed} of {args.holder}" if freed else f"{args.holder} holds no lease in {store.describe()}")
+    return 0 if freed else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("leases", help="slice leases that keep runs (and backfills) to N slices at once")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--lease-root", default=None, help="folder or gs://bucket/prefix (default ~/.tpuflow/slice-leases)")
+        p.add_argument("--gcp-conn-id", default="google_cloud_default", help="Airflow connection for a gs:// root")
+
+    listing = verbs.add_parser("list", help="who holds which lease")
+    common(listing)
+    listing.add_argument("--max-slices", type=int, default=16, help="slots to look at (default 16)")
+    listing.set_defaults(func=_list)
+    free = verbs.add_parser("free", help="give back the lease of a run that will not (a deleted or killed run)")
+    common(free)
+    free.add_argument("holder", help="DAG_ID/RUN_ID, as `tpuflow leases list` shows it")
+    free.set_defaults(func=_free)
