@@ -19,11 +19,15 @@ from operators.pipeline.params import pipeline_params, validate_params
 from operators.rayjob.operators import RaySubmitJobOperator
 from operators.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from operators.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
+from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
 # Outputs are keyed by the run's date (logical date, or run_after for manual runs without one),
 # so backfilled dates never collide and a rerun of a date reuses what that date already produced.
 RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
 SERVE_APP = "addition"
+# Slices the pipeline may hold at once, across schedules, UI triggers and backfills (a backfill has its
+# own max_active_runs, 10 by default in Airflow 3.3): leases taken before the cluster, given back by a teardown.
+MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
 PROMPT, ANSWER = "17+25=", "42"
 
 
@@ -166,6 +170,7 @@ def build_pipeline_dag(
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       **dag_kwargs) as dag:
         checked = check_params()
+        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES)
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
             accelerator="{{ params.accelerator }}",
@@ -179,8 +184,10 @@ def build_pipeline_dag(
         deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
         stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)
-        checked >> start >> prep
+        release = ReleaseSliceOperator(task_id="release_slice")
+        checked >> lease >> start >> prep
         evaluate >> serve_cfg >> deploy
-        report >> stop
+        report >> stop >> release
         stop.as_teardown(setups=start)
+        release.as_teardown(setups=lease)
     return dag

@@ -25,7 +25,7 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
                              description="Ray accelerator type of the training slice (TPU-V5LITEPOD is v5e)."),
         "topology": Param(topology, type="string", enum=TOPOLOGIES, title="Slice topology",
                           description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e."),
-        "machine_type": Param("", type="string", title="Machine type (optional)",
+        "machine_type": Param(None, type=["null", "string"], title="Machine type (optional)",
                               description="Only to pick the two-VM form of v5e/v6e 2x4: ct6e-standard-4t."),
         "framework": Param("jax", type="string", enum=FRAMEWORKS, title="Framework",
                            description="JaxTrainer (ray.train.v2.jax) or TorchTrainer."),

@@ -33,10 +33,12 @@ def test_local_pipeline_shape(migrated_airflow_db):
     dag = bag.get_dag("tpu_llm_pipeline_local")
     assert dag is not None
     assert dag.catchup is False and dag.max_active_runs == 1 and dag.schedule is not None
-    order = ["check_params", "start_cluster", "prep", "train", "evaluate", "build_serve_config", "deploy",
-             "smoke_test", "write_report", "stop_cluster"]
+    order = ["check_params", "acquire_slice", "start_cluster", "prep", "train", "evaluate", "build_serve_config",
+             "deploy", "smoke_test", "write_report", "stop_cluster", "release_slice"]
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids
     start, stop = dag.get_task("start_cluster"), dag.get_task("stop_cluster")
     assert start.is_setup and stop.is_teardown
+    # A slice lease spans the cluster's life, so a backfill (own max_active_runs) never holds two slices.
+    assert dag.get_task("acquire_slice").is_setup and dag.get_task("release_slice").is_teardown
     assert set(dag.params) >= {"accelerator", "topology", "framework", "train_steps", "accuracy_threshold", "keep_endpoint"}
