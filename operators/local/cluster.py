@@ -280,6 +280,8 @@ class LocalRayCluster:
             "gcs_address": self.gcs_address,
             "state_dir": self.state_dir,
             "auth_token_path": str(Path(self.state_dir) / TOKEN_FILE),
+            # The interpreter whose environment the nodes run: job entrypoints saying `python` use it.
+            "python": str(Path(sys.executable).parent / "python"),
             "slice": self.slice,
         }
 

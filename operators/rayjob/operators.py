@@ -177,9 +177,15 @@ class RaySubmitJobOperator(BaseOperator):
         else:
             sid = base_id
         runtime_env = self.build_runtime_env()
-        self.log.info("Submitting Ray job %s: %s", sid, self.entrypoint)
+        entrypoint = self.entrypoint
+        python = self._cluster_info().get("python")
+        if python and entrypoint.startswith("python "):
+            # A local cluster's nodes run the environment that started them; PATH on a shared
+            # machine may name another Python first. (KubeRay images have one `python`.)
+            entrypoint = f"{python} {entrypoint[len('python '):]}"
+        self.log.info("Submitting Ray job %s: %s", sid, entrypoint)
         hook.submit_job(
-            entrypoint=self.entrypoint,
+            entrypoint=entrypoint,
             submission_id=sid,
             runtime_env=runtime_env,
             entrypoint_num_cpus=self.entrypoint_num_cpus,
