@@ -29,7 +29,11 @@ from typing import Any
 
 import requests
 
-from operators.local.cluster import free_port
+from operators.local.cluster import (  # one process-group logic for all local services
+    _group_alive,
+    _signal_group,
+    free_port,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_WORK_DIR = REPO / ".tpuflow" / "airflow-services"
@@ -315,33 +319,6 @@ def _fernet_key() -> str:
     import base64
 
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A group whose members are all zombies is as good as gone.
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _tail(path: Path, lines: int = 40) -> str:
