@@ -19,7 +19,10 @@ def write_text(uri: str, text: str, gcp_conn_id: str = "google_cloud_default") -
 
 
 def browse_url(uri: str) -> str:
-    """Where a person opens the artifact: the Cloud console for gs://, a file:// URL otherwise."""
+    """Where a person opens a file: the Cloud console for gs://; for a local file under the output
+    root, the tpuflow plugin's outputs page in the Airflow UI (which hides file:// links)."""
     if uri.startswith("gs://"):
         return f"https://console.cloud.google.com/storage/browser/_details/{uri[len('gs://'):]}"
-    return Path(uri).resolve().as_uri()
+    from operators.output_links import outputs_url
+
+    return outputs_url(str(Path(uri).resolve()))

@@ -1,7 +1,9 @@
 """Airflow operators that create and delete GKE TPU slice node pools.
 
 Cheap to import (DAG files import this): google-cloud, the hooks and the triggers load inside
-execute. Validation happens before any API call and raises UserInputError naming the field.
+execute, and the node pool planner (operators.gke.nodepool_spec, with the slice catalog) loads
+when a value is first checked: at parse time only when the arguments are static, else in the
+worker. Validation happens before any API call and raises UserInputError naming the field.
 """
 
 from __future__ import annotations
@@ -15,21 +17,12 @@ from airflow.sdk import BaseOperator, conf
 
 from operators.errors import UserInputError
 from operators.gke.links import GKEClusterNodesLink, GKENodePoolLink
-from operators.gke.nodepool_spec import (
-    OWNER_KEY_LABEL,
-    NodePoolPlan,
-    TaskIdentity,
-    check_cluster_location,
-    check_cluster_name,
-    check_node_pool_name,
-    check_project,
-    plan_node_pools,
-)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from operators.gke.hooks import GKENodePoolHook
+    from operators.gke.nodepool_spec import NodePoolPlan, TaskIdentity
     from operators.gke.provisioning import Progress, RetryPolicy, _Loop
 
 
@@ -47,6 +40,8 @@ def _is_static(value: Any) -> bool:
 
 
 def _identity(context: Context, task_id: str | None = None) -> TaskIdentity:
+    from operators.gke.nodepool_spec import TaskIdentity
+
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
     return TaskIdentity(ti.dag_id, ti.run_id, task_id or ti.task_id, -1 if map_index is None else int(map_index))
@@ -104,6 +99,10 @@ class _NodePoolOperatorBase(BaseOperator):
     def _loop(self, context: Context, progress: Progress) -> _Loop:
         raise NotImplementedError
 
+    def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
+        """What killing this task deletes (see triggers.delete_owned_node_pools); None: nothing."""
+        return None
+
     def _drive(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -116,6 +115,8 @@ class _NodePoolOperatorBase(BaseOperator):
         )
 
         loop = self._loop(context, progress)
+        owned = self._owned_pools(loop)
+        self._kill_with = (loop.hook, owned) if owned else None  # for on_kill, on the worker side
         try:
             if not self.deferrable:
                 return run_to_completion(loop, progress)
@@ -135,7 +136,9 @@ class _NodePoolOperatorBase(BaseOperator):
         if isinstance(step, Sleep):
             self.log.info("Deferring for %.1f s: %s", step.seconds, step.reason)
             resume = {"progress": progress.to_dict(), "waiting": None}
-            trigger = NodePoolBackoffTrigger(wake_at=time.time() + step.seconds, reason=step.reason, resume=resume)
+            trigger = NodePoolBackoffTrigger(
+                wake_at=time.time() + step.seconds, reason=step.reason, resume=resume, delete_on_kill=owned
+            )
         else:
             self.log.info("Deferring until operation %s (%s %s) is done", step.operation, step.action, step.pool)
             resume = {"progress": progress.to_dict(), "waiting": step.to_dict()}
@@ -147,6 +150,7 @@ class _NodePoolOperatorBase(BaseOperator):
                 impersonation_chain=self.impersonation_chain,
                 poll_interval=self.poll_interval,  # type: ignore[arg-type]
                 resume=resume,
+                delete_on_kill=owned,
             )
         self.defer(trigger=trigger, method_name="execute_complete")
 
@@ -245,10 +249,14 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.expires_after = expires_after
         self.stockout_retries = stockout_retries
         if all(_is_static(getattr(self, f)) for f in self.template_fields):
+            from operators.gke.nodepool_spec import TaskIdentity
+
             # Bad input shows up as a DAG import error, long before anything is provisioned.
             self.plan(TaskIdentity("parse", "parse", self.task_id), None)
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
+        from operators.gke.nodepool_spec import plan_node_pools
+
         return plan_node_pools(
             project_id=self.project_id,
             location=self.location,
@@ -275,6 +283,42 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         plan = self.plan(_identity(context), progress.expires_at)
         policy = self._policy(stockout_retries=self.stockout_retries)
         return NodePoolProvisioner(self.get_hook(plan.location), plan, policy)
+
+    def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
+        from operators.gke.nodepool_spec import OWNER_KEY_LABEL
+
+        plan = loop.plan  # type: ignore[attr-defined]
+        chain = self.impersonation_chain
+        return {
+            "project_id": plan.project_id,
+            "location": plan.location,
+            "cluster_name": plan.cluster_name,
+            "node_pool_names": list(plan.names),
+            "owner_key": plan.resource_labels.get(OWNER_KEY_LABEL),
+            "gcp_conn_id": self.gcp_conn_id,
+            "impersonation_chain": list(chain) if isinstance(chain, (list, tuple)) else chain,
+            "poll_interval": float(self.poll_interval),
+        }
+
+    def on_kill(self) -> None:
+        """Killed while running in the worker (not deferred): delete the node pools this task owns.
+
+        Runs in the SIGTERM handler with a few seconds before SIGKILL, so it cannot wait for a create
+        still running on a pool (GKE refuses the delete until then); those pools are named in the log.
+        A deferred task is handled by its trigger's on_kill, which does wait.
+        """
+        kill_with = getattr(self, "_kill_with", None)
+        if not kill_with:
+            return
+        from operators.gke.provisioning import kill_owned_pools
+
+        hook, owned = kill_with
+        for name in kill_owned_pools(hook, owned):
+            self.log.error(
+                "Task killed while GKE is still creating node pool %s, which cannot be deleted before that ends: "
+                "delete it with `gcloud container node-pools delete %s --cluster=%s --location=%s --project=%s`",
+                name, name, owned["cluster_name"], owned["location"], owned["project_id"],
+            )
 
     def execute(self, context: Context) -> Any:
         from operators.gke.provisioning import Progress
@@ -329,6 +373,8 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
             self._validate()
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
+        from operators.gke.nodepool_spec import OWNER_KEY_LABEL
+
         if self.created_by_task_id:
             key = _identity(context, self.created_by_task_id).key
             pools = hook.list_node_pools(project_id=self.project_id, cluster_name=self.cluster_name)
@@ -337,6 +383,13 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         return [value] if isinstance(value, str) else list(value or [])
 
     def _validate(self) -> None:
+        from operators.gke.nodepool_spec import (
+            check_cluster_location,
+            check_cluster_name,
+            check_node_pool_name,
+            check_project,
+        )
+
         check_project(self.project_id)
         check_cluster_location(self.location)
         check_cluster_name(self.cluster_name)

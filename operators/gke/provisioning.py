@@ -377,3 +377,36 @@ def await_operation(hook: GKENodePoolHook, project_id: str, name: str, poll_inte
         if operation.status == Operation.Status.DONE:
             return operation
         time.sleep(poll_interval)
+
+
+def kill_owned_pools(hook: GKENodePoolHook, owned: dict[str, Any]) -> list[str]:
+    """Start deleting the pools a killed create task owns; return those GKE cannot delete yet.
+
+    ``owned``: {"project_id", "cluster_name", "node_pool_names", "owner_key"} (the hook is for the
+    location). Only pools labelled with ``owner_key`` are touched; gone or STOPPING ones are skipped. A
+    pool with an operation still running on it (its create) cannot be deleted before that operation
+    ends: GKE answers "is currently creating node pool ... try again", and the name is returned.
+    """
+    project_id, cluster_name = owned["project_id"], owned["cluster_name"]
+    waiting: list[str] = []
+    for name in owned["node_pool_names"]:
+        pool = hook.get_node_pool(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
+        if pool is None or pool.status.name == "STOPPING":
+            continue
+        if pool.config.resource_labels.get(OWNER_KEY_LABEL) != owned.get("owner_key"):
+            log.info("Node pool %s was not created by this task; leaving it", name)
+            continue
+        try:
+            hook.delete_node_pool(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
+            log.warning("Task killed: deleting node pool %s", name)
+        except GoogleAPICallError as exc:
+            failure = classify_exception(exc)
+            if failure.kind.wait_and_retry:
+                waiting.append(name)
+            else:
+                log.error(
+                    "Task killed, but node pool %s could not be deleted (%s): delete it with `gcloud container "
+                    "node-pools delete %s --cluster=%s --location=%s --project=%s`",
+                    name, failure, name, cluster_name, hook.location, project_id,
+                )
+    return waiting

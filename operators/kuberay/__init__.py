@@ -13,4 +13,26 @@ RAYCLUSTERS = "rayclusters"
 RAYSERVICES = "rayservices"
 KIND_BY_PLURAL = {RAYCLUSTERS: "RayCluster", RAYSERVICES: "RayService"}
 
-__all__ = ["API_VERSION", "GROUP", "KIND_BY_PLURAL", "RAYCLUSTERS", "RAYSERVICES", "VERSION"]
+# Names the operators need when their module is imported (argument defaults, label keys); the
+# manifest builders that use them (operators.kuberay.manifests) load only when a manifest is built.
+DEFAULT_RAY_VERSION = "2.60.0"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PREFIX = "tpuflow.dev"
+SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
+# RayService: "None" updates serveConfigV2 in place on the running cluster. "NewCluster" and the
+# incremental upgrade bring up a second RayCluster first, i.e. a second TPU slice.
+DEFAULT_UPGRADE_STRATEGY = "None"
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_RAY_VERSION",
+    "DEFAULT_UPGRADE_STRATEGY",
+    "GROUP",
+    "KIND_BY_PLURAL",
+    "LABEL_PREFIX",
+    "MANAGED_BY",
+    "RAYCLUSTERS",
+    "RAYSERVICES",
+    "SPEC_HASH",
+    "VERSION",
+]

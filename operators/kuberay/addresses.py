@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from operators.errors import UserInputError
-from operators.kuberay.manifests import HEAD_PORTS
 
+# The head's default ports (operators.kuberay.manifests.HEAD_PORTS) load where they are used: the operators
+# import check_address_mode at DAG parse time, and the manifest builders are not needed then.
 ADDRESS_MODES = ("auto", "in_cluster_dns", "head_service", "port_forward")
 _GCS_NAMES = ("gcs", "gcs-server")
 
@@ -42,6 +43,8 @@ def resolve_mode(mode: str, in_cluster: bool) -> str:
 
 
 def _declared_ports(cluster: Mapping[str, Any]) -> dict[str, str]:
+    from operators.kuberay.manifests import HEAD_PORTS
+
     head = ((((cluster.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {})
     containers = head.get("containers") or [{}]
     ports = {str(p["name"]): str(p["containerPort"]) for p in containers[0].get("ports") or [] if p.get("name")}
@@ -116,6 +119,8 @@ def cluster_payload(cluster: Mapping[str, Any], head_service: Mapping[str, Any] 
 def service_payload(service: Mapping[str, Any], cluster_payload_: Mapping[str, Any],
                     serve_service: Mapping[str, Any] | None, *, mode: str, in_cluster: bool) -> dict[str, Any]:
     """The XCom value of a ready RayService: its Serve URL plus its active cluster's addresses."""
+    from operators.kuberay.manifests import HEAD_PORTS
+
     meta, status = service.get("metadata") or {}, service.get("status") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "default")
     active = status.get("activeServiceStatus") or {}

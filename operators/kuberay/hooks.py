@@ -262,6 +262,17 @@ class AsyncKubeRayHook:
             raise
         return dict(json.loads(raw))
 
+    async def delete(self, plural: str, name: str, namespace: str) -> bool:
+        """Request deletion (background propagation); False when it was already gone."""
+        try:
+            await self._raw("CustomObjectsApi", "delete_namespaced_custom_object", GROUP, VERSION, namespace,
+                            plural, name, propagation_policy="Background")
+        except KubeApiError as err:
+            if err.code == 404:
+                return False
+            raise
+        return True
+
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         raw = await self._raw("CoreV1Api", "list_namespaced_pod", namespace, label_selector=label_selector)
         return list(json.loads(raw).get("items") or [])

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from operators.errors import UserInputError
-from operators.kuberay import API_VERSION
+from operators.kuberay import (
+    API_VERSION,
+    DEFAULT_RAY_VERSION,
+    DEFAULT_UPGRADE_STRATEGY,
+    LABEL_PREFIX,
+    MANAGED_BY,
+    SPEC_HASH,
+)
 from operators.kuberay.k8s_values import (
     check_env,
     check_labels,
@@ -29,7 +36,6 @@ from operators.naming import dns_name, run_key
 from operators.tpu import TpuSlice
 from operators.tpu.slice import TPU_RESOURCE
 
-DEFAULT_RAY_VERSION = "2.60.0"
 DEFAULT_HEAD_RESOURCES: Mapping[str, str] = {"cpu": "2", "memory": "8Gi"}
 WORKER_GROUP = "tpu-group"
 HEAD_CONTAINER = "ray-head"
@@ -38,14 +44,11 @@ WORKER_CONTAINER = "ray-worker"
 HEAD_PORTS: Mapping[str, int] = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT}
 MXLA_PORT = 8081  # multi-host TPU workers talk XLA collectives on it (samples: name "mxla")
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PREFIX = "tpuflow.dev"
-SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
 RUN_ID = f"{LABEL_PREFIX}/run-id"
 SLICE_ANNOTATION = f"{LABEL_PREFIX}/slice"
-# RayService: "None" updates serveConfigV2 in place on the running cluster. "NewCluster" and the
-# incremental upgrade bring up a second RayCluster first, i.e. a second TPU slice.
-DEFAULT_UPGRADE_STRATEGY = "None"
+# DEFAULT_RAY_VERSION, MANAGED_BY, LABEL_PREFIX, SPEC_HASH and DEFAULT_UPGRADE_STRATEGY ("None": a RayService
+# updates serveConfigV2 in place; the other strategies bring up a second RayCluster, i.e. a second TPU slice)
+# live in operators.kuberay, so the operators can name them without loading this module at DAG parse time.
 UPGRADE_STRATEGIES = ("None", "NewCluster", "NewClusterWithIncrementalUpgrade")
 
 _RAY_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")

@@ -1,7 +1,8 @@
 """Shared plumbing of the KubeRay operators: Kubernetes target, slice arguments, waiting, identity.
 
 Cheap to import: the hooks (kubernetes, providers) and triggers load inside the methods that run in
-the worker, never at DAG parse time.
+the worker, never at DAG parse time; the manifest builders and the slice catalog load when a slice
+is first checked (at parse time only for static arguments).
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException
 
 from operators.errors import UserInputError
+from operators.kuberay import DEFAULT_RAY_VERSION
 from operators.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
-from operators.kuberay.manifests import DEFAULT_RAY_VERSION, RayClusterTemplate, ownership_labels, resource_name
-from operators.tpu import TpuSlice
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from operators.kuberay.hooks import KubeRayHook, KubeTarget
+    from operators.kuberay.manifests import RayClusterTemplate
+    from operators.tpu import TpuSlice
 
 _GKE_KEYS = ("project_id", "location", "cluster_name")
 
@@ -116,8 +118,13 @@ class KubeRayBaseOperator(BaseOperator):
         return check_namespace(self.namespace or self.kube_hook().default_namespace())
 
     # --- waiting ---
-    def wait_ready(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete") -> dict[str, Any]:
-        """Defer to KubeRayReadyTrigger, or poll here; returns the event (non-deferrable only)."""
+    def wait_ready(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete",
+                   owner_run_key: str | None = None) -> dict[str, Any]:
+        """Defer to KubeRayReadyTrigger, or poll here; returns the event (non-deferrable only).
+
+        ``owner_run_key``: this task's run-key label; killing the task while it waits deletes the
+        object if it carries that label (the task created it), by the trigger's or this on_kill.
+        """
         deadline = time.time() + self.wait_timeout
         if self.deferrable:
             from operators.kuberay.triggers import KubeRayReadyTrigger
@@ -125,13 +132,33 @@ class KubeRayBaseOperator(BaseOperator):
             self.defer(
                 trigger=KubeRayReadyTrigger(kind=kind, name=name, namespace=namespace,
                                             target=self.kube_target().to_dict(), deadline=deadline,
-                                            poll_interval=self.poll_interval, log_lines=self.log_lines),
+                                            poll_interval=self.poll_interval, log_lines=self.log_lines,
+                                            owner_run_key=owner_run_key),
                 method_name=method_name,
             )
         from operators.kuberay.waits import SyncReader, wait_ready
 
-        return asyncio.run(wait_ready(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
-                                      deadline=deadline, poll_interval=self.poll_interval, log_lines=self.log_lines))
+        self._waiting_for = (kind, name, namespace, owner_run_key)
+        try:
+            return asyncio.run(wait_ready(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
+                                          deadline=deadline, poll_interval=self.poll_interval,
+                                          log_lines=self.log_lines))
+        finally:
+            self._waiting_for = None
+
+    def on_kill(self) -> None:
+        """Killed while waiting in the worker (not deferred): delete the object this task created."""
+        waiting_for = getattr(self, "_waiting_for", None)
+        if not waiting_for or not waiting_for[3]:
+            return
+        from operators.kuberay.triggers import owned_by
+        from operators.kuberay.waits import KINDS
+
+        kind, name, namespace, run_key = waiting_for
+        hook = self.kube_hook()
+        if owned_by(hook.get(KINDS[kind], name, namespace), run_key):
+            self.log.warning("Task killed: deleting %s %s/%s", kind, namespace, name)
+            hook.delete(KINDS[kind], name, namespace)
 
     def wait_gone(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete") -> dict[str, Any]:
         deadline = time.time() + self.wait_timeout
@@ -187,6 +214,8 @@ class SliceArgumentsMixin:
         shm_size: str | None,
     ) -> None:
         if tpu is not None:
+            from operators.tpu import TpuSlice
+
             if accelerator or topology:
                 raise UserInputError("tpu", tpu, "give either tpu or accelerator/topology, not both")
             if isinstance(tpu, Mapping):
@@ -208,6 +237,9 @@ class SliceArgumentsMixin:
                           *self.env.values())
 
     def build_template(self) -> RayClusterTemplate:
+        from operators.kuberay.manifests import RayClusterTemplate
+        from operators.tpu import TpuSlice
+
         if not self.accelerator or not self.topology:
             raise UserInputError("topology" if self.accelerator else "accelerator",
                                  self.topology if self.accelerator else self.accelerator,
@@ -225,6 +257,7 @@ class SliceArgumentsMixin:
 
 def object_name(context: Context, explicit: str | None, task_id: str | None = None) -> str:
     from operators.kuberay.k8s_values import check_name
+    from operators.kuberay.manifests import resource_name
 
     if explicit:
         return check_name("name", explicit)
@@ -232,4 +265,6 @@ def object_name(context: Context, explicit: str | None, task_id: str | None = No
 
 
 def owner_labels(context: Context, extra: Mapping[str, str] | None) -> dict[str, str]:
+    from operators.kuberay.manifests import ownership_labels
+
     return {**dict(extra or {}), **ownership_labels(*identity(context))}

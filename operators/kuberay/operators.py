@@ -11,7 +11,9 @@ Ready means KubeRay's conditions (operators.kuberay.status); a failure or the de
 KubeRay's reason, pod states, Warning events and the head pod's last log lines. The return value
 (XCom) is the address payload of operators.kuberay.addresses.
 
-Cheap to import: no kubernetes, ray or google imports at module level.
+Cheap to import: no kubernetes, ray or google imports at module level; the manifest builders, the
+Serve config checks and the TPU webhook rules load when a manifest is built or checked (at parse
+time only when the slice arguments are static).
 """
 
 from __future__ import annotations
@@ -23,22 +25,18 @@ from airflow.sdk import XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from operators.errors import UserInputError
-from operators.kuberay import RAYCLUSTERS, RAYSERVICES
-from operators.kuberay.addresses import check_address_mode
-from operators.kuberay.links import RayDashboardLink
-from operators.kuberay.manifests import (
+from operators.kuberay import (
     DEFAULT_RAY_VERSION,
     DEFAULT_UPGRADE_STRATEGY,
     LABEL_PREFIX,
     MANAGED_BY,
+    RAYCLUSTERS,
+    RAYSERVICES,
     SPEC_HASH,
-    raycluster_manifest,
-    rayservice_manifest,
-    spec_hash,
 )
+from operators.kuberay.addresses import check_address_mode
+from operators.kuberay.links import RayDashboardLink
 from operators.kuberay.operator_base import KubeRayBaseOperator, SliceArgumentsMixin, object_name, owner_labels
-from operators.kuberay.serve_config import serve_config_dict
-from operators.kuberay.webhook_rules import WEBHOOK_DENIAL, slice_of_group, tpu_group_problems, tpu_worker_groups
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -60,6 +58,8 @@ _SLICE_DOC = """
 
 
 def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    from operators.kuberay.webhook_rules import slice_of_group, tpu_worker_groups
+
     for _, group, _ in tpu_worker_groups(spec):
         try:
             return slice_of_group(group).to_dict()
@@ -69,6 +69,8 @@ def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _rejection(err: KubeApiError, kind: str, namespace: str, name: str, cluster_spec: Mapping[str, Any]) -> str:
+    from operators.kuberay.webhook_rules import WEBHOOK_DENIAL, tpu_group_problems
+
     text = f"Kubernetes rejected {kind} {namespace}/{name} ({err.code} {err.reason}): {err.message}"
     if WEBHOOK_DENIAL in err.message:
         for problem in tpu_group_problems(cluster_spec):
@@ -147,6 +149,9 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return dict(raw)
 
     def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        from operators.kuberay.manifests import spec_hash
+        from operators.kuberay.webhook_rules import tpu_group_problems
+
         body = self._parsed_manifest()
         spec = dict(body.get("spec") or {})
         if not spec.get("headGroupSpec"):
@@ -161,6 +166,8 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return {**body, "metadata": meta, "spec": spec}
 
     def build_manifest(self, context: Context, namespace: str) -> dict[str, Any]:
+        from operators.kuberay.manifests import raycluster_manifest
+
         labels = owner_labels(context, self.labels)
         if self.manifest is not None:
             manifest_name = (self._parsed_manifest().get("metadata") or {}).get("name")
@@ -192,11 +199,12 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         verdict = raycluster_verdict(obj)
         if verdict.ready:
             return self.finish(context, name, namespace)
+        owner = body["metadata"]["labels"][RUN_KEY_LABEL]  # killing the task deletes the cluster if it has this
         if verdict.failed:
-            event = self.wait_ready("RayCluster", name, namespace)  # collects diagnostics, returns at once
+            event = self.wait_ready("RayCluster", name, namespace, owner_run_key=owner)  # diagnostics, at once
             self.raise_for_event(event, "ready")
         self.log.info("Waiting up to %.0fs for RayCluster %s/%s: %s", self.wait_timeout, namespace, name, verdict.reason)
-        event = self.wait_ready("RayCluster", name, namespace)
+        event = self.wait_ready("RayCluster", name, namespace, owner_run_key=owner)
         return self.execute_complete(context, event)
 
     def _adopt(self, hook: KubeRayHook, body: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
@@ -296,7 +304,12 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
                         service_account=service_account, shm_size=shm_size)
         # A template or an upstream task's XCom (e.g. a @task building the config) is checked when it renders.
         deferred = isinstance(serve_config, XComArg) or (isinstance(serve_config, str) and "{{" in serve_config)
-        self.serve_config = serve_config if isinstance(serve_config, (str, XComArg)) else serve_config_dict(serve_config)
+        if isinstance(serve_config, (str, XComArg)):
+            self.serve_config = serve_config
+        else:
+            from operators.kuberay.serve_config import serve_config_dict
+
+            self.serve_config = serve_config_dict(serve_config)
         self.name = name
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
@@ -306,6 +319,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
             self.build_manifest_for("parse-check", "default", {})
 
     def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        from operators.kuberay.manifests import rayservice_manifest, spec_hash
+
         manifest = rayservice_manifest(self.build_template(), self.serve_config, name=name, namespace=namespace,
                                        labels=labels, annotations=self.annotations,
                                        upgrade_strategy=self.upgrade_strategy, pod_labels=self.labels)
@@ -335,7 +350,9 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         if verdict.ready:
             return self.finish(context, name, namespace)
         self.log.info("Waiting up to %.0fs for RayService %s/%s: %s", self.wait_timeout, namespace, name, verdict.reason)
-        event = self.wait_ready("RayService", name, namespace)
+        # Killing the task deletes the RayService only if this task instance created it (its run-key label),
+        # not a long-lived one (stable name) it updated.
+        event = self.wait_ready("RayService", name, namespace, owner_run_key=body["metadata"]["labels"][RUN_KEY_LABEL])
         return self.execute_complete(context, event)
 
     def _create_or_update(self, hook: KubeRayHook, body: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:

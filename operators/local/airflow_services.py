@@ -250,20 +250,19 @@ class AirflowServices:
 
     def stop(self, timeout: float = 30.0) -> list[str]:
         """SIGTERM each service's process group, SIGKILL what is left after `timeout`."""
-        stopped = []
-        for name, pgid in self.pids.items():
-            if _group_alive(pgid):
-                _signal_group(pgid, signal.SIGTERM)
-                stopped.append(name)
-        deadline = time.time() + timeout
-        while time.time() < deadline and any(_group_alive(p) for p in self.pids.values()):
-            time.sleep(0.5)
-        for pgid in self.pids.values():
-            if _group_alive(pgid):
-                _signal_group(pgid, signal.SIGKILL)
+        stopped = _stop_groups(self.pids, timeout)
         self.pids = {}
         self.save()
         return stopped
+
+    def restart(self, service: str, timeout: float = 240.0) -> None:
+        """Stop one service and start it again (what a pod or VM restart does to it); waits for health."""
+        if service not in SERVICES:
+            raise AirflowServicesError(f"unknown service {service!r}; one of {', '.join(SERVICES)}")
+        _stop_groups({service: self.pids.pop(service)} if service in self.pids else {}, 30.0)
+        self.pids[service] = self._spawn(service)
+        self.save()
+        self.wait_healthy(timeout)
 
     # --- state ---------------------------------------------------------------------
     def save(self) -> None:
@@ -308,6 +307,22 @@ class _BaseUrlSession(requests.Session):
             url = self.base + url
         kwargs.setdefault("timeout", 30)
         return super().request(method, url, *args, **kwargs)
+
+
+def _stop_groups(pids: dict[str, int], timeout: float) -> list[str]:
+    """SIGTERM the process groups, SIGKILL what is left after `timeout`; returns the names signalled."""
+    stopped = []
+    for name, pgid in pids.items():
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGTERM)
+            stopped.append(name)
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(_group_alive(p) for p in pids.values()):
+        time.sleep(0.5)
+    for pgid in pids.values():
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+    return stopped
 
 
 def _airflow_bin() -> str:

@@ -28,6 +28,8 @@ class LocalRayClusterCreateOperator(BaseOperator):
     """Start (or adopt, on a retry) a local Ray cluster simulating the requested TPU slice.
 
     Pushes the cluster's connection info (dashboard_url, serve_url, ...) as the task's return value.
+    Killing the task while the cluster starts (mark failed/success, clear) stops the nodes it started:
+    they run in their own sessions, so ending the task process alone would leave them running.
     """
 
     template_fields: Sequence[str] = ("accelerator", "topology", "machine_type", "num_slices", "base_dir")
@@ -58,7 +60,11 @@ class LocalRayClusterCreateOperator(BaseOperator):
         self.start_timeout = start_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from operators.local.cluster import LocalRayCluster
+        from pathlib import Path
+
+        from airflow.sdk.exceptions import AirflowTaskTerminated
+
+        from operators.local.cluster import DEFAULT_BASE_DIR, LocalRayCluster
         from operators.tpu import TpuSlice
 
         tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
@@ -66,14 +72,48 @@ class LocalRayClusterCreateOperator(BaseOperator):
         ti = context["ti"]
         name = local_cluster_name(ti.dag_id, ti.run_id, ti.task_id)
         self.log.info("Starting local Ray cluster %s simulating %s", name, tpu.summary())
-        cluster = LocalRayCluster.start(
-            tpu, name, self.base_dir, head_cpus=self.head_cpus, host_cpus=self.host_cpus, timeout=self.start_timeout
-        )
+        self._starting = state_dir = Path(self.base_dir or DEFAULT_BASE_DIR) / name
+        try:
+            cluster = LocalRayCluster.start(
+                tpu, name, self.base_dir, head_cpus=self.head_cpus, host_cpus=self.host_cpus,
+                timeout=self.start_timeout,
+            )
+        except AirflowTaskTerminated:  # raised by on_kill; start() stopped the nodes it spawned
+            _stop_recorded(state_dir)  # and an adopted cluster, which start() leaves alone
+            raise
+        finally:
+            self._starting = None
         RayDashboardLink.persist_url(context, cluster.dashboard_url)
         self.log.info(
             "Ray dashboard: %s  Serve: %s  state: %s", cluster.dashboard_url, cluster.serve_url, cluster.state_dir
         )
         return cluster.connection_info()
+
+    def on_kill(self) -> None:
+        """Killed while starting the cluster: stop it.
+
+        The task runner calls this from its SIGTERM handler, on the thread blocked in
+        LocalRayCluster.start(); raising there unwinds start(), whose cleanup stops every node it
+        spawned, including one not yet in the state file. From any other thread: stop what the state
+        file lists.
+        """
+        import threading
+
+        from airflow.sdk.exceptions import AirflowTaskTerminated
+
+        state_dir = getattr(self, "_starting", None)
+        if state_dir is None:
+            return
+        if threading.current_thread() is threading.main_thread():
+            raise AirflowTaskTerminated(f"task killed while starting the local Ray cluster in {state_dir}")
+        _stop_recorded(state_dir)
+
+
+def _stop_recorded(state_dir: Any) -> None:
+    from operators.local.cluster import STATE_FILE, LocalRayCluster
+
+    if (state_dir / STATE_FILE).exists():
+        LocalRayCluster.load(state_dir).stop(timeout=3.0)  # SIGKILL follows SIGTERM after ~5 s
 
 
 class LocalRayClusterDeleteOperator(BaseOperator):

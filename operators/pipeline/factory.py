@@ -10,71 +10,42 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import DAG, BaseOperator, task
+from airflow.sdk import DAG, BaseOperator
 
-from operators.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
-from operators.pipeline.params import pipeline_params, validate_params
+from operators.pipeline.params import pipeline_params
+from operators.pipeline.steps import (
+    ANSWER,
+    PROMPT,
+    SERVE_APP,
+    BuildServeConfigOperator,
+    CheckParamsOperator,
+    WriteReportOperator,
+)
 from operators.rayjob.operators import RaySubmitJobOperator
 from operators.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from operators.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
-from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.xcom_arg import XComArg
 
 # Outputs are keyed by the run's date (logical date, or run_after for manual runs without one),
 # so backfilled dates never collide and a rerun of a date reuses what that date already produced.
 RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
-SERVE_APP = "addition"
 # Slices the pipeline may hold at once, across schedules, UI triggers and backfills (a backfill has its
 # own max_active_runs, 10 by default in Airflow 3.3): leases taken before the cluster, given back by a teardown.
 MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
-PROMPT, ANSWER = "17+25=", "42"
 
 
 def default_output_root() -> str:
     return os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path.home() / ".tpuflow" / "outputs"))
 
 
-@task
-def check_params(**context: Any) -> dict[str, Any]:
-    """Reject a bad accelerator/topology pair (or other Param) before anything is started."""
-    return validate_params(dict(context["params"]))
-
-
-@task
-def build_serve_config(cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str, **context: Any) -> dict[str, Any]:
-    from operators.serve.config import serve_application, serve_config
-
-    params = context["params"]
-    app = serve_application(
-        SERVE_APP,
-        "addition.serve_app:app_builder",
-        route_prefix=f"/{SERVE_APP}",
-        args={"checkpoint": trained["checkpoint"], "framework": params["framework"], "model_name": SERVE_APP},
-        runtime_env={"working_dir": workloads_uri},
-    )
-    port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
-    return serve_config([app], http_port=port)
-
-
-@task
-def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, Any], deployed: dict[str, Any]) -> dict[str, Any]:
-    import json
-
-    report = {
-        "output_dir": output_dir,
-        "accuracy": evaluation.get("accuracy"),
-        "heldout_examples": evaluation.get("n"),
-        "sample_prompt": PROMPT,
-        "sample_completion": (answer.get("choices") or [{}])[0].get("text"),
-        "endpoint": f"{deployed['serve_url']}/{SERVE_APP}/v1",
-    }
-    path = Path(output_dir) / "report.json"
-    if "://" not in output_dir:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2))
-    print(f"TPUFLOW_REPORT {json.dumps(report)}")
-    return report
+def build_serve_config(cluster: Any, trained: Any, workloads_uri: str) -> XComArg:
+    """The Serve config task (task_id build_serve_config); its XCom is the config the deploy task takes."""
+    return BuildServeConfigOperator(task_id="build_serve_config", cluster=cluster, trained=trained,
+                                    workloads_uri=workloads_uri).output
 
 
 def pipeline_dag(dag_id: str, *, schedule: str | None, start_date: datetime, max_active_runs: int,
@@ -138,7 +109,7 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
     return prep, train, evaluate
 
 
-def smoke_test_and_report(run_dir: str, evaluate: BaseOperator, deploy: BaseOperator) -> tuple[BaseOperator, Any]:
+def smoke_test_and_report(run_dir: str, evaluate: BaseOperator, deploy: BaseOperator) -> tuple[BaseOperator, BaseOperator]:
     """Call the deployed endpoint (deploy's XCom carries serve_url) and write the run's report."""
     smoke = ServeEndpointSmokeTestOperator(
         task_id="smoke_test",
@@ -146,7 +117,8 @@ def smoke_test_and_report(run_dir: str, evaluate: BaseOperator, deploy: BaseOper
         payload={"model": SERVE_APP, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
         expect=ANSWER,
     )
-    report = write_report(run_dir, evaluate.output, smoke.output, deploy.output)
+    report = WriteReportOperator(task_id="write_report", output_dir=run_dir, evaluation=evaluate.output,
+                                 answer=smoke.output, deployed=deploy.output)
     deploy >> smoke >> report
     return smoke, report
 
@@ -165,11 +137,16 @@ def build_pipeline_dag(
     **dag_kwargs: Any,
 ) -> DAG:
     """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay."""
+    # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
+    # steps) does not load them when it is parsed.
+    from operators.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+    from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+
     run_dir = run_dir_for(dag_id, output_root)
     workloads_dir = str(Path(__file__).resolve().parents[2] / "workloads")
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       **dag_kwargs) as dag:
-        checked = check_params()
+        checked = CheckParamsOperator(task_id="check_params")
         lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES)
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param
 
 from operators.errors import UserInputError
 from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
@@ -49,11 +49,12 @@ from operators.pipeline.factory import (
     training_steps,
 )
 from operators.pipeline.params import pipeline_params, validate_params
-from operators.tpu import TpuSlice
-from operators.tpu.slice import resolve_generation
+from operators.pipeline.steps import CheckParamsOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from operators.tpu import TpuSlice
 
 # Where the Ray image keeps workloads/ (the Serve app's working_dir; Ray *jobs* upload workloads/ themselves).
 IMAGE_WORKLOADS_URI = "local:///home/ray/workloads"
@@ -75,6 +76,8 @@ def gke_pipeline_params() -> dict[str, Param]:
 
 def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
     """The endpoint's slice: single-host, of the training generation, valid on GKE and in Ray."""
+    from operators.tpu import TpuSlice, resolve_generation
+
     generation = resolve_generation(accelerator)
     if not topology:
         shapes = [TpuSlice.from_spec(generation.name, t) for t in generation.gke_topologies & generation.ray_topologies]
@@ -90,10 +93,16 @@ def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
     return tpu
 
 
-@task(task_id="check_params")
-def check_gke_params(**context: Any) -> dict[str, Any]:
+class CheckGkeParamsOperator(CheckParamsOperator):
     """The training slice (as the local pipeline checks it, plus GKE's shapes) and the serve slice."""
-    params = dict(context["params"])
+
+    def check(self, params: dict[str, Any]) -> dict[str, Any]:
+        return check_gke_params(params)
+
+
+def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
+    from operators.tpu import TpuSlice
+
     train = validate_params(params)
     try:
         TpuSlice.from_spec(params["accelerator"], params["topology"], params.get("machine_type") or None).require(
@@ -245,7 +254,7 @@ def build_gke_pipeline_dag(
     dag_kwargs.setdefault("doc_md", __doc__)
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       params=gke_pipeline_params(), **dag_kwargs) as dag:
-        checked = check_gke_params()
+        checked = CheckGkeParamsOperator(task_id="check_params")
         create_pool = GKECreateTPUNodePoolOperator(
             task_id="create_node_pool",
             accelerator=_checked("ray_accelerator_type"),

@@ -12,7 +12,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from operators.errors import UserInputError
-from operators.tpu import GENERATIONS, TpuSlice
+from operators.tpu.generations import GENERATIONS
 
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
 TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
@@ -41,6 +41,8 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
 
 def validate_params(params: dict[str, Any]) -> dict[str, Any]:
     """Cross-field validation; returns the slice description the run will use."""
+    from operators.tpu import TpuSlice
+
     framework = params.get("framework")
     if framework not in FRAMEWORKS:
         raise UserInputError("params.framework", framework, f"use one of {', '.join(FRAMEWORKS)}")

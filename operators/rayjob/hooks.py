@@ -134,14 +134,21 @@ class RayJobHook(BaseHook):
         data = await self._aget(f"/api/jobs/{submission_id}/logs")
         return (data or {}).get("logs", "")
 
-    async def astop_job(self, submission_id: str) -> None:
+    async def _asend(self, method: str, path: str, timeout: float = 30.0) -> None:
+        """A request whose answer is only its status; 404 (already gone) counts as done."""
         import aiohttp
 
         async with aiohttp.ClientSession(headers=self.headers()) as session:
-            url = f"{self.dashboard_url}/api/jobs/{submission_id}/stop"
-            async with session.post(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            url = f"{self.dashboard_url}{path}"
+            async with session.request(method, url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status not in (200, 404):
                     resp.raise_for_status()
+
+    async def astop_job(self, submission_id: str) -> None:
+        await self._asend("POST", f"/api/jobs/{submission_id}/stop")
+
+    async def adelete_serve_applications(self) -> None:
+        await self._asend("DELETE", "/api/serve/applications/", timeout=60)
 
     async def aget_serve_applications(self) -> dict[str, Any]:
         return await self._aget("/api/serve/applications/") or {}

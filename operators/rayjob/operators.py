@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
     from operators.rayjob.hooks import RayJobHook
 
+# Key of the task state store entry naming the task's current Ray job (Airflow 3.3 durable
+# execution). Renaming it breaks re-attachment for retries already in flight.
+SUBMISSION_STATE_KEY = "ray_submission_id"
 # workloads/ beside the installed package (editable installs and the repo layout).
 DEFAULT_WORKING_DIR = str(Path(__file__).resolve().parents[2] / "workloads")
 
@@ -141,7 +144,7 @@ class RaySubmitJobOperator(BaseOperator):
         hook = self.hook()
         base_id = self.base_submission_id(context)
         RayDashboardLink.persist_url(context, hook.dashboard_url)
-        sid, status = self._attach_or_submit(hook, base_id)
+        sid, status = self._attach_or_submit(hook, base_id, context)
         self._active_submission_id = sid
         RayJobLink.persist_url(context, f"{hook.dashboard_url}/#/jobs/{sid}")
         if status == "SUCCEEDED":
@@ -164,13 +167,25 @@ class RaySubmitJobOperator(BaseOperator):
             )
         return self.execute_complete(context, self._wait_blocking(hook, sid))
 
-    def _attach_or_submit(self, hook: RayJobHook, base_id: str) -> tuple[str, str]:
+    def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str]:
+        """The job this task already runs (named in the task state store, else found by its
+        deterministic id on the cluster), or a new submission; either way recorded in the store.
+
+        Like KubernetesPodOperator, durable execution is built in rather than taken from
+        ResumableJobMixin: the mixin only covers a blocking wait, and this operator defers.
+        """
+        store = context.get("task_state_store")
         jobs = hook.find_jobs(base_id)
-        if jobs:
-            latest = jobs[-1]
+        stored = store.get(SUBMISSION_STATE_KEY) if store is not None else None
+        by_id = {job.submission_id: job for job in jobs}
+        if isinstance(stored, str) and stored not in by_id and stored.startswith(base_id):
+            self.log.warning("Ray job %s recorded by an earlier try is not on this cluster; looking for others", stored)
+        latest = by_id[stored] if isinstance(stored, str) and stored in by_id else (jobs[-1] if jobs else None)
+        if latest is not None:
             status = str(latest.status.value if hasattr(latest.status, "value") else latest.status)
             if status in ("PENDING", "RUNNING", "SUCCEEDED"):
                 self.log.info("Re-attaching to Ray job %s (%s)", latest.submission_id, status)
+                self._record_submission(store, latest.submission_id)
                 return latest.submission_id, status
             sid = f"{base_id}-r{len(jobs)}"
             self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)
@@ -192,7 +207,13 @@ class RaySubmitJobOperator(BaseOperator):
             entrypoint_resources=self.entrypoint_resources,
             metadata={"airflow_task": self.task_id, "airflow_dag": self.dag_id},
         )
+        self._record_submission(store, sid)
         return sid, "PENDING"
+
+    @staticmethod
+    def _record_submission(store: Any, sid: str) -> None:
+        if store is not None:
+            store.set(SUBMISSION_STATE_KEY, sid)
 
     def _wait_blocking(self, hook: RayJobHook, sid: str) -> dict[str, Any]:
         from operators.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi

@@ -78,6 +78,7 @@ class RayServeDeployOperator(BaseOperator):
         RayDashboardLink.persist_url(context, f"{hook.dashboard_url}/#/serve")
         RayServeEndpointLink.persist_url(context, hook.serve_url)
         names = application_names(self.serve_config)
+        created = self._absent_apps(hook, names)  # what killing this task deletes (see on_kill)
         self.log.info("Deploying Serve applications %s to %s", names, hook.dashboard_url)
         hook.put_serve_config(self.serve_config)
         if self.deferrable:
@@ -90,10 +91,40 @@ class RayServeDeployOperator(BaseOperator):
                     ray_conn_id=self.ray_conn_id,
                     timeout=self.deploy_timeout,
                     poll_interval=self.poll_interval,
+                    delete_on_kill=created,
                 ),
                 method_name="execute_complete",
             )
-        return self.execute_complete(context, self._wait_blocking(hook, names))
+        self._kill_with = (hook, created)
+        try:
+            event = self._wait_blocking(hook, names)
+        finally:
+            self._kill_with = None
+        return self.execute_complete(context, event)
+
+    def _absent_apps(self, hook: Any, names: list[str]) -> list[str]:
+        """The apps this deploy creates (not on the cluster before its PUT); [] when that is unknown."""
+        try:
+            present = (hook.get_serve_applications() or {}).get("applications") or {}
+        except Exception as err:  # Serve not answering yet; without knowing, a kill deletes nothing
+            self.log.info("Could not list Serve applications before deploying (%s)", err)
+            return []
+        return [n for n in names if n not in present]
+
+    def on_kill(self) -> None:
+        """Killed while waiting in the worker (not deferred): delete the apps this task created.
+
+        Same rule as RayServeApplicationsTrigger.on_kill: only when every app on the cluster is one of them.
+        """
+        kill_with = getattr(self, "_kill_with", None)
+        if not kill_with or not kill_with[1]:
+            return
+        from operators.serve.status import deletable_on_kill
+
+        hook, created = kill_with
+        if deletable_on_kill(hook.get_serve_applications(), created):
+            self.log.warning("Task killed: deleting Serve applications %s", created)
+            hook.delete_serve_applications()
 
     def _wait_blocking(self, hook: Any, names: list[str]) -> dict[str, Any]:
         from operators.serve.status import STUCK_HINT, judge

@@ -48,3 +48,13 @@ def judge(payload: dict[str, Any], app_names: list[str]) -> ServeVerdict:
     if waiting:
         return ServeVerdict("waiting", "\n".join(waiting))
     return ServeVerdict("running", ", ".join(f"{n}: RUNNING" for n in app_names))
+
+
+def deletable_on_kill(payload: dict[str, Any], created: list[str] | None) -> bool:
+    """Whether a killed deploy task may DELETE /api/serve/applications/ (which removes every app).
+
+    Only when every application on the cluster is one this task created (absent before its PUT):
+    an app it merely updated, or another deploy's app, keeps running.
+    """
+    present = set(((payload or {}).get("applications") or {}).keys())
+    return bool(created) and bool(present) and present <= set(created)

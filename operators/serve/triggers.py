@@ -1,4 +1,11 @@
-"""Deferrable wait until Ray Serve applications are RUNNING (or failed, or stuck past a deadline)."""
+"""Deferrable wait until Ray Serve applications are RUNNING (or failed, or stuck past a deadline).
+
+Kill semantics: a user marking the deferred deploy task failed/success or clearing it makes the
+triggerer call ``on_kill``, which deletes the applications the task created (``delete_on_kill``: the
+app names absent before its PUT). Serve's REST API deletes all applications at once, so this is done
+only when every app on the cluster is one of those; an app the task merely updated keeps serving.
+``cleanup()`` is not overridden: it also runs on triggerer restarts.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from operators.rayjob.hooks import RayJobHook
-from operators.serve.status import STUCK_HINT, judge
+from operators.serve.status import STUCK_HINT, deletable_on_kill, judge
 
 
 class RayServeApplicationsTrigger(BaseTrigger):
@@ -22,6 +29,7 @@ class RayServeApplicationsTrigger(BaseTrigger):
         timeout: float = 600.0,
         poll_interval: float = 2.0,
         started_at: float | None = None,
+        delete_on_kill: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.app_names = list(app_names)
@@ -30,6 +38,7 @@ class RayServeApplicationsTrigger(BaseTrigger):
         self.timeout = timeout
         self.poll_interval = poll_interval
         self.started_at = started_at if started_at is not None else time.time()
+        self.delete_on_kill = list(delete_on_kill) if delete_on_kill else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -41,8 +50,22 @@ class RayServeApplicationsTrigger(BaseTrigger):
                 "timeout": self.timeout,
                 "poll_interval": self.poll_interval,
                 "started_at": self.started_at,
+                "delete_on_kill": self.delete_on_kill,
             },
         )
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed/success or cleared it: delete the apps it created."""
+        if not self.delete_on_kill:
+            return
+        hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
+        payload = await hook.aget_serve_applications()
+        if not deletable_on_kill(payload, self.delete_on_kill):
+            present = sorted((payload.get("applications") or {}).keys())
+            self.log.info("Task killed; Serve applications %s are not all this task's, leaving them", present)
+            return
+        self.log.warning("Task killed: deleting Serve applications %s", self.delete_on_kill)
+        await hook.adelete_serve_applications()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)

@@ -39,6 +39,14 @@ def test_outputs_link_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert outputs_url("/elsewhere/x") == "file:///elsewhere/x"
 
 
+def test_kept_driver_log_opens_in_the_ui_or_the_cloud_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from operators.storage import browse_url
+
+    monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", str(tmp_path))
+    assert browse_url(f"{tmp_path}/dag/2026-11-03/logs/train-jax.log") == "/tpuflow/outputs/dag/2026-11-03/logs/train-jax.log"
+    assert browse_url("gs://bkt/runs/logs/train.log") == "https://console.cloud.google.com/storage/browser/_details/bkt/runs/logs/train.log"
+
+
 def test_provider_lists_every_link_class_and_the_ray_connection_type() -> None:
     from operators.provider_info import get_provider_info
     from operators.ui.links_catalog import link_class_paths

@@ -274,3 +274,130 @@ def test_static_bad_input_fails_when_the_dag_is_parsed_templated_input_when_the_
     with pytest.raises(UserInputError, match="capacity='spot-ish'"):
         op.execute(context())
     assert gke.requests == []
+
+
+# --- kill semantics: marking the task failed/success or clearing it deletes what it owns ---------------
+def _deferred_trigger(op: Any, ctx: dict[str, Any]) -> Any:
+    """execute() until it defers; the trigger rebuilt from its serialized (JSON) form, as the triggerer does."""
+    import importlib
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+
+
+def _statuses(gke: Any) -> dict[str, str]:
+    return {p["name"]: p["status"] for p in gke.node_pools()}
+
+
+def test_killing_the_deferred_create_deletes_the_pool_once_gke_lets_it_but_a_triggerer_restart_does_not(gke):
+    import asyncio
+
+    gke.operation_seconds = 0.8
+    trigger = _deferred_trigger(create_op(deferrable=True), context())
+    [name] = trigger.delete_on_kill["node_pool_names"]
+
+    async def scenario() -> tuple[dict[str, str], dict[str, str]]:
+        # A triggerer restart: the wait is cancelled and cleaned up without on_kill. Nothing is deleted.
+        waiting = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0.2)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await trigger.cleanup()
+        after_restart = _statuses(gke)
+        # The user marks the task failed: on_kill waits out the create (GKE refuses a delete until then).
+        await trigger.on_kill()
+        return after_restart, _statuses(gke)
+
+    after_restart, after_kill = asyncio.run(scenario())
+    assert after_restart == {name: "PROVISIONING"}
+    assert after_kill in ({name: "STOPPING"}, {})
+    # GKE refused the deletes sent while the create ran ("try again once it is done"); the last one went through.
+    assert {r["path"].rsplit("/", 1)[-1] for r in gke.requests if r["method"] == "DELETE"} == {name}
+
+
+def test_a_kill_outlasting_on_kill_timeout_finishes_the_deletion_in_the_triggerers_loop(gke, monkeypatch):
+    import asyncio
+
+    monkeypatch.setenv("AIRFLOW__TRIGGERER__ON_KILL_TIMEOUT", "0.5")
+    gke.operation_seconds = 1.5
+    trigger = _deferred_trigger(create_op(deferrable=True), context())
+
+    async def scenario() -> tuple[float, dict[str, str], dict[str, str]]:
+        started = time.monotonic()
+        await trigger.on_kill()
+        returned_after, at_return = time.monotonic() - started, _statuses(gke)
+        for _ in range(100):  # the triggerer's loop keeps running; so does the deletion
+            await asyncio.sleep(0.05)
+            if set(_statuses(gke).values()) <= {"STOPPING"}:
+                break
+        return returned_after, at_return, _statuses(gke)
+
+    returned_after, at_return, later = asyncio.run(scenario())
+    assert returned_after < 1.0 and set(at_return.values()) == {"PROVISIONING"}
+    assert set(later.values()) <= {"STOPPING"}
+
+
+def test_a_killed_create_leaves_pools_of_another_owner_and_the_delete_task_deletes_nothing_more(gke):
+    import asyncio
+
+    gke.operation_seconds = 0.3
+    trigger = _deferred_trigger(create_op(deferrable=True), context())
+    stranger = {**trigger.delete_on_kill, "owner_key": "another-task"}
+    trigger.delete_on_kill = stranger
+    asyncio.run(trigger.on_kill())
+    assert list(_statuses(gke).values()) in (["PROVISIONING"], ["RUNNING"])
+    assert not [r for r in gke.requests if r["method"] == "DELETE"]
+
+    name = stranger["node_pool_names"][0]
+    time.sleep(0.4)
+    remover = _deferred_trigger(delete_op(node_pool_name=name, deferrable=True), context(task_id="delete_pool"))
+    assert remover.delete_on_kill is None  # its wait is already a deletion: killing it adds nothing
+
+
+def test_killing_the_create_in_the_worker_deletes_the_finished_pools_and_names_the_one_still_creating(gke, capsys):
+    import threading
+
+    gke.operation_seconds = 1.0
+    op = create_op(accelerator="v5p", topology="2x2x2", num_slices=2)
+    def work() -> None:
+        try:
+            op.execute(context())
+        except Exception:  # noqa: S110 - whatever the thread ends with, the test looks at the stand-in
+            pass
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while sorted(_statuses(gke).values()) != ["PROVISIONING", "RUNNING"]:
+        assert time.monotonic() < deadline, _statuses(gke)
+        time.sleep(0.02)
+    first, second = op._kill_with[1]["node_pool_names"]
+
+    capsys.readouterr()
+    op.on_kill()  # what the task runner's SIGTERM handler calls
+
+    assert _statuses(gke) == {first: "STOPPING", second: "PROVISIONING"}
+    assert f"gcloud container node-pools delete {second} --cluster={CLUSTER}" in capsys.readouterr().out
+    worker.join(timeout=15)  # in Airflow SIGKILL ends it; here it runs on (recreating the pool) and ends
+
+
+def test_killing_the_create_during_a_backoff_deletes_the_pools_it_already_made(gke):
+    import asyncio
+
+    from operators.gke.triggers import NodePoolBackoffTrigger
+
+    op = create_op()
+    name = op.execute(context())["node_pool_name"]
+    owned = op._kill_with[1]  # what _drive hands the triggers as delete_on_kill
+    trigger = NodePoolBackoffTrigger(wake_at=time.time() + 60, reason="stockout on the next pool",
+                                     resume={"progress": {}}, delete_on_kill=owned)
+    rebuilt = NodePoolBackoffTrigger(**json.loads(json.dumps(trigger.serialize()[1])))
+    assert NodePoolBackoffTrigger(wake_at=1.0).delete_on_kill is None  # triggers serialized before this kwarg
+
+    asyncio.run(rebuilt.on_kill())
+    assert _statuses(gke) in ({name: "STOPPING"}, {})

@@ -301,3 +301,83 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
     assert KubeTarget.from_dict(json.loads(json.dumps(target.to_dict()))) == target
     with pytest.raises(UserInputError, match="cluster_name"):
         KubeRayCreateClusterOperator(task_id="rc", tpu=V6E, image=IMAGE, gke_cluster={"project_id": "p"})
+
+
+# --- kill semantics: marking the task failed/success or clearing it deletes what it created -------------
+def deferred_trigger(op: Any, ti: FakeTI | None = None) -> Any:
+    """execute() until it defers; the trigger rebuilt from its serialized (JSON) form, as the triggerer does."""
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti or FakeTI(op.task_id)})
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, cls = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), cls)(**json.loads(json.dumps(kwargs)))
+
+
+def deleting(kube: KubeRayStandin, rtype: Any, name: str) -> bool:
+    obj = kube.store.find(rtype, "default", name)
+    return obj is None or bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def test_killing_a_deferred_cluster_create_deletes_the_raycluster_but_a_triggerer_restart_does_not(
+        kube: KubeRayStandin) -> None:
+    # No node pool matches the TPU workers: the cluster stays unready and the task stays deferred.
+    trigger = deferred_trigger(create_op(deferrable=True))
+    assert trigger.owner_run_key
+
+    async def scenario() -> tuple[bool, bool]:
+        waiting = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0.3)
+        waiting.cancel()  # a triggerer restart: the wait is cancelled and cleaned up, never killed
+        await asyncio.gather(waiting, return_exceptions=True)
+        await trigger.cleanup()
+        after_restart = deleting(kube, RAYCLUSTERS, trigger.name)
+        await trigger.on_kill()  # the user marks the task failed (or success, or clears it)
+        return after_restart, deleting(kube, RAYCLUSTERS, trigger.name)
+
+    assert asyncio.run(scenario()) == (False, True)
+
+
+def test_killing_a_deferred_deploy_deletes_the_rayservice_it_created_not_one_it_only_updated(
+        kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    kube.launcher.serve["llm"] = FakeServeBehaviour(app_status="DEPLOYING")  # type: ignore[attr-defined]
+    created = deferred_trigger(deploy_op(deferrable=True))
+    asyncio.run(created.on_kill())
+    assert deleting(kube, RAYSERVICES, created.name)
+
+    first = deferred_trigger(deploy_op(name="llm-endpoint", deferrable=True), FakeTI("serve", run_id="r1"))
+    updated = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
+    update = deferred_trigger(deploy_op(name="llm-endpoint", serve_config=updated, deferrable=True),
+                              FakeTI("serve", run_id="r2"))
+    asyncio.run(update.on_kill())  # run r2's task is killed: the endpoint run r1 created keeps serving
+    assert not deleting(kube, RAYSERVICES, "llm-endpoint")
+    asyncio.run(first.on_kill())
+    assert deleting(kube, RAYSERVICES, "llm-endpoint")
+
+
+def test_killing_a_cluster_create_waiting_in_the_worker_deletes_the_raycluster(kube: KubeRayStandin) -> None:
+    import threading
+
+    op = create_op(deferrable=False, wait_timeout=20)
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run(op)
+        except BaseException as err:  # the wait sees its object deleted and fails
+            failure.append(err)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while getattr(op, "_waiting_for", None) is None:
+        assert time.monotonic() < deadline and worker.is_alive()
+        time.sleep(0.02)
+    name = op._waiting_for[1]
+    assert not deleting(kube, RAYCLUSTERS, name)
+
+    op.on_kill()  # what the task runner's SIGTERM handler calls
+
+    assert deleting(kube, RAYCLUSTERS, name)
+    worker.join(timeout=15)
+    assert failure and isinstance(failure[0], AirflowException)

@@ -26,10 +26,17 @@ class FakeTI:
         self.xcoms[key] = value
 
 
+class TaskStateStore(dict):
+    """The task state store's get/set (Airflow keeps it per task instance across tries)."""
+
+    def set(self, key: str, value: Any) -> None:
+        self[key] = value
+
+
 @pytest.fixture
 def task_context():
     def make(task_id: str = "job", run_id: str | None = None) -> dict[str, Any]:
         ti = FakeTI("rayjob_tests", run_id or f"run-{next(_runs)}", task_id)
-        return {"ti": ti, "task_instance": ti}
+        return {"ti": ti, "task_instance": ti, "task_state_store": TaskStateStore()}
 
     return make

@@ -69,6 +69,20 @@ def test_user_code_error_fails_at_once_with_traceback_and_a_rerun_resubmits(slic
     ids = [j.submission_id for j in jobs_of(slice_cluster, op, ctx)]
     base = op.base_submission_id(ctx)
     assert ids == [base, f"{base}-r1"]
+    assert ctx["task_state_store"]["ray_submission_id"] == f"{base}-r1", "the task state store names the current job"
+
+
+def test_a_retry_follows_the_job_named_in_the_task_state_store(slice_cluster, task_context):
+    ctx = task_context()
+    first = operator(slice_cluster, "1 0.1 ok")
+    assert first.execute(ctx)["steps"] == 1
+    base = first.base_submission_id(ctx)
+    assert ctx["task_state_store"]["ray_submission_id"] == base
+    # A store naming a job that is gone (e.g. the cluster was recreated) falls back to the search.
+    ctx["task_state_store"]["ray_submission_id"] = f"{base}-r7"
+    assert operator(slice_cluster, "1 0.1 ok").execute(ctx)["steps"] == 1
+    assert ctx["task_state_store"]["ray_submission_id"] == base
+    assert len(jobs_of(slice_cluster, first, ctx)) == 1
 
 
 def test_quality_gate_fails_without_retry(slice_cluster, task_context):
@@ -82,9 +96,9 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
     op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 4 0.5 ok",
                               cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
     hook = op.hook()
-    sid, status = op._attach_or_submit(hook, op.base_submission_id(ctx))
+    sid, status = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     # A second try of the same task finds the running job instead of submitting another.
-    sid_again, _ = op._attach_or_submit(hook, op.base_submission_id(ctx))
+    sid_again, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     assert sid_again == sid and len(jobs_of(slice_cluster, op, ctx)) == 1
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info(), poll_interval=0.3)
     classpath, kwargs = trigger.serialize()
@@ -107,7 +121,7 @@ def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
     op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 200 0.5 ok",
                               cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
     hook = op.hook()
-    sid, _ = op._attach_or_submit(hook, op.base_submission_id(ctx))
+    sid, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info())
     asyncio.run(trigger.on_kill())
     import time

@@ -44,17 +44,23 @@ def test_tokenizer_roundtrip(digits: int) -> None:
     rows = data.generate("2026-05-05", "train", 50, num_heldout=10, digits=digits)
     assert rows["tokens"].shape == (50, spec.seq_len)
     for prompt, answer, tokens in zip(rows["prompt"], rows["answer"], rows["tokens"], strict=True):
-        assert data.decode(tokens) == prompt + answer
-        assert data.decode(data.encode_prompt(prompt, spec)) == prompt
-        # "=" always sits just before the answer, whatever the operand lengths
+        a, b = prompt[:-1].split("+")
+        # every number at its full width: each digit has one position whatever the operands
+        assert data.decode(tokens) == f"{a.zfill(digits)}+{b.zfill(digits)}={answer.zfill(digits + 1)}"
+        assert data.decode(data.encode_prompt(prompt, spec)) == f"{a.zfill(digits)}+{b.zfill(digits)}="
         assert tokens[spec.prompt_len - 1] == data.encode_prompt("=", spec)[-1]
-        assert data.decode(tokens[spec.prompt_len :]) == answer
+        assert data.answer_text(tokens[spec.prompt_len :]) == answer
 
 
 def test_tokenizer_vocab_and_errors() -> None:
     spec = data.TaskSpec(2)
     assert data.VOCAB_SIZE == 14 and data.VOCAB[data.PAD] == "<pad>" and data.VOCAB[data.EOS] == "<eos>"
-    np.testing.assert_array_equal(data.encode_prompt("7+5=", spec)[:2], [data.PAD, data.PAD])
+    assert data.decode(data.encode_prompt("7+5=", spec)) == "07+05="
+    assert data.answer_text(data.encode_example("7+5=", "12", spec)[spec.prompt_len :]) == "12"
+    assert data.answer_text(data.encode_example("0+0=", "0", spec)[spec.prompt_len :]) == "0"
+    # text that is not a problem of this width is left-padded and still tokenized
+    np.testing.assert_array_equal(data.encode_prompt("7", spec)[:-1], [data.PAD] * (spec.prompt_len - 1))
+    assert data.decode(data.encode_prompt("1+2+3", spec)) == "1+2+3"
     with pytest.raises(data.TokenizeError, match="outside"):
         data.encode_prompt("1-2=", spec)
     with pytest.raises(data.TokenizeError, match="longer"):
@@ -71,5 +77,5 @@ def test_loss_mask_covers_answer_and_eos_only() -> None:
     tokens = data.encode_example("17+25=", "42", spec)
     targets = tokens[1:]
     assert mask.shape == (spec.seq_len - 1,)
-    assert data.decode(targets[mask > 0]) == "42"
+    assert data.decode(targets[mask > 0]) == "042"
     assert data.decode(targets[mask == 0]) == "7+25="  # the first token is never a target

@@ -76,6 +76,15 @@ def test_greedy_generation_stops_at_eos_and_respects_budget() -> None:
     assert generate(seven, prompts, SPEC, 100)[0].text == "7" * SPEC.answer_len
 
 
+def test_completions_read_as_a_person_writes_the_sum() -> None:
+    """The model writes "007" and eos for 3+4; the caller sees "7", two tokens (digit + eos)."""
+    answer = data.encode_example("3+4=", "7", SPEC)
+    writes_007 = lambda ids: np.eye(data.VOCAB_SIZE)[np.broadcast_to(np.roll(answer, -1), ids.shape)]  # noqa: E731
+    prompts = np.stack([data.encode_prompt("3+4=", SPEC)])
+    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 4)] == [("7", "stop", 2)]
+    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 1)] == [("7", "length", 1)]
+
+
 def test_checkpoint_roundtrip_and_mismatch(tmp_path: Path) -> None:
     params = _params()
     ckpt.save(tmp_path, ckpt.Meta("jax", 7, 1, CFG, SPEC), params)

@@ -5,14 +5,20 @@ One seeded permutation of that space per (date, seed) makes every backfill repro
 the held-out set is the head of the permutation and the training set cycles through the
 rest, so the two never share a problem.
 
-Sequences are [left pads][prompt "a+b="][answer digits][eos][right pads]. Left-padding the
-prompt puts "=" at the same position in every row, so batched greedy decoding writes every
-row's answer at the same positions.
+Sequences are [prompt "a+b="][answer digits][eos], every number zero-padded to its full
+width: "3+4=" is encoded as "03+04=" and its answer as "007". With variable widths the model
+saw "3+4=" in a different positional layout from "33+44=" and, a layer deep, learned the short
+operands far worse: every held-out error of a trained model had a one-digit operand. Fixed
+widths put each digit at the same position in every row, so "=" is always just before the
+answer and batched greedy decoding writes every row's answer at the same positions.
+Completions drop the leading zeros again (`answer_text`). Text that is not a problem of this
+width (a user's free-form prompt) is left-padded instead and still tokenized.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,8 +90,31 @@ def operands(ids: np.ndarray, spec: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
     return ids // base, ids % base
 
 
+_PROBLEM = re.compile(r"(\d+)\+(\d+)=")
+
+
+def canonical_prompt(prompt: str, spec: TaskSpec) -> str:
+    """"3+4=" -> "03+04=" at 2 digits; anything that is not such a problem is returned as it is."""
+    m = _PROBLEM.fullmatch(prompt)
+    if m is None or max(len(m[1]), len(m[2])) > spec.digits:
+        return prompt
+    return f"{m[1].zfill(spec.digits)}+{m[2].zfill(spec.digits)}="
+
+
+def canonical_answer(answer: str, spec: TaskSpec) -> str:
+    """"7" -> "007" at 2 digits (a sum has at most digits + 1 digits)."""
+    return answer.zfill(spec.answer_len - 1) if answer.isdigit() else answer
+
+
+def answer_text(ids: np.ndarray | list[int]) -> str:
+    """The generated answer as a person writes it: "007" -> "7", "000" -> "0"."""
+    text = decode(ids)
+    return (text.lstrip("0") or "0") if text.isdigit() else text
+
+
 def encode_prompt(prompt: str, spec: TaskSpec) -> np.ndarray:
-    """Left-padded token ids of a prompt such as "17+25="."""
+    """Token ids of a prompt such as "17+25=" (or "3+4=", encoded as "03+04=")."""
+    prompt = canonical_prompt(prompt, spec)
     if len(prompt) > spec.prompt_len:
         raise TokenizeError(f"prompt {prompt!r} is longer than {spec.prompt_len} characters")
     try:
@@ -96,7 +125,8 @@ def encode_prompt(prompt: str, spec: TaskSpec) -> np.ndarray:
 
 
 def encode_example(prompt: str, answer: str, spec: TaskSpec) -> np.ndarray:
-    """Full training sequence: left-padded prompt, answer, eos, right pads."""
+    """Full training sequence: prompt, zero-padded answer, eos (right pads for free-form text)."""
+    answer = canonical_answer(answer, spec)
     if len(answer) > spec.answer_len - 1:
         raise TokenizeError(f"answer {answer!r} is longer than {spec.answer_len - 1} characters")
     tail = [_CHAR_TO_ID[c] for c in answer] + [EOS]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from addition import checkpoint as ckpt
-from addition.data import EOS, PAD, TaskSpec, decode, encode_prompt
+from addition.data import EOS, PAD, TaskSpec, answer_text, encode_prompt
 from addition.model_jax import ModelConfig, forward
 
 LogitsFn = Callable[[np.ndarray], np.ndarray]
@@ -35,18 +35,18 @@ def generate(
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
 ) -> list[Completion]:
-    """Decode left-padded prompts [B, prompt_len]; logits_fn maps [B, seq_len] ids to [B, seq_len, V] logits.
+    """Decode prompts [B, prompt_len]; logits_fn maps [B, seq_len] ids to [B, seq_len, V] logits.
 
-    The buffer always has the full sequence length, so a jitted logits_fn compiles once per batch size;
-    causal attention keeps the not-yet-written positions from influencing earlier ones.
+    The model always writes its whole zero-padded answer ("007" and eos). A caller sees that answer
+    as a person writes it ("7"), one token per character plus the eos, cut at `max_new_tokens`.
+    The buffer always has the full sequence length, so a jitted logits_fn compiles once per batch
+    size; causal attention keeps the not-yet-written positions from influencing earlier ones.
     """
     bsz = prompt_ids.shape[0]
     buf = np.full((bsz, spec.seq_len), PAD, dtype=np.int32)
     buf[:, : spec.prompt_len] = prompt_ids
-    budget = max(0, min(max_new_tokens, spec.seq_len - spec.prompt_len))
     done = np.zeros(bsz, dtype=bool)
-    lengths = np.zeros(bsz, dtype=np.int64)
-    for t in range(spec.prompt_len, spec.prompt_len + budget):
+    for t in range(spec.prompt_len, spec.seq_len):
         if done.all():
             break
         logits = np.asarray(logits_fn(buf), dtype=np.float64)[:, t - 1]
@@ -60,12 +60,17 @@ def generate(
             nxt = logits.argmax(-1).astype(np.int32)
         nxt = np.where(done, PAD, nxt)
         buf[:, t] = nxt
-        lengths += ~done
         done |= nxt == EOS
-    return [
-        Completion(decode(buf[i, spec.prompt_len :]), "stop" if done[i] else "length", int(lengths[i]))
-        for i in range(bsz)
-    ]
+    limit = max(0, max_new_tokens)
+    out = []
+    for i in range(bsz):
+        text = answer_text(buf[i, spec.prompt_len :])
+        tokens = len(text) + int(done[i])
+        if tokens <= limit:
+            out.append(Completion(text, "stop" if done[i] else "length", tokens))
+        else:
+            out.append(Completion(text[:limit], "length", limit))
+    return out
 
 
 def numpy_logits(params: dict[str, np.ndarray], cfg: ModelConfig) -> LogitsFn:

@@ -132,7 +132,9 @@ def make_optimizer(config: dict[str, Any]) -> Any:
         return optax.sgd(lr)
     steps = int(config["num_steps"])
     warmup = min(int(config["warmup_steps"]), max(steps - 1, 1))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), end_value=lr * 0.1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, lr, warmup, max(steps, warmup + 1), end_value=lr * float(config["final_lr_fraction"])
+    )
     return optax.chain(
         optax.clip_by_global_norm(float(config["grad_clip"])),
         optax.adamw(schedule, weight_decay=float(config["weight_decay"])),

@@ -73,11 +73,12 @@ def make_optimizer(model: nn.Module, config: dict) -> tuple[torch.optim.Optimize
     steps = int(config["num_steps"])
     warmup = min(int(config["warmup_steps"]), max(steps - 1, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=float(config["weight_decay"]))
+    end = float(config["final_lr_fraction"])
 
     def factor(step: int) -> float:
         if step < warmup:
             return step / warmup
         progress = min((step - warmup) / max(steps - warmup, 1), 1.0)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

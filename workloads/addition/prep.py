@@ -26,7 +26,7 @@ from tpuflow_driver.result import emit_result
 from addition.data import TaskSpec, check_sizes, default_num_train, make_split_rows, seed_for
 
 SUCCESS = "_SUCCESS"
-PREP_VERSION = 1  # bump when generation changes, so old outputs are not taken as current
+PREP_VERSION = 2  # 2: zero-padded operands and answers in the tokens. Bump when generation changes, so old outputs are not taken as current
 
 
 def _valid_date(value: str) -> str:

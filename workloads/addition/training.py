@@ -16,6 +16,9 @@ DEFAULTS: dict[str, Any] = {
     "global_batch_size": 128,
     "learning_rate": 6e-3,
     "warmup_steps": 100,
+    # Cosine decay all the way down: ending at 10% of the peak left the last steps noisy
+    # enough that held-out exact match swung between 0.86 and 0.98 across dates and seeds.
+    "final_lr_fraction": 0.0,
     "weight_decay": 0.01,
     "grad_clip": 1.0,
     "optimizer": "adamw",  # or "sgd"
@@ -38,6 +41,8 @@ def resolve_config(config: dict[str, Any] | None) -> dict[str, Any]:
     for key in ("num_steps", "global_batch_size", "checkpoint_every", "log_every"):
         if int(cfg[key]) < 1:
             raise ValueError(f"{key} must be >= 1, got {cfg[key]}")
+    if not 0.0 <= float(cfg["final_lr_fraction"]) <= 1.0:
+        raise ValueError(f"final_lr_fraction must be between 0 and 1, got {cfg['final_lr_fraction']}")
     if cfg["optimizer"] not in ("adamw", "sgd"):
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {cfg['optimizer']!r}")
     model_config(cfg)  # validates digits and model fields

@@ -1,0 +1,102 @@
+"""The pipeline's own small steps (Param check, Serve config, report) as thin operators.
+
+They are operators rather than ``@task`` functions so that parsing a DAG file does not pull in the
+TaskFlow machinery (airflow.sdk's decorators import the standard provider's PythonOperator, the
+virtualenv helpers and ``packaging``), which used to be half the pipeline DAGs' parse cost.
+Arguments listed in ``template_fields`` are rendered (Jinja, and XComArgs resolved) before
+``execute``, as a ``@task``'s arguments were; each returns its result as the task's XCom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from operators.pipeline.params import validate_params
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+SERVE_APP = "addition"
+PROMPT, ANSWER = "17+25=", "42"
+
+
+class CheckParamsOperator(BaseOperator):
+    """Reject a bad accelerator/topology pair (or other Param) before anything is started."""
+
+    ui_color = "#e8f5e9"
+
+    def check(self, params: dict[str, Any]) -> dict[str, Any]:
+        return validate_params(params)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self.check(dict(context["params"]))
+
+
+class BuildServeConfigOperator(BaseOperator):
+    """The Serve config of the trained model (``trained``: the train task's XCom) on ``cluster``."""
+
+    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri")
+
+    def __init__(self, *, cluster: Any, trained: Any, workloads_uri: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cluster = cluster
+        self.trained = trained
+        self.workloads_uri = workloads_uri
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return serve_config_for(self.cluster, self.trained, self.workloads_uri, context["params"]["framework"])
+
+
+def serve_config_for(cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str,
+                     framework: str) -> dict[str, Any]:
+    from operators.serve.config import serve_application, serve_config
+
+    app = serve_application(
+        SERVE_APP,
+        "addition.serve_app:app_builder",
+        route_prefix=f"/{SERVE_APP}",
+        args={"checkpoint": trained["checkpoint"], "framework": framework, "model_name": SERVE_APP},
+        runtime_env={"working_dir": workloads_uri},
+    )
+    port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
+    return serve_config([app], http_port=port)
+
+
+class WriteReportOperator(BaseOperator):
+    """The run's report (accuracy, a sample completion, the endpoint) as report.json in ``output_dir``."""
+
+    template_fields: Sequence[str] = ("output_dir", "evaluation", "answer", "deployed")
+
+    def __init__(self, *, output_dir: str, evaluation: Any, answer: Any, deployed: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.output_dir = output_dir
+        self.evaluation = evaluation
+        self.answer = answer
+        self.deployed = deployed
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return write_report(self.output_dir, self.evaluation, self.answer, self.deployed)
+
+
+def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, Any],
+                 deployed: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    report = {
+        "output_dir": output_dir,
+        "accuracy": evaluation.get("accuracy"),
+        "heldout_examples": evaluation.get("n"),
+        "sample_prompt": PROMPT,
+        "sample_completion": (answer.get("choices") or [{}])[0].get("text"),
+        "endpoint": f"{deployed['serve_url']}/{SERVE_APP}/v1",
+    }
+    path = Path(output_dir) / "report.json"
+    if "://" not in output_dir:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2))
+    print(f"TPUFLOW_REPORT {json.dumps(report)}")
+    return report

@@ -1,0 +1,116 @@
+"""Fault injection around a deferred Ray job in a running Airflow: a user marks the task failed,
+and the triggerer is restarted while the job runs.
+
+Cost (2 cores): one local Ray cluster simulating a v6e 2x2 slice (one host) for the module,
+and a few short counter jobs (tests/rayjob/jobs/counter.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_testlib import explain, wait_for_runs
+
+from operators.naming import submission_id
+
+pytestmark = pytest.mark.slow
+DRILL = "tpuflow_ray_job_drill"
+TASK = "long_job"
+
+
+@pytest.fixture(scope="module")
+def drill_cluster(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from operators.local.cluster import LocalRayCluster
+    from operators.tpu import TpuSlice
+
+    cluster = LocalRayCluster.start(
+        TpuSlice.from_spec("TPU-V6E", "2x2"), "drill", tmp_path_factory.mktemp("drill-clusters"), timeout=600
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def drill(api: Any, services: Any) -> None:
+    services.wait_for_dags([DRILL])
+    api.patch(f"/dags/{DRILL}", json={"is_paused": False}).raise_for_status()
+
+
+def _trigger(api: Any, cluster: Any, steps: int, delay: float) -> str:
+    conf = {"cluster": cluster.connection_info(), "steps": steps, "delay": delay}
+    resp = api.post(f"/dags/{DRILL}/dagRuns", json={"logical_date": None, "conf": conf})
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["dag_run_id"])
+
+
+def _hook(cluster: Any) -> Any:
+    from operators.rayjob.hooks import RayJobHook
+
+    return RayJobHook(cluster=cluster.connection_info())
+
+
+def _wait_deferred_with_output(api: Any, hook: Any, run_id: str, line: str, timeout: float = 300) -> str:
+    """Until the task is deferred and its job has printed `line`; returns the job's submission id."""
+    sid = submission_id(DRILL, run_id, TASK, -1)
+    deadline = time.time() + timeout
+    state = None
+    while time.time() < deadline:
+        state = api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}").json().get("state")
+        if state == "deferred" and hook.find_jobs(sid) and line in hook.get_job_logs(sid):
+            return sid
+        assert state not in ("failed", "success", "upstream_failed"), f"task ended {state} before the drill"
+        time.sleep(1)
+    raise AssertionError(f"task never deferred with its job printing {line!r} (last state {state})")
+
+
+def _streamed_steps(api: Any, run_id: str) -> list[int]:
+    """The job's progress lines as the task log shows them (worker and trigger parts merged by Airflow)."""
+    resp = api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/1", headers={"Accept": "application/json"})
+    resp.raise_for_status()
+    events = [str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in resp.json()["content"]]
+    return [int(m.group(1)) for e in events if (m := re.search(r"\[ray job\] step (\d+)$", e.strip()))]
+
+
+@pytest.mark.parametrize("new_state", ["failed", "success"])
+def test_marking_the_deferred_task_stops_its_ray_job(services, api, drill, drill_cluster, new_state) -> None:
+    hook = _hook(drill_cluster)
+    run_id = _trigger(api, drill_cluster, steps=1200, delay=0.5)  # ten minutes if nobody stops it
+    sid = _wait_deferred_with_output(api, hook, run_id, "step 2")
+    assert hook.get_job_status(sid) == "RUNNING"
+    # Airflow 3.3's task state store names the job a retry of this task re-attaches to
+    stored = api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/state-store/ray_submission_id")
+    assert stored.status_code == 200 and stored.json()["value"] == sid, stored.text
+
+    resp = api.patch(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}", json={"new_state": new_state})
+    assert resp.status_code == 200, resp.text
+    marked = time.time()
+    while hook.get_job_status(sid) != "STOPPED" and time.time() - marked < 10:
+        time.sleep(0.25)
+    assert hook.get_job_status(sid) == "STOPPED", f"the Ray job still {hook.get_job_status(sid)} 10 s after the task was marked {new_state}"
+    assert api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}").json()["state"] == new_state
+
+
+def test_triggerer_restart_mid_job_keeps_the_job_and_the_log_whole(services, api, drill, drill_cluster) -> None:
+    hook = _hook(drill_cluster)
+    steps = 120  # a minute of output; the restart lands early in it
+    run_id = _trigger(api, drill_cluster, steps=steps, delay=0.5)
+    sid = _wait_deferred_with_output(api, hook, run_id, "step 3")
+    services.restart("triggerer")
+    assert hook.get_job_status(sid) != "STOPPED", "restarting the triggerer must not stop the job"
+
+    run = wait_for_runs(api, DRILL, [run_id], 600)[run_id]
+    assert run["state"] == "success", explain(api, DRILL, run)
+    assert [j.submission_id for j in hook.find_jobs(sid)] == [sid], "exactly one job for the task"
+    # Both triggerers streamed part of the job's output into the task log (the restart was mid-job) ...
+    folder = Path(services.home) / "logs" / f"dag_id={DRILL}" / f"run_id={run_id}" / f"task_id={TASK}"
+    streamed_by = [p for p in folder.glob("attempt=1.log.trigger.*.log") if "[ray job] step" in p.read_text()]
+    assert len(streamed_by) == 2, f"expected two triggerers' logs with job output, got {streamed_by}"
+    # ... and the task log shows every progress line once, in order: none lost, none repeated.
+    assert _streamed_steps(api, run_id) == list(range(steps))
