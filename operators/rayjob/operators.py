@@ -142,9 +142,11 @@ class RaySubmitJobOperator(BaseOperator):
     # --- execution ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         hook = self.hook()
-        base_id = self.base_submission_id(context)
         RayDashboardLink.persist_url(context, hook.dashboard_url)
-        sid, status = self._attach_or_submit(hook, base_id, context)
+        return self._run(context, hook, may_restart=True)
+
+    def _run(self, context: Context, hook: RayJobHook, may_restart: bool) -> Any:
+        sid, status, reattached = self._attach_or_submit(hook, self.base_submission_id(context), context)
         self._active_submission_id = sid
         RayJobLink.persist_url(context, f"{hook.dashboard_url}/#/jobs/{sid}")
         if status == "SUCCEEDED":
@@ -152,6 +154,10 @@ class RaySubmitJobOperator(BaseOperator):
             from operators.rayjob.hooks import parse_result
 
             return self._check_result(parse_result(self._keep_log(context, hook, sid)))
+        # A cleared task's new try can find its old job still RUNNING while the previous try's kill
+        # is stopping it (the scheduler does not wait for the triggerer's on_kill). If a job this try
+        # re-attached to ends STOPPED, it starts a fresh one instead of failing -- once.
+        restart_if_stopped = reattached and may_restart
         if self.deferrable:
             from operators.rayjob.triggers import RayJobTrigger
 
@@ -162,14 +168,17 @@ class RaySubmitJobOperator(BaseOperator):
                     ray_conn_id=self.ray_conn_id,
                     poll_interval=self.poll_interval,
                     timeout=self.job_timeout,
+                    restart_if_stopped=restart_if_stopped,
                 ),
                 method_name="execute_complete",
             )
-        return self.execute_complete(context, self._wait_blocking(hook, sid))
+        event = self._wait_blocking(hook, sid)
+        return self.execute_complete(context, {**event, "restart_if_stopped": restart_if_stopped})
 
-    def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str]:
+    def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str, bool]:
         """The job this task already runs (named in the task state store, else found by its
         deterministic id on the cluster), or a new submission; either way recorded in the store.
+        Returns (submission id, status, whether it re-attached to an existing job).
 
         Like KubernetesPodOperator, durable execution is built in rather than taken from
         ResumableJobMixin: the mixin only covers a blocking wait, and this operator defers.
@@ -186,7 +195,7 @@ class RaySubmitJobOperator(BaseOperator):
             if status in ("PENDING", "RUNNING", "SUCCEEDED"):
                 self.log.info("Re-attaching to Ray job %s (%s)", latest.submission_id, status)
                 self._record_submission(store, latest.submission_id)
-                return latest.submission_id, status
+                return latest.submission_id, status, True
             sid = f"{base_id}-r{len(jobs)}"
             self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)
         else:
@@ -208,7 +217,7 @@ class RaySubmitJobOperator(BaseOperator):
             metadata={"airflow_task": self.task_id, "airflow_dag": self.dag_id},
         )
         self._record_submission(store, sid)
-        return sid, "PENDING"
+        return sid, "PENDING", False
 
     @staticmethod
     def _record_submission(store: Any, sid: str) -> None:
@@ -263,6 +272,10 @@ class RaySubmitJobOperator(BaseOperator):
                 self._keep_log(context, self.hook(), event["submission_id"])
             except Exception as err:  # keeping the log must not mask the job's own outcome
                 self.log.warning("Could not keep the driver log at %s: %s", self.log_uri, err)
+        if status == "STOPPED" and event.get("restart_if_stopped"):
+            self.log.warning("Ray job %s, which this try re-attached to, was stopped (an earlier try was killed "
+                             "or cleared); submitting a fresh one", event.get("submission_id"))
+            return self._run(context, self.hook(), may_restart=False)
         if status != "SUCCEEDED":
             from operators.rayjob.failures import is_user_code_error
 

@@ -39,6 +39,7 @@ class RayJobTrigger(BaseTrigger):
         timeout: float | None = None,
         log_offset: int = 0,
         started_at: float | None = None,
+        restart_if_stopped: bool = False,
     ) -> None:
         super().__init__()
         self.submission_id = submission_id
@@ -48,6 +49,7 @@ class RayJobTrigger(BaseTrigger):
         self.timeout = timeout
         self.log_offset = log_offset
         self.started_at = started_at if started_at is not None else time.time()
+        self.restart_if_stopped = restart_if_stopped  # echoed in the event for execute_complete
         self._cursor_broken = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -61,6 +63,7 @@ class RayJobTrigger(BaseTrigger):
                 "timeout": self.timeout,
                 "log_offset": self.log_offset,
                 "started_at": self.started_at,
+                "restart_if_stopped": self.restart_if_stopped,
             },
         )
 
@@ -139,6 +142,7 @@ class RayJobTrigger(BaseTrigger):
             "message": message,
             "log_tail": log_tail(logs),
             "result": parse_result(logs),
+            "restart_if_stopped": self.restart_if_stopped,
         }
 
     async def on_kill(self) -> None:

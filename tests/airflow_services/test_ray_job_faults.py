@@ -78,6 +78,13 @@ def _streamed_steps(api: Any, run_id: str) -> list[int]:
     return [int(m.group(1)) for e in events if (m := re.search(r"\[ray job\] step (\d+)$", e.strip()))]
 
 
+def _wait_stopped(hook: Any, sid: str, since: float, what: str) -> None:
+    while hook.get_job_status(sid) != "STOPPED" and time.time() - since < 10:
+        time.sleep(0.25)
+    status = hook.get_job_status(sid)
+    assert status == "STOPPED", f"the Ray job still {status} 10 s after the task was {what}"
+
+
 @pytest.mark.parametrize("new_state", ["failed", "success"])
 def test_marking_the_deferred_task_stops_its_ray_job(services, api, drill, drill_cluster, new_state) -> None:
     hook = _hook(drill_cluster)
@@ -90,11 +97,28 @@ def test_marking_the_deferred_task_stops_its_ray_job(services, api, drill, drill
 
     resp = api.patch(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}", json={"new_state": new_state})
     assert resp.status_code == 200, resp.text
-    marked = time.time()
-    while hook.get_job_status(sid) != "STOPPED" and time.time() - marked < 10:
-        time.sleep(0.25)
-    assert hook.get_job_status(sid) == "STOPPED", f"the Ray job still {hook.get_job_status(sid)} 10 s after the task was marked {new_state}"
+    _wait_stopped(hook, sid, time.time(), f"marked {new_state}")
     assert api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}").json()["state"] == new_state
+
+
+def test_clearing_the_deferred_task_stops_its_job_and_the_rerun_starts_afresh(services, api, drill, drill_cluster) -> None:
+    hook = _hook(drill_cluster)
+    run_id = _trigger(api, drill_cluster, steps=1200, delay=0.5)
+    sid = _wait_deferred_with_output(api, hook, run_id, "step 2")
+
+    resp = api.post(f"/dags/{DRILL}/clearTaskInstances",
+                    json={"dry_run": False, "dag_run_id": run_id, "task_ids": [TASK], "only_failed": False})
+    assert resp.status_code == 200, resp.text
+    _wait_stopped(hook, sid, time.time(), "cleared")
+    # A cleared task runs again: the stopped job is not re-attached to; a fresh one is submitted.
+    rerun = f"{sid}-r1"
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(j.submission_id == rerun for j in hook.find_jobs(sid)):
+        time.sleep(1)
+    assert [j.submission_id for j in hook.find_jobs(sid)] == [sid, rerun]
+    _wait_deferred_with_output(api, hook, run_id, "step 1")
+    api.patch(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}", json={"new_state": "failed"}).raise_for_status()
+    _wait_stopped(hook, rerun, time.time(), "marked failed after the rerun")
 
 
 def test_triggerer_restart_mid_job_keeps_the_job_and_the_log_whole(services, api, drill, drill_cluster) -> None:

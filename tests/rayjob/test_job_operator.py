@@ -96,10 +96,10 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
     op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 4 0.5 ok",
                               cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
     hook = op.hook()
-    sid, status = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
+    sid, status, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     # A second try of the same task finds the running job instead of submitting another.
-    sid_again, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
-    assert sid_again == sid and len(jobs_of(slice_cluster, op, ctx)) == 1
+    sid_again, _, reattached = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
+    assert sid_again == sid and reattached and len(jobs_of(slice_cluster, op, ctx)) == 1
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info(), poll_interval=0.3)
     classpath, kwargs = trigger.serialize()
     assert classpath == "operators.rayjob.triggers.RayJobTrigger"
@@ -121,7 +121,7 @@ def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
     op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 200 0.5 ok",
                               cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
     hook = op.hook()
-    sid, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
+    sid, _, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info())
     asyncio.run(trigger.on_kill())
     import time
@@ -130,3 +130,27 @@ def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
     while hook.get_job_status(sid) != "STOPPED" and time.time() < deadline:
         time.sleep(0.5)
     assert hook.get_job_status(sid) == "STOPPED"
+
+
+def test_a_reattached_job_stopped_by_an_earlier_kill_is_replaced_once(slice_cluster, task_context):
+    """A cleared task's new try can re-attach to the old job while the kill is still stopping it:
+    when that job ends STOPPED the try submits a fresh one instead of failing. A job the try itself
+    submitted and that gets stopped fails the task."""
+    import threading
+
+    ctx = task_context()
+    first = operator(slice_cluster, "400 0.5 ok")
+    hook = first.hook()
+    base, _, reattached = first._attach_or_submit(hook, first.base_submission_id(ctx), ctx)
+    assert not reattached
+    threading.Timer(3.0, hook.stop_job, args=(base,)).start()  # the earlier try's kill, landing late
+    result = operator(slice_cluster, "2 0.1 ok").execute(ctx)  # the new try re-attaches, then replaces
+    assert result["steps"] == 2
+    assert [j.submission_id for j in jobs_of(slice_cluster, first, ctx)] == [base, f"{base}-r1"]
+
+    ctx = task_context()
+    own = operator(slice_cluster, "400 0.5 ok")
+    threading.Timer(3.0, lambda: hook.stop_job(own.base_submission_id(ctx))).start()
+    with pytest.raises(Exception, match="ended STOPPED"):
+        own.execute(ctx)
+    assert len(jobs_of(slice_cluster, own, ctx)) == 1
