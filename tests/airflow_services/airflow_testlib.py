@@ -44,3 +44,19 @@ def explain(api: Any, dag_id: str, run: dict[str, Any]) -> str:
             text = "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c) for c in content)
             lines.append("    " + text[-3000:].replace("\n", "\n    "))
     return "\n".join(lines)
+
+
+def backfill_create(services: Any, dag_id: str, from_date: str, to_date: str, *extra: str) -> None:
+    """`airflow backfill create` as a user types it.
+
+    SQLite (this local deployment's DB) can refuse the CLI's write transaction outright while the
+    scheduler commits ("database is locked": no busy wait for a stale read snapshot); the command
+    then rolls back, so running it again is what a user would do. Only that error is retried.
+    """
+    args = ("backfill", "create", "--dag-id", dag_id, "--from-date", from_date, "--to-date", to_date, *extra)
+    for attempt in range(4):
+        created = services.airflow(*args, check=False)
+        if created.returncode == 0 or "database is locked" not in created.stderr or attempt == 3:
+            break
+        time.sleep(5)
+    assert created.returncode == 0, created.stderr[-3000:]

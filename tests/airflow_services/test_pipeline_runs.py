@@ -7,13 +7,12 @@ trains for the DAG's default steps; about 2-4 minutes a run, three runs in all.
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_testlib import ARTIFACTS, PIPELINE, explain, task_instances, wait_for_runs
+from airflow_testlib import ARTIFACTS, PIPELINE, backfill_create, explain, task_instances, wait_for_runs
 
 pytestmark = pytest.mark.slow
 # Small but real: a one-host slice; the DAG's accuracy gate (0.9) stays on.
@@ -93,17 +92,7 @@ def _task_page_shows_links(services: Any, run_id: str) -> None:
 def test_backfill_two_dates_one_slice_at_a_time(services: Any, api: Any, unpaused: None) -> None:
     """`airflow backfill create` as a user types it (no --max-active-runs): both dates succeed, each
     with its own outputs, and the two runs' clusters never exist at the same time."""
-    args = ("backfill", "create", "--dag-id", PIPELINE, "--from-date", "2026-11-05", "--to-date", "2026-11-06",
-            "--dag-run-conf", json.dumps(CONF))
-    for attempt in range(3):
-        created = services.airflow(*args, check=False)
-        # SQLite (this local deployment's DB) can refuse the CLI's write transaction outright while the
-        # scheduler commits ("database is locked", no busy wait for a stale snapshot); the command
-        # rolls back, so running it again is what a user would do.
-        if created.returncode == 0 or "database is locked" not in created.stderr or attempt == 2:
-            break
-        time.sleep(5)
-    assert created.returncode == 0, created.stderr[-3000:]
+    backfill_create(services, PIPELINE, "2026-11-05", "2026-11-06", "--dag-run-conf", json.dumps(CONF))
     runs = api.get(f"/dags/{PIPELINE}/dagRuns", params={"run_type": "backfill"}).json()["dag_runs"]
     run_ids = sorted(r["dag_run_id"] for r in runs)
     assert len(run_ids) == 2

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import requests
-from airflow_testlib import ARTIFACTS, PIPELINE, explain, wait_for_runs
+from airflow_testlib import ARTIFACTS, PIPELINE, backfill_create, explain, wait_for_runs
 
 pytestmark = pytest.mark.slow
 PROBE = "tpuflow_slice_lease_probe"
@@ -124,7 +124,7 @@ def test_backfill_runs_share_one_slice_lease(services: Any, api: Any, tmp_path: 
     """`airflow backfill create` without --max-active-runs (Airflow's default: 10 runs at once) still
     holds one slice at a time: the lease waits are deferred to the triggerer, and the holds never overlap."""
     api.patch(f"/dags/{PROBE}", json={"is_paused": False}).raise_for_status()
-    services.airflow("backfill", "create", "--dag-id", PROBE, "--from-date", "2026-11-01", "--to-date", "2026-11-03")
+    backfill_create(services, PROBE, "2026-11-01", "2026-11-03")
     runs = api.get(f"/dags/{PROBE}/dagRuns", params={"run_type": "backfill"}).json()["dag_runs"]
     run_ids = sorted(r["dag_run_id"] for r in runs)
     assert len(run_ids) == 3
