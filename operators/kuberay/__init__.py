@@ -19,6 +19,8 @@ DEFAULT_RAY_VERSION = "2.60.0"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PREFIX = "tpuflow.dev"
 SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
+# the label naming the task run that created an object (what on_kill checks before deleting)
+RUN_KEY_LABEL = f"{LABEL_PREFIX}/run-key"
 # RayService: "None" updates serveConfigV2 in place on the running cluster. "NewCluster" and the
 # incremental upgrade bring up a second RayCluster first, i.e. a second TPU slice.
 DEFAULT_UPGRADE_STRATEGY = "None"
@@ -30,6 +32,7 @@ __all__ = [
     "GROUP",
     "KIND_BY_PLURAL",
     "LABEL_PREFIX",
+    "RUN_KEY_LABEL",
     "MANAGED_BY",
     "RAYCLUSTERS",
     "RAYSERVICES",

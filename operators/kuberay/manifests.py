@@ -21,6 +21,7 @@ from operators.kuberay import (
     DEFAULT_UPGRADE_STRATEGY,
     LABEL_PREFIX,
     MANAGED_BY,
+    RUN_KEY_LABEL,
     SPEC_HASH,
 )
 from operators.kuberay.k8s_values import (
@@ -64,7 +65,7 @@ def ownership_labels(dag_id: str, run_id: str, task_id: str, map_index: int = -1
         MANAGED_BY: "tpuflow",
         f"{LABEL_PREFIX}/dag-id": label_safe(dag_id),
         f"{LABEL_PREFIX}/task-id": label_safe(task_id),
-        f"{LABEL_PREFIX}/run-key": run_key(dag_id, run_id, task_id, map_index),
+        RUN_KEY_LABEL: run_key(dag_id, run_id, task_id, map_index),
     }
 
 

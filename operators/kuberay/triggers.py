@@ -17,11 +17,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from operators.kuberay import LABEL_PREFIX
+from operators.kuberay import RUN_KEY_LABEL
 from operators.kuberay.hooks import AsyncKubeRayHook, KubeTarget
 from operators.kuberay.waits import KINDS, wait_gone, wait_ready
-
-RUN_KEY_LABEL = f"{LABEL_PREFIX}/run-key"  # operators.kuberay.manifests.ownership_labels
 
 
 def owned_by(obj: Mapping[str, Any] | None, run_key: str | None) -> bool:
