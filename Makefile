@@ -30,6 +30,7 @@ test: install test-deps
 
 lint: install
 	$(BIN)/ruff check dags operators plugins workloads tests bench
+	$(BIN)/ruff format --check dags operators plugins workloads tests bench
 
 # A real local Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor; 127.0.0.1):
 # prints the UI URL and the admin login. `make airflow-down` stops exactly what it started.

@@ -2,10 +2,10 @@
 
 Node pool -> RayCluster -> prep -> train -> evaluate -> RayService -> smoke test -> teardown of cluster and
 pool (and of the endpoint unless keep_endpoint). Connections, project, cluster and image come from Airflow
-Variables at run time (operators.pipeline.gke.variable_settings), so pointing the DAG at another cluster,
+Variables at run time (tpuflow.pipeline.gke.variable_settings), so pointing the DAG at another cluster,
 or at the GKE and Kubernetes stand-ins, is configuration. Heavy imports happen inside tasks, never at parse time.
 """
 
-from operators.pipeline.gke import build_gke_pipeline_dag, variable_settings
+from tpuflow.pipeline.gke import build_gke_pipeline_dag, variable_settings
 
 dag = build_gke_pipeline_dag("tpu_llm_pipeline_gke", **variable_settings())

@@ -4,6 +4,6 @@ The embedded default: a local Ray cluster with simulated TPU hosts stands in for
 Heavy imports (ray, jax, google clients) happen inside tasks, never at parse time.
 """
 
-from operators.pipeline.factory import build_pipeline_dag
+from tpuflow.pipeline.factory import build_pipeline_dag
 
 dag = build_pipeline_dag("tpu_llm_pipeline_local")

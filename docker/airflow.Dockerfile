@@ -9,11 +9,13 @@ FROM apache/airflow:3.3.2-python3.11
 COPY --chown=airflow:0 requirements.lock /opt/tpuflow/requirements.lock
 RUN pip install --no-cache-dir -r /opt/tpuflow/requirements.lock
 
-# The project: the operators package (triggers must be importable by the triggerer from the
-# installed package, never from the DAGs folder), then DAGs and the UI plugin.
+# The project, installed as a wheel the way Composer installs it: the `tpuflow` package (from
+# operators/; triggers must be importable by the triggerer from the installed package, never from
+# the DAGs folder) with the Ray workloads inside it (tpuflow.workloads), then DAGs and the UI plugin.
 COPY --chown=airflow:0 pyproject.toml README.md /opt/tpuflow/
 COPY --chown=airflow:0 operators /opt/tpuflow/operators
-RUN pip install --no-cache-dir --no-deps /opt/tpuflow
+COPY --chown=airflow:0 workloads /opt/tpuflow/workloads
+RUN pip install --no-cache-dir --no-deps /opt/tpuflow && rm -rf /opt/tpuflow/operators /opt/tpuflow/workloads
 COPY --chown=airflow:0 dags /opt/airflow/dags
 COPY --chown=airflow:0 plugins /opt/airflow/plugins
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from operators.links import StoredUrlLink
+from tpuflow.links import StoredUrlLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

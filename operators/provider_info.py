@@ -10,17 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 # Kept static: provider discovery must not import operator modules. A test checks it against
-# operators.ui.links_catalog (every link class the project defines).
+# tpuflow.ui.links_catalog (every link class the project defines).
 EXTRA_LINKS = [
-    "operators.rayjob.links.RayDashboardLink",
-    "operators.rayjob.links.RayJobLink",
-    "operators.rayjob.links.RayJobLogLink",
-    "operators.serve.operators.RayServeEndpointLink",
-    "operators.output_links.OutputsLink",
-    "operators.gke.links.GKENodePoolLink",
-    "operators.gke.links.GKEClusterNodesLink",
-    "operators.kuberay.links.GKEWorkloadsLink",
-    "operators.kuberay.links.GKERayHeadPodLink",
+    "tpuflow.rayjob.links.RayDashboardLink",
+    "tpuflow.rayjob.links.RayJobLink",
+    "tpuflow.rayjob.links.RayJobLogLink",
+    "tpuflow.serve.operators.RayServeEndpointLink",
+    "tpuflow.output_links.OutputsLink",
+    "tpuflow.gke.links.GKENodePoolLink",
+    "tpuflow.gke.links.GKEClusterNodesLink",
+    "tpuflow.kuberay.links.GKEWorkloadsLink",
+    "tpuflow.kuberay.links.GKERayHeadPodLink",
 ]
 
 
@@ -30,7 +30,7 @@ def get_provider_info() -> dict[str, Any]:
         "name": "tpuflow",
         "description": "Train and serve models with Ray on Cloud TPU slices (GKE + KubeRay), or an embedded local Ray.",
         "connection-types": [
-            {"connection-type": "ray", "hook-class-name": "operators.rayjob.hooks.RayJobHook", "hook-name": "Ray cluster (dashboard)"}
+            {"connection-type": "ray", "hook-class-name": "tpuflow.rayjob.hooks.RayJobHook", "hook-name": "Ray cluster (dashboard)"}
         ],
         "extra-links": list(EXTRA_LINKS),
     }

@@ -23,6 +23,6 @@ def browse_url(uri: str) -> str:
     root, the tpuflow plugin's outputs page in the Airflow UI (which hides file:// links)."""
     if uri.startswith("gs://"):
         return f"https://console.cloud.google.com/storage/browser/_details/{uri[len('gs://'):]}"
-    from operators.output_links import outputs_url
+    from tpuflow.output_links import outputs_url
 
     return outputs_url(str(Path(uri).resolve()))

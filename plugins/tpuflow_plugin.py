@@ -23,8 +23,7 @@ What the plugin adds (operators/ui/app.py, mounted at /tpuflow, login required):
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
-
-from operators.ui.app import app as tpuflow_app
+from tpuflow.ui.app import app as tpuflow_app
 
 
 class TpuflowPlugin(AirflowPlugin):

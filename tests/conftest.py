@@ -46,8 +46,8 @@ def cluster_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def slice_cluster(cluster_base_dir: Path) -> Iterator:
     """Two simulated v6e 4x4 slices (8 TPU hosts) plus a head, shared by the Ray-facing tests."""
-    from operators.local.cluster import LocalRayCluster, _pids_referencing
-    from operators.tpu import TpuSlice
+    from tpuflow.local.cluster import LocalRayCluster, _pids_referencing
+    from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("TPU-V6E", "4x4", num_slices=2)
     cluster = LocalRayCluster.start(tpu, "pytest-v6e", cluster_base_dir, head_cpus=2, timeout=600)

@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from operators.cli import airflow_cmd, demo_cmd, leases_cmd, local_cmd, render_cmd, slice_cmd
-from operators.errors import UserInputError
+from tpuflow.cli import airflow_cmd, leases_cmd, local_cmd, render_cmd, slice_cmd
+from tpuflow.dev import demo as demo_cmd
+from tpuflow.errors import UserInputError
 
 
 def build_parser() -> argparse.ArgumentParser:

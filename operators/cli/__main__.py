@@ -1,5 +1,5 @@
 import sys
 
-from operators.cli import main
+from tpuflow.cli import main
 
 sys.exit(main())

@@ -8,20 +8,20 @@ from pathlib import Path
 
 
 def _work_dir(args: argparse.Namespace) -> Path:
-    from operators.local.airflow_services import DEFAULT_WORK_DIR
+    from tpuflow.dev.airflow_services import DEFAULT_WORK_DIR
 
     return Path(args.work_dir).resolve() if args.work_dir else DEFAULT_WORK_DIR
 
 
 def _load(args: argparse.Namespace):  # -> AirflowServices | None
-    from operators.local.airflow_services import STATE_FILE, AirflowServices
+    from tpuflow.dev.airflow_services import STATE_FILE, AirflowServices
 
     work = _work_dir(args)
     return AirflowServices.load(work) if (work / STATE_FILE).exists() else None
 
 
 def _up(args: argparse.Namespace) -> int:
-    from operators.local.airflow_services import ADMIN_USER, DEFAULT_WORK_DIR, AirflowServices, AirflowServicesError
+    from tpuflow.dev.airflow_services import ADMIN_USER, DEFAULT_WORK_DIR, AirflowServices, AirflowServicesError
 
     work = _work_dir(args)
     print(f"Starting a local Airflow in {work} (fresh AIRFLOW_HOME, LocalExecutor, 127.0.0.1 only)...", file=sys.stderr)
@@ -51,7 +51,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from operators.local.airflow_services import ADMIN_USER
+    from tpuflow.dev.airflow_services import ADMIN_USER
 
     services = _load(args)
     if services is None:

@@ -7,7 +7,7 @@ import time
 
 
 def _store(args: argparse.Namespace):  # -> LeaseStore
-    from operators.slices.leases import default_lease_root, lease_store
+    from tpuflow.slices.leases import default_lease_root, lease_store
 
     return lease_store(args.lease_root or default_lease_root(), args.gcp_conn_id)
 

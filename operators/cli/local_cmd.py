@@ -7,20 +7,20 @@ import json
 import sys
 from pathlib import Path
 
-from operators.cli.slice_cmd import add_slice_arguments, slice_from_args
-from operators.errors import UserInputError
+from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
+from tpuflow.errors import UserInputError
 
 DEFAULT_NAME = "tpuflow-local"
 
 
 def _base_dir(args: argparse.Namespace) -> Path:
-    from operators.local.cluster import DEFAULT_BASE_DIR
+    from tpuflow.local.cluster import DEFAULT_BASE_DIR
 
     return Path(args.base_dir) if args.base_dir else DEFAULT_BASE_DIR
 
 
 def _clusters(args: argparse.Namespace) -> list:
-    from operators.local.cluster import STATE_FILE, LocalRayCluster
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
     base = _base_dir(args)
     names = [args.name] if getattr(args, "name", None) else sorted(p.parent.name for p in base.glob(f"*/{STATE_FILE}"))
@@ -34,7 +34,7 @@ def _clusters(args: argparse.Namespace) -> list:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from operators.local.cluster import LocalRayCluster
+    from tpuflow.local.cluster import LocalRayCluster
 
     tpu = slice_from_args(args).require(ray=True)
     print(f"Starting {args.name}: {tpu.summary()}", file=sys.stderr)

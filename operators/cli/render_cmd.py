@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from operators.cli import render_kuberay, render_nodepool
+from tpuflow.cli import render_kuberay, render_nodepool
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from operators.cli.slice_cmd import add_slice_arguments, slice_from_args
-from operators.errors import UserInputError
-from operators.kuberay.k8s_values import parse_key_values
-from operators.kuberay.manifests import (
+from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay.k8s_values import parse_key_values
+from tpuflow.kuberay.manifests import (
     DEFAULT_RAY_VERSION,
     DEFAULT_UPGRADE_STRATEGY,
     UPGRADE_STRATEGIES,

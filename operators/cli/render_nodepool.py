@@ -13,9 +13,9 @@ import argparse
 import json
 import time
 
-from operators.cli.slice_cmd import add_slice_arguments
-from operators.errors import UserInputError
-from operators.gke.nodepool_spec import TaskIdentity, plan_node_pools
+from tpuflow.cli.slice_cmd import add_slice_arguments
+from tpuflow.errors import UserInputError
+from tpuflow.gke.nodepool_spec import TaskIdentity, plan_node_pools
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from operators.tpu import TpuSlice
+from tpuflow.tpu import TpuSlice
 
 
 def add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:

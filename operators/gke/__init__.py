@@ -2,5 +2,5 @@
 (hooks), deferral triggers (triggers), console links (links) and the operators (operators).
 
 Kept free of imports: the CLI and DAG files import submodules directly, e.g.
-``from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator``.
+``from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator``.
 """

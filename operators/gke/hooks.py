@@ -5,7 +5,7 @@ Connection extras honoured besides the google_cloud_platform ones (``is_anonymou
 
 ``container_api_endpoint``
     Base URL of the GKE API, e.g. ``http://127.0.0.1:8123`` for the local stand-in
-    (``python -m operators.standins.gke_api``). Unset: the real GKE endpoint.
+    (``python -m tpuflow.dev.standins.gke_api``). Unset: the real GKE endpoint.
 ``container_api_transport``
     ``rest`` or ``grpc``. Defaults to ``rest`` when the endpoint starts with ``http://`` or
     ``https://``, otherwise to the client library's default (gRPC).
@@ -104,7 +104,7 @@ class GKENodePoolHook(GKEHook):
 
     # --- node pools ---------------------------------------------------------------------------------
     def create_node_pool(self, *, project_id: str, cluster_name: str, node_pool: dict[str, Any]) -> Operation:
-        """Send one NodePool (REST JSON form, as built by operators.gke.nodepool_spec) and return its Operation."""
+        """Send one NodePool (REST JSON form, as built by tpuflow.gke.nodepool_spec) and return its Operation."""
         self.log.info("Creating node pool %s in %s", node_pool.get("name"), self.cluster_path(project_id, cluster_name))
         return self.get_cluster_manager_client().create_node_pool(
             parent=self.cluster_path(project_id, cluster_name),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from operators.links import StoredUrlLink
+from tpuflow.links import StoredUrlLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

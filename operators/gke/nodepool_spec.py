@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators.errors import UserInputError
-from operators.naming import dns_name, run_key
-from operators.tpu import TpuSlice
+from tpuflow.errors import UserInputError
+from tpuflow.naming import dns_name, run_key
+from tpuflow.tpu import TpuSlice
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 NODE_POOL_NAME_MAX = 40

@@ -1,7 +1,7 @@
 """Airflow operators that create and delete GKE TPU slice node pools.
 
 Cheap to import (DAG files import this): google-cloud, the hooks and the triggers load inside
-execute, and the node pool planner (operators.gke.nodepool_spec, with the slice catalog) loads
+execute, and the node pool planner (tpuflow.gke.nodepool_spec, with the slice catalog) loads
 when a value is first checked: at parse time only when the arguments are static, else in the
 worker. Validation happens before any API call and raises UserInputError naming the field.
 """
@@ -14,16 +14,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
-
-from operators.errors import UserInputError
-from operators.gke.links import GKEClusterNodesLink, GKENodePoolLink
+from tpuflow.errors import UserInputError
+from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from operators.gke.hooks import GKENodePoolHook
-    from operators.gke.nodepool_spec import NodePoolPlan, TaskIdentity
-    from operators.gke.provisioning import Progress, RetryPolicy, _Loop
+    from tpuflow.gke.hooks import GKENodePoolHook
+    from tpuflow.gke.nodepool_spec import NodePoolPlan, TaskIdentity
+    from tpuflow.gke.provisioning import Progress, RetryPolicy, _Loop
 
 
 def _is_static(value: Any) -> bool:
@@ -40,7 +38,7 @@ def _is_static(value: Any) -> bool:
 
 
 def _identity(context: Context, task_id: str | None = None) -> TaskIdentity:
-    from operators.gke.nodepool_spec import TaskIdentity
+    from tpuflow.gke.nodepool_spec import TaskIdentity
 
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
@@ -79,7 +77,7 @@ class _NodePoolOperatorBase(BaseOperator):
 
     # --- shared plumbing -------------------------------------------------------------------------------
     def _policy(self, **extra: Any) -> RetryPolicy:
-        from operators.gke.provisioning import RetryPolicy
+        from tpuflow.gke.provisioning import RetryPolicy
 
         return RetryPolicy(
             poll_interval=float(self.poll_interval),
@@ -90,7 +88,7 @@ class _NodePoolOperatorBase(BaseOperator):
         )
 
     def get_hook(self, location: str) -> GKENodePoolHook:
-        from operators.gke.hooks import GKENodePoolHook
+        from tpuflow.gke.hooks import GKENodePoolHook
 
         return GKENodePoolHook(
             gcp_conn_id=self.gcp_conn_id, location=location, impersonation_chain=self.impersonation_chain
@@ -105,8 +103,7 @@ class _NodePoolOperatorBase(BaseOperator):
 
     def _drive(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
-        from operators.gke.provisioning import (
+        from tpuflow.gke.provisioning import (
             Done,
             NodePoolFailed,
             Sleep,
@@ -130,7 +127,7 @@ class _NodePoolOperatorBase(BaseOperator):
             raise (AirflowException if err.retryable else AirflowFailException)(str(err)) from err
         if isinstance(step, Done):
             return step.result
-        from operators.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
+        from tpuflow.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
 
         trigger: Any
         if isinstance(step, Sleep):
@@ -156,8 +153,7 @@ class _NodePoolOperatorBase(BaseOperator):
 
     def execute_complete(self, context: Context, event: Any = None) -> Any:
         from airflow.sdk.exceptions import AirflowException
-
-        from operators.gke.provisioning import Progress
+        from tpuflow.gke.provisioning import Progress
 
         if not isinstance(event, Mapping) or "resume" not in event:
             raise AirflowException(f"Unexpected trigger event {event!r}; clear the task to start over")
@@ -249,13 +245,13 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.expires_after = expires_after
         self.stockout_retries = stockout_retries
         if all(_is_static(getattr(self, f)) for f in self.template_fields):
-            from operators.gke.nodepool_spec import TaskIdentity
+            from tpuflow.gke.nodepool_spec import TaskIdentity
 
             # Bad input shows up as a DAG import error, long before anything is provisioned.
             self.plan(TaskIdentity("parse", "parse", self.task_id), None)
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
-        from operators.gke.nodepool_spec import plan_node_pools
+        from tpuflow.gke.nodepool_spec import plan_node_pools
 
         return plan_node_pools(
             project_id=self.project_id,
@@ -278,14 +274,14 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         )
 
     def _loop(self, context: Context, progress: Progress) -> _Loop:
-        from operators.gke.provisioning import NodePoolProvisioner
+        from tpuflow.gke.provisioning import NodePoolProvisioner
 
         plan = self.plan(_identity(context), progress.expires_at)
         policy = self._policy(stockout_retries=self.stockout_retries)
         return NodePoolProvisioner(self.get_hook(plan.location), plan, policy)
 
     def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
-        from operators.gke.nodepool_spec import OWNER_KEY_LABEL
+        from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL
 
         plan = loop.plan  # type: ignore[attr-defined]
         chain = self.impersonation_chain
@@ -310,7 +306,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         kill_with = getattr(self, "_kill_with", None)
         if not kill_with:
             return
-        from operators.gke.provisioning import kill_owned_pools
+        from tpuflow.gke.provisioning import kill_owned_pools
 
         hook, owned = kill_with
         for name in kill_owned_pools(hook, owned):
@@ -321,7 +317,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
             )
 
     def execute(self, context: Context) -> Any:
-        from operators.gke.provisioning import Progress
+        from tpuflow.gke.provisioning import Progress
 
         seconds = (
             self.expires_after.total_seconds()
@@ -373,7 +369,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
             self._validate()
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
-        from operators.gke.nodepool_spec import OWNER_KEY_LABEL
+        from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL
 
         if self.created_by_task_id:
             key = _identity(context, self.created_by_task_id).key
@@ -383,7 +379,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         return [value] if isinstance(value, str) else list(value or [])
 
     def _validate(self) -> None:
-        from operators.gke.nodepool_spec import (
+        from tpuflow.gke.nodepool_spec import (
             check_cluster_location,
             check_cluster_name,
             check_node_pool_name,
@@ -403,7 +399,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
                 check_node_pool_name(name)
 
     def _loop(self, context: Context, progress: Progress) -> _Loop:
-        from operators.gke.provisioning import NodePoolRemover
+        from tpuflow.gke.provisioning import NodePoolRemover
 
         hook = self.get_hook(self.location)
         if progress.pools is None:
@@ -412,7 +408,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         return NodePoolRemover(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
 
     def execute(self, context: Context) -> Any:
-        from operators.gke.provisioning import Progress
+        from tpuflow.gke.provisioning import Progress
 
         self._validate()
         GKEClusterNodesLink.persist(

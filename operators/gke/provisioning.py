@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from google.api_core.exceptions import GoogleAPICallError
-
-from operators.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
-from operators.gke.hooks import GKENodePoolHook, to_rest_json
-from operators.gke.nodepool_spec import OWNER_KEY_LABEL, NodePoolPlan, match_capacity
+from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
+from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
+from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL, NodePoolPlan, match_capacity
 
 log = logging.getLogger(__name__)
 

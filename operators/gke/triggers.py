@@ -27,8 +27,7 @@ from typing import Any
 
 from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-
-from operators.gke.hooks import GKENodePoolAsyncHook
+from tpuflow.gke.hooks import GKENodePoolAsyncHook
 
 # Deletions still waiting for a create when on_kill had to return (a task nobody references can be
 # garbage collected mid-flight).
@@ -37,7 +36,7 @@ _KILL_PATIENCE_S = 2 * 3600.0  # a TPU pool create takes minutes; give up (and s
 
 
 async def _delete_when_possible(owned: dict[str, Any], log: Any) -> None:
-    from operators.gke.provisioning import kill_owned_pools
+    from tpuflow.gke.provisioning import kill_owned_pools
 
     try:
         hook = GKENodePoolAsyncHook(

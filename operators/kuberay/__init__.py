@@ -1,7 +1,7 @@
 """KubeRay on GKE: manifests, status semantics, hooks, triggers and operators.
 
 Importing this package is cheap (no kubernetes, ray or google imports): DAG files import the
-operators from `operators.kuberay.operators`, which load their hooks inside execute().
+operators from `tpuflow.kuberay.operators`, which load their hooks inside execute().
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ RAYSERVICES = "rayservices"
 KIND_BY_PLURAL = {RAYCLUSTERS: "RayCluster", RAYSERVICES: "RayService"}
 
 # Names the operators need when their module is imported (argument defaults, label keys); the
-# manifest builders that use them (operators.kuberay.manifests) load only when a manifest is built.
+# manifest builders that use them (tpuflow.kuberay.manifests) load only when a manifest is built.
 DEFAULT_RAY_VERSION = "2.60.0"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PREFIX = "tpuflow.dev"

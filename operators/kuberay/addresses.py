@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from operators.errors import UserInputError
+from tpuflow.errors import UserInputError
 
-# The head's default ports (operators.kuberay.manifests.HEAD_PORTS) load where they are used: the operators
+# The head's default ports (tpuflow.kuberay.manifests.HEAD_PORTS) load where they are used: the operators
 # import check_address_mode at DAG parse time, and the manifest builders are not needed then.
 ADDRESS_MODES = ("auto", "in_cluster_dns", "head_service", "port_forward")
 _GCS_NAMES = ("gcs", "gcs-server")
@@ -43,7 +43,7 @@ def resolve_mode(mode: str, in_cluster: bool) -> str:
 
 
 def _declared_ports(cluster: Mapping[str, Any]) -> dict[str, str]:
-    from operators.kuberay.manifests import HEAD_PORTS
+    from tpuflow.kuberay.manifests import HEAD_PORTS
 
     head = ((((cluster.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {})
     containers = head.get("containers") or [{}]
@@ -119,7 +119,7 @@ def cluster_payload(cluster: Mapping[str, Any], head_service: Mapping[str, Any] 
 def service_payload(service: Mapping[str, Any], cluster_payload_: Mapping[str, Any],
                     serve_service: Mapping[str, Any] | None, *, mode: str, in_cluster: bool) -> dict[str, Any]:
     """The XCom value of a ready RayService: its Serve URL plus its active cluster's addresses."""
-    from operators.kuberay.manifests import HEAD_PORTS
+    from tpuflow.kuberay.manifests import HEAD_PORTS
 
     meta, status = service.get("metadata") or {}, service.get("status") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "default")

@@ -21,8 +21,7 @@ from functools import cached_property
 from typing import Any
 
 from kubernetes import client as k8s
-
-from operators.kuberay import GROUP, VERSION
+from tpuflow.kuberay import GROUP, VERSION
 
 
 class KubeApiError(Exception):

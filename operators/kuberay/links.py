@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from operators.links import StoredUrlLink
-from operators.rayjob.links import RayDashboardLink as RayDashboardLink
+from tpuflow.links import StoredUrlLink
+from tpuflow.rayjob.links import RayDashboardLink as RayDashboardLink
 
 CONSOLE = "https://console.cloud.google.com"
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators.errors import UserInputError
-from operators.kuberay import (
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay import (
     API_VERSION,
     DEFAULT_RAY_VERSION,
     DEFAULT_UPGRADE_STRATEGY,
@@ -24,7 +24,7 @@ from operators.kuberay import (
     RUN_KEY_LABEL,
     SPEC_HASH,
 )
-from operators.kuberay.k8s_values import (
+from tpuflow.kuberay.k8s_values import (
     check_env,
     check_labels,
     check_name,
@@ -32,10 +32,10 @@ from operators.kuberay.k8s_values import (
     check_quantities,
     label_safe,
 )
-from operators.kuberay.serve_config import SERVE_PORT, serve_config_v2
-from operators.naming import dns_name, run_key
-from operators.tpu import TpuSlice
-from operators.tpu.slice import TPU_RESOURCE
+from tpuflow.kuberay.serve_config import SERVE_PORT, serve_config_v2
+from tpuflow.naming import dns_name, run_key
+from tpuflow.tpu import TpuSlice
+from tpuflow.tpu.slice import TPU_RESOURCE
 
 DEFAULT_HEAD_RESOURCES: Mapping[str, str] = {"cpu": "2", "memory": "8Gi"}
 WORKER_GROUP = "tpu-group"
@@ -49,7 +49,7 @@ RUN_ID = f"{LABEL_PREFIX}/run-id"
 SLICE_ANNOTATION = f"{LABEL_PREFIX}/slice"
 # DEFAULT_RAY_VERSION, MANAGED_BY, LABEL_PREFIX, SPEC_HASH and DEFAULT_UPGRADE_STRATEGY ("None": a RayService
 # updates serveConfigV2 in place; the other strategies bring up a second RayCluster, i.e. a second TPU slice)
-# live in operators.kuberay, so the operators can name them without loading this module at DAG parse time.
+# live in tpuflow.kuberay, so the operators can name them without loading this module at DAG parse time.
 UPGRADE_STRATEGIES = ("None", "NewCluster", "NewClusterWithIncrementalUpgrade")
 
 _RAY_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")

@@ -14,17 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException
-
-from operators.errors import UserInputError
-from operators.kuberay import DEFAULT_RAY_VERSION
-from operators.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay import DEFAULT_RAY_VERSION
+from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from operators.kuberay.hooks import KubeRayHook, KubeTarget
-    from operators.kuberay.manifests import RayClusterTemplate
-    from operators.tpu import TpuSlice
+    from tpuflow.kuberay.hooks import KubeRayHook, KubeTarget
+    from tpuflow.kuberay.manifests import RayClusterTemplate
+    from tpuflow.tpu import TpuSlice
 
 _GKE_KEYS = ("project_id", "location", "cluster_name")
 
@@ -96,7 +94,7 @@ class KubeRayBaseOperator(BaseOperator):
 
     # --- Kubernetes access (worker side) ---
     def kube_target(self) -> KubeTarget:
-        from operators.kuberay.hooks import KubeTarget, resolve_gke_target
+        from tpuflow.kuberay.hooks import KubeTarget, resolve_gke_target
 
         if self._target_cache is None:
             if self.gke_cluster and not self.kubernetes_conn_id:
@@ -106,14 +104,14 @@ class KubeRayBaseOperator(BaseOperator):
         return self._target_cache
 
     def kube_hook(self) -> KubeRayHook:
-        from operators.kuberay.hooks import KubeRayHook
+        from tpuflow.kuberay.hooks import KubeRayHook
 
         if self._hook_cache is None:
             self._hook_cache = KubeRayHook(self.kube_target())
         return self._hook_cache
 
     def resolve_namespace(self) -> str:
-        from operators.kuberay.k8s_values import check_namespace
+        from tpuflow.kuberay.k8s_values import check_namespace
 
         return check_namespace(self.namespace or self.kube_hook().default_namespace())
 
@@ -127,7 +125,7 @@ class KubeRayBaseOperator(BaseOperator):
         """
         deadline = time.time() + self.wait_timeout
         if self.deferrable:
-            from operators.kuberay.triggers import KubeRayReadyTrigger
+            from tpuflow.kuberay.triggers import KubeRayReadyTrigger
 
             self.defer(
                 trigger=KubeRayReadyTrigger(kind=kind, name=name, namespace=namespace,
@@ -136,7 +134,7 @@ class KubeRayBaseOperator(BaseOperator):
                                             owner_run_key=owner_run_key),
                 method_name=method_name,
             )
-        from operators.kuberay.waits import SyncReader, wait_ready
+        from tpuflow.kuberay.waits import SyncReader, wait_ready
 
         self._waiting_for = (kind, name, namespace, owner_run_key)
         try:
@@ -151,8 +149,8 @@ class KubeRayBaseOperator(BaseOperator):
         waiting_for = getattr(self, "_waiting_for", None)
         if not waiting_for or not waiting_for[3]:
             return
-        from operators.kuberay.triggers import owned_by
-        from operators.kuberay.waits import KINDS
+        from tpuflow.kuberay.triggers import owned_by
+        from tpuflow.kuberay.waits import KINDS
 
         kind, name, namespace, run_key = waiting_for
         hook = self.kube_hook()
@@ -163,7 +161,7 @@ class KubeRayBaseOperator(BaseOperator):
     def wait_gone(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete") -> dict[str, Any]:
         deadline = time.time() + self.wait_timeout
         if self.deferrable:
-            from operators.kuberay.triggers import KubeRayDeletedTrigger
+            from tpuflow.kuberay.triggers import KubeRayDeletedTrigger
 
             self.defer(
                 trigger=KubeRayDeletedTrigger(kind=kind, name=name, namespace=namespace,
@@ -171,7 +169,7 @@ class KubeRayBaseOperator(BaseOperator):
                                               poll_interval=self.poll_interval),
                 method_name=method_name,
             )
-        from operators.kuberay.waits import SyncReader, wait_gone
+        from tpuflow.kuberay.waits import SyncReader, wait_gone
 
         return asyncio.run(wait_gone(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
                                      deadline=deadline, poll_interval=self.poll_interval))
@@ -214,7 +212,7 @@ class SliceArgumentsMixin:
         shm_size: str | None,
     ) -> None:
         if tpu is not None:
-            from operators.tpu import TpuSlice
+            from tpuflow.tpu import TpuSlice
 
             if accelerator or topology:
                 raise UserInputError("tpu", tpu, "give either tpu or accelerator/topology, not both")
@@ -237,8 +235,8 @@ class SliceArgumentsMixin:
                           *self.env.values())
 
     def build_template(self) -> RayClusterTemplate:
-        from operators.kuberay.manifests import RayClusterTemplate
-        from operators.tpu import TpuSlice
+        from tpuflow.kuberay.manifests import RayClusterTemplate
+        from tpuflow.tpu import TpuSlice
 
         if not self.accelerator or not self.topology:
             raise UserInputError("topology" if self.accelerator else "accelerator",
@@ -256,8 +254,8 @@ class SliceArgumentsMixin:
 
 
 def object_name(context: Context, explicit: str | None, task_id: str | None = None) -> str:
-    from operators.kuberay.k8s_values import check_name
-    from operators.kuberay.manifests import resource_name
+    from tpuflow.kuberay.k8s_values import check_name
+    from tpuflow.kuberay.manifests import resource_name
 
     if explicit:
         return check_name("name", explicit)
@@ -265,6 +263,6 @@ def object_name(context: Context, explicit: str | None, task_id: str | None = No
 
 
 def owner_labels(context: Context, extra: Mapping[str, str] | None) -> dict[str, str]:
-    from operators.kuberay.manifests import ownership_labels
+    from tpuflow.kuberay.manifests import ownership_labels
 
     return {**dict(extra or {}), **ownership_labels(*identity(context))}

@@ -7,9 +7,9 @@
 
 Names are deterministic (dag id, run id, task id, map index), so a retried task adopts what its
 earlier try created; an object of that name with a different spec (or another owner) is an error.
-Ready means KubeRay's conditions (operators.kuberay.status); a failure or the deadline raises with
+Ready means KubeRay's conditions (tpuflow.kuberay.status); a failure or the deadline raises with
 KubeRay's reason, pod states, Warning events and the head pod's last log lines. The return value
-(XCom) is the address payload of operators.kuberay.addresses.
+(XCom) is the address payload of tpuflow.kuberay.addresses.
 
 Cheap to import: no kubernetes, ray or google imports at module level; the manifest builders, the
 Serve config checks and the TPU webhook rules load when a manifest is built or checked (at parse
@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
-from operators.errors import UserInputError
-from operators.kuberay import (
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay import (
     DEFAULT_RAY_VERSION,
     DEFAULT_UPGRADE_STRATEGY,
     LABEL_PREFIX,
@@ -34,15 +33,14 @@ from operators.kuberay import (
     RAYSERVICES,
     SPEC_HASH,
 )
-from operators.kuberay.addresses import check_address_mode
-from operators.kuberay.links import RayDashboardLink
-from operators.kuberay.operator_base import KubeRayBaseOperator, SliceArgumentsMixin, object_name, owner_labels
+from tpuflow.kuberay.addresses import check_address_mode
+from tpuflow.kuberay.links import RayDashboardLink
+from tpuflow.kuberay.operator_base import KubeRayBaseOperator, SliceArgumentsMixin, object_name, owner_labels
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from operators.kuberay.hooks import KubeApiError, KubeRayHook
-    from operators.tpu import TpuSlice
+    from tpuflow.kuberay.hooks import KubeApiError, KubeRayHook
+    from tpuflow.tpu import TpuSlice
 
 RUN_KEY_LABEL = f"{LABEL_PREFIX}/run-key"
 CLUSTER_SPEC_HASH = f"{LABEL_PREFIX}/cluster-spec-hash"
@@ -53,12 +51,12 @@ _SLICE_DOC = """
     :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
     :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
         always comes from the slice.
-    :param address_mode: auto | in_cluster_dns | head_service | port_forward (operators.kuberay.addresses).
+    :param address_mode: auto | in_cluster_dns | head_service | port_forward (tpuflow.kuberay.addresses).
 """
 
 
 def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
-    from operators.kuberay.webhook_rules import slice_of_group, tpu_worker_groups
+    from tpuflow.kuberay.webhook_rules import slice_of_group, tpu_worker_groups
 
     for _, group, _ in tpu_worker_groups(spec):
         try:
@@ -69,7 +67,7 @@ def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _rejection(err: KubeApiError, kind: str, namespace: str, name: str, cluster_spec: Mapping[str, Any]) -> str:
-    from operators.kuberay.webhook_rules import WEBHOOK_DENIAL, tpu_group_problems
+    from tpuflow.kuberay.webhook_rules import WEBHOOK_DENIAL, tpu_group_problems
 
     text = f"Kubernetes rejected {kind} {namespace}/{name} ({err.code} {err.reason}): {err.message}"
     if WEBHOOK_DENIAL in err.message:
@@ -149,8 +147,8 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return dict(raw)
 
     def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        from operators.kuberay.manifests import spec_hash
-        from operators.kuberay.webhook_rules import tpu_group_problems
+        from tpuflow.kuberay.manifests import spec_hash
+        from tpuflow.kuberay.webhook_rules import tpu_group_problems
 
         body = self._parsed_manifest()
         spec = dict(body.get("spec") or {})
@@ -166,7 +164,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return {**body, "metadata": meta, "spec": spec}
 
     def build_manifest(self, context: Context, namespace: str) -> dict[str, Any]:
-        from operators.kuberay.manifests import raycluster_manifest
+        from tpuflow.kuberay.manifests import raycluster_manifest
 
         labels = owner_labels(context, self.labels)
         if self.manifest is not None:
@@ -178,8 +176,8 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
 
     # --- execution ---
     def execute(self, context: Context) -> dict[str, Any]:
-        from operators.kuberay.hooks import KubeApiError
-        from operators.kuberay.status import raycluster_verdict
+        from tpuflow.kuberay.hooks import KubeApiError
+        from tpuflow.kuberay.status import raycluster_verdict
 
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
@@ -236,7 +234,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return self.finish(context, event["name"], event["namespace"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
-        from operators.kuberay.addresses import cluster_payload
+        from tpuflow.kuberay.addresses import cluster_payload
 
         hook = self.kube_hook()
         cluster = hook.get(RAYCLUSTERS, name, namespace)
@@ -307,7 +305,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         if isinstance(serve_config, (str, XComArg)):
             self.serve_config = serve_config
         else:
-            from operators.kuberay.serve_config import serve_config_dict
+            from tpuflow.kuberay.serve_config import serve_config_dict
 
             self.serve_config = serve_config_dict(serve_config)
         self.name = name
@@ -319,7 +317,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
             self.build_manifest_for("parse-check", "default", {})
 
     def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        from operators.kuberay.manifests import rayservice_manifest, spec_hash
+        from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
 
         manifest = rayservice_manifest(self.build_template(), self.serve_config, name=name, namespace=namespace,
                                        labels=labels, annotations=self.annotations,
@@ -328,8 +326,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return manifest
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from operators.kuberay.hooks import KubeApiError
-        from operators.kuberay.status import rayservice_verdict
+        from tpuflow.kuberay.hooks import KubeApiError
+        from tpuflow.kuberay.status import rayservice_verdict
 
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
@@ -394,7 +392,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return self.finish(context, event["name"], event["namespace"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
-        from operators.kuberay.addresses import cluster_payload, service_payload
+        from tpuflow.kuberay.addresses import cluster_payload, service_payload
 
         hook = self.kube_hook()
         service = hook.get(RAYSERVICES, name, namespace)

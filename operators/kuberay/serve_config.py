@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-
-from operators.errors import UserInputError
+from tpuflow.errors import UserInputError
 
 SERVE_PORT = 8000
 _LOCAL_ONLY_HTTP_KEYS = ("host", "port")

@@ -2,7 +2,7 @@
 
 They live in the installed package (never beside DAG files) so the triggerer can import them; their
 kwargs are plain JSON (the Kubernetes target as KubeTarget.to_dict(), the deadline as epoch seconds).
-The polling itself is `operators.kuberay.waits`, shared with the non-deferrable path.
+The polling itself is `tpuflow.kuberay.waits`, shared with the non-deferrable path.
 
 Kill semantics: a user marking a deferred create/deploy task failed/success or clearing it makes the
 triggerer call ``KubeRayReadyTrigger.on_kill``, which deletes the object the task owns (the one
@@ -16,10 +16,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-
-from operators.kuberay import RUN_KEY_LABEL
-from operators.kuberay.hooks import AsyncKubeRayHook, KubeTarget
-from operators.kuberay.waits import KINDS, wait_gone, wait_ready
+from tpuflow.kuberay import RUN_KEY_LABEL
+from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeTarget
+from tpuflow.kuberay.waits import KINDS, wait_gone, wait_ready
 
 
 def owned_by(obj: Mapping[str, Any] | None, run_key: str | None) -> bool:

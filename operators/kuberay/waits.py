@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from operators.kuberay import RAYCLUSTERS, RAYSERVICES
-from operators.kuberay.diagnostics import render
-from operators.kuberay.status import (
+from tpuflow.kuberay import RAYCLUSTERS, RAYSERVICES
+from tpuflow.kuberay.diagnostics import render
+from tpuflow.kuberay.status import (
     Verdict,
     raycluster_verdict,
     rayservice_verdict,

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
-
-from operators.errors import UserInputError
-from operators.tpu import TpuSlice
+from tpuflow.errors import UserInputError
+from tpuflow.tpu import TpuSlice
 
 STATE_FILE = "state.json"
 TOKEN_FILE = "auth_token"

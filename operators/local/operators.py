@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-
-from operators.naming import dns_name, run_key
-from operators.rayjob.links import RayDashboardLink
+from tpuflow.naming import dns_name, run_key
+from tpuflow.rayjob.links import RayDashboardLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -63,9 +62,8 @@ class LocalRayClusterCreateOperator(BaseOperator):
         from pathlib import Path
 
         from airflow.sdk.exceptions import AirflowTaskTerminated
-
-        from operators.local.cluster import DEFAULT_BASE_DIR, LocalRayCluster
-        from operators.tpu import TpuSlice
+        from tpuflow.local.cluster import DEFAULT_BASE_DIR, LocalRayCluster
+        from tpuflow.tpu import TpuSlice
 
         tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
         tpu.require(ray=True)
@@ -110,7 +108,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
 
 
 def _stop_recorded(state_dir: Any) -> None:
-    from operators.local.cluster import STATE_FILE, LocalRayCluster
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
     if (state_dir / STATE_FILE).exists():
         LocalRayCluster.load(state_dir).stop(timeout=3.0)  # SIGKILL follows SIGTERM after ~5 s
@@ -145,7 +143,7 @@ class LocalRayClusterDeleteOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         from pathlib import Path
 
-        from operators.local.cluster import DEFAULT_BASE_DIR, STATE_FILE, LocalRayCluster
+        from tpuflow.local.cluster import DEFAULT_BASE_DIR, STATE_FILE, LocalRayCluster
 
         if self.keep in (True, "True", "true", "1"):
             self.log.info("keep_endpoint is set: leaving the cluster running; `tpuflow local down` stops it")

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, BaseOperator
-
-from operators.pipeline.params import pipeline_params
-from operators.pipeline.steps import (
+from tpuflow import workloads_dir
+from tpuflow.pipeline.params import pipeline_params
+from tpuflow.pipeline.steps import (
     ANSWER,
     PROMPT,
     SERVE_APP,
@@ -23,9 +23,9 @@ from operators.pipeline.steps import (
     CheckParamsOperator,
     WriteReportOperator,
 )
-from operators.rayjob.operators import RaySubmitJobOperator
-from operators.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
-from operators.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
+from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.xcom_arg import XComArg
@@ -139,11 +139,10 @@ def build_pipeline_dag(
     """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay."""
     # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
     # steps) does not load them when it is parsed.
-    from operators.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
-    from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+    from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     run_dir = run_dir_for(dag_id, output_root)
-    workloads_dir = str(Path(__file__).resolve().parents[2] / "workloads")
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       **dag_kwargs) as dag:
         checked = CheckParamsOperator(task_id="check_params")
@@ -157,7 +156,7 @@ def build_pipeline_dag(
         )
         cluster = start.output
         prep, train, evaluate = training_steps(cluster, run_dir)
-        serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir}")
+        serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir()}")
         deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
         stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)

@@ -6,7 +6,7 @@
       -> delete_ray_cluster -> delete_node_pool         (always)
 
 prep, train, evaluate, the Serve config, the smoke test and the report are the factory's shared steps
-(operators.pipeline.factory); only the cluster lifecycle is GKE + KubeRay. Serving gets its own
+(tpuflow.pipeline.factory); only the cluster lifecycle is GKE + KubeRay. Serving gets its own
 single-host slice of the training generation (Param ``serve_topology``; default the smallest one), so
 the endpoint can outlive the training slice.
 
@@ -30,16 +30,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, Param
-
-from operators.errors import UserInputError
-from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
-from operators.kuberay.operators import (
+from tpuflow.errors import UserInputError
+from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
     KubeRayDeleteClusterOperator,
     KubeRayDeleteServiceOperator,
     KubeRayDeployServiceOperator,
 )
-from operators.pipeline.factory import (
+from tpuflow.pipeline.factory import (
     KEEP_ENDPOINT,
     build_serve_config,
     default_output_root,
@@ -48,13 +47,12 @@ from operators.pipeline.factory import (
     smoke_test_and_report,
     training_steps,
 )
-from operators.pipeline.params import pipeline_params, validate_params
-from operators.pipeline.steps import CheckParamsOperator
+from tpuflow.pipeline.params import pipeline_params, validate_params
+from tpuflow.pipeline.steps import CheckParamsOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from operators.tpu import TpuSlice
+    from tpuflow.tpu import TpuSlice
 
 # Where the Ray image keeps workloads/ (the Serve app's working_dir; Ray *jobs* upload workloads/ themselves).
 IMAGE_WORKLOADS_URI = "local:///home/ray/workloads"
@@ -76,7 +74,7 @@ def gke_pipeline_params() -> dict[str, Param]:
 
 def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
     """The endpoint's slice: single-host, of the training generation, valid on GKE and in Ray."""
-    from operators.tpu import TpuSlice, resolve_generation
+    from tpuflow.tpu import TpuSlice, resolve_generation
 
     generation = resolve_generation(accelerator)
     if not topology:
@@ -101,7 +99,7 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
 
 def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
-    from operators.tpu import TpuSlice
+    from tpuflow.tpu import TpuSlice
 
     train = validate_params(params)
     try:

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import Param
-
-from operators.errors import UserInputError
-from operators.tpu.generations import GENERATIONS
+from tpuflow.errors import UserInputError
+from tpuflow.tpu.generations import GENERATIONS
 
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
 TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
@@ -41,7 +40,7 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
 
 def validate_params(params: dict[str, Any]) -> dict[str, Any]:
     """Cross-field validation; returns the slice description the run will use."""
-    from operators.tpu import TpuSlice
+    from tpuflow.tpu import TpuSlice
 
     framework = params.get("framework")
     if framework not in FRAMEWORKS:

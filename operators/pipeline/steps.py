@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-
-from operators.pipeline.params import validate_params
+from tpuflow.pipeline.params import validate_params
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -53,7 +52,7 @@ class BuildServeConfigOperator(BaseOperator):
 
 def serve_config_for(cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str,
                      framework: str) -> dict[str, Any]:
-    from operators.serve.config import serve_application, serve_config
+    from tpuflow.serve.config import serve_application, serve_config
 
     app = serve_application(
         SERVE_APP,

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
-
-from operators.errors import UserInputError
+from tpuflow.errors import UserInputError
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient

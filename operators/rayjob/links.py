@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from operators.links import StoredUrlLink
+from tpuflow.links import StoredUrlLink
 
 
 class RayDashboardLink(StoredUrlLink):

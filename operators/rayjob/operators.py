@@ -9,21 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
-
-from operators.errors import UserInputError
-from operators.naming import submission_id as derive_submission_id
-from operators.rayjob.links import RayDashboardLink, RayJobLink, RayJobLogLink
+from tpuflow import workloads_dir
+from tpuflow.errors import UserInputError
+from tpuflow.naming import submission_id as derive_submission_id
+from tpuflow.rayjob.links import RayDashboardLink, RayJobLink, RayJobLogLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from operators.rayjob.hooks import RayJobHook
+    from tpuflow.rayjob.hooks import RayJobHook
 
 # Key of the task state store entry naming the task's current Ray job (Airflow 3.3 durable
 # execution). Renaming it breaks re-attachment for retries already in flight.
 SUBMISSION_STATE_KEY = "ray_submission_id"
-# workloads/ beside the installed package (editable installs and the repo layout).
-DEFAULT_WORKING_DIR = str(Path(__file__).resolve().parents[2] / "workloads")
 
 
 class RayJobFailedError(RuntimeError):
@@ -48,7 +45,8 @@ class RaySubmitJobOperator(BaseOperator):
     :param entrypoint: shell command run by the job driver on the head node.
     :param cluster: connection info pushed by a cluster-start task (dashboard_url, ...); templated.
     :param ray_conn_id: Airflow connection naming the dashboard, when `cluster` is not given.
-    :param working_dir: folder shipped as the job's runtime_env working_dir (default: the project's workloads/).
+    :param working_dir: folder shipped as the job's runtime_env working_dir (default None: the workloads shipped
+        with tpuflow, wherever it is installed; "" for none).
     :param runtime_env: extra runtime_env keys (pip, py_modules, ...).
     :param env_vars: environment variables for the driver and the job's workers.
     :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail if the result is below.
@@ -75,7 +73,7 @@ class RaySubmitJobOperator(BaseOperator):
         entrypoint: str,
         cluster: dict[str, Any] | str | None = None,
         ray_conn_id: str | None = None,
-        working_dir: str | None = DEFAULT_WORKING_DIR,
+        working_dir: str | None = None,
         runtime_env: dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
         entrypoint_num_cpus: float | None = None,
@@ -119,16 +117,17 @@ class RaySubmitJobOperator(BaseOperator):
         )
 
     def hook(self) -> RayJobHook:
-        from operators.rayjob.hooks import RayJobHook
+        from tpuflow.rayjob.hooks import RayJobHook
 
         return RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self._cluster_info())
 
     def build_runtime_env(self) -> dict[str, Any]:
         env = dict(self.runtime_env)
-        if self.working_dir and "working_dir" not in env:
-            if "://" not in self.working_dir and not Path(self.working_dir).is_dir():
-                raise UserInputError("working_dir", self.working_dir, "give an existing folder or a remote URI")
-            env["working_dir"] = self.working_dir
+        working_dir = workloads_dir() if self.working_dir is None else self.working_dir
+        if working_dir and "working_dir" not in env:
+            if "://" not in working_dir and not Path(working_dir).is_dir():
+                raise UserInputError("working_dir", working_dir, "give an existing folder or a remote URI")
+            env["working_dir"] = working_dir
         if self.env_vars:
             env["env_vars"] = {**env.get("env_vars", {}), **{k: str(v) for k, v in self.env_vars.items()}}
         return env
@@ -151,7 +150,7 @@ class RaySubmitJobOperator(BaseOperator):
         RayJobLink.persist_url(context, f"{hook.dashboard_url}/#/jobs/{sid}")
         if status == "SUCCEEDED":
             self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
-            from operators.rayjob.hooks import parse_result
+            from tpuflow.rayjob.hooks import parse_result
 
             return self._check_result(parse_result(self._keep_log(context, hook, sid)))
         # A cleared task's new try can find its old job still RUNNING while the previous try's kill
@@ -159,7 +158,7 @@ class RaySubmitJobOperator(BaseOperator):
         # re-attached to ends STOPPED, it starts a fresh one instead of failing -- once.
         restart_if_stopped = reattached and may_restart
         if self.deferrable:
-            from operators.rayjob.triggers import RayJobTrigger
+            from tpuflow.rayjob.triggers import RayJobTrigger
 
             self.defer(
                 trigger=RayJobTrigger(
@@ -225,7 +224,7 @@ class RaySubmitJobOperator(BaseOperator):
             store.set(SUBMISSION_STATE_KEY, sid)
 
     def _wait_blocking(self, hook: RayJobHook, sid: str) -> dict[str, Any]:
-        from operators.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
+        from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
 
         offset, started = 0, time.time()
         while True:
@@ -257,7 +256,7 @@ class RaySubmitJobOperator(BaseOperator):
     def _keep_log(self, context: Context, hook: RayJobHook, sid: str) -> str:
         logs = hook.get_job_logs(sid)
         if self.log_uri:
-            from operators.storage import browse_url, write_text
+            from tpuflow.storage import browse_url, write_text
 
             write_text(self.log_uri, logs)
             RayJobLogLink.persist_url(context, browse_url(self.log_uri))
@@ -277,7 +276,7 @@ class RaySubmitJobOperator(BaseOperator):
                              "or cleared); submitting a fresh one", event.get("submission_id"))
             return self._run(context, self.hook(), may_restart=False)
         if status != "SUCCEEDED":
-            from operators.rayjob.failures import is_user_code_error
+            from tpuflow.rayjob.failures import is_user_code_error
 
             error = UserCodeError if is_user_code_error(status, event.get("message", ""), event.get("log_tail", "")) else RayJobFailedError
             raise error(

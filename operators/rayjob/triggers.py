@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-
-from operators.rayjob.hooks import TERMINAL_JOB_STATES, RayJobHook, log_tail, parse_result, strip_ansi
+from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES, RayJobHook, log_tail, parse_result, strip_ansi
 
 # XCom of the deferred task holding how far its log has streamed the job's driver log.
 LOG_CURSOR_XCOM_KEY = "ray_job_log_cursor"

@@ -11,9 +11,9 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from operators.errors import UserInputError
-from operators.output_links import OutputsLink
-from operators.rayjob.operators import RaySubmitJobOperator
+from tpuflow.errors import UserInputError
+from tpuflow.output_links import OutputsLink
+from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -108,7 +108,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         self.worker_env = worker_env or {}
 
     def build_spec(self, try_number: int = 1) -> dict[str, Any]:
-        from operators.tpu import TpuSlice
+        from tpuflow.tpu import TpuSlice
 
         if self.framework not in FRAMEWORKS:
             raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")

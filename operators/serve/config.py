@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from operators.errors import UserInputError
-from operators.tpu import TpuSlice
+from tpuflow.errors import UserInputError
+from tpuflow.tpu import TpuSlice
 
 # Serve silently drops unknown fields; check the ones we set so a typo fails here instead.
 _APP_KEYS = frozenset({"name", "import_path", "route_prefix", "args", "runtime_env", "deployments"})

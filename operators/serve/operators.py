@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-
-from operators.errors import UserInputError
-from operators.links import StoredUrlLink
-from operators.rayjob.links import RayDashboardLink
+from tpuflow.errors import UserInputError
+from tpuflow.links import StoredUrlLink
+from tpuflow.rayjob.links import RayDashboardLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -29,7 +28,7 @@ class RayServeDeploymentFailedError(RuntimeError):
 class RayServeDeployOperator(BaseOperator):
     """PUT a Serve config (what KubeRay's RayService controller does) and wait until every app is RUNNING.
 
-    :param serve_config: body for PUT /api/serve/applications/ (see operators.serve.config); templated.
+    :param serve_config: body for PUT /api/serve/applications/ (see tpuflow.serve.config); templated.
     :param cluster: the cluster-start task's XCom (dashboard_url, serve_url, ...).
     :param serve_slice: optional {"accelerator", "topology", ...} the model is served on; a multi-host
         slice without a declared topology is rejected before anything is deployed.
@@ -63,9 +62,9 @@ class RayServeDeployOperator(BaseOperator):
         self.deferrable = deferrable
 
     def execute(self, context: Context) -> Any:
-        from operators.rayjob.hooks import RayJobHook
-        from operators.serve.config import application_names, check_tpu_placement
-        from operators.tpu import TpuSlice
+        from tpuflow.rayjob.hooks import RayJobHook
+        from tpuflow.serve.config import application_names, check_tpu_placement
+        from tpuflow.tpu import TpuSlice
 
         if not isinstance(self.serve_config, dict):
             raise UserInputError("serve_config", self.serve_config, "give the Serve config as a dict")
@@ -82,7 +81,7 @@ class RayServeDeployOperator(BaseOperator):
         self.log.info("Deploying Serve applications %s to %s", names, hook.dashboard_url)
         hook.put_serve_config(self.serve_config)
         if self.deferrable:
-            from operators.serve.triggers import RayServeApplicationsTrigger
+            from tpuflow.serve.triggers import RayServeApplicationsTrigger
 
             self.defer(
                 trigger=RayServeApplicationsTrigger(
@@ -119,7 +118,7 @@ class RayServeDeployOperator(BaseOperator):
         kill_with = getattr(self, "_kill_with", None)
         if not kill_with or not kill_with[1]:
             return
-        from operators.serve.status import deletable_on_kill
+        from tpuflow.serve.status import deletable_on_kill
 
         hook, created = kill_with
         if deletable_on_kill(hook.get_serve_applications(), created):
@@ -127,7 +126,7 @@ class RayServeDeployOperator(BaseOperator):
             hook.delete_serve_applications()
 
     def _wait_blocking(self, hook: Any, names: list[str]) -> dict[str, Any]:
-        from operators.serve.status import STUCK_HINT, judge
+        from tpuflow.serve.status import STUCK_HINT, judge
 
         deadline = time.time() + self.deploy_timeout
         detail = ""
@@ -142,7 +141,7 @@ class RayServeDeployOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "running":
             raise RayServeDeploymentFailedError(f"Serve deployment {event.get('status')}:\n{event.get('detail')}")
-        from operators.rayjob.hooks import RayJobHook
+        from tpuflow.rayjob.hooks import RayJobHook
 
         hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster if isinstance(self.cluster, dict) else None)
         routes = {a["name"]: a.get("route_prefix", "/") for a in self.serve_config.get("applications", [])}

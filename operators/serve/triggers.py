@@ -15,9 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-
-from operators.rayjob.hooks import RayJobHook
-from operators.serve.status import STUCK_HINT, deletable_on_kill, judge
+from tpuflow.rayjob.hooks import RayJobHook
+from tpuflow.serve.status import STUCK_HINT, deletable_on_kill, judge
 
 
 class RayServeApplicationsTrigger(BaseTrigger):

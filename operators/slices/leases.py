@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from operators.errors import UserInputError
+from tpuflow.errors import UserInputError
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,8 @@ class AcquireSliceOperator(BaseOperator):
         return self._claim(context)
 
     def _claim(self, context: Context) -> dict[str, Any]:
-        from operators.slices.leases import default_lease_root, lease_store, parse_slots
-        from operators.slices.triggers import SliceLeaseTrigger
+        from tpuflow.slices.leases import default_lease_root, lease_store, parse_slots
+        from tpuflow.slices.triggers import SliceLeaseTrigger
 
         slots = parse_slots(self.max_slices)
         root = self.lease_root or default_lease_root()
@@ -101,7 +101,7 @@ class ReleaseSliceOperator(BaseOperator):
         self.gcp_conn_id = gcp_conn_id
 
     def execute(self, context: Context) -> list[int]:
-        from operators.slices.leases import default_lease_root, lease_store
+        from tpuflow.slices.leases import default_lease_root, lease_store
 
         store = lease_store(self.lease_root or default_lease_root(), self.gcp_conn_id)
         holder = lease_holder(context)

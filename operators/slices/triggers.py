@@ -50,7 +50,7 @@ class SliceLeaseTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from operators.slices.leases import lease_store
+        from tpuflow.slices.leases import lease_store
 
         store = lease_store(self.lease_root, self.gcp_conn_id)
         last: list[str] = []

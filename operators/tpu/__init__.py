@@ -10,15 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from operators.tpu.generations import GENERATIONS, Generation
-    from operators.tpu.slice import SliceSpecError, TpuSlice, resolve_generation
+    from tpuflow.tpu.generations import GENERATIONS, Generation
+    from tpuflow.tpu.slice import SliceSpecError, TpuSlice, resolve_generation
 
 _WHERE = {
-    "GENERATIONS": "operators.tpu.generations",
-    "Generation": "operators.tpu.generations",
-    "SliceSpecError": "operators.tpu.slice",
-    "TpuSlice": "operators.tpu.slice",
-    "resolve_generation": "operators.tpu.slice",
+    "GENERATIONS": "tpuflow.tpu.generations",
+    "Generation": "tpuflow.tpu.generations",
+    "SliceSpecError": "tpuflow.tpu.slice",
+    "TpuSlice": "tpuflow.tpu.slice",
+    "resolve_generation": "tpuflow.tpu.slice",
 }
 
 __all__ = ["GENERATIONS", "Generation", "SliceSpecError", "TpuSlice", "resolve_generation"]

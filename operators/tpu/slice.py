@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from operators.errors import UserInputError
-from operators.tpu.generations import (
+from tpuflow.errors import UserInputError
+from tpuflow.tpu.generations import (
     ALIASES,
     GENERATIONS,
     MISLEADING_NAMES,

@@ -51,7 +51,7 @@ def _page(title: str, body: str) -> str:
 
 @app.get("/outputs/{dag_id}/{rest:path}")
 async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
-    from operators.output_links import LOCAL_OUTPUTS_ROUTE, output_root
+    from tpuflow.output_links import LOCAL_OUTPUTS_ROUTE, output_root
 
     await _authorize(request, dag_id)
     root = output_root().resolve()
@@ -76,7 +76,7 @@ async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
 
 
 def local_clusters() -> list[dict[str, Any]]:
-    from operators.local.cluster import DEFAULT_BASE_DIR, STATE_FILE, LocalRayCluster
+    from tpuflow.local.cluster import DEFAULT_BASE_DIR, STATE_FILE, LocalRayCluster
 
     rows = []
     for state in sorted(Path(DEFAULT_BASE_DIR).glob(f"*/{STATE_FILE}")):
@@ -95,7 +95,7 @@ def local_clusters() -> list[dict[str, Any]]:
 
 @app.get("/clusters", response_class=HTMLResponse)
 async def clusters(request: Request) -> str:
-    from operators.local.cluster import DEFAULT_BASE_DIR
+    from tpuflow.local.cluster import DEFAULT_BASE_DIR
 
     await _authorize(request)
     rows = "".join(

@@ -12,11 +12,11 @@ import inspect
 from airflow.sdk import BaseOperatorLink
 
 LINK_MODULES = (
-    "operators.rayjob.links",
-    "operators.serve.operators",
-    "operators.output_links",
-    "operators.gke.links",
-    "operators.kuberay.links",
+    "tpuflow.rayjob.links",
+    "tpuflow.serve.operators",
+    "tpuflow.output_links",
+    "tpuflow.gke.links",
+    "tpuflow.kuberay.links",
 )
 
 

@@ -22,7 +22,7 @@ from airflow_testlib import REPO  # noqa: E402
 
 @pytest.fixture(scope="session")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from operators.local.airflow_services import AirflowServices
+    from tpuflow.dev.airflow_services import AirflowServices
 
     base = tmp_path_factory.mktemp("real-airflow")
     dags = base / "dags"
@@ -51,7 +51,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _stop_local_clusters(base: Path) -> None:
-    from operators.local.cluster import STATE_FILE, LocalRayCluster
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
     for state in base.glob(f"*/{STATE_FILE}"):
         LocalRayCluster.load(state.parent).stop()

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from operators.local.airflow_services import SERVICE_ARGS, SERVICES, AirflowServices
+from tpuflow.dev.airflow_services import SERVICE_ARGS, SERVICES, AirflowServices
 
 
 def test_settings_are_local_only_and_shared_by_every_service(tmp_path: Path) -> None:
@@ -31,7 +30,7 @@ def test_shell_exports_quote_values(tmp_path: Path) -> None:
 
 
 def test_outputs_link_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from operators.output_links import outputs_url
+    from tpuflow.output_links import outputs_url
 
     monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", str(tmp_path))
     assert outputs_url("gs://bkt/runs/2026-11-03/train") == "https://console.cloud.google.com/storage/browser/bkt/runs/2026-11-03/train/"
@@ -40,7 +39,7 @@ def test_outputs_link_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_kept_driver_log_opens_in_the_ui_or_the_cloud_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from operators.storage import browse_url
+    from tpuflow.storage import browse_url
 
     monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", str(tmp_path))
     assert browse_url(f"{tmp_path}/dag/2026-11-03/logs/train-jax.log") == "/tpuflow/outputs/dag/2026-11-03/logs/train-jax.log"
@@ -48,8 +47,8 @@ def test_kept_driver_log_opens_in_the_ui_or_the_cloud_console(tmp_path: Path, mo
 
 
 def test_provider_lists_every_link_class_and_the_ray_connection_type() -> None:
-    from operators.provider_info import get_provider_info
-    from operators.ui.links_catalog import link_class_paths
+    from tpuflow.provider_info import get_provider_info
+    from tpuflow.ui.links_catalog import link_class_paths
 
     info = get_provider_info()
     assert info["package-name"] == "tpuflow"
@@ -58,7 +57,7 @@ def test_provider_lists_every_link_class_and_the_ray_connection_type() -> None:
 
 
 def test_cli_registers_airflow_verbs() -> None:
-    from operators.cli import build_parser
+    from tpuflow.cli import build_parser
 
     parser = build_parser()
     for verb in ("up", "status", "down", "env"):

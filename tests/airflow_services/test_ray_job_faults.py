@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from airflow_testlib import explain, wait_for_runs
-
-from operators.naming import submission_id
+from tpuflow.naming import submission_id
 
 pytestmark = pytest.mark.slow
 DRILL = "tpuflow_ray_job_drill"
@@ -25,8 +24,8 @@ TASK = "long_job"
 
 @pytest.fixture(scope="module")
 def drill_cluster(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from operators.local.cluster import LocalRayCluster
-    from operators.tpu import TpuSlice
+    from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.tpu import TpuSlice
 
     cluster = LocalRayCluster.start(
         TpuSlice.from_spec("TPU-V6E", "2x2"), "drill", tmp_path_factory.mktemp("drill-clusters"), timeout=600
@@ -51,7 +50,7 @@ def _trigger(api: Any, cluster: Any, steps: int, delay: float) -> str:
 
 
 def _hook(cluster: Any) -> Any:
-    from operators.rayjob.hooks import RayJobHook
+    from tpuflow.rayjob.hooks import RayJobHook
 
     return RayJobHook(cluster=cluster.connection_info())
 

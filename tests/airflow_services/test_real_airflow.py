@@ -69,8 +69,7 @@ def _listening_owned_by(services: Any) -> str:
 def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None:
     """What a user sees after pressing Trigger: one field per Param, choices for accelerator and topology."""
     from cdp_browser import Browser
-
-    from operators.pipeline.params import ACCELERATORS, TOPOLOGIES
+    from tpuflow.pipeline.params import ACCELERATORS, TOPOLOGIES
 
     browser = Browser()
     try:

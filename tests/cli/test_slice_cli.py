@@ -15,7 +15,7 @@ REQUIRED_KEYS = {
 
 
 def tpuflow(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "operators.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "tpuflow.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("accelerator", ["TPU-V6E", "tpu-v6e-slice", "v6e"])

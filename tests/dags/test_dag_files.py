@@ -23,11 +23,11 @@ HEAVY = (
     "airflow.sdk.definitions.decorators", "airflow.providers.standard.operators.python",
     # the project's worker-side modules: hooks, triggers, waits, and the builders and the slice arithmetic
     # that the operators load when they check or build something (the shipped DAGs template those values)
-    "operators.gke.hooks", "operators.gke.triggers", "operators.gke.provisioning", "operators.gke.nodepool_spec",
-    "operators.kuberay.hooks", "operators.kuberay.triggers", "operators.kuberay.waits", "operators.kuberay.manifests",
-    "operators.kuberay.webhook_rules", "operators.rayjob.hooks", "operators.rayjob.triggers",
-    "operators.serve.config", "operators.serve.triggers", "operators.slices.leases", "operators.local.cluster",
-    "operators.tpu.slice",
+    "tpuflow.gke.hooks", "tpuflow.gke.triggers", "tpuflow.gke.provisioning", "tpuflow.gke.nodepool_spec",
+    "tpuflow.kuberay.hooks", "tpuflow.kuberay.triggers", "tpuflow.kuberay.waits", "tpuflow.kuberay.manifests",
+    "tpuflow.kuberay.webhook_rules", "tpuflow.rayjob.hooks", "tpuflow.rayjob.triggers",
+    "tpuflow.serve.config", "tpuflow.serve.triggers", "tpuflow.slices.leases", "tpuflow.local.cluster",
+    "tpuflow.tpu.slice",
 )
 PARSE = """
 import importlib.util, json, sys

@@ -27,8 +27,7 @@ if "airflow" not in sys.modules:
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 from gke_testlib import CLUSTER_PATH, CONN_ID, PROJECT  # noqa: E402
-
-from operators.standins.gke_api import GKEApiStandin  # noqa: E402
+from tpuflow.dev.standins.gke_api import GKEApiStandin  # noqa: E402
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE
 
 DAG_SOURCE = f'''
 from airflow.sdk import DAG
-from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
 COMMON = dict(project_id="{PROJECT}", location="{ZONE}", cluster_name="{CLUSTER}", gcp_conn_id="{CONN_ID}",
               deferrable=True, poll_interval=0.05, retry_backoff=0.05)

@@ -10,9 +10,8 @@ import time
 
 import pytest
 from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE
-
-from operators.gke.hooks import GKENodePoolHook, GKEOperationError
-from operators.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
+from tpuflow.gke.hooks import GKENodePoolHook, GKEOperationError
+from tpuflow.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
 
 POOL = {"name": "np-1", "config": {"machineType": "ct6e-standard-4t"}, "initialNodeCount": 1}
 
@@ -99,7 +98,7 @@ def test_the_operation_trigger_serialises_to_json_and_polls_through_the_async_ho
 def test_the_backoff_trigger_wakes_at_the_given_time():
     trigger = NodePoolBackoffTrigger(wake_at=time.time() + 0.2, reason="busy", resume={"progress": {}})
     classpath, kwargs = trigger.serialize()
-    assert classpath == "operators.gke.triggers.NodePoolBackoffTrigger" and json.loads(json.dumps(kwargs)) == kwargs
+    assert classpath == "tpuflow.gke.triggers.NodePoolBackoffTrigger" and json.loads(json.dumps(kwargs)) == kwargs
     started = time.monotonic()
     event = asyncio.run(_first_event(trigger))
     assert time.monotonic() - started >= 0.15

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE, context
-
-from operators.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
 FAST = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
 V6E_4X4 = {"cluster_name": CLUSTER, "accelerator": "v6e", "topology": "4x4"}
@@ -80,8 +79,8 @@ def test_a_retry_adopts_the_pool_instead_of_creating_a_second(gke):
 
 def test_a_retry_waits_for_the_create_its_earlier_try_started(gke):
     """The worker died while GKE was still creating: the retry follows that operation."""
-    from operators.gke.hooks import GKENodePoolHook
-    from operators.gke.nodepool_spec import TaskIdentity
+    from tpuflow.gke.hooks import GKENodePoolHook
+    from tpuflow.gke.nodepool_spec import TaskIdentity
 
     op = create_op()
     plan = op.plan(TaskIdentity("train_dag", "manual__2026-11-29T10:00:00+00:00", "create_pool"), 2_000_000_000)
@@ -192,7 +191,7 @@ def test_too_many_operations_waits_and_retries(gke):
 
 def test_a_busy_cluster_is_waited_for(gke):
     """GKE's real limit: other operations hold the cluster's concurrency quota until they finish."""
-    from operators.gke.hooks import GKENodePoolHook
+    from tpuflow.gke.hooks import GKENodePoolHook
 
     gke.max_concurrent_operations = 1
     gke.operation_seconds = 0.4
@@ -253,7 +252,7 @@ def test_a_missing_cluster_is_reported_as_such(gke):
     ],
 )
 def test_bad_input_fails_before_any_api_call_naming_the_field(gke, overrides, field, fix):
-    from operators.errors import UserInputError
+    from tpuflow.errors import UserInputError
 
     with pytest.raises(UserInputError) as err:
         create_op(**overrides).execute(context())
@@ -263,7 +262,7 @@ def test_bad_input_fails_before_any_api_call_naming_the_field(gke, overrides, fi
 
 
 def test_static_bad_input_fails_when_the_dag_is_parsed_templated_input_when_the_task_runs(gke):
-    from operators.errors import UserInputError
+    from tpuflow.errors import UserInputError
 
     with pytest.raises(UserInputError, match="capacity='spot-ish'"):
         create_op(capacity="spot-ish")  # no execute: the DAG file would not import
@@ -389,7 +388,7 @@ def test_killing_the_create_in_the_worker_deletes_the_finished_pools_and_names_t
 def test_killing_the_create_during_a_backoff_deletes_the_pools_it_already_made(gke):
     import asyncio
 
-    from operators.gke.triggers import NodePoolBackoffTrigger
+    from tpuflow.gke.triggers import NodePoolBackoffTrigger
 
     op = create_op()
     name = op.execute(context())["node_pool_name"]

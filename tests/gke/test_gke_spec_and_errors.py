@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.gke.errors import FailureKind, classify, classify_operation
-from operators.gke.nodepool_spec import (
+from tpuflow.errors import UserInputError
+from tpuflow.gke.errors import FailureKind, classify, classify_operation
+from tpuflow.gke.nodepool_spec import (
     Capacity,
     TaskIdentity,
     match_capacity,

@@ -11,20 +11,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from operators.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
-from operators.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
-from operators.tpu import TpuSlice
+from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
+from tpuflow.tpu import TpuSlice
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 DAG = textwrap.dedent('''
     from airflow.sdk import DAG
-    from operators.kuberay.operators import (
+    from tpuflow.kuberay.operators import (
         KubeRayCreateClusterOperator, KubeRayDeleteClusterOperator, KubeRayDeleteServiceOperator,
         KubeRayDeployServiceOperator)
-    from operators.tpu import TpuSlice
+    from tpuflow.tpu import TpuSlice
 
     SLICE = TpuSlice.from_spec("v6e", "4x4")
     COMMON = dict(kubernetes_conn_id="kube_standin", deferrable=True, poll_interval=0.2)
@@ -50,7 +49,7 @@ DAG = textwrap.dedent('''
 @pytest.mark.slow
 def test_operators_in_a_dag_run(tmp_path: Path) -> None:
     tpu = TpuSlice.from_spec("v6e", "4x4")
-    from operators.standins.kuberay_controller import FakeRayLauncher
+    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher
 
     launcher = FakeRayLauncher(serve={"llm": FakeServeBehaviour(
         app_status="DEPLOYING", deployment_message="Deployment 'LLMServer' has 1 replicas that have taken more than "

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 import requests
-
-from operators.kuberay.operators import KubeRayDeleteServiceOperator, KubeRayDeployServiceOperator
-from operators.standins.kuberay_controller import KubeRayStandin, LocalRayLauncher, StaticNodePools
-from operators.standins.kubernetes_api import RAYSERVICES
-from operators.tpu import TpuSlice
+from tpuflow.dev.standins.kuberay_controller import KubeRayStandin, LocalRayLauncher, StaticNodePools
+from tpuflow.dev.standins.kubernetes_api import RAYSERVICES
+from tpuflow.kuberay.operators import KubeRayDeleteServiceOperator, KubeRayDeployServiceOperator
+from tpuflow.tpu import TpuSlice
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,18 +8,17 @@ from typing import Any
 import pytest
 import yaml
 from kuberay_crds import sample, schema_errors
-
-from operators.errors import UserInputError
-from operators.kuberay.manifests import (
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay.manifests import (
     RayClusterTemplate,
     ownership_labels,
     raycluster_manifest,
     rayservice_manifest,
     resource_name,
 )
-from operators.kuberay.serve_config import parse_serve_config_v2
-from operators.kuberay.webhook_rules import tpu_group_problems
-from operators.tpu import GENERATIONS, TpuSlice
+from tpuflow.kuberay.serve_config import parse_serve_config_v2
+from tpuflow.kuberay.webhook_rules import tpu_group_problems
+from tpuflow.tpu import GENERATIONS, TpuSlice
 
 IMAGE = "rayproject/ray:2.60.0-py311"
 SERVE = {"applications": [{"name": "llm", "import_path": "workloads.serve_app:app", "route_prefix": "/",

@@ -15,18 +15,17 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-
-from operators.errors import UserInputError
-from operators.kuberay.manifests import RayClusterTemplate, raycluster_manifest, resource_name
-from operators.kuberay.operators import (
+from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, resource_name
+from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
     KubeRayDeleteClusterOperator,
     KubeRayDeleteServiceOperator,
     KubeRayDeployServiceOperator,
 )
-from operators.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
-from operators.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
-from operators.tpu import TpuSlice
+from tpuflow.tpu import TpuSlice
 
 CONN = "kube_standin"
 V6E = TpuSlice.from_spec("v6e", "4x4")
@@ -255,7 +254,7 @@ def test_bad_static_arguments_fail_at_parse_time() -> None:
 
 def test_operator_module_is_cheap_to_import() -> None:
     code = ("import sys; from airflow.sdk import BaseOperator; before = set(sys.modules); "
-            "import operators.kuberay.operators; new = set(sys.modules) - before; "
+            "import tpuflow.kuberay.operators; new = set(sys.modules) - before; "
             "print(sorted(m for m in new if m.split('.')[0] in ('kubernetes', 'kubernetes_asyncio', 'ray', 'google') "
             "or m.startswith(('airflow.providers', 'airflow.triggers'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
@@ -277,8 +276,7 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
     from types import SimpleNamespace
 
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-
-    from operators.kuberay.hooks import KubeTarget
+    from tpuflow.kuberay.hooks import KubeTarget
 
     cluster = SimpleNamespace(endpoint="34.1.1.1", master_auth=SimpleNamespace(cluster_ca_certificate="Q0E="),
                               private_cluster_config=SimpleNamespace(private_endpoint="10.0.0.2"))

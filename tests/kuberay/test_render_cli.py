@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from kuberay_crds import schema_errors
-
-from operators.cli import main
-from operators.kuberay.manifests import resource_name
+from tpuflow.cli import main
+from tpuflow.kuberay.manifests import resource_name
 
 
 def render(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

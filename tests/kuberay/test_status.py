@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from operators.kuberay.status import raycluster_verdict, rayservice_verdict, stuck_service_diagnosis
+from tpuflow.kuberay.status import raycluster_verdict, rayservice_verdict, stuck_service_diagnosis
 
 
 def cond(ctype: str, status: bool, reason: str = "", message: str = "") -> dict[str, Any]:

@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.kuberay.addresses import cluster_payload, service_payload
-from operators.kuberay.hooks import KubeApiError
-from operators.kuberay.waits import wait_gone, wait_ready
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay.addresses import cluster_payload, service_payload
+from tpuflow.kuberay.hooks import KubeApiError
+from tpuflow.kuberay.waits import wait_gone, wait_ready
 
 
 class ScriptedReader:

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.local import cluster as cluster_mod
-from operators.local.cluster import LocalRayCluster, _pids_referencing
-from operators.rayjob.hooks import RayJobHook, parse_result
-from operators.tpu import TpuSlice
+from tpuflow.errors import UserInputError
+from tpuflow.local import cluster as cluster_mod
+from tpuflow.local.cluster import LocalRayCluster, _pids_referencing
+from tpuflow.rayjob.hooks import RayJobHook, parse_result
+from tpuflow.tpu import TpuSlice
 
 DRIVERS = Path(__file__).parent / "drivers"
 pytestmark = pytest.mark.slow
@@ -81,7 +80,7 @@ def test_refuses_a_slice_the_machine_cannot_hold(tmp_path, monkeypatch):
 
 
 def test_cli_up_status_down_leaves_no_process(tmp_path):
-    cli = [sys.executable, "-m", "operators.cli", "local"]
+    cli = [sys.executable, "-m", "tpuflow.cli", "local"]
     base = ["--name", "cli-test", "--base-dir", str(tmp_path)]
     up = subprocess.run([*cli, "up", "--accelerator", "v6e", "--topology", "2x2", *base],
                         capture_output=True, text=True, timeout=600)

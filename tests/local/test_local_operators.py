@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowTaskTerminated
-
-from operators.local import cluster as cluster_mod
-from operators.local.cluster import STATE_FILE, LocalRayCluster, NodeProcess
-from operators.local.operators import LocalRayClusterCreateOperator, local_cluster_name
+from tpuflow.local import cluster as cluster_mod
+from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, NodeProcess
+from tpuflow.local.operators import LocalRayClusterCreateOperator, local_cluster_name
 
 
 class FakeTI:

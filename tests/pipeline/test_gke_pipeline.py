@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.standins.gke_api import GKEApiStandin
-from operators.standins.kuberay_controller import (
+from tpuflow.dev.standins.gke_api import GKEApiStandin
+from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
     GkeNodePools,
     KubeRayStandin,
@@ -27,7 +25,8 @@ from operators.standins.kuberay_controller import (
     LocalRayLauncher,
     RayClusterHandle,
 )
-from operators.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+from tpuflow.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "tpu_llm_pipeline_gke"
@@ -145,7 +144,7 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     ("TPU-V6E", "2x4", "2x4"),
 ])
 def test_serve_slice_is_single_host(accelerator: str, topology: str, expected: str) -> None:
-    from operators.pipeline.gke import serve_slice
+    from tpuflow.pipeline.gke import serve_slice
 
     tpu = serve_slice(accelerator, topology)
     assert tpu.topology == expected and tpu.num_hosts == 1
@@ -155,7 +154,7 @@ def test_serve_slice_is_single_host(accelerator: str, topology: str, expected: s
     ("TPU-V6E", "4x4", "single-host"), ("TPU-V6E", "2x2x1", "2D"), ("TPU-V5P", "1x1", "3D"),
 ])
 def test_serve_slice_rejects(accelerator: str, topology: str, fix: str) -> None:
-    from operators.pipeline.gke import serve_slice
+    from tpuflow.pipeline.gke import serve_slice
 
     with pytest.raises(UserInputError) as err:
         serve_slice(accelerator, topology)
@@ -174,7 +173,7 @@ class _TI:
 
 @pytest.mark.parametrize("keep", [True, "True"])
 def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
-    from operators.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
+    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
 
     # Connections that do not exist: keeping must not call anything.
     svc = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy", keep=keep,
@@ -189,8 +188,8 @@ def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
 @pytest.mark.parametrize("keep", [False, "False", None])
 def test_endpoint_teardowns_delete_unless_kept(keep: Any, gke: GKEApiStandin, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from operators.kuberay.operators import KubeRayDeployServiceOperator
-    from operators.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
+    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
+    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
 
     kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke), interval=0.05)
     with kube:
@@ -254,7 +253,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(dags_folder: Path, gke: GKEApiS
         assert gke.node_pools() == []
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
         # Two Ray clusters were started (training, then the RayService's); no process of either is left.
-        from operators.local.cluster import _pids_referencing
+        from tpuflow.local.cluster import _pids_referencing
 
         assert len(launcher.clusters) == 2
         for local in launcher.clusters:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-TPUFLOW = [sys.executable, "-m", "operators.cli"]
+TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
 DATE = "2026-11-03"
 
 
@@ -29,7 +29,7 @@ def cluster_states(work: Path) -> list[Path]:
 def stop_kept_clusters(tmp_path):
     """A failing assertion must not leave the kept endpoint's cluster running on a shared machine."""
     yield
-    from operators.local.cluster import LocalRayCluster
+    from tpuflow.local.cluster import LocalRayCluster
 
     for state in cluster_states(tmp_path):
         LocalRayCluster.load(state.parent).stop()

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from airflow.sdk import Param
-
-from operators.errors import UserInputError
-from operators.pipeline.params import pipeline_params, validate_params
+from tpuflow.errors import UserInputError
+from tpuflow.pipeline.params import pipeline_params, validate_params
 
 
 def defaults() -> dict:

@@ -1,4 +1,4 @@
-"""The pipeline's own steps (operators.pipeline.steps) inside a real Airflow run, without Ray.
+"""The pipeline's own steps (tpuflow.pipeline.steps) inside a real Airflow run, without Ray.
 
 They replaced ``@task`` functions (to keep TaskFlow out of DAG parsing), so this checks what the
 decorator used to give them: Params in the context, XComArgs resolved and Jinja rendered before
@@ -21,8 +21,8 @@ from typing import Any
 
 from airflow.sdk import DAG, BaseOperator
 
-from operators.pipeline.params import pipeline_params
-from operators.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
+from tpuflow.pipeline.params import pipeline_params
+from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
 
 
 class Emit(BaseOperator):

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from operators.rayjob.hooks import RayJobHook
-from operators.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.hooks import RayJobHook
+from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 pytestmark = pytest.mark.slow
 JOBS = Path(__file__).parent / "jobs"
@@ -22,7 +21,7 @@ JOBS = Path(__file__).parent / "jobs"
 RUN_TASK = textwrap.dedent(
     """
     import json, sys
-    from operators.rayjob.operators import RaySubmitJobOperator
+    from tpuflow.rayjob.operators import RaySubmitJobOperator
 
     class TI:
         dag_id, run_id, task_id, map_index, try_number = "durability", sys.argv[2], "train", -1, int(sys.argv[3])

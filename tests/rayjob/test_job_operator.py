@@ -6,10 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
-from operators.rayjob.hooks import RayJobHook
-from operators.rayjob.operators import QualityGateError, RaySubmitJobOperator, UserCodeError
-from operators.rayjob.triggers import RayJobTrigger
+from tpuflow.rayjob.hooks import RayJobHook
+from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator, UserCodeError
+from tpuflow.rayjob.triggers import RayJobTrigger
 
 JOBS = Path(__file__).parent / "jobs"
 
@@ -102,7 +101,7 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
     assert sid_again == sid and reattached and len(jobs_of(slice_cluster, op, ctx)) == 1
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info(), poll_interval=0.3)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "operators.rayjob.triggers.RayJobTrigger"
+    assert classpath == "tpuflow.rayjob.triggers.RayJobTrigger"
     rebuilt = RayJobTrigger(**kwargs)
 
     async def first_event():

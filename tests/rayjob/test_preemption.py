@@ -10,11 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from operators.local.cluster import LocalRayCluster
-from operators.rayjob.operators import RaySubmitJobOperator
-from operators.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
-from operators.tpu import TpuSlice
+from tpuflow.local.cluster import LocalRayCluster
+from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from tpuflow.tpu import TpuSlice
 
 pytestmark = pytest.mark.slow
 CHECKPOINT_EVERY = 200

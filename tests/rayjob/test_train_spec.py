@@ -1,9 +1,8 @@
 """RayTrainOperator derives the training spec from the slice, per backend."""
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.rayjob.workload_operators import RayTrainOperator
+from tpuflow.errors import UserInputError
+from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 
 def op(framework="jax", backend="local", **kw):

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from operators.rayjob.triggers import LOG_CURSOR_XCOM_KEY, RayJobTrigger
+from tpuflow.rayjob.triggers import LOG_CURSOR_XCOM_KEY, RayJobTrigger
 
 
 class ScriptedJob:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.serve.config import check_tpu_placement, serve_application, serve_config
-from operators.serve.status import judge
-from operators.tpu import TpuSlice
+from tpuflow.errors import UserInputError
+from tpuflow.serve.config import check_tpu_placement, serve_application, serve_config
+from tpuflow.serve.status import judge
+from tpuflow.tpu import TpuSlice
 
 
 def test_local_config_pins_proxy_to_loopback_port():

@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-
-from operators.serve.operators import RayServeDeploymentFailedError, RayServeDeployOperator
-from operators.serve.triggers import RayServeApplicationsTrigger
+from tpuflow.serve.operators import RayServeDeploymentFailedError, RayServeDeployOperator
+from tpuflow.serve.triggers import RayServeApplicationsTrigger
 
 CONFIG = {"applications": [{"name": "llm", "import_path": "workloads.serve:app", "route_prefix": "/"}]}
 

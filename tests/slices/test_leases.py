@@ -9,9 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from operators.errors import UserInputError
-from operators.slices.leases import LocalLeaseStore, lease_store, parse_slots
+from tpuflow.errors import UserInputError
+from tpuflow.slices.leases import LocalLeaseStore, lease_store, parse_slots
 
 
 def _claim(root: str, holder: str, queue: Any) -> None:
@@ -62,14 +61,13 @@ def test_bad_limits_and_roots_are_user_errors() -> None:
 
 def test_trigger_waits_until_a_slot_frees_and_serializes(tmp_path: Path) -> None:
     from airflow.serialization.serialized_objects import BaseSerialization
-
-    from operators.slices.triggers import SliceLeaseTrigger
+    from tpuflow.slices.triggers import SliceLeaseTrigger
 
     store = LocalLeaseStore(tmp_path)
     store.try_acquire("dag/a", 1)
     trigger = SliceLeaseTrigger(str(tmp_path), 1, "dag/b", poll_interval=0.05, timeout=5)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "operators.slices.triggers.SliceLeaseTrigger"
+    assert classpath == "tpuflow.slices.triggers.SliceLeaseTrigger"
     BaseSerialization.serialize(kwargs, strict=True)  # plain JSON values only
 
     async def scenario() -> dict[str, Any]:
@@ -85,7 +83,7 @@ def test_trigger_waits_until_a_slot_frees_and_serializes(tmp_path: Path) -> None
 
 
 def test_trigger_times_out(tmp_path: Path) -> None:
-    from operators.slices.triggers import SliceLeaseTrigger
+    from tpuflow.slices.triggers import SliceLeaseTrigger
 
     LocalLeaseStore(tmp_path).try_acquire("dag/a", 1)
     trigger = SliceLeaseTrigger(str(tmp_path), 1, "dag/b", poll_interval=0.05, timeout=0.2)
@@ -102,8 +100,7 @@ class _TI(SimpleNamespace):
 
 def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
     from airflow.sdk.exceptions import TaskDeferred
-
-    from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     ctx_a = {"ti": _TI(dag_id="dag", run_id="a")}
     ctx_b = {"ti": _TI(dag_id="dag", run_id="b")}
@@ -117,7 +114,7 @@ def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
 
 
 def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from operators.cli import main
+    from tpuflow.cli import main
 
     LocalLeaseStore(tmp_path).try_acquire("dag/killed-run", 1)
     assert main(["leases", "list", "--lease-root", str(tmp_path)]) == 0

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from operators.tpu import GENERATIONS, SliceSpecError, TpuSlice
+from tpuflow.tpu import GENERATIONS, SliceSpecError, TpuSlice
 
 # (accelerator as a user may type it, topology, machine type or None) -> expected facts
 CASES = [

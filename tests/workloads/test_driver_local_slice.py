@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def v6e_2x4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from operators.local.cluster import LocalRayCluster
-    from operators.tpu import TpuSlice
+    from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("TPU-V6E", "2x4", machine_type="ct6e-standard-4t").require(ray=True)
     base = tmp_path_factory.mktemp("clusters")

@@ -20,7 +20,7 @@ BASE: dict[str, Any] = {
 
 
 def test_minimal_spec_gets_defaults_and_the_catalog_scaling_config() -> None:
-    from operators.tpu.slice import TpuSlice
+    from tpuflow.tpu.slice import TpuSlice
 
     spec = driver.TrainSpec.from_dict({**BASE, "scaling_config": TpuSlice.from_spec("TPU-V6E", "4x4").scaling_config()})
     assert spec.scaling_config == BASE["scaling_config"]

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from addition.data import TaskSpec
 from addition.model_jax import ModelConfig, param_shapes
 

@@ -49,9 +49,8 @@ class CheckpointPredictor:
 
 def evaluate(checkpoint: str, framework: str, data: str, batch_size: int = 256) -> tuple[dict[str, Any], list[dict]]:
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
-
     from addition.checkpoint import load_meta, local_copy
+    from ray.data import ActorPoolStrategy, DataContext
 
     checkpoint = storage.normalize(checkpoint)
     with local_copy(checkpoint) as d:

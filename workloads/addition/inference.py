@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from addition import checkpoint as ckpt
 from addition.data import EOS, PAD, TaskSpec, answer_text, encode_prompt
 from addition.model_jax import ModelConfig, forward
@@ -88,7 +87,6 @@ def jax_logits(params: dict[str, np.ndarray], cfg: ModelConfig) -> LogitsFn:
 
 def torch_logits(params: dict[str, np.ndarray], cfg: ModelConfig) -> LogitsFn:
     import torch
-
     from addition.model_torch import AdditionTransformer
 
     model = AdditionTransformer(cfg)

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
 from addition.data import VOCAB_SIZE, TaskSpec
 
 Params = dict[str, Any]

@@ -12,9 +12,8 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from addition.model_jax import LN_EPS, ModelConfig, param_shapes
+from torch import nn
 
 
 class AdditionTransformer(nn.Module):

@@ -20,10 +20,9 @@ import time
 from typing import Any
 
 import numpy as np
+from addition.data import TaskSpec, check_sizes, default_num_train, make_split_rows, seed_for
 from tpuflow_driver import storage
 from tpuflow_driver.result import emit_result
-
-from addition.data import TaskSpec, check_sizes, default_num_train, make_split_rows, seed_for
 
 SUCCESS = "_SUCCESS"
 PREP_VERSION = 2  # 2: zero-padded operands and answers in the tokens. Bump when generation changes, so old outputs are not taken as current

@@ -17,13 +17,12 @@ import uuid
 from typing import Any
 
 import numpy as np
+from addition.data import TokenizeError
+from addition.inference import BACKENDS
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
-
-from addition.data import TokenizeError
-from addition.inference import BACKENDS
 
 FRAMEWORKS = ("jax", "torch")
 _ARGS = {"checkpoint", "framework", "model_name", "backend", "num_replicas", "num_cpus"}

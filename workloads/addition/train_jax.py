@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from addition import checkpoint as ckpt
 from addition.data import loss_mask
 from addition.model_jax import init_params, make_optimizer, make_train_step

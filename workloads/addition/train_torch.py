@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from addition import checkpoint as ckpt
 from addition.data import loss_mask
 from addition.model_jax import init_params
@@ -36,9 +35,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    from ray.train import Checkpoint
-
     from addition.model_torch import AdditionTransformer, loss_fn, make_optimizer
+    from ray.train import Checkpoint
 
     cfg = resolve_config(config)
     ctx = ray.train.get_context()

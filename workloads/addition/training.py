@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
-
 from addition.data import TaskSpec
 from addition.model_jax import ModelConfig
 

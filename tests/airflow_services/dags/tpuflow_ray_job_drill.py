@@ -10,8 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
-
-from operators.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 # tests/rayjob/jobs/counter.py: prints "step i" every `delay` seconds, then its result
 JOBS = Path(__file__).resolve().parents[2] / "rayjob" / "jobs"

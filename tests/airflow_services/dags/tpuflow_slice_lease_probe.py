@@ -9,8 +9,7 @@ import os
 from datetime import datetime
 
 from airflow.sdk import DAG, task
-
-from operators.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
 LEASES = os.environ.get("TPUFLOW_PROBE_LEASES", "/tmp/tpuflow-probe-leases")
 

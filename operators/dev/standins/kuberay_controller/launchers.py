@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from operators.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
+from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
 
 
 class LocalRayLauncher:
@@ -26,7 +26,7 @@ class LocalRayLauncher:
         self.auth_mode = auth_mode
 
     def launch(self, spec: LaunchSpec) -> RayClusterHandle:
-        from operators.local.cluster import LocalRayCluster
+        from tpuflow.local.cluster import LocalRayCluster
 
         env = {**spec.env, **self.env, "RAY_AUTH_MODE": self.auth_mode}
         cluster = LocalRayCluster.start(spec.tpu, spec.key, self.base_dir, head_cpus=self.head_cpus,

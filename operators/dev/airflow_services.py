@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-
-from operators.local.cluster import (  # one process-group logic for all local services
+from tpuflow.local.cluster import (  # one process-group logic for all local services
     _group_alive,
     _signal_group,
     free_port,
@@ -81,7 +80,7 @@ class AirflowServices:
 
     @property
     def output_root(self) -> str:
-        from operators.output_links import output_root
+        from tpuflow.output_links import output_root
 
         return self.env.get("TPUFLOW_OUTPUT_ROOT") or str(output_root())
 

@@ -17,8 +17,7 @@ from google.api_core import exceptions
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.container_v1 import ClusterManagerClient, NodePool
-
-from operators.standins.gke_api import GKEApiStandin
+from tpuflow.dev.standins.gke_api import GKEApiStandin
 
 PARENT = "projects/p-123456/locations/us-east5-b/clusters/c1"
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +174,7 @@ def test_only_loopback_addresses_are_bound():
 
 def test_it_starts_from_a_shell_and_prints_its_url():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "operators.standins.gke_api", "--port", "0", "--operation-seconds", "0.1"],
+        [sys.executable, "-m", "tpuflow.dev.standins.gke_api", "--port", "0", "--operation-seconds", "0.1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -8,11 +8,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from operators.kuberay.serve_config import parse_serve_config_v2
-from operators.kuberay.status import raycluster_verdict
-from operators.standins.kuberay_controller.seams import RayClusterHandle
-from operators.standins.kuberay_controller.state import ServiceState, owner_ref, short_hash
-from operators.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES, SERVICES, ApiError, ObjectStore, now_iso
+from tpuflow.dev.standins.kuberay_controller.seams import RayClusterHandle
+from tpuflow.dev.standins.kuberay_controller.state import ServiceState, owner_ref, short_hash
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES, SERVICES, ApiError, ObjectStore, now_iso
+from tpuflow.kuberay.serve_config import parse_serve_config_v2
+from tpuflow.kuberay.status import raycluster_verdict
 
 
 class RayServiceReconciler:

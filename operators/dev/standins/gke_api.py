@@ -34,7 +34,7 @@ Stand-in only paths (not GKE):
 - ``GET /_standin/state``, ``GET /_standin/requests``, ``POST /_standin/reset``, ``GET /_standin/health``
 
 Library: ``with GKEApiStandin(operation_seconds=0.2) as gke: gke.url``. Shell:
-``python -m operators.standins.gke_api --port 0`` prints the base URL, then serves until SIGTERM.
+``python -m tpuflow.dev.standins.gke_api --port 0`` prints the base URL, then serves until SIGTERM.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from operators.errors import UserInputError
-from operators.tpu import GENERATIONS, Generation, TpuSlice
-from operators.tpu.slice import GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, chips_in
+from tpuflow.errors import UserInputError
+from tpuflow.tpu import GENERATIONS, Generation, TpuSlice
+from tpuflow.tpu.slice import GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, chips_in
 
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 _API = "https://container.googleapis.com/v1"
@@ -846,7 +846,7 @@ def _fault_kwargs(item: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- shell ------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m operators.standins.gke_api", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tpuflow.dev.standins.gke_api", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
     parser.add_argument("--operation-seconds", type=float, default=2.0, help="time each operation takes")

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators.kuberay.webhook_rules import tpus_requested
-from operators.standins.kuberay_controller.seams import RayClusterHandle
+from tpuflow.dev.standins.kuberay_controller.seams import RayClusterHandle
+from tpuflow.kuberay.webhook_rules import tpus_requested
 
 
 @dataclass

@@ -5,15 +5,15 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from operators.standins.kuberay_controller.launchers import FakeRayLauncher, LocalRayLauncher
-from operators.standins.kuberay_controller.reconciler import KubeRayController
-from operators.standins.kuberay_controller.seams import (
+from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayLauncher, LocalRayLauncher
+from tpuflow.dev.standins.kuberay_controller.reconciler import KubeRayController
+from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
     GkeNodePools,
     NodePoolDirectory,
     StaticNodePools,
 )
-from operators.standins.kubernetes_api import KubernetesApiStandin, ObjectStore
+from tpuflow.dev.standins.kubernetes_api import KubernetesApiStandin, ObjectStore
 
 
 class KubeRayStandin:
@@ -62,12 +62,12 @@ class KubeRayStandin:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m operators.standins.kuberay_controller --workdir DIR [--gke-url URL] [--fake]``: serve
+    """``python -m tpuflow.dev.standins.kuberay_controller --workdir DIR [--gke-url URL] [--fake]``: serve
     until SIGTERM, after printing the kubeconfig path and the AIRFLOW_CONN_<ID> line to export."""
     import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m operators.standins.kuberay_controller", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tpuflow.dev.standins.kuberay_controller", description=main.__doc__)
     parser.add_argument("--workdir", required=True, help="kubeconfig and local Ray clusters go here")
     parser.add_argument("--gke-url", default=None, help="GKE stand-in base URL (node pools gate TPU workers)")
     parser.add_argument("--gke-cluster", default=None, help="projects/P/locations/L/clusters/C to count pools of")

@@ -9,30 +9,22 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from operators.errors import UserInputError
-from operators.kuberay.webhook_rules import (
-    WEBHOOK_DENIAL,
-    WEBHOOK_NAME,
-    node_selector,
-    slice_of_group,
-    tpu_group_problems,
-)
-from operators.standins.kuberay_controller.seams import (
+from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
     LaunchSpec,
     NodePoolDirectory,
     RayClusterHandle,
     StaticNodePools,
 )
-from operators.standins.kuberay_controller.services import RayServiceReconciler
-from operators.standins.kuberay_controller.state import (
+from tpuflow.dev.standins.kuberay_controller.services import RayServiceReconciler
+from tpuflow.dev.standins.kuberay_controller.state import (
     ClusterState,
     ServiceState,
     involved,
     owner_ref,
     tpus_per_host,
 )
-from operators.standins.kubernetes_api import (
+from tpuflow.dev.standins.kubernetes_api import (
     PODS,
     RAYCLUSTERS,
     RAYSERVICES,
@@ -43,7 +35,15 @@ from operators.standins.kubernetes_api import (
     admission_denied,
     now_iso,
 )
-from operators.tpu import TpuSlice
+from tpuflow.errors import UserInputError
+from tpuflow.kuberay.webhook_rules import (
+    WEBHOOK_DENIAL,
+    WEBHOOK_NAME,
+    node_selector,
+    slice_of_group,
+    tpu_group_problems,
+)
+from tpuflow.tpu import TpuSlice
 
 FINALIZER = "tpuflow.dev/standin-ray-processes"
 HEAD_SVC_SUFFIX = "-head-svc"

@@ -10,17 +10,16 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
-
-from operators.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
-from operators.kuberay.status import Verdict, raycluster_verdict, rayservice_verdict
-from operators.standins.kuberay_controller import (
+from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
     FakeServeBehaviour,
     KubeRayStandin,
     StaticNodePools,
 )
-from operators.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS, RAYSERVICES, SERVICES
-from operators.tpu import TpuSlice
+from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS, RAYSERVICES, SERVICES
+from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
+from tpuflow.kuberay.status import Verdict, raycluster_verdict, rayservice_verdict
+from tpuflow.tpu import TpuSlice
 
 V6E = TpuSlice.from_spec("v6e", "4x4")
 NS = "default"
@@ -215,9 +214,9 @@ def test_rayservice_new_cluster_strategy_needs_a_second_slice(kube: KubeRayStand
 def test_tpu_workers_schedule_once_the_gke_standin_has_the_node_pool(tmp_path: Path, by_url: bool) -> None:
     import urllib.request
 
-    from operators.gke.nodepool_spec import plan_node_pools
-    from operators.standins.gke_api import GKEApiStandin
-    from operators.standins.kuberay_controller import GkeNodePools
+    from tpuflow.dev.standins.gke_api import GKEApiStandin
+    from tpuflow.dev.standins.kuberay_controller import GkeNodePools
+    from tpuflow.gke.nodepool_spec import plan_node_pools
 
     cluster = "projects/tpuflow-test/locations/us-east5/clusters/ml"
     with GKEApiStandin(operation_seconds=0.1) as gke:

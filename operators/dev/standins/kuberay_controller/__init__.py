@@ -28,18 +28,18 @@ garbage-collected through ownerReferences.
 Modules: seams (NodePoolDirectory, StaticNodePools, GkeNodePools, LaunchSpec, RayClusterHandle,
 ClusterLauncher), launchers (LocalRayLauncher, FakeRayLauncher), reconciler (KubeRayController,
 tpu_webhook), services (RayService reconciliation), standin (KubeRayStandin, the command line:
-``python -m operators.standins.kuberay_controller --workdir DIR [--gke-url URL] [--fake]``).
+``python -m tpuflow.dev.standins.kuberay_controller --workdir DIR [--gke-url URL] [--fake]``).
 """
 
-from operators.standins.kuberay_controller.launchers import (
+from tpuflow.dev.standins.kuberay_controller.launchers import (
     FakeRayHandle,
     FakeRayLauncher,
     FakeServeBehaviour,
     LocalRayHandle,
     LocalRayLauncher,
 )
-from operators.standins.kuberay_controller.reconciler import FINALIZER, KubeRayController, tpu_webhook
-from operators.standins.kuberay_controller.seams import (
+from tpuflow.dev.standins.kuberay_controller.reconciler import FINALIZER, KubeRayController, tpu_webhook
+from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
     GkeNodePools,
     LaunchSpec,
@@ -47,7 +47,7 @@ from operators.standins.kuberay_controller.seams import (
     RayClusterHandle,
     StaticNodePools,
 )
-from operators.standins.kuberay_controller.standin import KubeRayStandin, main
+from tpuflow.dev.standins.kuberay_controller.standin import KubeRayStandin, main
 
 __all__ = [
     "FINALIZER",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from operators.tpu import TpuSlice
+from tpuflow.tpu import TpuSlice
 
 
 class NodePoolDirectory(Protocol):
@@ -37,7 +37,7 @@ class StaticNodePools:
 
 
 class GkeNodePools:
-    """NodePoolDirectory over the GKE stand-in (operators.standins.gke_api): the GKEApiStandin object
+    """NodePoolDirectory over the GKE stand-in (tpuflow.dev.standins.gke_api): the GKEApiStandin object
     itself (in-process), or its base URL (POST /_standin/match, GET /_standin/state).
 
     Counts the nodes of RUNNING pools whose node labels include the selector; an autoscaling pool counts
