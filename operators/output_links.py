@@ -7,15 +7,11 @@ starts, so it works while the task is deferred and after it failed.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from tpuflow import paths
 from tpuflow.links import StoredUrlLink
-
-if TYPE_CHECKING:
-    from airflow.sdk import Context
 
 CONSOLE_STORAGE = "https://console.cloud.google.com/storage/browser"
 # Served by the tpuflow plugin inside the Airflow UI (operators/ui/app.py). The UI shows only
@@ -24,8 +20,8 @@ LOCAL_OUTPUTS_ROUTE = "/tpuflow/outputs"
 
 
 def output_root() -> Path:
-    """Where local runs write (the pipeline factory's default; TPUFLOW_OUTPUT_ROOT overrides)."""
-    return Path(os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path.home() / ".tpuflow" / "outputs"))).absolute()
+    """The local output root (tpuflow.paths.output_root when it is a folder)."""
+    return Path(paths.output_root())
 
 
 def outputs_url(uri: str) -> str:
@@ -48,7 +44,5 @@ class OutputsLink(StoredUrlLink):
     key = "tpuflow_outputs"
 
     @classmethod
-    def persist(cls, context: Context, uri: str | None) -> str:
-        if not uri or not isinstance(uri, str):
-            return ""
-        return cls.persist_url(context, outputs_url(uri))
+    def format_url(cls, *, uri: object = None, **params: object) -> str:
+        return outputs_url(uri) if uri and isinstance(uri, str) else ""

@@ -187,9 +187,10 @@ class KubeRayBaseOperator(BaseOperator):
     def persist_gke_links(self, context: Context, namespace: str, head_pod: str | None = None) -> None:
         if not self.gke_cluster:
             return
-        GKEWorkloadsLink.persist(context, GKEWorkloadsLink.url(self.gke_cluster, namespace))
+        where = {k: self.gke_cluster[k] for k in ("project_id", "location", "cluster_name")}
+        GKEWorkloadsLink.persist(context, namespace=namespace, **where)
         if head_pod:
-            GKERayHeadPodLink.persist(context, GKERayHeadPodLink.url(self.gke_cluster, namespace, head_pod))
+            GKERayHeadPodLink.persist(context, namespace=namespace, pod=head_pod, **where)
 
 
 class SliceArgumentsMixin:

@@ -244,7 +244,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         payload = cluster_payload(cluster, hook.get_service(svc_name, namespace), mode=self.address_mode,
                                   in_cluster=hook.is_in_cluster())
         payload["slice"] = _slice_dict(cluster.get("spec") or {})
-        RayDashboardLink.persist(context, payload["dashboard_url"])
+        RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, payload["head_pod"])
         self.log.info("RayCluster %s/%s ready: dashboard %s", namespace, name, payload["dashboard_url"])
         return payload
@@ -408,7 +408,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
                                            in_cluster=in_cluster)
         payload = service_payload(service, cluster_info, hook.get_service(f"{name}-serve-svc", namespace),
                                   mode=self.address_mode, in_cluster=in_cluster)
-        RayDashboardLink.persist(context, payload["dashboard_url"])
+        RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, cluster_info.get("head_pod"))
         self.log.info("RayService %s/%s ready: %s at %s", namespace, name, payload["applications"], payload["serve_url"])
         return payload

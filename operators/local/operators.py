@@ -81,7 +81,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
             raise
         finally:
             self._starting = None
-        RayDashboardLink.persist_url(context, cluster.dashboard_url)
+        RayDashboardLink.persist(context, url=cluster.dashboard_url)
         self.log.info(
             "Ray dashboard: %s  Serve: %s  state: %s", cluster.dashboard_url, cluster.serve_url, cluster.state_dir
         )

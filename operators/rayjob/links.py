@@ -13,6 +13,7 @@ class RayDashboardLink(StoredUrlLink):
 class RayJobLink(StoredUrlLink):
     name = "Ray Job"
     key = "ray_job"
+    format_str = "{dashboard_url}/#/jobs/{submission_id}"
 
 
 class RayJobLogLink(StoredUrlLink):

@@ -141,13 +141,13 @@ class RaySubmitJobOperator(BaseOperator):
     # --- execution ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         hook = self.hook()
-        RayDashboardLink.persist_url(context, hook.dashboard_url)
+        RayDashboardLink.persist(context, url=hook.dashboard_url)
         return self._run(context, hook, may_restart=True)
 
     def _run(self, context: Context, hook: RayJobHook, may_restart: bool) -> Any:
         sid, status, reattached = self._attach_or_submit(hook, self.base_submission_id(context), context)
         self._active_submission_id = sid
-        RayJobLink.persist_url(context, f"{hook.dashboard_url}/#/jobs/{sid}")
+        RayJobLink.persist(context, dashboard_url=hook.dashboard_url, submission_id=sid)
         if status == "SUCCEEDED":
             self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
             from tpuflow.rayjob.hooks import parse_result
@@ -259,7 +259,7 @@ class RaySubmitJobOperator(BaseOperator):
             from tpuflow.storage import browse_url, write_text
 
             write_text(self.log_uri, logs)
-            RayJobLogLink.persist_url(context, browse_url(self.log_uri))
+            RayJobLogLink.persist(context, url=browse_url(self.log_uri))
             self.log.info("Full driver log of %s kept at %s", sid, self.log_uri)
         return logs
 

@@ -46,7 +46,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         self.arguments = arguments or {}
 
     def execute(self, context: Context) -> Any:
-        OutputsLink.persist(context, self.arguments.get("output_dir"))
+        OutputsLink.persist(context, uri=self.arguments.get("output_dir"))
         self.entrypoint = module_entrypoint(self.module, self.arguments)
         return super().execute(context)
 
@@ -147,7 +147,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         return spec
 
     def execute(self, context: Context) -> Any:
-        OutputsLink.persist(context, self.storage_path)
+        OutputsLink.persist(context, uri=self.storage_path)
         spec = self.build_spec(getattr(context["ti"], "try_number", 1))
         self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
         self.entrypoint = f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
