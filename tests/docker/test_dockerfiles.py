@@ -93,3 +93,55 @@ def test_gke_dag_default_workloads_path_is_where_the_images_put_them() -> None:
     gke = REPO / "operators" / "pipeline" / "gke.py"
     uris = set(re.findall(r"local://(/[\w/.-]+)", gke.read_text()))
     assert uris <= {"/home/ray/workloads"}, f"the GKE DAG expects workloads at {uris}; the images put them at /home/ray/workloads"
+
+
+def _pip_installs(path: Path) -> list[list[str]]:
+    """The arguments of every `pip install` in the file's RUN steps (each `&&`-joined command apart)."""
+    out = []
+    for keyword, args in instructions(path):
+        if keyword != "RUN":
+            continue
+        for command in re.split(r"&&|;", args):
+            words = shlex.split(command)
+            for i in range(len(words) - 1):
+                if words[i] == "pip" and words[i + 1] == "install":
+                    out.append(words[i + 2:])
+    return out
+
+
+def test_airflow_image_builds_the_wheel_from_operators_and_workloads_and_installs_it_non_editable() -> None:
+    path = DOCKER / "airflow.Dockerfile"
+    steps = instructions(path)
+    copied = {}
+    for index, (keyword, args) in enumerate(steps):
+        if keyword == "COPY":
+            parts = [p for p in shlex.split(args) if not p.startswith("--")]
+            for src in parts[:-1]:
+                dest = parts[-1]
+                copied[src] = (index, dest if not dest.endswith("/") else dest + Path(src).name)
+    # What setuptools needs to build the wheel: the metadata and both package folders (package-dir).
+    for src in ("pyproject.toml", "README.md", "operators", "workloads"):
+        assert src in copied, f"the Airflow image must COPY {src} to build the wheel"
+        assert copied[src][1] == f"/opt/tpuflow/{src}", f"{src} is copied to {copied[src][1]}, not /opt/tpuflow/{src}"
+    installs = _pip_installs(path)
+    assert installs, "the Airflow image installs nothing with pip"
+    for words in installs:
+        assert not {"-e", "--editable"} & set(words), f"an editable install in the image: pip install {' '.join(words)}"
+    project = [w for w in installs if "/opt/tpuflow" in w]
+    assert len(project) == 1 and "--no-deps" in project[0], f"the project is pip-installed once, --no-deps: {project}"
+    install_step = next(i for i, (kw, args) in enumerate(steps) if kw == "RUN" and "/opt/tpuflow " in args + " ")
+    assert all(copied[src][0] < install_step for src in ("pyproject.toml", "operators", "workloads")), (
+        "the sources must be copied before the project is installed"
+    )
+
+
+@pytest.mark.parametrize("name", ["ray-tpu.Dockerfile", "ray-cpu.Dockerfile"])
+def test_ray_images_put_workloads_where_the_gke_dag_points_and_on_pythonpath(name: str) -> None:
+    from tpuflow.pipeline.gke import IMAGE_WORKLOADS_URI
+
+    steps = instructions(DOCKER / name)
+    dests = [shlex.split(args)[-1] for kw, args in steps if kw == "COPY" and shlex.split(args)[-2:-1] == ["workloads"]]
+    assert dests == [IMAGE_WORKLOADS_URI.removeprefix("local://")], f"{name} copies workloads/ to {dests}"
+    env = dict(args.split("=", 1) for kw, args in steps if kw == "ENV" and "=" in args)
+    # Job entrypoints and Serve apps import `addition` / `tpuflow_driver` from the image's copy.
+    assert dests[0] in env.get("PYTHONPATH", "").split(":"), f"{name}: PYTHONPATH={env.get('PYTHONPATH')!r}"
