@@ -40,7 +40,9 @@ airflow: install
 airflow-down:
 	$(BIN)/tpuflow airflow down
 
-# Headless Chromium for the UI tests (tests/airflow_services): Debian's package, no browser download.
+# Headless Chromium for the UI tests (tests/airflow_services): Debian's package, driven through
+# Playwright's Python API (pinned in requirements.lock) at its own path: no browser download, and
+# `playwright install` is never needed.
 test-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \

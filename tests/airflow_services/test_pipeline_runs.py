@@ -7,6 +7,7 @@ trains for the DAG's default steps; about 2-4 minutes a run, three runs in all.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -68,25 +69,21 @@ def test_rest_triggered_run_defers_to_the_triggerer(services: Any, api: Any, unp
 
 def _task_page_shows_links(services: Any, run_id: str) -> None:
     """The task page in the UI renders the extra links as buttons, and the Outputs one opens the run's folder."""
-    from cdp_browser import Browser
+    from ui_browser import airflow_page, wait_for
 
-    browser = Browser()
-    try:
-        browser.set_cookie(services.url, "_token", services.token())
-        browser.open(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train/details")
-        shown = browser.wait_for(
-            "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
+    with airflow_page(services.url, services.token()) as page:
+        page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train/details")
+        shown = wait_for(
+            page, "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
             ".filter(t => ['Ray Job', 'Ray Dashboard', 'Outputs'].includes(t)); return n.length === 3 ? n : null; })()",
             90, "the extra links Ray Job, Ray Dashboard and Outputs on the task page",
         )
         assert sorted(shown) == ["Outputs", "Ray Dashboard", "Ray Job"]
-        browser.screenshot(ARTIFACTS / "task_links.png")
-        browser.evaluate("[...document.querySelectorAll('a')].find(a => a.innerText.trim() === 'Outputs').click()")
-        browser.wait_for("document.title.startsWith('Outputs:')", 30, "the outputs page")
-        listing = browser.evaluate("document.body.innerText")
+        page.screenshot(path=ARTIFACTS / "task_links.png")
+        page.locator("a").filter(has_text=re.compile(r"^\s*Outputs\s*$")).first.click()
+        wait_for(page, "document.title.startsWith('Outputs:')", 30, "the outputs page")
+        listing = page.inner_text("body")
         assert "checkpoint" in listing.lower() or "jax-tpu-v6e-2x2" in listing, listing[:1000]
-    finally:
-        browser.close()
 
 
 def test_backfill_two_dates_one_slice_at_a_time(services: Any, api: Any, unpaused: None) -> None:

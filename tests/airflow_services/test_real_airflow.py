@@ -6,6 +6,7 @@ The pipeline's own end-to-end runs (REST trigger, two-date backfill) are in test
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +69,16 @@ def _listening_owned_by(services: Any) -> str:
 
 def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None:
     """What a user sees after pressing Trigger: one field per Param, choices for accelerator and topology."""
-    from cdp_browser import Browser
     from tpuflow.pipeline.params import ACCELERATORS, TOPOLOGIES
+    from ui_browser import airflow_page, wait_for
 
-    browser = Browser()
-    try:
-        browser.set_cookie(services.url, "_token", services.token())
-        browser.open(f"{services.url}/dags/{PIPELINE}")
-        browser.wait_for("!!document.querySelector('button[aria-label=\"Trigger Dag\"]')", 120, "the Trigger button")
-        browser.click_selector('button[aria-label="Trigger Dag"]')
-        browser.wait_for("!!document.querySelector('#element_accelerator')", 60, "the trigger form's Params")
-        fields = browser.evaluate(
+    with airflow_page(services.url, services.token()) as page:
+        page.goto(f"{services.url}/dags/{PIPELINE}")
+        trigger = page.locator('button[aria-label="Trigger Dag"]')
+        trigger.wait_for(timeout=120_000)
+        trigger.click()
+        page.locator("#element_accelerator").wait_for(state="attached", timeout=60_000)
+        fields = page.evaluate(
             "Object.fromEntries([...document.querySelectorAll('[role=dialog] [name^=element_]')]"
             ".map(e => [e.name.slice(8), e.type === 'checkbox' ? e.checked : e.value]))"
         )
@@ -87,25 +87,25 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "train_steps": "1500", "accuracy_threshold": "0.9", "keep_endpoint": False, "num_train": "20000",
         }
         # accelerator and topology are dropdowns (react-select) listing the allowed values.
+        title = page.get_by_text("Trigger Dag - ").first
         choices = {}
         for name in ("topology", "accelerator"):
-            browser.click_selector(f"#element_{name}")
-            choices[name] = browser.wait_for(
-                "(() => { const o = [...document.querySelectorAll('[id*=-option-]')].map(e => e.innerText);"
+            page.locator(f"#element_{name}").click()
+            choices[name] = wait_for(
+                page, "(() => { const o = [...document.querySelectorAll('[id*=-option-]')].map(e => e.innerText);"
                 " return o.length ? o : null; })()", 20, f"the {name} choices",
             )
             if name == "topology":
-                browser.click_text("Trigger Dag - ")  # closes the menu (Escape would close the dialog)
+                title.click()  # closes the menu (Escape would close the dialog)
         assert choices == {"topology": TOPOLOGIES, "accelerator": ACCELERATORS}
-        shot = browser.screenshot(ARTIFACTS / "trigger_form.png")
+        shot = ARTIFACTS / "trigger_form.png"
+        page.screenshot(path=shot)
         assert shot.stat().st_size > 20_000
-        browser.click_text("Trigger Dag - ")
+        title.click()
         # With the defaults the form must be submittable: a Param the UI thinks is missing disables Trigger.
-        state = browser.evaluate(
-            "(() => { const b = [...document.querySelectorAll('[role=dialog] button')]"
-            ".find(b => b.innerText.trim() === 'Trigger'); return b ? (b.disabled ? 'disabled' : 'enabled') : 'missing'; })()"
-        )
-        invalid = browser.evaluate(
+        submit = page.locator("[role=dialog] button").filter(has_text=re.compile(r"^\s*Trigger\s*$"))
+        state = "missing" if submit.count() == 0 else ("disabled" if submit.first.is_disabled() else "enabled")
+        invalid = page.evaluate(
             "[...document.querySelectorAll('[role=dialog] [data-invalid] [name^=element_], [role=dialog] [aria-invalid=true]')]"
             ".map(e => e.name || e.id)"
         )
@@ -115,8 +115,6 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "The UI treats an empty string default as a missing required value: make optional Params nullable, "
             'e.g. Param(None, type=["null", "string"]).'
         )
-    finally:
-        browser.close()
 
 
 def test_backfill_runs_share_one_slice_lease(services: Any, api: Any, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -301,3 +302,17 @@ def _stop_leftover_cluster(base: Path) -> list[int]:
         left += cluster.stop()
         assert _pids_referencing(cluster.temp_dir) == []
     return left
+
+
+def test_the_lock_pins_every_dependency_and_dev_tool() -> None:
+    """`make install` installs requirements.lock: everything pyproject names (but the torch extra) is pinned there,
+    Playwright included (the UI tests drive Debian's Chromium with it)."""
+    pinned = {
+        re.sub(r"[-_.]+", "-", m.group(1)).lower()
+        for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==\S+$", (REPO / "requirements.lock").read_text(), re.M)
+    }
+    project = pyproject()["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", req).group(0)).lower() for req in wanted}
+    assert "playwright" in names and "greenlet" in pinned
+    assert sorted(names - pinned) == [], "pyproject names packages the lock does not pin: re-run `uv pip compile`"
