@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from airflow.sdk import BaseHook
 from tpuflow.errors import UserInputError
 
+ClientT = TypeVar("ClientT")
 
-class RayDashboardHook(BaseHook):
-    """Addressing and authentication of one Ray cluster's dashboard (port 8265 on KubeRay).
+
+class RayDashboardHook(BaseHook, Generic[ClientT]):
+    """Addressing and authentication of one Ray cluster's dashboard (port 8265 on KubeRay), and the
+    product's Ray client (``create_client``), made once per hook.
 
     :param ray_conn_id: Airflow connection (type ``ray``) naming the dashboard, when ``cluster``
         does not.
@@ -39,6 +42,16 @@ class RayDashboardHook(BaseHook):
         super().__init__()
         self.ray_conn_id = ray_conn_id
         self.cluster = dict(cluster or {})
+        self._client: ClientT | None = None
+
+    def create_client(self) -> ClientT:
+        """The product's synchronous Ray client for ``dashboard_url`` with ``headers()``."""
+        raise NotImplementedError
+
+    def get_client(self) -> ClientT:
+        if self._client is None:
+            self._client = self.create_client()
+        return self._client
 
     @property
     def dashboard_url(self) -> str:

@@ -21,24 +21,18 @@ TERMINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 RESULT_MARKER = "TPUFLOW_RESULT "
 
 
-class RayJobHook(RayDashboardHook):
+class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
     """Submits, finds, follows and stops Ray jobs on one cluster (the ``ray`` connection type's hook).
 
     :param ray_conn_id: Airflow connection naming the dashboard, when ``cluster`` does not.
     :param cluster: the cluster-start task's connection info (``dashboard_url``, ``auth_token_path``).
     """
 
-    def __init__(self, ray_conn_id: str | None = None, cluster: dict[str, Any] | None = None) -> None:
-        super().__init__(ray_conn_id=ray_conn_id, cluster=cluster)
-        self._client: JobSubmissionClient | None = None
-
     # --- sync (worker): Ray's JobSubmissionClient ------------------------------------
-    def get_client(self) -> JobSubmissionClient:
-        if self._client is None:
-            from ray.job_submission import JobSubmissionClient
+    def create_client(self) -> JobSubmissionClient:
+        from ray.job_submission import JobSubmissionClient
 
-            self._client = JobSubmissionClient(self.dashboard_url, headers=self.headers())
-        return self._client
+        return JobSubmissionClient(self.dashboard_url, headers=self.headers())
 
     def find_jobs(self, submission_id_prefix: str) -> list[JobDetails]:
         """Jobs whose submission id is the prefix or a numbered resubmission of it, oldest first."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 APPLICATIONS_PATH = "/api/serve/applications/"
 
 
-class RayServeHook(RayDashboardHook):
+class RayServeHook(RayDashboardHook["ServeSubmissionClient"]):
     """Deploys, reads and deletes the Serve applications of one Ray cluster (connection type ``ray``).
 
     :param ray_conn_id: Airflow connection naming the dashboard (extra ``serve_url``: where the
@@ -30,20 +30,12 @@ class RayServeHook(RayDashboardHook):
         ``auth_token_path``).
     """
 
-    hook_name = "Ray Serve (dashboard)"
-
-    def __init__(self, ray_conn_id: str | None = None, cluster: dict[str, Any] | None = None) -> None:
-        super().__init__(ray_conn_id=ray_conn_id, cluster=cluster)
-        self._client: ServeSubmissionClient | None = None
-
     # --- sync (worker): Ray's ServeSubmissionClient -----------------------------------
-    def get_client(self) -> ServeSubmissionClient:
+    def create_client(self) -> ServeSubmissionClient:
         """Ray's Serve client (its constructor checks the dashboard answers and runs Ray >= 1.12)."""
-        if self._client is None:
-            from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+        from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-            self._client = ServeSubmissionClient(self.dashboard_url, headers=self.headers())
-        return self._client
+        return ServeSubmissionClient(self.dashboard_url, headers=self.headers())
 
     def deploy_applications(self, config: dict[str, Any]) -> None:
         """PUT the whole Serve config (ServeDeploySchema): what KubeRay's RayService controller does."""
