@@ -18,7 +18,7 @@ from tpuflow.rayjob.failures import is_user_code_error
 from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
 
 # HTTP statuses of the dashboard that a later poll may not see again (busy, restarting).
-_PASSING = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class RayJobEvent(TriggerEventPayload):
@@ -87,7 +87,7 @@ async def wait_for_job(
             logs = await reader.aget_job_logs(submission_id)
         except Exception as err:
             code = getattr(err, "status", None)
-            if isinstance(code, int) and code not in _PASSING:  # e.g. 401/403: no later poll will do better
+            if isinstance(code, int) and code not in _TRANSIENT_HTTP:  # e.g. 401/403: no later poll will do better
                 return _job_event("error", f"the Ray dashboard refused to report job {submission_id}: {err}",
                                   submission_id, job_status, logs)
             log.warning("Ray dashboard unreachable (%s); retrying", err)  # the deadline bounds this
