@@ -1,8 +1,9 @@
 """Provider metadata (entry point `apache_airflow_provider`): the "Ray" connection type in the UI.
 
-With this, Admin > Connections offers "Ray cluster (dashboard)" (conn_type "ray", used by
-RayJobHook via ray_conn_id). "extra-links" only feeds `airflow providers links`; the links
-themselves reach the task page through serialization (see plugins/tpuflow_plugin.py).
+With this, Admin > Connections offers "Ray cluster (dashboard)" (conn_type "ray", registered by
+RayJobHook; RayServeHook reads the same connections, both as ray_conn_id through their shared base
+tpuflow.rayjob.connection.RayDashboardHook). "extra-links" only feeds `airflow providers links`;
+the links themselves reach the task page through serialization (see plugins/tpuflow_plugin.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import validate_params
+from tpuflow.templating import is_static
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -36,7 +38,12 @@ class CheckParamsOperator(BaseOperator):
 
 
 class BuildServeConfigOperator(BaseOperator):
-    """The Serve config of the trained model (``trained``: the train task's XCom) on ``cluster``."""
+    """The Serve config of the trained model on ``cluster``: one ``addition`` application.
+
+    :param cluster: the cluster-start task's XCom (its connection info; ``backend``, ``serve_port``); templated.
+    :param trained: the train task's XCom (``checkpoint``: the checkpoint to serve); templated.
+    :param workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees it; templated.
+    """
 
     template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri")
 
@@ -45,8 +52,18 @@ class BuildServeConfigOperator(BaseOperator):
         self.cluster = cluster
         self.trained = trained
         self.workloads_uri = workloads_uri
+        self._check_arguments(rendered=False)
+
+    def _check_arguments(self, *, rendered: bool) -> None:
+        """All arguments once rendered (the start of execute); at parse time only plain values."""
+        if (rendered or is_static(self.cluster)) and not isinstance(self.cluster, dict):
+            raise UserInputError("cluster", self.cluster, "pass the cluster-start task's XCom (a dict)")
+        if (rendered or is_static(self.trained)) and not (isinstance(self.trained, dict) and self.trained.get("checkpoint")):
+            raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
+        _check_nonempty_text("workloads_uri", self.workloads_uri, rendered)
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self._check_arguments(rendered=True)
         return serve_config_for(self.cluster, self.trained, self.workloads_uri, context["params"]["framework"])
 
 
@@ -66,7 +83,13 @@ def serve_config_for(cluster: dict[str, Any], trained: dict[str, Any], workloads
 
 
 class WriteReportOperator(BaseOperator):
-    """The run's report (accuracy, a sample completion, the endpoint) as report.json in ``output_dir``."""
+    """The run's report (accuracy, a sample completion, the endpoint) as report.json in ``output_dir``.
+
+    :param output_dir: the run's output folder (local path, or a remote URI where only the XCom is kept); templated.
+    :param evaluation: the evaluate task's XCom (``accuracy``, ``n``); templated.
+    :param answer: the smoke test's XCom (the endpoint's completion); templated.
+    :param deployed: the deploy task's XCom (``serve_url``); templated.
+    """
 
     template_fields: Sequence[str] = ("output_dir", "evaluation", "answer", "deployed")
 
@@ -76,9 +99,26 @@ class WriteReportOperator(BaseOperator):
         self.evaluation = evaluation
         self.answer = answer
         self.deployed = deployed
+        self._check_arguments(rendered=False)
+
+    def _check_arguments(self, *, rendered: bool) -> None:
+        """All arguments once rendered (the start of execute); at parse time only plain values."""
+        _check_nonempty_text("output_dir", self.output_dir, rendered)
+        for field in ("evaluation", "answer", "deployed"):
+            value = getattr(self, field)
+            if (rendered or is_static(value)) and not isinstance(value, dict):
+                raise UserInputError(field, value, "pass the upstream task's XCom (a dict)")
+        if (rendered or is_static(self.deployed)) and not self.deployed.get("serve_url"):
+            raise UserInputError("deployed", self.deployed, 'pass the deploy task\'s XCom (a dict with "serve_url")')
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self._check_arguments(rendered=True)
         return write_report(self.output_dir, self.evaluation, self.answer, self.deployed)
+
+
+def _check_nonempty_text(field: str, value: Any, rendered: bool) -> None:
+    if (rendered or is_static(value)) and not (isinstance(value, str) and value.strip()):
+        raise UserInputError(field, value, "give a non-empty string")
 
 
 def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, Any],

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,8 +12,12 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from tpuflow import workloads_dir
 from tpuflow.errors import UserInputError
-from tpuflow.naming import submission_id as derive_submission_id
+from tpuflow.events import raise_for_event
+from tpuflow.naming import TaskIdentity
+from tpuflow.output_links import OutputsLink
+from tpuflow.rayjob.connection import check_cluster
 from tpuflow.rayjob.links import RayDashboardLink, RayJobLink, RayJobLogLink
+from tpuflow.templating import is_static
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -21,36 +26,51 @@ if TYPE_CHECKING:
 # Key of the task state store entry naming the task's current Ray job (Airflow 3.3 durable
 # execution). Renaming it breaks re-attachment for retries already in flight.
 SUBMISSION_STATE_KEY = "ray_submission_id"
-
-
-class RayJobFailedError(RuntimeError):
-    """The Ray job ended FAILED, STOPPED or past its deadline."""
-
-
-class UserCodeError(AirflowFailException):
-    """The job failed in the user's code: a retry would fail the same way, so the task fails at once."""
+_ENTRYPOINT_FIX = 'give the command the job driver runs, e.g. "python -m my_package.job"'
 
 
 class QualityGateError(AirflowFailException):
     """The job succeeded but its result is below the gate: retrying would not help."""
 
 
+def _check_mapping(field: str, value: Any) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        raise UserInputError(field, value, "give a dict (or leave it unset)")
+
+
+def _check_text(field: str, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise UserInputError(field, value, "give a string (or leave it unset)")
+
+
 class RaySubmitJobOperator(BaseOperator):
-    """Run `entrypoint` as a Ray job on a cluster and return its result (the last TPUFLOW_RESULT line).
+    """Run ``entrypoint`` as a Ray job on a cluster and return its result (the last TPUFLOW_RESULT line).
 
     The submission id derives from (dag id, run id, task id, map index), never the try number:
     a retry re-attaches to the running job, returns the result of a job that already succeeded,
-    and resubmits (as `<id>-rN`) only a job that failed or was stopped.
+    and resubmits (as ``<id>-rN``) only a job that failed or was stopped. The current job is also
+    recorded in the task state store (``ray_submission_id``). A job that fails in the user's code
+    (a traceback, no sign of lost infrastructure) fails the task without retries.
 
-    :param entrypoint: shell command run by the job driver on the head node.
+    Killing the task stops its job, while it waits in the worker (``on_kill``) and while it is
+    deferred (the trigger's ``on_kill``).
+
+    :param entrypoint: shell command run by the job driver on the head node; templated.
     :param cluster: connection info pushed by a cluster-start task (dashboard_url, ...); templated.
-    :param ray_conn_id: Airflow connection naming the dashboard, when `cluster` is not given.
-    :param working_dir: folder shipped as the job's runtime_env working_dir (default None: the workloads shipped
-        with tpuflow, wherever it is installed; "" for none).
-    :param runtime_env: extra runtime_env keys (pip, py_modules, ...).
-    :param env_vars: environment variables for the driver and the job's workers.
-    :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail if the result is below.
-    :param log_uri: where to keep the job's full driver log once it ends (local path or gs://).
+    :param ray_conn_id: Airflow connection (type ``ray``) naming the dashboard, when ``cluster`` is not given.
+    :param working_dir: folder shipped as the job's runtime_env working_dir (default None: the workloads
+        shipped with tpuflow, wherever it is installed; "" for none); templated.
+    :param runtime_env: extra runtime_env keys (pip, py_modules, ...); templated.
+    :param env_vars: environment variables for the driver and the job's workers; templated.
+    :param entrypoint_num_cpus: CPUs reserved for the driver (Ray's ``entrypoint_num_cpus``).
+    :param entrypoint_resources: custom resources reserved for the driver (Ray's ``entrypoint_resources``).
+    :param submission_id: the job's submission id; default: derived from the task instance; templated.
+    :param deferrable: wait in the triggerer (default) instead of the worker.
+    :param poll_interval: seconds between status polls.
+    :param job_timeout: seconds after which the job is stopped and the task fails (retried); None: no limit.
+    :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail (without retry) if the result is below; templated.
+    :param log_uri: where to keep the job's full driver log once it ends, whatever the outcome (local path
+        or gs://); templated.
     """
 
     template_fields: Sequence[str] = (
@@ -70,7 +90,7 @@ class RaySubmitJobOperator(BaseOperator):
     def __init__(
         self,
         *,
-        entrypoint: str,
+        entrypoint: str | None = None,
         cluster: dict[str, Any] | str | None = None,
         ray_conn_id: str | None = None,
         working_dir: str | None = None,
@@ -91,88 +111,134 @@ class RaySubmitJobOperator(BaseOperator):
         self.cluster = cluster
         self.ray_conn_id = ray_conn_id
         self.working_dir = working_dir
-        self.runtime_env = runtime_env or {}
-        self.env_vars = env_vars or {}
+        self.runtime_env = runtime_env
+        self.env_vars = env_vars
         self.entrypoint_num_cpus = entrypoint_num_cpus
         self.entrypoint_resources = entrypoint_resources
         self.submission_id = submission_id
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
-        self.min_result = min_result or {}
+        self.min_result = min_result
         self.log_uri = log_uri
-        self._active_submission_id: str | None = None
+        # What on_kill stops: the job this task submitted or re-attached to, while the worker follows it.
+        self._owned_submission_id: str | None = None
+        self._check_job_arguments(rendered=False)
+
+    # --- arguments ---------------------------------------------------------------
+    def validate_arguments(self) -> None:
+        """Check every argument once rendered (the start of execute, before anything is submitted).
+
+        Subclasses add the checks of their own arguments."""
+        self._check_job_arguments(rendered=True)
+
+    def _check_job_arguments(self, *, rendered: bool) -> None:
+        """The job's arguments: all of them once rendered; at parse time (``rendered=False``, the end
+        of ``__init__``) only those that are not templates."""
+        if (rendered or is_static(self.entrypoint)) and self.entrypoint is not None and (
+            not isinstance(self.entrypoint, str) or not self.entrypoint.strip()
+        ):
+            raise UserInputError("entrypoint", self.entrypoint, _ENTRYPOINT_FIX)
+        if rendered or is_static(self.cluster):
+            check_cluster(self.cluster, self.ray_conn_id)
+        for field in ("runtime_env", "env_vars", "min_result"):
+            if rendered or is_static(getattr(self, field)):
+                _check_mapping(field, getattr(self, field))
+        for field in ("working_dir", "submission_id", "log_uri"):
+            if rendered or is_static(getattr(self, field)):
+                _check_text(field, getattr(self, field))
+        if rendered or is_static(self.min_result):
+            for key, minimum in (self.min_result or {}).items():
+                try:
+                    float(minimum)
+                except (TypeError, ValueError):
+                    raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable number") from None
+        # Whether a local folder exists is a fact of the machine the task runs on, not of the DAG file.
+        if rendered and self.working_dir and "://" not in self.working_dir and not Path(self.working_dir).is_dir():
+            raise UserInputError("working_dir", self.working_dir, "give an existing folder or a remote URI")
 
     # --- helpers -----------------------------------------------------------------
     def _cluster_info(self) -> dict[str, Any]:
-        if isinstance(self.cluster, dict):
-            return self.cluster
-        if self.cluster in (None, ""):
-            return {}
-        raise UserInputError(
-            "cluster",
-            self.cluster,
-            "pass the cluster-start task's XCom (a dict), e.g. "
-            "\"{{ ti.xcom_pull(task_ids='start_cluster') }}\" with render_template_as_native_obj",
-        )
+        return self.cluster if isinstance(self.cluster, dict) else {}
 
     def hook(self) -> RayJobHook:
         from tpuflow.rayjob.hooks import RayJobHook
 
         return RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self._cluster_info())
 
+    def build_entrypoint(self, context: Context) -> str:
+        """The command the job driver runs (subclasses build it from their own arguments)."""
+        if not self.entrypoint:
+            raise UserInputError("entrypoint", self.entrypoint, _ENTRYPOINT_FIX)
+        return self.entrypoint
+
     def build_runtime_env(self) -> dict[str, Any]:
-        env = dict(self.runtime_env)
+        env = dict(self.runtime_env or {})
         working_dir = workloads_dir() if self.working_dir is None else self.working_dir
         if working_dir and "working_dir" not in env:
-            if "://" not in working_dir and not Path(working_dir).is_dir():
-                raise UserInputError("working_dir", working_dir, "give an existing folder or a remote URI")
             env["working_dir"] = working_dir
         if self.env_vars:
             env["env_vars"] = {**env.get("env_vars", {}), **{k: str(v) for k, v in self.env_vars.items()}}
         return env
 
+    def output_uri(self) -> str | None:
+        """Where the job writes its outputs (the Outputs link); None: not known."""
+        return None
+
     def base_submission_id(self, context: Context) -> str:
-        if self.submission_id:
-            return self.submission_id
-        ti = context["ti"]
-        return derive_submission_id(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        return self.submission_id or TaskIdentity.from_context(context).submission_id
 
     # --- execution ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
+        self.validate_arguments()
+        OutputsLink.persist(context, uri=self.output_uri())
+        return self._submit_and_follow(context, may_restart=True)
+
+    def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
+        """Attach to (or submit) the task's job, then follow it in the triggerer or in this worker."""
         hook = self.hook()
         RayDashboardLink.persist(context, url=hook.dashboard_url)
-        return self._run(context, hook, may_restart=True)
-
-    def _run(self, context: Context, hook: RayJobHook, may_restart: bool) -> Any:
         sid, status, reattached = self._attach_or_submit(hook, self.base_submission_id(context), context)
-        self._active_submission_id = sid
+        self._owned_submission_id = sid
         RayJobLink.persist(context, dashboard_url=hook.dashboard_url, submission_id=sid)
-        if status == "SUCCEEDED":
-            self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
-            from tpuflow.rayjob.hooks import parse_result
-
-            return self._check_result(parse_result(self._keep_log(context, hook, sid)))
         # A cleared task's new try can find its old job still RUNNING while the previous try's kill
         # is stopping it (the scheduler does not wait for the triggerer's on_kill). If a job this try
         # re-attached to ends STOPPED, it starts a fresh one instead of failing -- once.
-        restart_if_stopped = reattached and may_restart
-        if self.deferrable:
-            from tpuflow.rayjob.triggers import RayJobTrigger
+        wait = {"submission_id": sid, "poll_interval": self.poll_interval, "timeout": self.job_timeout,
+                "restart_if_stopped": reattached and may_restart}
+        if status == "SUCCEEDED":
+            self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
+        elif self.deferrable:
+            self.execute_async(context, wait)
+        return self.execute_sync(context, wait)
 
-            self.defer(
-                trigger=RayJobTrigger(
-                    submission_id=sid,
-                    cluster=self._cluster_info(),
-                    ray_conn_id=self.ray_conn_id,
-                    poll_interval=self.poll_interval,
-                    timeout=self.job_timeout,
-                    restart_if_stopped=restart_if_stopped,
-                ),
-                method_name="execute_complete",
-            )
-        event = self._wait_blocking(hook, sid)
-        return self.execute_complete(context, {**event, "restart_if_stopped": restart_if_stopped})
+    def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
+        """Defer: RayJobTrigger follows the job (and streams its log) in the triggerer."""
+        from tpuflow.rayjob.triggers import RayJobTrigger
+
+        self.defer(
+            trigger=RayJobTrigger(cluster=self._cluster_info(), ray_conn_id=self.ray_conn_id, **wait),
+            method_name="execute_complete",
+        )
+
+    def execute_sync(self, context: Context, wait: dict[str, Any]) -> Any:
+        """Follow the job from this worker: the trigger's own wait, run here."""
+        from tpuflow.rayjob.waits import wait_for_job
+
+        event = asyncio.run(wait_for_job(self.hook(), started_at=time.time(), log=self.log, **wait))
+        return self.execute_complete(context, dict(event))
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """The job's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
+        try:
+            raise_for_event(event, f"Ray job {event.get('submission_id') if isinstance(event, Mapping) else ''}")
+        finally:
+            self._owned_submission_id = None
+            self._keep_log(context, event)  # whatever the outcome
+        if event["job_status"] == "STOPPED":  # a restart_if_stopped wait: the re-attached job was stopped
+            self.log.warning("%s: %s", event["submission_id"], event["message"])
+            return self._submit_and_follow(context, may_restart=False)
+        return self._check_result(event.get("result") or {})
 
     def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str, bool]:
         """The job this task already runs (named in the task state store, else found by its
@@ -194,13 +260,12 @@ class RaySubmitJobOperator(BaseOperator):
             if status in ("PENDING", "RUNNING", "SUCCEEDED"):
                 self.log.info("Re-attaching to Ray job %s (%s)", latest.submission_id, status)
                 self._record_submission(store, latest.submission_id)
-                return latest.submission_id, status, True
+                return str(latest.submission_id), status, True
             sid = f"{base_id}-r{len(jobs)}"
             self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)
         else:
             sid = base_id
-        runtime_env = self.build_runtime_env()
-        entrypoint = self.entrypoint
+        entrypoint = self.build_entrypoint(context)
         python = self._cluster_info().get("python")
         if python and entrypoint.startswith("python "):
             # A local cluster's nodes run the environment that started them; PATH on a shared
@@ -210,7 +275,7 @@ class RaySubmitJobOperator(BaseOperator):
         hook.submit_job(
             entrypoint=entrypoint,
             submission_id=sid,
-            runtime_env=runtime_env,
+            runtime_env=self.build_runtime_env(),
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
             metadata={"airflow_task": self.task_id, "airflow_dag": self.dag_id},
@@ -223,76 +288,29 @@ class RaySubmitJobOperator(BaseOperator):
         if store is not None:
             store.set(SUBMISSION_STATE_KEY, sid)
 
-    def _wait_blocking(self, hook: RayJobHook, sid: str) -> dict[str, Any]:
-        from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
-
-        offset, started = 0, time.time()
-        while True:
-            status = hook.get_job_status(sid)
-            logs = hook.get_job_logs(sid)
-            for line in strip_ansi(logs[offset:]).rstrip("\n").splitlines():
-                self.log.info("[ray job] %s", line)
-            offset = max(offset, len(logs))
-            if status in TERMINAL_JOB_STATES:
-                info = hook.get_client().get_job_info(sid)
-                return {
-                    "status": status,
-                    "submission_id": sid,
-                    "message": info.message or "",
-                    "log_tail": log_tail(logs),
-                    "result": parse_result(logs),
-                }
-            if self.job_timeout is not None and time.time() - started > self.job_timeout:
-                hook.stop_job(sid)
-                return {
-                    "status": "TIMEOUT",
-                    "submission_id": sid,
-                    "log_tail": log_tail(logs),
-                    "message": f"job exceeded {self.job_timeout:.0f}s and was stopped",
-                    "result": {},
-                }
-            time.sleep(self.poll_interval)
-
-    def _keep_log(self, context: Context, hook: RayJobHook, sid: str) -> str:
-        logs = hook.get_job_logs(sid)
-        if self.log_uri:
+    def _keep_log(self, context: Context, event: Any) -> None:
+        """Keep the job's full driver log at log_uri (best effort: never masks the job's outcome)."""
+        sid = event.get("submission_id") if isinstance(event, Mapping) else None
+        if not self.log_uri or not sid:
+            return
+        try:
             from tpuflow.storage import browse_url, write_text
 
-            write_text(self.log_uri, logs)
+            write_text(self.log_uri, self.hook().get_job_logs(sid))
             RayJobLogLink.persist(context, url=browse_url(self.log_uri))
             self.log.info("Full driver log of %s kept at %s", sid, self.log_uri)
-        return logs
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        self._active_submission_id = None
-        status = event.get("status")
-        if self.log_uri and event.get("submission_id"):
-            try:
-                self._keep_log(context, self.hook(), event["submission_id"])
-            except Exception as err:  # keeping the log must not mask the job's own outcome
-                self.log.warning("Could not keep the driver log at %s: %s", self.log_uri, err)
-        if status == "STOPPED" and event.get("restart_if_stopped"):
-            self.log.warning("Ray job %s, which this try re-attached to, was stopped (an earlier try was killed "
-                             "or cleared); submitting a fresh one", event.get("submission_id"))
-            return self._run(context, self.hook(), may_restart=False)
-        if status != "SUCCEEDED":
-            from tpuflow.rayjob.failures import is_user_code_error
-
-            error = UserCodeError if is_user_code_error(status, event.get("message", ""), event.get("log_tail", "")) else RayJobFailedError
-            raise error(
-                f"Ray job {event.get('submission_id')} ended {status}: {event.get('message', '')}\n"
-                f"--- last lines of the driver log ---\n{event.get('log_tail', '')}"
-            )
-        return self._check_result(event.get("result") or {})
+        except Exception as err:
+            self.log.warning("Could not keep the driver log at %s: %s", self.log_uri, err)
 
     def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
-        for key, minimum in self.min_result.items():
+        for key, minimum in (self.min_result or {}).items():
             value = result.get(key)
             if not isinstance(value, int | float) or value < float(minimum):
                 raise QualityGateError(f"quality gate: {key}={value!r} is below the required {minimum}; not continuing")
         return result
 
     def on_kill(self) -> None:
-        if self._active_submission_id:
-            self.log.info("Task killed: stopping Ray job %s", self._active_submission_id)
-            self.hook().stop_job(self._active_submission_id)
+        """Killed while the worker follows the job (not deferred): stop the job."""
+        if self._owned_submission_id:
+            self.log.info("Task killed: stopping Ray job %s", self._owned_submission_id)
+            self.hook().stop_job(self._owned_submission_id)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
-from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES, RayJobHook, log_tail, parse_result, strip_ansi
+from airflow.triggers.base import TriggerEvent
+from tpuflow.rayjob.hooks import RayJobHook
+from tpuflow.rayjob.waits import wait_for_job
+from tpuflow.triggers import TpuflowTrigger
 
 # XCom of the deferred task holding how far its log has streamed the job's driver log.
 LOG_CURSOR_XCOM_KEY = "ray_job_log_cursor"
 
 
-class RayJobTrigger(BaseTrigger):
-    """Polls a Ray job until it is SUCCEEDED, FAILED or STOPPED.
+class RayJobTrigger(TpuflowTrigger):
+    """Polls a Ray job until it is SUCCEEDED, FAILED or STOPPED (``tpuflow.rayjob.waits.wait_for_job``).
 
     New driver log lines are written to the task log as they appear (Airflow routes trigger
     logs to the task's log), so a long training job shows progress while it runs.
@@ -27,7 +28,23 @@ class RayJobTrigger(BaseTrigger):
     triggerer), and Airflow keeps a task's XComs across deferral resumes, clearing them only
     when a new try starts (whose log file is new too). Lines are logged before the offset is
     saved, so a crash in between repeats at most one poll's lines and never loses any.
+
+    Killing the deferred task (marking it failed/success, clearing it) stops the job
+    (``on_kill``); ``cleanup()``, which also runs on triggerer restarts, does nothing destructive.
+
+    :param submission_id: the Ray job to follow.
+    :param cluster: the cluster-start task's connection info (dashboard_url, auth_token_path).
+    :param ray_conn_id: Airflow connection naming the dashboard, when ``cluster`` does not.
+    :param poll_interval: seconds between polls.
+    :param timeout: seconds after ``started_at`` when the job is stopped and the wait ends; None: no limit.
+    :param log_offset: driver-log characters already in the task log when the wait began.
+    :param started_at: epoch seconds the wait (and its timeout) began; default now.
+    :param restart_if_stopped: a STOPPED end is the earlier try's kill landing late: report it as
+        ``success`` with ``job_status`` STOPPED so the task submits a fresh job.
     """
+
+    serialize_fields = ("submission_id", "cluster", "ray_conn_id", "poll_interval", "timeout", "log_offset",
+                        "started_at", "restart_if_stopped")
 
     def __init__(
         self,
@@ -48,58 +65,23 @@ class RayJobTrigger(BaseTrigger):
         self.timeout = timeout
         self.log_offset = log_offset
         self.started_at = started_at if started_at is not None else time.time()
-        self.restart_if_stopped = restart_if_stopped  # echoed in the event for execute_complete
+        self.restart_if_stopped = restart_if_stopped
         self._cursor_broken = False
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "submission_id": self.submission_id,
-                "cluster": self.cluster,
-                "ray_conn_id": self.ray_conn_id,
-                "poll_interval": self.poll_interval,
-                "timeout": self.timeout,
-                "log_offset": self.log_offset,
-                "started_at": self.started_at,
-                "restart_if_stopped": self.restart_if_stopped,
-            },
-        )
 
     def _hook(self) -> RayJobHook:
         return RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook = self._hook()
         offset = max(self.log_offset, await self._saved_offset())
         if offset > self.log_offset:
             self.log.info("Resuming the driver log of %s at character %d (streamed before a restart)",
                           self.submission_id, offset)
-        logs = ""
-        while True:
-            try:
-                info = await hook.aget_job_info(self.submission_id)
-                logs = await hook.aget_job_logs(self.submission_id)
-            except Exception as err:  # the dashboard can be briefly unreachable; the deadline bounds this
-                self.log.warning("Ray dashboard unreachable (%s); retrying", err)
-                info = {"status": "UNKNOWN"}
-            if len(logs) > offset:
-                for line in strip_ansi(logs[offset:]).rstrip("\n").splitlines():
-                    self.log.info("[ray job] %s", line)
-                offset = len(logs)
-                await self._save_offset(offset)
-            if info is None:
-                yield TriggerEvent(self._event("FAILED", f"Ray job {self.submission_id} no longer exists", logs))
-                return
-            status = str(info.get("status", "UNKNOWN"))
-            if status in TERMINAL_JOB_STATES:
-                yield TriggerEvent(self._event(status, info.get("message") or "", logs))
-                return
-            if self.timeout is not None and time.time() - self.started_at > self.timeout:
-                await hook.astop_job(self.submission_id)
-                yield TriggerEvent(self._event("TIMEOUT", f"job exceeded {self.timeout:.0f}s and was stopped", logs))
-                return
-            await asyncio.sleep(self.poll_interval)
+        event = await wait_for_job(
+            self._hook(), self.submission_id, poll_interval=self.poll_interval, timeout=self.timeout,
+            started_at=self.started_at, restart_if_stopped=self.restart_if_stopped, offset=offset,
+            save_offset=self._save_offset, log=self.log,
+        )
+        yield TriggerEvent(dict(event))
 
     def _xcom_address(self) -> dict[str, Any] | None:
         ti = self.task_instance  # set by the triggerer; None when the trigger runs on its own
@@ -133,16 +115,6 @@ class RayJobTrigger(BaseTrigger):
         except Exception as err:  # streaming matters more than the cursor; a restart may then repeat lines
             self.log.warning("Could not save the log cursor of %s: %s", self.submission_id, err)
             self._cursor_broken = True  # stop trying for this wait
-
-    def _event(self, status: str, message: str, logs: str) -> dict[str, Any]:
-        return {
-            "status": status,
-            "submission_id": self.submission_id,
-            "message": message,
-            "log_tail": log_tail(logs),
-            "result": parse_result(logs),
-            "restart_if_stopped": self.restart_if_stopped,
-        }
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed/success or cleared it: stop the job it runs."""

@@ -7,6 +7,7 @@ build the entrypoint. Training derives its ScalingConfig from the TPU slice cata
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 from tpuflow.errors import UserInputError
 from tpuflow.output_links import OutputsLink
 from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.templating import is_static, is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 FRAMEWORKS = ("jax", "torch")
 RESUME_POLICIES = ("auto", "never")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def module_entrypoint(module: str, arguments: dict[str, Any]) -> str:
@@ -34,33 +37,68 @@ def module_entrypoint(module: str, arguments: dict[str, Any]) -> str:
 
 
 class RayDataPrepOperator(RaySubmitJobOperator):
-    """Run a Ray Data preparation module (`python -m <module> --arg value ...`) as a Ray job."""
+    """Run a Ray Data preparation module (``python -m <module> --arg value ...``) as a Ray job.
+
+    Everything else (identity, re-attach, log streaming, result, kill) is RaySubmitJobOperator's;
+    its arguments (cluster, ray_conn_id, working_dir, runtime_env, env_vars, deferrable, poll_interval,
+    job_timeout, min_result, log_uri, ...) apply here too, except ``entrypoint``, which this builds.
+
+    :param module: the module to run, e.g. "addition.prep"; templated.
+    :param arguments: its command-line arguments, ``{"output_dir": ..., "num_train": ...}`` (each key
+        becomes ``--key-name value``; True: a bare flag; None/False: left out). ``output_dir``, when
+        given, is the task's Outputs link; templated.
+    """
 
     template_fields: Sequence[str] = (*RaySubmitJobOperator.template_fields, "module", "arguments")
     template_fields_renderers = {**RaySubmitJobOperator.template_fields_renderers, "arguments": "json"}
     operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
 
     def __init__(self, *, module: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(entrypoint="", **kwargs)
+        super().__init__(**kwargs)
         self.module = module
-        self.arguments = arguments or {}
+        self.arguments = arguments
+        self._check_prep_arguments(rendered=False)
 
-    def execute(self, context: Context) -> Any:
-        OutputsLink.persist(context, uri=self.arguments.get("output_dir"))
-        self.entrypoint = module_entrypoint(self.module, self.arguments)
-        return super().execute(context)
+    def validate_arguments(self) -> None:
+        super().validate_arguments()
+        self._check_prep_arguments(rendered=True)
+
+    def _check_prep_arguments(self, *, rendered: bool) -> None:
+        """The module and its arguments: once rendered; at parse time only when they are not templates."""
+        if (rendered or is_static(self.module)) and not (isinstance(self.module, str) and _MODULE.match(self.module)):
+            raise UserInputError("module", self.module, 'give a dotted module name, e.g. "addition.prep"')
+        if (rendered or is_static(self.arguments)) and self.arguments is not None and not isinstance(self.arguments, dict):
+            raise UserInputError("arguments", self.arguments, "give the module's arguments as a dict")
+
+    def build_entrypoint(self, context: Context) -> str:
+        return module_entrypoint(self.module, self.arguments or {})
+
+    def output_uri(self) -> str | None:
+        return (self.arguments or {}).get("output_dir")
 
 
 class RayTrainOperator(RaySubmitJobOperator):
     """Train with Ray Train (JaxTrainer or TorchTrainer) on exactly one TPU slice shape.
 
-    :param framework: "jax" (ray.train.v2.jax.JaxTrainer) or "torch" (TorchTrainer).
-    :param train_loop: import path of the user's train_loop_per_worker, "module:function".
-    :param accelerator/topology/machine_type/num_slices: the slice; ScalingConfig derives from it.
+    Everything else (identity, re-attach, log streaming, result, kill) is RaySubmitJobOperator's;
+    its arguments (cluster, ray_conn_id, working_dir, runtime_env, env_vars, deferrable, poll_interval,
+    job_timeout, min_result, log_uri, ...) apply here too, except ``entrypoint``, which this builds.
+
+    :param framework: "jax" (ray.train.v2.jax.JaxTrainer) or "torch" (TorchTrainer); templated.
+    :param train_loop: import path of the user's train_loop_per_worker, "module:function"; templated.
+    :param accelerator: the slice's TPU generation, e.g. "TPU-V6E"; templated.
+    :param topology: the slice's chip topology, e.g. "4x4"; templated.
     :param storage_path: checkpoints and results (local path or gs://); a resubmitted run with the
-        same run_name resumes from its latest checkpoint there.
-    :param datasets: {"train": parquet path, ...} read with Ray Data and sharded to the workers.
-    :param resume: "auto" resumes from the latest checkpoint; "never" starts from scratch.
+        same run_name resumes from its latest checkpoint there. The task's Outputs link; templated.
+    :param run_name: Ray Train's run name under storage_path; templated.
+    :param machine_type: the slice hosts' GCE machine type; default: the generation's; templated.
+    :param num_slices: how many identical slices (multislice); templated.
+    :param datasets: {"train": parquet path, ...} read with Ray Data and sharded to the workers; templated.
+    :param train_loop_config: the dict passed to train_loop_per_worker; templated.
+    :param max_failures: worker-group restarts Ray Train allows (FailureConfig.max_failures).
+    :param checkpoint_num_to_keep: checkpoints kept under storage_path (CheckpointConfig.num_to_keep).
+    :param resume: "auto" resumes from the latest checkpoint; "never" starts from scratch; templated.
+    :param worker_env: environment variables of the training workers (on top of the slice's own).
     """
 
     template_fields: Sequence[str] = (
@@ -91,7 +129,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         worker_env: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(entrypoint="", **kwargs)
+        super().__init__(**kwargs)
         self.framework = framework
         self.train_loop = train_loop
         self.accelerator = accelerator
@@ -100,38 +138,62 @@ class RayTrainOperator(RaySubmitJobOperator):
         self.num_slices = num_slices
         self.storage_path = storage_path
         self.run_name = run_name
-        self.datasets = datasets or {}
-        self.train_loop_config = train_loop_config or {}
+        self.datasets = datasets
+        self.train_loop_config = train_loop_config
         self.max_failures = max_failures
         self.checkpoint_num_to_keep = checkpoint_num_to_keep
         self.resume = resume
-        self.worker_env = worker_env or {}
+        self.worker_env = worker_env
+        self._check_train_arguments(rendered=False)
 
-    def build_spec(self, try_number: int = 1) -> dict[str, Any]:
+    def validate_arguments(self) -> None:
+        super().validate_arguments()
+        self._check_train_arguments(rendered=True)
+
+    def _check_train_arguments(self, *, rendered: bool) -> None:
+        """The training arguments: all once rendered; at parse time only those that are not templates."""
+        if (rendered or is_static(self.framework)) and self.framework not in FRAMEWORKS:
+            raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")
+        if (rendered or is_static(self.train_loop)) and not (isinstance(self.train_loop, str) and ":" in self.train_loop):
+            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "addition.train_jax:train_loop_per_worker"')
+        if (rendered or is_static(self.resume)) and self.resume not in RESUME_POLICIES:
+            raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
+        for field in ("storage_path", "run_name"):
+            value = getattr(self, field)
+            if (rendered or is_static(value)) and not (isinstance(value, str) and value.strip()):
+                raise UserInputError(field, value, "give a non-empty string")
+        for field in ("datasets", "train_loop_config"):
+            value = getattr(self, field)
+            if (rendered or is_static(value)) and value is not None and not isinstance(value, dict):
+                raise UserInputError(field, value, "give a dict (or leave it unset)")
+        if rendered or not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
+            self._tpu_slice()
+
+    def _tpu_slice(self) -> Any:
+        """The slice the arguments name (raises UserInputError naming the bad one)."""
         from tpuflow.tpu import TpuSlice
 
-        if self.framework not in FRAMEWORKS:
-            raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")
-        if ":" not in self.train_loop:
-            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "addition.train_jax:train_loop_per_worker"')
-        if self.resume not in RESUME_POLICIES:
-            raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
         tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
         tpu.require(ray=True)
+        return tpu
+
+    def build_spec(self, try_number: int = 1) -> dict[str, Any]:
+        """The training spec tpuflow_driver.train runs (arguments already validated)."""
+        tpu = self._tpu_slice()
         simulated = self._cluster_info().get("backend") == "local"
         spec: dict[str, Any] = {
             "framework": self.framework,
             "train_loop": self.train_loop,
-            "train_loop_config": self.train_loop_config,
+            "train_loop_config": self.train_loop_config or {},
             "scaling_config": tpu.scaling_config(),
             # Ray Train resumes a run from the latest checkpoint under storage_path/run_name;
             # "never" gives every try its own run, so nothing is resumed.
             "run_name": self.run_name if self.resume == "auto" else f"{self.run_name}-try{try_number}",
             "storage_path": self.storage_path,
-            "datasets": self.datasets,
+            "datasets": self.datasets or {},
             "max_failures": self.max_failures,
             "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
-            "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **self.worker_env},
+            "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **(self.worker_env or {})},
         }
         if self.framework == "torch":
             # On real chips TorchTPU wants one worker per TPU device (seed tutorial, FSDP2 on TPU).
@@ -146,11 +208,16 @@ class RayTrainOperator(RaySubmitJobOperator):
                                           "resources_per_worker": {"CPU": 1, **pin}}
         return spec
 
-    def execute(self, context: Context) -> Any:
-        OutputsLink.persist(context, uri=self.storage_path)
+    def build_entrypoint(self, context: Context) -> str:
         spec = self.build_spec(getattr(context["ti"], "try_number", 1))
         self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
-        self.entrypoint = f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
+        return f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
+
+    def build_runtime_env(self) -> dict[str, Any]:
+        env = super().build_runtime_env()
         # Ray Train's controller polls workers every 2 s by default; each report then blocks that long.
-        self.env_vars = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", **self.env_vars}
-        return super().execute(context)
+        env["env_vars"] = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", **env.get("env_vars", {})}
+        return env
+
+    def output_uri(self) -> str | None:
+        return self.storage_path

@@ -1,7 +1,8 @@
-"""Deploy Ray Serve applications through the dashboard REST API and smoke-test the endpoint."""
+"""Deploy Ray Serve applications through the dashboard and smoke-test the endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -9,11 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from tpuflow.errors import UserInputError
+from tpuflow.events import raise_for_event
 from tpuflow.links import StoredUrlLink
+from tpuflow.rayjob.connection import check_cluster
 from tpuflow.rayjob.links import RayDashboardLink
+from tpuflow.templating import is_static, is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from tpuflow.serve.hooks import RayServeHook
+
+ON_KILL_ACTIONS = ("delete", "keep")
 
 
 class RayServeEndpointLink(StoredUrlLink):
@@ -22,17 +29,30 @@ class RayServeEndpointLink(StoredUrlLink):
 
 
 class RayServeDeploymentFailedError(RuntimeError):
-    """Serve reported DEPLOY_FAILED/UNHEALTHY, or the applications stayed unready past the deadline."""
+    """A deployed endpoint did not answer as expected within its deadline."""
 
 
 class RayServeDeployOperator(BaseOperator):
     """PUT a Serve config (what KubeRay's RayService controller does) and wait until every app is RUNNING.
 
+    Returns ``{"serve_url", "routes": {app: route_prefix}}``. A DEPLOY_FAILED or UNHEALTHY app fails
+    the task (retried) with Serve's messages; an app still DEPLOYING at ``deploy_timeout`` fails it
+    with the deployments that are stuck and the usual causes.
+
     :param serve_config: body for PUT /api/serve/applications/ (see tpuflow.serve.config); templated.
-    :param cluster: the cluster-start task's XCom (dashboard_url, serve_url, ...).
+    :param cluster: the cluster-start task's XCom (dashboard_url, serve_url, ...); templated.
+    :param ray_conn_id: Airflow connection (type ``ray``; extra ``serve_url``) naming the dashboard, when
+        ``cluster`` is not given.
     :param serve_slice: optional {"accelerator", "topology", ...} the model is served on; a multi-host
-        slice without a declared topology is rejected before anything is deployed.
+        slice without a declared topology is rejected before anything is deployed; templated.
     :param deploy_timeout: seconds to wait for RUNNING before failing with what is stuck and why.
+    :param poll_interval: seconds between status polls.
+    :param deferrable: wait in the triggerer (default) instead of the worker.
+    :param on_kill_action: what killing the task (marking it failed or success, or clearing it) does to
+        the applications, while it waits in the worker and while it is deferred. "delete" (default):
+        delete the applications this task created (absent before its deploy), and only when every
+        application on the cluster is one of them (Serve deletes all at once); an app it merely updated
+        keeps serving. "keep": leave everything serving.
     """
 
     template_fields: Sequence[str] = ("serve_config", "cluster", "serve_slice")
@@ -50,6 +70,7 @@ class RayServeDeployOperator(BaseOperator):
         deploy_timeout: float = 600.0,
         poll_interval: float = 2.0,
         deferrable: bool = True,
+        on_kill_action: str = "delete",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -60,51 +81,94 @@ class RayServeDeployOperator(BaseOperator):
         self.deploy_timeout = deploy_timeout
         self.poll_interval = poll_interval
         self.deferrable = deferrable
+        self.on_kill_action = on_kill_action
+        # What on_kill deletes: the applications this task created, while the worker waits for them.
+        self._owned_apps: list[str] | None = None
+        self._check_deploy_arguments(rendered=False)
 
-    def execute(self, context: Context) -> Any:
-        from tpuflow.rayjob.hooks import RayJobHook
-        from tpuflow.serve.config import application_names, check_tpu_placement
+    def _check_deploy_arguments(self, *, rendered: bool) -> None:
+        """All arguments once rendered (the start of execute); at parse time only plain values."""
+        if self.on_kill_action not in ON_KILL_ACTIONS:
+            raise UserInputError("on_kill_action", self.on_kill_action, f"use one of {', '.join(ON_KILL_ACTIONS)}")
+        if rendered or is_static(self.cluster):
+            check_cluster(self.cluster, self.ray_conn_id)
+        if (rendered or is_static(self.serve_config)) and not (
+            isinstance(self.serve_config, dict) and isinstance(self.serve_config.get("applications"), list)
+            and self.serve_config["applications"]
+        ):
+            raise UserInputError("serve_config", self.serve_config, 'give the Serve config as a dict with its '
+                                 '"applications" (see tpuflow.serve.config.serve_config)')
+        if (rendered or is_static(self.serve_slice)) and self.serve_slice is not None and not (
+            isinstance(self.serve_slice, dict) and {"accelerator", "topology"} <= set(self.serve_slice)
+        ):
+            raise UserInputError("serve_slice", self.serve_slice, 'give {"accelerator": ..., "topology": ...}')
+        if rendered or not is_templated(self.serve_config, self.serve_slice):
+            from tpuflow.serve.config import check_tpu_placement
+
+            check_tpu_placement(self.serve_config, self._tpu_slice())
+
+    def _tpu_slice(self) -> Any:
+        if not self.serve_slice:
+            return None
         from tpuflow.tpu import TpuSlice
 
-        if not isinstance(self.serve_config, dict):
-            raise UserInputError("serve_config", self.serve_config, "give the Serve config as a dict")
-        tpu = None
-        if self.serve_slice:
-            s = self.serve_slice
-            tpu = TpuSlice.from_spec(s["accelerator"], s["topology"], s.get("machine_type"), s.get("num_slices", 1))
-        check_tpu_placement(self.serve_config, tpu)
-        hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster if isinstance(self.cluster, dict) else None)
+        s = self.serve_slice
+        return TpuSlice.from_spec(s["accelerator"], s["topology"], s.get("machine_type"), s.get("num_slices", 1))
+
+    def hook(self) -> RayServeHook:
+        from tpuflow.serve.hooks import RayServeHook
+
+        return RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster or None)
+
+    def execute(self, context: Context) -> Any:
+        from tpuflow.serve.config import application_names
+
+        self._check_deploy_arguments(rendered=True)
+        hook = self.hook()
         RayDashboardLink.persist(context, url=f"{hook.dashboard_url}/#/serve")
         RayServeEndpointLink.persist(context, url=hook.serve_url)
         names = application_names(self.serve_config)
-        created = self._absent_apps(hook, names)  # what killing this task deletes (see on_kill)
+        created = self._absent_apps(hook, names) if self.on_kill_action == "delete" else []
         self.log.info("Deploying Serve applications %s to %s", names, hook.dashboard_url)
-        hook.put_serve_config(self.serve_config)
+        self._owned_apps = created
+        hook.deploy_applications(self.serve_config)
+        wait = {"app_names": names, "timeout": self.deploy_timeout, "poll_interval": self.poll_interval}
         if self.deferrable:
-            from tpuflow.serve.triggers import RayServeApplicationsTrigger
+            self.execute_async(context, wait, created)
+        return self.execute_sync(context, wait)
 
-            self.defer(
-                trigger=RayServeApplicationsTrigger(
-                    app_names=names,
-                    cluster=hook.cluster,
-                    ray_conn_id=self.ray_conn_id,
-                    timeout=self.deploy_timeout,
-                    poll_interval=self.poll_interval,
-                    delete_on_kill=created,
-                ),
-                method_name="execute_complete",
-            )
-        self._kill_with = (hook, created)
+    def execute_async(self, context: Context, wait: dict[str, Any], created: list[str]) -> None:
+        """Defer: RayServeApplicationsTrigger waits in the triggerer (and deletes ``created`` if killed)."""
+        from tpuflow.serve.triggers import RayServeApplicationsTrigger
+
+        self.defer(
+            trigger=RayServeApplicationsTrigger(cluster=self.cluster or None, ray_conn_id=self.ray_conn_id,
+                                                delete_on_kill=created or None, **wait),
+            method_name="execute_complete",
+        )
+
+    def execute_sync(self, context: Context, wait: dict[str, Any]) -> Any:
+        """Wait in this worker: the trigger's own wait, run here."""
+        from tpuflow.serve.waits import wait_for_applications
+
         try:
-            event = self._wait_blocking(hook, names)
+            event = asyncio.run(wait_for_applications(self.hook(), started_at=time.time(), log=self.log, **wait))
         finally:
-            self._kill_with = None
-        return self.execute_complete(context, event)
+            self._owned_apps = None
+        return self.execute_complete(context, dict(event))
 
-    def _absent_apps(self, hook: Any, names: list[str]) -> list[str]:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The deployment's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
+        raise_for_event(event, "Serve deployment")
+        serve_url = self.hook().serve_url
+        routes = {a["name"]: a.get("route_prefix", "/") for a in self.serve_config.get("applications", [])}
+        self.log.info("Serve applications RUNNING: %s at %s", routes, serve_url)
+        return {"serve_url": serve_url, "routes": routes}
+
+    def _absent_apps(self, hook: RayServeHook, names: list[str]) -> list[str]:
         """The apps this deploy creates (not on the cluster before its PUT); [] when that is unknown."""
         try:
-            present = (hook.get_serve_applications() or {}).get("applications") or {}
+            present = (hook.get_serve_details() or {}).get("applications") or {}
         except Exception as err:  # Serve not answering yet; without knowing, a kill deletes nothing
             self.log.info("Could not list Serve applications before deploying (%s)", err)
             return []
@@ -115,44 +179,27 @@ class RayServeDeployOperator(BaseOperator):
 
         Same rule as RayServeApplicationsTrigger.on_kill: only when every app on the cluster is one of them.
         """
-        kill_with = getattr(self, "_kill_with", None)
-        if not kill_with or not kill_with[1]:
+        if not self._owned_apps:
             return
         from tpuflow.serve.status import deletable_on_kill
 
-        hook, created = kill_with
-        if deletable_on_kill(hook.get_serve_applications(), created):
-            self.log.warning("Task killed: deleting Serve applications %s", created)
-            hook.delete_serve_applications()
-
-    def _wait_blocking(self, hook: Any, names: list[str]) -> dict[str, Any]:
-        from tpuflow.serve.status import STUCK_HINT, judge
-
-        deadline = time.time() + self.deploy_timeout
-        detail = ""
-        while time.time() < deadline:
-            verdict = judge(hook.get_serve_applications(), names)
-            detail = verdict.detail
-            if verdict.state in ("running", "failed"):
-                return {"status": verdict.state, "detail": detail}
-            time.sleep(self.poll_interval)
-        return {"status": "timeout", "detail": f"not RUNNING after {self.deploy_timeout:.0f}s:\n{detail}\n{STUCK_HINT}"}
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        if event.get("status") != "running":
-            raise RayServeDeploymentFailedError(f"Serve deployment {event.get('status')}:\n{event.get('detail')}")
-        from tpuflow.rayjob.hooks import RayJobHook
-
-        hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster if isinstance(self.cluster, dict) else None)
-        routes = {a["name"]: a.get("route_prefix", "/") for a in self.serve_config.get("applications", [])}
-        self.log.info("Serve applications RUNNING: %s at %s", routes, hook.serve_url)
-        return {"serve_url": hook.serve_url, "routes": routes}
+        hook = self.hook()
+        if deletable_on_kill(hook.get_serve_details(), self._owned_apps):
+            self.log.warning("Task killed: deleting Serve applications %s", self._owned_apps)
+            hook.delete_applications()
 
 
 class ServeEndpointSmokeTestOperator(BaseOperator):
     """POST a request to a deployed endpoint and check the answer contains what it should.
 
-    Retries for `timeout` seconds: proxies can accept traffic a moment after the app is RUNNING.
+    Retries for ``timeout`` seconds: proxies can accept traffic a moment after the app is RUNNING.
+    Returns the endpoint's JSON answer.
+
+    :param url: the endpoint, e.g. "{{ ti.xcom_pull(task_ids='deploy')['serve_url'] }}/app/v1/completions";
+        templated.
+    :param payload: the JSON body to POST; templated.
+    :param expect: text the answer must contain; templated.
+    :param timeout: seconds to keep trying before the task fails with the last answer.
     """
 
     template_fields: Sequence[str] = ("url", "payload", "expect")
@@ -172,10 +219,26 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
         self.payload = payload
         self.expect = expect
         self.timeout = timeout
+        self._check_smoke_arguments(rendered=False)
+
+    def _check_smoke_arguments(self, *, rendered: bool) -> None:
+        """All arguments once rendered (the start of execute); at parse time only plain values."""
+        if (rendered or is_static(self.url)) and not (
+            isinstance(self.url, str) and self.url.startswith(("http://", "https://"))
+        ):
+            raise UserInputError("url", self.url, 'give the endpoint\'s http(s) URL, e.g. "http://host:8000/app"')
+        if (rendered or is_static(self.expect)) and (self.expect is None or str(self.expect) == ""):
+            raise UserInputError("expect", self.expect, "give the text the answer must contain")
+        if rendered or is_static(self.payload):
+            try:
+                json.dumps(self.payload)
+            except (TypeError, ValueError):
+                raise UserInputError("payload", self.payload, "give a JSON-serialisable body") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
         import requests
 
+        self._check_smoke_arguments(rendered=True)
         deadline = time.time() + self.timeout
         last = ""
         while True:

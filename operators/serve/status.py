@@ -58,3 +58,9 @@ def deletable_on_kill(payload: dict[str, Any], created: list[str] | None) -> boo
     """
     present = set(((payload or {}).get("applications") or {}).keys())
     return bool(created) and bool(present) and present <= set(created)
+
+
+def app_statuses(payload: dict[str, Any], app_names: list[str]) -> dict[str, str]:
+    """Each named application's status (RUNNING, DEPLOYING, DEPLOY_FAILED, ...; NOT_DEPLOYED if absent)."""
+    apps = (payload or {}).get("applications") or {}
+    return {name: str((apps.get(name) or {}).get("status", "NOT_DEPLOYED")) for name in app_names}

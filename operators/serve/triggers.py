@@ -2,24 +2,40 @@
 
 Kill semantics: a user marking the deferred deploy task failed/success or clearing it makes the
 triggerer call ``on_kill``, which deletes the applications the task created (``delete_on_kill``: the
-app names absent before its PUT). Serve's REST API deletes all applications at once, so this is done
-only when every app on the cluster is one of those; an app the task merely updated keeps serving.
-``cleanup()`` is not overridden: it also runs on triggerer restarts.
+app names absent before its PUT; None when the operator's ``on_kill_action`` is "keep"). Serve's
+REST API deletes all applications at once, so this is done only when every app on the cluster is
+one of those; an app the task merely updated keeps serving. ``cleanup()`` is not overridden: it also
+runs on triggerer restarts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
-from tpuflow.rayjob.hooks import RayJobHook
-from tpuflow.serve.status import STUCK_HINT, deletable_on_kill, judge
+from airflow.triggers.base import TriggerEvent
+from tpuflow.serve.hooks import RayServeHook
+from tpuflow.serve.status import deletable_on_kill
+from tpuflow.serve.waits import wait_for_applications
+from tpuflow.triggers import TpuflowTrigger
 
 
-class RayServeApplicationsTrigger(BaseTrigger):
+class RayServeApplicationsTrigger(TpuflowTrigger):
+    """Polls Serve until ``app_names`` are RUNNING (``tpuflow.serve.waits.wait_for_applications``).
+
+    :param app_names: the applications to wait for.
+    :param cluster: the cluster-start task's connection info (dashboard_url, auth_token_path).
+    :param ray_conn_id: Airflow connection naming the dashboard, when ``cluster`` does not.
+    :param timeout: seconds after ``started_at`` until the wait ends as ``timeout`` with what is stuck.
+    :param poll_interval: seconds between polls.
+    :param started_at: epoch seconds the wait began; default now.
+    :param delete_on_kill: the applications a kill deletes (those the task created); None: none.
+    """
+
+    serialize_fields = ("app_names", "cluster", "ray_conn_id", "timeout", "poll_interval", "started_at",
+                        "delete_on_kill")
+
     def __init__(
         self,
         app_names: list[str],
@@ -39,55 +55,24 @@ class RayServeApplicationsTrigger(BaseTrigger):
         self.started_at = started_at if started_at is not None else time.time()
         self.delete_on_kill = list(delete_on_kill) if delete_on_kill else None
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "app_names": self.app_names,
-                "cluster": self.cluster,
-                "ray_conn_id": self.ray_conn_id,
-                "timeout": self.timeout,
-                "poll_interval": self.poll_interval,
-                "started_at": self.started_at,
-                "delete_on_kill": self.delete_on_kill,
-            },
-        )
+    def _hook(self) -> RayServeHook:
+        return RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        event = await wait_for_applications(self._hook(), self.app_names, timeout=self.timeout,
+                                            started_at=self.started_at, poll_interval=self.poll_interval,
+                                            log=self.log)
+        yield TriggerEvent(dict(event))
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: delete the apps it created."""
         if not self.delete_on_kill:
             return
-        hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
-        payload = await hook.aget_serve_applications()
+        hook = self._hook()
+        payload = await hook.aget_serve_details()
         if not deletable_on_kill(payload, self.delete_on_kill):
             present = sorted((payload.get("applications") or {}).keys())
             self.log.info("Task killed; Serve applications %s are not all this task's, leaving them", present)
             return
         self.log.warning("Task killed: deleting Serve applications %s", self.delete_on_kill)
-        await hook.adelete_serve_applications()
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook = RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
-        last = ""
-        while True:
-            try:
-                verdict = judge(await hook.aget_serve_applications(), self.app_names)
-            except Exception as err:  # dashboard briefly unreachable; the deadline bounds this
-                self.log.warning("Ray dashboard unreachable (%s); retrying", err)
-                verdict = None
-            if verdict is not None:
-                if verdict.detail != last:
-                    self.log.info("Serve status:\n%s", verdict.detail)
-                    last = verdict.detail
-                if verdict.state in ("running", "failed"):
-                    yield TriggerEvent({"status": verdict.state, "detail": verdict.detail})
-                    return
-            if time.time() - self.started_at > self.timeout:
-                yield TriggerEvent(
-                    {
-                        "status": "timeout",
-                        "detail": f"not RUNNING after {self.timeout:.0f}s:\n{last or 'no status yet'}\n{STUCK_HINT}",
-                    }
-                )
-                return
-            await asyncio.sleep(self.poll_interval)
+        await hook.adelete_applications()

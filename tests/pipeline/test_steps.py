@@ -97,3 +97,25 @@ def test_bad_params_fail_the_check_task(steps_dag: Any) -> None:
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["check_params"] == "failed"
     assert states["start_cluster"] == "upstream_failed"
+
+
+def test_step_arguments_are_checked_when_parsed_if_plain_and_once_rendered_if_templated() -> None:
+    from tpuflow.errors import UserInputError
+    from tpuflow.pipeline.steps import BuildServeConfigOperator, WriteReportOperator
+
+    with pytest.raises(UserInputError) as err:
+        BuildServeConfigOperator(task_id="build", cluster={"backend": "local"}, trained={}, workloads_uri="local://w")
+    assert err.value.field == "trained"
+    op = BuildServeConfigOperator(task_id="build", cluster={"backend": "local"}, trained="{{ params.trained }}",
+                                  workloads_uri="local://w")
+    op.render_template_fields({"params": {"trained": "/ckpt/7"}})
+    with pytest.raises(UserInputError) as err:
+        op.execute({"params": {"framework": "jax"}})
+    assert err.value.field == "trained"
+
+    report = WriteReportOperator(task_id="report", output_dir="{{ params.out }}", evaluation={}, answer={},
+                                 deployed={"serve_url": "http://x"})
+    report.render_template_fields({"params": {"out": ""}})
+    with pytest.raises(UserInputError) as err:
+        report.execute({})
+    assert err.value.field == "output_dir"

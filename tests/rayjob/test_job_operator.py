@@ -6,8 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 from tpuflow.rayjob.hooks import RayJobHook
-from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator, UserCodeError
+from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator
 from tpuflow.rayjob.triggers import RayJobTrigger
 
 JOBS = Path(__file__).parent / "jobs"
@@ -59,11 +60,11 @@ def test_user_code_error_fails_at_once_with_traceback_and_a_rerun_resubmits(slic
     ctx = task_context()
     op = operator(slice_cluster, "2 0.1 fail")
     # AirflowFailException: Airflow does not retry it.
-    with pytest.raises(UserCodeError) as err:
+    with pytest.raises(AirflowFailException) as err:
         op.execute(ctx)
     assert "ended FAILED" in str(err.value) and "ValueError: the user's code is broken" in str(err.value)
     # A user clearing the task (a new try) gets a new job, not the failed one's result.
-    with pytest.raises(UserCodeError):
+    with pytest.raises(AirflowFailException):
         operator(slice_cluster, "2 0.1 fail").execute(ctx)
     ids = [j.submission_id for j in jobs_of(slice_cluster, op, ctx)]
     base = op.base_submission_id(ctx)
@@ -110,7 +111,7 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
 
     capfd.readouterr()
     payload = asyncio.run(first_event())
-    assert payload["status"] == "SUCCEEDED" and payload["result"]["steps"] == 4
+    assert payload["status"] == "success" and payload["job_status"] == "SUCCEEDED" and payload["result"]["steps"] == 4
     assert [line for line in streamed_lines(capfd) if line.startswith("step")] == [f"step {i}" for i in range(4)]
     assert op.execute_complete(ctx, payload)["steps"] == 4
 

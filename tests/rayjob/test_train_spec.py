@@ -45,5 +45,5 @@ def test_bad_arguments_name_the_field(kw, field):
     for key, value in kw.items():
         setattr(operator, key, value)
     with pytest.raises(UserInputError) as err:
-        operator.build_spec()
+        operator.validate_arguments()
     assert err.value.field == field

@@ -83,7 +83,7 @@ def test_a_restarted_trigger_streams_only_the_lines_not_yet_in_the_task_log(xcom
     assert xcoms[("d", "r", "train", -1, LOG_CURSOR_XCOM_KEY)]["submission_id"] == "tpuflow-train-1"
 
     event = asyncio.run(_stream(_deferred(kwargs, job)))  # a new triggerer, same serialized kwargs
-    assert event.payload["status"] == "SUCCEEDED"
+    assert event.payload["status"] == "success" and event.payload["job_status"] == "SUCCEEDED"
     assert first + _streamed(capfd) == [f"step {i}" for i in range(10)], "no line lost, none repeated"
 
 
@@ -97,5 +97,5 @@ def test_a_cursor_of_another_job_is_ignored(xcoms, capfd) -> None:
 def test_without_a_task_instance_the_trigger_streams_from_its_own_offset(capfd) -> None:
     trigger = RayJobTrigger(submission_id="s", cluster={"dashboard_url": "http://x"}, poll_interval=0.01)
     trigger._hook = lambda: ScriptedJob(total=3, per_poll=1)  # type: ignore[method-assign]
-    assert asyncio.run(_stream(trigger)).payload["status"] == "SUCCEEDED"
+    assert asyncio.run(_stream(trigger)).payload["job_status"] == "SUCCEEDED"
     assert _streamed(capfd) == ["step 0", "step 1", "step 2"]

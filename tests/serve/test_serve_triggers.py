@@ -17,18 +17,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
-from tpuflow.serve.operators import RayServeDeploymentFailedError, RayServeDeployOperator
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from tpuflow.errors import UserInputError
+from tpuflow.serve.operators import RayServeDeployOperator
 from tpuflow.serve.triggers import RayServeApplicationsTrigger
 
 CONFIG = {"applications": [{"name": "llm", "import_path": "workloads.serve:app", "route_prefix": "/"}]}
 
 
 class FakeDashboard:
-    """GET/PUT/DELETE /api/serve/applications/; PUT apps stay DEPLOYING (a replica waiting for TPUs)."""
+    """GET/PUT/DELETE /api/serve/applications/; PUT apps stay DEPLOYING (a replica waiting for TPUs)
+    unless ``put_status`` says otherwise."""
 
     def __init__(self) -> None:
         self.apps: dict[str, dict[str, Any]] = {}
+        self.put_status = "DEPLOYING"
         self.calls: list[str] = []
         dashboard = self
 
@@ -45,13 +48,17 @@ class FakeDashboard:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path == "/api/ray/version":  # Ray's ServeSubmissionClient checks it first
+                    self._answer({"ray_version": "2.60.0", "version": "2.60.0"})
+                    return
                 dashboard.calls.append("GET")
                 self._answer({"applications": dashboard.apps})
 
             def do_PUT(self) -> None:  # noqa: N802
                 dashboard.calls.append("PUT")
                 config = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                dashboard.apps = {a["name"]: {"status": "DEPLOYING", "deployments": {}} for a in config["applications"]}
+                dashboard.apps = {a["name"]: {"status": dashboard.put_status, "message": "", "deployments": {}}
+                                  for a in config["applications"]}
                 self._answer({})
 
             def do_DELETE(self) -> None:  # noqa: N802
@@ -89,7 +96,12 @@ def deploy_op(dashboard: FakeDashboard, **kwargs: Any) -> RayServeDeployOperator
 def deferred_trigger(op: RayServeDeployOperator) -> RayServeApplicationsTrigger:
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": FakeTI()})
-    classpath, kwargs = deferred.value.trigger.serialize()
+    return rebuilt(deferred.value)
+
+
+def rebuilt(deferred: TaskDeferred) -> RayServeApplicationsTrigger:
+    """The deferred trigger as the triggerer builds it: from its serialized kwargs."""
+    classpath, kwargs = deferred.trigger.serialize()
     module, _, cls = classpath.rpartition(".")
     return getattr(importlib.import_module(module), cls)(**json.loads(json.dumps(kwargs)))
 
@@ -141,7 +153,7 @@ def test_killing_the_deploy_waiting_in_the_worker_deletes_the_apps_it_created(da
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     deadline = time.monotonic() + 10
-    while getattr(op, "_kill_with", None) is None:
+    while op._owned_apps is None:
         assert time.monotonic() < deadline and worker.is_alive()
         time.sleep(0.02)
     assert sorted(dashboard.apps) == ["llm"]
@@ -150,4 +162,76 @@ def test_killing_the_deploy_waiting_in_the_worker_deletes_the_apps_it_created(da
 
     assert dashboard.apps == {} and dashboard.calls.count("DELETE") == 1
     worker.join(timeout=10)
-    assert failure and isinstance(failure[0], RayServeDeploymentFailedError)
+    assert failure and isinstance(failure[0], AirflowException) and "Serve deployment: timeout" in str(failure[0])
+
+
+def outcome(dashboard: FakeDashboard, deferrable: bool) -> tuple[str, Any]:
+    """The deploy task's outcome: ("result", value) or (exception class name, message); deferred, the
+    trigger's event goes to a fresh operator's execute_complete, as the worker that resumes does."""
+    try:
+        try:
+            return "result", deploy_op(dashboard, deferrable=deferrable, deploy_timeout=1).execute({"ti": FakeTI()})
+        except TaskDeferred as deferred:
+            event = asyncio.run(rebuilt(deferred).run().__anext__()).payload
+            return "result", deploy_op(dashboard, deferrable=deferrable).execute_complete({"ti": FakeTI()}, event)
+    except AirflowException as err:
+        return type(err).__name__, str(err)
+
+
+@pytest.mark.parametrize(("put_status", "expected"), [("RUNNING", "result"), ("DEPLOY_FAILED", "AirflowException"),
+                                                      ("DEPLOYING", "AirflowException")])
+def test_the_worker_and_the_deferred_path_reach_the_same_outcome(dashboard, put_status, expected):
+    dashboard.put_status = put_status
+    sync = outcome(dashboard, deferrable=False)
+    dashboard.apps = {}
+    assert outcome(dashboard, deferrable=True) == sync
+    assert sync[0] == expected
+    if expected == "result":
+        assert sync[1] == {"serve_url": "http://127.0.0.1:1", "routes": {"llm": "/"}}
+    else:
+        assert f"application llm: {put_status}" in sync[1]
+    if put_status == "DEPLOYING":
+        assert "timeout" in sync[1] and "declare the slice topology" in sync[1], "a stuck deploy says why"
+
+
+def test_on_kill_action_keep_leaves_the_apps_serving_when_the_task_is_killed(dashboard):
+    trigger = deferred_trigger(deploy_op(dashboard, deferrable=True, on_kill_action="keep"))
+    assert trigger.delete_on_kill is None
+    asyncio.run(trigger.on_kill())
+    assert sorted(dashboard.apps) == ["llm"]
+
+    dashboard.apps = {}
+    op = deploy_op(dashboard, deferrable=False, deploy_timeout=1, on_kill_action="keep")
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            op.execute({"ti": FakeTI()})
+        except BaseException as err:  # the wait times out: the apps stay DEPLOYING
+            failure.append(err)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while "PUT" not in dashboard.calls:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    op.on_kill()
+    worker.join(timeout=10)
+    assert sorted(dashboard.apps) == ["llm"] and "DELETE" not in dashboard.calls
+    assert failure and isinstance(failure[0], AirflowException)
+
+    with pytest.raises(UserInputError) as err:
+        deploy_op(dashboard, on_kill_action="remove")
+    assert err.value.field == "on_kill_action"
+
+
+def test_a_templated_serve_config_is_checked_once_rendered(dashboard):
+    with pytest.raises(UserInputError) as err:
+        RayServeDeployOperator(task_id="deploy", serve_config={"apps": []}, cluster=dashboard.cluster)
+    assert err.value.field == "serve_config"
+    op = RayServeDeployOperator(task_id="deploy", serve_config="{{ params.config }}", cluster=dashboard.cluster)
+    op.render_template_fields({"params": {"config": "not a config"}})
+    with pytest.raises(UserInputError) as err:
+        op.execute({"ti": FakeTI()})
+    assert err.value.field == "serve_config" and dashboard.calls == [], "nothing deployed, nothing asked"

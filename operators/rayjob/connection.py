@@ -1,0 +1,121 @@
+"""Where a Ray cluster's dashboard is and how to authenticate to it: shared by every Ray hook.
+
+A cluster is named either by ``cluster`` (the connection info a cluster-start task pushed to
+XCom: ``dashboard_url``, ``serve_url`` and, for the local backend, ``auth_token_path``) or by an
+Airflow connection of type ``ray`` (``ray_conn_id``: host = dashboard URL, port, password = Ray
+auth token if any, extra ``serve_url``).
+
+The product hooks (``RayJobHook`` for jobs, ``RayServeHook`` for Serve) use Ray's own
+synchronous clients in the worker. Ray's clients block (requests), and the triggerer must not
+block its event loop, so their async methods speak the same documented dashboard REST paths
+with aiohttp, through the one request helper here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from airflow.sdk import BaseHook
+from tpuflow.errors import UserInputError
+
+ClientT = TypeVar("ClientT")
+
+
+class RayDashboardHook(BaseHook, Generic[ClientT]):
+    """Addressing and authentication of one Ray cluster's dashboard (port 8265 on KubeRay), and the
+    product's Ray client (``create_client``), made once per hook.
+
+    :param ray_conn_id: Airflow connection (type ``ray``) naming the dashboard, when ``cluster``
+        does not.
+    :param cluster: the cluster-start task's connection info (``dashboard_url``, ``serve_url``,
+        ``auth_token_path``).
+    """
+
+    conn_name_attr = "ray_conn_id"
+    default_conn_name = "ray_default"
+    conn_type = "ray"
+    hook_name = "Ray cluster (dashboard)"
+
+    def __init__(self, ray_conn_id: str | None = None, cluster: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.ray_conn_id = ray_conn_id
+        self.cluster = dict(cluster or {})
+        self._client: ClientT | None = None
+
+    def create_client(self) -> ClientT:
+        """The product's synchronous Ray client for ``dashboard_url`` with ``headers()``."""
+        raise NotImplementedError
+
+    def get_client(self) -> ClientT:
+        if self._client is None:
+            self._client = self.create_client()
+        return self._client
+
+    @property
+    def dashboard_url(self) -> str:
+        if self.cluster.get("dashboard_url"):
+            return str(self.cluster["dashboard_url"]).rstrip("/")
+        if not self.ray_conn_id:
+            raise UserInputError(
+                "cluster", self.cluster, "pass the cluster info from the start task's XCom or a ray_conn_id"
+            )
+        conn = self.get_connection(self.ray_conn_id)
+        host = conn.host or ""
+        if not host.startswith(("http://", "https://")):
+            host = f"http://{host}"
+        return f"{host}:{conn.port}" if conn.port else host
+
+    @property
+    def serve_url(self) -> str:
+        if self.cluster.get("serve_url"):
+            return str(self.cluster["serve_url"]).rstrip("/")
+        conn = self.get_connection(self.ray_conn_id) if self.ray_conn_id else None
+        url = (conn.extra_dejson.get("serve_url") if conn else None) or ""
+        if not url:
+            raise UserInputError("cluster", self.cluster, "the cluster info has no serve_url")
+        return url.rstrip("/")
+
+    def headers(self) -> dict[str, str]:
+        """The bearer token of a token-authenticated cluster (RAY_AUTH_MODE=token), else none.
+
+        Ray's clients add their own Authorization header only when none is given, so this one wins.
+        """
+        token = None
+        token_path = self.cluster.get("auth_token_path")
+        if token_path and Path(token_path).exists():
+            token = Path(token_path).read_text().strip()
+        elif self.ray_conn_id:
+            token = self.get_connection(self.ray_conn_id).password
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def arequest(self, method: str, path: str, *, body: Any = None, timeout: float = 30.0) -> Any:
+        """One dashboard REST call from an event loop: the decoded JSON answer (None when empty), or
+        None for 404 (the job or app is not there). Other error statuses raise
+        ``aiohttp.ClientResponseError``."""
+        import aiohttp
+
+        async with aiohttp.ClientSession(headers=self.headers()) as session:
+            async with session.request(
+                method, f"{self.dashboard_url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                if resp.status == 404:
+                    return None
+                resp.raise_for_status()
+                text = await resp.text()
+                return json.loads(text) if text.strip() else None
+
+
+def check_cluster(cluster: Any, ray_conn_id: str | None) -> None:
+    """The one check of an operator's ``cluster`` argument (once rendered): the start task's XCom."""
+    if cluster in (None, "") and not ray_conn_id:
+        raise UserInputError("cluster", cluster, "pass the cluster-start task's XCom (its connection info) or a "
+                             "ray_conn_id naming a Ray connection")
+    if cluster not in (None, "") and not isinstance(cluster, dict):
+        raise UserInputError(
+            "cluster",
+            cluster,
+            "pass the cluster-start task's XCom (a dict), e.g. "
+            "\"{{ ti.xcom_pull(task_ids='start_cluster') }}\" with render_template_as_native_obj",
+        )

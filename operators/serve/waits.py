@@ -1,0 +1,63 @@
+"""Waiting for Ray Serve applications: one coroutine for the trigger and for a worker that does not defer.
+
+``wait_for_applications`` polls Serve's status until every named application is RUNNING, one is
+DEPLOY_FAILED or UNHEALTHY, or the deadline passes with some still DEPLOYING (the event then says
+which deployments are stuck and the usual causes). RayServeApplicationsTrigger.run awaits it in
+the triggerer; RayServeDeployOperator.execute_sync runs it with ``asyncio.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol, cast
+
+from tpuflow.events import EventStatus, TriggerEventPayload, make_event
+from tpuflow.serve.status import STUCK_HINT, app_statuses, judge
+
+
+class ServeEvent(TriggerEventPayload):
+    """The event of a Serve wait (status success | failed | timeout, message: what each app is doing)."""
+
+    app_statuses: dict[str, str]  # application name -> Serve's status (RUNNING, DEPLOYING, DEPLOY_FAILED, ...)
+
+
+class ServeReader(Protocol):
+    async def aget_serve_details(self) -> dict[str, Any]: ...
+
+
+def _serve_event(status: EventStatus, message: str, statuses: dict[str, str], **fields: Any) -> ServeEvent:
+    return cast(ServeEvent, make_event(status, message, app_statuses=statuses, **fields))
+
+
+async def wait_for_applications(
+    reader: ServeReader,
+    app_names: list[str],
+    *,
+    timeout: float,
+    started_at: float,
+    poll_interval: float,
+    log: Any,
+) -> ServeEvent:
+    """Poll until the applications are RUNNING, failed, or ``timeout`` seconds after ``started_at``."""
+    last, statuses = "", dict.fromkeys(app_names, "UNKNOWN")
+    while True:
+        try:
+            payload = await reader.aget_serve_details()
+        except Exception as err:  # dashboard briefly unreachable; the deadline bounds this
+            log.warning("Ray dashboard unreachable (%s); retrying", err)
+        else:
+            verdict, statuses = judge(payload, app_names), app_statuses(payload, app_names)
+            if verdict.detail != last:
+                log.info("Serve status:\n%s", verdict.detail)
+                last = verdict.detail
+            if verdict.state == "running":
+                return _serve_event("success", verdict.detail, statuses)
+            if verdict.state == "failed":
+                # A failed deploy goes through the task's retries, as it always has: UNHEALTHY
+                # replicas and a DEPLOY_FAILED on a busy cluster can pass.
+                return _serve_event("failed", verdict.detail, statuses, retryable=True)
+        if time.time() - started_at > timeout:
+            return _serve_event("timeout", f"not RUNNING after {timeout:.0f}s:\n{last or 'no status yet'}", statuses,
+                                diagnostics=STUCK_HINT)
+        await asyncio.sleep(poll_interval)
