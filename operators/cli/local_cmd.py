@@ -14,9 +14,9 @@ DEFAULT_NAME = "tpuflow-local"
 
 
 def _base_dir(args: argparse.Namespace) -> Path:
-    from tpuflow.local.cluster import DEFAULT_BASE_DIR
+    from tpuflow.local.cluster import default_base_dir
 
-    return Path(args.base_dir) if args.base_dir else DEFAULT_BASE_DIR
+    return Path(args.base_dir) if args.base_dir else default_base_dir()
 
 
 def _clusters(args: argparse.Namespace) -> list:

@@ -17,7 +17,8 @@ from typing import Any
 from google.api_core.exceptions import GoogleAPICallError
 from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
 from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
-from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL, NodePoolPlan, match_capacity
+from tpuflow.gke.nodepool_spec import NodePoolPlan, match_capacity
+from tpuflow.labels import OWNER_KEY_LABEL
 
 log = logging.getLogger(__name__)
 

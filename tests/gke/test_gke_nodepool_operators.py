@@ -80,7 +80,7 @@ def test_a_retry_adopts_the_pool_instead_of_creating_a_second(gke):
 def test_a_retry_waits_for_the_create_its_earlier_try_started(gke):
     """The worker died while GKE was still creating: the retry follows that operation."""
     from tpuflow.gke.hooks import GKENodePoolHook
-    from tpuflow.gke.nodepool_spec import TaskIdentity
+    from tpuflow.naming import TaskIdentity
 
     op = create_op()
     plan = op.plan(TaskIdentity("train_dag", "manual__2026-11-29T10:00:00+00:00", "create_pool"), 2_000_000_000)
