@@ -131,7 +131,8 @@ class ReleaseSliceOperator(BaseOperator):
         return check_lease_root(self.lease_root)
 
     def _check_static_arguments(self) -> None:
-        if not is_templated(self.lease_root):
+        """Parse time: a static lease root fails the DAG import if bad (none given: the default, nothing to check)."""
+        if self.lease_root and not is_templated(self.lease_root):
             self._check_arguments()
 
     def execute(self, context: Context) -> list[int]:
