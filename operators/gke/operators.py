@@ -219,25 +219,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     Pushes XCom ``node_pool_name``, ``node_pool_names`` and returns a dict describing the pools.
     """
 
-    template_fields: Sequence[str] = (
-        "project_id",
-        "location",
-        "cluster_name",
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
-        "capacity",
-        "fallback_capacity",
-        "node_zone",
-        "node_pool_name",
-        "node_labels",
-        "node_taints",
-        "service_account",
-        "workload_policy",
-        "gcp_conn_id",
-        "impersonation_chain",
-    )
+    # what plan() reads: checked together, at parse time when all are static
     _checked_fields = (
         "project_id",
         "location",
@@ -255,6 +237,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         "service_account",
         "workload_policy",
     )
+    template_fields: Sequence[str] = (*_checked_fields, "gcp_conn_id", "impersonation_chain")
     operator_extra_links = (GKENodePoolLink(), GKEClusterNodesLink())
     ui_color = "#d5e8ff"
 
@@ -427,16 +410,8 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     Returns ``{"deleted": [...], "absent": [...]}`` with the cluster's coordinates.
     """
 
-    template_fields: Sequence[str] = (
-        "project_id",
-        "location",
-        "cluster_name",
-        "node_pool_name",
-        "created_by_task_id",
-        "gcp_conn_id",
-        "impersonation_chain",
-    )
     _checked_fields = ("project_id", "location", "cluster_name", "node_pool_name", "created_by_task_id")
+    template_fields: Sequence[str] = (*_checked_fields, "gcp_conn_id", "impersonation_chain")
     operator_extra_links = (GKEClusterNodesLink(),)
     ui_color = "#ffd9d5"
 

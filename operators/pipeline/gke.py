@@ -293,39 +293,24 @@ def build_gke_pipeline_dag(
                                "node_zone": node_zone}
     kube: dict[str, Any] = {"kubernetes_conn_id": kubernetes_conn_id, "gke_cluster": gke, "gcp_conn_id": gcp_conn_id,
                             "namespace": namespace, "deferrable": deferrable, "poll_interval": poll_interval}
-    env = dict(ray_env or {})
+    # The RayCluster and the RayService: a cluster that missed its deadline would miss it again (no
+    # retries); the teardowns release the slice.
+    rays: dict[str, Any] = {**kube, "image": image, "env": dict(ray_env or {}), "address_mode": address_mode,
+                            "retries": 0}
     dag_kwargs.setdefault("doc_md", __doc__)
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       params=gke_pipeline_params(), **dag_kwargs) as dag:
         checked = CheckGkeParamsOperator(task_id="check_params")
         create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
-        create_cluster = KubeRayCreateClusterOperator(
-            task_id="create_ray_cluster",
-            **_checked_slice(),
-            image=image,
-            env=env,
-            address_mode=address_mode,
-            wait_timeout=cluster_ready_timeout,
-            # A cluster that missed its deadline would miss it again; the teardowns release the slice.
-            retries=0,
-            **kube,
-        )
+        create_cluster = KubeRayCreateClusterOperator(task_id="create_ray_cluster", **_checked_slice(),
+                                                      wait_timeout=cluster_ready_timeout, **rays)
         cluster = create_cluster.output
         prep, train, evaluate = training_steps(cluster, run_dir)
         serve_cfg = build_serve_config(cluster, train.output, serve_workloads_uri)
         create_serve_pool = GKECreateTPUNodePoolOperator(task_id="create_serve_node_pool", **_checked_slice(serve=True),
                                                          **creates)
-        deploy = KubeRayDeployServiceOperator(
-            task_id="deploy",
-            serve_config=serve_cfg,
-            **_checked_slice(serve=True),
-            image=image,
-            env=env,
-            address_mode=address_mode,
-            wait_timeout=service_ready_timeout,
-            retries=0,
-            **kube,
-        )
+        deploy = KubeRayDeployServiceOperator(task_id="deploy", serve_config=serve_cfg, **_checked_slice(serve=True),
+                                              wait_timeout=service_ready_timeout, **rays)
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
 
         deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
