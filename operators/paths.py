@@ -1,20 +1,27 @@
-"""Where tpuflow keeps its local state: one home for TPUFLOW_HOME and the output root."""
+"""Where tpuflow keeps its local state: one home for TPUFLOW_HOME and the output root.
+
+Both read the process environment, or ``env`` when given (the environment another process, e.g. a
+local Airflow service, runs with).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def tpuflow_home() -> Path:
+def tpuflow_home(env: Mapping[str, str] | None = None) -> Path:
     """Local state (clusters, slice leases, local outputs): $TPUFLOW_HOME, else ~/.tpuflow."""
-    return Path(os.environ.get("TPUFLOW_HOME") or Path.home() / ".tpuflow").absolute()
+    environ = os.environ if env is None else env
+    return Path(environ.get("TPUFLOW_HOME") or Path.home() / ".tpuflow").absolute()
 
 
-def output_root() -> str:
+def output_root(env: Mapping[str, str] | None = None) -> str:
     """Where runs write their outputs: $TPUFLOW_OUTPUT_ROOT (a local folder or gs://BUCKET/PREFIX),
     else the outputs folder under tpuflow_home()."""
-    root = os.environ.get("TPUFLOW_OUTPUT_ROOT", "").strip()
+    environ = os.environ if env is None else env
+    root = environ.get("TPUFLOW_OUTPUT_ROOT", "").strip()
     if root.startswith("gs://"):
         return root.rstrip("/")
-    return str(Path(root).absolute() if root else tpuflow_home() / "outputs")
+    return str(Path(root).absolute() if root else tpuflow_home(environ) / "outputs")

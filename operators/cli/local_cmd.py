@@ -14,9 +14,9 @@ DEFAULT_NAME = "tpuflow-local"
 
 
 def _base_dir(args: argparse.Namespace) -> Path:
-    from tpuflow.local.cluster import DEFAULT_BASE_DIR
+    from tpuflow.local.cluster import default_base_dir
 
-    return Path(args.base_dir) if args.base_dir else DEFAULT_BASE_DIR
+    return Path(args.base_dir) if args.base_dir else default_base_dir()
 
 
 def _clusters(args: argparse.Namespace) -> list:
@@ -92,25 +92,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def common(p: argparse.ArgumentParser, name_default: str | None) -> None:
         p.add_argument("--name", default=name_default, help="cluster name" + (" (default: all)" if not name_default else ""))
-        p.add_argument("--base-dir", default=None, help="where cluster state lives (default ~/.tpuflow/clusters)")
+        p.add_argument("--base-dir", default=None, help="where cluster state lives (default $TPUFLOW_HOME/clusters)")
 
-    up = verbs.add_parser("up", help="start a cluster simulating a slice")
-    add_slice_arguments(up)
-    common(up, DEFAULT_NAME)
-    up.set_defaults(func=_up)
-    status = verbs.add_parser("status", help="list local clusters")
-    common(status, None)
-    status.set_defaults(func=_status)
-    down = verbs.add_parser("down", help="stop a cluster (default: every local cluster) by pid, never `ray stop`")
-    common(down, None)
-    down.set_defaults(func=_down)
-    env = verbs.add_parser("env", help="print the environment for ray CLI / ray.init against a cluster")
-    common(env, DEFAULT_NAME)
-    env.set_defaults(func=_env)
-    preempt = verbs.add_parser("preempt", help="kill one simulated TPU host, as a spot preemption would")
-    common(preempt, DEFAULT_NAME)
+    commands = {
+        # verb: (help, default --name (None: every cluster), handler)
+        "up": ("start a cluster simulating a slice", DEFAULT_NAME, _up),
+        "status": ("list local clusters", None, _status),
+        "down": ("stop a cluster (default: every local cluster) by pid, never `ray stop`", None, _down),
+        "env": ("print the environment for ray CLI / ray.init against a cluster", DEFAULT_NAME, _env),
+        "preempt": ("kill one simulated TPU host, as a spot preemption would", DEFAULT_NAME, _preempt),
+    }
+    parsers = {}
+    for verb, (help_text, name_default, func) in commands.items():
+        parsers[verb] = verbs.add_parser(verb, help=help_text)
+        if verb == "up":
+            add_slice_arguments(parsers[verb])
+        common(parsers[verb], name_default)
+        parsers[verb].set_defaults(func=func)
+    preempt = parsers["preempt"]
     preempt.add_argument("--host", type=int, required=True, help="TPU worker id within the slice")
     preempt.add_argument("--slice", type=int, default=0, help="slice index (default 0)")
     preempt.add_argument("--restart-after", type=float, default=5.0, help="seconds until the replacement host starts")
     preempt.add_argument("--no-restart", action="store_true", help="leave the host down (the slice stays broken)")
-    preempt.set_defaults(func=_preempt)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
+from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args, slice_from_args
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.k8s_values import parse_key_values
 from tpuflow.kuberay.manifests import (
@@ -21,11 +21,11 @@ from tpuflow.kuberay.manifests import (
     DEFAULT_UPGRADE_STRATEGY,
     UPGRADE_STRATEGIES,
     RayClusterTemplate,
-    ownership_labels,
     raycluster_manifest,
     rayservice_manifest,
     resource_name,
 )
+from tpuflow.labels import kubernetes_ownership_labels
 
 
 class _Dumper(yaml.SafeDumper):
@@ -58,10 +58,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-memory", default=None, help="TPU host container memory (requests = limits)")
     parser.add_argument("--service-account", default=None)
     parser.add_argument("--shm-size", default=None, help="sizeLimit of the /dev/shm memory emptyDir")
-    parser.add_argument("--dag-id", default=None)
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--task-id", default=None)
-    parser.add_argument("--map-index", type=int, default=-1)
+    add_identity_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
 
@@ -82,11 +79,10 @@ def _template(args: argparse.Namespace) -> RayClusterTemplate:
 
 def _identity(args: argparse.Namespace, template: RayClusterTemplate) -> tuple[str, dict[str, str]]:
     labels = parse_key_values("--label", args.label)
-    if args.dag_id or args.run_id or args.task_id:
-        if not (args.dag_id and args.run_id and args.task_id):
-            raise UserInputError("--task-id", args.task_id, "give --dag-id, --run-id and --task-id together")
-        ident = (args.dag_id, args.run_id, args.task_id, args.map_index)
-        return args.name or resource_name(*ident), {**labels, **ownership_labels(*ident)}
+    identity = identity_from_args(args)
+    if identity is not None:
+        name = resource_name(identity.dag_id, identity.run_id, identity.task_id, identity.map_index)
+        return args.name or name, {**labels, **kubernetes_ownership_labels(identity)}
     tpu = template.tpu
     return args.name or f"tpuflow-{tpu.generation.name}-{tpu.topology}", labels
 

@@ -13,27 +13,13 @@ import argparse
 import json
 import time
 
-from tpuflow.cli.slice_cmd import add_slice_arguments
-from tpuflow.errors import UserInputError
-from tpuflow.gke.nodepool_spec import TaskIdentity, plan_node_pools
-
-
-def _pairs(items: list[str], flag: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UserInputError(flag, item, "write KEY=VALUE")
-        out[key] = value
-    return out
+from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args
+from tpuflow.gke.nodepool_spec import plan_node_pools
+from tpuflow.kuberay.k8s_values import parse_key_values
 
 
 def _run(args: argparse.Namespace) -> int:
-    identity = None
-    if args.dag_id or args.run_id or args.task_id:
-        if not (args.dag_id and args.run_id and args.task_id):
-            raise UserInputError("--task-id", args.task_id, "give --dag-id, --run-id and --task-id together")
-        identity = TaskIdentity(args.dag_id, args.run_id, args.task_id, args.map_index)
+    identity = identity_from_args(args)
     plan = plan_node_pools(
         project_id=args.project,
         location=args.location,
@@ -45,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         node_zone=args.node_zone,
         node_pool_name=args.node_pool_name,
-        node_labels=_pairs(args.node_label, "--node-label"),
+        node_labels=parse_key_values("--node-label", args.node_label),
         node_taints=args.node_taint,
         service_account=args.service_account,
         workload_policy=args.workload_policy,
@@ -86,10 +72,7 @@ def register(renderers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE", help="node label (repeat)")
     parser.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT", help="taint (repeat)")
     parser.add_argument("--service-account", default=None, help="node service account email")
-    parser.add_argument("--dag-id", default=None)
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--task-id", default=None)
-    parser.add_argument("--map-index", type=int, default=-1)
+    add_identity_arguments(parser)
     parser.add_argument("--expires-after-hours", type=float, default=24.0)
     parser.add_argument("--json", action="store_true", help="print the request body as JSON")
     parser.set_defaults(func=_run)

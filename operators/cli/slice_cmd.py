@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from tpuflow.errors import UserInputError
+from tpuflow.naming import TaskIdentity
 from tpuflow.tpu import TpuSlice
 
 
@@ -17,6 +19,23 @@ def add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool = Tru
 
 def slice_from_args(args: argparse.Namespace) -> TpuSlice:
     return TpuSlice.from_spec(args.accelerator, args.topology, args.machine_type, args.num_slices)
+
+
+def add_identity_arguments(parser: argparse.ArgumentParser) -> None:
+    """--dag-id/--run-id/--task-id/--map-index: render what that task instance would create."""
+    parser.add_argument("--dag-id", default=None)
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--task-id", default=None)
+    parser.add_argument("--map-index", type=int, default=-1)
+
+
+def identity_from_args(args: argparse.Namespace) -> TaskIdentity | None:
+    """The task instance named on the command line, or None when none is."""
+    if not (args.dag_id or args.run_id or args.task_id):
+        return None
+    if not (args.dag_id and args.run_id and args.task_id):
+        raise UserInputError("--task-id", args.task_id, "give --dag-id, --run-id and --task-id together")
+    return TaskIdentity(args.dag_id, args.run_id, args.task_id, args.map_index)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -80,9 +80,10 @@ class AirflowServices:
 
     @property
     def output_root(self) -> str:
-        from tpuflow.output_links import output_root
+        """Where the services' runs write outputs (tpuflow.paths.output_root in their environment)."""
+        from tpuflow.paths import output_root
 
-        return self.env.get("TPUFLOW_OUTPUT_ROOT") or str(output_root())
+        return output_root(self.process_env())
 
     def log_path(self, service: str) -> Path:
         return Path(self.work_dir) / "logs" / f"{service}.log"

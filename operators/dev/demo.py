@@ -11,11 +11,13 @@ import time
 from datetime import date
 from pathlib import Path
 
+from tpuflow.paths import output_root
+
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "tpu_llm_pipeline_local"
 
 
-def demo_env(home: Path, output_root: Path) -> dict[str, str]:
+def demo_env(home: Path, outputs: Path) -> dict[str, str]:
     """A throw-away Airflow home so the demo never touches a user's own Airflow."""
     env = dict(os.environ)
     env.update(
@@ -25,7 +27,7 @@ def demo_env(home: Path, output_root: Path) -> dict[str, str]:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-            "TPUFLOW_OUTPUT_ROOT": str(output_root),
+            "TPUFLOW_OUTPUT_ROOT": str(outputs),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         }
     )
@@ -48,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.time()
     proc = subprocess.run([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
     elapsed = time.time() - started
-    report_path = outputs / DAG_ID / run_date / "report.json"
+    report_path = Path(output_root(env)) / DAG_ID / run_date / "report.json"
     if proc.returncode != 0 or not report_path.exists():
         print(f"\ntpuflow demo: the pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr)
         return 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
@@ -54,16 +53,8 @@ class GKEOperationError(Exception):
 
 
 class GKENodePoolHook(GKEHook):
-    """Create, read, list and delete GKE node pools and follow their operations."""
-
-    def __init__(
-        self,
-        gcp_conn_id: str = "google_cloud_default",
-        location: str | None = None,
-        impersonation_chain: str | Sequence[str] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(gcp_conn_id=gcp_conn_id, location=location, impersonation_chain=impersonation_chain, **kwargs)
+    """Create, read, list and delete GKE node pools and follow their operations (GKEHook's constructor:
+    ``gcp_conn_id``, ``location``, ``impersonation_chain``)."""
 
     # --- connection-driven client set-up ----------------------------------------------------------------
     @property
@@ -185,16 +176,10 @@ class GKENodePoolAsyncHook(GKEAsyncHook):
 
     sync_hook_class = GKENodePoolHook
 
-    def __init__(
-        self,
-        gcp_conn_id: str = "google_cloud_default",
-        location: str | None = None,
-        impersonation_chain: str | Sequence[str] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(gcp_conn_id=gcp_conn_id, location=location, impersonation_chain=impersonation_chain, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         # GKEAsyncHook does not hand the location to its sync hook; get_operation there needs it.
-        self._hook_kwargs["location"] = location
+        self._hook_kwargs["location"] = self.location
 
     async def _get_client(self) -> ClusterManagerAsyncClient:
         if self._client is None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuflow.errors import UserInputError
-from tpuflow.naming import dns_name, run_key
+from tpuflow.labels import check_label_key, check_label_value, check_labels, gce_ownership_labels
+from tpuflow.naming import TaskIdentity, dns_name, run_key
 from tpuflow.tpu import TpuSlice
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -27,9 +28,6 @@ _NODE_POOL_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 _GCE_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _SHARED_RESERVATION_RE = re.compile(r"^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/(?P<name>[^/]+)$")
 _EMAIL_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*@[a-z0-9-]+(\.[a-z0-9-]+)+$")
-_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
-_GCE_LABEL_INVALID = re.compile(r"[^a-z0-9_-]")
 
 # GKE taint effects by name; Kubernetes spellings are accepted too.
 _TAINT_EFFECTS = {
@@ -212,39 +210,16 @@ def node_pool_names(
 
 
 # --- node configuration --------------------------------------------------------------------------------
-def _check_label_key(key: object, field_name: str, value: object) -> str:
-    if not isinstance(key, str):
-        raise UserInputError(field_name, value, "label keys are strings")
-    prefix, slash, name = key.rpartition("/")
-    if not _LABEL_NAME_RE.match(name) or (slash and not _DNS_SUBDOMAIN_RE.match(prefix)):
-        raise UserInputError(
-            field_name, value, f"{key!r} is not a Kubernetes label key ([prefix/]name, name up to 63 of "
-            "A-Z a-z 0-9 . _ -, starting and ending alphanumeric)"
-        )
-    return key
-
-
 def check_node_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
-    if not labels:
-        return {}
-    if not isinstance(labels, Mapping):
-        raise UserInputError("node_labels", labels, "give a mapping of label key to value")
-    out: dict[str, str] = {}
-    for key, val in labels.items():
-        _check_label_key(key, "node_labels", labels)
+    """Kubernetes labels for the nodes (tpuflow.labels rules), none under a prefix GKE owns."""
+    checked = check_labels("node_labels", labels or None)
+    for key in checked:
         if key.startswith(_RESERVED_LABEL_PREFIXES):
             raise UserInputError(
-                "node_labels", labels, f"{key!r} is set by GKE itself (the TPU labels come from the slice); "
+                "node_labels", key, "this key is set by GKE itself (the TPU labels come from the slice); "
                 "use your own prefix, e.g. example.com/team"
             )
-        text = "" if val is None else str(val)
-        if text and not _LABEL_NAME_RE.match(text):
-            raise UserInputError(
-                "node_labels", labels, f"the value of {key!r} must be at most 63 of A-Z a-z 0-9 . _ -, starting and "
-                "ending alphanumeric"
-            )
-        out[key] = text
-    return out
+    return checked
 
 
 def _parse_taint(item: object) -> dict[str, str]:
@@ -257,15 +232,13 @@ def _parse_taint(item: object) -> dict[str, str]:
         key, value, effect = item.get("key"), item.get("value", "") or "", item.get("effect", "")
     else:
         raise UserInputError("node_taints", item, "give each taint as KEY=VALUE:EFFECT or {key, value, effect}")
-    _check_label_key(key, "node_taints", item)
+    check_label_key("node_taints", key)
     canonical = _TAINT_EFFECTS.get(str(effect).replace("-", "").upper().replace("_", "")) or _TAINT_EFFECTS.get(
         str(effect).upper()
     )
     if canonical is None:
         raise UserInputError("node_taints", item, "the effect is NoSchedule, PreferNoSchedule or NoExecute")
-    if value and not _LABEL_NAME_RE.match(str(value)):
-        raise UserInputError("node_taints", item, "a taint value is at most 63 of A-Z a-z 0-9 . _ -")
-    return {"key": str(key), "value": str(value), "effect": canonical}
+    return {"key": str(key), "value": check_label_value("node_taints", value, str(key)), "effect": canonical}
 
 
 def check_node_taints(taints: Sequence[object] | str | None) -> list[dict[str, str]]:
@@ -284,41 +257,6 @@ def check_service_account(service_account: str | None) -> str | None:
             "tpu-nodes@PROJECT.iam.gserviceaccount.com"
         )
     return service_account
-
-
-# --- ownership labels (GCE labels on the VMs, so orphans can be found and billed) -------------------------------
-@dataclass(frozen=True)
-class TaskIdentity:
-    dag_id: str
-    run_id: str
-    task_id: str
-    map_index: int = -1
-
-    @property
-    def key(self) -> str:
-        return run_key(self.dag_id, self.run_id, self.task_id, self.map_index)
-
-
-def gce_label_value(text: str) -> str:
-    """Lowercase, [a-z0-9_-] only, at most 63 characters (GCE label rules)."""
-    return _GCE_LABEL_INVALID.sub("_", str(text).lower())[:63]
-
-
-OWNER_KEY_LABEL = "tpuflow-key"
-EXPIRES_LABEL = "tpuflow-expires"
-
-
-def ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, str]:
-    """Who created the pool and until when it is wanted. `tpuflow-key` is the exact identity (a digest of
-    dag, run, task and map index); the readable labels may be truncated or lose characters."""
-    return {
-        "tpuflow-managed": "true",
-        "tpuflow-dag": gce_label_value(identity.dag_id),
-        "tpuflow-run": gce_label_value(identity.run_id),
-        "tpuflow-task": gce_label_value(identity.task_id),
-        OWNER_KEY_LABEL: identity.key,
-        EXPIRES_LABEL: str(int(expires_at)),
-    }
 
 
 # --- the request ----------------------------------------------------------------------------------------
@@ -460,7 +398,7 @@ def plan_node_pools(
             "workload_policy", workload_policy, "only multi-host tpu7x pools take a workload policy; drop it"
         )
     names = node_pool_names(tpu, identity=identity, explicit=node_pool_name or None)
-    labels = ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
+    labels = gce_ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
     return NodePoolPlan(
         project_id=project_id,
         location=location,

@@ -15,38 +15,28 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 from tpuflow.errors import UserInputError
+from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
+from tpuflow.naming import TaskIdentity
+from tpuflow.templating import is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from tpuflow.gke.hooks import GKENodePoolHook
-    from tpuflow.gke.nodepool_spec import NodePoolPlan, TaskIdentity
+    from tpuflow.gke.nodepool_spec import NodePoolPlan
     from tpuflow.gke.provisioning import Progress, RetryPolicy, _Loop
 
-
-def _is_static(value: Any) -> bool:
-    """A plain value (not a Jinja template or an XComArg), so it can be checked when the DAG is parsed."""
-    if value is None or isinstance(value, (bool, int, float, timedelta)):
-        return True
-    if isinstance(value, str):
-        return "{{" not in value and "{%" not in value
-    if isinstance(value, (list, tuple)):
-        return all(_is_static(v) for v in value)
-    if isinstance(value, Mapping):
-        return all(_is_static(k) and _is_static(v) for k, v in value.items())
-    return False
-
-
-def _identity(context: Context, task_id: str | None = None) -> TaskIdentity:
-    from tpuflow.gke.nodepool_spec import TaskIdentity
-
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", -1)
-    return TaskIdentity(ti.dag_id, ti.run_id, task_id or ti.task_id, -1 if map_index is None else int(map_index))
+ON_KILL_ACTIONS = ("delete", "keep")
 
 
 class _NodePoolOperatorBase(BaseOperator):
-    """Runs a provisioning loop in the worker, or across deferrals when ``deferrable``."""
+    """Runs a provisioning loop in the worker, or across deferrals when ``deferrable``.
+
+    Subclasses check their arguments with one function (``_check_arguments``) at the start of
+    execute, and once when the DAG is parsed if the values it reads (``_checked_fields``) are static.
+    """
+
+    _checked_fields: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -74,6 +64,17 @@ class _NodePoolOperatorBase(BaseOperator):
         self.retry_backoff = retry_backoff
         self.max_backoff = max_backoff
         self.max_busy_retries = max_busy_retries
+        # What on_kill cleans up, set once the loop knows it: (hook, owned pools as in _owned_pools).
+        self._kill_with: tuple[GKENodePoolHook, dict[str, Any]] | None = None
+
+    # --- argument checks ---------------------------------------------------------------------------------
+    def _check_arguments(self) -> Any:
+        raise NotImplementedError
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: bad static values become a DAG import error; templated ones are checked once rendered."""
+        if not is_templated(*(getattr(self, name) for name in self._checked_fields)):
+            self._check_arguments()
 
     # --- shared plumbing -------------------------------------------------------------------------------
     def _policy(self, **extra: Any) -> RetryPolicy:
@@ -98,8 +99,12 @@ class _NodePoolOperatorBase(BaseOperator):
         raise NotImplementedError
 
     def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
-        """What killing this task deletes (see triggers.delete_owned_node_pools); None: nothing."""
+        """The pools this task owns (see triggers.delete_owned_node_pools); None: it owns none."""
         return None
+
+    def _delete_on_kill(self, owned: dict[str, Any] | None) -> dict[str, Any] | None:
+        """What killing the task deletes; None: nothing."""
+        return owned
 
     def _drive(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -114,6 +119,7 @@ class _NodePoolOperatorBase(BaseOperator):
         loop = self._loop(context, progress)
         owned = self._owned_pools(loop)
         self._kill_with = (loop.hook, owned) if owned else None  # for on_kill, on the worker side
+        delete_on_kill = self._delete_on_kill(owned)
         try:
             if not self.deferrable:
                 return run_to_completion(loop, progress)
@@ -134,7 +140,7 @@ class _NodePoolOperatorBase(BaseOperator):
             self.log.info("Deferring for %.1f s: %s", step.seconds, step.reason)
             resume = {"progress": progress.to_dict(), "waiting": None}
             trigger = NodePoolBackoffTrigger(
-                wake_at=time.time() + step.seconds, reason=step.reason, resume=resume, delete_on_kill=owned
+                wake_at=time.time() + step.seconds, reason=step.reason, resume=resume, delete_on_kill=delete_on_kill
             )
         else:
             self.log.info("Deferring until operation %s (%s %s) is done", step.operation, step.action, step.pool)
@@ -145,23 +151,21 @@ class _NodePoolOperatorBase(BaseOperator):
                 location=loop.hook.location or "",
                 gcp_conn_id=self.gcp_conn_id,
                 impersonation_chain=self.impersonation_chain,
-                poll_interval=self.poll_interval,  # type: ignore[arg-type]
+                poll_interval=self.poll_interval,
                 resume=resume,
-                delete_on_kill=owned,
+                delete_on_kill=delete_on_kill,
             )
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: Any = None) -> Any:
+        event = raise_for_event(event, f"Task {self.task_id} waiting on GKE")
         from airflow.sdk.exceptions import AirflowException
         from tpuflow.gke.provisioning import Progress
 
-        if not isinstance(event, Mapping) or "resume" not in event:
-            raise AirflowException(f"Unexpected trigger event {event!r}; clear the task to start over")
-        waiting = event["resume"].get("waiting")
-        if event.get("status") != "success":
-            what = f"GKE operation {waiting['operation']}" if waiting else "the backoff wait"
-            raise AirflowException(f"Lost track of {what}: {event.get('message')}")
-        return self._drive(context, Progress.from_dict(event["resume"].get("progress")), waiting)
+        resume = event.get("resume")
+        if not isinstance(resume, Mapping):
+            raise AirflowException(f"Trigger event {dict(event)!r} carries no progress; clear the task to start over")
+        return self._drive(context, Progress.from_dict(resume.get("progress")), resume.get("waiting"))
 
 
 class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
@@ -172,23 +176,51 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     cannot grow a multi-host pool), COMPACT placement with the topology for multi-host slices, a
     workload policy for multi-host tpu7x, none for single-host slices.
 
+    Static arguments are checked when the DAG file is parsed (a bad one is an import error);
+    templated ones when the task starts, before any API call.
+
+    :param project_id: Google Cloud project ID of the cluster.
+    :param location: the cluster's zone (zonal cluster) or region (regional cluster).
+    :param cluster_name: the GKE cluster.
+    :param gcp_conn_id: Google Cloud connection; its extras may point the GKE API elsewhere
+        (``container_api_endpoint``, ``container_api_transport``; see tpuflow.gke.hooks).
+    :param impersonation_chain: service account(s) to impersonate, as in the google provider.
+    :param deferrable: wait for GKE operations and backoffs in the triggerer, not in a worker slot.
+    :param poll_interval: seconds between looks at a running GKE operation.
+    :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
+    :param max_backoff: longest wait (seconds) between retries.
+    :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
+    :param accelerator: TPU generation, in any of its names (``v6e``, ``TPU-V6E``, ``tpu-v6e-slice``).
+    :param topology: the slice's shape, e.g. ``4x4`` or ``2x2x2`` (not a chip count).
+    :param machine_type: only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``.
+    :param num_slices: identical slices (multislice); each multi-host slice gets its own pool.
     :param capacity: ``on-demand``, ``spot``, ``reservation:NAME``, ``flex-start`` or ``queued``.
     :param fallback_capacity: capacities to try in order when GKE reports a stockout, e.g.
         ``["on-demand"]`` after ``capacity="spot"``. After the last one, the create is retried
         ``stockout_retries`` times with backoff, then the task fails (an Airflow retry adopts or
         starts over).
+    :param node_zone: the zone of the slice when ``location`` is a region (regional cluster).
     :param node_pool_name: default: derived from dag id, run id, task id and map index, so a retry
         adopts the pool its earlier try made; a pool of that name with another spec is an error.
-    :param node_zone: the zone of the slice when ``location`` is a region (regional cluster).
+    :param node_labels: Kubernetes labels for the nodes (tpuflow.labels rules; not under GKE's own
+        prefixes such as ``cloud.google.com/``).
+    :param node_taints: taints as ``KEY=VALUE:EFFECT`` strings or ``{key, value, effect}`` dicts.
+    :param service_account: the nodes' service account email (default: the cluster's).
     :param workload_policy: name of a HIGH_THROUGHPUT workload policy (multi-host tpu7x only).
     :param expires_after: recorded on the VMs as the ``tpuflow-expires`` label (unix time), with
         ``tpuflow-dag/-run/-task/-key`` labels, so an orphaned pool can be found and removed.
+    :param stockout_retries: extra tries of the last capacity choice after a stockout.
+    :param on_kill_action: what killing the task (marking it failed or success, clearing it) does
+        with the pools it created: ``"delete"`` (default; in a worker and while deferred, waiting
+        out a create still running) or ``"keep"`` (leave them, e.g. to debug a slice; they stay
+        billed until a delete task or ``gcloud container node-pools delete`` removes them).
+        A failure inside the task always deletes what the task created.
 
     Pushes XCom ``node_pool_name``, ``node_pool_names`` and returns a dict describing the pools.
-    Failure after GKE created something deletes what this task created before failing.
     """
 
-    template_fields: Sequence[str] = (
+    # what plan() reads: checked together, at parse time when all are static
+    _checked_fields = (
         "project_id",
         "location",
         "cluster_name",
@@ -204,9 +236,8 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         "node_taints",
         "service_account",
         "workload_policy",
-        "gcp_conn_id",
-        "impersonation_chain",
     )
+    template_fields: Sequence[str] = (*_checked_fields, "gcp_conn_id", "impersonation_chain")
     operator_extra_links = (GKENodePoolLink(), GKEClusterNodesLink())
     ui_color = "#d5e8ff"
 
@@ -227,6 +258,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         workload_policy: str | None = None,
         expires_after: timedelta | float = timedelta(hours=24),
         stockout_retries: int = 2,
+        on_kill_action: str = "delete",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -244,13 +276,28 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.workload_policy = workload_policy
         self.expires_after = expires_after
         self.stockout_retries = stockout_retries
-        if all(_is_static(getattr(self, f)) for f in self.template_fields):
-            from tpuflow.gke.nodepool_spec import TaskIdentity
+        self.on_kill_action = on_kill_action
+        self._check_static_arguments()
 
-            # Bad input shows up as a DAG import error, long before anything is provisioned.
-            self.plan(TaskIdentity("parse", "parse", self.task_id), None)
+    def _check_static_arguments(self) -> None:
+        # Never templated: checked whatever the other arguments are.
+        if self.on_kill_action not in ON_KILL_ACTIONS:
+            raise UserInputError("on_kill_action", self.on_kill_action, "use 'delete' (the default) or 'keep'")
+        self._expires_in()
+        super()._check_static_arguments()
+
+    def _check_arguments(self) -> NodePoolPlan:
+        return self.plan(TaskIdentity("parse", "parse", self.task_id), None)
+
+    def _expires_in(self) -> float:
+        value = self.expires_after
+        seconds = value.total_seconds() if isinstance(value, timedelta) else value
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise UserInputError("expires_after", value, "give a timedelta or a number of seconds > 0")
+        return float(seconds)
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
+        """The pools this task instance makes: the one check of every planned argument (UserInputError)."""
         from tpuflow.gke.nodepool_spec import plan_node_pools
 
         return plan_node_pools(
@@ -276,12 +323,12 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     def _loop(self, context: Context, progress: Progress) -> _Loop:
         from tpuflow.gke.provisioning import NodePoolProvisioner
 
-        plan = self.plan(_identity(context), progress.expires_at)
+        plan = self.plan(TaskIdentity.from_context(context), progress.expires_at)
         policy = self._policy(stockout_retries=self.stockout_retries)
         return NodePoolProvisioner(self.get_hook(plan.location), plan, policy)
 
     def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
-        from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL
+        from tpuflow.labels import OWNER_KEY_LABEL
 
         plan = loop.plan  # type: ignore[attr-defined]
         chain = self.impersonation_chain
@@ -296,36 +343,40 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
             "poll_interval": float(self.poll_interval),
         }
 
+    def _delete_on_kill(self, owned: dict[str, Any] | None) -> dict[str, Any] | None:
+        return owned if self.on_kill_action == "delete" else None
+
     def on_kill(self) -> None:
-        """Killed while running in the worker (not deferred): delete the node pools this task owns.
+        """Killed while running in the worker (not deferred): delete the node pools this task owns
+        (``on_kill_action="delete"``), or say which ones are left (``"keep"``).
 
         Runs in the SIGTERM handler with a few seconds before SIGKILL, so it cannot wait for a create
         still running on a pool (GKE refuses the delete until then); those pools are named in the log.
         A deferred task is handled by its trigger's on_kill, which does wait.
         """
-        kill_with = getattr(self, "_kill_with", None)
-        if not kill_with:
+        if self._kill_with is None:
+            return
+        hook, owned = self._kill_with
+        where = f"--cluster={owned['cluster_name']} --location={owned['location']} --project={owned['project_id']}"
+        if self.on_kill_action == "keep":
+            self.log.warning(
+                "Task killed; on_kill_action='keep' leaves node pool(s) %s running (and billed): delete them with "
+                "`gcloud container node-pools delete NAME %s`", ", ".join(owned["node_pool_names"]), where,
+            )
             return
         from tpuflow.gke.provisioning import kill_owned_pools
 
-        hook, owned = kill_with
         for name in kill_owned_pools(hook, owned):
             self.log.error(
                 "Task killed while GKE is still creating node pool %s, which cannot be deleted before that ends: "
-                "delete it with `gcloud container node-pools delete %s --cluster=%s --location=%s --project=%s`",
-                name, name, owned["cluster_name"], owned["location"], owned["project_id"],
+                "delete it with `gcloud container node-pools delete %s %s`", name, name, where,
             )
 
     def execute(self, context: Context) -> Any:
         from tpuflow.gke.provisioning import Progress
 
-        seconds = (
-            self.expires_after.total_seconds()
-            if isinstance(self.expires_after, timedelta)
-            else float(self.expires_after)
-        )
-        progress = Progress(expires_at=int(time.time() + seconds))
-        plan = self.plan(_identity(context), progress.expires_at)  # raises on bad input, before any API call
+        progress = Progress(expires_at=int(time.time() + self._expires_in()))
+        plan = self.plan(TaskIdentity.from_context(context), progress.expires_at)  # the rendered values' check
         where = {"project_id": plan.project_id, "location": plan.location, "cluster_name": plan.cluster_name}
         GKENodePoolLink.persist(context, node_pool_name=plan.names[0], **where)
         GKEClusterNodesLink.persist(context, **where)
@@ -338,20 +389,29 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
 class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     """Delete node pools and wait until they are gone; a missing pool is success. Use as a teardown.
 
-    Name the pools with ``node_pool_name`` (a name or a list, e.g. the create task's
-    ``node_pool_names`` XCom), or with ``created_by_task_id``: every pool in the cluster whose
-    ``tpuflow-key`` label says that task of this DAG run (same map index) created it.
+    Name the pools with ``node_pool_name``, or with ``created_by_task_id``: every pool in the cluster
+    whose ``tpuflow-key`` label says that task of this DAG run (same map index) created it. Static
+    arguments are checked when the DAG file is parsed, templated ones when the task starts.
+
+    :param project_id: Google Cloud project ID of the cluster.
+    :param location: the cluster's zone (zonal cluster) or region (regional cluster).
+    :param cluster_name: the GKE cluster.
+    :param gcp_conn_id: Google Cloud connection; its extras may point the GKE API elsewhere
+        (``container_api_endpoint``, ``container_api_transport``; see tpuflow.gke.hooks).
+    :param impersonation_chain: service account(s) to impersonate, as in the google provider.
+    :param deferrable: wait for GKE operations and backoffs in the triggerer, not in a worker slot.
+    :param poll_interval: seconds between looks at a running GKE operation.
+    :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
+    :param max_backoff: longest wait (seconds) between retries.
+    :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
+    :param node_pool_name: a pool name or a list of them, e.g. the create task's ``node_pool_names`` XCom.
+    :param created_by_task_id: the create task whose pools to delete (instead of ``node_pool_name``).
+
+    Returns ``{"deleted": [...], "absent": [...]}`` with the cluster's coordinates.
     """
 
-    template_fields: Sequence[str] = (
-        "project_id",
-        "location",
-        "cluster_name",
-        "node_pool_name",
-        "created_by_task_id",
-        "gcp_conn_id",
-        "impersonation_chain",
-    )
+    _checked_fields = ("project_id", "location", "cluster_name", "node_pool_name", "created_by_task_id")
+    template_fields: Sequence[str] = (*_checked_fields, "gcp_conn_id", "impersonation_chain")
     operator_extra_links = (GKEClusterNodesLink(),)
     ui_color = "#ffd9d5"
 
@@ -365,20 +425,19 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         super().__init__(**kwargs)
         self.node_pool_name = node_pool_name
         self.created_by_task_id = created_by_task_id
-        if all(_is_static(getattr(self, f)) for f in self.template_fields):
-            self._validate()
+        self._check_static_arguments()
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
-        from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL
+        from tpuflow.labels import OWNER_KEY_LABEL
 
         if self.created_by_task_id:
-            key = _identity(context, self.created_by_task_id).key
+            key = TaskIdentity.from_context(context, self.created_by_task_id).key
             pools = hook.list_node_pools(project_id=self.project_id, cluster_name=self.cluster_name)
             return [p.name for p in pools if p.config.resource_labels.get(OWNER_KEY_LABEL) == key]
         value = self.node_pool_name
         return [value] if isinstance(value, str) else list(value or [])
 
-    def _validate(self) -> None:
+    def _check_arguments(self) -> None:
         from tpuflow.gke.nodepool_spec import (
             check_cluster_location,
             check_cluster_name,
@@ -395,8 +454,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
             )
         names = [self.node_pool_name] if isinstance(self.node_pool_name, str) else list(self.node_pool_name or [])
         for name in names:
-            if _is_static(name):
-                check_node_pool_name(name)
+            check_node_pool_name(name)
 
     def _loop(self, context: Context, progress: Progress) -> _Loop:
         from tpuflow.gke.provisioning import NodePoolRemover
@@ -410,7 +468,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     def execute(self, context: Context) -> Any:
         from tpuflow.gke.provisioning import Progress
 
-        self._validate()
+        self._check_arguments()
         GKEClusterNodesLink.persist(
             context, project_id=self.project_id, location=self.location, cluster_name=self.cluster_name
         )

@@ -9,6 +9,7 @@ names, adopts matching ones and waits for operations still running.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,9 @@ from typing import Any
 from google.api_core.exceptions import GoogleAPICallError
 from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
 from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
-from tpuflow.gke.nodepool_spec import OWNER_KEY_LABEL, NodePoolPlan, match_capacity
+from tpuflow.gke.nodepool_spec import NodePoolPlan, match_capacity
+from tpuflow.gke.waits import wait_for_operation, wait_until
+from tpuflow.labels import OWNER_KEY_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +356,9 @@ class NodePoolRemover(_Loop):
 
 
 def run_to_completion(loop: _Loop, progress: Progress) -> dict[str, Any]:
-    """Drive the loop in this process (the non-deferrable path)."""
+    """Drive the loop in this process (the non-deferrable path), through the waits the triggers run."""
+    from tpuflow.events import raise_for_event
+
     finished: tuple[WaitForOperation, Any] | None = None
     while True:
         step = loop.step(progress, finished)
@@ -362,20 +367,16 @@ def run_to_completion(loop: _Loop, progress: Progress) -> dict[str, Any]:
             return step.result
         if isinstance(step, Sleep):
             log.info("Waiting %.1f s: %s", step.seconds, step.reason)
-            time.sleep(step.seconds)
+            asyncio.run(wait_until(time.time() + step.seconds, step.reason))
             continue
-        finished = (step, await_operation(loop.hook, loop.project_id, step.operation, loop.policy.poll_interval))
+        name = step.operation
 
+        async def get_operation(name: str = name) -> Any:
+            return loop.hook.get_operation(name, project_id=loop.project_id)
 
-def await_operation(hook: GKENodePoolHook, project_id: str, name: str, poll_interval: float) -> Any:
-    """Poll an operation until DONE and return it (failed or not: the loop classifies it)."""
-    from google.cloud.container_v1.types import Operation
-
-    while True:
-        operation = hook.get_operation(name, project_id=project_id)
-        if operation.status == Operation.Status.DONE:
-            return operation
-        time.sleep(poll_interval)
+        event = asyncio.run(wait_for_operation(get_operation, name, poll_interval=loop.policy.poll_interval, log=log))
+        raise_for_event(event, f"waiting to {step.action} node pool {step.pool}")
+        finished = (step, loop.hook.get_operation(name, project_id=loop.project_id))
 
 
 def kill_owned_pools(hook: GKENodePoolHook, owned: dict[str, Any]) -> list[str]:

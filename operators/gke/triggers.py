@@ -1,9 +1,10 @@
-"""Deferral triggers for the node pool operators.
+"""Deferral triggers for the node pool operators (tpuflow.triggers.TpuflowTrigger; tpuflow.events shape).
 
-``GKENodePoolOperationTrigger`` is the google provider's GKEOperationTrigger (poll until DONE) with
-our async hook, which honours the connection's endpoint/transport extras. The provider's trigger
-reports success on DONE without looking at ``operation.error``; the operator's execute_complete
-fetches the finished operation and checks it.
+``GKENodePoolOperationTrigger`` polls a GKE operation until DONE, like the google provider's
+GKEOperationTrigger, through our async hook, which honours the connection's endpoint/transport
+extras. It reports success on DONE without looking at ``operation.error``; the operator's
+execute_complete fetches the finished operation and checks it. The waits themselves are the
+coroutines of tpuflow.gke.waits, which the non-deferrable path runs with asyncio.run.
 
 Both triggers hand the operator's progress back in the event (``resume``) instead of relying on
 the deferral's next_kwargs: ``dag.test()`` in Airflow 3.3 replaces next_kwargs with the event, so
@@ -11,7 +12,8 @@ state passed only there is lost in tests and local runs. Trigger kwargs are plai
 
 Kill semantics: when a user marks the deferred create task failed/success or clears it, the
 triggerer calls ``on_kill``, which deletes the node pools the task owns (``delete_on_kill``: the
-plan's pool names and the task's ``tpuflow-key`` label; pools with another owner are left alone).
+plan's pool names and the task's ``tpuflow-key`` label; pools with another owner are left alone;
+None when the operator's ``on_kill_action`` is ``"keep"``).
 A pool whose create is still running cannot be deleted until that create ends, so the deletion
 waits for it: within ``[triggerer] on_kill_timeout`` when it can, then on in the triggerer's event
 loop (lost if the triggerer restarts first; the log names the pools). ``cleanup()`` is not
@@ -22,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 from tpuflow.gke.hooks import GKENodePoolAsyncHook
+from tpuflow.gke.waits import wait_for_operation, wait_until
+from tpuflow.triggers import TpuflowTrigger
 
 # Deletions still waiting for a create when on_kill had to return (a task nobody references can be
 # garbage collected mid-flight).
@@ -76,45 +79,72 @@ async def delete_owned_node_pools(owned: dict[str, Any], log: Any) -> None:
                     "triggerer's event loop", owned.get("node_pool_names"))
 
 
-class GKENodePoolOperationTrigger(GKEOperationTrigger):
-    def __init__(
-        self,
-        *args: Any,
-        resume: dict[str, Any] | None = None,
-        delete_on_kill: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.resume = resume or {}
-        self.delete_on_kill = delete_on_kill
+class _NodePoolWaitTrigger(TpuflowTrigger):
+    """A wait of the node pool operators; killing the task deletes what ``delete_on_kill`` names."""
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        _, kwargs = super().serialize()
-        return f"{type(self).__module__}.{type(self).__qualname__}", {
-            **kwargs, "resume": self.resume, "delete_on_kill": self.delete_on_kill,
-        }
+    delete_on_kill: dict[str, Any] | None
 
     async def on_kill(self) -> None:
-        """The user marked the deferred task failed/success or cleared it: delete the pools it owns."""
+        """The user marked the deferred task failed/success or cleared it (during an operation or a
+        backoff, e.g. after a stockout): delete the pools the create task owns so far."""
         if self.delete_on_kill:
             await delete_owned_node_pools(self.delete_on_kill, self.log)
 
-    def _get_hook(self) -> GKENodePoolAsyncHook:  # type: ignore[override]
-        if self._hook is None:
-            self._hook = GKENodePoolAsyncHook(
-                gcp_conn_id=self.gcp_conn_id,
-                location=self.location,
-                impersonation_chain=self.impersonation_chain,
-            )
-        return self._hook
+
+class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
+    """Wait until a GKE operation is DONE (tpuflow.gke.waits.wait_for_operation through the async hook).
+
+    The event carries ``resume`` (the operator's progress) and, on success, ``operation_name``.
+    ``delete_on_kill``: what on_kill deletes (None: nothing, e.g. ``on_kill_action="keep"``).
+    ``use_dns_endpoint`` is accepted from triggers serialised by earlier versions and not used.
+    """
+
+    serialize_fields = (
+        "operation_name", "project_id", "location", "gcp_conn_id", "impersonation_chain", "poll_interval",
+        "resume", "delete_on_kill",
+    )
+
+    def __init__(
+        self,
+        operation_name: str,
+        project_id: str | None,
+        location: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        poll_interval: float = 10.0,
+        resume: dict[str, Any] | None = None,
+        delete_on_kill: dict[str, Any] | None = None,
+        use_dns_endpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        self.operation_name = operation_name
+        self.project_id = project_id
+        self.location = location
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = (
+            list(impersonation_chain) if isinstance(impersonation_chain, (list, tuple)) else impersonation_chain
+        )
+        self.poll_interval = float(poll_interval)
+        self.resume = resume or {}
+        self.delete_on_kill = delete_on_kill
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        async for event in super().run():
-            yield TriggerEvent({**event.payload, "resume": self.resume})
+        hook = GKENodePoolAsyncHook(
+            gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
+        )
+        event = await wait_for_operation(
+            lambda: hook.get_operation(self.operation_name, project_id=self.project_id),  # type: ignore[arg-type]
+            self.operation_name,
+            poll_interval=self.poll_interval,
+            log=self.log,
+        )
+        yield TriggerEvent({**event, "resume": self.resume})
 
 
-class NodePoolBackoffTrigger(BaseTrigger):
+class NodePoolBackoffTrigger(_NodePoolWaitTrigger):
     """Wait until ``wake_at`` (unix time, so a triggerer restart does not lengthen the wait)."""
+
+    serialize_fields = ("wake_at", "reason", "resume", "delete_on_kill")
 
     def __init__(
         self,
@@ -129,18 +159,6 @@ class NodePoolBackoffTrigger(BaseTrigger):
         self.resume = resume or {}
         self.delete_on_kill = delete_on_kill
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {"wake_at": self.wake_at, "reason": self.reason, "resume": self.resume,
-             "delete_on_kill": self.delete_on_kill},
-        )
-
-    async def on_kill(self) -> None:
-        """Killed during a backoff (e.g. after a stockout): delete the pools the create task made so far."""
-        if self.delete_on_kill:
-            await delete_owned_node_pools(self.delete_on_kill, self.log)
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        await asyncio.sleep(max(0.0, self.wake_at - time.time()))
-        yield TriggerEvent({"status": "success", "message": f"waited: {self.reason}", "resume": self.resume})
+        event = await wait_until(self.wake_at, self.reason)
+        yield TriggerEvent({**event, "resume": self.resume})

@@ -6,6 +6,9 @@ operators from `tpuflow.kuberay.operators`, which load their hooks inside execut
 
 from __future__ import annotations
 
+from tpuflow.labels import LABEL_PREFIX, MANAGED_BY, RUN_KEY_LABEL
+from tpuflow.labels import SPEC_HASH_ANNOTATION as SPEC_HASH
+
 GROUP = "ray.io"
 VERSION = "v1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -15,12 +18,8 @@ KIND_BY_PLURAL = {RAYCLUSTERS: "RayCluster", RAYSERVICES: "RayService"}
 
 # Names the operators need when their module is imported (argument defaults, label keys); the
 # manifest builders that use them (tpuflow.kuberay.manifests) load only when a manifest is built.
+# The label keys live in tpuflow.labels (one home for every label key and rule); re-exported here.
 DEFAULT_RAY_VERSION = "2.60.0"
-MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PREFIX = "tpuflow.dev"
-SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
-# the label naming the task run that created an object (what on_kill checks before deleting)
-RUN_KEY_LABEL = f"{LABEL_PREFIX}/run-key"
 # RayService: "None" updates serveConfigV2 in place on the running cluster. "NewCluster" and the
 # incremental upgrade bring up a second RayCluster first, i.e. a second TPU slice.
 DEFAULT_UPGRADE_STRATEGY = "None"

@@ -1,4 +1,6 @@
-"""Checks and normalisers for the Kubernetes values a manifest carries (names, labels, quantities).
+"""Checks and normalisers for the Kubernetes values a manifest carries (names, quantities, env).
+
+Label keys and values follow tpuflow.labels (check_labels and label_safe are re-exported here).
 
 Every check raises UserInputError naming the field, so a bad argument fails before any API call.
 """
@@ -9,14 +11,23 @@ import re
 from collections.abc import Mapping
 
 from tpuflow.errors import UserInputError
+from tpuflow.labels import check_labels, label_safe
+
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "check_env",
+    "check_labels",  # the Kubernetes label rules live in tpuflow.labels
+    "check_name",
+    "check_namespace",
+    "check_quantities",
+    "label_safe",
+    "parse_key_values",
+]
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE]\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
 
 # KubeRay derives pod and service names from the CR name ("<name>-head-svc", "<name>-raycluster-xxxxx");
 # 40 characters leaves room for those suffixes inside the 63-character limit.
@@ -36,25 +47,6 @@ def check_namespace(namespace: object) -> str:
     if not isinstance(namespace, str) or not _DNS1123_LABEL.match(namespace) or len(namespace) > 63:
         raise UserInputError("namespace", namespace, "use an existing Kubernetes namespace name (RFC 1123 label)")
     return namespace
-
-
-def check_labels(field: str, labels: Mapping[str, str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (labels or {}).items():
-        prefix, _, name = key.rpartition("/")
-        if (
-            not isinstance(key, str)
-            or not _LABEL_NAME.match(name)
-            or len(name) > 63
-            or (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
-        ):
-            raise UserInputError(f"{field}[{key!r}]", key, "a label key is [prefix/]name, name at most 63 "
-                                 "characters of letters, digits, '-', '_', '.'")
-        if not isinstance(value, str) or len(value) > 63 or (value and not _LABEL_NAME.match(value)):
-            raise UserInputError(f"{field}[{key!r}]", value, "a label value is a string of at most 63 letters, "
-                                 "digits, '-', '_', '.', beginning and ending alphanumeric")
-        out[key] = value
-    return out
 
 
 def check_quantities(field: str, resources: Mapping[str, str] | None, *, forbidden: tuple[str, ...] = ()) -> dict[str, str]:
@@ -79,12 +71,6 @@ def check_env(field: str, env: Mapping[str, str] | None) -> dict[str, str]:
             raise UserInputError(f"{field}[{key!r}]", value, "environment values must be strings; quote numbers")
         out[key] = value
     return out
-
-
-def label_safe(value: str) -> str:
-    """A label value derived from free text (dag or task id): invalid runs become '-', at most 63 chars."""
-    text = _LABEL_INVALID.sub("-", value)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", text)
 
 
 def parse_key_values(field: str, pairs: list[str] | None) -> dict[str, str]:

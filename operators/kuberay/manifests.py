@@ -15,25 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuflow.errors import UserInputError
-from tpuflow.kuberay import (
-    API_VERSION,
-    DEFAULT_RAY_VERSION,
-    DEFAULT_UPGRADE_STRATEGY,
-    LABEL_PREFIX,
-    MANAGED_BY,
-    RUN_KEY_LABEL,
-    SPEC_HASH,
-)
-from tpuflow.kuberay.k8s_values import (
-    check_env,
-    check_labels,
-    check_name,
-    check_namespace,
-    check_quantities,
-    label_safe,
-)
+from tpuflow.kuberay import API_VERSION, DEFAULT_RAY_VERSION, DEFAULT_UPGRADE_STRATEGY
+from tpuflow.kuberay.k8s_values import check_env, check_name, check_namespace, check_quantities
 from tpuflow.kuberay.serve_config import SERVE_PORT, serve_config_v2
-from tpuflow.naming import dns_name, run_key
+from tpuflow.labels import SLICE_ANNOTATION, SPEC_HASH_ANNOTATION, check_labels, kubernetes_ownership_labels
+from tpuflow.naming import TaskIdentity, dns_name, run_key
 from tpuflow.tpu import TpuSlice
 from tpuflow.tpu.slice import TPU_RESOURCE
 
@@ -45,11 +31,9 @@ WORKER_CONTAINER = "ray-worker"
 HEAD_PORTS: Mapping[str, int] = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT}
 MXLA_PORT = 8081  # multi-host TPU workers talk XLA collectives on it (samples: name "mxla")
 
-RUN_ID = f"{LABEL_PREFIX}/run-id"
-SLICE_ANNOTATION = f"{LABEL_PREFIX}/slice"
-# DEFAULT_RAY_VERSION, MANAGED_BY, LABEL_PREFIX, SPEC_HASH and DEFAULT_UPGRADE_STRATEGY ("None": a RayService
-# updates serveConfigV2 in place; the other strategies bring up a second RayCluster, i.e. a second TPU slice)
-# live in tpuflow.kuberay, so the operators can name them without loading this module at DAG parse time.
+# DEFAULT_RAY_VERSION and DEFAULT_UPGRADE_STRATEGY ("None": a RayService updates serveConfigV2 in place; the
+# other strategies bring up a second RayCluster, i.e. a second TPU slice) live in tpuflow.kuberay, and the
+# label keys in tpuflow.labels, so the operators can name them without loading this module at DAG parse time.
 UPGRADE_STRATEGIES = ("None", "NewCluster", "NewClusterWithIncrementalUpgrade")
 
 _RAY_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
@@ -61,12 +45,8 @@ def resource_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
 
 
 def ownership_labels(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, str]:
-    return {
-        MANAGED_BY: "tpuflow",
-        f"{LABEL_PREFIX}/dag-id": label_safe(dag_id),
-        f"{LABEL_PREFIX}/task-id": label_safe(task_id),
-        RUN_KEY_LABEL: run_key(dag_id, run_id, task_id, map_index),
-    }
+    """The Kubernetes ownership labels of one task instance (tpuflow.labels.kubernetes_ownership_labels)."""
+    return kubernetes_ownership_labels(TaskIdentity(dag_id, run_id, task_id, map_index))
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -201,7 +181,7 @@ def _metadata(kind_field: str, name: str, namespace: str, labels: Mapping[str, s
     check_namespace(namespace)
     meta_annotations = {str(k): str(v) for k, v in (annotations or {}).items()}
     meta_annotations[SLICE_ANNOTATION] = tpu.summary()
-    meta_annotations[SPEC_HASH] = spec_hash(spec)
+    meta_annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         meta["labels"] = check_labels("labels", labels)

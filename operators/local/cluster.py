@@ -30,11 +30,11 @@ from typing import Any
 
 import requests
 from tpuflow.errors import UserInputError
+from tpuflow.paths import tpuflow_home
 from tpuflow.tpu import TpuSlice
 
 STATE_FILE = "state.json"
 TOKEN_FILE = "auth_token"
-DEFAULT_BASE_DIR = Path(os.environ.get("TPUFLOW_HOME", Path.home() / ".tpuflow")) / "clusters"
 # Memory a simulated host needs (raylet, agents, one JAX/torch worker); refuse to start
 # a slice the machine cannot hold instead of letting the OOM killer pick processes.
 _HOST_MEMORY_BYTES = 700 * 1024 * 1024
@@ -42,6 +42,11 @@ _HEAD_MEMORY_BYTES = 1500 * 1024 * 1024
 # Every node binds this loopback address. Not 127.0.0.1: Ray rewrites "localhost" addresses
 # to the machine's network address when nodes join, which would expose (and break) the cluster.
 NODE_IP = "127.0.0.2"
+
+
+def default_base_dir() -> Path:
+    """Where local cluster state lives unless a base_dir is given: clusters/ under tpuflow_home()."""
+    return tpuflow_home() / "clusters"
 
 
 class LocalClusterError(RuntimeError):
@@ -103,7 +108,7 @@ class LocalRayCluster:
         adopt: bool = True,
     ) -> LocalRayCluster:
         """Start a head plus one Ray node per simulated TPU host, or adopt a live cluster of that name."""
-        state_dir = Path(base_dir or DEFAULT_BASE_DIR) / name
+        state_dir = Path(base_dir or default_base_dir()) / name
         if adopt and (state_dir / STATE_FILE).exists():
             existing = cls.load(state_dir)
             wanted = tpu.to_dict() if tpu else None

@@ -11,24 +11,50 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from tpuflow.naming import dns_name, run_key
+from tpuflow.naming import TaskIdentity
 from tpuflow.rayjob.links import RayDashboardLink
+from tpuflow.templating import is_templated
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from airflow.sdk import Context
+    from tpuflow.tpu import TpuSlice
 
 
-def local_cluster_name(dag_id: str, run_id: str, task_id: str = "") -> str:
-    """One cluster per DAG run (and start task), the same on every try."""
-    return dns_name("local", dag_id, key=run_key(dag_id, run_id, task_id), max_len=48)
+def local_cluster_name(identity: TaskIdentity) -> str:
+    """One cluster per instance of the start task (dag, run, task, map index), the same on every try:
+    two mapped instances never share a cluster."""
+    return identity.dns_name("local", identity.dag_id, max_len=48)
+
+
+def _state_dir(base_dir: str | None, identity: TaskIdentity) -> Path:
+    from pathlib import Path
+
+    from tpuflow.local.cluster import default_base_dir
+
+    return Path(base_dir or default_base_dir()) / local_cluster_name(identity)
 
 
 class LocalRayClusterCreateOperator(BaseOperator):
     """Start (or adopt, on a retry) a local Ray cluster simulating the requested TPU slice.
 
-    Pushes the cluster's connection info (dashboard_url, serve_url, ...) as the task's return value.
-    Killing the task while the cluster starts (mark failed/success, clear) stops the nodes it started:
-    they run in their own sessions, so ending the task process alone would leave them running.
+    Each simulated TPU host is its own Ray node carrying the TPU_* variables GKE injects. The
+    cluster is named after the task instance, so a retry adopts it and mapped instances get one
+    each. Static slice arguments are checked when the DAG file is parsed, templated ones when the
+    task starts. Pushes the cluster's connection info (dashboard_url, serve_url, ...) as the
+    task's return value. Killing the task while the cluster starts (mark failed/success, clear)
+    stops the nodes it started: they run in their own sessions, so ending the task process alone
+    would leave them running.
+
+    :param accelerator: TPU generation, in any of its names (``v6e``, ``TPU-V6E``, ...).
+    :param topology: the slice's shape, e.g. ``2x2`` or ``4x4`` (not a chip count).
+    :param machine_type: only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``.
+    :param num_slices: identical slices to simulate.
+    :param base_dir: where cluster state lives (default: ``clusters/`` under ``$TPUFLOW_HOME``).
+    :param head_cpus: CPUs the head node offers to Ray.
+    :param host_cpus: CPUs each simulated TPU host offers to Ray.
+    :param start_timeout: seconds to wait for every node to join.
     """
 
     template_fields: Sequence[str] = ("accelerator", "topology", "machine_type", "num_slices", "base_dir")
@@ -57,20 +83,30 @@ class LocalRayClusterCreateOperator(BaseOperator):
         self.head_cpus = head_cpus
         self.host_cpus = host_cpus
         self.start_timeout = start_timeout
+        self._starting: Path | None = None  # what on_kill stops: the state dir of the cluster being started
+        self._check_static_arguments()
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from pathlib import Path
-
-        from airflow.sdk.exceptions import AirflowTaskTerminated
-        from tpuflow.local.cluster import DEFAULT_BASE_DIR, LocalRayCluster
+    def _check_arguments(self) -> TpuSlice:
+        """The slice to simulate (UserInputError naming the field when Ray cannot run it)."""
         from tpuflow.tpu import TpuSlice
 
         tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
-        tpu.require(ray=True)
-        ti = context["ti"]
-        name = local_cluster_name(ti.dag_id, ti.run_id, ti.task_id)
+        return tpu.require(ray=True)
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
+        if not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
+            self._check_arguments()
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowTaskTerminated
+        from tpuflow.local.cluster import LocalRayCluster
+
+        tpu = self._check_arguments()
+        identity = TaskIdentity.from_context(context)
+        name = local_cluster_name(identity)
         self.log.info("Starting local Ray cluster %s simulating %s", name, tpu.summary())
-        self._starting = state_dir = Path(self.base_dir or DEFAULT_BASE_DIR) / name
+        self._starting = state_dir = _state_dir(self.base_dir, identity)
         try:
             cluster = LocalRayCluster.start(
                 tpu, name, self.base_dir, head_cpus=self.head_cpus, host_cpus=self.host_cpus,
@@ -99,7 +135,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
 
         from airflow.sdk.exceptions import AirflowTaskTerminated
 
-        state_dir = getattr(self, "_starting", None)
+        state_dir = self._starting
         if state_dir is None:
             return
         if threading.current_thread() is threading.main_thread():
@@ -120,7 +156,9 @@ class LocalRayClusterDeleteOperator(BaseOperator):
     :param cluster: the create task's XCom; when empty (the create task failed early) the cluster
         is found by its deterministic name, so a half-started cluster is still stopped.
     :param keep: leave the cluster running (e.g. to keep a Serve endpoint up); `tpuflow local down`
-        stops it later.
+        stops it later. True, or a string "true"/"True"/"1" once rendered.
+    :param base_dir: where cluster state lives; the same as the create task's.
+    :param create_task_id: the create task (same DAG run and map index), to find its cluster by name.
     """
 
     template_fields: Sequence[str] = ("cluster", "keep", "base_dir")
@@ -143,17 +181,15 @@ class LocalRayClusterDeleteOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         from pathlib import Path
 
-        from tpuflow.local.cluster import DEFAULT_BASE_DIR, STATE_FILE, LocalRayCluster
+        from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
         if self.keep in (True, "True", "true", "1"):
             self.log.info("keep_endpoint is set: leaving the cluster running; `tpuflow local down` stops it")
             return
-        ti = context["ti"]
         if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
             state_dir = Path(self.cluster["state_dir"])
         else:
-            name = local_cluster_name(ti.dag_id, ti.run_id, self.create_task_id)
-            state_dir = Path(self.base_dir or DEFAULT_BASE_DIR) / name
+            state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
         if not (state_dir / STATE_FILE).exists():
             self.log.info("No local cluster state at %s: nothing to stop", state_dir)
             return

@@ -7,13 +7,11 @@ deploy and smoke test are the same operators talking to the same Ray APIs.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, BaseOperator
-from tpuflow import workloads_dir
+from tpuflow import paths, workloads_dir
 from tpuflow.pipeline.params import pipeline_params
 from tpuflow.pipeline.steps import (
     ANSWER,
@@ -36,10 +34,6 @@ RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') 
 # Slices the pipeline may hold at once, across schedules, UI triggers and backfills (a backfill has its
 # own max_active_runs, 10 by default in Airflow 3.3): leases taken before the cluster, given back by a teardown.
 MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
-
-
-def default_output_root() -> str:
-    return os.environ.get("TPUFLOW_OUTPUT_ROOT", str(Path.home() / ".tpuflow" / "outputs"))
 
 
 def build_serve_config(cluster: Any, trained: Any, workloads_uri: str) -> XComArg:
@@ -68,7 +62,8 @@ def pipeline_dag(dag_id: str, *, schedule: str | None, start_date: datetime, max
 
 
 def run_dir_for(dag_id: str, output_root: str | None) -> str:
-    return f"{output_root or default_output_root()}/{dag_id}/{RUN_DATE}"
+    """Where one run of the DAG writes (output_root default: tpuflow.paths.output_root() when parsed)."""
+    return f"{output_root or paths.output_root()}/{dag_id}/{RUN_DATE}"
 
 
 def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperator, BaseOperator]:

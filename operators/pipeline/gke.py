@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, Param
+from tpuflow import paths
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import (
@@ -41,7 +42,6 @@ from tpuflow.kuberay.operators import (
 from tpuflow.pipeline.factory import (
     KEEP_ENDPOINT,
     build_serve_config,
-    default_output_root,
     pipeline_dag,
     run_dir_for,
     smoke_test_and_report,
@@ -92,7 +92,11 @@ def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
 
 
 class CheckGkeParamsOperator(CheckParamsOperator):
-    """The training slice (as the local pipeline checks it, plus GKE's shapes) and the serve slice."""
+    """Check the run's Params: the training slice (as the local pipeline checks it, plus GKE's shapes)
+    and the serve slice; returns both slices (``serve`` holds the serve slice).
+
+    Takes CheckParamsOperator's arguments (BaseOperator's: ``task_id`` and the like).
+    """
 
     def check(self, params: dict[str, Any]) -> dict[str, Any]:
         return check_gke_params(params)
@@ -116,6 +120,12 @@ def _checked(key: str, serve: bool = False) -> str:
     return "{{ ti.xcom_pull(task_ids='check_params')" + path + " }}"
 
 
+def _checked_slice(serve: bool = False) -> dict[str, str]:
+    """accelerator, topology and machine_type of check_params' training (or serve) slice, as templates."""
+    return {"accelerator": _checked("ray_accelerator_type", serve), "topology": _checked("topology", serve),
+            "machine_type": _checked("machine_type", serve)}
+
+
 # --- teardowns that can keep the endpoint -------------------------------------------------------------
 def _truthy(value: Any) -> bool:
     if isinstance(value, str):
@@ -124,7 +134,13 @@ def _truthy(value: Any) -> bool:
 
 
 class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
-    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true."""
+    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true.
+
+    :param keep: templated; true (True, "true", "1", "yes") leaves the RayService in place and returns
+        ``{"kind", "kept": True, "deleted": False}``.
+
+    Every other argument is KubeRayDeleteServiceOperator's.
+    """
 
     template_fields: Sequence[str] = (*KubeRayDeleteServiceOperator.template_fields, "keep")
 
@@ -140,10 +156,15 @@ class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
 
 
 class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
-    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true."""
+    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true.
+
+    :param keep: templated; true (True, "true", "1", "yes") leaves the node pools in place and returns
+        ``{"kept": True, "deleted": []}``.
+
+    Every other argument is GKEDeleteNodePoolOperator's.
+    """
 
     template_fields: Sequence[str] = (*GKEDeleteNodePoolOperator.template_fields, "keep")
-    keep: Any = False  # read by the parent's parse-time check of static template fields, before __init__ sets it
 
     def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -176,7 +197,8 @@ def variable_settings() -> dict[str, Any]:
     tpuflow_serve_workloads_uri  local:///home/ray/workloads   the Serve app's working_dir on the cluster
     tpuflow_tpu_capacity         on-demand              on-demand | spot | reservation:NAME | flex-start | queued
     tpuflow_tpu_fallback_capacity (empty)               comma-separated capacities to try on a stockout
-    tpuflow_gke_output_root      $TPUFLOW_OUTPUT_ROOT or ~/.tpuflow/outputs (when parsed)
+    tpuflow_gke_output_root      tpuflow.paths.output_root() when parsed ($TPUFLOW_OUTPUT_ROOT, else
+                                                        outputs/ under $TPUFLOW_HOME or ~/.tpuflow)
                                                         data, checkpoints and logs: gs://BUCKET/PREFIX on GKE,
                                                         where the TPU hosts and Airflow both reach it
     """
@@ -198,7 +220,7 @@ def variable_settings() -> dict[str, Any]:
         "serve_workloads_uri": _var("tpuflow_serve_workloads_uri", IMAGE_WORKLOADS_URI),
         "capacity": _var("tpuflow_tpu_capacity", "on-demand"),
         "fallback_capacity": _var("tpuflow_tpu_fallback_capacity", ""),
-        "output_root": _var("tpuflow_gke_output_root", default_output_root()),
+        "output_root": _var("tpuflow_gke_output_root", paths.output_root()),
     }
 
 
@@ -233,75 +255,62 @@ def build_gke_pipeline_dag(
 ) -> DAG:
     """The pipeline on a GKE cluster with the Ray operator (KubeRay) add-on; see the module docstring.
 
+    :param dag_id: the DAG's id.
+    :param gcp_conn_id: Google Cloud connection for the GKE API (node pools), and for the cluster when
+        no ``kubernetes_conn_id`` is given.
     :param kubernetes_conn_id: a ``kubernetes`` connection to the cluster; empty/None: reach it through
         ``gcp_conn_id`` (GKE endpoint and credentials from the google provider).
+    :param project_id: the cluster's Google Cloud project.
+    :param location: the cluster's zone or region.
+    :param cluster_name: the GKE cluster.
+    :param image: the Ray image of both clusters (must carry workloads/ at ``serve_workloads_uri``).
+    :param node_zone: the slices' zone when ``location`` is a region.
+    :param namespace: Kubernetes namespace of the RayCluster and RayService (default: the connection's).
+    :param capacity: capacity of both node pools (see GKECreateTPUNodePoolOperator).
+    :param fallback_capacity: capacities to try on a stockout, in order.
     :param serve_workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees
         it (the image's copy of workloads/; a local:// path to the repo's workloads/ for the stand-in).
-    :param cluster_ready_timeout / service_ready_timeout: deadlines for the RayCluster to become ready
-        and for the RayService to serve; past them the task fails with KubeRay's reason, pod states and
-        events, and the teardowns still run.
+    :param address_mode: how Airflow reaches the Ray head (see the KubeRay operators).
+    :param output_root: data, checkpoints and logs (default: tpuflow.paths.output_root() when parsed).
+    :param cluster_ready_timeout: seconds for the RayCluster to become ready; past it the task fails with
+        KubeRay's reason, pod states and events, and the teardowns still run.
+    :param service_ready_timeout: seconds for the RayService to serve, likewise.
+    :param delete_timeout: seconds for each KubeRay delete to finish.
+    :param poll_interval: seconds between looks at the KubeRay objects.
+    :param node_pool_poll_interval: seconds between looks at GKE operations (and the first backoff).
+    :param deferrable: wait in the triggerer rather than in worker slots.
     :param ray_env: environment for the Ray head and TPU hosts of both clusters.
+    :param schedule: the DAG's schedule.
+    :param start_date: the DAG's start date.
+    :param max_active_runs: runs at once (each holds TPU slices).
+    :param dag_kwargs: further DAG arguments.
     """
     run_dir = run_dir_for(dag_id, output_root)
     gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
     pools: dict[str, Any] = {**gke, "gcp_conn_id": gcp_conn_id, "deferrable": deferrable,
                              "poll_interval": node_pool_poll_interval, "retry_backoff": node_pool_poll_interval}
+    creates: dict[str, Any] = {**pools, "capacity": capacity, "fallback_capacity": fallback_capacity,
+                               "node_zone": node_zone}
     kube: dict[str, Any] = {"kubernetes_conn_id": kubernetes_conn_id, "gke_cluster": gke, "gcp_conn_id": gcp_conn_id,
                             "namespace": namespace, "deferrable": deferrable, "poll_interval": poll_interval}
-    env = dict(ray_env or {})
+    # The RayCluster and the RayService: a cluster that missed its deadline would miss it again (no
+    # retries); the teardowns release the slice.
+    rays: dict[str, Any] = {**kube, "image": image, "env": dict(ray_env or {}), "address_mode": address_mode,
+                            "retries": 0}
     dag_kwargs.setdefault("doc_md", __doc__)
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       params=gke_pipeline_params(), **dag_kwargs) as dag:
         checked = CheckGkeParamsOperator(task_id="check_params")
-        create_pool = GKECreateTPUNodePoolOperator(
-            task_id="create_node_pool",
-            accelerator=_checked("ray_accelerator_type"),
-            topology=_checked("topology"),
-            machine_type=_checked("machine_type"),
-            capacity=capacity,
-            fallback_capacity=fallback_capacity,
-            node_zone=node_zone,
-            **pools,
-        )
-        create_cluster = KubeRayCreateClusterOperator(
-            task_id="create_ray_cluster",
-            accelerator=_checked("ray_accelerator_type"),
-            topology=_checked("topology"),
-            machine_type=_checked("machine_type"),
-            image=image,
-            env=env,
-            address_mode=address_mode,
-            wait_timeout=cluster_ready_timeout,
-            # A cluster that missed its deadline would miss it again; the teardowns release the slice.
-            retries=0,
-            **kube,
-        )
+        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
+        create_cluster = KubeRayCreateClusterOperator(task_id="create_ray_cluster", **_checked_slice(),
+                                                      wait_timeout=cluster_ready_timeout, **rays)
         cluster = create_cluster.output
         prep, train, evaluate = training_steps(cluster, run_dir)
         serve_cfg = build_serve_config(cluster, train.output, serve_workloads_uri)
-        create_serve_pool = GKECreateTPUNodePoolOperator(
-            task_id="create_serve_node_pool",
-            accelerator=_checked("ray_accelerator_type", serve=True),
-            topology=_checked("topology", serve=True),
-            machine_type=_checked("machine_type", serve=True),
-            capacity=capacity,
-            fallback_capacity=fallback_capacity,
-            node_zone=node_zone,
-            **pools,
-        )
-        deploy = KubeRayDeployServiceOperator(
-            task_id="deploy",
-            serve_config=serve_cfg,
-            accelerator=_checked("ray_accelerator_type", serve=True),
-            topology=_checked("topology", serve=True),
-            machine_type=_checked("machine_type", serve=True),
-            image=image,
-            env=env,
-            address_mode=address_mode,
-            wait_timeout=service_ready_timeout,
-            retries=0,
-            **kube,
-        )
+        create_serve_pool = GKECreateTPUNodePoolOperator(task_id="create_serve_node_pool", **_checked_slice(serve=True),
+                                                         **creates)
+        deploy = KubeRayDeployServiceOperator(task_id="deploy", serve_config=serve_cfg, **_checked_slice(serve=True),
+                                              wait_timeout=service_ready_timeout, **rays)
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
 
         deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}

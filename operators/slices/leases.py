@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tpuflow.errors import UserInputError
+from tpuflow.paths import tpuflow_home
 
 
 @dataclass(frozen=True)
@@ -165,18 +166,25 @@ class GcsLeaseStore:
 
 
 def default_lease_root() -> str:
-    """Local default beside the local clusters (TPUFLOW_HOME, else ~/.tpuflow)."""
-    return os.environ.get(
-        "TPUFLOW_SLICE_LEASES", str(Path(os.environ.get("TPUFLOW_HOME", Path.home() / ".tpuflow")) / "slice-leases")
-    )
+    """$TPUFLOW_SLICE_LEASES, else slice-leases/ beside the local clusters under tpuflow_home()."""
+    return os.environ.get("TPUFLOW_SLICE_LEASES") or str(tpuflow_home() / "slice-leases")
+
+
+def check_lease_root(root: object) -> str | None:
+    """A local folder or gs://bucket/prefix; None or empty: the default (default_lease_root)."""
+    if root is None or root == "":
+        return None
+    if not isinstance(root, str) or ("://" in root and not root.startswith("gs://")):
+        raise UserInputError("lease_root", root, "give a local folder or a gs://bucket/prefix")
+    if root.startswith("gs://") and not root[len("gs://"):].split("/", 1)[0]:
+        raise UserInputError("lease_root", root, "name the bucket: gs://BUCKET/PREFIX")
+    return root
 
 
 def lease_store(root: str | None, gcp_conn_id: str = "google_cloud_default") -> LeaseStore:
-    root = root or default_lease_root()
+    root = check_lease_root(root) or default_lease_root()
     if root.startswith("gs://"):
         return GcsLeaseStore(root, gcp_conn_id)
-    if "://" in root:
-        raise UserInputError("lease_root", root, "give a local folder or a gs://bucket/prefix")
     return LocalLeaseStore(root)
 
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from tpuflow.events import raise_for_event
+from tpuflow.templating import is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -26,10 +27,18 @@ def lease_holder(context: Context) -> str:
 
 
 class AcquireSliceOperator(BaseOperator):
-    """Claim one of `max_slices` slice leases; wait deferred (on the triggerer) while all are taken.
+    """Claim one of ``max_slices`` slice leases; wait deferred (on the triggerer) while all are taken.
 
-    :param max_slices: how many slices may be in use at once across every run sharing `lease_root`.
-    :param lease_root: local folder (default ~/.tpuflow/slice-leases) or gs://bucket/prefix.
+    One lease per DAG run: every try and every task of the run names the same holder
+    (``DAG_ID/RUN_ID``), so a retry keeps its slot. Returns ``{"slot", "holder", "lease_root",
+    "max_slices"}``.
+
+    :param max_slices: how many slices may be in use at once across every run sharing ``lease_root``
+        (a whole number >= 1; templated, e.g. from an Airflow Variable).
+    :param lease_root: local folder or ``gs://BUCKET/PREFIX`` (templated); default
+        ``$TPUFLOW_SLICE_LEASES``, else ``slice-leases/`` under ``$TPUFLOW_HOME`` (``~/.tpuflow``).
+    :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
+    :param poll_interval: seconds between looks at the leases while waiting.
     :param wait_timeout: seconds to wait for a lease before failing (default: wait as long as it takes).
     """
 
@@ -52,16 +61,28 @@ class AcquireSliceOperator(BaseOperator):
         self.gcp_conn_id = gcp_conn_id
         self.poll_interval = poll_interval
         self.wait_timeout = wait_timeout
+        self._check_static_arguments()
+
+    def _check_arguments(self) -> tuple[int, str | None]:
+        """The slot count and lease root (None: the default), or UserInputError naming the field."""
+        from tpuflow.slices.leases import check_lease_root, parse_slots
+
+        return parse_slots(self.max_slices), check_lease_root(self.lease_root)
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
+        if not is_templated(self.max_slices, self.lease_root):
+            self._check_arguments()
 
     def execute(self, context: Context) -> dict[str, Any]:
         return self._claim(context)
 
     def _claim(self, context: Context) -> dict[str, Any]:
-        from tpuflow.slices.leases import default_lease_root, lease_store, parse_slots
+        from tpuflow.slices.leases import default_lease_root, lease_store
         from tpuflow.slices.triggers import SliceLeaseTrigger
 
-        slots = parse_slots(self.max_slices)
-        root = self.lease_root or default_lease_root()
+        slots, root = self._check_arguments()
+        root = root or default_lease_root()
         store = lease_store(root, self.gcp_conn_id)
         holder = lease_holder(context)
         lease = store.try_acquire(holder, slots)
@@ -82,15 +103,18 @@ class AcquireSliceOperator(BaseOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        if event.get("status") == "timeout":
-            raise AirflowException(
-                f"no slice lease became free within {self.wait_timeout}s; held by {', '.join(event.get('held', []))}"
-            )
+        raise_for_event(event, f"waiting for a slice lease (wait_timeout={self.wait_timeout}s)")
         return self._claim(context)  # may defer again if another run claimed the slot first
 
 
 class ReleaseSliceOperator(BaseOperator):
-    """Give back this run's slice lease (a teardown: runs even when the pipeline failed)."""
+    """Give back this run's slice lease (a teardown: runs even when the pipeline failed).
+
+    Frees every slot the run (``DAG_ID/RUN_ID``) holds and returns their numbers.
+
+    :param lease_root: where the leases are (templated); the same as the acquire task's.
+    :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
+    """
 
     template_fields: Sequence[str] = ("lease_root",)
     ui_color = "#f3e5f5"
@@ -99,11 +123,22 @@ class ReleaseSliceOperator(BaseOperator):
         super().__init__(**kwargs)
         self.lease_root = lease_root
         self.gcp_conn_id = gcp_conn_id
+        self._check_static_arguments()
+
+    def _check_arguments(self) -> str | None:
+        from tpuflow.slices.leases import check_lease_root
+
+        return check_lease_root(self.lease_root)
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: a static lease root fails the DAG import if bad (none given: the default, nothing to check)."""
+        if self.lease_root and not is_templated(self.lease_root):
+            self._check_arguments()
 
     def execute(self, context: Context) -> list[int]:
         from tpuflow.slices.leases import default_lease_root, lease_store
 
-        store = lease_store(self.lease_root or default_lease_root(), self.gcp_conn_id)
+        store = lease_store(self._check_arguments() or default_lease_root(), self.gcp_conn_id)
         holder = lease_holder(context)
         freed = store.release(holder)
         self.log.info("Released slice lease(s) %s of %s in %s", freed or "none", holder, store.describe())

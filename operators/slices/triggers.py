@@ -7,14 +7,45 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
+from tpuflow.events import make_event
+from tpuflow.triggers import TpuflowTrigger
 
 
-class SliceLeaseTrigger(BaseTrigger):
-    """Fires when fewer than `slots` leases are held (or `holder` already holds one), or at `timeout`.
+async def wait_for_free_slot(
+    store: Any, *, slots: int, holder: str, deadline: float | None, poll_interval: float, log: Any
+) -> dict[str, Any]:
+    """Poll until fewer than ``slots`` leases are held (or ``holder`` holds one), or ``deadline``
+    (epoch seconds; None: no deadline). Returns a tpuflow.events event with the holders (``held``)."""
+    last: list[str] = []
+    while True:
+        try:
+            # Store calls are file or HTTP I/O: off the triggerer's event loop.
+            held = await asyncio.to_thread(store.holders, slots)
+        except Exception as err:  # a transient storage error must not kill the wait
+            log.warning("could not read slice leases at %s (%s); retrying", store.describe(), err)
+            await asyncio.sleep(poll_interval)
+            continue
+        holders = sorted(lease.holder for lease in held.values())
+        if holder in holders or len(held) < slots:
+            return make_event("success", f"a slice lease is free for {holder}", held=holders)
+        if holders != last:
+            log.info("all %d slice lease(s) held by %s; waiting", slots, ", ".join(holders))
+            last = holders
+        if deadline is not None and time.time() > deadline:
+            return make_event(
+                "timeout", f"no slice lease became free in time; held by {', '.join(holders)} (a lease left by a "
+                "deleted or killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`)", held=holders,
+            )
+        await asyncio.sleep(poll_interval)
 
-    The operator then claims a slot itself; a run that loses the race defers again.
-    """
+
+class SliceLeaseTrigger(TpuflowTrigger):
+    """Fires when fewer than `slots` leases are held (or `holder` already holds one), or at `timeout`
+    seconds after `started_at`. The operator then claims a slot itself; a run that loses the race
+    defers again."""
+
+    serialize_fields = ("lease_root", "slots", "holder", "gcp_conn_id", "poll_interval", "timeout", "started_at")
 
     def __init__(
         self,
@@ -35,41 +66,15 @@ class SliceLeaseTrigger(BaseTrigger):
         self.timeout = timeout
         self.started_at = started_at if started_at is not None else time.time()
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "lease_root": self.lease_root,
-                "slots": self.slots,
-                "holder": self.holder,
-                "gcp_conn_id": self.gcp_conn_id,
-                "poll_interval": self.poll_interval,
-                "timeout": self.timeout,
-                "started_at": self.started_at,
-            },
-        )
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from tpuflow.slices.leases import lease_store
 
-        store = lease_store(self.lease_root, self.gcp_conn_id)
-        last: list[str] = []
-        while True:
-            try:
-                # Store calls are file or HTTP I/O: off the triggerer's event loop.
-                held = await asyncio.to_thread(store.holders, self.slots)
-            except Exception as err:  # a transient storage error must not kill the wait
-                self.log.warning("could not read slice leases at %s (%s); retrying", self.lease_root, err)
-                await asyncio.sleep(self.poll_interval)
-                continue
-            holders = sorted(lease.holder for lease in held.values())
-            if self.holder in holders or len(held) < self.slots:
-                yield TriggerEvent({"status": "free", "held": holders})
-                return
-            if holders != last:
-                self.log.info("all %d slice lease(s) held by %s; waiting", self.slots, ", ".join(holders))
-                last = holders
-            if self.timeout is not None and time.time() - self.started_at > self.timeout:
-                yield TriggerEvent({"status": "timeout", "held": holders})
-                return
-            await asyncio.sleep(self.poll_interval)
+        event = await wait_for_free_slot(
+            lease_store(self.lease_root, self.gcp_conn_id),
+            slots=self.slots,
+            holder=self.holder,
+            deadline=None if self.timeout is None else self.started_at + float(self.timeout),
+            poll_interval=self.poll_interval,
+            log=self.log,
+        )
+        yield TriggerEvent(event)

@@ -6,7 +6,7 @@ Pure data, no heavy imports: DAG files and the CLI read it at parse time.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 def _larger_3d(max_x: int, max_y: int, max_z: int, *, ascending: bool) -> frozenset[str]:
@@ -56,64 +56,59 @@ class Generation:
         return self.gke_topologies | self.ray_topologies
 
 
+# v5e and v6e are 2D tori of 1-, 4- or 8-chip VMs; v4 and v5p 3D tori of 4-chip VMs. The second of each
+# pair differs from the first only in its names (and, for v5p, its largest shapes).
+_V5E = Generation(
+    name="v5e",
+    gke_accelerator="tpu-v5-lite-podslice",
+    ray_accelerator_type="TPU-V5LITEPOD",
+    ray_version="v5litepod",
+    machine_family="ct5lp-hightpu",
+    machine_chip_options=(1, 4, 8),
+    dims=2,
+    cores_per_chip=1,
+    logical_devices_per_chip=1,
+    gke_topologies=_TWO_D,
+    ray_topologies=_TWO_D | {"2x8"},
+    single_vm_max_chips=8,
+)
+_V4 = Generation(
+    name="v4",
+    gke_accelerator="tpu-v4-podslice",
+    ray_accelerator_type="TPU-V4",
+    ray_version="v4",
+    machine_family="ct4p-hightpu",
+    machine_chip_options=(4,),
+    dims=3,
+    cores_per_chip=2,
+    logical_devices_per_chip=1,
+    gke_topologies=_SMALL_3D | _larger_3d(16, 16, 16, ascending=True),
+    ray_topologies=_SMALL_3D | _larger_3d(12, 12, 16, ascending=False),
+    single_vm_max_chips=4,
+)
+
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation(
-            name="v4",
-            gke_accelerator="tpu-v4-podslice",
-            ray_accelerator_type="TPU-V4",
-            ray_version="v4",
-            machine_family="ct4p-hightpu",
-            machine_chip_options=(4,),
-            dims=3,
-            cores_per_chip=2,
-            logical_devices_per_chip=1,
-            gke_topologies=_SMALL_3D | _larger_3d(16, 16, 16, ascending=True),
-            ray_topologies=_SMALL_3D | _larger_3d(12, 12, 16, ascending=False),
-            single_vm_max_chips=4,
-        ),
-        Generation(
-            name="v5e",
-            gke_accelerator="tpu-v5-lite-podslice",
-            ray_accelerator_type="TPU-V5LITEPOD",
-            ray_version="v5litepod",
-            machine_family="ct5lp-hightpu",
-            machine_chip_options=(1, 4, 8),
-            dims=2,
-            cores_per_chip=1,
-            logical_devices_per_chip=1,
-            gke_topologies=_TWO_D,
-            ray_topologies=_TWO_D | {"2x8"},
-            single_vm_max_chips=8,
-        ),
-        Generation(
+        _V4,
+        _V5E,
+        replace(
+            _V4,
             name="v5p",
             gke_accelerator="tpu-v5p-slice",
             ray_accelerator_type="TPU-V5P",
             ray_version="v5p",
             machine_family="ct5p-hightpu",
-            machine_chip_options=(4,),
-            dims=3,
-            cores_per_chip=2,
-            logical_devices_per_chip=1,
             gke_topologies=_SMALL_3D | _larger_3d(16, 16, 24, ascending=True),
             ray_topologies=_SMALL_3D | _larger_3d(16, 16, 24, ascending=False),
-            single_vm_max_chips=4,
         ),
-        Generation(
+        replace(
+            _V5E,
             name="v6e",
             gke_accelerator="tpu-v6e-slice",
             ray_accelerator_type="TPU-V6E",
             ray_version="v6e",
             machine_family="ct6e-standard",
-            machine_chip_options=(1, 4, 8),
-            dims=2,
-            cores_per_chip=1,
-            logical_devices_per_chip=1,
-            gke_topologies=_TWO_D,
-            ray_topologies=_TWO_D | {"2x8"},
-            single_vm_max_chips=8,
         ),
         Generation(
             name="tpu7x",

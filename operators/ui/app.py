@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import mimetypes
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -76,10 +75,10 @@ async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
 
 
 def local_clusters() -> list[dict[str, Any]]:
-    from tpuflow.local.cluster import DEFAULT_BASE_DIR, STATE_FILE, LocalRayCluster
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
 
     rows = []
-    for state in sorted(Path(DEFAULT_BASE_DIR).glob(f"*/{STATE_FILE}")):
+    for state in sorted(default_base_dir().glob(f"*/{STATE_FILE}")):
         try:
             cluster = LocalRayCluster.load(state.parent)
         except (OSError, ValueError, TypeError):
@@ -95,7 +94,7 @@ def local_clusters() -> list[dict[str, Any]]:
 
 @app.get("/clusters", response_class=HTMLResponse)
 async def clusters(request: Request) -> str:
-    from tpuflow.local.cluster import DEFAULT_BASE_DIR
+    from tpuflow.local.cluster import default_base_dir
 
     await _authorize(request)
     rows = "".join(
@@ -104,7 +103,7 @@ async def clusters(request: Request) -> str:
         f"{html.escape(r['dashboard_url'])}</a></td><td>{html.escape(r['serve_url'])}</td></tr>"
         for r in local_clusters()
     ) or "<tr><td colspan=5>No local Ray clusters (a run starts one; keep_endpoint keeps it after the run).</td></tr>"
-    body = (f"<p>State under <code>{html.escape(str(DEFAULT_BASE_DIR))}</code>; stop one with "
+    body = (f"<p>State under <code>{html.escape(str(default_base_dir()))}</code>; stop one with "
             "<code>tpuflow local down --name NAME</code>.</p><table><tr><th>name</th><th>state</th><th>slice</th>"
             f"<th>Ray dashboard</th><th>Serve</th></tr>{rows}</table>")
     return _page("Local Ray clusters", body)

@@ -80,7 +80,7 @@ def test_a_retry_adopts_the_pool_instead_of_creating_a_second(gke):
 def test_a_retry_waits_for_the_create_its_earlier_try_started(gke):
     """The worker died while GKE was still creating: the retry follows that operation."""
     from tpuflow.gke.hooks import GKENodePoolHook
-    from tpuflow.gke.nodepool_spec import TaskIdentity
+    from tpuflow.naming import TaskIdentity
 
     op = create_op()
     plan = op.plan(TaskIdentity("train_dag", "manual__2026-11-29T10:00:00+00:00", "create_pool"), 2_000_000_000)
@@ -400,3 +400,71 @@ def test_killing_the_create_during_a_backoff_deletes_the_pools_it_already_made(g
 
     asyncio.run(rebuilt.on_kill())
     assert _statuses(gke) in ({name: "STOPPING"}, {})
+
+
+# --- on_kill_action="keep": killing the task leaves the pools it made ------------------------------------
+def test_on_kill_action_keep_leaves_the_pools_when_killed_in_the_worker_and_while_deferred(gke, capsys):
+    import asyncio
+
+    op = create_op(on_kill_action="keep")
+    name = op.execute(context())["node_pool_name"]
+    capsys.readouterr()
+    op.on_kill()  # what the task runner's SIGTERM handler calls
+    assert _statuses(gke) == {name: "RUNNING"}
+    assert not [r for r in gke.requests if r["method"] == "DELETE"]
+    assert f"on_kill_action='keep' leaves node pool(s) {name}" in capsys.readouterr().out
+
+    gke.operation_seconds = 0.3
+    trigger = _deferred_trigger(create_op(task_id="create_other", deferrable=True, on_kill_action="keep"),
+                                context(task_id="create_other"))
+    assert trigger.delete_on_kill is None
+    asyncio.run(trigger.on_kill())
+    assert not [r for r in gke.requests if r["method"] == "DELETE"]
+    # The default deletes: the same deferral with on_kill_action="delete" names the pool to delete.
+    default = _deferred_trigger(create_op(task_id="create_other", deferrable=True), context(task_id="create_other"))
+    assert default.delete_on_kill["node_pool_names"] == [p for p in _statuses(gke) if p != name]
+
+
+def test_on_kill_action_is_checked_when_the_dag_is_parsed(gke):
+    from tpuflow.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="on_kill_action='ignore'"):
+        create_op(on_kill_action="ignore", capacity="{{ params.capacity }}")
+
+
+# --- template fields: checked when rendered, in the same check as static ones ----------------------------
+def test_a_templated_node_label_is_checked_only_once_rendered_by_the_parse_time_check(gke):
+    from tpuflow.errors import UserInputError
+
+    bad = {"example.com/team": "not ok!"}
+    with pytest.raises(UserInputError, match="node_labels"):
+        create_op(node_labels=bad)  # static: the DAG file would not import
+    op = create_op(node_labels={"example.com/team": "{{ params.team }}"})  # templated: not checked yet
+    assert op.node_labels == {"example.com/team": "{{ params.team }}"}  # assigned as given
+    op.node_labels = bad  # what the template rendered to
+    with pytest.raises(UserInputError, match="node_labels"):
+        op.execute(context())
+    assert gke.requests == []
+    delete = delete_op(node_pool_name="{{ ti.xcom_pull(task_ids='create_pool', key='node_pool_name') }}")
+    delete.node_pool_name = "Bad_Name"
+    with pytest.raises(UserInputError, match="node_pool_name='Bad_Name'"):
+        delete.execute(context(task_id="delete_pool"))
+    assert gke.requests == []
+
+
+# --- trigger events: the tpuflow.events shape, resumed through raise_for_event ---------------------------
+def test_a_broken_wait_fails_the_task_through_raise_for_event_and_a_good_one_resumes(gke):
+    op = create_op(deferrable=True)
+    with pytest.raises(AirflowException, match="waiting on GKE: error: reading GKE operation x failed"):
+        op.execute_complete(context(), {"status": "error", "message": "reading GKE operation x failed: boom",
+                                        "resume": {"progress": {}, "waiting": None}})
+    with pytest.raises(AirflowFailException, match="is ABORTING"):
+        op.execute_complete(context(), {"status": "failed", "message": "GKE operation x is ABORTING"})
+    trigger = _deferred_trigger(create_op(deferrable=True), context())
+    import asyncio
+
+    event = asyncio.run(trigger.run().__anext__()).payload
+    assert event["status"] == "success" and set(event) >= {"message", "operation_name", "resume"}
+    result = create_op(deferrable=True).execute_complete(context(), event)
+    assert [p["status"] for p in gke.node_pools()] == ["RUNNING"]
+    assert result["created"] == [result["node_pool_name"]]  # the progress came back in the event

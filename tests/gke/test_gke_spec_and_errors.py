@@ -9,13 +9,13 @@ from tpuflow.errors import UserInputError
 from tpuflow.gke.errors import FailureKind, classify, classify_operation
 from tpuflow.gke.nodepool_spec import (
     Capacity,
-    TaskIdentity,
     match_capacity,
-    ownership_labels,
     parse_capacity,
     parse_capacity_order,
     plan_node_pools,
 )
+from tpuflow.labels import gce_ownership_labels as ownership_labels
+from tpuflow.naming import TaskIdentity
 
 GKE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 GCE_LABEL = re.compile(r"^[a-z0-9_-]{0,63}$")

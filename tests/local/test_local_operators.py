@@ -15,7 +15,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowTaskTerminated
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, NodeProcess
-from tpuflow.local.operators import LocalRayClusterCreateOperator, local_cluster_name
+from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator, local_cluster_name
+from tpuflow.naming import TaskIdentity
 
 
 class FakeTI:
@@ -63,7 +64,7 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
         for pid in spawned:
             cluster_mod._signal_group(pid, signal.SIGKILL)
 
-    state_dir = Path(tmp_path) / local_cluster_name(FakeTI.dag_id, FakeTI.run_id, FakeTI.task_id)
+    state_dir = Path(tmp_path) / local_cluster_name(TaskIdentity(FakeTI.dag_id, FakeTI.run_id, FakeTI.task_id))
     assert spawned and not _alive(spawned[0])
     assert not (state_dir / STATE_FILE).exists()
     op.on_kill()  # once execute has ended there is nothing left to stop
@@ -74,3 +75,60 @@ def _wait_for(spawned: list[int]) -> None:
     while not spawned and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.2)
+
+
+class MappedTI(FakeTI):
+    def __init__(self, map_index: int, task_id: str = "start_cluster") -> None:
+        self.map_index, self.task_id = map_index, task_id
+
+
+def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes_find_it(tmp_path, monkeypatch):
+    names = {local_cluster_name(TaskIdentity.from_context({"ti": MappedTI(i)})) for i in (-1, 0, 1, 2)}
+    assert len(names) == 4  # unmapped and three mapped instances: four clusters
+    assert all(len(n) <= 48 and n.startswith("local-local-dag-") for n in names)
+    # A retry (same instance) gets the same name; the name does not depend on the try.
+    assert local_cluster_name(TaskIdentity("local_dag", "manual__1", "start_cluster", 1)) == local_cluster_name(
+        TaskIdentity.from_context({"ti": MappedTI(1)}))
+
+    seen: list[Any] = []  # cluster names start() was asked for, then state dirs load() was asked for
+
+    def start(cls: type, tpu: Any, name: str, base_dir: Any, **kwargs: Any) -> LocalRayCluster:
+        seen.append(name)
+        raise cluster_mod.LocalClusterError("not starting Ray in this test")
+
+    def load(cls: type, state_dir: Path) -> LocalRayCluster:
+        seen.append(state_dir)
+        raise cluster_mod.LocalClusterError("loaded")
+
+    monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
+    monkeypatch.setattr(LocalRayCluster, "load", classmethod(load))
+    for index in (0, 1):
+        op = LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="2x2",
+                                           base_dir=str(tmp_path))
+        with pytest.raises(cluster_mod.LocalClusterError, match="not starting"):
+            op.execute({"ti": MappedTI(index)})
+    started = list(seen)
+    assert len(set(started)) == 2
+    # Each mapped delete (same map index) looks for its own instance's cluster.
+    for index, name in zip((0, 1), started, strict=True):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / STATE_FILE).write_text("{}")
+        seen.clear()
+        delete = LocalRayClusterDeleteOperator(task_id="stop_cluster", base_dir=str(tmp_path))
+        with pytest.raises(cluster_mod.LocalClusterError, match="loaded"):
+            delete.execute({"ti": MappedTI(index, task_id="stop_cluster")})
+        assert seen == [tmp_path / name]
+
+
+def test_the_slice_is_checked_at_parse_time_when_static_and_once_rendered_when_templated(tmp_path):
+    from tpuflow.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="topology='16'"):
+        LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="16")
+    op = LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="{{ params.accelerator }}",
+                                       topology="{{ params.topology }}", base_dir=str(tmp_path))
+    assert op.topology == "{{ params.topology }}"  # assigned as given, not checked yet
+    op.accelerator, op.topology = "v6e", "16"  # what the templates rendered to
+    with pytest.raises(UserInputError, match="topology='16'"):
+        op.execute({"ti": FakeTI()})
+    assert not list(tmp_path.iterdir())  # nothing started

@@ -79,7 +79,7 @@ def test_trigger_waits_until_a_slot_frees_and_serializes(tmp_path: Path) -> None
         event = await asyncio.wait_for(task, 5)
         return dict(event.payload)
 
-    assert asyncio.run(scenario())["status"] == "free"
+    assert asyncio.run(scenario())["status"] == "success"  # the tpuflow.events shape
 
 
 def test_trigger_times_out(tmp_path: Path) -> None:
@@ -91,7 +91,9 @@ def test_trigger_times_out(tmp_path: Path) -> None:
     async def first() -> dict[str, Any]:
         return dict((await trigger.run().__anext__()).payload)
 
-    assert asyncio.run(first()) == {"status": "timeout", "held": ["dag/a"]}
+    event = asyncio.run(first())
+    assert {k: event[k] for k in ("status", "held")} == {"status": "timeout", "held": ["dag/a"]}
+    assert "dag/a" in event["message"]
 
 
 class _TI(SimpleNamespace):
@@ -110,7 +112,7 @@ def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
         op.execute(ctx_b)  # type: ignore[arg-type]
     assert deferred.value.trigger.holder == "dag/b"
     ReleaseSliceOperator(task_id="release_slice", lease_root=str(tmp_path)).execute(ctx_a)  # type: ignore[arg-type]
-    assert op.execute_complete(ctx_b, {"status": "free"})["holder"] == "dag/b"  # type: ignore[arg-type]
+    assert op.execute_complete(ctx_b, {"status": "success", "message": "free"})["holder"] == "dag/b"  # type: ignore[arg-type]
 
 
 def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,3 +124,28 @@ def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["leases", "free", "--lease-root", str(tmp_path), "dag/killed-run"]) == 0
     assert main(["leases", "free", "--lease-root", str(tmp_path), "dag/killed-run"]) == 1
     assert LocalLeaseStore(tmp_path).holders(1) == {}
+
+
+def test_a_lease_wait_that_timed_out_fails_the_task_naming_the_holders(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowException
+    from tpuflow.slices.operators import AcquireSliceOperator
+
+    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), wait_timeout=1)
+    with pytest.raises(AirflowException, match="timeout: .*held by dag/a"):
+        op.execute_complete({"ti": _TI(dag_id="dag", run_id="b")},  # type: ignore[arg-type]
+                            {"status": "timeout", "message": "held by dag/a", "held": ["dag/a"]})
+
+
+def test_lease_arguments_are_checked_at_parse_time_when_static_and_at_run_time_when_templated(tmp_path: Path) -> None:
+    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+
+    with pytest.raises(UserInputError, match="max_slices='0'"):
+        AcquireSliceOperator(task_id="acquire_slice", max_slices="0")
+    with pytest.raises(UserInputError, match="lease_root='s3://bucket/leases'"):
+        ReleaseSliceOperator(task_id="release_slice", lease_root="s3://bucket/leases")
+    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path),
+                              max_slices="{{ var.value.get('tpuflow_max_slices', 1) }}")  # not checked yet
+    op.max_slices = "none"  # what the template rendered to
+    with pytest.raises(UserInputError, match="max_slices='none'"):
+        op.execute({"ti": _TI(dag_id="dag", run_id="a")})  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())  # failed before claiming anything
