@@ -122,9 +122,8 @@ def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin)
 def test_wrong_numofhosts_fails_before_anything_is_sent(kube: KubeRayStandin) -> None:
     manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="copied-sample")
     manifest["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
-    op = KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest)
-    with pytest.raises(UserInputError) as err:
-        run(op)
+    with pytest.raises(UserInputError) as err:  # a static manifest is checked when the DAG file is parsed
+        KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest)
     assert err.value.field == "manifest.spec.workerGroupSpecs[0].numOfHosts"
     assert "needs numOfHosts=4" in str(err.value)
     assert not any(method == "POST" for method, *_ in kube.api.requests)
@@ -368,10 +367,10 @@ def test_killing_a_cluster_create_waiting_in_the_worker_deletes_the_raycluster(k
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     deadline = time.monotonic() + 10
-    while getattr(op, "_waiting_for", None) is None:
+    while op._owned is None:
         assert time.monotonic() < deadline and worker.is_alive()
         time.sleep(0.02)
-    name = op._waiting_for[1]
+    name = op._owned.name
     assert not deleting(kube, RAYCLUSTERS, name)
 
     op.on_kill()  # what the task runner's SIGTERM handler calls
