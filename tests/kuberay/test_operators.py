@@ -378,3 +378,93 @@ def test_killing_a_cluster_create_waiting_in_the_worker_deletes_the_raycluster(k
     assert deleting(kube, RAYCLUSTERS, name)
     worker.join(timeout=15)
     assert failure and isinstance(failure[0], AirflowException)
+
+
+# --- hooks: the providers' hooks, with their GKE variants -------------------------------------------------
+def test_the_hooks_are_the_providers_kubernetes_hooks_and_their_gke_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
+    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
+
+    monkeypatch.setenv("AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform",
+                                                       "extra": {"is_anonymous": True}}))
+    conn = KubeTarget(kubernetes_conn_id=CONN)
+    assert type(KubeRayHook.for_target(conn)) is KubeRayHook and isinstance(KubeRayHook.for_target(conn),
+                                                                            KubernetesHook)
+    assert type(AsyncKubeRayHook.for_target(conn)) is AsyncKubeRayHook
+    assert isinstance(AsyncKubeRayHook.for_target(conn), AsyncKubernetesHook)
+    gke = KubeTarget(kubernetes_conn_id=None, cluster_url="https://10.0.0.2", ssl_ca_cert="Q0E=", gcp_conn_id="gcp")
+    sync_hook, async_hook = KubeRayHook.for_target(gke), AsyncKubeRayHook.for_target(gke)
+    assert isinstance(sync_hook, KubeRayHook) and isinstance(sync_hook, GKEKubernetesHook)
+    assert isinstance(async_hook, AsyncKubeRayHook) and isinstance(async_hook, GKEKubernetesAsyncHook)
+    assert sync_hook.default_namespace() == "default" and sync_hook.is_in_cluster is False
+    assert sync_hook._cluster_url == "https://10.0.0.2" and async_hook._hook_kwargs["gcp_conn_id"] == "gcp"
+
+
+def test_the_hooks_return_plain_json_and_raise_the_clients_errors(kube: KubeRayStandin) -> None:
+    from kubernetes.client import ApiException
+    from tpuflow.kuberay import RAYCLUSTERS as PLURAL
+    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
+
+    add_pool(kube)
+    run(create_op())
+    target = KubeTarget(kubernetes_conn_id=CONN)
+    hook = KubeRayHook.for_target(target)
+    name = kube.store.list(RAYCLUSTERS)[0]["metadata"]["name"]
+    pods = hook.pods("default", f"ray.io/cluster={name}")
+    assert len(pods) == 5 and pods[0]["metadata"]["labels"]["ray.io/cluster"] == name  # camelCase JSON
+    assert hook.get_service(f"{name}-head-svc", "default")["spec"]["clusterIP"] == "127.0.0.1"
+    assert hook.get_service("nope", "default") is None and hook.get(PLURAL, "nope", "default") is None
+    with pytest.raises(ApiException) as err:
+        hook.create(PLURAL, {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}},
+                    "default")
+    assert err.value.status == 409
+
+    async def read() -> tuple[Any, Any, Any]:
+        reader = AsyncKubeRayHook.for_target(target)
+        return (await reader.get(PLURAL, name, "default"), await reader.pods("default", f"ray.io/cluster={name}"),
+                await reader.delete(PLURAL, "nope", "default"))
+
+    obj, async_pods, deleted = asyncio.run(read())
+    assert obj["metadata"]["name"] == name and deleted is False
+    assert sorted(p["metadata"]["name"] for p in async_pods) == sorted(p["metadata"]["name"] for p in pods)
+
+
+# --- template fields, parse-time and run-time checks ---------------------------------------------------------
+def test_template_fields_keep_exactly_what_was_passed_and_are_checked_once_rendered(kube: KubeRayStandin) -> None:
+    env, labels = {"A": "1"}, {"team": "ml"}
+    op = create_op(accelerator="{{ params.acc }}", topology="4x4", tpu=None, env=env, labels=labels)
+    for field in op.template_fields:
+        assert hasattr(op, field)
+    assert op.env is env and op.labels is labels and op.accelerator == "{{ params.acc }}" and op.num_slices == 1
+    op.accelerator = "v6e-typo"  # what a bad rendered value looks like: checked before anything is sent
+    with pytest.raises(UserInputError) as err:
+        run(op)
+    assert err.value.field == "accelerator"
+    assert not any(method == "POST" for method, *_ in kube.api.requests)
+    with pytest.raises(UserInputError, match="poll_interval"):
+        KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, poll_interval=0)
+
+
+def test_on_kill_action_keep_leaves_the_rayservice(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    kube.launcher.serve["llm"] = FakeServeBehaviour(app_status="DEPLOYING")  # type: ignore[attr-defined]
+    kept = deferred_trigger(deploy_op(deferrable=True, on_kill_action="keep"))
+    assert kept.owner_run_key is None
+    asyncio.run(kept.on_kill())
+    assert not deleting(kube, RAYSERVICES, kept.name)
+    with pytest.raises(UserInputError) as err:
+        deploy_op(on_kill_action="drop")
+    assert err.value.field == "on_kill_action"
+
+
+def test_public_operators_document_every_argument() -> None:
+    import inspect
+
+    for cls in (KubeRayCreateClusterOperator, KubeRayDeployServiceOperator, KubeRayDeleteClusterOperator,
+                KubeRayDeleteServiceOperator):
+        doc = cls.__doc__ or ""
+        names = {p for klass in cls.__mro__ if "__init__" in vars(klass) and klass.__module__.startswith("tpuflow")
+                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "kwargs", "owner_task_id")}
+        missing = sorted(n for n in names if f":param {n}:" not in doc)
+        assert missing == [], f"{cls.__name__} does not document {missing}"
