@@ -25,9 +25,9 @@ in the operators module.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
@@ -105,7 +105,36 @@ def resolve_gke_target(gke_cluster: Mapping[str, Any], gcp_conn_id: str,
                       impersonation_chain=chain, use_dns_endpoint=use_dns)
 
 
-# --- what both hooks do with the answers (pure) ------------------------------------------------------------
+# --- what both hooks do with the answers ------------------------------------------------------------------
+T = TypeVar("T")
+D = TypeVar("D")
+H = TypeVar("H", bound=KubernetesHook)
+
+
+def _unless_missing(call: Callable[[], T], default: D) -> T | D:
+    """The call's answer, or `default` when the API answers 404 Not Found (other errors propagate)."""
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status != NOT_FOUND:
+            raise
+        return default
+
+
+async def _await_unless_missing(call: Awaitable[T], default: D) -> T | D:
+    """`_unless_missing` for kubernetes_asyncio calls."""
+    try:
+        return await call
+    except async_client.ApiException as exc:
+        if exc.status != NOT_FOUND:
+            raise
+        return default
+
+
+def _as_dict(obj: Any) -> dict[str, Any] | None:
+    return None if obj is None else dict(obj)
+
+
 def _items(serialized: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(item) for item in serialized.get("items") or []]
 
@@ -119,8 +148,20 @@ def _log_kwargs(lines: int, container: str | None) -> dict[str, Any]:
     return {"tail_lines": lines, **({"container": container} if container else {})}
 
 
+def _log_lines(text: Any) -> list[str]:
+    return str(text).splitlines()
+
+
 def _no_log(exc: BaseException) -> list[str]:
     return [f"(no log: {api_error_parts(exc)[2]})"]
+
+
+def _for_target(target: KubeTarget, on_connection: type[H], on_gke: type[H]) -> H:
+    return on_gke(**target.gke_hook_kwargs()) if target.gke else on_connection(conn_id=target.kubernetes_conn_id)
+
+
+_DELETED = object()
+_BACKGROUND = {"propagation_policy": "Background"}
 
 
 class KubeRayHook(KubernetesHook):
@@ -132,21 +173,14 @@ class KubeRayHook(KubernetesHook):
     @staticmethod
     def for_target(target: KubeTarget) -> KubeRayHook:
         """The hook for a target: GKEKubeRayHook for a GKE endpoint, else one on the kubernetes connection."""
-        if target.gke:
-            return GKEKubeRayHook(**target.gke_hook_kwargs())
-        return KubeRayHook(conn_id=target.kubernetes_conn_id)
+        return _for_target(target, KubeRayHook, GKEKubeRayHook)
 
     def default_namespace(self) -> str:
         return str(self.get_namespace() or "default")
 
-    # --- custom objects (ray.io/v1) ---
+    # --- custom objects (ray.io/v1), through the provider's calls ---
     def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.get_custom_object(GROUP, VERSION, plural, name, namespace))
-        except ApiException as exc:
-            if exc.status == NOT_FOUND:
-                return None
-            raise
+        return _as_dict(_unless_missing(lambda: self.get_custom_object(GROUP, VERSION, plural, name, namespace), None))
 
     def create(self, plural: str, body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         return dict(self.create_custom_object(GROUP, VERSION, plural, dict(body), namespace))
@@ -158,13 +192,9 @@ class KubeRayHook(KubernetesHook):
 
     def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
-        try:
-            self.delete_custom_object(GROUP, VERSION, plural, name, namespace, propagation_policy="Background")
-        except ApiException as exc:
-            if exc.status == NOT_FOUND:
-                return False
-            raise
-        return True
+        answer = _unless_missing(lambda: self.delete_custom_object(GROUP, VERSION, plural, name, namespace,
+                                                                   **_BACKGROUND), _DELETED)
+        return answer is not _DELETED
 
     # --- core objects, as plain JSON ---
     def _plain(self, model: Any) -> dict[str, Any]:
@@ -177,22 +207,17 @@ class KubeRayHook(KubernetesHook):
         return _involving(_items(self._plain(self.core_v1_client.list_namespaced_event(namespace))), names)
 
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return self._plain(self.core_v1_client.read_namespaced_service(name, namespace))
-        except ApiException as exc:
-            if exc.status == NOT_FOUND:
-                return None
-            raise
+        found = _unless_missing(lambda: self.core_v1_client.read_namespaced_service(name, namespace), None)
+        return None if found is None else self._plain(found)
 
     def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
         """The last `lines` log lines; an explanation line when the container has none yet."""
         if lines <= 0:
             return []
         try:
-            text = self.core_v1_client.read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container))
+            return _log_lines(self.core_v1_client.read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container)))
         except ApiException as exc:
             return _no_log(exc)
-        return str(text).splitlines()
 
 
 class GKEKubeRayHook(KubeRayHook, GKEKubernetesHook):
@@ -216,39 +241,30 @@ class GKEKubeRayHook(KubeRayHook, GKEKubernetesHook):
 class AsyncKubeRayHook(AsyncKubernetesHook):
     """The reads the triggers poll with, and the trigger's kill-time delete, on kubernetes_asyncio.
 
+    Each call opens the provider's ``get_conn()`` client and retries transient errors with the
+    provider's ``generic_api_retry``.
+
     :param conn_id: the ``kubernetes`` connection (see the cncf-kubernetes provider's AsyncKubernetesHook).
     """
 
     @staticmethod
     def for_target(target: KubeTarget) -> AsyncKubeRayHook:
-        if target.gke:
-            return GKEAsyncKubeRayHook(**target.gke_hook_kwargs())
-        return AsyncKubeRayHook(conn_id=target.kubernetes_conn_id)
+        return _for_target(target, AsyncKubeRayHook, GKEAsyncKubeRayHook)
 
     @generic_api_retry
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
         async with self.get_conn() as api:
-            try:
-                obj = await async_client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace,
-                                                                                            plural, name)
-            except async_client.ApiException as exc:
-                if exc.status == NOT_FOUND:
-                    return None
-                raise
-        return dict(obj)
+            read = async_client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
+                                                                                   name)
+            return _as_dict(await _await_unless_missing(read, None))
 
     @generic_api_retry
     async def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
         async with self.get_conn() as api:
-            try:
-                await async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, name, propagation_policy="Background")
-            except async_client.ApiException as exc:
-                if exc.status == NOT_FOUND:
-                    return False
-                raise
-        return True
+            request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                                                         plural, name, **_BACKGROUND)
+            return await _await_unless_missing(request, _DELETED) is not _DELETED
 
     @generic_api_retry
     async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
@@ -266,12 +282,11 @@ class AsyncKubeRayHook(AsyncKubernetesHook):
         if lines <= 0:
             return []
         async with self.get_conn() as api:
+            reading = async_client.CoreV1Api(api).read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container))
             try:
-                text = await async_client.CoreV1Api(api).read_namespaced_pod_log(pod, namespace,
-                                                                                 **_log_kwargs(lines, container))
+                return _log_lines(await reading)
             except async_client.ApiException as exc:
                 return _no_log(exc)
-        return str(text).splitlines()
 
 
 class GKEAsyncKubeRayHook(AsyncKubeRayHook, GKEKubernetesAsyncHook):

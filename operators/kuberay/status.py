@@ -128,11 +128,14 @@ def _explain(cond: Condition | None, name: str) -> str:
     return f"{name}={cond.get('status')}" + (f" ({detail})" if detail else "")
 
 
-def _not_observed(obj: Mapping[str, Any]) -> str | None:
+def _not_observed(obj: Mapping[str, Any], kind: str) -> Verdict | None:
+    """Waiting while KubeRay has not reconciled the latest spec (observedGeneration behind generation)."""
     generation = (obj.get("metadata") or {}).get("generation")
     observed = (obj.get("status") or {}).get("observedGeneration")
     if generation is not None and observed is not None and int(observed) < int(generation):
-        return f"KubeRay has not reconciled the latest spec yet (generation {generation}, observed {observed})"
+        name = (obj.get("metadata") or {}).get("name", "?")
+        return Verdict(WAITING, f"{kind} {name}: KubeRay has not reconciled the latest spec yet (generation "
+                                f"{generation}, observed {observed})")
     return None
 
 
@@ -145,15 +148,24 @@ def desired_workers(obj: Mapping[str, Any]) -> int:
     return sum(int(g.get("replicas", 0) or 0) * int(g.get("numOfHosts", 1) or 1) for g in groups if not g.get("suspend"))
 
 
-def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
+def _unreported(obj: Mapping[str, Any] | None, kind: str) -> Verdict | None:
+    """The verdict before KubeRay reports anything: the object is missing, or has no status yet."""
     if not obj:
-        return Verdict(WAITING, "the RayCluster does not exist (yet)")
-    name = (obj.get("metadata") or {}).get("name", "?")
-    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return Verdict(WAITING, f"the {kind} does not exist (yet)")
+    if not obj.get("status"):
+        name = (obj.get("metadata") or {}).get("name", "?")
+        return Verdict(WAITING, f"{kind} {name}: KubeRay has not reported any status yet (is the operator running?)")
+    return None
+
+
+def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
+    name = ((obj or {}).get("metadata") or {}).get("name", "?")
+    if obj and (obj.get("metadata") or {}).get("deletionTimestamp"):
         return Verdict(FAILED, f"RayCluster {name} is being deleted")
+    early = _unreported(obj, "RayCluster")
+    if early is not None or obj is None:
+        return early or Verdict(WAITING, "the RayCluster does not exist (yet)")
     status = cluster_status(obj)
-    if not status:
-        return Verdict(WAITING, f"RayCluster {name}: KubeRay has not reported any status yet (is the operator running?)")
     conds = conditions(obj)
     failure = conds.get("ReplicaFailure")
     if _true(failure):
@@ -162,9 +174,9 @@ def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
         return Verdict(FAILED, f"RayCluster {name} is suspended")
     if str(status.get("state", "")).lower() == "failed":
         return Verdict(FAILED, f"RayCluster {name} failed: {status.get('reason') or 'no reason given'}")
-    lag = _not_observed(obj)
-    if lag:
-        return Verdict(WAITING, f"RayCluster {name}: {lag}")
+    lag = _not_observed(obj, "RayCluster")
+    if lag is not None:
+        return lag
     desired = desired_workers(obj)
     ready_workers = int(status.get("readyWorkerReplicas") or 0)
     provisioned, head = conds.get("RayClusterProvisioned"), conds.get("HeadPodReady")
@@ -204,12 +216,11 @@ def _deployment_problems(app: ServeApplicationStatus, wanted: tuple[str, ...] | 
 
 
 def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
-    if not obj:
-        return Verdict(WAITING, "the RayService does not exist (yet)")
+    early = _unreported(obj, "RayService")
+    if early is not None or obj is None:
+        return early or Verdict(WAITING, "the RayService does not exist (yet)")
     name = (obj.get("metadata") or {}).get("name", "?")
     status = service_status(obj)
-    if not status:
-        return Verdict(WAITING, f"RayService {name}: KubeRay has not reported any status yet (is the operator running?)")
     for which in _WHICH:
         for app, st in application_statuses(obj, which).items():
             if st.get("status") in FAILED_APP_STATUSES:
@@ -220,9 +231,9 @@ def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
     ready = conditions(obj).get("Ready")
     if ready and not _true(ready) and ready.get("reason") in TERMINAL_SERVICE_REASONS:
         return Verdict(FAILED, f"RayService {name}: {_explain(ready, 'Ready')}")
-    lag = _not_observed(obj)
-    if lag:
-        return Verdict(WAITING, f"RayService {name}: {lag}")
+    lag = _not_observed(obj, "RayService")
+    if lag is not None:
+        return lag
     apps = application_statuses(obj)
     endpoints = int(status.get("numServeEndpoints") or 0)
     not_running = {a: s for a, s in apps.items() if s.get("status") != "RUNNING"}

@@ -79,11 +79,14 @@ def run(op: Any, ti: FakeTI | None = None) -> Any:
         return getattr(op, deferred.method_name)(context, payload)
 
 
+def _slice_op(cls: Any, task_id: str, kw: dict[str, Any]) -> Any:
+    """An operator of `cls` on the stand-in's connection, the v6e 4x4 slice and test-sized waits."""
+    defaults = {"tpu": V6E, "image": IMAGE, "task_id": task_id, "wait_timeout": 10}
+    return cls(kubernetes_conn_id=CONN, poll_interval=0.1, **{**defaults, **kw})
+
+
 def create_op(**kw: Any) -> KubeRayCreateClusterOperator:
-    kw.setdefault("tpu", V6E)
-    kw.setdefault("image", IMAGE)
-    return KubeRayCreateClusterOperator(task_id=kw.pop("task_id", "ray_cluster"), kubernetes_conn_id=CONN,
-                                        poll_interval=0.1, wait_timeout=kw.pop("wait_timeout", 10), **kw)
+    return _slice_op(KubeRayCreateClusterOperator, "ray_cluster", kw)  # type: ignore[no-any-return]
 
 
 def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin) -> None:
@@ -167,11 +170,7 @@ def test_existing_object_of_another_owner_is_not_adopted(kube: KubeRayStandin) -
 
 
 def deploy_op(**kw: Any) -> KubeRayDeployServiceOperator:
-    kw.setdefault("tpu", V6E)
-    kw.setdefault("image", IMAGE)
-    kw.setdefault("serve_config", SERVE)
-    return KubeRayDeployServiceOperator(task_id=kw.pop("task_id", "serve"), kubernetes_conn_id=CONN,
-                                        poll_interval=0.1, wait_timeout=kw.pop("wait_timeout", 10), **kw)
+    return _slice_op(KubeRayDeployServiceOperator, "serve", {"serve_config": SERVE, **kw})  # type: ignore[no-any-return]
 
 
 def test_deploy_service_then_update_in_place_then_delete(kube: KubeRayStandin) -> None:
