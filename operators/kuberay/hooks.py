@@ -1,56 +1,57 @@
-"""KubeRay custom objects, pods, logs, services and events through the providers' Kubernetes hooks.
+"""KubeRay custom objects, pods, logs, services and events: hooks on the providers' Kubernetes hooks.
 
-Two ways to reach the Kubernetes API, both serialisable for triggers (KubeTarget.to_dict()):
+``KubeRayHook`` is a cncf-kubernetes ``KubernetesHook`` (synchronous: the operators' create, adopt,
+update, delete and diagnostics) and ``AsyncKubeRayHook`` an ``AsyncKubernetesHook`` (the triggers'
+polling, on kubernetes_asyncio). Their GKE variants, ``GKEKubeRayHook`` / ``GKEAsyncKubeRayHook``,
+add the google provider's ``GKEKubernetesHook`` / ``GKEKubernetesAsyncHook`` authentication, the way
+the google provider builds its GKE hooks on the cncf ones. Custom objects go through the provider's
+``create_custom_object`` / ``get_custom_object`` / ``delete_custom_object`` (with its tenacity retry
+of transient API errors, ``generic_api_retry``, which the async reads use too); errors are the
+clients' own ``ApiException``.
 
-- a ``kubernetes`` connection (cncf-kubernetes KubernetesHook / AsyncKubernetesHook): extras
-  ``kube_config_path`` | ``kube_config`` | ``in_cluster``, ``cluster_context``, ``namespace``,
-  ``disable_verify_ssl``; e.g. for the local stand-in
+Where the Kubernetes API is, serialisable for triggers (``KubeTarget.to_dict()``):
+
+- a ``kubernetes`` connection: extras ``kube_config_path`` | ``kube_config`` | ``in_cluster``,
+  ``cluster_context``, ``namespace``, ``disable_verify_ssl``; e.g. for the local stand-in
   ``AIRFLOW_CONN_KUBE_STANDIN='{"conn_type": "kubernetes", "extra": {"kube_config_path": "/tmp/kc"}}'``.
-- a GKE cluster (google provider GKEKubernetesHook / GKEKubernetesAsyncHook): the operator resolves
-  the endpoint and CA certificate from ``gke_cluster={"project_id", "location", "cluster_name"}``.
+- a GKE cluster: the operator resolves the endpoint and CA certificate from
+  ``gke_cluster={"project_id", "location", "cluster_name"}`` (``resolve_gke_target``).
 
-Heavy imports (kubernetes, providers) happen here, never in the operators module.
+Pods, services and events come back as plain JSON dicts (camelCase, as kubectl shows them), through
+the clients' ``sanitize_for_serialization``. Heavy imports (kubernetes, providers) happen here, never
+in the operators module.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
-from kubernetes import client as k8s
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
+from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
+from kubernetes.client import ApiException
+from kubernetes_asyncio import client as async_client
 from tpuflow.kuberay import GROUP, VERSION
 
-
-class KubeApiError(Exception):
-    """A Kubernetes API error with the Status object's code, reason and message."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(f"Kubernetes API {code} {reason}: {message}")
-        self.code, self.reason, self.message = code, reason, message
-
-    @classmethod
-    def from_exception(cls, exc: Any) -> KubeApiError:
-        code = int(getattr(exc, "status", 0) or 0)
-        body: Any = getattr(exc, "body", None)
-        reason, message = str(getattr(exc, "reason", "") or ""), str(body or exc)
-        try:
-            data = json.loads(body) if isinstance(body, (str, bytes)) else None
-        except ValueError:
-            data = None
-        if isinstance(data, Mapping):
-            reason = str(data.get("reason") or reason)
-            message = str(data.get("message") or message)
-        return cls(code, reason, message)
+NOT_FOUND = 404
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, body: bytes | str) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status, self.reason = status, ""
-        self.body = body.decode(errors="replace") if isinstance(body, bytes) else body
+def api_error_parts(exc: BaseException) -> tuple[int, str, str]:
+    """(HTTP status, reason, message) of a client ApiException, from the Kubernetes Status body it carries."""
+    code = int(getattr(exc, "status", 0) or 0)
+    body: Any = getattr(exc, "body", None)
+    reason, message = str(getattr(exc, "reason", "") or ""), str(body or exc)
+    try:
+        data = json.loads(body) if isinstance(body, (str, bytes)) else None
+    except ValueError:
+        data = None
+    if isinstance(data, Mapping):
+        reason = str(data.get("reason") or reason)
+        message = str(data.get("message") or message)
+    return code, reason, message
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,12 @@ class KubeTarget:
         chain = data.get("impersonation_chain")
         return cls(**{**data, "impersonation_chain": tuple(chain) if isinstance(chain, list) else chain})
 
+    def gke_hook_kwargs(self) -> dict[str, Any]:
+        """The arguments the google provider's GKE Kubernetes hooks take."""
+        return {"cluster_url": self.cluster_url or "", "ssl_ca_cert": self.ssl_ca_cert or "",
+                "gcp_conn_id": self.gcp_conn_id, "impersonation_chain": self.impersonation_chain,
+                "use_dns_endpoint": self.use_dns_endpoint}
+
 
 def resolve_gke_target(gke_cluster: Mapping[str, Any], gcp_conn_id: str,
                        impersonation_chain: str | Sequence[str] | None) -> KubeTarget:
@@ -98,197 +105,196 @@ def resolve_gke_target(gke_cluster: Mapping[str, Any], gcp_conn_id: str,
                       impersonation_chain=chain, use_dns_endpoint=use_dns)
 
 
-class KubeRayHook:
-    """Synchronous calls the operators make (create/adopt/update/delete, diagnostics)."""
+# --- what both hooks do with the answers ------------------------------------------------------------------
+T = TypeVar("T")
+D = TypeVar("D")
+H = TypeVar("H", bound=KubernetesHook)
 
-    def __init__(self, target: KubeTarget) -> None:
-        self.target = target
 
-    @cached_property
-    def kube(self) -> Any:
-        if self.target.gke:
-            from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
+def _unless_missing(call: Callable[[], T], default: D) -> T | D:
+    """The call's answer, or `default` when the API answers 404 Not Found (other errors propagate)."""
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status != NOT_FOUND:
+            raise
+        return default
 
-            return GKEKubernetesHook(
-                cluster_url=self.target.cluster_url, ssl_ca_cert=self.target.ssl_ca_cert,
-                gcp_conn_id=self.target.gcp_conn_id, impersonation_chain=self.target.impersonation_chain,
-                use_dns_endpoint=self.target.use_dns_endpoint,
-            )
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        return KubernetesHook(conn_id=self.target.kubernetes_conn_id)
+async def _await_unless_missing(call: Awaitable[T], default: D) -> T | D:
+    """`_unless_missing` for kubernetes_asyncio calls."""
+    try:
+        return await call
+    except async_client.ApiException as exc:
+        if exc.status != NOT_FOUND:
+            raise
+        return default
 
-    @cached_property
-    def api_client(self) -> k8s.ApiClient:
-        return self.kube.api_client
 
-    @cached_property
-    def custom(self) -> k8s.CustomObjectsApi:
-        return k8s.CustomObjectsApi(self.api_client)
+def _as_dict(obj: Any) -> dict[str, Any] | None:
+    return None if obj is None else dict(obj)
 
-    @cached_property
-    def core(self) -> k8s.CoreV1Api:
-        return k8s.CoreV1Api(self.api_client)
+
+def _items(serialized: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [dict(item) for item in serialized.get("items") or []]
+
+
+def _involving(events: Iterable[Mapping[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
+    wanted = set(names)
+    return [dict(e) for e in events if (e.get("involvedObject") or {}).get("name") in wanted]
+
+
+def _log_kwargs(lines: int, container: str | None) -> dict[str, Any]:
+    return {"tail_lines": lines, **({"container": container} if container else {})}
+
+
+def _log_lines(text: Any) -> list[str]:
+    return str(text).splitlines()
+
+
+def _no_log(exc: BaseException) -> list[str]:
+    return [f"(no log: {api_error_parts(exc)[2]})"]
+
+
+def _for_target(target: KubeTarget, on_connection: type[H], on_gke: type[H]) -> H:
+    return on_gke(**target.gke_hook_kwargs()) if target.gke else on_connection(conn_id=target.kubernetes_conn_id)
+
+
+_DELETED = object()
+_BACKGROUND = {"propagation_policy": "Background"}
+
+
+class KubeRayHook(KubernetesHook):
+    """The KubeRay calls the operators make, on a ``kubernetes`` connection (``conn_id``).
+
+    :param conn_id: the ``kubernetes`` connection (see the cncf-kubernetes provider's KubernetesHook).
+    """
+
+    @staticmethod
+    def for_target(target: KubeTarget) -> KubeRayHook:
+        """The hook for a target: GKEKubeRayHook for a GKE endpoint, else one on the kubernetes connection."""
+        return _for_target(target, KubeRayHook, GKEKubeRayHook)
 
     def default_namespace(self) -> str:
-        if self.target.gke:
-            return "default"
-        return str(self.kube.get_namespace() or "default")
+        return str(self.get_namespace() or "default")
 
-    def is_in_cluster(self) -> bool:
-        """True when the hook authenticates with the pod's service account (Airflow runs inside)."""
-        if self.target.gke:
-            return False
-        return bool(self.kube.is_in_cluster)
-
-    # --- custom objects ---
+    # --- custom objects (ray.io/v1), through the provider's calls ---
     def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name))
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise KubeApiError.from_exception(exc) from exc
+        return _as_dict(_unless_missing(lambda: self.get_custom_object(GROUP, VERSION, plural, name, namespace), None))
 
-    def create(self, plural: str, body: Mapping[str, Any], namespace: str, *, dry_run: bool = False) -> dict[str, Any]:
-        kwargs = {"dry_run": "All"} if dry_run else {}
-        try:
-            return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, dict(body),
-                                                                    **kwargs))
-        except k8s.ApiException as exc:
-            raise KubeApiError.from_exception(exc) from exc
+    def create(self, plural: str, body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        return dict(self.create_custom_object(GROUP, VERSION, plural, dict(body), namespace))
 
     def patch(self, plural: str, name: str, patch: Mapping[str, Any], namespace: str) -> dict[str, Any]:
-        try:
-            return dict(self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, dict(patch)))
-        except k8s.ApiException as exc:
-            raise KubeApiError.from_exception(exc) from exc
+        """A merge patch (the provider has no custom-object patch: its client's, without retry)."""
+        return dict(self.custom_object_client.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
+                                                                             dict(patch)))
 
     def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
-        try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
-                                                        propagation_policy="Background")
-            return True
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise KubeApiError.from_exception(exc) from exc
+        answer = _unless_missing(lambda: self.delete_custom_object(GROUP, VERSION, plural, name, namespace,
+                                                                   **_BACKGROUND), _DELETED)
+        return answer is not _DELETED
 
-    # --- core objects, raw JSON (camelCase, as kubectl shows them) ---
-    def _raw(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            resp = call(*args, _preload_content=False, **kwargs)
-        except k8s.ApiException as exc:
-            raise KubeApiError.from_exception(exc) from exc
-        if not 200 <= int(resp.status) < 300:  # unpreloaded responses are not status-checked by every client
-            raise KubeApiError.from_exception(_HttpError(int(resp.status), resp.data))
-        return resp.data
+    # --- core objects, as plain JSON ---
+    def _plain(self, model: Any) -> dict[str, Any]:
+        return dict(self.api_client.sanitize_for_serialization(model))
 
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return list(json.loads(self._raw(self.core.list_namespaced_pod, namespace,
-                                         label_selector=label_selector)).get("items") or [])
+    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return _items(self._plain(self.core_v1_client.list_namespaced_pod(namespace, label_selector=label_selector)))
 
-    def list_events(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
-        items = json.loads(self._raw(self.core.list_namespaced_event, namespace)).get("items") or []
-        wanted = set(names)
-        return [e for e in items if (e.get("involvedObject") or {}).get("name") in wanted]
+    def events_for(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
+        return _involving(_items(self._plain(self.core_v1_client.list_namespaced_event(namespace))), names)
 
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return dict(json.loads(self._raw(self.core.read_namespaced_service, name, namespace)))
-        except KubeApiError as err:
-            if err.code == 404:
-                return None
-            raise
+        found = _unless_missing(lambda: self.core_v1_client.read_namespaced_service(name, namespace), None)
+        return None if found is None else self._plain(found)
 
     def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
-        """The last `lines` log lines; [] with an explanation line when the container has none yet."""
+        """The last `lines` log lines; an explanation line when the container has none yet."""
         if lines <= 0:
             return []
-        kwargs: dict[str, Any] = {"tail_lines": lines}
-        if container:
-            kwargs["container"] = container
         try:
-            data = self._raw(self.core.read_namespaced_pod_log, pod, namespace, **kwargs)
-        except KubeApiError as err:
-            return [f"(no log: {err.message})"]
-        return (data.decode(errors="replace") if isinstance(data, bytes) else str(data)).splitlines()
+            return _log_lines(self.core_v1_client.read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container)))
+        except ApiException as exc:
+            return _no_log(exc)
 
 
-class AsyncKubeRayHook:
-    """The reads the triggers poll with, on kubernetes_asyncio through the providers' async hooks."""
+class GKEKubeRayHook(KubeRayHook, GKEKubernetesHook):
+    """KubeRayHook authenticated to a GKE cluster endpoint by the google provider's GKEKubernetesHook.
 
-    def __init__(self, target: KubeTarget) -> None:
-        self.target = target
+    :param cluster_url: the cluster's endpoint (``resolve_gke_target``).
+    :param ssl_ca_cert: its CA certificate (base64).
+    :param gcp_conn_id: the Google Cloud connection.
+    :param impersonation_chain: service account(s) to impersonate.
+    :param use_dns_endpoint: reach the cluster through its DNS endpoint.
+    """
 
-    @cached_property
-    def kube(self) -> Any:
-        if self.target.gke:
-            from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
+    def get_namespace(self) -> str | None:
+        return None  # no kubernetes connection: "default" unless the operator names one
 
-            return GKEKubernetesAsyncHook(
-                cluster_url=self.target.cluster_url or "", ssl_ca_cert=self.target.ssl_ca_cert or "",
-                gcp_conn_id=self.target.gcp_conn_id, impersonation_chain=self.target.impersonation_chain,
-                use_dns_endpoint=self.target.use_dns_endpoint,
-            )
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+    @property
+    def is_in_cluster(self) -> bool:
+        return False
 
-        return AsyncKubernetesHook(conn_id=self.target.kubernetes_conn_id)
 
-    async def _raw(self, api_name: str, method: str, *args: Any, **kwargs: Any) -> bytes:
-        from kubernetes_asyncio import client as async_k8s
+class AsyncKubeRayHook(AsyncKubernetesHook):
+    """The reads the triggers poll with, and the trigger's kill-time delete, on kubernetes_asyncio.
 
-        async with self.kube.get_conn() as api_client:
-            api = getattr(async_k8s, api_name)(api_client)
-            try:
-                resp = await getattr(api, method)(*args, _preload_content=False, **kwargs)
-                data = bytes(await resp.read())
-            except async_k8s.ApiException as exc:
-                raise KubeApiError.from_exception(exc) from exc
-            # kubernetes_asyncio does not check the status of an unpreloaded response: a 404 body is a Status.
-            if not 200 <= int(resp.status) < 300:
-                raise KubeApiError.from_exception(_HttpError(int(resp.status), data))
-            return data
+    Each call opens the provider's ``get_conn()`` client and retries transient errors with the
+    provider's ``generic_api_retry``.
 
+    :param conn_id: the ``kubernetes`` connection (see the cncf-kubernetes provider's AsyncKubernetesHook).
+    """
+
+    @staticmethod
+    def for_target(target: KubeTarget) -> AsyncKubeRayHook:
+        return _for_target(target, AsyncKubeRayHook, GKEAsyncKubeRayHook)
+
+    @generic_api_retry
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            raw = await self._raw("CustomObjectsApi", "get_namespaced_custom_object", GROUP, VERSION, namespace,
-                                  plural, name)
-        except KubeApiError as err:
-            if err.code == 404:
-                return None
-            raise
-        return dict(json.loads(raw))
+        async with self.get_conn() as api:
+            read = async_client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
+                                                                                   name)
+            return _as_dict(await _await_unless_missing(read, None))
 
+    @generic_api_retry
     async def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
-        try:
-            await self._raw("CustomObjectsApi", "delete_namespaced_custom_object", GROUP, VERSION, namespace,
-                            plural, name, propagation_policy="Background")
-        except KubeApiError as err:
-            if err.code == 404:
-                return False
-            raise
-        return True
+        async with self.get_conn() as api:
+            request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                                                         plural, name, **_BACKGROUND)
+            return await _await_unless_missing(request, _DELETED) is not _DELETED
 
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        raw = await self._raw("CoreV1Api", "list_namespaced_pod", namespace, label_selector=label_selector)
-        return list(json.loads(raw).get("items") or [])
+    @generic_api_retry
+    async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        async with self.get_conn() as api:
+            found = await async_client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=label_selector)
+            return _items(api.sanitize_for_serialization(found))
 
-    async def list_events(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
-        items = json.loads(await self._raw("CoreV1Api", "list_namespaced_event", namespace)).get("items") or []
-        wanted = set(names)
-        return [e for e in items if (e.get("involvedObject") or {}).get("name") in wanted]
+    @generic_api_retry
+    async def events_for(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
+        async with self.get_conn() as api:
+            found = await async_client.CoreV1Api(api).list_namespaced_event(namespace)
+            return _involving(_items(api.sanitize_for_serialization(found)), names)
 
     async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
         if lines <= 0:
             return []
-        kwargs: dict[str, Any] = {"tail_lines": lines}
-        if container:
-            kwargs["container"] = container
-        try:
-            data = await self._raw("CoreV1Api", "read_namespaced_pod_log", pod, namespace, **kwargs)
-        except KubeApiError as err:
-            return [f"(no log: {err.message})"]
-        return data.decode(errors="replace").splitlines()
+        async with self.get_conn() as api:
+            reading = async_client.CoreV1Api(api).read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container))
+            try:
+                return _log_lines(await reading)
+            except async_client.ApiException as exc:
+                return _no_log(exc)
+
+
+class GKEAsyncKubeRayHook(AsyncKubeRayHook, GKEKubernetesAsyncHook):
+    """AsyncKubeRayHook authenticated to a GKE endpoint by the google provider's GKEKubernetesAsyncHook.
+
+    :param cluster_url: the cluster's endpoint.
+    :param ssl_ca_cert: its CA certificate (base64).
+    :param gcp_conn_id: the Google Cloud connection.
+    :param impersonation_chain: service account(s) to impersonate.
+    :param use_dns_endpoint: reach the cluster through its DNS endpoint.
+    """

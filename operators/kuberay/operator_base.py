@@ -1,4 +1,13 @@
-"""Shared plumbing of the KubeRay operators: Kubernetes target, slice arguments, waiting, identity.
+"""Shared plumbing of the KubeRay operators: Kubernetes target, argument checks, the one create/deploy flow.
+
+- ``KubeRayBaseOperator``: where the Kubernetes API is, how long to wait, the argument checks (one
+  validation function, run on static values at parse time and on rendered values at the start of
+  execute) and the delete wait.
+- ``KubeRayApplyOperator``: the one flow of the RayCluster create and the RayService deploy: apply
+  (create, or adopt/update what an earlier try or run left), wait (defer or poll), finish (the
+  address payload). What ``on_kill`` deletes is ``self._owned``, set while this task waits on an
+  object it created.
+- ``SliceArgumentsMixin``: the Ray cluster's shape arguments.
 
 Cheap to import: the hooks (kubernetes, providers) and triggers load inside the methods that run in
 the worker, never at DAG parse time; the manifest builders and the slice catalog load when a slice
@@ -9,14 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from tpuflow.errors import UserInputError
+from tpuflow.events import raise_for_event
 from tpuflow.kuberay import DEFAULT_RAY_VERSION
+from tpuflow.kuberay.addresses import check_address_mode
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
+from tpuflow.naming import TaskIdentity
+from tpuflow.templating import is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -25,16 +39,38 @@ if TYPE_CHECKING:
     from tpuflow.tpu import TpuSlice
 
 _GKE_KEYS = ("project_id", "location", "cluster_name")
+# (the values a check reads, the check): run at parse time when every value is static, always in execute
+ArgumentCheck = tuple[tuple[Any, ...], Callable[[], object]]
 
 
-def identity(context: Context, task_id: str | None = None) -> tuple[str, str, str, int]:
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", -1)
-    return ti.dag_id, ti.run_id, task_id or ti.task_id, -1 if map_index is None else int(map_index)
+def check_gke_cluster(gke_cluster: Mapping[str, Any] | None) -> None:
+    if gke_cluster is None:
+        return
+    if not isinstance(gke_cluster, Mapping):
+        raise UserInputError("gke_cluster", gke_cluster, f"give a mapping with {', '.join(_GKE_KEYS)}")
+    missing = [k for k in _GKE_KEYS if not gke_cluster.get(k)]
+    if missing:
+        raise UserInputError("gke_cluster", gke_cluster, f"give {', '.join(_GKE_KEYS)} (missing: {', '.join(missing)})")
 
 
-def _templated(*values: object) -> bool:
-    return any(isinstance(v, str) and "{{" in v for v in values)
+def check_seconds(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UserInputError(field, value, "give a positive number of seconds")
+
+
+def check_choice(field: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise UserInputError(field, value, f"use one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class OwnedObject:
+    """The object a task created and waits on: what killing the task deletes (if it still carries run_key)."""
+
+    kind: str
+    name: str
+    namespace: str
+    run_key: str
 
 
 class KubeRayBaseOperator(BaseOperator):
@@ -45,6 +81,8 @@ class KubeRayBaseOperator(BaseOperator):
     :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
         ``use_dns_endpoint``) of the GKE cluster. Alone, the operator reaches the cluster through the
         google provider's GKE hooks; together with ``kubernetes_conn_id`` it only feeds the console links.
+    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``.
+    :param impersonation_chain: service account(s) the GKE hooks impersonate.
     :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default".
     :param deferrable: wait in the triggerer (KubeRay status polling with kubernetes_asyncio).
     :param poll_interval: seconds between status reads.
@@ -72,25 +110,36 @@ class KubeRayBaseOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if gke_cluster is not None:
-            missing = [k for k in _GKE_KEYS if not (gke_cluster or {}).get(k)]
-            if missing:
-                raise UserInputError("gke_cluster", gke_cluster, f"give {', '.join(_GKE_KEYS)} (missing: "
-                                     f"{', '.join(missing)})")
-        for field, value in (("poll_interval", poll_interval), ("wait_timeout", wait_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise UserInputError(field, value, "give a positive number of seconds")
         self.namespace = namespace
         self.kubernetes_conn_id = kubernetes_conn_id
-        self.gke_cluster = dict(gke_cluster) if gke_cluster else None
+        self.gke_cluster = gke_cluster
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
         self.deferrable = deferrable
-        self.poll_interval = float(poll_interval)
-        self.wait_timeout = float(wait_timeout)
-        self.log_lines = int(log_lines)
+        self.poll_interval = poll_interval
+        self.wait_timeout = wait_timeout
+        self.log_lines = log_lines
         self._hook_cache: KubeRayHook | None = None
         self._target_cache: KubeTarget | None = None
+
+    # --- argument checks: one validation function, two moments ---
+    def argument_checks(self) -> list[ArgumentCheck]:
+        """Every check of this operator's arguments, with the values it reads (subclasses extend it)."""
+        return [
+            ((self.gke_cluster,), lambda: check_gke_cluster(self.gke_cluster)),
+            ((self.poll_interval,), lambda: check_seconds("poll_interval", self.poll_interval)),
+            ((self.wait_timeout,), lambda: check_seconds("wait_timeout", self.wait_timeout)),
+        ]
+
+    def validate_arguments(self, *, static_only: bool = False) -> None:
+        """Raise UserInputError for the first bad argument; ``static_only``: skip checks of templated values."""
+        for values, check in self.argument_checks():
+            if not (static_only and is_templated(*values)):
+                check()
+
+    def _check_static_arguments(self) -> None:
+        """The parse-time step (called at the end of each operator's ``__init__``): static values only."""
+        self.validate_arguments(static_only=True)
 
     # --- Kubernetes access (worker side) ---
     def kube_target(self) -> KubeTarget:
@@ -107,7 +156,7 @@ class KubeRayBaseOperator(BaseOperator):
         from tpuflow.kuberay.hooks import KubeRayHook
 
         if self._hook_cache is None:
-            self._hook_cache = KubeRayHook(self.kube_target())
+            self._hook_cache = KubeRayHook.for_target(self.kube_target())
         return self._hook_cache
 
     def resolve_namespace(self) -> str:
@@ -115,155 +164,245 @@ class KubeRayBaseOperator(BaseOperator):
 
         return check_namespace(self.namespace or self.kube_hook().default_namespace())
 
-    # --- waiting ---
-    def wait_ready(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete",
-                   owner_run_key: str | None = None) -> dict[str, Any]:
-        """Defer to KubeRayReadyTrigger, or poll here; returns the event (non-deferrable only).
-
-        ``owner_run_key``: this task's run-key label; killing the task while it waits deletes the
-        object if it carries that label (the task created it), by the trigger's or this on_kill.
-        """
-        deadline = time.time() + self.wait_timeout
-        if self.deferrable:
-            from tpuflow.kuberay.triggers import KubeRayReadyTrigger
-
-            self.defer(
-                trigger=KubeRayReadyTrigger(kind=kind, name=name, namespace=namespace,
-                                            target=self.kube_target().to_dict(), deadline=deadline,
-                                            poll_interval=self.poll_interval, log_lines=self.log_lines,
-                                            owner_run_key=owner_run_key),
-                method_name=method_name,
-            )
-        from tpuflow.kuberay.waits import SyncReader, wait_ready
-
-        self._waiting_for = (kind, name, namespace, owner_run_key)
-        try:
-            return asyncio.run(wait_ready(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
-                                          deadline=deadline, poll_interval=self.poll_interval,
-                                          log_lines=self.log_lines))
-        finally:
-            self._waiting_for = None
-
-    def on_kill(self) -> None:
-        """Killed while waiting in the worker (not deferred): delete the object this task created."""
-        waiting_for = getattr(self, "_waiting_for", None)
-        if not waiting_for or not waiting_for[3]:
-            return
-        from tpuflow.kuberay.triggers import owned_by
-        from tpuflow.kuberay.waits import KINDS
-
-        kind, name, namespace, run_key = waiting_for
-        hook = self.kube_hook()
-        if owned_by(hook.get(KINDS[kind], name, namespace), run_key):
-            self.log.warning("Task killed: deleting %s %s/%s", kind, namespace, name)
-            hook.delete(KINDS[kind], name, namespace)
-
     def wait_gone(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete") -> dict[str, Any]:
-        deadline = time.time() + self.wait_timeout
+        """Defer to KubeRayDeletedTrigger, or poll here; returns the event (non-deferrable only)."""
+        deadline = time.time() + float(self.wait_timeout)
         if self.deferrable:
             from tpuflow.kuberay.triggers import KubeRayDeletedTrigger
 
             self.defer(
                 trigger=KubeRayDeletedTrigger(kind=kind, name=name, namespace=namespace,
                                               target=self.kube_target().to_dict(), deadline=deadline,
-                                              poll_interval=self.poll_interval),
+                                              poll_interval=float(self.poll_interval)),
                 method_name=method_name,
             )
         from tpuflow.kuberay.waits import SyncReader, wait_gone
 
-        return asyncio.run(wait_gone(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
-                                     deadline=deadline, poll_interval=self.poll_interval))
-
-    @staticmethod
-    def raise_for_event(event: Mapping[str, Any], expected: str) -> None:
-        if not isinstance(event, Mapping) or event.get("status") != expected:
-            event = event if isinstance(event, Mapping) else {"message": repr(event)}
-            text = str(event.get("message") or "no message")
-            if event.get("diagnostics"):
-                text += "\n" + str(event["diagnostics"])
-            raise AirflowException(text)
+        return dict(asyncio.run(wait_gone(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
+                                          deadline=deadline, poll_interval=float(self.poll_interval))))
 
     # --- links ---
     def persist_gke_links(self, context: Context, namespace: str, head_pod: str | None = None) -> None:
         if not self.gke_cluster:
             return
-        where = {k: self.gke_cluster[k] for k in ("project_id", "location", "cluster_name")}
+        where = {k: self.gke_cluster[k] for k in _GKE_KEYS}
         GKEWorkloadsLink.persist(context, namespace=namespace, **where)
         if head_pod:
             GKERayHeadPodLink.persist(context, namespace=namespace, pod=head_pod, **where)
 
 
-class SliceArgumentsMixin:
-    """The Ray cluster's shape arguments, validated at parse time when they are not templated."""
+class KubeRayApplyOperator(KubeRayBaseOperator):
+    """The one create/deploy flow: apply (create, or adopt/update), wait until ready, finish.
 
-    def init_slice(
+    A subclass says what it applies: ``kind`` / ``plural``, ``build_body`` (the manifest, with the
+    task's ownership labels), ``reconcile_existing`` (adopt or update an object of that name, or refuse
+    it), ``rejection`` (the error text when the API refuses the create) and ``finish`` (the XCom payload
+    of the ready object).
+    """
+
+    kind: ClassVar[str]
+    plural: ClassVar[str]
+
+    def __init__(self, *, name: str | None = None, labels: Mapping[str, str] | None = None,
+                 annotations: Mapping[str, str] | None = None, address_mode: str = "auto", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.name = name
+        self.labels = labels
+        self.annotations = annotations
+        self.address_mode = address_mode
+        self._owned: OwnedObject | None = None  # what on_kill deletes: set only while waiting in this worker
+
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [*super().argument_checks(),
+                ((self.address_mode,), lambda: check_address_mode(self.address_mode))]
+
+    # --- what a subclass defines ---
+    def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def reconcile_existing(self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any],
+                           namespace: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
+        raise NotImplementedError
+
+    def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def deletes_on_kill(self) -> bool:
+        """Whether killing the waiting task deletes the object it created."""
+        return True
+
+    # --- the flow ---
+    def execute(self, context: Context) -> dict[str, Any]:
+        from kubernetes.client import ApiException
+        from tpuflow.kuberay.status import raycluster_verdict, rayservice_verdict
+
+        self.validate_arguments()
+        hook = self.kube_hook()
+        namespace = self.resolve_namespace()
+        body = self.build_body(context, namespace)
+        name = body["metadata"]["name"]
+        self.persist_gke_links(context, namespace)
+        obj = self._apply_existing(hook, body, namespace)
+        if obj is None:
+            try:
+                obj = hook.create(self.plural, body, namespace)
+                self.log.info("Created %s %s/%s", self.kind, namespace, name)
+            except ApiException as err:
+                if err.status != 409:
+                    raise AirflowFailException(self.rejection(err, body, namespace)) from err
+                obj = self._apply_existing(hook, body, namespace)  # created concurrently (a second try)
+        verdict = (raycluster_verdict if self.kind == "RayCluster" else rayservice_verdict)(obj)
+        if verdict.ready:
+            return self.finish(context, name, namespace)
+        self.log.info("Waiting up to %.0fs for %s %s/%s: %s", self.wait_timeout, self.kind, namespace, name,
+                      verdict.reason)
+        event = self.wait_ready(name, namespace, run_key=TaskIdentity.from_context(context).key)
+        return self.execute_complete(context, event)
+
+    def _apply_existing(self, hook: KubeRayHook, body: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
+        name = body["metadata"]["name"]
+        existing = hook.get(self.plural, name, namespace)
+        if existing is None:
+            return None
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            raise AirflowException(f"{self.kind} {namespace}/{name} is being deleted (a teardown of an earlier "
+                                   "try?); retry once it is gone")
+        return self.reconcile_existing(hook, existing, body, namespace)
+
+    def wait_ready(self, name: str, namespace: str, *, run_key: str) -> dict[str, Any]:
+        """Defer to KubeRayReadyTrigger, or poll here; returns the event (non-deferrable only).
+
+        Killing the task while it waits deletes the object if it carries this task's run-key label (the
+        task created it) and ``deletes_on_kill()``: the trigger's on_kill, or this operator's.
+        """
+        deadline = time.time() + float(self.wait_timeout)
+        owner = run_key if self.deletes_on_kill() else None
+        if self.deferrable:
+            from tpuflow.kuberay.triggers import KubeRayReadyTrigger
+
+            self.defer(
+                trigger=KubeRayReadyTrigger(kind=self.kind, name=name, namespace=namespace,
+                                            target=self.kube_target().to_dict(), deadline=deadline,
+                                            poll_interval=float(self.poll_interval), log_lines=int(self.log_lines),
+                                            owner_run_key=owner),
+                method_name="execute_complete",
+            )
+        from tpuflow.kuberay.waits import SyncReader, wait_ready
+
+        self._owned = OwnedObject(self.kind, name, namespace, owner) if owner else None
+        try:
+            return dict(asyncio.run(wait_ready(SyncReader(self.kube_hook()), kind=self.kind, name=name,
+                                               namespace=namespace, deadline=deadline,
+                                               poll_interval=float(self.poll_interval),
+                                               log_lines=int(self.log_lines))))
+        finally:
+            self._owned = None
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        raise_for_event(event, f"{self.kind} {event.get('namespace')}/{event.get('name')}")
+        return self.finish(context, event["name"], event["namespace"])
+
+    def on_kill(self) -> None:
+        """Killed while waiting in the worker (not deferred): delete the object this task created."""
+        owned = self._owned
+        if owned is None:
+            return
+        from tpuflow.kuberay.triggers import owned_by
+
+        hook = self.kube_hook()
+        if owned_by(hook.get(self.plural, owned.name, owned.namespace), owned.run_key):
+            self.log.warning("Task killed: deleting %s %s/%s", owned.kind, owned.namespace, owned.name)
+            hook.delete(self.plural, owned.name, owned.namespace)
+
+
+class SliceArgumentsMixin:
+    """The Ray cluster's shape arguments: ``tpu`` (a TpuSlice, not templated) or the templated
+    accelerator/topology/machine_type/num_slices, plus image, env and resources (documented on the
+    operators that take them)."""
+
+    def __init__(
         self,
         *,
-        tpu: TpuSlice | Mapping[str, Any] | None,
-        accelerator: str | None,
-        topology: str | None,
-        machine_type: str | None,
-        num_slices: int | str,
-        image: str | None,
-        ray_version: str,
-        env: Mapping[str, str] | None,
-        head_resources: Mapping[str, str] | None,
-        worker_resources: Mapping[str, str] | None,
-        service_account: str | None,
-        shm_size: str | None,
+        tpu: TpuSlice | Mapping[str, Any] | None = None,
+        accelerator: str | None = None,
+        topology: str | None = None,
+        machine_type: str | None = None,
+        num_slices: int | str = 1,
+        image: str | None = None,
+        ray_version: str = DEFAULT_RAY_VERSION,
+        env: Mapping[str, str] | None = None,
+        head_resources: Mapping[str, str] | None = None,
+        worker_resources: Mapping[str, str] | None = None,
+        service_account: str | None = None,
+        shm_size: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        if tpu is not None:
-            from tpuflow.tpu import TpuSlice
+        super().__init__(**kwargs)
+        self.tpu = tpu
+        self.accelerator = accelerator
+        self.topology = topology
+        self.machine_type = machine_type
+        self.num_slices = num_slices
+        self.image = image
+        self.ray_version = ray_version
+        self.env = env
+        self.head_resources = head_resources
+        self.worker_resources = worker_resources
+        self.service_account = service_account
+        self.shm_size = shm_size
 
-            if accelerator or topology:
+    def slice_values(self) -> tuple[Any, ...]:
+        """What the cluster shape is built from (the check runs at parse time only when all are static)."""
+        return (self.accelerator, self.topology, self.machine_type, self.num_slices, self.image, self.env,
+                self.ray_version, self.head_resources, self.worker_resources, self.service_account, self.shm_size)
+
+    def resolved_slice(self) -> TpuSlice:
+        from tpuflow.tpu import TpuSlice
+
+        tpu = self.tpu
+        if tpu is not None:
+            if self.accelerator or self.topology:
                 raise UserInputError("tpu", tpu, "give either tpu or accelerator/topology, not both")
             if isinstance(tpu, Mapping):
                 tpu = TpuSlice.from_dict(dict(tpu))
             if not isinstance(tpu, TpuSlice):
                 raise UserInputError("tpu", tpu, "give a TpuSlice or its to_dict()")
-            accelerator, topology = tpu.generation.name, tpu.topology
-            machine_type, num_slices = tpu.machine_type, tpu.num_slices
-        self.accelerator, self.topology, self.machine_type = accelerator, topology, machine_type
-        self.num_slices = num_slices
-        self.image, self.ray_version = image, ray_version or DEFAULT_RAY_VERSION
-        self.env = dict(env or {})
-        self.head_resources = dict(head_resources) if head_resources is not None else None
-        self.worker_resources = dict(worker_resources or {})
-        self.service_account, self.shm_size = service_account, shm_size
-
-    def slice_is_templated(self) -> bool:
-        return _templated(self.accelerator, self.topology, self.machine_type, self.num_slices, self.image,
-                          *self.env.values())
-
-    def build_template(self) -> RayClusterTemplate:
-        from tpuflow.kuberay.manifests import RayClusterTemplate
-        from tpuflow.tpu import TpuSlice
-
+            return tpu
         if not self.accelerator or not self.topology:
             raise UserInputError("topology" if self.accelerator else "accelerator",
                                  self.topology if self.accelerator else self.accelerator,
                                  "give the TPU slice: tpu=TpuSlice.from_spec(...) or accelerator= and topology=")
-        tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
+        return TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
+
+    def build_template(self) -> RayClusterTemplate:
+        from tpuflow.kuberay.manifests import RayClusterTemplate
+
         kwargs: dict[str, Any] = {}
         if self.head_resources is not None:
-            kwargs["head_resources"] = self.head_resources
+            kwargs["head_resources"] = dict(self.head_resources)
         return RayClusterTemplate(
-            tpu=tpu, image=self.image or "", ray_version=self.ray_version, env=self.env,
-            worker_resources=self.worker_resources, service_account=self.service_account, shm_size=self.shm_size,
-            **kwargs,
+            tpu=self.resolved_slice(), image=self.image or "", ray_version=self.ray_version or DEFAULT_RAY_VERSION,
+            env=dict(self.env or {}), worker_resources=dict(self.worker_resources or {}),
+            service_account=self.service_account, shm_size=self.shm_size, **kwargs,
         ).validated()
 
 
 def object_name(context: Context, explicit: str | None, task_id: str | None = None) -> str:
+    """The object's name: the explicit one (checked), else the task instance's deterministic name."""
     from tpuflow.kuberay.k8s_values import check_name
     from tpuflow.kuberay.manifests import resource_name
 
     if explicit:
         return check_name("name", explicit)
-    return resource_name(*identity(context, task_id))
+    who = TaskIdentity.from_context(context, task_id)
+    return resource_name(who.dag_id, who.run_id, who.task_id, who.map_index)
 
 
 def owner_labels(context: Context, extra: Mapping[str, str] | None) -> dict[str, str]:
     from tpuflow.kuberay.manifests import ownership_labels
 
-    return {**dict(extra or {}), **ownership_labels(*identity(context))}
+    who = TaskIdentity.from_context(context)
+    return {**dict(extra or {}), **ownership_labels(who.dag_id, who.run_id, who.task_id, who.map_index)}

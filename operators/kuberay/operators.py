@@ -9,11 +9,12 @@ Names are deterministic (dag id, run id, task id, map index), so a retried task 
 earlier try created; an object of that name with a different spec (or another owner) is an error.
 Ready means KubeRay's conditions (tpuflow.kuberay.status); a failure or the deadline raises with
 KubeRay's reason, pod states, Warning events and the head pod's last log lines. The return value
-(XCom) is the address payload of tpuflow.kuberay.addresses.
+(XCom) is the address payload of tpuflow.kuberay.addresses. The create/deploy flow (apply, wait,
+finish) is ``tpuflow.kuberay.operator_base.KubeRayApplyOperator``.
 
 Cheap to import: no kubernetes, ray or google imports at module level; the manifest builders, the
 Serve config checks and the TPU webhook rules load when a manifest is built or checked (at parse
-time only when the slice arguments are static).
+time only when the arguments they read are static).
 """
 
 from __future__ import annotations
@@ -21,38 +22,35 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import XComArg
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 from tpuflow.errors import UserInputError
+from tpuflow.events import raise_for_event
 from tpuflow.kuberay import (
-    DEFAULT_RAY_VERSION,
     DEFAULT_UPGRADE_STRATEGY,
     LABEL_PREFIX,
     MANAGED_BY,
     RAYCLUSTERS,
     RAYSERVICES,
+    RUN_KEY_LABEL,
     SPEC_HASH,
 )
-from tpuflow.kuberay.addresses import check_address_mode
 from tpuflow.kuberay.links import RayDashboardLink
-from tpuflow.kuberay.operator_base import KubeRayBaseOperator, SliceArgumentsMixin, object_name, owner_labels
+from tpuflow.kuberay.operator_base import (
+    ArgumentCheck,
+    KubeRayApplyOperator,
+    KubeRayBaseOperator,
+    SliceArgumentsMixin,
+    check_choice,
+    object_name,
+    owner_labels,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from tpuflow.kuberay.hooks import KubeApiError, KubeRayHook
-    from tpuflow.tpu import TpuSlice
+    from tpuflow.kuberay.hooks import KubeRayHook
 
-RUN_KEY_LABEL = f"{LABEL_PREFIX}/run-key"
 CLUSTER_SPEC_HASH = f"{LABEL_PREFIX}/cluster-spec-hash"
-_SLICE_DOC = """
-    :param tpu: the slice (TpuSlice or its to_dict()); or give accelerator/topology/machine_type/num_slices.
-    :param image: container image with Ray ``ray_version`` (head and TPU workers).
-    :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added).
-    :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
-    :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
-        always comes from the slice.
-    :param address_mode: auto | in_cluster_dns | head_service | port_forward (tpuflow.kuberay.addresses).
-"""
+ON_KILL_ACTIONS = ("delete", "keep")
 
 
 def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -66,11 +64,14 @@ def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _rejection(err: KubeApiError, kind: str, namespace: str, name: str, cluster_spec: Mapping[str, Any]) -> str:
+def _rejection(err: Exception, kind: str, namespace: str, name: str, cluster_spec: Mapping[str, Any]) -> str:
+    """Why the API refused the create; for the GKE TPU webhook's denial, which group and the numOfHosts to set."""
+    from tpuflow.kuberay.hooks import api_error_parts
     from tpuflow.kuberay.webhook_rules import WEBHOOK_DENIAL, tpu_group_problems
 
-    text = f"Kubernetes rejected {kind} {namespace}/{name} ({err.code} {err.reason}): {err.message}"
-    if WEBHOOK_DENIAL in err.message:
+    code, reason, message = api_error_parts(err)
+    text = f"Kubernetes rejected {kind} {namespace}/{name} ({code} {reason}): {message}"
+    if WEBHOOK_DENIAL in message:
         for problem in tpu_group_problems(cluster_spec):
             text += f"\n  {problem.message}; set {problem.field}={problem.expected_hosts}"
         text += ("\n  The GKE TPU webhook requires numOfHosts = chips(topology) / google.com/tpu per host; build the "
@@ -78,61 +79,84 @@ def _rejection(err: KubeApiError, kind: str, namespace: str, name: str, cluster_
     return text
 
 
-class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
-    __doc__ = f"""Create (or adopt) a RayCluster for a TPU slice and wait until KubeRay reports it ready.
+def _cluster_addresses(hook: KubeRayHook, cluster: Mapping[str, Any], namespace: str, mode: str) -> dict[str, Any]:
+    from tpuflow.kuberay.addresses import cluster_payload
+    from tpuflow.kuberay.status import head_service_name
 
-    Returns {{"kind", "name", "namespace", "dashboard_url", "serve_url", "gcs_address", "address_mode",
-    "head_service", "head_pod", "in_cluster_dns": {{...}}, "slice": TpuSlice.to_dict()}}.
-    {_SLICE_DOC}
+    return cluster_payload(cluster, hook.get_service(head_service_name(cluster), namespace), mode=mode,
+                           in_cluster=bool(hook.is_in_cluster))
+
+
+class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
+    """Create (or adopt) a RayCluster for a TPU slice and wait until KubeRay reports it ready.
+
+    Returns {"kind", "name", "namespace", "dashboard_url", "serve_url", "gcs_address", "address_mode",
+    "head_service", "head_pod", "in_cluster_dns": {...}, "slice": TpuSlice.to_dict()}. Killing the task
+    while it waits deletes the RayCluster it created.
+
+    :param tpu: the slice (TpuSlice or its to_dict()); or give accelerator/topology/machine_type/num_slices.
+    :param accelerator: TPU generation or accelerator name (e.g. "v6e", "TPU-V6E"); templated.
+    :param topology: slice topology, e.g. "4x4"; templated.
+    :param machine_type: GKE machine type of the TPU hosts (default: the slice's); templated.
+    :param num_slices: number of slices (worker replicas); templated.
+    :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
+    :param ray_version: the Ray version in the image (X.Y.Z).
+    :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
+    :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
+    :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
+        always comes from the slice.
+    :param service_account: Kubernetes service account of the Ray pods.
+    :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param manifest: instead of the slice arguments, a complete RayCluster (dict or YAML), e.g. an edited
-        ``tpuflow render raycluster``; name/namespace/ownership labels are set by the operator.
+        ``tpuflow render raycluster``; name/namespace/ownership labels are set by the operator; templated.
+    :param name: the RayCluster's name; default: per task instance (the same on every try); templated.
+    :param labels: extra labels on the RayCluster and its pods; templated.
+    :param annotations: extra annotations on the RayCluster.
+    :param address_mode: auto | in_cluster_dns | head_service | port_forward (tpuflow.kuberay.addresses).
     :param tpu_preflight: check TPU worker groups against the GKE TPU webhook's numOfHosts rule before
         sending (turn off only for features the check does not model, such as TPU sub-slicing).
+    :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
+        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
+    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
+        ``use_dns_endpoint``). Alone, the operator reaches the cluster through the google provider's GKE
+        hooks; with ``kubernetes_conn_id`` it only feeds the console links; templated.
+    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
+    :param impersonation_chain: service account(s) the GKE hooks impersonate.
+    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
+        templated.
+    :param deferrable: wait in the triggerer (KubeRay status polling with kubernetes_asyncio).
+    :param poll_interval: seconds between status reads.
+    :param wait_timeout: seconds until the task fails with KubeRay's reason, pod states, Warning events and
+        the head pod's last log lines.
+    :param log_lines: head pod log lines to include on failure or timeout.
     """
 
+    kind, plural = "RayCluster", RAYCLUSTERS
     template_fields: Sequence[str] = (
         *KubeRayBaseOperator.template_fields, "name", "image", "env", "labels", "accelerator", "topology",
         "machine_type", "num_slices", "manifest",
     )
 
-    def __init__(
-        self,
-        *,
-        tpu: TpuSlice | Mapping[str, Any] | None = None,
-        accelerator: str | None = None,
-        topology: str | None = None,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
-        image: str | None = None,
-        ray_version: str = DEFAULT_RAY_VERSION,
-        env: Mapping[str, str] | None = None,
-        head_resources: Mapping[str, str] | None = None,
-        worker_resources: Mapping[str, str] | None = None,
-        service_account: str | None = None,
-        shm_size: str | None = None,
-        manifest: Mapping[str, Any] | str | None = None,
-        name: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        address_mode: str = "auto",
-        tpu_preflight: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, manifest: Mapping[str, Any] | str | None = None, tpu_preflight: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.init_slice(tpu=tpu, accelerator=accelerator, topology=topology, machine_type=machine_type,
-                        num_slices=num_slices, image=image, ray_version=ray_version, env=env,
-                        head_resources=head_resources, worker_resources=worker_resources,
-                        service_account=service_account, shm_size=shm_size)
-        if manifest is not None and (self.accelerator or self.topology or image):
-            raise UserInputError("manifest", "<manifest>", "give either manifest or the slice arguments, not both")
         self.manifest = manifest
-        self.name = name
-        self.labels = dict(labels or {})
-        self.annotations = dict(annotations or {})
-        self.address_mode = check_address_mode(address_mode)
         self.tpu_preflight = tpu_preflight
-        if manifest is None and not self.slice_is_templated():
-            self.build_template()  # bad slice/image/env fails at parse time, naming the field
+        self._check_static_arguments()
+
+    # --- checks ---
+    def argument_checks(self) -> list[ArgumentCheck]:
+        checks = [*super().argument_checks(),
+                  ((self.manifest, self.accelerator, self.topology, self.image), self._check_one_source)]
+        if self.manifest is None:
+            checks.append((self.slice_values(), self.build_template))  # bad slice/image/env names the field
+        else:
+            checks.append(((self.manifest,), lambda: self._manifest_spec(self._parsed_manifest())))
+        return checks
+
+    def _check_one_source(self) -> None:
+        if self.manifest is not None and (self.tpu or self.accelerator or self.topology or self.image):
+            raise UserInputError("manifest", "<manifest>", "give either manifest or the slice arguments, not both")
 
     # --- manifest ---
     def _parsed_manifest(self) -> dict[str, Any]:
@@ -146,74 +170,45 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
             raise UserInputError("manifest", str(raw)[:80], "give a ray.io/v1 RayCluster manifest")
         return dict(raw)
 
-    def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        from tpuflow.kuberay.manifests import spec_hash
+    def _manifest_spec(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The user manifest's spec, checked (the TPU webhook's rule too, unless tpu_preflight is off)."""
         from tpuflow.kuberay.webhook_rules import tpu_group_problems
 
-        body = self._parsed_manifest()
         spec = dict(body.get("spec") or {})
         if not spec.get("headGroupSpec"):
             raise UserInputError("manifest.spec.headGroupSpec", None, "a RayCluster needs a headGroupSpec")
         if self.tpu_preflight:
             for problem in tpu_group_problems(spec):
                 raise UserInputError(f"manifest.spec.{problem.field}", problem.num_of_hosts, problem.message)
+        return spec
+
+    def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        from tpuflow.kuberay.manifests import spec_hash
+
+        body = self._parsed_manifest()
+        spec = self._manifest_spec(body)
         meta = dict(body.get("metadata") or {})
         meta.update(name=name, namespace=namespace)
         meta["labels"] = {**(meta.get("labels") or {}), **labels}
-        meta["annotations"] = {**(meta.get("annotations") or {}), **self.annotations, SPEC_HASH: spec_hash(spec)}
+        meta["annotations"] = {**(meta.get("annotations") or {}), **(self.annotations or {}), SPEC_HASH: spec_hash(spec)}
         return {**body, "metadata": meta, "spec": spec}
 
-    def build_manifest(self, context: Context, namespace: str) -> dict[str, Any]:
+    def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
         from tpuflow.kuberay.manifests import raycluster_manifest
 
         labels = owner_labels(context, self.labels)
         if self.manifest is not None:
             manifest_name = (self._parsed_manifest().get("metadata") or {}).get("name")
             return self._manifest_from_user(object_name(context, self.name or manifest_name), namespace, labels)
-        name = object_name(context, self.name)
-        return raycluster_manifest(self.build_template(), name=name, namespace=namespace, labels=labels,
-                                   annotations=self.annotations)
+        return raycluster_manifest(self.build_template(), name=object_name(context, self.name), namespace=namespace,
+                                   labels=labels, annotations=self.annotations)
 
-    # --- execution ---
-    def execute(self, context: Context) -> dict[str, Any]:
-        from tpuflow.kuberay.hooks import KubeApiError
-        from tpuflow.kuberay.status import raycluster_verdict
-
-        hook = self.kube_hook()
-        namespace = self.resolve_namespace()
-        body = self.build_manifest(context, namespace)
-        name = body["metadata"]["name"]
-        self.persist_gke_links(context, namespace)
-        obj = self._adopt(hook, body, namespace)
-        if obj is None:
-            try:
-                obj = hook.create(RAYCLUSTERS, body, namespace)
-                self.log.info("Created RayCluster %s/%s: %s", namespace, name,
-                              body["metadata"]["annotations"].get(f"{LABEL_PREFIX}/slice", ""))
-            except KubeApiError as err:
-                if err.code != 409:
-                    raise AirflowFailException(_rejection(err, "RayCluster", namespace, name, body["spec"])) from err
-                obj = self._adopt(hook, body, namespace)
-        verdict = raycluster_verdict(obj)
-        if verdict.ready:
-            return self.finish(context, name, namespace)
-        owner = body["metadata"]["labels"][RUN_KEY_LABEL]  # killing the task deletes the cluster if it has this
-        if verdict.failed:
-            event = self.wait_ready("RayCluster", name, namespace, owner_run_key=owner)  # diagnostics, at once
-            self.raise_for_event(event, "ready")
-        self.log.info("Waiting up to %.0fs for RayCluster %s/%s: %s", self.wait_timeout, namespace, name, verdict.reason)
-        event = self.wait_ready("RayCluster", name, namespace, owner_run_key=owner)
-        return self.execute_complete(context, event)
-
-    def _adopt(self, hook: KubeRayHook, body: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
-        name = body["metadata"]["name"]
-        existing = hook.get(RAYCLUSTERS, name, namespace)
-        if existing is None:
-            return None
+    # --- the flow's steps ---
+    def reconcile_existing(self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any],
+                           namespace: str) -> dict[str, Any]:
+        """Adopt the RayCluster an earlier try of this task instance created with the same spec."""
         meta = existing.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            raise AirflowException(f"RayCluster {namespace}/{name} is being deleted (a teardown of an earlier try?); "
-                                   "retry once it is gone")
+        name = body["metadata"]["name"]
         ours = body["metadata"]["labels"].get(RUN_KEY_LABEL)
         theirs = (meta.get("labels") or {}).get(RUN_KEY_LABEL)
         if theirs != ours:
@@ -229,20 +224,15 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         self.log.info("Adopting RayCluster %s/%s created by an earlier try", namespace, name)
         return existing
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        self.raise_for_event(event, "ready")
-        return self.finish(context, event["name"], event["namespace"])
+    def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
+        return _rejection(err, "RayCluster", namespace, body["metadata"]["name"], body["spec"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
-        from tpuflow.kuberay.addresses import cluster_payload
-
         hook = self.kube_hook()
         cluster = hook.get(RAYCLUSTERS, name, namespace)
         if cluster is None:
-            raise AirflowException(f"RayCluster {namespace}/{name} disappeared right after becoming ready")
-        svc_name = ((cluster.get("status") or {}).get("head") or {}).get("serviceName") or f"{name}-head-svc"
-        payload = cluster_payload(cluster, hook.get_service(svc_name, namespace), mode=self.address_mode,
-                                  in_cluster=hook.is_in_cluster())
+            raise AirflowFailException(f"RayCluster {namespace}/{name} disappeared right after becoming ready")
+        payload = _cluster_addresses(hook, cluster, namespace, self.address_mode)
         payload["slice"] = _slice_dict(cluster.get("spec") or {})
         RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, payload["head_pod"])
@@ -250,117 +240,108 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayBaseOperator):
         return payload
 
 
-class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
-    __doc__ = f"""Deploy or update a RayService and wait until Ready with every application RUNNING.
+class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
+    """Deploy or update a RayService and wait until Ready with every application RUNNING.
 
     serveConfigV2 is the same Serve config dict the local deploy PUTs to the dashboard. An application
     DEPLOY_FAILED/UNHEALTHY fails at once; at the deadline the error names the stuck deployment and the
     likely cause. Changing only the Serve config updates in place; with upgrade_strategy "None" (default:
     no second TPU slice needed) a changed cluster shape is refused; delete the RayService first.
 
-    Returns {{"kind", "name", "namespace", "serve_url", "dashboard_url", "gcs_address", "ray_cluster_name",
-    "applications": {{app: status}}, "address_mode", "in_cluster_dns": {{...}}}}.
-    {_SLICE_DOC}
-    :param serve_config: {{"applications": [...], "http_options"?: ...}} or an object with to_dict(); templated
+    Returns {"kind", "name", "namespace", "serve_url", "dashboard_url", "gcs_address", "ray_cluster_name",
+    "applications": {app: status}, "address_mode", "in_cluster_dns": {...}}.
+
+    :param serve_config: {"applications": [...], "http_options"?: ...} or an object with to_dict(); templated
         (an upstream task's XCom works, and is checked when the task runs).
+    :param tpu: the slice (TpuSlice or its to_dict()); or give accelerator/topology/machine_type/num_slices.
+    :param accelerator: TPU generation or accelerator name (e.g. "v6e", "TPU-V6E"); templated.
+    :param topology: slice topology, e.g. "4x4"; templated.
+    :param machine_type: GKE machine type of the TPU hosts (default: the slice's); templated.
+    :param num_slices: number of slices (worker replicas); templated.
+    :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
+    :param ray_version: the Ray version in the image (X.Y.Z).
+    :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
+    :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
+    :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
+        always comes from the slice.
+    :param service_account: Kubernetes service account of the Ray pods.
+    :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param name: a stable name makes the task update one long-lived endpoint across runs; default: per
-        task instance.
+        task instance; templated.
+    :param labels: extra labels on the RayService and its Ray pods (keep per-run values out: they would
+        change the cluster spec); templated.
+    :param annotations: extra annotations on the RayService.
+    :param upgrade_strategy: KubeRay's upgradeStrategy: "None" (update in place), "NewCluster" or
+        "NewClusterWithIncrementalUpgrade" (both need capacity for a second slice).
+    :param address_mode: auto | in_cluster_dns | head_service | port_forward (tpuflow.kuberay.addresses).
+    :param on_kill_action: "delete" (default): killing the task while it waits deletes the RayService it
+        created (never one it only updated); "keep": leave it for inspection.
+    :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
+        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
+    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
+        ``use_dns_endpoint``). Alone, the operator reaches the cluster through the google provider's GKE
+        hooks; with ``kubernetes_conn_id`` it only feeds the console links; templated.
+    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
+    :param impersonation_chain: service account(s) the GKE hooks impersonate.
+    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
+        templated.
+    :param deferrable: wait in the triggerer (KubeRay status polling with kubernetes_asyncio).
+    :param poll_interval: seconds between status reads.
+    :param wait_timeout: seconds until the task fails naming the stuck application or deployment.
+    :param log_lines: head pod log lines to include on failure or timeout.
     """
 
+    kind, plural = "RayService", RAYSERVICES
     template_fields: Sequence[str] = (
         *KubeRayBaseOperator.template_fields, "name", "image", "env", "labels", "accelerator", "topology",
         "machine_type", "num_slices", "serve_config",
     )
 
-    def __init__(
-        self,
-        *,
-        serve_config: Any,
-        tpu: TpuSlice | Mapping[str, Any] | None = None,
-        accelerator: str | None = None,
-        topology: str | None = None,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
-        image: str | None = None,
-        ray_version: str = DEFAULT_RAY_VERSION,
-        env: Mapping[str, str] | None = None,
-        head_resources: Mapping[str, str] | None = None,
-        worker_resources: Mapping[str, str] | None = None,
-        service_account: str | None = None,
-        shm_size: str | None = None,
-        name: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        upgrade_strategy: str = DEFAULT_UPGRADE_STRATEGY,
-        address_mode: str = "auto",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, serve_config: Any, upgrade_strategy: str = DEFAULT_UPGRADE_STRATEGY,
+                 on_kill_action: str = "delete", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.init_slice(tpu=tpu, accelerator=accelerator, topology=topology, machine_type=machine_type,
-                        num_slices=num_slices, image=image, ray_version=ray_version, env=env,
-                        head_resources=head_resources, worker_resources=worker_resources,
-                        service_account=service_account, shm_size=shm_size)
-        # A template or an upstream task's XCom (e.g. a @task building the config) is checked when it renders.
-        deferred = isinstance(serve_config, XComArg) or (isinstance(serve_config, str) and "{{" in serve_config)
-        if isinstance(serve_config, (str, XComArg)):
-            self.serve_config = serve_config
-        else:
-            from tpuflow.kuberay.serve_config import serve_config_dict
-
-            self.serve_config = serve_config_dict(serve_config)
-        self.name = name
-        self.labels = dict(labels or {})
-        self.annotations = dict(annotations or {})
+        self.serve_config = serve_config
         self.upgrade_strategy = upgrade_strategy
-        self.address_mode = check_address_mode(address_mode)
-        if not self.slice_is_templated() and not deferred:
-            self.build_manifest_for("parse-check", "default", {})
+        self.on_kill_action = on_kill_action
+        self._check_static_arguments()
 
+    # --- checks ---
+    def argument_checks(self) -> list[ArgumentCheck]:
+        from_slice = (*self.slice_values(), self.serve_config, self.labels, self.upgrade_strategy)
+        return [
+            *super().argument_checks(),
+            ((self.on_kill_action,), lambda: check_choice("on_kill_action", self.on_kill_action, ON_KILL_ACTIONS)),
+            ((self.serve_config,), self._serve_config),
+            (from_slice, lambda: self.build_manifest_for("parse-check", "default", {})),
+        ]
+
+    def _serve_config(self) -> dict[str, Any]:
+        from tpuflow.kuberay.serve_config import serve_config_dict
+
+        return serve_config_dict(self.serve_config)
+
+    def deletes_on_kill(self) -> bool:
+        return self.on_kill_action == "delete"
+
+    # --- manifest ---
     def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
         from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
 
-        manifest = rayservice_manifest(self.build_template(), self.serve_config, name=name, namespace=namespace,
+        manifest = rayservice_manifest(self.build_template(), self._serve_config(), name=name, namespace=namespace,
                                        labels=labels, annotations=self.annotations,
-                                       upgrade_strategy=self.upgrade_strategy, pod_labels=self.labels)
+                                       upgrade_strategy=self.upgrade_strategy, pod_labels=self.labels or {})
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
         return manifest
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from tpuflow.kuberay.hooks import KubeApiError
-        from tpuflow.kuberay.status import rayservice_verdict
+    def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
+        return self.build_manifest_for(object_name(context, self.name), namespace, owner_labels(context, self.labels))
 
-        hook = self.kube_hook()
-        namespace = self.resolve_namespace()
-        name = object_name(context, self.name)
-        body = self.build_manifest_for(name, namespace, owner_labels(context, self.labels))
-        self.persist_gke_links(context, namespace)
-        obj = self._create_or_update(hook, body, namespace)
-        if obj is None:
-            try:
-                obj = hook.create(RAYSERVICES, body, namespace)
-                self.log.info("Created RayService %s/%s", namespace, name)
-            except KubeApiError as err:
-                if err.code != 409:
-                    raise AirflowFailException(_rejection(err, "RayService", namespace, name,
-                                                          body["spec"]["rayClusterConfig"])) from err
-                obj = self._create_or_update(hook, body, namespace)
-        verdict = rayservice_verdict(obj)
-        if verdict.ready:
-            return self.finish(context, name, namespace)
-        self.log.info("Waiting up to %.0fs for RayService %s/%s: %s", self.wait_timeout, namespace, name, verdict.reason)
-        # Killing the task deletes the RayService only if this task instance created it (its run-key label),
-        # not a long-lived one (stable name) it updated.
-        event = self.wait_ready("RayService", name, namespace, owner_run_key=body["metadata"]["labels"][RUN_KEY_LABEL])
-        return self.execute_complete(context, event)
-
-    def _create_or_update(self, hook: KubeRayHook, body: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
+    # --- the flow's steps ---
+    def reconcile_existing(self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any],
+                           namespace: str) -> dict[str, Any]:
+        """Adopt a RayService with this spec, or update one tpuflow created (Serve config in place)."""
         name = body["metadata"]["name"]
-        existing = hook.get(RAYSERVICES, name, namespace)
-        if existing is None:
-            return None
         meta = existing.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            raise AirflowException(f"RayService {namespace}/{name} is being deleted; retry once it is gone")
         if (meta.get("labels") or {}).get(MANAGED_BY) != "tpuflow":
             raise AirflowFailException(f"RayService {namespace}/{name} exists and was not created by tpuflow; delete "
                                        "it or choose another name")
@@ -387,27 +368,22 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayBaseOperator):
                       "new Ray cluster" if cluster_changed else "Serve config in place")
         return updated
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        self.raise_for_event(event, "ready")
-        return self.finish(context, event["name"], event["namespace"])
+    def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
+        return _rejection(err, "RayService", namespace, body["metadata"]["name"], body["spec"]["rayClusterConfig"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
-        from tpuflow.kuberay.addresses import cluster_payload, service_payload
+        from tpuflow.kuberay.addresses import service_payload
+        from tpuflow.kuberay.status import service_cluster_name
 
         hook = self.kube_hook()
         service = hook.get(RAYSERVICES, name, namespace)
         if service is None:
-            raise AirflowException(f"RayService {namespace}/{name} disappeared right after becoming ready")
-        cluster_name = ((service.get("status") or {}).get("activeServiceStatus") or {}).get("rayClusterName", "")
+            raise AirflowFailException(f"RayService {namespace}/{name} disappeared right after becoming ready")
+        cluster_name = service_cluster_name(service)
         cluster = hook.get(RAYCLUSTERS, cluster_name, namespace) if cluster_name else None
-        in_cluster = hook.is_in_cluster()
-        cluster_info: dict[str, Any] = {}
-        if cluster is not None:
-            svc_name = ((cluster.get("status") or {}).get("head") or {}).get("serviceName") or f"{cluster_name}-head-svc"
-            cluster_info = cluster_payload(cluster, hook.get_service(svc_name, namespace), mode=self.address_mode,
-                                           in_cluster=in_cluster)
+        cluster_info = _cluster_addresses(hook, cluster, namespace, self.address_mode) if cluster else {}
         payload = service_payload(service, cluster_info, hook.get_service(f"{name}-serve-svc", namespace),
-                                  mode=self.address_mode, in_cluster=in_cluster)
+                                  mode=self.address_mode, in_cluster=bool(hook.is_in_cluster))
         RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, cluster_info.get("head_pod"))
         self.log.info("RayService %s/%s ready: %s at %s", namespace, name, payload["applications"], payload["serve_url"])
@@ -418,15 +394,25 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
     kind = "RayCluster"
     plural = RAYCLUSTERS
     operator_extra_links = ()
+    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
 
     def __init__(self, *, name: str | None = None, owner_task_id: str | None = None, wait: bool = True,
                  wait_timeout: float = 600.0, poll_interval: float = 5.0, **kwargs: Any) -> None:
         super().__init__(wait_timeout=wait_timeout, poll_interval=poll_interval, **kwargs)
-        if not name and not owner_task_id:
-            raise UserInputError("name", name, "give the object's name, or the task id that created it")
-        self.name, self.owner_task_id, self.wait = name, owner_task_id, wait
+        self.name = name
+        self.owner_task_id = owner_task_id
+        self.wait = wait
+        self._check_static_arguments()
+
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [*super().argument_checks(), ((self.name,), self._check_target)]
+
+    def _check_target(self) -> None:
+        if not self.name and not self.owner_task_id:
+            raise UserInputError("name", self.name, "give the object's name, or the task id that created it")
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self.validate_arguments()
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
         name = object_name(context, self.name, self.owner_task_id)
@@ -443,7 +429,7 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         return self.execute_complete(context, event)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        self.raise_for_event(event, "deleted")
+        raise_for_event(event, f"deleting {self.kind} {event.get('namespace')}/{event.get('name')}")
         return {"kind": self.kind, "name": event["name"], "namespace": event["namespace"], "existed": True,
                 "deleted": True}
 
@@ -451,12 +437,27 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
 class KubeRayDeleteClusterOperator(_KubeRayDeleteOperator):
     """Delete a RayCluster and wait until it is gone (KubeRay has removed its pods).
 
-    :param name: the RayCluster; or ``cluster_task_id``: the KubeRayCreateClusterOperator task whose
-        deterministic name to use (works as a teardown even when that task failed before pushing XCom).
+    Returns {"kind", "name", "namespace", "existed", "deleted"}; a RayCluster that does not exist is a
+    no-op (``existed`` False), so the operator works as a teardown.
+
+    :param name: the RayCluster; templated.
+    :param cluster_task_id: instead of ``name``, the KubeRayCreateClusterOperator task whose deterministic
+        name to use (works as a teardown even when that task failed before pushing XCom).
+    :param wait: wait until the RayCluster is gone (default True).
+    :param kubernetes_conn_id: a ``kubernetes`` connection; default ``kubernetes_default`` unless
+        ``gke_cluster`` is given; templated.
+    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` of the GKE cluster; templated.
+    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
+    :param impersonation_chain: service account(s) the GKE hooks impersonate.
+    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
+        templated.
+    :param deferrable: wait in the triggerer.
+    :param poll_interval: seconds between reads (default 5).
+    :param wait_timeout: seconds until the task fails naming the RayCluster's finalizers (default 600).
+    :param log_lines: unused by deletes (accepted for symmetry with the create operator).
     """
 
     kind, plural = "RayCluster", RAYCLUSTERS
-    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
 
     def __init__(self, *, name: str | None = None, cluster_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(name=name, owner_task_id=cluster_task_id, **kwargs)
@@ -465,11 +466,27 @@ class KubeRayDeleteClusterOperator(_KubeRayDeleteOperator):
 class KubeRayDeleteServiceOperator(_KubeRayDeleteOperator):
     """Delete a RayService (KubeRay removes its RayClusters) and wait until it is gone.
 
-    :param name: the RayService; or ``service_task_id``: the KubeRayDeployServiceOperator task.
+    Returns {"kind", "name", "namespace", "existed", "deleted"}; a RayService that does not exist is a
+    no-op (``existed`` False).
+
+    :param name: the RayService; templated.
+    :param service_task_id: instead of ``name``, the KubeRayDeployServiceOperator task whose deterministic
+        name to use.
+    :param wait: wait until the RayService is gone (default True).
+    :param kubernetes_conn_id: a ``kubernetes`` connection; default ``kubernetes_default`` unless
+        ``gke_cluster`` is given; templated.
+    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` of the GKE cluster; templated.
+    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
+    :param impersonation_chain: service account(s) the GKE hooks impersonate.
+    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
+        templated.
+    :param deferrable: wait in the triggerer.
+    :param poll_interval: seconds between reads (default 5).
+    :param wait_timeout: seconds until the task fails naming the RayService's finalizers (default 600).
+    :param log_lines: unused by deletes (accepted for symmetry with the deploy operator).
     """
 
     kind, plural = "RayService", RAYSERVICES
-    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
 
     def __init__(self, *, name: str | None = None, service_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(name=name, owner_task_id=service_task_id, **kwargs)

@@ -1,8 +1,10 @@
 """KubeRay status semantics (KubeRay v1.7, see ../shared/kuberay/README.md) as pure functions.
 
 `raycluster_verdict` / `rayservice_verdict` turn a custom object into ready / failed(reason) /
-waiting(why). The triggers, the synchronous waits and the stand-in tests all use these, so "ready"
-means one thing everywhere.
+waiting(why). The triggers and the synchronous waits both use these, so "ready" means one thing on
+the operator side; the simulated KubeRay controller (tpuflow.dev.standins) keeps its own reading of
+KubeRay's documented status, so the stand-in does not grade itself with the operator's rules. The
+status pieces read here are typed (``RayClusterStatus``, ``RayServiceStatus``, ``Condition``, ...).
 
 RayCluster: ready = conditions RayClusterProvisioned=True and HeadPodReady=True (both stay set once
 reached) and readyWorkerReplicas >= desiredWorkerReplicas (current health). ReplicaFailure=True
@@ -18,11 +20,79 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 READY, FAILED, WAITING = "ready", "failed", "waiting"
 FAILED_APP_STATUSES = ("DEPLOY_FAILED", "UNHEALTHY")
 TERMINAL_SERVICE_REASONS = ("ValidationFailed", "InitializingTimeout")
+
+
+class Condition(TypedDict, total=False):
+    """One entry of ``status.conditions`` (metav1.Condition)."""
+
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    observedGeneration: int
+    lastTransitionTime: str
+
+
+class HeadInfo(TypedDict, total=False):
+    podName: str
+    podIP: str
+    serviceName: str
+    serviceIP: str
+
+
+class RayClusterStatus(TypedDict, total=False):
+    """The parts of a RayCluster's ``status`` tpuflow reads (KubeRay v1.7 CRD)."""
+
+    state: str
+    reason: str
+    conditions: list[Condition]
+    desiredWorkerReplicas: int
+    readyWorkerReplicas: int
+    observedGeneration: int
+    head: HeadInfo
+    endpoints: dict[str, str]
+
+
+class ServeDeploymentStatus(TypedDict, total=False):
+    status: str  # HEALTHY | UPDATING | UNHEALTHY | DEPLOY_FAILED ...
+    message: str
+
+
+class ServeApplicationStatus(TypedDict, total=False):
+    status: str  # RUNNING | DEPLOYING | DEPLOY_FAILED | UNHEALTHY | NOT_STARTED ...
+    message: str
+    serveDeploymentStatuses: dict[str, ServeDeploymentStatus]
+
+
+class ServiceClusterStatus(TypedDict, total=False):
+    """``activeServiceStatus`` / ``pendingServiceStatus`` of a RayService."""
+
+    rayClusterName: str
+    applicationStatuses: dict[str, ServeApplicationStatus]
+
+
+class RayServiceStatus(TypedDict, total=False):
+    """The parts of a RayService's ``status`` tpuflow reads (KubeRay v1.7 CRD)."""
+
+    conditions: list[Condition]
+    numServeEndpoints: int
+    observedGeneration: int
+    serviceStatus: str
+    activeServiceStatus: ServiceClusterStatus
+    pendingServiceStatus: ServiceClusterStatus
+
+
+def cluster_status(obj: Mapping[str, Any] | None) -> RayClusterStatus:
+    return cast(RayClusterStatus, (obj or {}).get("status") or {})
+
+
+def service_status(obj: Mapping[str, Any] | None) -> RayServiceStatus:
+    return cast(RayServiceStatus, (obj or {}).get("status") or {})
 
 
 @dataclass(frozen=True)
@@ -42,47 +112,60 @@ class Verdict:
         return {"state": self.state, "reason": self.reason}
 
 
-def conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {str(c.get("type")): c for c in ((obj.get("status") or {}).get("conditions") or []) if isinstance(c, Mapping)}
+def conditions(obj: Mapping[str, Any]) -> dict[str, Condition]:
+    found = cast(list[Condition], ((obj.get("status") or {}).get("conditions") or []))
+    return {str(c.get("type")): c for c in found if isinstance(c, Mapping)}
 
 
-def _true(cond: Mapping[str, Any] | None) -> bool:
-    return bool(cond) and str(cond.get("status")) == "True"  # type: ignore[union-attr]
+def _true(cond: Condition | None) -> bool:
+    return cond is not None and str(cond.get("status")) == "True"
 
 
-def _explain(cond: Mapping[str, Any] | None, name: str) -> str:
+def _explain(cond: Condition | None, name: str) -> str:
     if not cond:
         return f"{name} not reported yet"
     detail = ": ".join(p for p in (cond.get("reason"), cond.get("message")) if p)
     return f"{name}={cond.get('status')}" + (f" ({detail})" if detail else "")
 
 
-def _not_observed(obj: Mapping[str, Any]) -> str | None:
+def _not_observed(obj: Mapping[str, Any], kind: str) -> Verdict | None:
+    """Waiting while KubeRay has not reconciled the latest spec (observedGeneration behind generation)."""
     generation = (obj.get("metadata") or {}).get("generation")
     observed = (obj.get("status") or {}).get("observedGeneration")
     if generation is not None and observed is not None and int(observed) < int(generation):
-        return f"KubeRay has not reconciled the latest spec yet (generation {generation}, observed {observed})"
+        name = (obj.get("metadata") or {}).get("name", "?")
+        return Verdict(WAITING, f"{kind} {name}: KubeRay has not reconciled the latest spec yet (generation "
+                                f"{generation}, observed {observed})")
     return None
 
 
 def desired_workers(obj: Mapping[str, Any]) -> int:
     """desiredWorkerReplicas, or sum(replicas x numOfHosts) over unsuspended groups when not reported."""
-    status = obj.get("status") or {}
+    status = cluster_status(obj)
     if status.get("desiredWorkerReplicas") is not None:
         return int(status["desiredWorkerReplicas"])
     groups = (obj.get("spec") or {}).get("workerGroupSpecs") or []
     return sum(int(g.get("replicas", 0) or 0) * int(g.get("numOfHosts", 1) or 1) for g in groups if not g.get("suspend"))
 
 
-def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
+def _unreported(obj: Mapping[str, Any] | None, kind: str) -> Verdict | None:
+    """The verdict before KubeRay reports anything: the object is missing, or has no status yet."""
     if not obj:
-        return Verdict(WAITING, "the RayCluster does not exist (yet)")
-    name = (obj.get("metadata") or {}).get("name", "?")
-    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return Verdict(WAITING, f"the {kind} does not exist (yet)")
+    if not obj.get("status"):
+        name = (obj.get("metadata") or {}).get("name", "?")
+        return Verdict(WAITING, f"{kind} {name}: KubeRay has not reported any status yet (is the operator running?)")
+    return None
+
+
+def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
+    name = ((obj or {}).get("metadata") or {}).get("name", "?")
+    if obj and (obj.get("metadata") or {}).get("deletionTimestamp"):
         return Verdict(FAILED, f"RayCluster {name} is being deleted")
-    status = obj.get("status") or {}
-    if not status:
-        return Verdict(WAITING, f"RayCluster {name}: KubeRay has not reported any status yet (is the operator running?)")
+    early = _unreported(obj, "RayCluster")
+    if early is not None or obj is None:
+        return early or Verdict(WAITING, "the RayCluster does not exist (yet)")
+    status = cluster_status(obj)
     conds = conditions(obj)
     failure = conds.get("ReplicaFailure")
     if _true(failure):
@@ -91,9 +174,9 @@ def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
         return Verdict(FAILED, f"RayCluster {name} is suspended")
     if str(status.get("state", "")).lower() == "failed":
         return Verdict(FAILED, f"RayCluster {name} failed: {status.get('reason') or 'no reason given'}")
-    lag = _not_observed(obj)
-    if lag:
-        return Verdict(WAITING, f"RayCluster {name}: {lag}")
+    lag = _not_observed(obj, "RayCluster")
+    if lag is not None:
+        return lag
     desired = desired_workers(obj)
     ready_workers = int(status.get("readyWorkerReplicas") or 0)
     provisioned, head = conds.get("RayClusterProvisioned"), conds.get("HeadPodReady")
@@ -111,11 +194,18 @@ def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
                             f"{ready_workers}/{desired} worker pods ready")
 
 
-def application_statuses(obj: Mapping[str, Any], which: str = "activeServiceStatus") -> dict[str, Mapping[str, Any]]:
-    return dict(((obj.get("status") or {}).get(which) or {}).get("applicationStatuses") or {})
+def application_statuses(obj: Mapping[str, Any],
+                         which: Literal["activeServiceStatus", "pendingServiceStatus"] = "activeServiceStatus",
+                         ) -> dict[str, ServeApplicationStatus]:
+    return dict((service_status(obj).get(which) or {}).get("applicationStatuses") or {})
 
 
-def _deployment_problems(app: Mapping[str, Any], wanted: tuple[str, ...] | None = None) -> list[str]:
+def service_cluster_name(obj: Mapping[str, Any]) -> str:
+    """The RayCluster a RayService serves from: the active one, else the pending one ("" before either)."""
+    return _serving_status(obj)[1]
+
+
+def _deployment_problems(app: ServeApplicationStatus, wanted: tuple[str, ...] | None = None) -> list[str]:
     out = []
     for dep, st in (app.get("serveDeploymentStatuses") or {}).items():
         status = st.get("status", "")
@@ -126,13 +216,12 @@ def _deployment_problems(app: Mapping[str, Any], wanted: tuple[str, ...] | None 
 
 
 def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
-    if not obj:
-        return Verdict(WAITING, "the RayService does not exist (yet)")
+    early = _unreported(obj, "RayService")
+    if early is not None or obj is None:
+        return early or Verdict(WAITING, "the RayService does not exist (yet)")
     name = (obj.get("metadata") or {}).get("name", "?")
-    status = obj.get("status") or {}
-    if not status:
-        return Verdict(WAITING, f"RayService {name}: KubeRay has not reported any status yet (is the operator running?)")
-    for which in ("activeServiceStatus", "pendingServiceStatus"):
+    status = service_status(obj)
+    for which in _WHICH:
         for app, st in application_statuses(obj, which).items():
             if st.get("status") in FAILED_APP_STATUSES:
                 details = [st.get("message") or "", *_deployment_problems(st, ("UNHEALTHY", "DEPLOY_FAILED"))]
@@ -142,9 +231,9 @@ def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
     ready = conditions(obj).get("Ready")
     if ready and not _true(ready) and ready.get("reason") in TERMINAL_SERVICE_REASONS:
         return Verdict(FAILED, f"RayService {name}: {_explain(ready, 'Ready')}")
-    lag = _not_observed(obj)
-    if lag:
-        return Verdict(WAITING, f"RayService {name}: {lag}")
+    lag = _not_observed(obj, "RayService")
+    if lag is not None:
+        return lag
     apps = application_statuses(obj)
     endpoints = int(status.get("numServeEndpoints") or 0)
     not_running = {a: s for a, s in apps.items() if s.get("status") != "RUNNING"}
@@ -153,10 +242,14 @@ def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
     return Verdict(WAITING, f"RayService {name}: " + "; ".join(_service_waiting_parts(obj)))
 
 
-def _serving_status(obj: Mapping[str, Any]) -> tuple[str, str]:
+_WHICH: tuple[Literal["activeServiceStatus", "pendingServiceStatus"], ...] = ("activeServiceStatus",
+                                                                             "pendingServiceStatus")
+
+
+def _serving_status(obj: Mapping[str, Any]) -> tuple[Literal["activeServiceStatus", "pendingServiceStatus"], str]:
     """(which status block, cluster name) the applications are reported under: the active cluster, or the
     pending one (a new RayService's first cluster stays pending until its applications are RUNNING)."""
-    status = obj.get("status") or {}
+    status = service_status(obj)
     active = (status.get("activeServiceStatus") or {}).get("rayClusterName")
     if active:
         return "activeServiceStatus", str(active)
@@ -164,7 +257,7 @@ def _serving_status(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _service_waiting_parts(obj: Mapping[str, Any]) -> list[str]:
-    status = obj.get("status") or {}
+    status = service_status(obj)
     which, cluster = _serving_status(obj)
     apps = application_statuses(obj, which)
     parts = []
@@ -192,7 +285,7 @@ _SCHEDULING_HINTS = ("resources required", "cannot be scheduled", "taken more th
 
 def stuck_service_diagnosis(obj: Mapping[str, Any], cluster_reason: str | None = None) -> str:
     """Which deployment is stuck and the most likely cause, for the deadline error."""
-    status = obj.get("status") or {}
+    status = service_status(obj)
     which, _ = _serving_status(obj)
     apps = application_statuses(obj, which)
     if which == "pendingServiceStatus" and not apps:
@@ -224,7 +317,7 @@ def stuck_service_diagnosis(obj: Mapping[str, Any], cluster_reason: str | None =
     return "; ".join(stuck)
 
 
-def _likely_cause(dep_status: Mapping[str, Any]) -> str:
+def _likely_cause(dep_status: ServeDeploymentStatus) -> str:
     message = str(dep_status.get("message") or "").lower()
     if any(h in message for h in _SCHEDULING_HINTS):
         return ("its replicas' resource request cannot be placed on the cluster. A multi-host TPU model must reserve "
@@ -237,3 +330,9 @@ def _likely_cause(dep_status: Mapping[str, Any]) -> str:
                 "falls back to per-chip bundles that can straddle slices and hang in DEPLOYING with no error; "
                 "otherwise the model is still loading. Check the Serve replica logs on the head pod")
     return "see the Serve controller logs on the head pod"
+
+
+def head_service_name(cluster: Mapping[str, Any]) -> str:
+    """The RayCluster's head Service: status.head.serviceName, else KubeRay's "<name>-head-svc"."""
+    name = (cluster.get("metadata") or {}).get("name", "")
+    return (cluster_status(cluster).get("head") or {}).get("serviceName") or f"{name}-head-svc"

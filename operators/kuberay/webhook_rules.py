@@ -2,8 +2,11 @@
 
 The webhook (github.com/ai-on-gke/kuberay-tpu-webhook) rejects a RayCluster, RayService or RayJob whose
 TPU worker group has numOfHosts != max(chips(topology) / google.com/tpu, 1), with the message
-WEBHOOK_DENIAL. The operators check user-supplied manifests with it before sending them, and the
-Kubernetes stand-in applies it at admission, so both say the same thing.
+WEBHOOK_DENIAL. The operator side keeps it as a pre-flight check: KubeRayCreateClusterOperator checks a
+user-supplied manifest with it (``tpu_preflight``) before sending anything, and explains a webhook denial
+with the group and the numOfHosts to set; ``slice_of_group`` reads a ready cluster's slice for the XCom.
+The simulated webhook in tpuflow.dev.standins is written separately from GKE's documentation, so a
+mistake here shows up there as a denial instead of being shared.
 """
 
 from __future__ import annotations

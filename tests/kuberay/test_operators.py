@@ -79,11 +79,14 @@ def run(op: Any, ti: FakeTI | None = None) -> Any:
         return getattr(op, deferred.method_name)(context, payload)
 
 
+def _slice_op(cls: Any, task_id: str, kw: dict[str, Any]) -> Any:
+    """An operator of `cls` on the stand-in's connection, the v6e 4x4 slice and test-sized waits."""
+    defaults = {"tpu": V6E, "image": IMAGE, "task_id": task_id, "wait_timeout": 10}
+    return cls(kubernetes_conn_id=CONN, poll_interval=0.1, **{**defaults, **kw})
+
+
 def create_op(**kw: Any) -> KubeRayCreateClusterOperator:
-    kw.setdefault("tpu", V6E)
-    kw.setdefault("image", IMAGE)
-    return KubeRayCreateClusterOperator(task_id=kw.pop("task_id", "ray_cluster"), kubernetes_conn_id=CONN,
-                                        poll_interval=0.1, wait_timeout=kw.pop("wait_timeout", 10), **kw)
+    return _slice_op(KubeRayCreateClusterOperator, "ray_cluster", kw)  # type: ignore[no-any-return]
 
 
 def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin) -> None:
@@ -122,9 +125,8 @@ def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin)
 def test_wrong_numofhosts_fails_before_anything_is_sent(kube: KubeRayStandin) -> None:
     manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="copied-sample")
     manifest["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
-    op = KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest)
-    with pytest.raises(UserInputError) as err:
-        run(op)
+    with pytest.raises(UserInputError) as err:  # a static manifest is checked when the DAG file is parsed
+        KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest)
     assert err.value.field == "manifest.spec.workerGroupSpecs[0].numOfHosts"
     assert "needs numOfHosts=4" in str(err.value)
     assert not any(method == "POST" for method, *_ in kube.api.requests)
@@ -168,11 +170,7 @@ def test_existing_object_of_another_owner_is_not_adopted(kube: KubeRayStandin) -
 
 
 def deploy_op(**kw: Any) -> KubeRayDeployServiceOperator:
-    kw.setdefault("tpu", V6E)
-    kw.setdefault("image", IMAGE)
-    kw.setdefault("serve_config", SERVE)
-    return KubeRayDeployServiceOperator(task_id=kw.pop("task_id", "serve"), kubernetes_conn_id=CONN,
-                                        poll_interval=0.1, wait_timeout=kw.pop("wait_timeout", 10), **kw)
+    return _slice_op(KubeRayDeployServiceOperator, "serve", {"serve_config": SERVE, **kw})  # type: ignore[no-any-return]
 
 
 def test_deploy_service_then_update_in_place_then_delete(kube: KubeRayStandin) -> None:
@@ -368,10 +366,10 @@ def test_killing_a_cluster_create_waiting_in_the_worker_deletes_the_raycluster(k
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     deadline = time.monotonic() + 10
-    while getattr(op, "_waiting_for", None) is None:
+    while op._owned is None:
         assert time.monotonic() < deadline and worker.is_alive()
         time.sleep(0.02)
-    name = op._waiting_for[1]
+    name = op._owned.name
     assert not deleting(kube, RAYCLUSTERS, name)
 
     op.on_kill()  # what the task runner's SIGTERM handler calls
@@ -379,3 +377,93 @@ def test_killing_a_cluster_create_waiting_in_the_worker_deletes_the_raycluster(k
     assert deleting(kube, RAYCLUSTERS, name)
     worker.join(timeout=15)
     assert failure and isinstance(failure[0], AirflowException)
+
+
+# --- hooks: the providers' hooks, with their GKE variants -------------------------------------------------
+def test_the_hooks_are_the_providers_kubernetes_hooks_and_their_gke_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
+    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
+
+    monkeypatch.setenv("AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform",
+                                                       "extra": {"is_anonymous": True}}))
+    conn = KubeTarget(kubernetes_conn_id=CONN)
+    assert type(KubeRayHook.for_target(conn)) is KubeRayHook and isinstance(KubeRayHook.for_target(conn),
+                                                                            KubernetesHook)
+    assert type(AsyncKubeRayHook.for_target(conn)) is AsyncKubeRayHook
+    assert isinstance(AsyncKubeRayHook.for_target(conn), AsyncKubernetesHook)
+    gke = KubeTarget(kubernetes_conn_id=None, cluster_url="https://10.0.0.2", ssl_ca_cert="Q0E=", gcp_conn_id="gcp")
+    sync_hook, async_hook = KubeRayHook.for_target(gke), AsyncKubeRayHook.for_target(gke)
+    assert isinstance(sync_hook, KubeRayHook) and isinstance(sync_hook, GKEKubernetesHook)
+    assert isinstance(async_hook, AsyncKubeRayHook) and isinstance(async_hook, GKEKubernetesAsyncHook)
+    assert sync_hook.default_namespace() == "default" and sync_hook.is_in_cluster is False
+    assert sync_hook._cluster_url == "https://10.0.0.2" and async_hook._hook_kwargs["gcp_conn_id"] == "gcp"
+
+
+def test_the_hooks_return_plain_json_and_raise_the_clients_errors(kube: KubeRayStandin) -> None:
+    from kubernetes.client import ApiException
+    from tpuflow.kuberay import RAYCLUSTERS as PLURAL
+    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
+
+    add_pool(kube)
+    run(create_op())
+    target = KubeTarget(kubernetes_conn_id=CONN)
+    hook = KubeRayHook.for_target(target)
+    name = kube.store.list(RAYCLUSTERS)[0]["metadata"]["name"]
+    pods = hook.pods("default", f"ray.io/cluster={name}")
+    assert len(pods) == 5 and pods[0]["metadata"]["labels"]["ray.io/cluster"] == name  # camelCase JSON
+    assert hook.get_service(f"{name}-head-svc", "default")["spec"]["clusterIP"] == "127.0.0.1"
+    assert hook.get_service("nope", "default") is None and hook.get(PLURAL, "nope", "default") is None
+    with pytest.raises(ApiException) as err:
+        hook.create(PLURAL, {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}},
+                    "default")
+    assert err.value.status == 409
+
+    async def read() -> tuple[Any, Any, Any]:
+        reader = AsyncKubeRayHook.for_target(target)
+        return (await reader.get(PLURAL, name, "default"), await reader.pods("default", f"ray.io/cluster={name}"),
+                await reader.delete(PLURAL, "nope", "default"))
+
+    obj, async_pods, deleted = asyncio.run(read())
+    assert obj["metadata"]["name"] == name and deleted is False
+    assert sorted(p["metadata"]["name"] for p in async_pods) == sorted(p["metadata"]["name"] for p in pods)
+
+
+# --- template fields, parse-time and run-time checks ---------------------------------------------------------
+def test_template_fields_keep_exactly_what_was_passed_and_are_checked_once_rendered(kube: KubeRayStandin) -> None:
+    env, labels = {"A": "1"}, {"team": "ml"}
+    op = create_op(accelerator="{{ params.acc }}", topology="4x4", tpu=None, env=env, labels=labels)
+    for field in op.template_fields:
+        assert hasattr(op, field)
+    assert op.env is env and op.labels is labels and op.accelerator == "{{ params.acc }}" and op.num_slices == 1
+    op.accelerator = "v6e-typo"  # what a bad rendered value looks like: checked before anything is sent
+    with pytest.raises(UserInputError) as err:
+        run(op)
+    assert err.value.field == "accelerator"
+    assert not any(method == "POST" for method, *_ in kube.api.requests)
+    with pytest.raises(UserInputError, match="poll_interval"):
+        KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, poll_interval=0)
+
+
+def test_on_kill_action_keep_leaves_the_rayservice(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    kube.launcher.serve["llm"] = FakeServeBehaviour(app_status="DEPLOYING")  # type: ignore[attr-defined]
+    kept = deferred_trigger(deploy_op(deferrable=True, on_kill_action="keep"))
+    assert kept.owner_run_key is None
+    asyncio.run(kept.on_kill())
+    assert not deleting(kube, RAYSERVICES, kept.name)
+    with pytest.raises(UserInputError) as err:
+        deploy_op(on_kill_action="drop")
+    assert err.value.field == "on_kill_action"
+
+
+def test_public_operators_document_every_argument() -> None:
+    import inspect
+
+    for cls in (KubeRayCreateClusterOperator, KubeRayDeployServiceOperator, KubeRayDeleteClusterOperator,
+                KubeRayDeleteServiceOperator):
+        doc = cls.__doc__ or ""
+        names = {p for klass in cls.__mro__ if "__init__" in vars(klass) and klass.__module__.startswith("tpuflow")
+                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "kwargs", "owner_task_id")}
+        missing = sorted(n for n in names if f":param {n}:" not in doc)
+        assert missing == [], f"{cls.__name__} does not document {missing}"

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException as AsyncApiException
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
-from tpuflow.kuberay.hooks import KubeApiError
 from tpuflow.kuberay.waits import wait_gone, wait_ready
 
 
@@ -28,10 +29,10 @@ class ScriptedReader:
             raise item
         return item  # type: ignore[no-any-return]
 
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return []
 
-    async def list_events(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
+    async def events_for(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
         return []
 
     async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
@@ -50,18 +51,42 @@ def wait(reader: ScriptedReader, timeout: float = 2.0) -> dict[str, Any]:
 
 
 def test_transient_api_errors_are_retried_until_ready() -> None:
-    reader = ScriptedReader(KubeApiError(503, "ServiceUnavailable", "etcd"), OSError("reset"), WAITING, READY)
-    assert wait(reader)["status"] == "ready" and reader.calls == 4
+    # The clients' own exceptions: kubernetes (worker) and kubernetes_asyncio (triggerer), and a dropped socket.
+    reader = ScriptedReader(ApiException(status=503, reason="ServiceUnavailable"), ConnectionResetError("reset"),
+                            AsyncApiException(status=429, reason="TooManyRequests"), WAITING, READY)
+    event = wait(reader)
+    assert event["status"] == "success" and reader.calls == 5
+    assert (event["kind"], event["name"], event["namespace"]) == ("RayCluster", "rc", "ns")
 
 
 def test_permission_errors_end_the_wait_at_once() -> None:
-    event = wait(ScriptedReader(KubeApiError(403, "Forbidden", "rayclusters.ray.io is forbidden")))
+    event = wait(ScriptedReader(AsyncApiException(status=403, reason="Forbidden: rayclusters.ray.io is forbidden")))
     assert event["status"] == "error" and "forbidden" in event["message"]
+
+
+def test_an_unexpected_error_is_not_retried() -> None:
+    reader = ScriptedReader(ValueError("bad answer"), READY)
+    event = wait(reader)
+    assert event["status"] == "error" and "ValueError" in event["message"] and reader.calls == 1
 
 
 def test_an_object_deleted_while_waiting_fails() -> None:
     event = wait(ScriptedReader(WAITING, None))
     assert event["status"] == "failed" and "no longer exists" in event["message"]
+    assert event["retryable"] is True  # a retry creates it again
+
+
+def test_a_failure_kubernetes_reports_is_not_retryable() -> None:
+    failing = {"metadata": {"name": "rc"}, "status": {"conditions": [
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreateWorkerPod", "message": "quota"}]}}
+    event = wait(ScriptedReader(failing))
+    assert event["status"] == "failed" and event["retryable"] is False and "quota" in event["message"]
+
+
+def test_delete_wait_succeeds_once_gone() -> None:
+    event = asyncio.run(wait_gone(ScriptedReader(READY, None), kind="RayCluster", name="rc", namespace="ns",
+                                  deadline=time.time() + 2, poll_interval=0.01))
+    assert event["status"] == "success" and "is gone" in event["message"]
 
 
 def test_delete_wait_reports_a_stuck_finalizer() -> None:

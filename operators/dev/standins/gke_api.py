@@ -51,13 +51,18 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from tpuflow.errors import UserInputError
-from tpuflow.tpu import GENERATIONS, Generation, TpuSlice
-from tpuflow.tpu.slice import GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, chips_in
+from tpuflow.dev.standins.gke_tpu import (
+    GKE_ACCELERATOR_LABEL,
+    GKE_TOPOLOGY_LABEL,
+    MULTI_HOST_CHIPS_PER_VM,
+    TpuMachineFamily,
+    chips_in,
+    tpu_machine_family,
+)
+from tpuflow.dev.standins.loopback_http import LoopbackHandler, LoopbackServer
 
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 _API = "https://container.googleapis.com/v1"
@@ -90,26 +95,12 @@ def _invalid(message: str) -> ApiError:
 
 
 # --- TPU rules ----------------------------------------------------------------------------------------
-def tpu_machine(machine_type: str) -> tuple[Generation, int] | None:
-    """(generation, chips per VM) for a TPU machine type; None for other machine types."""
-    m = _MACHINE_RE.match(machine_type or "")
-    if not m:
-        return None
-    for gen in GENERATIONS.values():
-        if gen.machine_family == m.group("family"):
-            chips = int(m.group("chips"))
-            if chips not in gen.machine_chip_options:
-                raise _invalid(
-                    f'Machine type "{machine_type}" does not exist; {gen.name} machine types are '
-                    f"{', '.join(gen.machine_types)}."
-                )
-            return gen, chips
-    return None
-
-
-def _single_vm_topology(gen: Generation, chips: int) -> str:
-    shapes = sorted((t for t in gen.gke_topologies if chips_in(t) == chips), key=lambda t: [int(d) for d in t.split("x")])
-    return shapes[0] if shapes else ("x".join(["1"] * gen.dims))
+def tpu_machine(machine_type: str) -> tuple[TpuMachineFamily, int] | None:
+    """(machine family, chips per VM) for a TPU machine type; None for other machine types."""
+    try:
+        return tpu_machine_family(machine_type)
+    except ValueError as err:
+        raise _invalid(str(err)) from err
 
 
 def _capacity_kind(pool: Mapping[str, Any]) -> str:
@@ -164,13 +155,13 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
         if topology or policy:
             raise _invalid(f'Machine type "{machine_type}" is not a TPU machine type; tpuTopology is not allowed.')
         return None
-    gen, per_vm = tpu
-    if topology and gen.multi_host_uses_workload_policy:
+    fam, per_vm = tpu
+    if topology and fam.workload_policy:
         raise _invalid(
-            f"tpuTopology is not supported for {machine_type}: multi-host {gen.name} node pools are placed with a "
+            f"tpuTopology is not supported for {machine_type}: multi-host {fam.generation} node pools are placed with a "
             "workload policy (placementPolicy.policyName)."
         )
-    if policy and not gen.multi_host_uses_workload_policy:
+    if policy and not fam.workload_policy:
         raise _invalid(
             f"placementPolicy.policyName is not supported for {machine_type}; use type COMPACT with tpuTopology."
         )
@@ -184,11 +175,11 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
                 f"Placement policy COMPACT without tpuTopology is not supported for single-host TPU node pools "
                 f"({machine_type}); remove placementPolicy."
             )
-        return _single_vm_topology(gen, per_vm)
-    if topology not in gen.gke_topologies:
+        return fam.single_vm_topology(per_vm)
+    if topology not in fam.topologies:
         raise _invalid(
-            f'Invalid TPU topology "{topology}" for machine type "{machine_type}". Supported {gen.name} topologies: '
-            f"{', '.join(sorted(gen.gke_topologies, key=lambda t: (chips_in(t), t)))}."
+            f'Invalid TPU topology "{topology}" for machine type "{machine_type}". Supported {fam.generation} '
+            f"topologies: {', '.join(sorted(fam.topologies, key=lambda t: (chips_in(t), t)))}."
         )
     chips = chips_in(topology)
     if chips % per_vm or chips // per_vm < 2:
@@ -196,10 +187,11 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
             f"Placement policy is not supported for single-host TPU slice node pools: topology {topology} "
             f"({chips} chips) does not span several {machine_type} VMs. Remove placementPolicy for a single-host pool."
         )
-    try:
-        TpuSlice.from_spec(gen.name, topology, machine_type)
-    except UserInputError as err:
-        raise _invalid(f'Machine type "{machine_type}" cannot form TPU topology {topology}: {err.fix}.') from err
+    if per_vm != MULTI_HOST_CHIPS_PER_VM:
+        raise _invalid(
+            f'Machine type "{machine_type}" cannot form TPU topology {topology}: a multi-host slice runs on '
+            f"{fam.family}-{MULTI_HOST_CHIPS_PER_VM}t VMs."
+        )
     if not policy and ptype != "COMPACT":
         raise _invalid("Multi-host TPU slice node pools need placementPolicy.type COMPACT with tpuTopology.")
     hosts = chips // per_vm
@@ -220,7 +212,7 @@ def node_labels_of(pool: Mapping[str, Any], tpu_topology: str | None, zone: str)
     labels["topology.kubernetes.io/zone"] = zone
     tpu = tpu_machine(config.get("machineType", ""))
     if tpu is not None and tpu_topology:
-        labels[GKE_ACCELERATOR_LABEL] = tpu[0].gke_accelerator
+        labels[GKE_ACCELERATOR_LABEL] = tpu[0].accelerator
         labels[GKE_TOPOLOGY_LABEL] = tpu_topology
     kind = _capacity_kind(pool)
     if kind == "spot":
@@ -305,7 +297,7 @@ class _Operation:
 
 def _quota_metric(pool: Mapping[str, Any]) -> str:
     tpu = tpu_machine((pool.get("config") or {}).get("machineType", ""))
-    base = tpu[0].gke_accelerator.upper().replace("-", "_") if tpu else "CPUS"
+    base = tpu[0].accelerator.upper().replace("-", "_") if tpu else "CPUS"
     return ("PREEMPTIBLE_" if _capacity_kind(pool) == "spot" else "") + base
 
 
@@ -326,7 +318,7 @@ class GKEApiStandin:
             raise ValueError(f"the GKE stand-in only binds loopback, not {host!r}")
         self.operation_seconds = float(operation_seconds)
         self.max_concurrent_operations = int(max_concurrent_operations)
-        self._host, self._port = host, port
+        self._http = LoopbackServer(_Handler, self, host=host, port=port, name="gke-standin")
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._clusters: set[tuple[str, str, str]] | None = None
@@ -337,29 +329,13 @@ class GKEApiStandin:
         self._operations: dict[str, _Operation] = {}
         self._faults: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> str:
-        if self._server is None:
-            server = _Server((self._host, self._port), _Handler)
-            server.standin = self
-            self._server = server
-            self._thread = threading.Thread(
-                target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="gke-standin", daemon=True
-            )
-            self._thread.start()
-        return self.url
+        return self._http.start()
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._http.stop()
 
     def __enter__(self) -> GKEApiStandin:
         self.start()
@@ -370,10 +346,7 @@ class GKEApiStandin:
 
     @property
     def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the GKE stand-in is not running")
-        host = self._server.server_address[0]
-        return f"http://{host}:{self._server.server_address[1]}"
+        return self._http.url
 
     def airflow_connection(self, project_id: str | None = None) -> dict[str, Any]:
         """A google_cloud_platform connection (as AIRFLOW_CONN_* JSON) that reaches this stand-in."""
@@ -718,35 +691,9 @@ _ROUTES = [
 ]
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    standin: GKEApiStandin
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        pass
-
-    def _send(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class _Handler(LoopbackHandler):
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise _invalid(f"Invalid JSON payload received. {err}") from err
+        return self.parse_body(_not_json)
 
     def _handle(self) -> None:
         standin = self.server.standin
@@ -763,7 +710,7 @@ class _Handler(BaseHTTPRequestHandler):
             code, payload = 400, {"error": {"code": 400, "message": str(err), "status": "INVALID_ARGUMENT"}}
         except Exception as err:  # a stand-in bug: answer like a broken server
             code, payload = 500, {"error": {"code": 500, "message": f"stand-in error: {err!r}", "status": "INTERNAL"}}
-        self._send(code, payload)
+        self.send_body(code, payload, "application/json; charset=UTF-8")
 
     do_GET = do_POST = do_DELETE = _handle
 
@@ -831,6 +778,10 @@ class _Handler(BaseHTTPRequestHandler):
             gke.reset()
             return {"reset": True}
         raise ApiError(404, "NOT_FOUND", f"No stand-in control path {method} {path}.")
+
+
+def _not_json(raw: bytes, err: ValueError) -> Any:
+    raise _invalid(f"Invalid JSON payload received. {err}") from err
 
 
 def _fault_kwargs(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,12 +30,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+from tpuflow.dev.standins.loopback_http import LoopbackHandler, LoopbackServer
 
 # --- resource types -------------------------------------------------------------------------------
 
@@ -532,36 +532,20 @@ def _resource_list(group_version: str, types: Iterable[ResourceType]) -> dict[st
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as separate writes
-    server: _Server
+def _yaml_body(raw: bytes, err: ValueError) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as yaml_err:
+        raise ApiError(400, "BadRequest", f"request body is not JSON: {yaml_err}") from err
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        pass
 
+class _Handler(LoopbackHandler):
     # --- plumbing ---
     def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
-        data = body if isinstance(body, bytes) else (
-            body.encode() if isinstance(body, str) else json.dumps(body).encode())
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_body(code, body, content_type)
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            try:
-                return yaml.safe_load(raw)
-            except yaml.YAMLError as err:
-                raise ApiError(400, "BadRequest", f"request body is not JSON: {err}") from err
+        return self.parse_body(_yaml_body)
 
     def _handle(self) -> None:
         started = time.monotonic()
@@ -693,12 +677,6 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, "".join(f"{line}\n" for line in lines), "text/plain"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    standin: KubernetesApiStandin
-
-
 class KubernetesApiStandin:
     """The loopback API server. `with KubernetesApiStandin() as api: api.write_kubeconfig(path)`."""
 
@@ -707,43 +685,28 @@ class KubernetesApiStandin:
         self.store = store or ObjectStore()
         self.token = (token or secrets.token_hex(16)) if require_token else None
         self.requests: list[tuple[str, str, int, float]] = []
-        self._port = port
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = LoopbackServer(_Handler, self, port=port, name="k8s-standin")
 
     def start(self) -> KubernetesApiStandin:
-        server = _Server(("127.0.0.1", self._port), _Handler)
-        server.standin = self
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="k8s-standin", daemon=True)
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._http.stop()
 
     def __enter__(self) -> KubernetesApiStandin:
-        return self.start() if self._server is None else self
+        return self.start() if not self._http.running else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
     def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the stand-in is not running")
-        return int(self._server.server_port)
+        return self._http.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._http.url
 
     # --- how clients find it ---
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:

@@ -105,7 +105,24 @@ def test_cluster_waits_for_a_matching_node_pool_then_becomes_ready(kube: KubeRay
     svc = kube.store.get(SERVICES, NS, "rc-head-svc")
     assert {p["name"]: str(p["port"]) for p in svc["spec"]["ports"]} == status["endpoints"]
     [launched] = kube.launcher.launched  # type: ignore[attr-defined]
-    assert launched.spec.tpu == V6E
+    shape = launched.spec.tpu  # the stand-in's own reading of the worker group's slice
+    assert (shape.node_selector, shape.chips_per_host, shape.hosts, shape.slices) == (
+        V6E.node_selector, V6E.chips_per_host, V6E.num_hosts, V6E.num_slices)
+    assert shape.machine_type == V6E.machine_type
+
+
+def test_the_tpu_webhook_injects_the_tpu_worker_environment(kube: KubeRayStandin) -> None:
+    kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
+    workers = until(lambda: kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=worker"),
+                    lambda pods: len(pods) == 4)
+    envs = {p["metadata"]["name"]: {e["name"]: e["value"] for e in p["spec"]["containers"][0].get("env") or []}
+            for p in workers}
+    assert sorted(env["TPU_WORKER_ID"] for env in envs.values()) == ["0", "1", "2", "3"]
+    assert len({env["TPU_NAME"] for env in envs.values()}) == 1  # one slice
+    for env in envs.values():
+        assert sorted(env["TPU_WORKER_HOSTNAMES"].split(",")) == sorted(envs)
+    head = kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=head")[0]
+    assert not any(e["name"].startswith("TPU_") for e in head["spec"]["containers"][0].get("env") or [])
 
 
 def test_a_pool_in_use_by_another_cluster_does_not_count(kube: KubeRayStandin) -> None:

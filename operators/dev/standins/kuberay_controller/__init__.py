@@ -1,12 +1,15 @@
 """A simulated KubeRay operator (plus GKE's TPU webhook) reconciling objects in the Kubernetes stand-in.
 
-RayCluster: the TPU webhook rule is enforced at admission (numOfHosts vs topology). The controller
+RayCluster: the TPU webhook rule is enforced at admission (numOfHosts vs topology; the webhook module
+plays GKE's webhook from its documentation, not from the operators' pre-flight check), and its pod
+mutation sets TPU_WORKER_ID / TPU_NAME / TPU_WORKER_HOSTNAMES. The controller
 creates the head pod, one pod per TPU host (replicas x numOfHosts) and the head Service. TPU worker pods
 are scheduled only when the node-pool directory (the GKE stand-in) reports enough free nodes with the
 worker group's node-selector labels; otherwise they stay Pending with a FailedScheduling event as on
 GKE. Once every pod can be scheduled the controller launches a real Ray cluster through a
-`ClusterLauncher` (normally the embedded `LocalRayCluster`: a head plus one simulated TPU host per pod,
-built from the nodeSelector labels, google.com/tpu and numOfHosts) and reports KubeRay's status:
+`ClusterLauncher` (normally tpuflow.dev.ray_launcher's, which starts the embedded `LocalRayCluster`: a
+head plus one simulated TPU host per pod, built from the worker group's SliceShape: nodeSelector labels,
+google.com/tpu and numOfHosts) and reports KubeRay's status:
 conditions RayClusterProvisioned / HeadPodReady, ready/desired worker replicas, status.head and
 status.endpoints.
 
@@ -25,20 +28,18 @@ Deletion: RayClusters carry a stand-in finalizer so the object disappears only a
 stopped ("delete and wait until gone" is observable); owned pods/services/clusters are
 garbage-collected through ownerReferences.
 
+The stand-in imports nothing from the operator side (tests/dev/standins/test_independence.py): its
+readiness, webhook and TPU knowledge are its own (webhook, ../gke_tpu).
+
 Modules: seams (NodePoolDirectory, StaticNodePools, GkeNodePools, LaunchSpec, RayClusterHandle,
-ClusterLauncher), launchers (LocalRayLauncher, FakeRayLauncher), reconciler (KubeRayController,
-tpu_webhook), services (RayService reconciliation), standin (KubeRayStandin, the command line:
+ClusterLauncher), launchers (FakeRayLauncher; LocalRayLauncher lives in tpuflow.dev.ray_launcher),
+webhook (the GKE TPU webhook), reconciler (KubeRayController), services (RayService reconciliation), standin (KubeRayStandin, the command line:
 ``python -m tpuflow.dev.standins.kuberay_controller --workdir DIR [--gke-url URL] [--fake]``).
 """
 
-from tpuflow.dev.standins.kuberay_controller.launchers import (
-    FakeRayHandle,
-    FakeRayLauncher,
-    FakeServeBehaviour,
-    LocalRayHandle,
-    LocalRayLauncher,
-)
-from tpuflow.dev.standins.kuberay_controller.reconciler import FINALIZER, KubeRayController, tpu_webhook
+from tpuflow.dev.ray_launcher import LocalRayHandle, LocalRayLauncher
+from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayHandle, FakeRayLauncher, FakeServeBehaviour
+from tpuflow.dev.standins.kuberay_controller.reconciler import FINALIZER, KubeRayController
 from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
     GkeNodePools,
@@ -48,6 +49,7 @@ from tpuflow.dev.standins.kuberay_controller.seams import (
     StaticNodePools,
 )
 from tpuflow.dev.standins.kuberay_controller.standin import KubeRayStandin, main
+from tpuflow.dev.standins.kuberay_controller.webhook import tpu_webhook
 
 __all__ = [
     "FINALIZER",

@@ -1,78 +1,13 @@
-"""Cluster launchers: the embedded LocalRayCluster (real Ray) and a fake for tests without Ray."""
+"""The fake cluster launcher, for tests without Ray (the real one is tpuflow.dev.ray_launcher.LocalRayLauncher)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
-
-
-class LocalRayLauncher:
-    """Launches the embedded LocalRayCluster: a head plus one simulated TPU host per worker pod.
-
-    auth_mode "disabled" mirrors a KubeRay cluster without authOptions (dashboard and Serve REST without
-    a token), so downstream tasks use the addresses from XCom as they would on GKE.
-    """
-
-    def __init__(self, base_dir: str | Path, *, head_cpus: int = 2, host_cpus: int = 1,
-                 env: Mapping[str, str] | None = None, auth_mode: str = "disabled", timeout: float = 180.0) -> None:
-        self.base_dir = Path(base_dir)
-        self.head_cpus, self.host_cpus, self.timeout = head_cpus, host_cpus, timeout
-        self.env = dict(env or {})
-        self.auth_mode = auth_mode
-
-    def launch(self, spec: LaunchSpec) -> RayClusterHandle:
-        from tpuflow.local.cluster import LocalRayCluster
-
-        env = {**spec.env, **self.env, "RAY_AUTH_MODE": self.auth_mode}
-        cluster = LocalRayCluster.start(spec.tpu, spec.key, self.base_dir, head_cpus=self.head_cpus,
-                                        host_cpus=self.host_cpus, env=env, timeout=self.timeout, adopt=False)
-        return LocalRayHandle(cluster)
-
-
-class LocalRayHandle:
-    """RayClusterHandle over a LocalRayCluster: Serve through the dashboard REST API, logs from node files."""
-
-    def __init__(self, cluster: Any) -> None:
-        self.cluster = cluster
-        self.dashboard_url: str = cluster.dashboard_url
-        self.gcs_address: str = cluster.gcs_address
-        self.serve_port: int = cluster.serve_port
-
-    def stop(self) -> None:
-        self.cluster.stop()
-
-    def deploy_serve(self, config: dict[str, Any]) -> None:
-        import requests
-
-        body = dict(config)
-        body["http_options"] = {**(config.get("http_options") or {}), "host": "127.0.0.1", "port": self.serve_port}
-        resp = requests.put(f"{self.dashboard_url}/api/serve/applications/", json=body,
-                            headers=self.cluster.auth_headers(), timeout=60)
-        if resp.status_code >= 400:
-            raise RuntimeError(f"PUT /api/serve/applications/ -> {resp.status_code}: {resp.text[:500]}")
-
-    def serve_status(self) -> dict[str, Any]:
-        import requests
-
-        resp = requests.get(f"{self.dashboard_url}/api/serve/applications/", headers=self.cluster.auth_headers(),
-                            timeout=10)
-        resp.raise_for_status()
-        return dict(resp.json())
-
-    def log_tail(self, role: str, lines: int) -> list[str]:
-        for node in self.cluster.nodes:
-            label = "head" if node.role == "head" else f"{node.slice_name}-w{node.worker_id}"
-            if role in (label, node.role) or (role != "head" and label.endswith(role)):
-                try:
-                    return Path(node.log).read_text(errors="replace").splitlines()[-lines:]
-                except OSError:
-                    return []
-        return []
 
 
 @dataclass

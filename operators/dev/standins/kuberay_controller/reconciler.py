@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from tpuflow.dev.standins.gke_tpu import SliceShape
 from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
     LaunchSpec,
@@ -24,6 +25,7 @@ from tpuflow.dev.standins.kuberay_controller.state import (
     owner_ref,
     tpus_per_host,
 )
+from tpuflow.dev.standins.kuberay_controller.webhook import selector, slice_shape, tpu_webhook, worker_env
 from tpuflow.dev.standins.kubernetes_api import (
     PODS,
     RAYCLUSTERS,
@@ -31,40 +33,11 @@ from tpuflow.dev.standins.kubernetes_api import (
     SERVICES,
     ApiError,
     ObjectStore,
-    ResourceType,
-    admission_denied,
     now_iso,
 )
-from tpuflow.errors import UserInputError
-from tpuflow.kuberay.webhook_rules import (
-    WEBHOOK_DENIAL,
-    WEBHOOK_NAME,
-    node_selector,
-    slice_of_group,
-    tpu_group_problems,
-)
-from tpuflow.tpu import TpuSlice
 
 FINALIZER = "tpuflow.dev/standin-ray-processes"
 HEAD_SVC_SUFFIX = "-head-svc"
-
-
-# --- the GKE TPU webhook ------------------------------------------------------------------------------
-
-
-def tpu_webhook(operation: str, rtype: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-    """Admission: reject a TPU worker group whose numOfHosts does not match its topology."""
-    spec = obj.get("spec") or {}
-    if rtype.plural == "rayclusters":
-        cluster_spec = spec
-    elif rtype.plural == "rayservices":
-        cluster_spec = spec.get("rayClusterConfig") or {}
-    elif rtype.plural == "rayjobs":
-        cluster_spec = spec.get("rayClusterSpec") or {}
-    else:
-        return
-    if tpu_group_problems(cluster_spec):
-        raise admission_denied(WEBHOOK_NAME, WEBHOOK_DENIAL)
 
 
 class KubeRayController(RayServiceReconciler):
@@ -174,19 +147,14 @@ class KubeRayController(RayServiceReconciler):
                               lambda o: o["metadata"].setdefault("finalizers", []).append(FINALIZER))
         spec = obj.get("spec") or {}
         groups = spec.get("workerGroupSpecs") or []
-        tpu, tpu_problem = None, None
         tpu_groups = [g for g in groups if tpus_per_host(g) > 0]
-        if tpu_groups:
-            try:
-                tpu = slice_of_group(tpu_groups[0])
-            except UserInputError as err:
-                tpu_problem = str(err)
+        tpu = slice_shape(tpu_groups[0]) if tpu_groups else None
         if len(tpu_groups) > 1:
             self._event(obj, "Warning", "StandinLimitation", "the stand-in simulates only the first TPU worker group")
         state.visible = state.handle
         pods = self._ensure_pods(obj, groups)
         self._ensure_head_service(obj, state)
-        schedulable = self._schedule(obj, pods, tpu_groups, tpu_problem)
+        schedulable = self._schedule(obj, pods, tpu_groups)
         if schedulable and state.handle is None and state.launching is None and state.error is None:
             self._launch(obj, state, tpu)
         self._update_pods(obj, state, pods, schedulable)
@@ -231,11 +199,12 @@ class KubeRayController(RayServiceReconciler):
             gname = str(group.get("groupName", "workers"))
             hosts = int(group.get("numOfHosts", 1) or 1)
             for replica in range(int(group.get("replicas", 0) or 0)):
-                for host in range(hosts):
-                    pod_name = f"{name}-{gname}-worker-{uid[:3]}{replica}x{host}"
+                hostnames = [f"{name}-{gname}-worker-{uid[:3]}{replica}x{host}" for host in range(hosts)]
+                for host, pod_name in enumerate(hostnames):
                     labels = self._pod_labels(obj, tpl, "worker", gname)
                     labels["tpuflow.dev/replica-index"], labels["tpuflow.dev/host-index"] = str(replica), str(host)
-                    tpu_env = {"TPU_WORKER_ID": str(host), "TPU_NAME": f"{name}-{gname}-{replica}"}
+                    # The TPU webhook's pod mutation (TPU pods only).
+                    tpu_env = worker_env(hostnames, f"{name}-{gname}-{replica}", host) if tpus_per_host(group) else {}
                     wanted.append((pod_name, tpl, labels, tpu_env))
         pods = []
         for pod_name, tpl, labels, extra_env in wanted:
@@ -262,22 +231,21 @@ class KubeRayController(RayServiceReconciler):
                 self.store.delete(PODS, ns, stale)
         return pods
 
-    def _schedule(self, obj: dict[str, Any], pods: list[dict[str, Any]], tpu_groups: list[dict[str, Any]],
-                  tpu_problem: str | None) -> bool:
+    def _schedule(self, obj: dict[str, Any], pods: list[dict[str, Any]], tpu_groups: list[dict[str, Any]]) -> bool:
         """True when every TPU worker pod fits on free matching nodes; otherwise FailedScheduling events."""
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         total = getattr(self.node_pools, "total_nodes", lambda: None)() or 1
         ok = True
         for group in tpu_groups:
-            selector = node_selector(group)
+            wanted = selector(group)
             needed = int(group.get("replicas", 0) or 0) * int(group.get("numOfHosts", 1) or 1)
-            matching = self.node_pools.matching_nodes(selector)
-            used = self._tpu_nodes_in_use(selector, exclude=(ns, name))
-            if tpu_problem is None and matching - used >= needed:
+            matching = self.node_pools.matching_nodes(wanted)
+            used = self._tpu_nodes_in_use(wanted, exclude=(ns, name))
+            if matching - used >= needed:
                 continue
             ok = False
-            labels = ", ".join(f"{k}={v}" for k, v in selector.items())
-            if matching == 0 or tpu_problem:
+            labels = ", ".join(f"{k}={v}" for k, v in wanted.items())
+            if matching == 0:
                 why = (f"0/{total} nodes are available: {total} node(s) didn't match Pod's node affinity/selector "
                        f"({labels}). preemption: 0/{total} nodes are available: {total} Preemption is not helpful "
                        "for scheduling.")
@@ -300,7 +268,7 @@ class KubeRayController(RayServiceReconciler):
                 used += 1
         return used
 
-    def _launch(self, obj: dict[str, Any], state: ClusterState, tpu: TpuSlice | None) -> None:
+    def _launch(self, obj: dict[str, Any], state: ClusterState, tpu: SliceShape | None) -> None:
         meta = obj["metadata"]
         head_containers = (((obj.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get(
             "spec", {}).get("containers") or [{}]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tpuflow.tpu import TpuSlice
+from tpuflow.dev.standins.gke_tpu import SliceShape
 
 
 class NodePoolDirectory(Protocol):
@@ -26,8 +26,9 @@ class StaticNodePools:
     cpu_nodes: int = 1
 
     @classmethod
-    def for_slice(cls, tpu: TpuSlice, slices: int | None = None) -> StaticNodePools:
-        return cls([(dict(tpu.node_selector), tpu.num_hosts * (slices or tpu.num_slices))])
+    def for_slice(cls, tpu: SliceShape, slices: int | None = None) -> StaticNodePools:
+        """Nodes for `slices` (default: the shape's own count) slices of the shape."""
+        return cls([(tpu.node_selector, tpu.hosts * (slices or tpu.slices))])
 
     def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
         return sum(n for labels, n in self.pools if all(labels.get(k) == v for k, v in node_selector.items()))
@@ -85,7 +86,7 @@ class LaunchSpec:
     key: str  # unique per RayCluster object: "<namespace>-<name>-<uid8>"
     namespace: str
     name: str
-    tpu: TpuSlice | None
+    tpu: SliceShape | None  # the first TPU worker group's slice (None: no TPU workers)
     env: dict[str, str]
 
 

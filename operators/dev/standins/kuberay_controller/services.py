@@ -8,11 +8,31 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from tpuflow.dev.standins.kuberay_controller.seams import RayClusterHandle
 from tpuflow.dev.standins.kuberay_controller.state import ServiceState, owner_ref, short_hash
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES, SERVICES, ApiError, ObjectStore, now_iso
-from tpuflow.kuberay.serve_config import parse_serve_config_v2
-from tpuflow.kuberay.status import raycluster_verdict
+from tpuflow.dev.standins.kubernetes_api import (
+    PODS,
+    RAYCLUSTERS,
+    RAYSERVICES,
+    SERVICES,
+    ApiError,
+    ObjectStore,
+    now_iso,
+)
+
+
+def _serve_config(text: str) -> dict[str, Any]:
+    """serveConfigV2 (YAML) as the dict the RayService controller PUTs to /api/serve/applications/."""
+    data = yaml.safe_load(text or "")
+    if not isinstance(data, dict) or not isinstance(data.get("applications"), list):
+        raise ValueError("serveConfigV2 must be a YAML mapping with an applications list")
+    return data
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 class RayServiceReconciler:
@@ -110,11 +130,11 @@ class RayServiceReconciler:
         ns = svc["metadata"]["namespace"]
         cluster = self.store.find(RAYCLUSTERS, ns, cluster_name)
         handle = self.handle_for(ns, cluster_name)
-        if cluster is None or handle is None or not raycluster_verdict(cluster).ready:
+        if cluster is None or handle is None or not self._cluster_serves(cluster):
             return
         if state.deployed_hash.get(cluster_name) != config_hash:
             try:
-                config = parse_serve_config_v2(config_text)
+                config = _serve_config(config_text)
                 handle.deploy_serve(config)
             except Exception as err:
                 self._event(svc, "Warning", "FailedToUpdateServeApplications",
@@ -130,6 +150,17 @@ class RayServiceReconciler:
                 state.serve[cluster_name] = handle.serve_status()
             except Exception as err:
                 self._event(svc, "Warning", "FailedToGetServeApplicationStatuses", str(err)[:300])
+
+    def _cluster_serves(self, cluster: Mapping[str, Any]) -> bool:
+        """KubeRay sends the Serve config once the RayCluster is provisioned (condition RayClusterProvisioned)
+        and its head pod is running and ready (the pods as the store has them now)."""
+        conditions = {c.get("type"): c.get("status") for c in (cluster.get("status") or {}).get("conditions") or []}
+        if conditions.get("RayClusterProvisioned") != "True":
+            return False
+        meta = cluster["metadata"]
+        pods = self.store.list(PODS, meta["namespace"], f"ray.io/cluster={meta['name']}")
+        return any(p["metadata"]["labels"].get("ray.io/node-type") == "head" and _pod_ready(p) for p in pods) and all(
+            _pod_ready(p) for p in pods)
 
     @staticmethod
     def _apps_running(serve: Mapping[str, Any] | None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayLauncher, LocalRayLauncher
+from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayLauncher
 from tpuflow.dev.standins.kuberay_controller.reconciler import KubeRayController
 from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
@@ -23,7 +23,8 @@ class KubeRayStandin:
             os.environ.update(kube.connection_env("kube_standin"))
             ...  # KubeRay operators with kubernetes_conn_id="kube_standin"
 
-    launcher defaults to the embedded LocalRayCluster (real Ray); tests without Ray pass FakeRayLauncher().
+    launcher defaults to tpuflow.dev.ray_launcher.LocalRayLauncher (real Ray); tests without Ray pass
+    FakeRayLauncher().
     """
 
     def __init__(self, workdir: str | Path, *, launcher: ClusterLauncher | None = None,
@@ -31,7 +32,11 @@ class KubeRayStandin:
         self.workdir = Path(workdir)
         self.namespace = namespace
         self.api = KubernetesApiStandin()
-        self.launcher = launcher if launcher is not None else LocalRayLauncher(self.workdir / "ray-clusters")
+        if launcher is None:
+            from tpuflow.dev.ray_launcher import LocalRayLauncher
+
+            launcher = LocalRayLauncher(self.workdir / "ray-clusters")
+        self.launcher = launcher
         self.controller = KubeRayController(self.api.store, self.launcher, node_pools, interval=interval)
         self.kubeconfig_path = self.workdir / "kubeconfig"
 

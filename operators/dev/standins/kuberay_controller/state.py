@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuflow.dev.standins.kuberay_controller.seams import RayClusterHandle
-from tpuflow.kuberay.webhook_rules import tpus_requested
+from tpuflow.dev.standins.kuberay_controller.webhook import tpus_requested
 
 
 @dataclass

@@ -1,0 +1,75 @@
+"""The stand-ins must not share their oracle with the system under test.
+
+Every module under operators/dev/standins (tpuflow.dev.standins) may import the standard library,
+third-party packages and tpuflow.dev.* only (tpuflow.errors is tolerated): nothing of the operator
+side (tpuflow.kuberay, tpuflow.tpu, tpuflow.gke, ...), at module level or inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+STANDINS = Path(__file__).resolve().parents[3] / "operators" / "dev" / "standins"
+PACKAGE = "tpuflow.dev.standins"
+ALLOWED = ("tpuflow.dev", "tpuflow.errors")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(STANDINS).with_suffix("").parts
+    return ".".join((PACKAGE, *(p for p in parts if p != "__init__")))
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    return _imports_in(path.read_text(), package)
+
+
+def _imports_in(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the source, relative imports resolved against `package`."""
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.append((node.lineno, base))
+    return found
+
+
+def _forbidden(module: str) -> bool:
+    if module != "tpuflow" and not module.startswith("tpuflow."):
+        return False
+    return not any(module == ok or module.startswith(ok + ".") for ok in ALLOWED)
+
+
+MODULES = sorted(STANDINS.rglob("*.py"))
+
+
+def test_the_stand_ins_are_found() -> None:
+    names = {_module_name(p) for p in MODULES}
+    assert {f"{PACKAGE}.gke_api", f"{PACKAGE}.kubernetes_api", f"{PACKAGE}.kuberay_controller.webhook",
+            f"{PACKAGE}.kuberay_controller.services"} <= names
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(STANDINS)))
+def test_a_stand_in_imports_nothing_from_the_operator_side(path: Path) -> None:
+    bad = [f"line {line}: {module}" for line, module in _imports(path) if _forbidden(module)]
+    assert bad == [], f"{path.name} imports the system under test: {bad}"
+
+
+def test_the_check_catches_operator_imports() -> None:
+    source = ("import json\nfrom tpuflow.dev.standins import gke_tpu\nfrom . import state\n\ndef f():\n"
+              "    from tpuflow.kuberay.status import x\n    import tpuflow.tpu.slice\n")
+    found = _imports_in(source, f"{PACKAGE}.kuberay_controller")
+    assert (3, f"{PACKAGE}.kuberay_controller") in found
+    assert [m for _, m in found if _forbidden(m)] == ["tpuflow.kuberay.status", "tpuflow.tpu.slice"]
+    assert _forbidden("tpuflow.tpu") and _forbidden("tpuflow") and not _forbidden("tpuflow.errors")
+    assert not _forbidden("tpuflow.dev.standins.kubernetes_api") and not _forbidden("yaml")
