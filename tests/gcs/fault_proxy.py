@@ -4,6 +4,15 @@ Clients are pointed at it through STORAGE_EMULATOR_HOST. Every request is forwar
 to the emulator, except the ones a rule picks: those get a 429/503 error answer, a 403, or a
 connection reset (TCP RST after the request was read), before the emulator sees them. What
 was injected is recorded in `injected`, so a test can show the faults really happened.
+
+Rules match on the method and a "target": the decoded request path (and query) plus the start of
+the body, where a multipart upload names its object.
+
+One emulator gap is bridged, for the resumable uploads pyarrow's GCS client makes: after a failed
+chunk, the client asks how much the server kept (an empty PUT with `Content-Range: bytes */*`).
+Cloud Storage answers 308 with the persisted range; fake-gcs-server (1.x, as bundled) instead
+finalises the object with 0 bytes. The proxy knows a chunk it failed never reached the emulator,
+so for such an upload it answers that status query as Cloud Storage would: 308, nothing kept.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "expect", "content-length", "host"}
@@ -51,9 +61,11 @@ class FaultProxy:
     rules: list[Rule] = field(default_factory=list)
     injected: list[tuple[str, str, int | str]] = field(default_factory=list)
     forwarded: int = 0
+    resume_queries: int = 0  # status queries of failed resumable uploads answered (see the module doc)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._unsent_uploads: set[str] = set()  # resumable upload ids whose chunk was failed here
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -79,14 +91,31 @@ class FaultProxy:
         with self._lock:
             self.rules.clear()
 
-    def _fault_for(self, method: str, path: str) -> int | str | None:
+    def _fault_for(self, method: str, target: str) -> int | str | None:
         with self._lock:
             for rule in self.rules:
-                if rule.pick(method, path):
-                    self.injected.append((method, path, rule.fault))
+                if rule.pick(method, target):
+                    self.injected.append((method, target[:1000], rule.fault))
                     return rule.fault
             self.forwarded += 1
         return None
+
+    def _resumable(self, method: str, path: str, headers: Any, body: bytes, fault: int | str | None) -> bool:
+        """Track resumable chunks failed here; True when this is a status query to answer with 308."""
+        upload = parse_qs(urlsplit(path).query).get("upload_id", [None])[0]
+        if method != "PUT" or upload is None:
+            return False
+        with self._lock:
+            if fault is not None:
+                self._unsent_uploads.add(upload)
+                return False
+            if upload not in self._unsent_uploads:
+                return False
+            if not body and headers.get("Content-Range", "").startswith("bytes */"):
+                self.resume_queries += 1
+                return True
+            self._unsent_uploads.discard(upload)  # the chunk goes through now
+            return False
 
 
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
@@ -122,7 +151,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _handle(self) -> None:
             body = self._body()
-            fault = proxy._fault_for(self.command, unquote(self.path))
+            fault = proxy._fault_for(self.command, f"{unquote(self.path)} {body[:4096].decode('latin-1')}")
+            if proxy._resumable(self.command, self.path, self.headers, body, fault):
+                self._answer(308, b"", [("Content-Type", "text/plain")])
+                return
             if fault == "reset":
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.close_connection = True
@@ -152,9 +184,9 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
 
 def writes_to(fragment: str = "") -> Callable[[str, str], bool]:
-    """Rule matcher: write requests (uploads, deletes) whose path mentions `fragment`."""
-    return lambda method, path: method in WRITES and fragment in path
+    """Rule matcher: write requests (uploads, deletes) whose target (path, body start) mentions `fragment`."""
+    return lambda method, target: method in WRITES and fragment in target
 
 
-def any_request(method: str, path: str) -> bool:
+def any_request(method: str, target: str) -> bool:
     return True

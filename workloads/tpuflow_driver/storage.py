@@ -81,10 +81,8 @@ def delete(path: str) -> None:
     info = fs.get_file_info(p)
     if info.type == pafs.FileType.Directory:
         fs.delete_dir_contents(p, missing_dir_ok=True)
-        try:
+        if fs.get_file_info(p).type == pafs.FileType.Directory:  # on GCS a folder may be only a prefix
             fs.delete_dir(p)
-        except FileNotFoundError:  # on GCS a folder may be only a prefix, with no marker object to delete
-            pass
     elif info.type == pafs.FileType.File:
         fs.delete_file(p)
 
