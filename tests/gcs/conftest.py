@@ -54,12 +54,6 @@ def emulator_at(monkeypatch: pytest.MonkeyPatch):
     return point
 
 
-def list_bucket(bucket: str, prefix: str = "") -> list[str]:
-    from tpuflow.storage import gcs_client
-
-    return sorted(blob.name for blob in gcs_client().list_blobs(bucket, prefix=prefix))
-
-
 @dataclass
 class FakeTI:
     dag_id: str

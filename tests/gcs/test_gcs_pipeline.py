@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import list_bucket
+from gcs_testlib import list_bucket
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV
 from tpuflow.storage import read_text
 

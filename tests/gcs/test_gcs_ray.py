@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from conftest import list_bucket
 from fault_proxy import FaultProxy, Rule, writes_to
+from gcs_testlib import list_bucket
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import read_text
