@@ -1,21 +1,130 @@
-"""Write small artifacts (job logs, reports) to a local path or gs:// through Airflow's GCSHook."""
+"""Small artifacts (job logs, reports, slice leases) at a local path or gs://, on the Airflow side.
+
+gs:// goes through the google provider's GCSHook (its connection's credentials), except when
+STORAGE_EMULATOR_HOST names a GCS emulator: see `gcs_client`.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import uuid
 from pathlib import Path
+from typing import Any
+
+from tpuflow.errors import UserInputError
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+WRITER_ROLE = "roles/storage.objectUser"
+# Bucket names: 3-63 lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+
+
+def emulator_host() -> str | None:
+    """The GCS emulator gs:// means here ($STORAGE_EMULATOR_HOST), or None for Cloud Storage."""
+    return os.environ.get(EMULATOR_ENV, "").strip() or None
+
+
+def emulator_env() -> dict[str, str]:
+    """{"STORAGE_EMULATOR_HOST": ...} when an emulator is configured here, for Ray jobs' and Serve
+    replicas' runtime_env env_vars (their pyarrow and google-cloud-storage clients read it); else {}."""
+    host = emulator_host()
+    return {EMULATOR_ENV: host} if host else {}
+
+
+def split_gs_uri(uri: str, field: str = "uri") -> tuple[str, str]:
+    """("bucket", "object/name") of gs://bucket/object/name; a malformed URI is a UserInputError."""
+    if not uri.startswith("gs://"):
+        raise UserInputError(field, uri, "give gs://BUCKET/PREFIX")
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise UserInputError(field, uri, f"{bucket!r} is not a bucket name (3-63 of a-z 0-9 - _ .); give gs://BUCKET/PREFIX")
+    return bucket, name.strip("/")
+
+
+def gcs_client(gcp_conn_id: str = "google_cloud_default") -> Any:
+    """The google-cloud-storage client for gs:// URIs.
+
+    Cloud Storage: GCSHook(gcp_conn_id).get_conn(), the provider's client with the connection's
+    credentials. With STORAGE_EMULATOR_HOST set, an anonymous client instead. google-cloud-storage
+    points any client at the emulator by itself, but GCSHook.get_conn() always passes
+    credentials=self.get_credentials(): measured with provider 22.8.0, that reaches the emulator
+    only when the connection exists and is marked is_anonymous; with no such connection it raises
+    AirflowNotFoundException, with a plain one google.auth.default() raises DefaultCredentialsError
+    on a machine without Application Default Credentials (or would hand a user's real credentials
+    to the emulator). So the client is built as the hook builds it (the provider's client_info),
+    with AnonymousCredentials, whatever the connection says; the library takes the endpoint from
+    the variable.
+    """
+    if emulator_host():
+        from airflow.providers.google.common.consts import CLIENT_INFO
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(project="tpuflow-local", credentials=AnonymousCredentials(), client_info=CLIENT_INFO)
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+    return GCSHook(gcp_conn_id=gcp_conn_id).get_conn()
+
+
+def _retry() -> Any:
+    """The client's own retry for transient errors (429, 5xx, connection resets), with backoff.
+    Overwriting an artifact with the same bytes is idempotent, so uploads may retry too."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_timeout(120.0)
 
 
 def write_text(uri: str, text: str, gcp_conn_id: str = "google_cloud_default") -> str:
     if uri.startswith("gs://"):
-        from airflow.providers.google.cloud.hooks.gcs import GCSHook
-
-        bucket, _, name = uri[len("gs://") :].partition("/")
-        GCSHook(gcp_conn_id=gcp_conn_id).upload(bucket_name=bucket, object_name=name, data=text)
+        bucket, name = split_gs_uri(uri)
+        blob = gcs_client(gcp_conn_id).bucket(bucket).blob(name)
+        content_type = "application/json" if name.endswith(".json") else "text/plain"
+        blob.upload_from_string(text, content_type=content_type, retry=_retry())
     else:
         path = Path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return uri
+
+
+def read_text(uri: str, gcp_conn_id: str = "google_cloud_default") -> str | None:
+    """The file's text, or None when there is none."""
+    if uri.startswith("gs://"):
+        from google.api_core.exceptions import NotFound
+
+        bucket, name = split_gs_uri(uri)
+        try:
+            return gcs_client(gcp_conn_id).bucket(bucket).blob(name).download_as_text(retry=_retry())
+        except NotFound:
+            return None
+    path = Path(uri)
+    return path.read_text() if path.is_file() else None
+
+
+def check_writable(uri: str, field: str = "output_root", gcp_conn_id: str = "google_cloud_default") -> None:
+    """Fail fast (before anything billable) when a gs:// output folder cannot be written: a malformed
+    URI, a missing bucket, or credentials without write access. Writes and deletes one small object
+    there: what the run itself needs (`roles/storage.objectUser`), no bucket-level permission."""
+    if "://" not in uri and not uri.startswith("gs:"):
+        return
+    if not uri.startswith("gs://"):
+        raise UserInputError(field, uri, "give a local folder or gs://BUCKET/PREFIX")
+    from google.api_core.exceptions import Forbidden, NotFound, Unauthorized
+
+    bucket, prefix = split_gs_uri(uri, field)
+    probe = f"{prefix}/.tpuflow-write-check-{uuid.uuid4().hex[:12]}".lstrip("/")
+    where = f"emulator {emulator_host()}" if emulator_host() else f"connection {gcp_conn_id!r}"
+    try:
+        blob = gcs_client(gcp_conn_id).bucket(bucket).blob(probe)
+        blob.upload_from_string(b"", if_generation_match=0, retry=_retry())
+        blob.delete(retry=_retry())
+    except NotFound:
+        raise UserInputError(field, uri, f"bucket {bucket!r} does not exist ({where}); create it, or give a bucket "
+                                         f"where the run's credentials have {WRITER_ROLE}") from None
+    except (Forbidden, Unauthorized) as err:
+        raise UserInputError(field, uri, f"the credentials ({where}) cannot write to bucket {bucket!r} "
+                                         f"(HTTP {err.code}); grant them {WRITER_ROLE} on gs://{bucket}") from None
 
 
 def browse_url(uri: str) -> str:

@@ -1,4 +1,5 @@
-"""`tpuflow local up|status|down|env|preempt`: the embedded Ray cluster from a shell."""
+"""`tpuflow local up|status|down|env|preempt`: the embedded Ray cluster from a shell;
+`tpuflow local gcs up|down`: a GCS emulator on loopback (tpuflow.dev.gcs_emulator)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,49 @@ def _preempt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gcs_up(args: argparse.Namespace) -> int:
+    from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
+
+    try:
+        emulator = GcsEmulator.start(port=args.port, buckets=args.bucket or (),
+                                     state_dir=Path(args.state_dir) if args.state_dir else None)
+    except GcsEmulatorError as err:
+        print(f"tpuflow: error: {err}", file=sys.stderr)
+        return 1
+    buckets = f"; buckets {', '.join(args.bucket)}" if args.bucket else ""
+    print(f"GCS emulator (fake-gcs-server) at {emulator.url}, pid {emulator.pid}{buckets}; "
+          "stop it: tpuflow local gcs down", file=sys.stderr)
+    print(f"export STORAGE_EMULATOR_HOST={emulator.url}")
+    return 0
+
+
+def _gcs_down(args: argparse.Namespace) -> int:
+    from tpuflow.dev.gcs_emulator import GcsEmulator
+
+    emulator = GcsEmulator.load(Path(args.state_dir) if args.state_dir else None)
+    if emulator is None:
+        print("no GCS emulator recorded; nothing to stop")
+        return 0
+    ran = emulator.stop()
+    print(f"stopped the GCS emulator at {emulator.url} (pid {emulator.pid})" if ran
+          else f"the GCS emulator at {emulator.url} (pid {emulator.pid}) was not running; state removed")
+    return 0
+
+
+def _register_gcs(verbs: argparse._SubParsersAction) -> None:
+    gcs = verbs.add_parser("gcs", help="a GCS emulator on loopback for gs:// output roots (fake-gcs-server)")
+    gcs_verbs = gcs.add_subparsers(dest="gcs_verb", required=True)
+    state = {"default": None, "help": "where its state and data live (default $TPUFLOW_HOME/gcs-emulator)"}
+    up = gcs_verbs.add_parser("up", help="start it and print the export STORAGE_EMULATOR_HOST=... line")
+    up.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
+    up.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
+    up.add_argument("--state-dir", **state)
+    up.set_defaults(func=_gcs_up)
+    down = gcs_verbs.add_parser("down", help="stop it, by the pid it recorded")
+    down.add_argument("--state-dir", **state)
+    down.set_defaults(func=_gcs_down)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("local", help="run the embedded Ray cluster with a simulated TPU slice")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -114,3 +158,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     preempt.add_argument("--slice", type=int, default=0, help="slice index (default 0)")
     preempt.add_argument("--restart-after", type=float, default=5.0, help="seconds until the replacement host starts")
     preempt.add_argument("--no-restart", action="store_true", help="leave the host down (the slice stays broken)")
+    preempt.set_defaults(func=_preempt)
+    _register_gcs(verbs)

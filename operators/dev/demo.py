@@ -1,23 +1,28 @@
-"""`tpuflow demo`: run the local pipeline end to end through Airflow (`airflow dags test`)."""
+"""`tpuflow demo`: run the local pipeline end to end through Airflow (`airflow dags test`).
+
+`--output-root gs://BUCKET/PREFIX` writes every output to Cloud Storage as on GKE, here to a GCS
+emulator: the one $STORAGE_EMULATOR_HOST names, else one started for the demo and stopped after
+it (tpuflow.dev.gcs_emulator). The bucket is created there if it is missing.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
-
-from tpuflow.paths import output_root
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "tpu_llm_pipeline_local"
 
 
-def demo_env(home: Path, outputs: Path) -> dict[str, str]:
+def demo_env(home: Path, output_root: Path | str) -> dict[str, str]:
     """A throw-away Airflow home so the demo never touches a user's own Airflow."""
     env = dict(os.environ)
     env.update(
@@ -27,18 +32,51 @@ def demo_env(home: Path, outputs: Path) -> dict[str, str]:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-            "TPUFLOW_OUTPUT_ROOT": str(outputs),
+            "TPUFLOW_OUTPUT_ROOT": str(output_root),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         }
     )
     return env
 
 
+@contextlib.contextmanager
+def _storage(output_root: str) -> Iterator[dict[str, str]]:
+    """Environment for a gs:// output root: STORAGE_EMULATOR_HOST of the emulator the demo writes to."""
+    if not output_root.startswith("gs://"):
+        yield {}
+        return
+    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, emulator_for
+    from tpuflow.storage import split_gs_uri
+
+    bucket, _ = split_gs_uri(output_root, "--output-root")
+    with emulator_for([bucket]) as url:
+        print(f"tpuflow demo: outputs go to {output_root} on the GCS emulator at {url}", flush=True)
+        before = os.environ.get(EMULATOR_ENV)
+        os.environ[EMULATOR_ENV] = url  # for reading the report back here
+        try:
+            yield {EMULATOR_ENV: url}
+        finally:
+            if before is None:
+                os.environ.pop(EMULATOR_ENV, None)
+            else:
+                os.environ[EMULATOR_ENV] = before
+
+
 def _run(args: argparse.Namespace) -> int:
     work = Path(args.work_dir).resolve()
-    home, outputs = work / "airflow", work / "outputs"
+    home = work / "airflow"
     home.mkdir(parents=True, exist_ok=True)
-    env = demo_env(home, outputs)
+    output_root = (args.output_root or str(work / "outputs")).rstrip("/")
+    if not output_root.startswith("gs:") and "://" not in output_root:
+        output_root = str(Path(output_root).resolve())  # gs:/... stays as given: check_params rejects it
+    with _storage(output_root) as storage_env:
+        return _run_pipeline(args, home, output_root, storage_env)
+
+
+def _run_pipeline(args: argparse.Namespace, home: Path, output_root: str, storage_env: dict[str, str]) -> int:
+    from tpuflow.storage import read_text
+
+    env = {**demo_env(home, output_root), **storage_env}
     airflow = str(Path(sys.executable).with_name("airflow"))
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     conf = {"framework": args.framework, "accelerator": args.accelerator, "topology": args.topology,
@@ -50,11 +88,11 @@ def _run(args: argparse.Namespace) -> int:
     started = time.time()
     proc = subprocess.run([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
     elapsed = time.time() - started
-    report_path = Path(output_root(env)) / DAG_ID / run_date / "report.json"
-    if proc.returncode != 0 or not report_path.exists():
+    report_text = read_text(f"{output_root}/{DAG_ID}/{run_date}/report.json") if proc.returncode == 0 else None
+    if report_text is None:
         print(f"\ntpuflow demo: the pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr)
         return 1
-    report = json.loads(report_path.read_text())
+    report = json.loads(report_text)
     print(f"\n=== tpuflow demo: pipeline succeeded in {elapsed:.0f}s ===")
     print(f"outputs:            {report['output_dir']}")
     print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
@@ -76,4 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--keep-endpoint", action="store_true", help="leave the cluster and Serve endpoint running")
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
     parser.add_argument("--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)")
+    parser.add_argument("--output-root", default=None,
+                        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at "
+                             "$STORAGE_EMULATOR_HOST (else one started for the demo); default WORK_DIR/outputs")
     parser.set_defaults(func=_run)

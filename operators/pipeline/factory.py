@@ -140,7 +140,7 @@ def build_pipeline_dag(
     run_dir = run_dir_for(dag_id, output_root)
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       **dag_kwargs) as dag:
-        checked = CheckParamsOperator(task_id="check_params")
+        checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir)
         lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES)
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",

@@ -300,7 +300,7 @@ def build_gke_pipeline_dag(
     dag_kwargs.setdefault("doc_md", __doc__)
     with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
                       params=gke_pipeline_params(), **dag_kwargs) as dag:
-        checked = CheckGkeParamsOperator(task_id="check_params")
+        checked = CheckGkeParamsOperator(task_id="check_params", output_dir=run_dir, gcp_conn_id=gcp_conn_id)
         create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
         create_cluster = KubeRayCreateClusterOperator(task_id="create_ray_cluster", **_checked_slice(),
                                                       wait_timeout=cluster_ready_timeout, **rays)

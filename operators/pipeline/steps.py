@@ -10,7 +10,6 @@ Arguments listed in ``template_fields`` are rendered (Jinja, and XComArgs resolv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -26,15 +25,33 @@ PROMPT, ANSWER = "17+25=", "42"
 
 
 class CheckParamsOperator(BaseOperator):
-    """Reject a bad accelerator/topology pair (or other Param) before anything is started."""
+    """Reject a bad accelerator/topology pair (or other Param), or an output folder the run cannot
+    write (a malformed gs:// URI, a missing bucket, credentials without write access), before
+    anything is started.
 
+    :param output_dir: the run's output folder (local or gs://BUCKET/PREFIX); None: not checked.
+    :param gcp_conn_id: Airflow connection whose credentials write a gs:// output folder.
+    """
+
+    template_fields: Sequence[str] = ("output_dir",)
     ui_color = "#e8f5e9"
+
+    def __init__(self, *, output_dir: str | None = None, gcp_conn_id: str = "google_cloud_default",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.output_dir = output_dir
+        self.gcp_conn_id = gcp_conn_id
 
     def check(self, params: dict[str, Any]) -> dict[str, Any]:
         return validate_params(params)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        return self.check(dict(context["params"]))
+        checked = self.check(dict(context["params"]))
+        if self.output_dir:
+            from tpuflow.storage import check_writable
+
+            check_writable(self.output_dir, "output_dir", self.gcp_conn_id)
+        return checked
 
 
 class BuildServeConfigOperator(BaseOperator):
@@ -70,13 +87,16 @@ class BuildServeConfigOperator(BaseOperator):
 def serve_config_for(cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str,
                      framework: str) -> dict[str, Any]:
     from tpuflow.serve.config import serve_application, serve_config
+    from tpuflow.storage import emulator_env
 
+    # The replicas load the checkpoint themselves: with a GCS emulator they must be told where it is.
+    runtime_env = {"working_dir": workloads_uri, **({"env_vars": emulator_env()} if emulator_env() else {})}
     app = serve_application(
         SERVE_APP,
         "addition.serve_app:app_builder",
         route_prefix=f"/{SERVE_APP}",
         args={"checkpoint": trained["checkpoint"], "framework": framework, "model_name": SERVE_APP},
-        runtime_env={"working_dir": workloads_uri},
+        runtime_env=runtime_env,
     )
     port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
     return serve_config([app], http_port=port)
@@ -133,9 +153,8 @@ def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, 
         "sample_completion": (answer.get("choices") or [{}])[0].get("text"),
         "endpoint": f"{deployed['serve_url']}/{SERVE_APP}/v1",
     }
-    path = Path(output_dir) / "report.json"
-    if "://" not in output_dir:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2))
+    from tpuflow.storage import write_text
+
+    write_text(f"{output_dir.rstrip('/')}/report.json", json.dumps(report, indent=2))
     print(f"TPUFLOW_REPORT {json.dumps(report)}")
     return report

@@ -179,6 +179,10 @@ class RaySubmitJobOperator(BaseOperator):
             env["working_dir"] = working_dir
         if self.env_vars:
             env["env_vars"] = {**env.get("env_vars", {}), **{k: str(v) for k, v in self.env_vars.items()}}
+        from tpuflow.storage import emulator_env
+
+        if emulator_env():  # gs:// on this side means the emulator: the driver and workers must agree
+            env["env_vars"] = {**emulator_env(), **env.get("env_vars", {})}
         return env
 
     def output_uri(self) -> str | None:

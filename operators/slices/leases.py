@@ -110,13 +110,15 @@ class GcsLeaseStore:
     """Slots as objects `<prefix>/slot-<i>.json`; creating with if_generation_match=0 is atomic."""
 
     def __init__(self, uri: str, gcp_conn_id: str = "google_cloud_default") -> None:
-        bucket, _, prefix = uri[len("gs://") :].partition("/")
-        self.bucket_name, self.prefix, self.gcp_conn_id = bucket, prefix.strip("/"), gcp_conn_id
+        from tpuflow.storage import split_gs_uri
+
+        bucket, prefix = split_gs_uri(uri, "lease_root")
+        self.bucket_name, self.prefix, self.gcp_conn_id = bucket, prefix, gcp_conn_id
 
     def _bucket(self) -> Any:
-        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+        from tpuflow.storage import gcs_client  # GCSHook's client, or the emulator's (STORAGE_EMULATOR_HOST)
 
-        return GCSHook(gcp_conn_id=self.gcp_conn_id).get_conn().bucket(self.bucket_name)
+        return gcs_client(self.gcp_conn_id).bucket(self.bucket_name)
 
     def _name(self, slot: int) -> str:
         return f"{self.prefix}/slot-{slot}.json" if self.prefix else f"slot-{slot}.json"
@@ -144,10 +146,16 @@ class GcsLeaseStore:
             if slot in held:
                 continue
             try:
+                # With a generation precondition the client retries transient errors by itself
+                # (DEFAULT_RETRY_IF_GENERATION_SPECIFIED).
                 bucket.blob(self._name(slot)).upload_from_string(
                     _record(holder), content_type="application/json", if_generation_match=0
                 )
             except PreconditionFailed:
+                # Taken -- possibly by this very call, when a retried create had already succeeded.
+                mine = self.holders(slot + 1).get(slot)
+                if mine is not None and mine.holder == holder:
+                    return mine
                 continue
             return Lease(slot, holder, time.time())
         return None

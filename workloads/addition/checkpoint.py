@@ -105,7 +105,9 @@ def local_copy(path: str) -> Iterator[Path]:
         yield Path(os.path.abspath(path))
         return
     from ray.train import Checkpoint
+    from tpuflow_driver import storage
 
+    fs, fs_path = storage.resolve(path)  # honours STORAGE_EMULATOR_HOST (Serve replicas, evaluation)
     with tempfile.TemporaryDirectory(prefix="tpuflow-ckpt-") as tmp:
-        Checkpoint(path=path).to_directory(tmp)
+        Checkpoint(path=fs_path, filesystem=fs).to_directory(tmp)
         yield Path(tmp)

@@ -57,8 +57,9 @@ def evaluate(checkpoint: str, framework: str, data: str, batch_size: int = 256) 
         meta = load_meta(d)  # fail here, in the driver, on a path that is not a checkpoint
     storage.quiet_ray_data()
     DataContext.get_current().execution_options.preserve_order = True
+    data_fs, data_path = storage.resolve(data)
     rows = (
-        ray.data.read_parquet(storage.normalize(data), columns=["problem_id", "prompt", "answer"])
+        ray.data.read_parquet(data_path, filesystem=data_fs, columns=["problem_id", "prompt", "answer"])
         .map_batches(
             CheckpointPredictor,
             fn_constructor_kwargs={"checkpoint": checkpoint, "framework": framework},

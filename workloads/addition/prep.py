@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = {}
     for split, path in (("train", result["train_path"]), ("heldout", result["heldout_path"])):
         # generation is cheap and deterministic: each split re-runs it rather than materialising
-        rows.filter(expr=col("split") == split).write_parquet(path, mode="overwrite")
+        fs, fs_path = storage.resolve(path)
+        rows.filter(expr=col("split") == split).write_parquet(fs_path, filesystem=fs, mode="overwrite")
         counts[f"{split}_rows"] = _count_rows(path)
     if counts["train_rows"] != args.num_train or counts["heldout_rows"] != args.num_heldout:
         raise RuntimeError(f"wrote {counts}, expected {args.num_train} train and {args.num_heldout} held-out rows")

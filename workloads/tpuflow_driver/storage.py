@@ -1,10 +1,23 @@
-"""Paths that may be local or remote (gs://...), through pyarrow's filesystems."""
+"""Paths that may be local or remote (gs://...), through pyarrow's filesystems.
+
+`resolve` is the one place a path becomes (filesystem, path) for every pyarrow user in the Ray jobs:
+prep's parquet writes, Ray Data reads, Ray Train's RunConfig(storage_filesystem=...), evaluation
+output and the checkpoints Serve replicas load. gs:// goes through GcsFileSystem built here, so it
+honours STORAGE_EMULATOR_HOST (pyarrow's own FileSystem.from_uri ignores that variable and hangs
+looking for real credentials) and carries the retry limit for transient GCS errors (429, 5xx,
+connection resets), which the GCS client applies with exponential backoff.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 
 import pyarrow.fs as pafs
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+# How long the GCS client keeps retrying one transient failure (its own backoff) before it fails.
+GCS_RETRY_LIMIT = dt.timedelta(seconds=float(os.environ.get("TPUFLOW_GCS_RETRY_LIMIT_S", "300")))
 
 
 def normalize(path: str) -> str:
@@ -16,8 +29,30 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
+def gcs_filesystem() -> pafs.GcsFileSystem:
+    """GCS through pyarrow: the emulator at $STORAGE_EMULATOR_HOST (anonymous, its own scheme), else
+    Google's endpoint with the default credentials."""
+    host = os.environ.get(EMULATOR_ENV, "").strip().rstrip("/")
+    if not host:
+        return pafs.GcsFileSystem(retry_time_limit=GCS_RETRY_LIMIT)
+    scheme, sep, address = host.partition("://")
+    if not sep:
+        scheme, address = "http", host
+    return pafs.GcsFileSystem(anonymous=True, scheme=scheme, endpoint_override=address,
+                              retry_time_limit=GCS_RETRY_LIMIT)
+
+
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(normalize(path))
+    """(filesystem, path on it) for a local path or URI; gs://BUCKET/OBJECT becomes (GCS, "BUCKET/OBJECT")."""
+    path = normalize(path)
+    if path.startswith("gs://"):
+        return gcs_filesystem(), path[len("gs://") :].rstrip("/")
+    return pafs.FileSystem.from_uri(path)
+
+
+def uri(fs: pafs.FileSystem, path: str) -> str:
+    """The URI of `path` on `fs` (Ray Train's Checkpoint.path, for one, drops the scheme)."""
+    return f"gs://{path}" if fs.type_name == "gcs" and "://" not in path else path
 
 
 def exists(path: str) -> bool:
@@ -45,7 +80,9 @@ def delete(path: str) -> None:
     fs, p = resolve(path)
     info = fs.get_file_info(p)
     if info.type == pafs.FileType.Directory:
-        fs.delete_dir(p)
+        fs.delete_dir_contents(p, missing_dir_ok=True)
+        if fs.get_file_info(p).type == pafs.FileType.Directory:  # on GCS a folder may be only a prefix
+            fs.delete_dir(p)
     elif info.type == pafs.FileType.File:
         fs.delete_file(p)
 

@@ -150,15 +150,20 @@ def build_trainer(spec: TrainSpec) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     loop = import_train_loop(spec.train_loop)  # before reading data: a wrong path fails fast
+    fs, fs_path = storage.resolve(spec.storage_path)
     run_config = RunConfig(
         name=spec.run_name,
-        storage_path=storage.normalize(spec.storage_path),
+        storage_path=fs_path,
+        storage_filesystem=fs,
         failure_config=FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint_num_to_keep),
         worker_runtime_env={"env_vars": dict(spec.worker_env)} if spec.worker_env else None,
     )
     storage.quiet_ray_data()
-    datasets = {name: ray.data.read_parquet(storage.normalize(path)) for name, path in spec.datasets.items()}
+    datasets = {}
+    for name, path in spec.datasets.items():
+        data_fs, data_path = storage.resolve(path)
+        datasets[name] = ray.data.read_parquet(data_path, filesystem=data_fs)
     kwargs: dict[str, Any] = {
         "train_loop_config": spec.train_loop_config,
         "scaling_config": ScalingConfig(**spec.scaling_config),
@@ -176,13 +181,6 @@ def build_trainer(spec: TrainSpec) -> Any:
     return TorchTrainer(loop, torch_config=TorchConfig(backend=spec.torch_backend), **kwargs)
 
 
-def _uri(path: str, storage_path: str) -> str:
-    """Checkpoint.path drops the URI scheme of remote storage; put it back."""
-    if "://" in storage_path and "://" not in path:
-        return f"{storage_path.split('://', 1)[0]}://{path}"
-    return path
-
-
 def run(spec: TrainSpec) -> dict[str, Any]:
     for key, value in DRIVER_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -198,7 +196,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
     if result.error is not None:
         raise result.error
     metrics = dict(result.metrics or {})
-    checkpoint = _uri(result.checkpoint.path, spec.storage_path) if result.checkpoint else None
+    # Checkpoint.path drops the URI scheme of remote storage; put it back
+    checkpoint = storage.uri(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
     print(f"[driver] fit finished in {fit_s:.1f}s; metrics {metrics}", flush=True)
     return {
         "framework": spec.framework,

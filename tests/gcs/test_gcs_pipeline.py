@@ -1,0 +1,73 @@
+"""The local pipeline once with a gs:// output root (`tpuflow demo --output-root gs://...`, a v6e
+2x2 slice) against an emulator the demo did not start; then the bucket is listed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gcs_testlib import list_bucket
+from tpuflow.dev.gcs_emulator import EMULATOR_ENV
+from tpuflow.storage import read_text
+
+TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
+DAG_ID, DATE = "tpu_llm_pipeline_local", "2026-11-04"
+
+
+@pytest.mark.slow
+def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_emulator) -> None:
+    bucket, prefix = "tpuflow-demo", "run"
+    env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home"), EMULATOR_ENV: gcs_emulator.url}
+    out = subprocess.run(
+        [*TPUFLOW, "demo", "--work-dir", str(tmp_path), "--date", DATE, "--output-root", f"gs://{bucket}/{prefix}",
+         "--topology", "2x2", "--train-steps", "300", "--num-train", "3000", "--accuracy-threshold", "0"],
+        capture_output=True, text=True, timeout=1500, env=env)
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
+    assert "pipeline succeeded" in out.stdout and f"gs://{bucket}/{prefix}/{DAG_ID}/{DATE}" in out.stdout
+
+    run = f"{prefix}/{DAG_ID}/{DATE}"
+    names = list_bucket(bucket, run + "/")
+    relative = [n[len(run) + 1 :] for n in names]
+    assert "data/_SUCCESS" in relative
+    assert any(n.startswith("data/train/") and n.endswith(".parquet") for n in relative)
+    assert any(n.startswith("data/heldout/") and n.endswith(".parquet") for n in relative)
+    checkpoints = {n.rsplit("/", 1)[0] for n in relative if n.startswith("train/") and n.endswith("/meta.json")}
+    assert len(checkpoints) >= 1 and all("/checkpoint_" in c for c in checkpoints)
+    assert "eval/jax.json" in relative and "report.json" in relative
+    assert {"logs/prep.log", "logs/train-jax.log", "logs/evaluate-jax.log"} <= set(relative)
+
+    report = json.loads(read_text(f"gs://{bucket}/{run}/report.json"))
+    assert report["output_dir"] == f"gs://{bucket}/{run}" and report["heldout_examples"] == 200
+    assert "[train_jax] step" in read_text(f"gs://{bucket}/{run}/logs/train-jax.log")
+    evaluation = json.loads(read_text(f"gs://{bucket}/{run}/eval/jax.json"))
+    # the Serve replica and the evaluation loaded the checkpoint from the bucket
+    assert evaluation["checkpoint"].startswith(f"gs://{bucket}/{run}/train/") and evaluation["n"] == 200
+    assert not list((tmp_path / "home" / "clusters").glob("*/state.json")), "the teardown stops the cluster"
+
+
+def test_demo_starts_and_stops_an_emulator_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpuflow.dev.gcs_emulator import emulator_for
+
+    monkeypatch.delenv(EMULATOR_ENV)
+    with emulator_for(["demo-bucket"]) as url:
+        assert url != os.environ.get(EMULATOR_ENV)
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        client = storage.Client(project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": url})
+        assert [b.name for b in client.list_buckets()] == ["demo-bucket"]
+        port = url.rsplit(":", 1)[1]
+        started = [p for p in Path("/proc").iterdir() if p.name.isdigit() and f"-port {port} " in _cmdline(p)]
+        assert started, "the emulator process runs while the demo does"
+    assert all(f"-port {port} " not in _cmdline(p) for p in started), "stopped when the demo ends"
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

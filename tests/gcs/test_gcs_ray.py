@@ -1,0 +1,124 @@
+"""Ray jobs with gs:// storage against the emulator, on one simulated v6e 2x2 slice: prep's parquet
+and Ray Train's checkpoints under injected transient faults, and the preemption drill resuming
+from the bucket's latest checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+from fault_proxy import FaultProxy, Rule, writes_to
+from gcs_testlib import list_bucket
+from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from tpuflow.storage import read_text
+
+pytestmark = pytest.mark.slow
+SLICE = {"accelerator": "TPU-V6E", "topology": "2x2"}
+
+
+def _prep(info, task_context, data: str, num_train: int = 2000):
+    return RayDataPrepOperator(
+        task_id="prep", cluster=info, module="addition.prep", deferrable=False, poll_interval=0.5,
+        arguments={"output_dir": data, "date": "2026-11-02", "num_train": num_train},
+    ).execute(task_context("prep"))
+
+
+def _train(info, storage_path: str, data: str, run_name: str, num_steps: int, every: int, log_uri: str | None = None):
+    return RayTrainOperator(
+        task_id="train", cluster=info, deferrable=False, poll_interval=0.5,
+        framework="jax", train_loop="addition.train_jax:train_loop_per_worker", **SLICE,
+        storage_path=storage_path, run_name=run_name, datasets={"train": f"{data}/train"},
+        train_loop_config={"num_steps": num_steps, "checkpoint_every": every, "log_every": 25},
+        checkpoint_num_to_keep=None, log_uri=log_uri,
+    )
+
+
+def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
+    """checkpoint folder -> step, from each checkpoint's meta.json in the bucket."""
+    found = {}
+    for name in list_bucket(bucket, prefix):
+        if name.endswith("/meta.json"):
+            folder = name.rsplit("/", 1)[0]
+            found[folder] = json.loads(read_text(f"gs://{bucket}/{name}"))["step"]
+    return found
+
+
+def test_parquet_and_checkpoints_survive_transient_gcs_errors(small_cluster, task_context, bucket, gcs_emulator,
+                                                              emulator_at):
+    proxy = FaultProxy(gcs_emulator.url).start()
+    emulator_at(proxy.url)  # the jobs' STORAGE_EMULATOR_HOST comes from here (runtime_env env_vars)
+    try:
+        info = small_cluster.connection_info()
+        data = f"gs://{bucket}/run/data"
+        proxy.add(Rule(503, writes_to(".parquet"), every=2, limit=3))
+        proxy.add(Rule("reset", writes_to(".parquet"), every=3, limit=2))
+        prepped = _prep(info, task_context, data)
+        assert prepped["train_rows"] == 2000 and prepped["heldout_rows"] == 200
+        parquet_faults = len(proxy.injected)
+        assert parquet_faults >= 3, proxy.injected
+
+        proxy.clear()
+        proxy.add(Rule(503, writes_to("checkpoint_"), every=3, limit=4))
+        proxy.add(Rule(429, writes_to("checkpoint_"), every=5, limit=2))
+        proxy.add(Rule("reset", writes_to("checkpoint_"), every=7, limit=2))
+        result = _train(info, f"gs://{bucket}/run/train", data, "faults", num_steps=150, every=50).execute(
+            task_context("train"))
+        checkpoint_faults = proxy.injected[parquet_faults:]
+        assert len(checkpoint_faults) >= 4, checkpoint_faults
+    finally:
+        proxy.stop()
+        emulator_at(gcs_emulator.url)
+    # No checkpoint lost: one per interval, each complete, the last one the result.
+    assert result["checkpoint"].startswith(f"gs://{bucket}/run/train/faults/checkpoint_")
+    steps = _checkpoints(bucket, "run/train/faults/")
+    assert sorted(steps.values()) == [50, 100, 150], steps
+    for folder in steps:
+        assert f"{folder}/params.npz" in list_bucket(bucket, folder)
+    assert steps[result["checkpoint"][len(f"gs://{bucket}/"):]] == 150
+
+
+def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster, task_context, bucket):
+    info = small_cluster.connection_info()
+    data, every, num_steps = f"gs://{bucket}/drill/data", 100, 500
+    _prep(info, task_context, data, num_train=4000)
+    log_uri = f"gs://{bucket}/drill/logs/train-jax.log"
+    train = _train(info, f"gs://{bucket}/drill/train", data, "preempt", num_steps, every, log_uri=log_uri)
+    ctx = task_context("train")
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
+    worker.start()
+    hook, sid = train.hook(), train.base_submission_id(ctx)
+    deadline, preempted_at = time.time() + 600, None
+    while time.time() < deadline and worker.is_alive():
+        try:
+            log = hook.get_job_logs(sid)
+        except Exception:  # noqa: BLE001 -- the job may not be up yet
+            log = ""
+        steps = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", log)]
+        if steps and max(steps) >= 2 * every + 50 and len(_checkpoints(bucket, "drill/train/preempt/")) >= 2:
+            preempted_at = max(steps)
+            small_cluster.preempt_host(0, 0, restart_after=2)
+            break
+        time.sleep(1)
+    assert preempted_at is not None, "training never got past two checkpoints"
+    worker.join(timeout=900)
+    assert "result" in outcome, "training did not finish after the preemption"
+    assert outcome["result"]["resumed"] is True
+    kept = read_text(log_uri)
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint \S+ at step (\d+)", kept)]
+    assert resumed, "the kept log (in the bucket) must say which checkpoint training resumed from"
+    assert re.search(rf"resumed from checkpoint {bucket}/drill/train/preempt/checkpoint_\S+ at step", kept)
+    assert preempted_at - resumed[-1] <= every + 50  # lost at most one interval (+ log granularity)
+    assert max(_checkpoints(bucket, "drill/train/preempt/").values()) == num_steps
+
+    evaluation = RaySubmitJobOperator(
+        task_id="evaluate", cluster=info, deferrable=False, poll_interval=0.5,
+        entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {outcome['result']['checkpoint']} "
+        f"--data {data}/heldout --output gs://{bucket}/drill/eval/jax.json",
+    ).execute(task_context("evaluate"))
+    assert evaluation["n"] == 200 and evaluation["step"] == num_steps
+    assert json.loads(read_text(f"gs://{bucket}/drill/eval/jax.json"))["n"] == 200
