@@ -195,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 data["errors"].append({"measure": m.name, "error": f"{type(err).__name__}: {str(err)[:500]}"})
                 continue
-            if args.only:
-                rows = [r for r in rows if r.name in args.only] or rows
             for r in rows:
                 r.details.setdefault("measure_wall_s", round(time.perf_counter() - t, 1))
             results += rows

@@ -75,6 +75,44 @@ def _alive_nodes(dashboard: str, headers: dict[str, str]) -> int:
         return 0
 
 
+last_plain_stop_survivors: list[str] = []
+
+
+def _term_and_wait(pids: list[int], grace: float) -> tuple[float, list[str]]:
+    """SIGTERM every pid, wait up to `grace` (ray stop's default), then SIGKILL; returns the seconds taken
+    and the processes still alive 3 s after SIGTERM (name: seconds they took to go)."""
+    names = {p: _name(p) for p in pids}
+    t = time.perf_counter()
+    for p in pids:
+        try:
+            os.kill(p, 15)
+        except ProcessLookupError:
+            pass
+    gone: dict[int, float] = {}
+    while time.perf_counter() - t < grace and len(gone) < len(pids):
+        for p in pids:
+            if p not in gone and not pid_alive(p):
+                gone[p] = time.perf_counter() - t
+        time.sleep(0.1)
+    left = [p for p in pids if p not in gone]
+    if left:
+        kill_pids(left, timeout=5)
+    took = time.perf_counter() - t
+    slow = [f"{names[p]}: {gone.get(p, took):.1f}s{'' if p in gone else ' (SIGKILL)'}" for p in pids
+            if gone.get(p, took) > 3.0]  # fmt: skip
+    return took, slow
+
+
+def _name(pid: int) -> str:
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    words = [a.decode(errors="replace") for a in args[:3] if a]
+    exe = next((w for w in words if not w.endswith(("python", "python3")) and w != "-u"), words[0] if words else "?")
+    return Path(exe).name
+
+
 def _plain(tpu: Any) -> tuple[float, float]:
     """`ray start` of the same nodes (same resources, env and loopback address), then a plain stop."""
     from tpuflow.local.cluster import free_port
@@ -91,27 +129,32 @@ def _plain(tpu: Any) -> tuple[float, float]:
     gcs, dash = free_port(), free_port()
     dashboard = f"http://127.0.0.1:{dash}"
     common = [f"--node-ip-address={NODE_IP}", "--disable-usage-stats", "--object-store-memory=200000000"]
+    log = open(Path(temp) / "ray-start.log", "ab")  # noqa: SIM115 (a file, not a pipe: daemons inherit it)
+
+    def ray_start(args: list[str], env: dict[str, str]) -> None:
+        subprocess.run([ray_bin, "start", *args, *common], env=env, check=True, stdout=log, stderr=subprocess.STDOUT,
+                       timeout=300)  # fmt: skip
+
     try:
         t = time.perf_counter()
-        subprocess.run([ray_bin, "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={dash}", "--include-dashboard=true", "--num-cpus=2",
-                        f"--temp-dir={temp}/n0", *common], env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+        ray_start(["--head", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                   "--include-dashboard=true", "--num-cpus=2", f"--temp-dir={temp}/n0"], env)
         i = 0
         for s in range(tpu.num_slices):
             for w in range(tpu.num_hosts):
                 i += 1
                 host_env = {**env, **tpu.simulated_host_env(f"plain-slice-{s}", w)}
-                subprocess.run([ray_bin, "start", f"--address={NODE_IP}:{gcs}", "--num-cpus=1",
-                                f"--resources={json.dumps(tpu.ray_worker_resources)}", f"--temp-dir={temp}/n{i}",
-                                *common], env=host_env, check=True, capture_output=True, timeout=300)  # fmt: skip
+                ray_start([f"--address={NODE_IP}:{gcs}", "--num-cpus=1",
+                           f"--resources={json.dumps(tpu.ray_worker_resources)}", f"--temp-dir={temp}/n{i}"], host_env)
         deadline = time.time() + 300
         while time.time() < deadline and _alive_nodes(dashboard, headers) < 1 + tpu.total_hosts:
             time.sleep(0.5)
         start_s = time.perf_counter() - t
         t = time.perf_counter()
-        kill_pids([p for p in pids_with_marker(temp) if pid_alive(p)], timeout=16)  # ray stop's grace period
-        stop_s = time.perf_counter() - t
+        stop_s, slow = _term_and_wait([p for p in pids_with_marker(temp) if pid_alive(p)], grace=16)
+        last_plain_stop_survivors[:] = slow
     finally:
+        log.close()
         left = [p for p in pids_with_marker(temp) if pid_alive(p)]
         if left:
             kill_pids(left, timeout=5)
@@ -143,7 +186,9 @@ def cluster_start_stop(ctx: Context) -> list[Result]:
             "cluster_stop_s", stop_s, "s", plain_stop, ratio(stop_s, plain_stop), f"value <= {STOP_GOAL_S} s",
             goal_check(stop_s, "<=", STOP_GOAL_S), variant=f"v6e {topo}",
             baseline_is="SIGTERM to the same processes by pid and wait until gone (ray stop's way, this cluster only)",
-            notes=f"where the time goes (cProfile, cumulative s): {where['stop_profile_s']}",
-            details={"profile_s": where["stop_profile_s"], "left_after_stop": where["left_after_stop"]},
+            notes=f"where the time goes (cProfile, cumulative s): {where['stop_profile_s']}; processes slower than "
+                  f"3 s to exit on SIGTERM (plain side): {last_plain_stop_survivors or 'none'}",
+            details={"profile_s": where["stop_profile_s"], "left_after_stop": where["left_after_stop"],
+                     "plain_stop_slower_than_3s": list(last_plain_stop_survivors)},
         ))  # fmt: skip
     return rows

@@ -132,6 +132,13 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+    except OSError:
+        return "?"
+
+
 def kill_pids(pids: list[int], timeout: float = 10.0) -> None:
     """SIGTERM, wait on exactly these pids, then SIGKILL what is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -166,6 +173,7 @@ class Context:
         # short: Ray's unix socket paths under temp dirs are length-limited
         self.work = Path(tempfile.mkdtemp(prefix="tpb-", dir="/tmp"))
         self._cluster: Any = None
+        self._cluster_error: Exception | None = None
         self._data: dict[str, str] | None = None
         self._checkpoint: str | None = None
         self.log_lines: list[str] = []
@@ -180,8 +188,14 @@ class Context:
         if self._cluster is None:
             from tpuflow.local.cluster import LocalRayCluster
 
+            if self._cluster_error is not None:  # one failed start per run: do not pay it again per measure
+                raise RuntimeError(f"the shared local Ray cluster did not start: {self._cluster_error}")
             t = time.perf_counter()
-            self._cluster = LocalRayCluster.start(None, "bench", self.work / "clusters", head_cpus=6, timeout=300)
+            try:
+                self._cluster = LocalRayCluster.start(None, "bench", self.work / "clusters", head_cpus=6, timeout=300)
+            except Exception as err:
+                self._cluster_error = err
+                raise
             self.log(f"shared local Ray cluster up in {time.perf_counter() - t:.1f}s at {self._cluster.dashboard_url}")
         return self._cluster
 
@@ -253,7 +267,9 @@ class Context:
             self._cluster = None
         leftovers = [p for p in pids_with_marker(str(self.work)) if pid_alive(p)]
         if leftovers:
-            self.log(f"stopping {len(leftovers)} leftover process(es) of this run: {leftovers}")
+            names = [_comm(p) for p in leftovers]
+            self.log(f"stopping {len(leftovers)} process(es) of this run still alive after its cluster stopped: "
+                     f"{list(zip(leftovers, names, strict=True))}")  # fmt: skip
             kill_pids(leftovers)
         shutil.rmtree(self.work, ignore_errors=True)
 

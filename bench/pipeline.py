@@ -138,13 +138,12 @@ def job_end_to_task_end(ctx: Context) -> list[Result]:
     cluster = LocalRayCluster.start(None, "bench-airflow", base / "clusters", head_cpus=4, timeout=300)
     svc = None
     try:
-        svc = AirflowServices.start(base / "airflow", use_schedule=False, timeout=300,
+        svc = AirflowServices.start(base / "airflow", use_schedule=False, unpause=True, timeout=300,
                                     extra_env={"AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                                                "TPUFLOW_HOME": str(base / "tpuflow-home"), "JAX_PLATFORMS": "cpu"})  # fmt: skip
         dag_id = "tpuflow_bench_short_job"
         svc.wait_for_dags([dag_id])
         api = svc.api()
-        api.patch(f"/dags/{dag_id}", json={"is_paused": False})
         conf = {"cluster": cluster.connection_info()}
         ids = []
         for i in range(runs):
