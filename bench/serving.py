@@ -78,11 +78,13 @@ def serve(ctx: Context) -> list[Result]:
     ckpt = ctx.checkpoint()
     info = ctx.cluster_info()
     hook = ctx.hook()
-    config = serve_config_for(info, {"checkpoint": ckpt}, str(WORKLOADS), "jax")
+    # as the pipeline deploys it: Serve configs take local:// URIs for directories on every node
+    config = serve_config_for(info, {"checkpoint": ckpt}, f"local://{WORKLOADS}", "jax")
     product_app = config["applications"][0]
     config["applications"].append({
         "name": "plain", "import_path": "jobs.plain_serve:app_builder", "route_prefix": "/plain",
-        "args": {"checkpoint": ckpt}, "runtime_env": {"working_dir": str(WORKLOADS), "py_modules": [str(JOBS)]},
+        "args": {"checkpoint": ckpt},
+        "runtime_env": {"working_dir": f"local://{WORKLOADS}", "env_vars": {"PYTHONPATH": str(JOBS.parent)}},
     })  # fmt: skip
     hook.put_serve_config(config)
     n, seconds = (100, 6) if ctx.quick else (300, 15)
