@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test lint clean-local airflow airflow-down test-deps
+.PHONY: install demo test lint clean-local airflow airflow-down test-deps bench bench-quick
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ test: install test-deps
 lint: install
 	$(BIN)/ruff check dags operators plugins workloads tests bench
 	$(BIN)/ruff format --check dags operators plugins workloads tests bench
+
+# Every performance claim against its baseline, side by side (bench/README.md): writes
+# bench/results/latest.json, latest.md and PNG charts. bench-quick is the CI-sized set.
+bench: install
+	$(BIN)/python -m bench
+
+bench-quick: install
+	$(BIN)/python -m bench --quick
 
 # A real local Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor; 127.0.0.1):
 # prints the UI URL and the admin login. `make airflow-down` stops exactly what it started.

@@ -1,0 +1,168 @@
+"""The addition workload's fixed costs and overheads, each against a same-run baseline.
+
+eval_examples_per_s — the product's evaluate entrypoint as a Ray job (Ray Data batch inference) vs an
+in-process forward of the same 200 problems (checkpoint load and compile included on both sides).
+train_step_ratio — ms/step of the product's JaxTrainer (and TorchTrainer) run vs the same step in a plain
+jax.distributed (torch.distributed) loop with the same processes and batch: plain ÷ Ray Train (goal >= 0.8).
+input_feed_overhead — step time fed by Ray Data iter_jax_batches ÷ step time on preloaded arrays, minus 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from bench.core import (
+    DATE,
+    JOBS,
+    WORKLOADS,
+    Context,
+    Result,
+    goal_check,
+    measure,
+    median,
+    ratio,
+    spawned,
+)  # fmt: skip
+
+EVAL_GOAL = 0.25  # of the in-process forward's rate; set after profiling (see bench/README.md)
+STEP_LINE = re.compile(r"step (\d+)/\d+ .*\(([\d.]+) ms/step\)")
+
+
+def _workloads_path() -> None:
+    if str(WORKLOADS) not in sys.path:
+        sys.path.insert(0, str(WORKLOADS))
+
+
+@measure("eval_examples_per_s")
+def eval_examples_per_s(ctx: Context) -> list[Result]:
+    import pyarrow.parquet as pq
+    from tpuflow.rayjob.hooks import parse_result
+
+    _workloads_path()
+    data, ckpt = ctx.data(), ctx.checkpoint()
+    wall = time.perf_counter()
+    info, logs = ctx.run_job(f"python -m addition.evaluate --checkpoint {ckpt} --framework jax --data {data['heldout']}",
+                             name="eval")  # fmt: skip
+    wall = time.perf_counter() - wall
+    result = parse_result(logs)
+    job_s = (info["end_time"] - info["start_time"]) / 1000
+    n = int(result["n"])
+    # where the job's time goes: the same entrypoint under cProfile (driver side), full set only
+    where: dict[str, float] = {}
+    if not ctx.quick:
+        prof = ctx.work / "eval.prof"
+        ctx.run_job(f"python -m cProfile -o {prof} -m addition.evaluate --checkpoint {ckpt} --framework jax "
+                    f"--data {data['heldout']}", name="eval-prof")  # fmt: skip
+        import pstats
+
+        stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
+        for (_f, _l, fn), (_cc, _nc, _tt, ct, _c) in stats.items():
+            for want in ("init", "read_parquet", "take_all", "<module>", "evaluate", "local_copy", "load_meta"):
+                if fn == want and ct > 0.05:
+                    where[want] = round(max(where.get(want, 0.0), ct), 2)
+    from addition.inference import Predictor
+
+    held = pq.read_table(data["heldout"], columns=["prompt", "answer"]).to_pydict()
+    t = time.perf_counter()
+    predictor = Predictor.from_checkpoint(ckpt, backend="jax")
+    outs = []
+    for i in range(0, len(held["prompt"]), 256):
+        outs += predictor.complete(held["prompt"][i : i + 256])
+    direct_s = time.perf_counter() - t
+    correct = sum(o.text == a for o, a in zip(outs, held["answer"], strict=True))
+    value, base = n / job_s, len(outs) / direct_s
+    r = ratio(value, base)
+    return [Result(
+        "eval_examples_per_s", value, "examples/s", base, r, f"ratio >= {EVAL_GOAL}", goal_check(r, ">=", EVAL_GOAL),
+        baseline_is="in-process Predictor.from_checkpoint(backend=jax).complete over the same problems, load included",
+        notes=f"{n} problems; Ray job {job_s:.1f} s by Ray's own start/end times ({wall:.1f} s submit to done); "
+              f"in-process {direct_s:.2f} s; accuracy {result.get('accuracy')} vs {correct / len(outs):.3f} in-process"
+              + (f"; driver profile (cumulative s): {where}" if where else ""),
+        details={"job_s": job_s, "submit_to_done_s": wall, "direct_s": direct_s, "driver_profile_s": where},
+    )]  # fmt: skip
+
+
+def _step_times(logs: str) -> tuple[list[int], list[float]]:
+    steps, ms = [], []
+    for line in logs.splitlines():
+        m = STEP_LINE.search(line)
+        if m:
+            steps.append(int(m.group(1)))
+            ms.append(float(m.group(2)))
+    return steps, ms
+
+
+def _steady(ms: list[float]) -> float | None:
+    """Median ms/step over the logged windows after the first (which holds the compile)."""
+    return median(ms[1:]) if len(ms) > 1 else None
+
+
+@measure("train_step_ratio")
+def train_step_ratio(ctx: Context) -> list[Result]:
+    data = ctx.data()
+    workers, steps, log_every = 2, (150 if ctx.quick else 400), 25
+    rows = []
+    for fw in ("jax", "torch"):
+        spec = {
+            "framework": fw,
+            "train_loop": f"addition.train_{fw}:train_loop_per_worker",
+            "run_name": f"bench-{fw}-{time.time_ns() % 10**9}",
+            "storage_path": str(ctx.work / "train"),
+            "scaling_config": {"num_workers": workers, "resources_per_worker": {"CPU": 1}},
+            "train_loop_config": {"num_steps": steps, "log_every": log_every},
+            "datasets": {"train": data["train"]},
+            "worker_env": {"JAX_PLATFORMS": "cpu"},
+        }
+        _, ray_logs = ctx.run_job(f"python -m tpuflow_driver.train --spec-json '{json.dumps(spec)}'",
+                                  name=f"train-{fw}")  # fmt: skip
+        log = ctx.work / f"plain-{fw}.log"
+        env = {**os.environ, "PYTHONPATH": str(WORKLOADS), "JAX_PLATFORMS": "cpu"}
+        with spawned([sys.executable, str(JOBS / "plain_train.py"), fw, str(workers), str(steps), str(log_every)],
+                     env=env, log=log) as proc:  # fmt: skip
+            code = proc.wait(timeout=900)
+        plain_logs = log.read_text()
+        if code != 0:
+            raise RuntimeError(f"plain {fw} training failed ({code}):\n{plain_logs[-3000:]}")
+        rs, rms = _step_times(ray_logs)
+        ps, pms = _step_times(plain_logs)
+        ray_ms, plain_ms = _steady(rms), _steady(pms)
+        r = ratio(plain_ms, ray_ms)
+        trainer = "JaxTrainer" if fw == "jax" else "TorchTrainer"
+        dist = "jax.distributed" if fw == "jax" else "torch.distributed (gloo, DDP)"
+        rows.append(Result(
+            "train_step_ratio", ray_ms, "ms/step", plain_ms, r, "ratio >= 0.8", goal_check(r, ">=", 0.8), variant=fw,
+            baseline_is=f"the same step in a plain {dist} loop, {workers} processes, same global batch, preloaded rows",
+            ratio_means="plain ms/step ÷ Ray Train ms/step (higher is better)",
+            notes=f"{trainer} via tpuflow_driver.train as a Ray job (Ray Data input), {steps} steps, median of the "
+                  f"{log_every}-step windows after the first",
+            details={"series_unit": "ms/step", "series_x": "step"},
+            series={trainer: rms, f"{trainer}_x": [float(s) for s in rs], f"plain {fw}": pms,
+                    f"plain {fw}_x": [float(s) for s in ps]},
+        ))  # fmt: skip
+    return rows
+
+
+@measure("input_feed_overhead")
+def input_feed_overhead(ctx: Context) -> list[Result]:
+    from tpuflow.rayjob.hooks import parse_result
+
+    data = ctx.data()
+    steps = 150 if ctx.quick else 400
+    _, logs = ctx.run_job(f"python {JOBS / 'feed.py'} {data['train']} {steps}", name="feed")
+    res = parse_result(logs)
+    ray_ms, pre_ms = median(res["ray_data_ms"][3:]), median(res["preloaded_ms"][3:])
+    value = ray_ms / pre_ms - 1
+    return [Result(
+        "input_feed_overhead", value, "fraction", 0.0, ray_ms / pre_ms, "value <= 0.05", goal_check(value, "<=", 0.05),
+        baseline_is=f"the same JAX step on preloaded arrays in the same process ({pre_ms:.2f} ms/step)",
+        ratio_means="Ray Data ms/step ÷ preloaded ms/step",
+        notes=f"one process, global batch 128, {steps} steps each, median; Ray Data {ray_ms:.2f} ms/step "
+              f"(read_parquet of prep's train set, iter_jax_batches with the product's collate, prefetch 4); "
+              f"date {DATE}",
+        details={"ray_data_ms": ray_ms, "preloaded_ms": pre_ms, "series_unit": "ms/step", "series_x": "step"},
+        series={"iter_jax_batches": res["ray_data_ms"], "preloaded": res["preloaded_ms"]},
+    )]  # fmt: skip

@@ -1,0 +1,52 @@
+"""The bench's own parts that every measure relies on: percentiles, goal checks, the byte-counting proxy."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import urllib.request
+
+from bench.core import Result, goal_check, percentile, ratio
+from bench.ray_jobs import CountingProxy
+
+
+def test_percentile_is_nearest_rank_and_goal_checks_compare_the_right_way() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 95), percentile(values, 99), percentile(values, 100)) == (50, 95, 99, 100)
+    assert percentile([3.0], 99) == 3.0
+    assert goal_check(1.5, "<=", 1.5) is True and goal_check(1.6, "<=", 1.5) is False
+    assert goal_check(0.8, ">=", 0.8) is True and goal_check(0.7, ">=", 0.8) is False
+    assert goal_check(None, "<=", 1.0) is None and ratio(1.0, 0.0) is None and ratio(3.0, 2.0) == 1.5
+
+
+def test_result_rows_have_the_issue_keys_and_no_nan() -> None:
+    row = Result("x", float("nan"), "s", 2.0, None, "value <= 1 s", None, series={"a": [1.0]}).row()
+    assert list(row)[:7] == ["name", "value", "unit", "baseline", "ratio", "goal", "met"]
+    assert row["value"] is None and "series" not in row
+
+
+class _Big(http.server.BaseHTTPRequestHandler):
+    body = b"y" * 300_000
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_counting_proxy_counts_the_bytes_each_request_got() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Big)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with CountingProxy(f"http://127.0.0.1:{server.server_address[1]}") as proxy:
+            for path in ("/api/jobs/a/logs", "/api/jobs/a"):
+                with urllib.request.urlopen(f"{proxy.url}{path}", timeout=10) as resp:
+                    assert resp.read() == _Big.body
+        assert [r["request"].split()[:2] for r in proxy.records] == [["GET", "/api/jobs/a/logs"], ["GET", "/api/jobs/a"]]
+        assert all(len(_Big.body) < r["down"] < len(_Big.body) + 1000 for r in proxy.records)
+    finally:
+        server.shutdown()
