@@ -160,8 +160,12 @@ def charts(results: list[Result], out: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the CI-sized set (the two pipeline measures are left out)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this measure (repeatable)")
+    parser.add_argument(
+        "--quick", action="store_true", help="the CI-sized set (the two pipeline measures are left out)"
+    )
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="NAME", help="run only this measure (repeatable)"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
     parser.add_argument("--list", action="store_true", help="list the measures and exit")
     args = parser.parse_args(argv)
@@ -175,14 +179,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     unknown = [n for n in args.only if not any(n in m.produces for m in MEASURES.values())]
     if unknown:
-        parser.error(f"unknown measure(s) {unknown}; known: {sorted({p for m in MEASURES.values() for p in m.produces})}")
+        parser.error(
+            f"unknown measure(s) {unknown}; known: {sorted({p for m in MEASURES.values() for p in m.produces})}"
+        )
     chosen = [m for m in MEASURES.values()
               if (any(n in m.produces for n in args.only) if args.only else (m.in_quick or not args.quick))]  # fmt: skip
     args.results.mkdir(parents=True, exist_ok=True)
     for old in args.results.glob("*.png"):
         old.unlink()
     started = time.perf_counter()
-    data: dict[str, Any] = {"machine": machine(), "mode": "quick" if args.quick else "full", "measures": [], "errors": []}
+    data: dict[str, Any] = {
+        "machine": machine(),
+        "mode": "quick" if args.quick else "full",
+        "measures": [],
+        "errors": [],
+    }
     results: list[Result] = []
     ctx = Context(args.quick, args.results)
     try:

@@ -137,15 +137,32 @@ def _plain(tpu: Any) -> tuple[float, float]:
 
     try:
         t = time.perf_counter()
-        ray_start(["--head", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                   "--include-dashboard=true", "--num-cpus=2", f"--temp-dir={temp}/n0"], env)
+        ray_start(
+            [
+                "--head",
+                f"--port={gcs}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dash}",
+                "--include-dashboard=true",
+                "--num-cpus=2",
+                f"--temp-dir={temp}/n0",
+            ],
+            env,
+        )
         i = 0
         for s in range(tpu.num_slices):
             for w in range(tpu.num_hosts):
                 i += 1
                 host_env = {**env, **tpu.simulated_host_env(f"plain-slice-{s}", w)}
-                ray_start([f"--address={NODE_IP}:{gcs}", "--num-cpus=1",
-                           f"--resources={json.dumps(tpu.ray_worker_resources)}", f"--temp-dir={temp}/n{i}"], host_env)
+                ray_start(
+                    [
+                        f"--address={NODE_IP}:{gcs}",
+                        "--num-cpus=1",
+                        f"--resources={json.dumps(tpu.ray_worker_resources)}",
+                        f"--temp-dir={temp}/n{i}",
+                    ],
+                    host_env,
+                )
         deadline = time.time() + 300
         while time.time() < deadline and _alive_nodes(dashboard, headers) < 1 + tpu.total_hosts:
             time.sleep(0.5)

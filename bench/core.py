@@ -84,6 +84,7 @@ def median(values: list[float]) -> float:
 
 # --- registry ---------------------------------------------------------------------------------
 
+
 @dataclass
 class Measure:
     name: str
@@ -106,6 +107,7 @@ def measure(name: str, *, quick: bool = True, produces: tuple[str, ...] = ()) ->
 
 
 # --- processes --------------------------------------------------------------------------------
+
 
 def pids_with_marker(marker: str) -> list[int]:
     """Pids whose command line or environment mentions `marker` (a temp dir unique to this run)."""
@@ -161,6 +163,7 @@ def kill_pids(pids: list[int], timeout: float = 10.0) -> None:
 
 # --- the run context ----------------------------------------------------------------------------
 
+
 class Context:
     """What the measures share in one run: a work dir, one small local Ray cluster, data, a checkpoint.
 
@@ -210,12 +213,22 @@ class Context:
             info["dashboard_url"] = dashboard_url
         return RayJobHook(cluster=info)
 
-    def run_job(self, entrypoint: str, *, working_dir: Path = WORKLOADS, timeout: float = 900,
-                env: dict[str, str] | None = None, name: str = "job") -> tuple[dict[str, Any], str]:
+    def run_job(
+        self,
+        entrypoint: str,
+        *,
+        working_dir: Path = WORKLOADS,
+        timeout: float = 900,
+        env: dict[str, str] | None = None,
+        name: str = "job",
+    ) -> tuple[dict[str, Any], str]:
         """Submit a Ray job through the product's hook, wait for it; returns (job info, logs)."""
         hook = self.hook()
         sid = f"bench-{name}-{time.time_ns() % 10**12}"
-        runtime_env: dict[str, Any] = {"working_dir": str(working_dir), "env_vars": {"JAX_PLATFORMS": "cpu", **(env or {})}}
+        runtime_env: dict[str, Any] = {
+            "working_dir": str(working_dir),
+            "env_vars": {"JAX_PLATFORMS": "cpu", **(env or {})},
+        }
         hook.submit_job(entrypoint, sid, runtime_env=runtime_env)
         deadline = time.time() + timeout
         status = ""
@@ -275,8 +288,9 @@ class Context:
 
 
 @contextmanager
-def spawned(cmd: list[str], *, env: dict[str, str] | None = None, log: Path | None = None,
-            cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+def spawned(
+    cmd: list[str], *, env: dict[str, str] | None = None, log: Path | None = None, cwd: Path | None = None
+) -> Iterator[subprocess.Popen]:
     """A child in its own process group, stopped (group SIGTERM, then SIGKILL) on the way out."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)

@@ -19,13 +19,13 @@ from pathlib import Path
 from bench.core import REPO, Context, Result, goal_check, measure
 
 GOAL = 1.5
-BASELINE = '''
+BASELINE = """
 from datetime import datetime
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator
 with DAG("baseline", schedule=None, start_date=datetime(2026, 1, 1)):
     EmptyOperator(task_id="t")
-'''
+"""
 TIMER = """
 import importlib.util, sys, time
 import airflow.sdk
@@ -38,8 +38,14 @@ print(time.perf_counter() - t)
 
 
 def parse_seconds(path: Path, repeat: int) -> float:
-    runs = [float(subprocess.run([sys.executable, "-c", TIMER, str(path)], capture_output=True, text=True,
-                                 check=True).stdout.strip().splitlines()[-1]) for _ in range(repeat)]
+    runs = [
+        float(
+            subprocess.run([sys.executable, "-c", TIMER, str(path)], capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(repeat)
+    ]
     return statistics.median(runs)
 
 
@@ -53,7 +59,9 @@ def dag_parse_ratio(ctx: Context) -> list[Result]:
         base = parse_seconds(baseline, repeat)
         for dag_file in sorted((REPO / "dags").glob("*.py")):
             cost = parse_seconds(dag_file, repeat)
-            ctx.log(f"{dag_file.name}: {cost * 1000:.1f} ms = {cost / base:.2f} x the one-task DAG ({base * 1000:.1f} ms)")
+            ctx.log(
+                f"{dag_file.name}: {cost * 1000:.1f} ms = {cost / base:.2f} x the one-task DAG ({base * 1000:.1f} ms)"
+            )
             results.append(Result(
                 "dag_parse_ratio", cost * 1000, "ms", base * 1000, cost / base, f"ratio <= {GOAL}",
                 goal_check(cost / base, "<=", GOAL), variant=dag_file.name,

@@ -31,6 +31,8 @@ RUN_KEY_LABEL = f"{LABEL_PREFIX}/run-key"
 DAG_ID_LABEL = f"{LABEL_PREFIX}/dag-id"
 TASK_ID_LABEL = f"{LABEL_PREFIX}/task-id"
 SPEC_HASH_ANNOTATION = f"{LABEL_PREFIX}/spec-hash"
+# on a RayService: the hash of its rayClusterConfig (a changed shape needs a new cluster)
+CLUSTER_SPEC_HASH_ANNOTATION = f"{LABEL_PREFIX}/cluster-spec-hash"
 SLICE_ANNOTATION = f"{LABEL_PREFIX}/slice"
 
 # --- GCE label keys (a node pool's VMs) ----------------------------------------------------------------
@@ -138,11 +140,14 @@ def kubernetes_ownership_labels(identity: TaskIdentity) -> dict[str, str]:
 def gce_ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, str]:
     """GCE labels on a node pool's VMs: who created it and until when (unix time) it is wanted, so an
     orphan can be found and billed. OWNER_KEY_LABEL is exact; the readable ones may be cut short."""
-    return check_gce_labels("resource_labels", {
-        GCE_MANAGED_LABEL: "true",
-        GCE_DAG_LABEL: gce_label_value(identity.dag_id),
-        GCE_RUN_LABEL: gce_label_value(identity.run_id),
-        GCE_TASK_LABEL: gce_label_value(identity.task_id),
-        OWNER_KEY_LABEL: identity.key,
-        EXPIRES_LABEL: str(int(expires_at)),
-    })
+    return check_gce_labels(
+        "resource_labels",
+        {
+            GCE_MANAGED_LABEL: "true",
+            GCE_DAG_LABEL: gce_label_value(identity.dag_id),
+            GCE_RUN_LABEL: gce_label_value(identity.run_id),
+            GCE_TASK_LABEL: gce_label_value(identity.task_id),
+            OWNER_KEY_LABEL: identity.key,
+            EXPIRES_LABEL: str(int(expires_at)),
+        },
+    )

@@ -31,7 +31,11 @@ def get_provider_info() -> dict[str, Any]:
         "name": "tpuflow",
         "description": "Train and serve models with Ray on Cloud TPU slices (GKE + KubeRay), or an embedded local Ray.",
         "connection-types": [
-            {"connection-type": "ray", "hook-class-name": "tpuflow.rayjob.hooks.RayJobHook", "hook-name": "Ray cluster (dashboard)"}
+            {
+                "connection-type": "ray",
+                "hook-class-name": "tpuflow.rayjob.hooks.RayJobHook",
+                "hook-name": "Ray cluster (dashboard)",
+            }
         ],
         "extra-links": list(EXTRA_LINKS),
     }

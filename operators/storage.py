@@ -38,7 +38,9 @@ def split_gs_uri(uri: str, field: str = "uri") -> tuple[str, str]:
         raise UserInputError(field, uri, "give gs://BUCKET/PREFIX")
     bucket, _, name = uri[len("gs://") :].partition("/")
     if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise UserInputError(field, uri, f"{bucket!r} is not a bucket name (3-63 of a-z 0-9 - _ .); give gs://BUCKET/PREFIX")
+        raise UserInputError(
+            field, uri, f"{bucket!r} is not a bucket name (3-63 of a-z 0-9 - _ .); give gs://BUCKET/PREFIX"
+        )
     return bucket, name.strip("/")
 
 
@@ -120,18 +122,26 @@ def check_writable(uri: str, field: str = "output_root", gcp_conn_id: str = "goo
         blob.upload_from_string(b"", if_generation_match=0, retry=_retry())
         blob.delete(retry=_retry())
     except NotFound:
-        raise UserInputError(field, uri, f"bucket {bucket!r} does not exist ({where}); create it, or give a bucket "
-                                         f"where the run's credentials have {WRITER_ROLE}") from None
+        raise UserInputError(
+            field,
+            uri,
+            f"bucket {bucket!r} does not exist ({where}); create it, or give a bucket "
+            f"where the run's credentials have {WRITER_ROLE}",
+        ) from None
     except (Forbidden, Unauthorized) as err:
-        raise UserInputError(field, uri, f"the credentials ({where}) cannot write to bucket {bucket!r} "
-                                         f"(HTTP {err.code}); grant them {WRITER_ROLE} on gs://{bucket}") from None
+        raise UserInputError(
+            field,
+            uri,
+            f"the credentials ({where}) cannot write to bucket {bucket!r} "
+            f"(HTTP {err.code}); grant them {WRITER_ROLE} on gs://{bucket}",
+        ) from None
 
 
 def browse_url(uri: str) -> str:
     """Where a person opens a file: the Cloud console for gs://; for a local file under the output
     root, the tpuflow plugin's outputs page in the Airflow UI (which hides file:// links)."""
     if uri.startswith("gs://"):
-        return f"https://console.cloud.google.com/storage/browser/_details/{uri[len('gs://'):]}"
+        return f"https://console.cloud.google.com/storage/browser/_details/{uri[len('gs://') :]}"
     from tpuflow.output_links import outputs_url
 
     return outputs_url(str(Path(uri).resolve()))

@@ -28,3 +28,10 @@ def is_static(value: Any) -> bool:
 def is_templated(*values: Any) -> bool:
     """True when any of the values is rendered only at run time."""
     return not all(is_static(v) for v in values)
+
+
+def is_true(value: Any) -> bool:
+    """A rendered flag: True, or a string such as "true" / "1" / "yes" (Jinja renders booleans as text)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)

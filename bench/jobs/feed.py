@@ -48,6 +48,8 @@ ray.init(logging_level="WARNING")
 ds = ray.data.read_parquet(path, columns=["tokens"])
 ray_data, pre = [], []
 while len(ray_data) < steps:  # epochs until enough steps, alternating so load drifts hit both sides
-    ray_data += timed(ds.iter_jax_batches(batch_size=bsz, drop_last=True, collate_fn=tokens_collate(), prefetch_batches=4))
+    ray_data += timed(
+        ds.iter_jax_batches(batch_size=bsz, drop_last=True, collate_fn=tokens_collate(), prefetch_batches=4)
+    )
     pre += timed(preloaded)
 print("TPUFLOW_RESULT " + json.dumps({"preloaded_ms": pre[:steps], "ray_data_ms": ray_data[:steps]}), flush=True)

@@ -1,6 +1,6 @@
 """A Ray job with a big driver log: MB megabytes at once, then a short line every 0.2 s for SECONDS.
 
-    python loud.py MB SECONDS
+python loud.py MB SECONDS
 """
 
 import sys
@@ -18,4 +18,4 @@ while time.time() < end:
     print(f"tick {i}", flush=True)
     i += 1
     time.sleep(0.2)
-print('TPUFLOW_RESULT {"ticks": ' + str(i) + '}', flush=True)
+print('TPUFLOW_RESULT {"ticks": ' + str(i) + "}", flush=True)

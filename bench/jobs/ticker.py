@@ -1,6 +1,6 @@
 """A Ray job that prints a progress line every DELAY seconds for SECONDS (the triggerer-lag load).
 
-    python ticker.py SECONDS DELAY
+python ticker.py SECONDS DELAY
 """
 
 import sys
@@ -13,4 +13,4 @@ while time.time() < end:
     print(f"step {i} " + "." * 80, flush=True)
     i += 1
     time.sleep(delay)
-print('TPUFLOW_RESULT {"steps": ' + str(i) + '}', flush=True)
+print('TPUFLOW_RESULT {"steps": ' + str(i) + "}", flush=True)

@@ -27,8 +27,12 @@ def _up(args: argparse.Namespace) -> int:
     print(f"Starting a local Airflow in {work} (fresh AIRFLOW_HOME, LocalExecutor, 127.0.0.1 only)...", file=sys.stderr)
     try:
         services = AirflowServices.start(
-            work, port=args.port, parallelism=args.parallelism, use_schedule=not args.no_schedule,
-            unpause=args.unpause, database_url=args.database_url,
+            work,
+            port=args.port,
+            parallelism=args.parallelism,
+            use_schedule=not args.no_schedule,
+            unpause=args.unpause,
+            database_url=args.database_url,
         )
     except AirflowServicesError as err:
         print(f"tpuflow airflow up: {err}", file=sys.stderr)
@@ -43,7 +47,7 @@ def _up(args: argparse.Namespace) -> int:
     print(f"outputs:      {services.output_root}")
     print(f"logs:         {work / 'logs'} (services), {services.home / 'logs'} (tasks)")
     where = "" if work == DEFAULT_WORK_DIR else f" --work-dir {work}"
-    print(f"CLI:          eval \"$(tpuflow airflow env{where})\"; airflow dags list")
+    print(f'CLI:          eval "$(tpuflow airflow env{where})"; airflow dags list')
     print(f"stop:         tpuflow airflow down{where}")
     if not args.unpause:
         print("DAGs start paused: unpause one in the UI to let its schedule run; a manual trigger runs it once.")
@@ -62,7 +66,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"local Airflow in {services.work_dir}: stopped")
         return 1
     down = [s for s in services.pids if s not in alive]
-    print(f"local Airflow at {services.url}: running {', '.join(alive)}" + (f"; DEAD: {', '.join(down)}" if down else ""))
+    print(
+        f"local Airflow at {services.url}: running {', '.join(alive)}" + (f"; DEAD: {', '.join(down)}" if down else "")
+    )
     print(f"login: {ADMIN_USER} / {services.password}")
     return 0 if not down else 1
 
@@ -74,7 +80,9 @@ def _down(args: argparse.Namespace) -> int:
         return 0
     stopped = services.stop()
     print(f"stopped {', '.join(stopped) or 'nothing (already gone)'} (process groups of {services.work_dir})")
-    print("Local Ray clusters a run kept (keep_endpoint) are not touched: `tpuflow local status` / `tpuflow local down`.")
+    print(
+        "Local Ray clusters a run kept (keep_endpoint) are not touched: `tpuflow local status` / `tpuflow local down`."
+    )
     return 0
 
 
@@ -88,17 +96,25 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("airflow", help="run a real local Airflow (scheduler, triggerer, UI) with the project's DAGs")
+    parser = sub.add_parser(
+        "airflow", help="run a real local Airflow (scheduler, triggerer, UI) with the project's DAGs"
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--work-dir", default=None, help="AIRFLOW_HOME, logs, outputs (default .tpuflow/airflow-services)")
+        p.add_argument(
+            "--work-dir", default=None, help="AIRFLOW_HOME, logs, outputs (default .tpuflow/airflow-services)"
+        )
 
     up = verbs.add_parser("up", help="start api-server, scheduler, dag-processor and triggerer (a fresh AIRFLOW_HOME)")
     common(up)
     up.add_argument("--port", type=int, default=None, help="API server / UI port on 127.0.0.1 (default: a free one)")
-    up.add_argument("--parallelism", type=int, default=4, help="task slots of the LocalExecutor (default 4 for 2 cores)")
-    up.add_argument("--no-schedule", action="store_true", help="scheduler ignores schedules: only manual runs and backfills")
+    up.add_argument(
+        "--parallelism", type=int, default=4, help="task slots of the LocalExecutor (default 4 for 2 cores)"
+    )
+    up.add_argument(
+        "--no-schedule", action="store_true", help="scheduler ignores schedules: only manual runs and backfills"
+    )
     up.add_argument("--unpause", action="store_true", help="DAGs start unpaused (scheduled runs begin at once)")
     up.add_argument("--database-url", default=None, help="SQLAlchemy URL of an existing PostgreSQL (default SQLite)")
     up.set_defaults(func=_up)

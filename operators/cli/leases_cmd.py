@@ -35,7 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--lease-root", default=None, help="folder or gs://bucket/prefix (default $TPUFLOW_SLICE_LEASES, else $TPUFLOW_HOME/slice-leases)")
+        p.add_argument(
+            "--lease-root",
+            default=None,
+            help="folder or gs://bucket/prefix (default $TPUFLOW_SLICE_LEASES, else $TPUFLOW_HOME/slice-leases)",
+        )
         p.add_argument("--gcp-conn-id", default="google_cloud_default", help="Airflow connection for a gs:// root")
 
     listing = verbs.add_parser("list", help="who holds which lease")

@@ -30,7 +30,9 @@ def _clusters(args: argparse.Namespace) -> list:
         if (base / name / STATE_FILE).exists():
             found.append(LocalRayCluster.load(base / name))
         elif getattr(args, "name", None):
-            raise UserInputError("name", name, f"no local cluster of that name under {base}; see `tpuflow local status`")
+            raise UserInputError(
+                "name", name, f"no local cluster of that name under {base}; see `tpuflow local status`"
+            )
     return found
 
 
@@ -41,8 +43,10 @@ def _up(args: argparse.Namespace) -> int:
     print(f"Starting {args.name}: {tpu.summary()}", file=sys.stderr)
     cluster = LocalRayCluster.start(tpu, args.name, _base_dir(args))
     print(json.dumps(cluster.connection_info(), indent=2))
-    print(f"Use it from a shell: eval \"$(tpuflow local env --name {args.name})\"; stop it: tpuflow local down --name {args.name}",
-          file=sys.stderr)
+    print(
+        f'Use it from a shell: eval "$(tpuflow local env --name {args.name})"; stop it: tpuflow local down --name {args.name}',
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -78,12 +82,15 @@ def _preempt(args: argparse.Namespace) -> int:
     (cluster,) = _clusters(args)
     if args.no_restart:
         pid = cluster.kill_host(args.slice, args.host)
-        print(f"killed simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
-              "it stays down")
+        print(
+            f"killed simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); it stays down"
+        )
         return 0
     pid = cluster.preempt_host(args.slice, args.host, restart_after=args.restart_after)
-    print(f"preempted simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
-          f"a replacement joined after {args.restart_after:.0f}s")
+    print(
+        f"preempted simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
+        f"a replacement joined after {args.restart_after:.0f}s"
+    )
     return 0
 
 
@@ -91,14 +98,18 @@ def _gcs_up(args: argparse.Namespace) -> int:
     from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
 
     try:
-        emulator = GcsEmulator.start(port=args.port, buckets=args.bucket or (),
-                                     state_dir=Path(args.state_dir) if args.state_dir else None)
+        emulator = GcsEmulator.start(
+            port=args.port, buckets=args.bucket or (), state_dir=Path(args.state_dir) if args.state_dir else None
+        )
     except GcsEmulatorError as err:
         print(f"tpuflow: error: {err}", file=sys.stderr)
         return 1
     buckets = f"; buckets {', '.join(args.bucket)}" if args.bucket else ""
-    print(f"GCS emulator (fake-gcs-server) at {emulator.url}, pid {emulator.pid}{buckets}; "
-          "stop it: tpuflow local gcs down", file=sys.stderr)
+    print(
+        f"GCS emulator (fake-gcs-server) at {emulator.url}, pid {emulator.pid}{buckets}; "
+        "stop it: tpuflow local gcs down",
+        file=sys.stderr,
+    )
     print(f"export STORAGE_EMULATOR_HOST={emulator.url}")
     return 0
 
@@ -111,8 +122,11 @@ def _gcs_down(args: argparse.Namespace) -> int:
         print("no GCS emulator recorded; nothing to stop")
         return 0
     ran = emulator.stop()
-    print(f"stopped the GCS emulator at {emulator.url} (pid {emulator.pid})" if ran
-          else f"the GCS emulator at {emulator.url} (pid {emulator.pid}) was not running; state removed")
+    print(
+        f"stopped the GCS emulator at {emulator.url} (pid {emulator.pid})"
+        if ran
+        else f"the GCS emulator at {emulator.url} (pid {emulator.pid}) was not running; state removed"
+    )
     return 0
 
 
@@ -135,7 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     def common(p: argparse.ArgumentParser, name_default: str | None) -> None:
-        p.add_argument("--name", default=name_default, help="cluster name" + (" (default: all)" if not name_default else ""))
+        p.add_argument(
+            "--name", default=name_default, help="cluster name" + (" (default: all)" if not name_default else "")
+        )
         p.add_argument("--base-dir", default=None, help="where cluster state lives (default $TPUFLOW_HOME/clusters)")
 
     commands = {

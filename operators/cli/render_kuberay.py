@@ -109,15 +109,22 @@ def _load_serve_config(args: argparse.Namespace) -> dict[str, Any]:
         return data
     if not args.import_path:
         raise UserInputError("--import-path", None, "give --import-path module:app or --serve-config FILE")
-    return {"applications": [{"name": args.app_name, "import_path": args.import_path,
-                              "route_prefix": args.route_prefix}]}
+    return {
+        "applications": [{"name": args.app_name, "import_path": args.import_path, "route_prefix": args.route_prefix}]
+    }
 
 
 def _rayservice(args: argparse.Namespace) -> int:
     template = _template(args)
     name, labels = _identity(args, template)
-    manifest = rayservice_manifest(template, _load_serve_config(args), name=name, namespace=args.namespace,
-                                   labels=labels, upgrade_strategy=args.upgrade_strategy)
+    manifest = rayservice_manifest(
+        template,
+        _load_serve_config(args),
+        name=name,
+        namespace=args.namespace,
+        labels=labels,
+        upgrade_strategy=args.upgrade_strategy,
+    )
     _print(manifest, args.json)
     return 0
 

@@ -56,7 +56,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(renderers: argparse._SubParsersAction) -> None:
     parser = renderers.add_parser(
-        "nodepool", help="the GKE node pool request body for a TPU slice", description=__doc__,
+        "nodepool",
+        help="the GKE node pool request body for a TPU slice",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--project", required=True, help="Google Cloud project ID")

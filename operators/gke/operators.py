@@ -361,7 +361,9 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         if self.on_kill_action == "keep":
             self.log.warning(
                 "Task killed; on_kill_action='keep' leaves node pool(s) %s running (and billed): delete them with "
-                "`gcloud container node-pools delete NAME %s`", ", ".join(owned["node_pool_names"]), where,
+                "`gcloud container node-pools delete NAME %s`",
+                ", ".join(owned["node_pool_names"]),
+                where,
             )
             return
         from tpuflow.gke.provisioning import kill_owned_pools
@@ -369,7 +371,10 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         for name in kill_owned_pools(hook, owned):
             self.log.error(
                 "Task killed while GKE is still creating node pool %s, which cannot be deleted before that ends: "
-                "delete it with `gcloud container node-pools delete %s %s`", name, name, where,
+                "delete it with `gcloud container node-pools delete %s %s`",
+                name,
+                name,
+                where,
             )
 
     def execute(self, context: Context) -> Any:

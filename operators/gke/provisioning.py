@@ -220,7 +220,9 @@ class NodePoolProvisioner(_Loop):
             progress.choice += 1
             log.warning(
                 "No %s capacity (%s); falling back to %s",
-                self.plan.capacities[choice], failure.message, self.plan.capacities[progress.choice],
+                self.plan.capacities[choice],
+                failure.message,
+                self.plan.capacities[progress.choice],
             )
             return
         progress.last_choice_stockouts += 1
@@ -346,13 +348,15 @@ class NodePoolRemover(_Loop):
             outcome = self._delete(progress, name)
             if outcome is not None:
                 return outcome
-        return Done({
-            "project_id": self.project_id,
-            "location": self.hook.location,
-            "cluster_name": self.cluster_name,
-            "deleted": [n for n in self.names if n in progress.deleted],
-            "absent": [n for n in self.names if n not in progress.deleted],
-        })
+        return Done(
+            {
+                "project_id": self.project_id,
+                "location": self.hook.location,
+                "cluster_name": self.cluster_name,
+                "deleted": [n for n in self.names if n in progress.deleted],
+                "absent": [n for n in self.names if n not in progress.deleted],
+            }
+        )
 
 
 def run_to_completion(loop: _Loop, progress: Progress) -> dict[str, Any]:
@@ -407,6 +411,11 @@ def kill_owned_pools(hook: GKENodePoolHook, owned: dict[str, Any]) -> list[str]:
                 log.error(
                     "Task killed, but node pool %s could not be deleted (%s): delete it with `gcloud container "
                     "node-pools delete %s --cluster=%s --location=%s --project=%s`",
-                    name, failure, name, cluster_name, hook.location, project_id,
+                    name,
+                    failure,
+                    name,
+                    cluster_name,
+                    hook.location,
+                    project_id,
                 )
     return waiting

@@ -54,8 +54,13 @@ async def _delete_when_possible(owned: dict[str, Any], log: Any) -> None:
         while names:
             names = await asyncio.to_thread(kill_owned_pools, sync_hook, {**owned, "node_pool_names": names})
             if names and time.monotonic() > give_up:
-                log.error("Task killed, but GKE is still busy with node pool(s) %s after %.0f s; delete them by "
-                          "hand (label tpuflow-key=%s)", names, _KILL_PATIENCE_S, owned.get("owner_key"))
+                log.error(
+                    "Task killed, but GKE is still busy with node pool(s) %s after %.0f s; delete them by "
+                    "hand (label tpuflow-key=%s)",
+                    names,
+                    _KILL_PATIENCE_S,
+                    owned.get("owner_key"),
+                )
                 return
             if names:
                 log.info("Task killed: GKE is still creating node pool(s) %s; deleting once that ends", names)
@@ -75,8 +80,11 @@ async def delete_owned_node_pools(owned: dict[str, Any], log: Any) -> None:
     try:
         await asyncio.wait_for(asyncio.shield(task), timeout=budget)
     except TimeoutError:
-        log.warning("Node pool(s) %s are still being created; they are deleted when GKE allows it, from this "
-                    "triggerer's event loop", owned.get("node_pool_names"))
+        log.warning(
+            "Node pool(s) %s are still being created; they are deleted when GKE allows it, from this "
+            "triggerer's event loop",
+            owned.get("node_pool_names"),
+        )
 
 
 class _NodePoolWaitTrigger(TpuflowTrigger):
@@ -100,8 +108,14 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
     """
 
     serialize_fields = (
-        "operation_name", "project_id", "location", "gcp_conn_id", "impersonation_chain", "poll_interval",
-        "resume", "delete_on_kill",
+        "operation_name",
+        "project_id",
+        "location",
+        "gcp_conn_id",
+        "impersonation_chain",
+        "poll_interval",
+        "resume",
+        "delete_on_kill",
     )
 
     def __init__(

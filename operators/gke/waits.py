@@ -28,8 +28,12 @@ async def wait_for_operation(
                 return make_event("success", f"GKE operation {name} is done", operation_name=operation.name)
             if operation.status not in ACTIVE_OPERATION:
                 # e.g. ABORTING: this operation will not finish; a retry of the task looks at the pools again
-                return make_event("failed", f"GKE operation {name} is {operation.status.name}", retryable=True,
-                                  operation_name=operation.name)
+                return make_event(
+                    "failed",
+                    f"GKE operation {name} is {operation.status.name}",
+                    retryable=True,
+                    operation_name=operation.name,
+                )
             log.debug("GKE operation %s is %s; next look in %.1f s", name, operation.status.name, poll_interval)
             await asyncio.sleep(poll_interval)
     except Exception as err:

@@ -45,7 +45,7 @@ def resolve_mode(mode: str, in_cluster: bool) -> str:
 def _declared_ports(cluster: Mapping[str, Any]) -> dict[str, str]:
     from tpuflow.kuberay.manifests import HEAD_PORTS
 
-    head = ((((cluster.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {})
+    head = (((cluster.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
     containers = head.get("containers") or [{}]
     ports = {str(p["name"]): str(p["containerPort"]) for p in containers[0].get("ports") or [] if p.get("name")}
     return ports or {k: str(v) for k, v in HEAD_PORTS.items()}
@@ -83,14 +83,18 @@ def _urls(host: str, ports: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def cluster_payload(cluster: Mapping[str, Any], head_service: Mapping[str, Any] | None, *, mode: str,
-                    in_cluster: bool) -> dict[str, Any]:
+def cluster_payload(
+    cluster: Mapping[str, Any], head_service: Mapping[str, Any] | None, *, mode: str, in_cluster: bool
+) -> dict[str, Any]:
     """The XCom value of a ready RayCluster."""
     meta, status = cluster.get("metadata") or {}, cluster.get("status") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "default")
     svc_name = ((status.get("head") or {}).get("serviceName")) or f"{name}-head-svc"
-    service_ports = {str(p.get("name")): str(p.get("port")) for p in ((head_service or {}).get("spec") or {}).get(
-        "ports") or [] if p.get("name")}
+    service_ports = {
+        str(p.get("name")): str(p.get("port"))
+        for p in ((head_service or {}).get("spec") or {}).get("ports") or []
+        if p.get("name")
+    }
     ports = {k: str(v) for k, v in (status.get("endpoints") or service_ports or _declared_ports(cluster)).items()}
     resolved = resolve_mode(mode, in_cluster)
     dns = _urls(f"{svc_name}.{namespace}.svc.cluster.local", ports)
@@ -116,8 +120,14 @@ def cluster_payload(cluster: Mapping[str, Any], head_service: Mapping[str, Any] 
     }
 
 
-def service_payload(service: Mapping[str, Any], cluster_payload_: Mapping[str, Any],
-                    serve_service: Mapping[str, Any] | None, *, mode: str, in_cluster: bool) -> dict[str, Any]:
+def service_payload(
+    service: Mapping[str, Any],
+    cluster_payload_: Mapping[str, Any],
+    serve_service: Mapping[str, Any] | None,
+    *,
+    mode: str,
+    in_cluster: bool,
+) -> dict[str, Any]:
     """The XCom value of a ready RayService: its Serve URL plus its active cluster's addresses."""
     from tpuflow.kuberay.manifests import HEAD_PORTS
 

@@ -29,8 +29,10 @@ def pod_problems(pods: Iterable[Mapping[str, Any]]) -> list[str]:
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
                 reasons.append(cond["reason"])
-        out.append(f"pod {name} is {phase}{'' if phase != 'Running' else ' but not ready'}"
-                   + (f" ({'; '.join(dict.fromkeys(reasons))})" if reasons else ""))
+        out.append(
+            f"pod {name} is {phase}{'' if phase != 'Running' else ' but not ready'}"
+            + (f" ({'; '.join(dict.fromkeys(reasons))})" if reasons else "")
+        )
     return out
 
 
@@ -47,13 +49,21 @@ def warning_events(events: Iterable[Mapping[str, Any]], limit: int = 8) -> list[
     return lines[-limit:]
 
 
-def render(headline: str, pods: Iterable[Mapping[str, Any]] = (), events: Iterable[Mapping[str, Any]] = (),
-           head_log: Iterable[str] = (), head_pod: str | None = None) -> str:
+def render(
+    headline: str,
+    pods: Iterable[Mapping[str, Any]] = (),
+    events: Iterable[Mapping[str, Any]] = (),
+    head_log: Iterable[str] = (),
+    head_pod: str | None = None,
+) -> str:
     parts = [headline]
     problems = pod_problems(pods)
     if problems:
-        parts.append("Pods:\n  " + "\n  ".join(problems[:10]) + (f"\n  ... {len(problems) - 10} more"
-                                                                 if len(problems) > 10 else ""))
+        parts.append(
+            "Pods:\n  "
+            + "\n  ".join(problems[:10])
+            + (f"\n  ... {len(problems) - 10} more" if len(problems) > 10 else "")
+        )
     warnings = warning_events(events)
     if warnings:
         parts.append("Warning events:\n  " + "\n  ".join(warnings))

@@ -82,13 +82,18 @@ class KubeTarget:
 
     def gke_hook_kwargs(self) -> dict[str, Any]:
         """The arguments the google provider's GKE Kubernetes hooks take."""
-        return {"cluster_url": self.cluster_url or "", "ssl_ca_cert": self.ssl_ca_cert or "",
-                "gcp_conn_id": self.gcp_conn_id, "impersonation_chain": self.impersonation_chain,
-                "use_dns_endpoint": self.use_dns_endpoint}
+        return {
+            "cluster_url": self.cluster_url or "",
+            "ssl_ca_cert": self.ssl_ca_cert or "",
+            "gcp_conn_id": self.gcp_conn_id,
+            "impersonation_chain": self.impersonation_chain,
+            "use_dns_endpoint": self.use_dns_endpoint,
+        }
 
 
-def resolve_gke_target(gke_cluster: Mapping[str, Any], gcp_conn_id: str,
-                       impersonation_chain: str | Sequence[str] | None) -> KubeTarget:
+def resolve_gke_target(
+    gke_cluster: Mapping[str, Any], gcp_conn_id: str, impersonation_chain: str | Sequence[str] | None
+) -> KubeTarget:
     """Endpoint and CA certificate of a GKE cluster, as the google provider's GKE operators fetch them."""
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
     from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
@@ -97,12 +102,20 @@ def resolve_gke_target(gke_cluster: Mapping[str, Any], gcp_conn_id: str,
     cluster_hook = GKEHook(gcp_conn_id=gcp_conn_id, location=gke_cluster["location"], impersonation_chain=chain)
     use_dns = bool(gke_cluster.get("use_dns_endpoint", False))
     url, ca = GKEClusterAuthDetails(
-        cluster_name=gke_cluster["cluster_name"], project_id=gke_cluster["project_id"],
-        use_internal_ip=bool(gke_cluster.get("use_internal_ip", False)), use_dns_endpoint=use_dns,
+        cluster_name=gke_cluster["cluster_name"],
+        project_id=gke_cluster["project_id"],
+        use_internal_ip=bool(gke_cluster.get("use_internal_ip", False)),
+        use_dns_endpoint=use_dns,
         cluster_hook=cluster_hook,
     ).fetch_cluster_info()
-    return KubeTarget(kubernetes_conn_id=None, cluster_url=url, ssl_ca_cert=ca, gcp_conn_id=gcp_conn_id,
-                      impersonation_chain=chain, use_dns_endpoint=use_dns)
+    return KubeTarget(
+        kubernetes_conn_id=None,
+        cluster_url=url,
+        ssl_ca_cert=ca,
+        gcp_conn_id=gcp_conn_id,
+        impersonation_chain=chain,
+        use_dns_endpoint=use_dns,
+    )
 
 
 # --- what both hooks do with the answers ------------------------------------------------------------------
@@ -187,13 +200,17 @@ class KubeRayHook(KubernetesHook):
 
     def patch(self, plural: str, name: str, patch: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         """A merge patch (the provider has no custom-object patch: its client's, without retry)."""
-        return dict(self.custom_object_client.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
-                                                                             dict(patch)))
+        return dict(
+            self.custom_object_client.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name, dict(patch)
+            )
+        )
 
     def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
-        answer = _unless_missing(lambda: self.delete_custom_object(GROUP, VERSION, plural, name, namespace,
-                                                                   **_BACKGROUND), _DELETED)
+        answer = _unless_missing(
+            lambda: self.delete_custom_object(GROUP, VERSION, plural, name, namespace, **_BACKGROUND), _DELETED
+        )
         return answer is not _DELETED
 
     # --- core objects, as plain JSON ---
@@ -215,7 +232,9 @@ class KubeRayHook(KubernetesHook):
         if lines <= 0:
             return []
         try:
-            return _log_lines(self.core_v1_client.read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container)))
+            return _log_lines(
+                self.core_v1_client.read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container))
+            )
         except ApiException as exc:
             return _no_log(exc)
 
@@ -254,16 +273,18 @@ class AsyncKubeRayHook(AsyncKubernetesHook):
     @generic_api_retry
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
         async with self.get_conn() as api:
-            read = async_client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
-                                                                                   name)
+            read = async_client.CustomObjectsApi(api).get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name
+            )
             return _as_dict(await _await_unless_missing(read, None))
 
     @generic_api_retry
     async def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
         async with self.get_conn() as api:
-            request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace,
-                                                                                         plural, name, **_BACKGROUND)
+            request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name, **_BACKGROUND
+            )
             return await _await_unless_missing(request, _DELETED) is not _DELETED
 
     @generic_api_retry
@@ -282,7 +303,9 @@ class AsyncKubeRayHook(AsyncKubernetesHook):
         if lines <= 0:
             return []
         async with self.get_conn() as api:
-            reading = async_client.CoreV1Api(api).read_namespaced_pod_log(pod, namespace, **_log_kwargs(lines, container))
+            reading = async_client.CoreV1Api(api).read_namespaced_pod_log(
+                pod, namespace, **_log_kwargs(lines, container)
+            )
             try:
                 return _log_lines(await reading)
             except async_client.ApiException as exc:

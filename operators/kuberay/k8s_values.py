@@ -37,7 +37,9 @@ MAX_NAME_LENGTH = 40
 def check_name(field: str, name: object, *, max_len: int = MAX_NAME_LENGTH) -> str:
     if not isinstance(name, str) or not _DNS1035.match(name) or len(name) > max_len:
         raise UserInputError(
-            field, name, f"use at most {max_len} lowercase letters, digits and '-', starting with a letter and "
+            field,
+            name,
+            f"use at most {max_len} lowercase letters, digits and '-', starting with a letter and "
             "ending with a letter or digit (an RFC 1035 label)",
         )
     return name
@@ -49,7 +51,9 @@ def check_namespace(namespace: object) -> str:
     return namespace
 
 
-def check_quantities(field: str, resources: Mapping[str, str] | None, *, forbidden: tuple[str, ...] = ()) -> dict[str, str]:
+def check_quantities(
+    field: str, resources: Mapping[str, str] | None, *, forbidden: tuple[str, ...] = ()
+) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in (resources or {}).items():
         if key in forbidden:
@@ -65,8 +69,11 @@ def check_env(field: str, env: Mapping[str, str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in (env or {}).items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise UserInputError(f"{field}[{key!r}]", key, "environment variable names are letters, digits and "
-                                 "'_', not starting with a digit")
+            raise UserInputError(
+                f"{field}[{key!r}]",
+                key,
+                "environment variable names are letters, digits and '_', not starting with a digit",
+            )
         if not isinstance(value, str):
             raise UserInputError(f"{field}[{key!r}]", value, "environment values must be strings; quote numbers")
         out[key] = value

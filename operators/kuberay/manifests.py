@@ -76,15 +76,21 @@ class RayClusterTemplate:
             raise UserInputError("tpu", self.tpu, "give a TpuSlice (TpuSlice.from_spec(accelerator, topology))")
         self.tpu.require(gke=True, ray=True)
         if not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image):
-            raise UserInputError("image", self.image, "give a container image with Ray "
-                                 f"{self.ray_version}, e.g. rayproject/ray:{self.ray_version}-py311")
+            raise UserInputError(
+                "image",
+                self.image,
+                f"give a container image with Ray {self.ray_version}, e.g. rayproject/ray:{self.ray_version}-py311",
+            )
         if not isinstance(self.ray_version, str) or not _RAY_VERSION_RE.match(self.ray_version):
             raise UserInputError("ray_version", self.ray_version, "write the Ray version as X.Y.Z, e.g. 2.60.0")
         env = check_env("env", self.env)
         for key, value in self.tpu.ray_env.items():
             if key in env and env[key] != value:
-                raise UserInputError(f"env[{key!r}]", env[key], f"the {self.tpu.generation.name} slice needs "
-                                     f"{key}={value}; remove it from env")
+                raise UserInputError(
+                    f"env[{key!r}]",
+                    env[key],
+                    f"the {self.tpu.generation.name} slice needs {key}={value}; remove it from env",
+                )
         check_quantities("head_resources", self.head_resources, forbidden=(TPU_RESOURCE,))
         check_quantities("worker_resources", self.worker_resources, forbidden=(TPU_RESOURCE,))
         if self.shm_size is not None:
@@ -175,8 +181,15 @@ def _pod_metadata(labels: Mapping[str, str]) -> dict[str, Any]:
     return {"metadata": {"labels": dict(labels)}} if labels else {}
 
 
-def _metadata(kind_field: str, name: str, namespace: str, labels: Mapping[str, str] | None,
-              annotations: Mapping[str, str] | None, spec: Mapping[str, Any], tpu: TpuSlice) -> dict[str, Any]:
+def _metadata(
+    kind_field: str,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    spec: Mapping[str, Any],
+    tpu: TpuSlice,
+) -> dict[str, Any]:
     check_name(kind_field, name)
     check_namespace(namespace)
     meta_annotations = {str(k): str(v) for k, v in (annotations or {}).items()}
@@ -225,13 +238,18 @@ def rayservice_manifest(
     change rayClusterConfig and ask KubeRay for a new cluster.
     """
     if upgrade_strategy not in UPGRADE_STRATEGIES:
-        raise UserInputError("upgrade_strategy", upgrade_strategy, f"use one of {', '.join(UPGRADE_STRATEGIES)}; "
-                             "'None' updates in place and needs no second TPU slice")
+        raise UserInputError(
+            "upgrade_strategy",
+            upgrade_strategy,
+            f"use one of {', '.join(UPGRADE_STRATEGIES)}; 'None' updates in place and needs no second TPU slice",
+        )
     labels = check_labels("labels", labels)
     spec = {
         "serveConfigV2": serve_config_v2(serve_config),
         "upgradeStrategy": {"type": upgrade_strategy},
-        "rayClusterConfig": template.cluster_spec(labels if pod_labels is None else check_labels("pod_labels", pod_labels)),
+        "rayClusterConfig": template.cluster_spec(
+            labels if pod_labels is None else check_labels("pod_labels", pod_labels)
+        ),
     }
     return {
         "apiVersion": API_VERSION,

@@ -171,15 +171,30 @@ class KubeRayBaseOperator(BaseOperator):
             from tpuflow.kuberay.triggers import KubeRayDeletedTrigger
 
             self.defer(
-                trigger=KubeRayDeletedTrigger(kind=kind, name=name, namespace=namespace,
-                                              target=self.kube_target().to_dict(), deadline=deadline,
-                                              poll_interval=float(self.poll_interval)),
+                trigger=KubeRayDeletedTrigger(
+                    kind=kind,
+                    name=name,
+                    namespace=namespace,
+                    target=self.kube_target().to_dict(),
+                    deadline=deadline,
+                    poll_interval=float(self.poll_interval),
+                ),
                 method_name=method_name,
             )
         from tpuflow.kuberay.waits import SyncReader, wait_gone
 
-        return dict(asyncio.run(wait_gone(SyncReader(self.kube_hook()), kind=kind, name=name, namespace=namespace,
-                                          deadline=deadline, poll_interval=float(self.poll_interval))))
+        return dict(
+            asyncio.run(
+                wait_gone(
+                    SyncReader(self.kube_hook()),
+                    kind=kind,
+                    name=name,
+                    namespace=namespace,
+                    deadline=deadline,
+                    poll_interval=float(self.poll_interval),
+                )
+            )
+        )
 
     # --- links ---
     def persist_gke_links(self, context: Context, namespace: str, head_pod: str | None = None) -> None:
@@ -203,8 +218,15 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
     kind: ClassVar[str]
     plural: ClassVar[str]
 
-    def __init__(self, *, name: str | None = None, labels: Mapping[str, str] | None = None,
-                 annotations: Mapping[str, str] | None = None, address_mode: str = "auto", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        address_mode: str = "auto",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.name = name
         self.labels = labels
@@ -213,15 +235,15 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         self._owned: OwnedObject | None = None  # what on_kill deletes: set only while waiting in this worker
 
     def argument_checks(self) -> list[ArgumentCheck]:
-        return [*super().argument_checks(),
-                ((self.address_mode,), lambda: check_address_mode(self.address_mode))]
+        return [*super().argument_checks(), ((self.address_mode,), lambda: check_address_mode(self.address_mode))]
 
     # --- what a subclass defines ---
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
         raise NotImplementedError
 
-    def reconcile_existing(self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any],
-                           namespace: str) -> dict[str, Any]:
+    def reconcile_existing(
+        self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any], namespace: str
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
@@ -257,8 +279,9 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         verdict = (raycluster_verdict if self.kind == "RayCluster" else rayservice_verdict)(obj)
         if verdict.ready:
             return self.finish(context, name, namespace)
-        self.log.info("Waiting up to %.0fs for %s %s/%s: %s", self.wait_timeout, self.kind, namespace, name,
-                      verdict.reason)
+        self.log.info(
+            "Waiting up to %.0fs for %s %s/%s: %s", self.wait_timeout, self.kind, namespace, name, verdict.reason
+        )
         event = self.wait_ready(name, namespace, run_key=TaskIdentity.from_context(context).key)
         return self.execute_complete(context, event)
 
@@ -268,8 +291,10 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         if existing is None:
             return None
         if (existing.get("metadata") or {}).get("deletionTimestamp"):
-            raise AirflowException(f"{self.kind} {namespace}/{name} is being deleted (a teardown of an earlier "
-                                   "try?); retry once it is gone")
+            raise AirflowException(
+                f"{self.kind} {namespace}/{name} is being deleted (a teardown of an earlier "
+                "try?); retry once it is gone"
+            )
         return self.reconcile_existing(hook, existing, body, namespace)
 
     def wait_ready(self, name: str, namespace: str, *, run_key: str) -> dict[str, Any]:
@@ -284,20 +309,35 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
             from tpuflow.kuberay.triggers import KubeRayReadyTrigger
 
             self.defer(
-                trigger=KubeRayReadyTrigger(kind=self.kind, name=name, namespace=namespace,
-                                            target=self.kube_target().to_dict(), deadline=deadline,
-                                            poll_interval=float(self.poll_interval), log_lines=int(self.log_lines),
-                                            owner_run_key=owner),
+                trigger=KubeRayReadyTrigger(
+                    kind=self.kind,
+                    name=name,
+                    namespace=namespace,
+                    target=self.kube_target().to_dict(),
+                    deadline=deadline,
+                    poll_interval=float(self.poll_interval),
+                    log_lines=int(self.log_lines),
+                    owner_run_key=owner,
+                ),
                 method_name="execute_complete",
             )
         from tpuflow.kuberay.waits import SyncReader, wait_ready
 
         self._owned = OwnedObject(self.kind, name, namespace, owner) if owner else None
         try:
-            return dict(asyncio.run(wait_ready(SyncReader(self.kube_hook()), kind=self.kind, name=name,
-                                               namespace=namespace, deadline=deadline,
-                                               poll_interval=float(self.poll_interval),
-                                               log_lines=int(self.log_lines))))
+            return dict(
+                asyncio.run(
+                    wait_ready(
+                        SyncReader(self.kube_hook()),
+                        kind=self.kind,
+                        name=name,
+                        namespace=namespace,
+                        deadline=deadline,
+                        poll_interval=float(self.poll_interval),
+                        log_lines=int(self.log_lines),
+                    )
+                )
+            )
         finally:
             self._owned = None
 
@@ -356,8 +396,19 @@ class SliceArgumentsMixin:
 
     def slice_values(self) -> tuple[Any, ...]:
         """What the cluster shape is built from (the check runs at parse time only when all are static)."""
-        return (self.accelerator, self.topology, self.machine_type, self.num_slices, self.image, self.env,
-                self.ray_version, self.head_resources, self.worker_resources, self.service_account, self.shm_size)
+        return (
+            self.accelerator,
+            self.topology,
+            self.machine_type,
+            self.num_slices,
+            self.image,
+            self.env,
+            self.ray_version,
+            self.head_resources,
+            self.worker_resources,
+            self.service_account,
+            self.shm_size,
+        )
 
     def resolved_slice(self) -> TpuSlice:
         from tpuflow.tpu import TpuSlice
@@ -372,9 +423,11 @@ class SliceArgumentsMixin:
                 raise UserInputError("tpu", tpu, "give a TpuSlice or its to_dict()")
             return tpu
         if not self.accelerator or not self.topology:
-            raise UserInputError("topology" if self.accelerator else "accelerator",
-                                 self.topology if self.accelerator else self.accelerator,
-                                 "give the TPU slice: tpu=TpuSlice.from_spec(...) or accelerator= and topology=")
+            raise UserInputError(
+                "topology" if self.accelerator else "accelerator",
+                self.topology if self.accelerator else self.accelerator,
+                "give the TPU slice: tpu=TpuSlice.from_spec(...) or accelerator= and topology=",
+            )
         return TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
 
     def build_template(self) -> RayClusterTemplate:
@@ -384,9 +437,14 @@ class SliceArgumentsMixin:
         if self.head_resources is not None:
             kwargs["head_resources"] = dict(self.head_resources)
         return RayClusterTemplate(
-            tpu=self.resolved_slice(), image=self.image or "", ray_version=self.ray_version or DEFAULT_RAY_VERSION,
-            env=dict(self.env or {}), worker_resources=dict(self.worker_resources or {}),
-            service_account=self.service_account, shm_size=self.shm_size, **kwargs,
+            tpu=self.resolved_slice(),
+            image=self.image or "",
+            ray_version=self.ray_version or DEFAULT_RAY_VERSION,
+            env=dict(self.env or {}),
+            worker_resources=dict(self.worker_resources or {}),
+            service_account=self.service_account,
+            shm_size=self.shm_size,
+            **kwargs,
         ).validated()
 
 

@@ -27,7 +27,6 @@ from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import (
     DEFAULT_UPGRADE_STRATEGY,
-    LABEL_PREFIX,
     MANAGED_BY,
     RAYCLUSTERS,
     RAYSERVICES,
@@ -44,12 +43,13 @@ from tpuflow.kuberay.operator_base import (
     object_name,
     owner_labels,
 )
+from tpuflow.labels import CLUSTER_SPEC_HASH_ANNOTATION as CLUSTER_SPEC_HASH
+from tpuflow.labels import MANAGED_BY_VALUE
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from tpuflow.kuberay.hooks import KubeRayHook
 
-CLUSTER_SPEC_HASH = f"{LABEL_PREFIX}/cluster-spec-hash"
 ON_KILL_ACTIONS = ("delete", "keep")
 
 
@@ -74,8 +74,10 @@ def _rejection(err: Exception, kind: str, namespace: str, name: str, cluster_spe
     if WEBHOOK_DENIAL in message:
         for problem in tpu_group_problems(cluster_spec):
             text += f"\n  {problem.message}; set {problem.field}={problem.expected_hosts}"
-        text += ("\n  The GKE TPU webhook requires numOfHosts = chips(topology) / google.com/tpu per host; build the "
-                 "manifest from a TpuSlice (tpuflow render raycluster) instead of editing the shape by hand.")
+        text += (
+            "\n  The GKE TPU webhook requires numOfHosts = chips(topology) / google.com/tpu per host; build the "
+            "manifest from a TpuSlice (tpuflow render raycluster) instead of editing the shape by hand."
+        )
     return text
 
 
@@ -83,8 +85,9 @@ def _cluster_addresses(hook: KubeRayHook, cluster: Mapping[str, Any], namespace:
     from tpuflow.kuberay.addresses import cluster_payload
     from tpuflow.kuberay.status import head_service_name
 
-    return cluster_payload(cluster, hook.get_service(head_service_name(cluster), namespace), mode=mode,
-                           in_cluster=bool(hook.is_in_cluster))
+    return cluster_payload(
+        cluster, hook.get_service(head_service_name(cluster), namespace), mode=mode, in_cluster=bool(hook.is_in_cluster)
+    )
 
 
 class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
@@ -133,12 +136,21 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     kind, plural = "RayCluster", RAYCLUSTERS
     template_fields: Sequence[str] = (
-        *KubeRayBaseOperator.template_fields, "name", "image", "env", "labels", "accelerator", "topology",
-        "machine_type", "num_slices", "manifest",
+        *KubeRayBaseOperator.template_fields,
+        "name",
+        "image",
+        "env",
+        "labels",
+        "accelerator",
+        "topology",
+        "machine_type",
+        "num_slices",
+        "manifest",
     )
 
-    def __init__(self, *, manifest: Mapping[str, Any] | str | None = None, tpu_preflight: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, manifest: Mapping[str, Any] | str | None = None, tpu_preflight: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.manifest = manifest
         self.tpu_preflight = tpu_preflight
@@ -146,8 +158,10 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     # --- checks ---
     def argument_checks(self) -> list[ArgumentCheck]:
-        checks = [*super().argument_checks(),
-                  ((self.manifest, self.accelerator, self.topology, self.image), self._check_one_source)]
+        checks = [
+            *super().argument_checks(),
+            ((self.manifest, self.accelerator, self.topology, self.image), self._check_one_source),
+        ]
         if self.manifest is None:
             checks.append((self.slice_values(), self.build_template))  # bad slice/image/env names the field
         else:
@@ -190,7 +204,11 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         meta = dict(body.get("metadata") or {})
         meta.update(name=name, namespace=namespace)
         meta["labels"] = {**(meta.get("labels") or {}), **labels}
-        meta["annotations"] = {**(meta.get("annotations") or {}), **(self.annotations or {}), SPEC_HASH: spec_hash(spec)}
+        meta["annotations"] = {
+            **(meta.get("annotations") or {}),
+            **(self.annotations or {}),
+            SPEC_HASH: spec_hash(spec),
+        }
         return {**body, "metadata": meta, "spec": spec}
 
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
@@ -200,12 +218,18 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         if self.manifest is not None:
             manifest_name = (self._parsed_manifest().get("metadata") or {}).get("name")
             return self._manifest_from_user(object_name(context, self.name or manifest_name), namespace, labels)
-        return raycluster_manifest(self.build_template(), name=object_name(context, self.name), namespace=namespace,
-                                   labels=labels, annotations=self.annotations)
+        return raycluster_manifest(
+            self.build_template(),
+            name=object_name(context, self.name),
+            namespace=namespace,
+            labels=labels,
+            annotations=self.annotations,
+        )
 
     # --- the flow's steps ---
-    def reconcile_existing(self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any],
-                           namespace: str) -> dict[str, Any]:
+    def reconcile_existing(
+        self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any], namespace: str
+    ) -> dict[str, Any]:
         """Adopt the RayCluster an earlier try of this task instance created with the same spec."""
         meta = existing.get("metadata") or {}
         name = body["metadata"]["name"]
@@ -213,14 +237,17 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         theirs = (meta.get("labels") or {}).get(RUN_KEY_LABEL)
         if theirs != ours:
             owner = f"run-key {theirs}" if theirs else "something other than tpuflow"
-            raise AirflowFailException(f"RayCluster {namespace}/{name} already exists and belongs to {owner}; delete "
-                                       "it or choose another name")
+            raise AirflowFailException(
+                f"RayCluster {namespace}/{name} already exists and belongs to {owner}; delete it or choose another name"
+            )
         # Compare what was sent (the annotation), not the stored spec: the apiserver fills CRD defaults in.
         want, have = body["metadata"]["annotations"][SPEC_HASH], (meta.get("annotations") or {}).get(SPEC_HASH)
         if want != have:
-            raise AirflowFailException(f"RayCluster {namespace}/{name} exists with a different spec (spec-hash {have}, "
-                                       f"this task wants {want}): delete it (KubeRayDeleteClusterOperator) or use "
-                                       "another name")
+            raise AirflowFailException(
+                f"RayCluster {namespace}/{name} exists with a different spec (spec-hash {have}, "
+                f"this task wants {want}): delete it (KubeRayDeleteClusterOperator) or use "
+                "another name"
+            )
         self.log.info("Adopting RayCluster %s/%s created by an earlier try", namespace, name)
         return existing
 
@@ -293,12 +320,26 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     kind, plural = "RayService", RAYSERVICES
     template_fields: Sequence[str] = (
-        *KubeRayBaseOperator.template_fields, "name", "image", "env", "labels", "accelerator", "topology",
-        "machine_type", "num_slices", "serve_config",
+        *KubeRayBaseOperator.template_fields,
+        "name",
+        "image",
+        "env",
+        "labels",
+        "accelerator",
+        "topology",
+        "machine_type",
+        "num_slices",
+        "serve_config",
     )
 
-    def __init__(self, *, serve_config: Any, upgrade_strategy: str = DEFAULT_UPGRADE_STRATEGY,
-                 on_kill_action: str = "delete", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        serve_config: Any,
+        upgrade_strategy: str = DEFAULT_UPGRADE_STRATEGY,
+        on_kill_action: str = "delete",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.serve_config = serve_config
         self.upgrade_strategy = upgrade_strategy
@@ -327,9 +368,16 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
         from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
 
-        manifest = rayservice_manifest(self.build_template(), self._serve_config(), name=name, namespace=namespace,
-                                       labels=labels, annotations=self.annotations,
-                                       upgrade_strategy=self.upgrade_strategy, pod_labels=self.labels or {})
+        manifest = rayservice_manifest(
+            self.build_template(),
+            self._serve_config(),
+            name=name,
+            namespace=namespace,
+            labels=labels,
+            annotations=self.annotations,
+            upgrade_strategy=self.upgrade_strategy,
+            pod_labels=self.labels or {},
+        )
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
         return manifest
 
@@ -337,14 +385,16 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return self.build_manifest_for(object_name(context, self.name), namespace, owner_labels(context, self.labels))
 
     # --- the flow's steps ---
-    def reconcile_existing(self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any],
-                           namespace: str) -> dict[str, Any]:
+    def reconcile_existing(
+        self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any], namespace: str
+    ) -> dict[str, Any]:
         """Adopt a RayService with this spec, or update one tpuflow created (Serve config in place)."""
         name = body["metadata"]["name"]
         meta = existing.get("metadata") or {}
-        if (meta.get("labels") or {}).get(MANAGED_BY) != "tpuflow":
-            raise AirflowFailException(f"RayService {namespace}/{name} exists and was not created by tpuflow; delete "
-                                       "it or choose another name")
+        if (meta.get("labels") or {}).get(MANAGED_BY) != MANAGED_BY_VALUE:
+            raise AirflowFailException(
+                f"RayService {namespace}/{name} exists and was not created by tpuflow; delete it or choose another name"
+            )
         annotations = meta.get("annotations") or {}
         want = body["metadata"]["annotations"]
         # What was sent is recorded in annotations; the stored spec also carries the apiserver's CRD defaults.
@@ -357,15 +407,21 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
                 f"RayService {namespace}/{name} exists with a different Ray cluster (image, slice, env or resources). "
                 "With upgrade_strategy 'None' KubeRay does not replace the cluster, and replacing it needs a second "
                 "TPU slice: delete the RayService (KubeRayDeleteServiceOperator) and deploy again, or use "
-                "upgrade_strategy='NewCluster' with capacity for two slices")
+                "upgrade_strategy='NewCluster' with capacity for two slices"
+            )
         patch: dict[str, Any] = {
             "metadata": {"annotations": {SPEC_HASH: want[SPEC_HASH], CLUSTER_SPEC_HASH: want[CLUSTER_SPEC_HASH]}},
-            "spec": dict(body["spec"]) if cluster_changed else {
-                "serveConfigV2": body["spec"]["serveConfigV2"], "upgradeStrategy": body["spec"]["upgradeStrategy"]},
+            "spec": dict(body["spec"])
+            if cluster_changed
+            else {"serveConfigV2": body["spec"]["serveConfigV2"], "upgradeStrategy": body["spec"]["upgradeStrategy"]},
         }
         updated = hook.patch(RAYSERVICES, name, patch, namespace)
-        self.log.info("Updated RayService %s/%s (%s)", namespace, name,
-                      "new Ray cluster" if cluster_changed else "Serve config in place")
+        self.log.info(
+            "Updated RayService %s/%s (%s)",
+            namespace,
+            name,
+            "new Ray cluster" if cluster_changed else "Serve config in place",
+        )
         return updated
 
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
@@ -382,11 +438,18 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         cluster_name = service_cluster_name(service)
         cluster = hook.get(RAYCLUSTERS, cluster_name, namespace) if cluster_name else None
         cluster_info = _cluster_addresses(hook, cluster, namespace, self.address_mode) if cluster else {}
-        payload = service_payload(service, cluster_info, hook.get_service(f"{name}-serve-svc", namespace),
-                                  mode=self.address_mode, in_cluster=bool(hook.is_in_cluster))
+        payload = service_payload(
+            service,
+            cluster_info,
+            hook.get_service(f"{name}-serve-svc", namespace),
+            mode=self.address_mode,
+            in_cluster=bool(hook.is_in_cluster),
+        )
         RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, cluster_info.get("head_pod"))
-        self.log.info("RayService %s/%s ready: %s at %s", namespace, name, payload["applications"], payload["serve_url"])
+        self.log.info(
+            "RayService %s/%s ready: %s at %s", namespace, name, payload["applications"], payload["serve_url"]
+        )
         return payload
 
 
@@ -396,8 +459,16 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
     operator_extra_links = ()
     template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
 
-    def __init__(self, *, name: str | None = None, owner_task_id: str | None = None, wait: bool = True,
-                 wait_timeout: float = 600.0, poll_interval: float = 5.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        owner_task_id: str | None = None,
+        wait: bool = True,
+        wait_timeout: float = 600.0,
+        poll_interval: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(wait_timeout=wait_timeout, poll_interval=poll_interval, **kwargs)
         self.name = name
         self.owner_task_id = owner_task_id
@@ -430,8 +501,13 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         raise_for_event(event, f"deleting {self.kind} {event.get('namespace')}/{event.get('name')}")
-        return {"kind": self.kind, "name": event["name"], "namespace": event["namespace"], "existed": True,
-                "deleted": True}
+        return {
+            "kind": self.kind,
+            "name": event["name"],
+            "namespace": event["namespace"],
+            "existed": True,
+            "deleted": True,
+        }
 
 
 class KubeRayDeleteClusterOperator(_KubeRayDeleteOperator):

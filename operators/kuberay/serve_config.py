@@ -36,8 +36,11 @@ def serve_config_dict(serve_config: object) -> dict[str, Any]:
     config = copy.deepcopy(dict(raw))
     apps = config.get("applications")
     if not isinstance(apps, list) or not apps:
-        raise UserInputError("serve_config.applications", apps, "list at least one application "
-                             '({"name": ..., "import_path": "module:app", "route_prefix": "/..."})')
+        raise UserInputError(
+            "serve_config.applications",
+            apps,
+            'list at least one application ({"name": ..., "import_path": "module:app", "route_prefix": "/..."})',
+        )
     names: set[str] = set()
     routes: set[str] = set()
     for i, app in enumerate(apps):

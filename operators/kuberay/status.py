@@ -134,8 +134,11 @@ def _not_observed(obj: Mapping[str, Any], kind: str) -> Verdict | None:
     observed = (obj.get("status") or {}).get("observedGeneration")
     if generation is not None and observed is not None and int(observed) < int(generation):
         name = (obj.get("metadata") or {}).get("name", "?")
-        return Verdict(WAITING, f"{kind} {name}: KubeRay has not reconciled the latest spec yet (generation "
-                                f"{generation}, observed {observed})")
+        return Verdict(
+            WAITING,
+            f"{kind} {name}: KubeRay has not reconciled the latest spec yet (generation "
+            f"{generation}, observed {observed})",
+        )
     return None
 
 
@@ -145,7 +148,9 @@ def desired_workers(obj: Mapping[str, Any]) -> int:
     if status.get("desiredWorkerReplicas") is not None:
         return int(status["desiredWorkerReplicas"])
     groups = (obj.get("spec") or {}).get("workerGroupSpecs") or []
-    return sum(int(g.get("replicas", 0) or 0) * int(g.get("numOfHosts", 1) or 1) for g in groups if not g.get("suspend"))
+    return sum(
+        int(g.get("replicas", 0) or 0) * int(g.get("numOfHosts", 1) or 1) for g in groups if not g.get("suspend")
+    )
 
 
 def _unreported(obj: Mapping[str, Any] | None, kind: str) -> Verdict | None:
@@ -169,7 +174,9 @@ def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
     conds = conditions(obj)
     failure = conds.get("ReplicaFailure")
     if _true(failure):
-        return Verdict(FAILED, f"RayCluster {name}: KubeRay could not create its pods: {_explain(failure, 'ReplicaFailure')}")
+        return Verdict(
+            FAILED, f"RayCluster {name}: KubeRay could not create its pods: {_explain(failure, 'ReplicaFailure')}"
+        )
     if _true(conds.get("RayClusterSuspended")) or status.get("state") == "suspended":
         return Verdict(FAILED, f"RayCluster {name} is suspended")
     if str(status.get("state", "")).lower() == "failed":
@@ -185,18 +192,24 @@ def raycluster_verdict(obj: Mapping[str, Any] | None) -> Verdict:
             if ready_workers >= desired:
                 return Verdict(READY, f"RayCluster {name} is ready ({ready_workers}/{desired} workers)")
             return Verdict(WAITING, f"RayCluster {name}: {ready_workers}/{desired} worker pods ready")
-        parts = [_explain(provisioned, "RayClusterProvisioned"), _explain(head, "HeadPodReady"),
-                 f"{ready_workers}/{desired} worker pods ready"]
+        parts = [
+            _explain(provisioned, "RayClusterProvisioned"),
+            _explain(head, "HeadPodReady"),
+            f"{ready_workers}/{desired} worker pods ready",
+        ]
         return Verdict(WAITING, f"RayCluster {name}: " + "; ".join(parts))
     if status.get("state") == "ready" and ready_workers >= desired:
         return Verdict(READY, f"RayCluster {name} is ready (state=ready, {ready_workers}/{desired} workers)")
-    return Verdict(WAITING, f"RayCluster {name}: state={status.get('state') or 'unset'}, "
-                            f"{ready_workers}/{desired} worker pods ready")
+    return Verdict(
+        WAITING,
+        f"RayCluster {name}: state={status.get('state') or 'unset'}, {ready_workers}/{desired} worker pods ready",
+    )
 
 
-def application_statuses(obj: Mapping[str, Any],
-                         which: Literal["activeServiceStatus", "pendingServiceStatus"] = "activeServiceStatus",
-                         ) -> dict[str, ServeApplicationStatus]:
+def application_statuses(
+    obj: Mapping[str, Any],
+    which: Literal["activeServiceStatus", "pendingServiceStatus"] = "activeServiceStatus",
+) -> dict[str, ServeApplicationStatus]:
     return dict((service_status(obj).get(which) or {}).get("applicationStatuses") or {})
 
 
@@ -226,8 +239,10 @@ def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
             if st.get("status") in FAILED_APP_STATUSES:
                 details = [st.get("message") or "", *_deployment_problems(st, ("UNHEALTHY", "DEPLOY_FAILED"))]
                 text = "; ".join(d for d in details if d)
-                return Verdict(FAILED, f"RayService {name}: application {app!r} is {st.get('status')}"
-                                       + (f": {text}" if text else ""))
+                return Verdict(
+                    FAILED,
+                    f"RayService {name}: application {app!r} is {st.get('status')}" + (f": {text}" if text else ""),
+                )
     ready = conditions(obj).get("Ready")
     if ready and not _true(ready) and ready.get("reason") in TERMINAL_SERVICE_REASONS:
         return Verdict(FAILED, f"RayService {name}: {_explain(ready, 'Ready')}")
@@ -238,12 +253,16 @@ def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
     endpoints = int(status.get("numServeEndpoints") or 0)
     not_running = {a: s for a, s in apps.items() if s.get("status") != "RUNNING"}
     if _true(ready) and apps and not not_running and endpoints > 0:
-        return Verdict(READY, f"RayService {name} is ready: {', '.join(sorted(apps))} RUNNING, {endpoints} Serve endpoint(s)")
+        return Verdict(
+            READY, f"RayService {name} is ready: {', '.join(sorted(apps))} RUNNING, {endpoints} Serve endpoint(s)"
+        )
     return Verdict(WAITING, f"RayService {name}: " + "; ".join(_service_waiting_parts(obj)))
 
 
-_WHICH: tuple[Literal["activeServiceStatus", "pendingServiceStatus"], ...] = ("activeServiceStatus",
-                                                                             "pendingServiceStatus")
+_WHICH: tuple[Literal["activeServiceStatus", "pendingServiceStatus"], ...] = (
+    "activeServiceStatus",
+    "pendingServiceStatus",
+)
 
 
 def _serving_status(obj: Mapping[str, Any]) -> tuple[Literal["activeServiceStatus", "pendingServiceStatus"], str]:
@@ -266,8 +285,10 @@ def _service_waiting_parts(obj: Mapping[str, Any]) -> list[str]:
     for app, st in apps.items():
         if st.get("status") != "RUNNING":
             deps = _deployment_problems(st)
-            parts.append(f"application {app!r} is {st.get('status') or 'unknown'}"
-                         + (f" ({'; '.join(deps)})" if deps else (f": {st['message']}" if st.get("message") else "")))
+            parts.append(
+                f"application {app!r} is {st.get('status') or 'unknown'}"
+                + (f" ({'; '.join(deps)})" if deps else (f": {st['message']}" if st.get("message") else ""))
+            )
     if which == "activeServiceStatus" and not apps:
         parts.append("no Serve application reported yet")
     if int(status.get("numServeEndpoints") or 0) == 0:
@@ -279,8 +300,14 @@ def _service_waiting_parts(obj: Mapping[str, Any]) -> list[str]:
 
 # --- why a wait ran out of time ----------------------------------------------------------------
 
-_SCHEDULING_HINTS = ("resources required", "cannot be scheduled", "taken more than", "infeasible",
-                     "insufficient", "waiting for the cluster")
+_SCHEDULING_HINTS = (
+    "resources required",
+    "cannot be scheduled",
+    "taken more than",
+    "infeasible",
+    "insufficient",
+    "waiting for the cluster",
+)
 
 
 def stuck_service_diagnosis(obj: Mapping[str, Any], cluster_reason: str | None = None) -> str:
@@ -289,30 +316,40 @@ def stuck_service_diagnosis(obj: Mapping[str, Any], cluster_reason: str | None =
     which, _ = _serving_status(obj)
     apps = application_statuses(obj, which)
     if which == "pendingServiceStatus" and not apps:
-        return ("the RayService's RayCluster never became ready"
-                + (f": {cluster_reason}" if cluster_reason else "")
-                + ". Likely cause: no node pool matching the TPU worker group's node selector, or not enough "
-                "free TPU nodes (see the FailedScheduling events)")
+        return (
+            "the RayService's RayCluster never became ready"
+            + (f": {cluster_reason}" if cluster_reason else "")
+            + ". Likely cause: no node pool matching the TPU worker group's node selector, or not enough "
+            "free TPU nodes (see the FailedScheduling events)"
+        )
     stuck = []
     for app, st in apps.items():
         if st.get("status") == "RUNNING":
             continue
         deps = {d: s for d, s in (st.get("serveDeploymentStatuses") or {}).items() if s.get("status") != "HEALTHY"}
         if not deps:
-            stuck.append(f"application {app!r} is {st.get('status') or 'NOT_STARTED'}"
-                         + (f" ({st['message']})" if st.get("message") else "")
-                         + ". Likely cause: Serve has not started it (import_path not importable on the cluster, or "
-                         "a runtime_env still installing)")
+            stuck.append(
+                f"application {app!r} is {st.get('status') or 'NOT_STARTED'}"
+                + (f" ({st['message']})" if st.get("message") else "")
+                + ". Likely cause: Serve has not started it (import_path not importable on the cluster, or "
+                "a runtime_env still installing)"
+            )
             continue
         for dep, s in deps.items():
-            stuck.append(f"deployment {dep!r} of application {app!r} is {s.get('status')}"
-                         + (f" ({s['message']})" if s.get("message") else "") + ". Likely cause: " + _likely_cause(s))
+            stuck.append(
+                f"deployment {dep!r} of application {app!r} is {s.get('status')}"
+                + (f" ({s['message']})" if s.get("message") else "")
+                + ". Likely cause: "
+                + _likely_cause(s)
+            )
     if not stuck:
         if not apps:
             return "Serve reports no application on the RayCluster: the serveConfigV2 was not deployed (see events)"
         if int(status.get("numServeEndpoints") or 0) == 0:
-            return ("every application is RUNNING but no pod serves traffic (numServeEndpoints=0). Likely cause: the "
-                    "Serve proxy is not healthy, or http_options do not listen on 0.0.0.0:8000")
+            return (
+                "every application is RUNNING but no pod serves traffic (numServeEndpoints=0). Likely cause: the "
+                "Serve proxy is not healthy, or http_options do not listen on 0.0.0.0:8000"
+            )
         return "KubeRay did not mark the RayService Ready: " + _explain(conditions(obj).get("Ready"), "Ready")
     return "; ".join(stuck)
 
@@ -320,15 +357,19 @@ def stuck_service_diagnosis(obj: Mapping[str, Any], cluster_reason: str | None =
 def _likely_cause(dep_status: ServeDeploymentStatus) -> str:
     message = str(dep_status.get("message") or "").lower()
     if any(h in message for h in _SCHEDULING_HINTS):
-        return ("its replicas' resource request cannot be placed on the cluster. A multi-host TPU model must reserve "
-                "a whole slice: give the LLM config accelerator_type and accelerator_config with the slice's topology "
-                "(TpuSlice.serve_accelerator_config()); otherwise lower the replica's TPU/CPU request to fit one host")
+        return (
+            "its replicas' resource request cannot be placed on the cluster. A multi-host TPU model must reserve "
+            "a whole slice: give the LLM config accelerator_type and accelerator_config with the slice's topology "
+            "(TpuSlice.serve_accelerator_config()); otherwise lower the replica's TPU/CPU request to fit one host"
+        )
     if "runtime_env" in message or "runtime env" in message:
         return "the replica's runtime_env is still being installed (pip/working_dir download)"
     if dep_status.get("status") in ("UPDATING", "DEPLOYING", ""):
-        return ("the replica constructor has not finished: a multi-host model without accelerator_config topology "
-                "falls back to per-chip bundles that can straddle slices and hang in DEPLOYING with no error; "
-                "otherwise the model is still loading. Check the Serve replica logs on the head pod")
+        return (
+            "the replica constructor has not finished: a multi-host model without accelerator_config topology "
+            "falls back to per-chip bundles that can straddle slices and hang in DEPLOYING with no error; "
+            "otherwise the model is still loading. Check the Serve replica logs on the head pod"
+        )
     return "see the Serve controller logs on the head pod"
 
 

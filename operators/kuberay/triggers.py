@@ -35,8 +35,9 @@ class _KubeRayTrigger(TpuflowTrigger):
     serialize_fields = ("kind", "name", "namespace", "target", "deadline", "poll_interval")
     waiting_for = "to be ready"
 
-    def __init__(self, *, kind: str, name: str, namespace: str, target: dict[str, Any], deadline: float,
-                 poll_interval: float) -> None:
+    def __init__(
+        self, *, kind: str, name: str, namespace: str, target: dict[str, Any], deadline: float, poll_interval: float
+    ) -> None:
         super().__init__()
         self.kind, self.name, self.namespace = kind, name, namespace
         self.target, self.deadline, self.poll_interval = dict(target), float(deadline), float(poll_interval)
@@ -51,9 +52,14 @@ class _KubeRayTrigger(TpuflowTrigger):
         try:
             event = await self.wait()
         except Exception as err:  # report, so execute_complete raises with the cause
-            event = kuberay_event("error", self.kind, self.name, self.namespace,
-                                  f"waiting for {self.kind} {self.namespace}/{self.name} {self.waiting_for} failed: "
-                                  f"{type(err).__name__}: {err}")
+            event = kuberay_event(
+                "error",
+                self.kind,
+                self.name,
+                self.namespace,
+                f"waiting for {self.kind} {self.namespace}/{self.name} {self.waiting_for} failed: "
+                f"{type(err).__name__}: {err}",
+            )
         yield TriggerEvent(dict(event))
 
 
@@ -66,16 +72,34 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
 
     serialize_fields = (*_KubeRayTrigger.serialize_fields, "log_lines", "owner_run_key")
 
-    def __init__(self, *, kind: str, name: str, namespace: str, target: dict[str, Any], deadline: float,
-                 poll_interval: float = 10.0, log_lines: int = 50, owner_run_key: str | None = None) -> None:
-        super().__init__(kind=kind, name=name, namespace=namespace, target=target, deadline=deadline,
-                         poll_interval=poll_interval)
+    def __init__(
+        self,
+        *,
+        kind: str,
+        name: str,
+        namespace: str,
+        target: dict[str, Any],
+        deadline: float,
+        poll_interval: float = 10.0,
+        log_lines: int = 50,
+        owner_run_key: str | None = None,
+    ) -> None:
+        super().__init__(
+            kind=kind, name=name, namespace=namespace, target=target, deadline=deadline, poll_interval=poll_interval
+        )
         self.log_lines = int(log_lines)
         self.owner_run_key = owner_run_key
 
     def wait(self) -> Awaitable[KubeRayEvent]:
-        return wait_ready(self.hook(), kind=self.kind, name=self.name, namespace=self.namespace,
-                          deadline=self.deadline, poll_interval=self.poll_interval, log_lines=self.log_lines)
+        return wait_ready(
+            self.hook(),
+            kind=self.kind,
+            name=self.name,
+            namespace=self.namespace,
+            deadline=self.deadline,
+            poll_interval=self.poll_interval,
+            log_lines=self.log_lines,
+        )
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: delete what it created.
@@ -91,8 +115,9 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
         if obj is None:
             return
         if not owned_by(obj, self.owner_run_key):
-            self.log.info("Task killed; %s %s/%s was not created by it, leaving it", self.kind, self.namespace,
-                          self.name)
+            self.log.info(
+                "Task killed; %s %s/%s was not created by it, leaving it", self.kind, self.namespace, self.name
+            )
             return
         self.log.warning("Task killed: deleting %s %s/%s", self.kind, self.namespace, self.name)
         await hook.delete(plural, self.name, self.namespace)
@@ -103,11 +128,26 @@ class KubeRayDeletedTrigger(_KubeRayTrigger):
 
     waiting_for = "to be deleted"
 
-    def __init__(self, *, kind: str, name: str, namespace: str, target: dict[str, Any], deadline: float,
-                 poll_interval: float = 5.0) -> None:
-        super().__init__(kind=kind, name=name, namespace=namespace, target=target, deadline=deadline,
-                         poll_interval=poll_interval)
+    def __init__(
+        self,
+        *,
+        kind: str,
+        name: str,
+        namespace: str,
+        target: dict[str, Any],
+        deadline: float,
+        poll_interval: float = 5.0,
+    ) -> None:
+        super().__init__(
+            kind=kind, name=name, namespace=namespace, target=target, deadline=deadline, poll_interval=poll_interval
+        )
 
     def wait(self) -> Awaitable[KubeRayEvent]:
-        return wait_gone(self.hook(), kind=self.kind, name=self.name, namespace=self.namespace,
-                         deadline=self.deadline, poll_interval=self.poll_interval)
+        return wait_gone(
+            self.hook(),
+            kind=self.kind,
+            name=self.name,
+            namespace=self.namespace,
+            deadline=self.deadline,
+            poll_interval=self.poll_interval,
+        )

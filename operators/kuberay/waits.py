@@ -76,10 +76,13 @@ class SyncReader:
         return self.hook.pod_log_tail(pod, namespace, lines, container)  # type: ignore[no-any-return]
 
 
-def kuberay_event(status: EventStatus, kind: str, name: str, namespace: str, message: str, diagnostics: str = "",
-                  **fields: Any) -> KubeRayEvent:
-    return cast(KubeRayEvent, make_event(status, message, kind=kind, name=name, namespace=namespace,
-                                         diagnostics=diagnostics, **fields))
+def kuberay_event(
+    status: EventStatus, kind: str, name: str, namespace: str, message: str, diagnostics: str = "", **fields: Any
+) -> KubeRayEvent:
+    return cast(
+        KubeRayEvent,
+        make_event(status, message, kind=kind, name=name, namespace=namespace, diagnostics=diagnostics, **fields),
+    )
 
 
 def is_transient(err: BaseException) -> bool:
@@ -89,15 +92,17 @@ def is_transient(err: BaseException) -> bool:
     return isinstance(err, (*TRANSIENT_CONNECTION_ERRORS, ConnectionError, asyncio.TimeoutError))
 
 
-async def cluster_diagnostics(reader: Reader, cluster_name: str, namespace: str, headline: str, log_lines: int,
-                              extra_objects: Sequence[str] = ()) -> str:
+async def cluster_diagnostics(
+    reader: Reader, cluster_name: str, namespace: str, headline: str, log_lines: int, extra_objects: Sequence[str] = ()
+) -> str:
     """Pods, Warning events and the head pod's last log lines of one RayCluster, as text."""
     try:
         pods = await reader.pods(namespace, f"ray.io/cluster={cluster_name}")
         names = [cluster_name, *extra_objects, *((p.get("metadata") or {}).get("name", "") for p in pods)]
         events = await reader.events_for(namespace, names)
-        head = next((p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type")
-                     == "head"), None)
+        head = next(
+            (p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type") == "head"), None
+        )
         head_name = (head or {}).get("metadata", {}).get("name")
         container = (((head or {}).get("spec") or {}).get("containers") or [{}])[0].get("name")
         log = await reader.pod_log_tail(head_name, namespace, log_lines, container) if head_name else []
@@ -114,8 +119,9 @@ async def _verdict(reader: Reader, kind: str, name: str, namespace: str) -> tupl
     return verdict, obj
 
 
-async def _explain(reader: Reader, kind: str, name: str, namespace: str, obj: Mapping[str, Any] | None,
-                   timed_out: bool, log_lines: int) -> str:
+async def _explain(
+    reader: Reader, kind: str, name: str, namespace: str, obj: Mapping[str, Any] | None, timed_out: bool, log_lines: int
+) -> str:
     if obj is None:
         return ""
     if kind == "RayCluster":
@@ -134,12 +140,14 @@ async def _explain(reader: Reader, kind: str, name: str, namespace: str, obj: Ma
 
 
 def _read_failed(kind: str, name: str, namespace: str, err: BaseException) -> KubeRayEvent:
-    return kuberay_event("error", kind, name, namespace, f"reading {kind} {namespace}/{name} failed: "
-                                                         f"{type(err).__name__}: {err}")
+    return kuberay_event(
+        "error", kind, name, namespace, f"reading {kind} {namespace}/{name} failed: {type(err).__name__}: {err}"
+    )
 
 
-async def wait_ready(reader: Reader, *, kind: str, name: str, namespace: str, deadline: float,
-                     poll_interval: float, log_lines: int = 50) -> KubeRayEvent:
+async def wait_ready(
+    reader: Reader, *, kind: str, name: str, namespace: str, deadline: float, poll_interval: float, log_lines: int = 50
+) -> KubeRayEvent:
     """Poll until ready (KubeRay semantics), failed (fail fast) or the deadline (epoch seconds)."""
     last_error = ""
     verdict, obj = Verdict("waiting", "not polled yet"), None
@@ -161,13 +169,20 @@ async def wait_ready(reader: Reader, *, kind: str, name: str, namespace: str, de
         if remaining <= 0:
             diag = await _explain(reader, kind, name, namespace, obj, True, log_lines)
             note = f" (last API error: {last_error})" if last_error else ""
-            return kuberay_event("timeout", kind, name, namespace,
-                                 f"{kind} {namespace}/{name} not ready by the deadline: {verdict.reason}{note}", diag)
+            return kuberay_event(
+                "timeout",
+                kind,
+                name,
+                namespace,
+                f"{kind} {namespace}/{name} not ready by the deadline: {verdict.reason}{note}",
+                diag,
+            )
         await asyncio.sleep(min(poll_interval, max(remaining, 0.01)))
 
 
-async def wait_gone(reader: Reader, *, kind: str, name: str, namespace: str, deadline: float,
-                    poll_interval: float) -> KubeRayEvent:
+async def wait_gone(
+    reader: Reader, *, kind: str, name: str, namespace: str, deadline: float, poll_interval: float
+) -> KubeRayEvent:
     """Poll until the object no longer exists, or the deadline."""
     obj: dict[str, Any] | None = None
     while True:
@@ -182,8 +197,13 @@ async def wait_gone(reader: Reader, *, kind: str, name: str, namespace: str, dea
         if time.time() >= deadline:
             meta = (obj or {}).get("metadata") or {}
             finalizers = ", ".join(meta.get("finalizers") or []) or "none"
-            return kuberay_event("timeout", kind, name, namespace,
-                                 f"{kind} {namespace}/{name} still exists at the deadline (deletionTimestamp="
-                                 f"{meta.get('deletionTimestamp')}, finalizers: {finalizers}); the KubeRay operator "
-                                 "may be down or a finalizer is stuck")
+            return kuberay_event(
+                "timeout",
+                kind,
+                name,
+                namespace,
+                f"{kind} {namespace}/{name} still exists at the deadline (deletionTimestamp="
+                f"{meta.get('deletionTimestamp')}, finalizers: {finalizers}); the KubeRay operator "
+                "may be down or a finalizer is stuck",
+            )
         await asyncio.sleep(min(poll_interval, max(deadline - time.time(), 0.01)))

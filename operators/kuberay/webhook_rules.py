@@ -84,19 +84,33 @@ def tpu_group_problems(cluster_spec: Mapping[str, Any]) -> list[TpuGroupProblem]
         topology = selector.get(GKE_TOPOLOGY_LABEL)
         chips = topology_chips(topology) if topology else None
         if chips is None:
-            problems.append(TpuGroupProblem(
-                index, name, hosts, None, topology, per_host,
-                f"worker group {name!r} requests {TPU_RESOURCE} but its nodeSelector has no valid "
-                f"{GKE_TOPOLOGY_LABEL} (and {GKE_ACCELERATOR_LABEL})",
-            ))
+            problems.append(
+                TpuGroupProblem(
+                    index,
+                    name,
+                    hosts,
+                    None,
+                    topology,
+                    per_host,
+                    f"worker group {name!r} requests {TPU_RESOURCE} but its nodeSelector has no valid "
+                    f"{GKE_TOPOLOGY_LABEL} (and {GKE_ACCELERATOR_LABEL})",
+                )
+            )
             continue
         expected = max(chips // per_host, 1)
         if hosts != expected:
-            problems.append(TpuGroupProblem(
-                index, name, hosts, expected, topology, per_host,
-                f"worker group {name!r}: numOfHosts={hosts}, but topology {topology} ({chips} chips) with "
-                f"{TPU_RESOURCE}={per_host} per host needs numOfHosts={expected}",
-            ))
+            problems.append(
+                TpuGroupProblem(
+                    index,
+                    name,
+                    hosts,
+                    expected,
+                    topology,
+                    per_host,
+                    f"worker group {name!r}: numOfHosts={hosts}, but topology {topology} ({chips} chips) with "
+                    f"{TPU_RESOURCE}={per_host} per host needs numOfHosts={expected}",
+                )
+            )
     return problems
 
 
@@ -108,5 +122,9 @@ def slice_of_group(group: Mapping[str, Any]) -> TpuSlice:
     selector = node_selector(group)
     gen = resolve_generation(selector.get(GKE_ACCELERATOR_LABEL, ""))
     per_host = tpus_requested(group.get("template") or {})
-    return TpuSlice.from_spec(gen.name, selector.get(GKE_TOPOLOGY_LABEL, ""), gen.machine_type(per_host),
-                              max(_int(group.get("replicas", 1), 1), 1))
+    return TpuSlice.from_spec(
+        gen.name,
+        selector.get(GKE_TOPOLOGY_LABEL, ""),
+        gen.machine_type(per_host),
+        max(_int(group.get("replicas", 1), 1), 1),
+    )

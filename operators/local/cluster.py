@@ -228,12 +228,15 @@ class LocalRayCluster:
 
     def _host(self, slice_index: int, worker_id: int) -> NodeProcess:
         for node in self.nodes:
-            if node.role == "tpu-host" and node.worker_id == worker_id and node.slice_name.endswith(
-                f"-slice-{slice_index}"
+            if (
+                node.role == "tpu-host"
+                and node.worker_id == worker_id
+                and node.slice_name.endswith(f"-slice-{slice_index}")
             ):
                 return node
-        raise UserInputError("host", f"{slice_index}/{worker_id}", "no such simulated host in this cluster; "
-                             "see `tpuflow local status`")
+        raise UserInputError(
+            "host", f"{slice_index}/{worker_id}", "no such simulated host in this cluster; see `tpuflow local status`"
+        )
 
     # --- state -------------------------------------------------------------
     def save(self) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from tpuflow.naming import TaskIdentity
 from tpuflow.rayjob.links import RayDashboardLink
-from tpuflow.templating import is_templated
+from tpuflow.templating import is_templated, is_true
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -109,7 +109,11 @@ class LocalRayClusterCreateOperator(BaseOperator):
         self._starting = state_dir = _state_dir(self.base_dir, identity)
         try:
             cluster = LocalRayCluster.start(
-                tpu, name, self.base_dir, head_cpus=self.head_cpus, host_cpus=self.host_cpus,
+                tpu,
+                name,
+                self.base_dir,
+                head_cpus=self.head_cpus,
+                host_cpus=self.host_cpus,
                 timeout=self.start_timeout,
             )
         except AirflowTaskTerminated:  # raised by on_kill; start() stopped the nodes it spawned
@@ -183,7 +187,7 @@ class LocalRayClusterDeleteOperator(BaseOperator):
 
         from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
-        if self.keep in (True, "True", "true", "1"):
+        if is_true(self.keep):
             self.log.info("keep_endpoint is set: leaving the cluster running; `tpuflow local down` stops it")
             return
         if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):

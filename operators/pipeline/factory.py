@@ -38,12 +38,20 @@ MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
 
 def build_serve_config(cluster: Any, trained: Any, workloads_uri: str) -> XComArg:
     """The Serve config task (task_id build_serve_config); its XCom is the config the deploy task takes."""
-    return BuildServeConfigOperator(task_id="build_serve_config", cluster=cluster, trained=trained,
-                                    workloads_uri=workloads_uri).output
+    return BuildServeConfigOperator(
+        task_id="build_serve_config", cluster=cluster, trained=trained, workloads_uri=workloads_uri
+    ).output
 
 
-def pipeline_dag(dag_id: str, *, schedule: str | None, start_date: datetime, max_active_runs: int,
-                 params: dict[str, Any] | None = None, **dag_kwargs: Any) -> DAG:
+def pipeline_dag(
+    dag_id: str,
+    *,
+    schedule: str | None,
+    start_date: datetime,
+    max_active_runs: int,
+    params: dict[str, Any] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
     """The DAG settings every backend shares."""
     return DAG(
         dag_id=dag_id,
@@ -104,7 +112,9 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
     return prep, train, evaluate
 
 
-def smoke_test_and_report(run_dir: str, evaluate: BaseOperator, deploy: BaseOperator) -> tuple[BaseOperator, BaseOperator]:
+def smoke_test_and_report(
+    run_dir: str, evaluate: BaseOperator, deploy: BaseOperator
+) -> tuple[BaseOperator, BaseOperator]:
     """Call the deployed endpoint (deploy's XCom carries serve_url) and write the run's report."""
     smoke = ServeEndpointSmokeTestOperator(
         task_id="smoke_test",
@@ -112,8 +122,13 @@ def smoke_test_and_report(run_dir: str, evaluate: BaseOperator, deploy: BaseOper
         payload={"model": SERVE_APP, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
         expect=ANSWER,
     )
-    report = WriteReportOperator(task_id="write_report", output_dir=run_dir, evaluation=evaluate.output,
-                                 answer=smoke.output, deployed=deploy.output)
+    report = WriteReportOperator(
+        task_id="write_report",
+        output_dir=run_dir,
+        evaluation=evaluate.output,
+        answer=smoke.output,
+        deployed=deploy.output,
+    )
     deploy >> smoke >> report
     return smoke, report
 
@@ -138,8 +153,9 @@ def build_pipeline_dag(
     from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     run_dir = run_dir_for(dag_id, output_root)
-    with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
-                      **dag_kwargs) as dag:
+    with pipeline_dag(
+        dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs, **dag_kwargs
+    ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir)
         lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES)
         start = LocalRayClusterCreateOperator(

@@ -49,6 +49,7 @@ from tpuflow.pipeline.factory import (
 )
 from tpuflow.pipeline.params import pipeline_params, validate_params
 from tpuflow.pipeline.steps import CheckParamsOperator
+from tpuflow.templating import is_true
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -65,7 +66,10 @@ SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "2x2x1"]
 def gke_pipeline_params() -> dict[str, Param]:
     params = pipeline_params()
     params["serve_topology"] = Param(
-        "", type="string", enum=SERVE_TOPOLOGIES, title="Serve slice topology (optional)",
+        "",
+        type="string",
+        enum=SERVE_TOPOLOGIES,
+        title="Serve slice topology (optional)",
         description="A single-host slice of the training accelerator for the endpoint's RayService. Empty: the "
         "smallest one (1x1 on v5e/v6e, 2x2x1 on v4/v5p/tpu7x).",
     )
@@ -86,8 +90,11 @@ def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
         raise UserInputError("params.serve_topology", topology, err.fix) from None
     if tpu.multi_host:
         raise UserInputError(
-            "params.serve_topology", topology, f"a {generation.name} {topology} slice has {tpu.num_hosts} hosts; serve "
-            "on a single-host slice (a multi-host model needs Ray Serve LLM's accelerator_config topology)")
+            "params.serve_topology",
+            topology,
+            f"a {generation.name} {topology} slice has {tpu.num_hosts} hosts; serve "
+            "on a single-host slice (a multi-host model needs Ray Serve LLM's accelerator_config topology)",
+        )
     return tpu
 
 
@@ -108,7 +115,8 @@ def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
     train = validate_params(params)
     try:
         TpuSlice.from_spec(params["accelerator"], params["topology"], params.get("machine_type") or None).require(
-            gke=True)
+            gke=True
+        )
     except UserInputError as err:
         raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
     return {**train, "serve": serve_slice(params["accelerator"], params.get("serve_topology")).to_dict()}
@@ -122,17 +130,14 @@ def _checked(key: str, serve: bool = False) -> str:
 
 def _checked_slice(serve: bool = False) -> dict[str, str]:
     """accelerator, topology and machine_type of check_params' training (or serve) slice, as templates."""
-    return {"accelerator": _checked("ray_accelerator_type", serve), "topology": _checked("topology", serve),
-            "machine_type": _checked("machine_type", serve)}
+    return {
+        "accelerator": _checked("ray_accelerator_type", serve),
+        "topology": _checked("topology", serve),
+        "machine_type": _checked("machine_type", serve),
+    }
 
 
 # --- teardowns that can keep the endpoint -------------------------------------------------------------
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
-
-
 class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
     """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true.
 
@@ -149,7 +154,7 @@ class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
         self.keep = keep
 
     def execute(self, context: Context) -> dict[str, Any]:
-        if _truthy(self.keep):
+        if is_true(self.keep):
             self.log.info("keep_endpoint: leaving the RayService of task %s running", self.owner_task_id)
             return {"kind": self.kind, "kept": True, "deleted": False}
         return super().execute(context)
@@ -171,7 +176,7 @@ class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
         self.keep = keep
 
     def execute(self, context: Context) -> Any:
-        if _truthy(self.keep):
+        if is_true(self.keep):
             self.log.info("keep_endpoint: leaving the node pools of task %s in place", self.created_by_task_id)
             return {"kept": True, "deleted": []}
         return super().execute(context)
@@ -287,42 +292,78 @@ def build_gke_pipeline_dag(
     """
     run_dir = run_dir_for(dag_id, output_root)
     gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
-    pools: dict[str, Any] = {**gke, "gcp_conn_id": gcp_conn_id, "deferrable": deferrable,
-                             "poll_interval": node_pool_poll_interval, "retry_backoff": node_pool_poll_interval}
-    creates: dict[str, Any] = {**pools, "capacity": capacity, "fallback_capacity": fallback_capacity,
-                               "node_zone": node_zone}
-    kube: dict[str, Any] = {"kubernetes_conn_id": kubernetes_conn_id, "gke_cluster": gke, "gcp_conn_id": gcp_conn_id,
-                            "namespace": namespace, "deferrable": deferrable, "poll_interval": poll_interval}
+    pools: dict[str, Any] = {
+        **gke,
+        "gcp_conn_id": gcp_conn_id,
+        "deferrable": deferrable,
+        "poll_interval": node_pool_poll_interval,
+        "retry_backoff": node_pool_poll_interval,
+    }
+    creates: dict[str, Any] = {
+        **pools,
+        "capacity": capacity,
+        "fallback_capacity": fallback_capacity,
+        "node_zone": node_zone,
+    }
+    kube: dict[str, Any] = {
+        "kubernetes_conn_id": kubernetes_conn_id,
+        "gke_cluster": gke,
+        "gcp_conn_id": gcp_conn_id,
+        "namespace": namespace,
+        "deferrable": deferrable,
+        "poll_interval": poll_interval,
+    }
     # The RayCluster and the RayService: a cluster that missed its deadline would miss it again (no
     # retries); the teardowns release the slice.
-    rays: dict[str, Any] = {**kube, "image": image, "env": dict(ray_env or {}), "address_mode": address_mode,
-                            "retries": 0}
+    rays: dict[str, Any] = {
+        **kube,
+        "image": image,
+        "env": dict(ray_env or {}),
+        "address_mode": address_mode,
+        "retries": 0,
+    }
     dag_kwargs.setdefault("doc_md", __doc__)
-    with pipeline_dag(dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs,
-                      params=gke_pipeline_params(), **dag_kwargs) as dag:
+    with pipeline_dag(
+        dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        max_active_runs=max_active_runs,
+        params=gke_pipeline_params(),
+        **dag_kwargs,
+    ) as dag:
         checked = CheckGkeParamsOperator(task_id="check_params", output_dir=run_dir, gcp_conn_id=gcp_conn_id)
         create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
-        create_cluster = KubeRayCreateClusterOperator(task_id="create_ray_cluster", **_checked_slice(),
-                                                      wait_timeout=cluster_ready_timeout, **rays)
+        create_cluster = KubeRayCreateClusterOperator(
+            task_id="create_ray_cluster", **_checked_slice(), wait_timeout=cluster_ready_timeout, **rays
+        )
         cluster = create_cluster.output
         prep, train, evaluate = training_steps(cluster, run_dir)
         serve_cfg = build_serve_config(cluster, train.output, serve_workloads_uri)
-        create_serve_pool = GKECreateTPUNodePoolOperator(task_id="create_serve_node_pool", **_checked_slice(serve=True),
-                                                         **creates)
-        deploy = KubeRayDeployServiceOperator(task_id="deploy", serve_config=serve_cfg, **_checked_slice(serve=True),
-                                              wait_timeout=service_ready_timeout, **rays)
+        create_serve_pool = GKECreateTPUNodePoolOperator(
+            task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
+        )
+        deploy = KubeRayDeployServiceOperator(
+            task_id="deploy",
+            serve_config=serve_cfg,
+            **_checked_slice(serve=True),
+            wait_timeout=service_ready_timeout,
+            **rays,
+        )
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
 
         deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
-        delete_service = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy",
-                                                       keep=KEEP_ENDPOINT, **deletes)
-        delete_serve_pool = KeepableDeleteNodePoolOperator(task_id="delete_serve_node_pool",
-                                                           created_by_task_id="create_serve_node_pool",
-                                                           keep=KEEP_ENDPOINT, **pools)
-        delete_cluster = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster",
-                                                      cluster_task_id="create_ray_cluster", **deletes)
-        delete_pool = GKEDeleteNodePoolOperator(task_id="delete_node_pool", created_by_task_id="create_node_pool",
-                                                **pools)
+        delete_service = KeepableDeleteServiceOperator(
+            task_id="delete_service", service_task_id="deploy", keep=KEEP_ENDPOINT, **deletes
+        )
+        delete_serve_pool = KeepableDeleteNodePoolOperator(
+            task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=KEEP_ENDPOINT, **pools
+        )
+        delete_cluster = KubeRayDeleteClusterOperator(
+            task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **deletes
+        )
+        delete_pool = GKEDeleteNodePoolOperator(
+            task_id="delete_node_pool", created_by_task_id="create_node_pool", **pools
+        )
 
         checked >> create_pool >> create_cluster >> prep
         evaluate >> [serve_cfg, create_serve_pool]

@@ -20,20 +20,49 @@ FRAMEWORKS = ["jax", "torch"]
 
 def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
     return {
-        "accelerator": Param(accelerator, type="string", enum=ACCELERATORS, title="TPU accelerator",
-                             description="Ray accelerator type of the training slice (TPU-V5LITEPOD is v5e)."),
-        "topology": Param(topology, type="string", enum=TOPOLOGIES, title="Slice topology",
-                          description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e."),
-        "machine_type": Param(None, type=["null", "string"], title="Machine type (optional)",
-                              description="Only to pick the two-VM form of v5e/v6e 2x4: ct6e-standard-4t."),
-        "framework": Param("jax", type="string", enum=FRAMEWORKS, title="Framework",
-                           description="JaxTrainer (ray.train.v2.jax) or TorchTrainer."),
+        "accelerator": Param(
+            accelerator,
+            type="string",
+            enum=ACCELERATORS,
+            title="TPU accelerator",
+            description="Ray accelerator type of the training slice (TPU-V5LITEPOD is v5e).",
+        ),
+        "topology": Param(
+            topology,
+            type="string",
+            enum=TOPOLOGIES,
+            title="Slice topology",
+            description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e.",
+        ),
+        "machine_type": Param(
+            None,
+            type=["null", "string"],
+            title="Machine type (optional)",
+            description="Only to pick the two-VM form of v5e/v6e 2x4: ct6e-standard-4t.",
+        ),
+        "framework": Param(
+            "jax",
+            type="string",
+            enum=FRAMEWORKS,
+            title="Framework",
+            description="JaxTrainer (ray.train.v2.jax) or TorchTrainer.",
+        ),
         "train_steps": Param(1500, type="integer", minimum=1, maximum=100_000, title="Training steps"),
-        "accuracy_threshold": Param(0.9, type="number", minimum=0, maximum=1, title="Accuracy threshold",
-                                    description="Quality gate: the model is not deployed below this held-out accuracy."),
-        "keep_endpoint": Param(False, type="boolean", title="Keep the endpoint running",
-                               description="Leave the cluster and Serve endpoint up after the run "
-                               "(local: `tpuflow local down` removes them)."),
+        "accuracy_threshold": Param(
+            0.9,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="Accuracy threshold",
+            description="Quality gate: the model is not deployed below this held-out accuracy.",
+        ),
+        "keep_endpoint": Param(
+            False,
+            type="boolean",
+            title="Keep the endpoint running",
+            description="Leave the cluster and Serve endpoint up after the run "
+            "(local: `tpuflow local down` removes them).",
+        ),
         "num_train": Param(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
     }
 
@@ -49,8 +78,9 @@ def validate_params(params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(threshold, int | float) or not 0 <= float(threshold) <= 1:
         raise UserInputError("params.accuracy_threshold", threshold, "give a number between 0 and 1")
     try:
-        tpu = TpuSlice.from_spec(params.get("accelerator", ""), params.get("topology", ""),
-                                 params.get("machine_type") or None)
+        tpu = TpuSlice.from_spec(
+            params.get("accelerator", ""), params.get("topology", ""), params.get("machine_type") or None
+        )
         tpu.require(ray=True)
     except UserInputError as err:
         raise UserInputError(f"params.{err.field}", err.value, err.fix) from None

@@ -36,8 +36,9 @@ class CheckParamsOperator(BaseOperator):
     template_fields: Sequence[str] = ("output_dir",)
     ui_color = "#e8f5e9"
 
-    def __init__(self, *, output_dir: str | None = None, gcp_conn_id: str = "google_cloud_default",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, output_dir: str | None = None, gcp_conn_id: str = "google_cloud_default", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.output_dir = output_dir
         self.gcp_conn_id = gcp_conn_id
@@ -75,7 +76,9 @@ class BuildServeConfigOperator(BaseOperator):
         """All arguments once rendered (the start of execute); at parse time only plain values."""
         if (rendered or is_static(self.cluster)) and not isinstance(self.cluster, dict):
             raise UserInputError("cluster", self.cluster, "pass the cluster-start task's XCom (a dict)")
-        if (rendered or is_static(self.trained)) and not (isinstance(self.trained, dict) and self.trained.get("checkpoint")):
+        if (rendered or is_static(self.trained)) and not (
+            isinstance(self.trained, dict) and self.trained.get("checkpoint")
+        ):
             raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
         _check_nonempty_text("workloads_uri", self.workloads_uri, rendered)
 
@@ -84,8 +87,9 @@ class BuildServeConfigOperator(BaseOperator):
         return serve_config_for(self.cluster, self.trained, self.workloads_uri, context["params"]["framework"])
 
 
-def serve_config_for(cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str,
-                     framework: str) -> dict[str, Any]:
+def serve_config_for(
+    cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str, framework: str
+) -> dict[str, Any]:
     from tpuflow.serve.config import serve_application, serve_config
     from tpuflow.storage import emulator_env
 
@@ -141,8 +145,9 @@ def _check_nonempty_text(field: str, value: Any, rendered: bool) -> None:
         raise UserInputError(field, value, "give a non-empty string")
 
 
-def write_report(output_dir: str, evaluation: dict[str, Any], answer: dict[str, Any],
-                 deployed: dict[str, Any]) -> dict[str, Any]:
+def write_report(
+    output_dir: str, evaluation: dict[str, Any], answer: dict[str, Any], deployed: dict[str, Any]
+) -> dict[str, Any]:
     import json
 
     report = {

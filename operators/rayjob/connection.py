@@ -110,8 +110,11 @@ class RayDashboardHook(BaseHook, Generic[ClientT]):
 def check_cluster(cluster: Any, ray_conn_id: str | None) -> None:
     """The one check of an operator's ``cluster`` argument (once rendered): the start task's XCom."""
     if cluster in (None, "") and not ray_conn_id:
-        raise UserInputError("cluster", cluster, "pass the cluster-start task's XCom (its connection info) or a "
-                             "ray_conn_id naming a Ray connection")
+        raise UserInputError(
+            "cluster",
+            cluster,
+            "pass the cluster-start task's XCom (its connection info) or a ray_conn_id naming a Ray connection",
+        )
     if cluster not in (None, "") and not isinstance(cluster, dict):
         raise UserInputError(
             "cluster",

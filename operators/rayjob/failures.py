@@ -10,12 +10,26 @@ import re
 
 # Ray's own words for lost capacity or broken infrastructure (worker/host loss, preemption, OOM kills).
 _INFRA_PATTERNS = [
-    r"NodeDiedError", r"ActorDiedError", r"ActorUnavailableError", r"RaySystemError", r"ObjectLostError",
-    r"OwnerDiedError", r"WorkerCrashedError", r"RayActorError", r"OutOfMemoryError",
-    r"node .* (has been marked dead|was terminated|died)", r"The actor died unexpectedly",
-    r"Job supervisor actor (died|could not be scheduled)", r"job driver (was terminated|exited unexpectedly)",
-    r"TPU .*(preempt|unavailable)", r"GCE_STOCKOUT", r"ZONE_RESOURCE_POOL_EXHAUSTED", r"Connection (refused|reset)",
-    r"PlacementGroup.*(timed out|could not be scheduled)", r"(gRPC|grpc).*UNAVAILABLE", r"TrainingFailedError.*Worker.*died",
+    r"NodeDiedError",
+    r"ActorDiedError",
+    r"ActorUnavailableError",
+    r"RaySystemError",
+    r"ObjectLostError",
+    r"OwnerDiedError",
+    r"WorkerCrashedError",
+    r"RayActorError",
+    r"OutOfMemoryError",
+    r"node .* (has been marked dead|was terminated|died)",
+    r"The actor died unexpectedly",
+    r"Job supervisor actor (died|could not be scheduled)",
+    r"job driver (was terminated|exited unexpectedly)",
+    r"TPU .*(preempt|unavailable)",
+    r"GCE_STOCKOUT",
+    r"ZONE_RESOURCE_POOL_EXHAUSTED",
+    r"Connection (refused|reset)",
+    r"PlacementGroup.*(timed out|could not be scheduled)",
+    r"(gRPC|grpc).*UNAVAILABLE",
+    r"TrainingFailedError.*Worker.*died",
 ]
 _INFRA = re.compile("|".join(f"(?:{p})" for p in _INFRA_PATTERNS), re.IGNORECASE)
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")

@@ -135,8 +135,10 @@ class RaySubmitJobOperator(BaseOperator):
     def _check_job_arguments(self, *, rendered: bool) -> None:
         """The job's arguments: all of them once rendered; at parse time (``rendered=False``, the end
         of ``__init__``) only those that are not templates."""
-        if (rendered or is_static(self.entrypoint)) and self.entrypoint is not None and (
-            not isinstance(self.entrypoint, str) or not self.entrypoint.strip()
+        if (
+            (rendered or is_static(self.entrypoint))
+            and self.entrypoint is not None
+            and (not isinstance(self.entrypoint, str) or not self.entrypoint.strip())
         ):
             raise UserInputError("entrypoint", self.entrypoint, _ENTRYPOINT_FIX)
         if rendered or is_static(self.cluster):
@@ -208,8 +210,12 @@ class RaySubmitJobOperator(BaseOperator):
         # A cleared task's new try can find its old job still RUNNING while the previous try's kill
         # is stopping it (the scheduler does not wait for the triggerer's on_kill). If a job this try
         # re-attached to ends STOPPED, it starts a fresh one instead of failing -- once.
-        wait = {"submission_id": sid, "poll_interval": self.poll_interval, "timeout": self.job_timeout,
-                "restart_if_stopped": reattached and may_restart}
+        wait = {
+            "submission_id": sid,
+            "poll_interval": self.poll_interval,
+            "timeout": self.job_timeout,
+            "restart_if_stopped": reattached and may_restart,
+        }
         if status == "SUCCEEDED":
             self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
         elif self.deferrable:
@@ -274,7 +280,7 @@ class RaySubmitJobOperator(BaseOperator):
         if python and entrypoint.startswith("python "):
             # A local cluster's nodes run the environment that started them; PATH on a shared
             # machine may name another Python first. (KubeRay images have one `python`.)
-            entrypoint = f"{python} {entrypoint[len('python '):]}"
+            entrypoint = f"{python} {entrypoint[len('python ') :]}"
         self.log.info("Submitting Ray job %s: %s", sid, entrypoint)
         hook.submit_job(
             entrypoint=entrypoint,

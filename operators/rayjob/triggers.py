@@ -43,8 +43,16 @@ class RayJobTrigger(TpuflowTrigger):
         ``success`` with ``job_status`` STOPPED so the task submits a fresh job.
     """
 
-    serialize_fields = ("submission_id", "cluster", "ray_conn_id", "poll_interval", "timeout", "log_offset",
-                        "started_at", "restart_if_stopped")
+    serialize_fields = (
+        "submission_id",
+        "cluster",
+        "ray_conn_id",
+        "poll_interval",
+        "timeout",
+        "log_offset",
+        "started_at",
+        "restart_if_stopped",
+    )
 
     def __init__(
         self,
@@ -74,12 +82,19 @@ class RayJobTrigger(TpuflowTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         offset = max(self.log_offset, await self._saved_offset())
         if offset > self.log_offset:
-            self.log.info("Resuming the driver log of %s at character %d (streamed before a restart)",
-                          self.submission_id, offset)
+            self.log.info(
+                "Resuming the driver log of %s at character %d (streamed before a restart)", self.submission_id, offset
+            )
         event = await wait_for_job(
-            self._hook(), self.submission_id, poll_interval=self.poll_interval, timeout=self.timeout,
-            started_at=self.started_at, restart_if_stopped=self.restart_if_stopped, offset=offset,
-            save_offset=self._save_offset, log=self.log,
+            self._hook(),
+            self.submission_id,
+            poll_interval=self.poll_interval,
+            timeout=self.timeout,
+            started_at=self.started_at,
+            restart_if_stopped=self.restart_if_stopped,
+            offset=offset,
+            save_offset=self._save_offset,
+            log=self.log,
         )
         yield TriggerEvent(dict(event))
 

@@ -43,22 +43,40 @@ class JobReader(Protocol):
     async def astop_job(self, submission_id: str) -> None: ...
 
 
-def _job_event(status: EventStatus, message: str, submission_id: str, job_status: str, logs: str,
-               **fields: Any) -> RayJobEvent:
+def _job_event(
+    status: EventStatus, message: str, submission_id: str, job_status: str, logs: str, **fields: Any
+) -> RayJobEvent:
     tail = log_tail(logs)
     diagnostics = f"--- last lines of the driver log ---\n{tail}" if tail else ""
-    return cast(RayJobEvent, make_event(status, message, submission_id=submission_id, job_status=job_status,
-                                        log_tail=tail, diagnostics=diagnostics, **fields))
+    return cast(
+        RayJobEvent,
+        make_event(
+            status,
+            message,
+            submission_id=submission_id,
+            job_status=job_status,
+            log_tail=tail,
+            diagnostics=diagnostics,
+            **fields,
+        ),
+    )
 
 
 def _ended(submission_id: str, job_status: str, message: str, logs: str, restart_if_stopped: bool) -> RayJobEvent:
     """The event of a job that reached a terminal state."""
     if job_status == "SUCCEEDED":
-        return _job_event("success", f"Ray job {submission_id} succeeded", submission_id, job_status, logs,
-                          result=parse_result(logs))
+        return _job_event(
+            "success", f"Ray job {submission_id} succeeded", submission_id, job_status, logs, result=parse_result(logs)
+        )
     if job_status == "STOPPED" and restart_if_stopped:
-        return _job_event("success", f"Ray job {submission_id}, which this try re-attached to, was stopped (an "
-                          "earlier try was killed or cleared); a fresh job replaces it", submission_id, job_status, logs)
+        return _job_event(
+            "success",
+            f"Ray job {submission_id}, which this try re-attached to, was stopped (an "
+            "earlier try was killed or cleared); a fresh job replaces it",
+            submission_id,
+            job_status,
+            logs,
+        )
     text = f"ended {job_status}: {message}"
     # A traceback of the user's code and no sign of lost infrastructure: a retry would fail the same way.
     user_error = is_user_code_error(job_status, message, log_tail(logs))
@@ -88,8 +106,13 @@ async def wait_for_job(
         except Exception as err:
             code = getattr(err, "status", None)
             if isinstance(code, int) and code not in _TRANSIENT_HTTP:  # e.g. 401/403: no later poll will do better
-                return _job_event("error", f"the Ray dashboard refused to report job {submission_id}: {err}",
-                                  submission_id, job_status, logs)
+                return _job_event(
+                    "error",
+                    f"the Ray dashboard refused to report job {submission_id}: {err}",
+                    submission_id,
+                    job_status,
+                    logs,
+                )
             log.warning("Ray dashboard unreachable (%s); retrying", err)  # the deadline bounds this
             info = {"status": job_status}
         if len(logs) > offset:
@@ -99,13 +122,15 @@ async def wait_for_job(
             if save_offset is not None:
                 await save_offset(offset)
         if info is None:
-            return _job_event("failed", f"Ray job {submission_id} no longer exists", submission_id, "FAILED", logs,
-                              retryable=True)
+            return _job_event(
+                "failed", f"Ray job {submission_id} no longer exists", submission_id, "FAILED", logs, retryable=True
+            )
         job_status = str(info.get("status", "UNKNOWN"))
         if job_status in TERMINAL_JOB_STATES:
             return _ended(submission_id, job_status, str(info.get("message") or ""), logs, restart_if_stopped)
         if timeout is not None and time.time() - started_at > timeout:
             await reader.astop_job(submission_id)
-            return _job_event("timeout", f"job exceeded {timeout:.0f}s and was stopped", submission_id, job_status,
-                              logs)
+            return _job_event(
+                "timeout", f"job exceeded {timeout:.0f}s and was stopped", submission_id, job_status, logs
+            )
         await asyncio.sleep(poll_interval)

@@ -67,7 +67,11 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         """The module and its arguments: once rendered; at parse time only when they are not templates."""
         if (rendered or is_static(self.module)) and not (isinstance(self.module, str) and _MODULE.match(self.module)):
             raise UserInputError("module", self.module, 'give a dotted module name, e.g. "addition.prep"')
-        if (rendered or is_static(self.arguments)) and self.arguments is not None and not isinstance(self.arguments, dict):
+        if (
+            (rendered or is_static(self.arguments))
+            and self.arguments is not None
+            and not isinstance(self.arguments, dict)
+        ):
             raise UserInputError("arguments", self.arguments, "give the module's arguments as a dict")
 
     def build_entrypoint(self, context: Context) -> str:
@@ -102,11 +106,23 @@ class RayTrainOperator(RaySubmitJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        *RaySubmitJobOperator.template_fields, "framework", "train_loop", "accelerator", "topology",
-        "machine_type", "num_slices", "storage_path", "run_name", "datasets", "train_loop_config", "resume",
+        *RaySubmitJobOperator.template_fields,
+        "framework",
+        "train_loop",
+        "accelerator",
+        "topology",
+        "machine_type",
+        "num_slices",
+        "storage_path",
+        "run_name",
+        "datasets",
+        "train_loop_config",
+        "resume",
     )
     template_fields_renderers = {
-        **RaySubmitJobOperator.template_fields_renderers, "datasets": "json", "train_loop_config": "json",
+        **RaySubmitJobOperator.template_fields_renderers,
+        "datasets": "json",
+        "train_loop_config": "json",
     }
     operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
 
@@ -154,8 +170,12 @@ class RayTrainOperator(RaySubmitJobOperator):
         """The training arguments: all once rendered; at parse time only those that are not templates."""
         if (rendered or is_static(self.framework)) and self.framework not in FRAMEWORKS:
             raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")
-        if (rendered or is_static(self.train_loop)) and not (isinstance(self.train_loop, str) and ":" in self.train_loop):
-            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "addition.train_jax:train_loop_per_worker"')
+        if (rendered or is_static(self.train_loop)) and not (
+            isinstance(self.train_loop, str) and ":" in self.train_loop
+        ):
+            raise UserInputError(
+                "train_loop", self.train_loop, 'give "module:function", e.g. "addition.train_jax:train_loop_per_worker"'
+            )
         if (rendered or is_static(self.resume)) and self.resume not in RESUME_POLICIES:
             raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
         for field in ("storage_path", "run_name"):
@@ -204,8 +224,11 @@ class RayTrainOperator(RaySubmitJobOperator):
             spec["scaling_config"] = tpu.torch_scaling_config()
             if simulated:
                 pin = {f"{self._cluster_info().get('name')}-slice-0": 1} if tpu.num_slices == 1 else {}
-                spec["scaling_config"] = {"use_tpu": False, "num_workers": tpu.total_hosts,
-                                          "resources_per_worker": {"CPU": 1, **pin}}
+                spec["scaling_config"] = {
+                    "use_tpu": False,
+                    "num_workers": tpu.total_hosts,
+                    "resources_per_worker": {"CPU": 1, **pin},
+                }
         return spec
 
     def build_entrypoint(self, context: Context) -> str:

@@ -25,7 +25,9 @@ def serve_application(
     deployments: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     if ":" not in import_path and "." not in import_path:
-        raise UserInputError("import_path", import_path, 'give "module:attribute", e.g. "addition.serve_app:app_builder"')
+        raise UserInputError(
+            "import_path", import_path, 'give "module:attribute", e.g. "addition.serve_app:app_builder"'
+        )
     if not route_prefix.startswith("/"):
         raise UserInputError("route_prefix", route_prefix, 'start it with "/", e.g. "/addition"')
     app: dict[str, Any] = {"name": name, "import_path": import_path, "route_prefix": route_prefix}
@@ -58,7 +60,9 @@ def serve_config(
     for app in applications:
         unknown = set(app) - _APP_KEYS
         if unknown:
-            raise UserInputError(f"applications[{app.get('name')}]", sorted(unknown), f"Serve knows only {sorted(_APP_KEYS)}")
+            raise UserInputError(
+                f"applications[{app.get('name')}]", sorted(unknown), f"Serve knows only {sorted(_APP_KEYS)}"
+            )
     config: dict[str, Any] = {"proxy_location": proxy_location, "applications": applications}
     if http_port is not None:
         config["http_options"] = {"host": "127.0.0.1", "port": int(http_port)}
@@ -79,7 +83,10 @@ def check_tpu_placement(config: dict[str, Any], tpu: TpuSlice | None) -> None:
         llm_configs = args.get("llm_configs") or [args]
         for llm in llm_configs:
             accel = (llm or {}).get("accelerator_config") or {}
-            if accel.get("topology") != tpu.topology or llm.get("accelerator_type") != tpu.generation.ray_accelerator_type:
+            if (
+                accel.get("topology") != tpu.topology
+                or llm.get("accelerator_type") != tpu.generation.ray_accelerator_type
+            ):
                 want = tpu.serve_accelerator_config()
                 raise UserInputError(
                     f"applications[{app.get('name')}].args",

@@ -93,13 +93,19 @@ class RayServeDeployOperator(BaseOperator):
         if rendered or is_static(self.cluster):
             check_cluster(self.cluster, self.ray_conn_id)
         if (rendered or is_static(self.serve_config)) and not (
-            isinstance(self.serve_config, dict) and isinstance(self.serve_config.get("applications"), list)
+            isinstance(self.serve_config, dict)
+            and isinstance(self.serve_config.get("applications"), list)
             and self.serve_config["applications"]
         ):
-            raise UserInputError("serve_config", self.serve_config, 'give the Serve config as a dict with its '
-                                 '"applications" (see tpuflow.serve.config.serve_config)')
-        if (rendered or is_static(self.serve_slice)) and self.serve_slice is not None and not (
-            isinstance(self.serve_slice, dict) and {"accelerator", "topology"} <= set(self.serve_slice)
+            raise UserInputError(
+                "serve_config",
+                self.serve_config,
+                'give the Serve config as a dict with its "applications" (see tpuflow.serve.config.serve_config)',
+            )
+        if (
+            (rendered or is_static(self.serve_slice))
+            and self.serve_slice is not None
+            and not (isinstance(self.serve_slice, dict) and {"accelerator", "topology"} <= set(self.serve_slice))
         ):
             raise UserInputError("serve_slice", self.serve_slice, 'give {"accelerator": ..., "topology": ...}')
         if rendered or not is_templated(self.serve_config, self.serve_slice):
@@ -142,8 +148,9 @@ class RayServeDeployOperator(BaseOperator):
         from tpuflow.serve.triggers import RayServeApplicationsTrigger
 
         self.defer(
-            trigger=RayServeApplicationsTrigger(cluster=self.cluster or None, ray_conn_id=self.ray_conn_id,
-                                                delete_on_kill=created or None, **wait),
+            trigger=RayServeApplicationsTrigger(
+                cluster=self.cluster or None, ray_conn_id=self.ray_conn_id, delete_on_kill=created or None, **wait
+            ),
             method_name="execute_complete",
         )
 

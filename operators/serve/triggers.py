@@ -33,8 +33,15 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
     :param delete_on_kill: the applications a kill deletes (those the task created); None: none.
     """
 
-    serialize_fields = ("app_names", "cluster", "ray_conn_id", "timeout", "poll_interval", "started_at",
-                        "delete_on_kill")
+    serialize_fields = (
+        "app_names",
+        "cluster",
+        "ray_conn_id",
+        "timeout",
+        "poll_interval",
+        "started_at",
+        "delete_on_kill",
+    )
 
     def __init__(
         self,
@@ -59,9 +66,14 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
         return RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        event = await wait_for_applications(self._hook(), self.app_names, timeout=self.timeout,
-                                            started_at=self.started_at, poll_interval=self.poll_interval,
-                                            log=self.log)
+        event = await wait_for_applications(
+            self._hook(),
+            self.app_names,
+            timeout=self.timeout,
+            started_at=self.started_at,
+            poll_interval=self.poll_interval,
+            log=self.log,
+        )
         yield TriggerEvent(dict(event))
 
     async def on_kill(self) -> None:

@@ -58,6 +58,10 @@ async def wait_for_applications(
                 # replicas and a DEPLOY_FAILED on a busy cluster can pass.
                 return _serve_event("failed", verdict.detail, statuses, retryable=True)
         if time.time() - started_at > timeout:
-            return _serve_event("timeout", f"not RUNNING after {timeout:.0f}s:\n{last or 'no status yet'}", statuses,
-                                diagnostics=STUCK_HINT)
+            return _serve_event(
+                "timeout",
+                f"not RUNNING after {timeout:.0f}s:\n{last or 'no status yet'}",
+                statuses,
+                diagnostics=STUCK_HINT,
+            )
         await asyncio.sleep(poll_interval)

@@ -184,7 +184,7 @@ def check_lease_root(root: object) -> str | None:
         return None
     if not isinstance(root, str) or ("://" in root and not root.startswith("gs://")):
         raise UserInputError("lease_root", root, "give a local folder or a gs://bucket/prefix")
-    if root.startswith("gs://") and not root[len("gs://"):].split("/", 1)[0]:
+    if root.startswith("gs://") and not root[len("gs://") :].split("/", 1)[0]:
         raise UserInputError("lease_root", root, "name the bucket: gs://BUCKET/PREFIX")
     return root
 

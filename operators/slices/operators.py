@@ -92,12 +92,19 @@ class AcquireSliceOperator(BaseOperator):
         held = sorted(x.holder for x in store.holders(slots).values())
         self.log.info(
             "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted or "
-            "killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`.", slots, store.describe(), ", ".join(held),
+            "killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`.",
+            slots,
+            store.describe(),
+            ", ".join(held),
         )
         self.defer(
             trigger=SliceLeaseTrigger(
-                lease_root=root, slots=slots, holder=holder, gcp_conn_id=self.gcp_conn_id,
-                poll_interval=self.poll_interval, timeout=self.wait_timeout,
+                lease_root=root,
+                slots=slots,
+                holder=holder,
+                gcp_conn_id=self.gcp_conn_id,
+                poll_interval=self.poll_interval,
+                timeout=self.wait_timeout,
             ),
             method_name="execute_complete",
         )
@@ -119,7 +126,9 @@ class ReleaseSliceOperator(BaseOperator):
     template_fields: Sequence[str] = ("lease_root",)
     ui_color = "#f3e5f5"
 
-    def __init__(self, *, lease_root: str | None = None, gcp_conn_id: str = "google_cloud_default", **kwargs: Any) -> None:
+    def __init__(
+        self, *, lease_root: str | None = None, gcp_conn_id: str = "google_cloud_default", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.lease_root = lease_root
         self.gcp_conn_id = gcp_conn_id

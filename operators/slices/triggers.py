@@ -34,8 +34,10 @@ async def wait_for_free_slot(
             last = holders
         if deadline is not None and time.time() > deadline:
             return make_event(
-                "timeout", f"no slice lease became free in time; held by {', '.join(holders)} (a lease left by a "
-                "deleted or killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`)", held=holders,
+                "timeout",
+                f"no slice lease became free in time; held by {', '.join(holders)} (a lease left by a "
+                "deleted or killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`)",
+                held=holders,
             )
         await asyncio.sleep(poll_interval)
 

@@ -21,9 +21,7 @@ def _larger_3d(max_x: int, max_y: int, max_z: int, *, ascending: bool) -> frozen
 
 _SMALL_3D = frozenset({"2x2x1", "2x2x2", "2x2x4", "2x4x4"})
 _TWO_D = frozenset({"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"})
-_V7X = frozenset(
-    {"2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"}
-)
+_V7X = frozenset({"2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"})
 
 
 @dataclass(frozen=True)

@@ -61,22 +61,33 @@ def _check_topology(gen: Generation, topology: str) -> str:
     topo = (topology or "").strip().lower()
     if topo.isdigit():
         shapes = _shapes_with(gen, int(topo))
-        hint = f"e.g. {', '.join(shapes)} ({topo} chips)" if shapes else f"e.g. {sorted(gen.gke_topologies, key=_shape_key)[:4]}"
+        hint = (
+            f"e.g. {', '.join(shapes)} ({topo} chips)"
+            if shapes
+            else f"e.g. {sorted(gen.gke_topologies, key=_shape_key)[:4]}"
+        )
         raise SliceSpecError(
             "topology", topology, f"a topology is the slice's shape, not a chip count; give a shape, {hint}"
         )
     if not _TOPOLOGY_RE.match(topo):
-        raise SliceSpecError("topology", topology, f"write the shape as {'AxB' if gen.dims == 2 else 'AxBxC'}, e.g. "
-                             f"{'4x4' if gen.dims == 2 else '2x2x2'}")
+        raise SliceSpecError(
+            "topology",
+            topology,
+            f"write the shape as {'AxB' if gen.dims == 2 else 'AxBxC'}, e.g. {'4x4' if gen.dims == 2 else '2x2x2'}",
+        )
     if len(topo.split("x")) != gen.dims:
         raise SliceSpecError(
-            "topology", topology, f"{gen.name} slices are {gen.dims}D ({'AxB' if gen.dims == 2 else 'AxBxC'}); "
-            f"valid shapes include {', '.join(sorted(gen.gke_topologies, key=_shape_key)[:8])}"
+            "topology",
+            topology,
+            f"{gen.name} slices are {gen.dims}D ({'AxB' if gen.dims == 2 else 'AxBxC'}); "
+            f"valid shapes include {', '.join(sorted(gen.gke_topologies, key=_shape_key)[:8])}",
         )
     if topo not in gen.known_topologies:
         raise SliceSpecError(
-            "topology", topology, f"{gen.name} has no such slice; valid shapes: "
-            f"{', '.join(sorted(gen.known_topologies, key=_shape_key)[:14])}"
+            "topology",
+            topology,
+            f"{gen.name} has no such slice; valid shapes: "
+            f"{', '.join(sorted(gen.known_topologies, key=_shape_key)[:14])}",
         )
     return topo
 
@@ -89,7 +100,9 @@ def _chips_per_host(gen: Generation, topo: str, machine_type: str | None) -> int
         return default
     m = _MACHINE_RE.match(machine_type.strip())
     if not m or m.group("family") != gen.machine_family or int(m.group("chips")) not in gen.machine_chip_options:
-        raise SliceSpecError("machine_type", machine_type, f"{gen.name} machine types are {', '.join(gen.machine_types)}")
+        raise SliceSpecError(
+            "machine_type", machine_type, f"{gen.name} machine types are {', '.join(gen.machine_types)}"
+        )
     per_host = int(m.group("chips"))
     valid = {default}
     # v5e/v6e 2x4 exists as one 8-chip VM or as two 4-chip VMs.
@@ -244,13 +257,17 @@ class TpuSlice:
         gen = self.generation
         if gke and not self.gke_supported:
             raise SliceSpecError(
-                "topology", self.topology, f"GKE has no {gen.name} node pool of this shape; use one of "
-                f"{', '.join(sorted(gen.gke_topologies, key=_shape_key)[:12])}"
+                "topology",
+                self.topology,
+                f"GKE has no {gen.name} node pool of this shape; use one of "
+                f"{', '.join(sorted(gen.gke_topologies, key=_shape_key)[:12])}",
             )
         if ray and not self.ray_supported:
             raise SliceSpecError(
-                "topology", self.topology, f"Ray 2.60 does not accept this {gen.name} topology; use one of "
-                f"{', '.join(sorted(gen.ray_topologies, key=_shape_key)[:12])}"
+                "topology",
+                self.topology,
+                f"Ray 2.60 does not accept this {gen.name} topology; use one of "
+                f"{', '.join(sorted(gen.ray_topologies, key=_shape_key)[:12])}",
             )
         return self
 

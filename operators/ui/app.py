@@ -44,8 +44,10 @@ async def _authorize(request: Request, dag_id: str | None = None) -> None:
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
-            f"<body><h2>{html.escape(title)}</h2>{body}</body></html>")
+    return (
+        f"<!doctype html><html><head><title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+        f"<body><h2>{html.escape(title)}</h2>{body}</body></html>"
+    )
 
 
 @app.get("/outputs/{dag_id}/{rest:path}")
@@ -66,8 +68,10 @@ async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
     for child in sorted(target.iterdir(), key=lambda p: (p.is_file(), p.name)):
         rel = quote(child.relative_to(root).as_posix())
         size = f"{child.stat().st_size:,} B" if child.is_file() else "folder"
-        rows.append(f"<tr><td><a href='{LOCAL_OUTPUTS_ROUTE}/{rel}'>{html.escape(child.name)}"
-                    f"{'' if child.is_file() else '/'}</a></td><td>{size}</td></tr>")
+        rows.append(
+            f"<tr><td><a href='{LOCAL_OUTPUTS_ROUTE}/{rel}'>{html.escape(child.name)}"
+            f"{'' if child.is_file() else '/'}</a></td><td>{size}</td></tr>"
+        )
     parent = target.parent.relative_to(root).as_posix() if target != root / dag_id else None
     up = f"<p><a href='{LOCAL_OUTPUTS_ROUTE}/{quote(parent)}'>..</a></p>" if parent else ""
     body = f"<p><code>{html.escape(str(target))}</code></p>{up}<table>{''.join(rows) or '<tr><td>(empty)</td></tr>'}</table>"
@@ -84,11 +88,15 @@ def local_clusters() -> list[dict[str, Any]]:
         except (OSError, ValueError, TypeError):
             continue
         shape = cluster.slice or {}
-        rows.append({
-            "name": cluster.name, "alive": cluster.is_alive(),
-            "slice": f"{shape.get('generation', '')} {shape.get('topology', '')}".strip(),
-            "dashboard_url": cluster.dashboard_url, "serve_url": cluster.serve_url,
-        })
+        rows.append(
+            {
+                "name": cluster.name,
+                "alive": cluster.is_alive(),
+                "slice": f"{shape.get('generation', '')} {shape.get('topology', '')}".strip(),
+                "dashboard_url": cluster.dashboard_url,
+                "serve_url": cluster.serve_url,
+            }
+        )
     return rows
 
 
@@ -97,13 +105,18 @@ async def clusters(request: Request) -> str:
     from tpuflow.local.cluster import default_base_dir
 
     await _authorize(request)
-    rows = "".join(
-        f"<tr><td>{html.escape(r['name'])}</td><td>{'running' if r['alive'] else 'dead (tpuflow local down cleans it)'}"
-        f"</td><td>{html.escape(r['slice'])}</td><td><a href='{html.escape(r['dashboard_url'])}' target='_blank'>"
-        f"{html.escape(r['dashboard_url'])}</a></td><td>{html.escape(r['serve_url'])}</td></tr>"
-        for r in local_clusters()
-    ) or "<tr><td colspan=5>No local Ray clusters (a run starts one; keep_endpoint keeps it after the run).</td></tr>"
-    body = (f"<p>State under <code>{html.escape(str(default_base_dir()))}</code>; stop one with "
-            "<code>tpuflow local down --name NAME</code>.</p><table><tr><th>name</th><th>state</th><th>slice</th>"
-            f"<th>Ray dashboard</th><th>Serve</th></tr>{rows}</table>")
+    rows = (
+        "".join(
+            f"<tr><td>{html.escape(r['name'])}</td><td>{'running' if r['alive'] else 'dead (tpuflow local down cleans it)'}"
+            f"</td><td>{html.escape(r['slice'])}</td><td><a href='{html.escape(r['dashboard_url'])}' target='_blank'>"
+            f"{html.escape(r['dashboard_url'])}</a></td><td>{html.escape(r['serve_url'])}</td></tr>"
+            for r in local_clusters()
+        )
+        or "<tr><td colspan=5>No local Ray clusters (a run starts one; keep_endpoint keeps it after the run).</td></tr>"
+    )
+    body = (
+        f"<p>State under <code>{html.escape(str(default_base_dir()))}</code>; stop one with "
+        "<code>tpuflow local down --name NAME</code>.</p><table><tr><th>name</th><th>state</th><th>slice</th>"
+        f"<th>Ray dashboard</th><th>Serve</th></tr>{rows}</table>"
+    )
     return _page("Local Ray clusters", body)

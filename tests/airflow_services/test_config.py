@@ -33,7 +33,10 @@ def test_outputs_link_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     from tpuflow.output_links import outputs_url
 
     monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", str(tmp_path))
-    assert outputs_url("gs://bkt/runs/2026-11-03/train") == "https://console.cloud.google.com/storage/browser/bkt/runs/2026-11-03/train/"
+    assert (
+        outputs_url("gs://bkt/runs/2026-11-03/train")
+        == "https://console.cloud.google.com/storage/browser/bkt/runs/2026-11-03/train/"
+    )
     assert outputs_url(f"{tmp_path}/dag/2026-11-03/data") == "/tpuflow/outputs/dag/2026-11-03/data"
     assert outputs_url("/elsewhere/x") == "file:///elsewhere/x"
 
@@ -42,8 +45,14 @@ def test_kept_driver_log_opens_in_the_ui_or_the_cloud_console(tmp_path: Path, mo
     from tpuflow.storage import browse_url
 
     monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", str(tmp_path))
-    assert browse_url(f"{tmp_path}/dag/2026-11-03/logs/train-jax.log") == "/tpuflow/outputs/dag/2026-11-03/logs/train-jax.log"
-    assert browse_url("gs://bkt/runs/logs/train.log") == "https://console.cloud.google.com/storage/browser/_details/bkt/runs/logs/train.log"
+    assert (
+        browse_url(f"{tmp_path}/dag/2026-11-03/logs/train-jax.log")
+        == "/tpuflow/outputs/dag/2026-11-03/logs/train-jax.log"
+    )
+    assert (
+        browse_url("gs://bkt/runs/logs/train.log")
+        == "https://console.cloud.google.com/storage/browser/_details/bkt/runs/logs/train.log"
+    )
 
 
 def test_provider_lists_every_link_class_and_the_ray_connection_type() -> None:
@@ -71,6 +80,11 @@ def test_ruff_airflow_rules_are_clean_on_dags_and_operators() -> None:
 
     repo = Path(__file__).resolve().parents[2]
     ruff = Path(sys.executable).with_name("ruff")
-    out = subprocess.run([str(ruff), "check", "--select", "AIR", "--no-cache", "dags", "operators", "plugins"],
-                         cwd=repo, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(ruff), "check", "--select", "AIR", "--no-cache", "dags", "operators", "plugins"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -74,9 +74,11 @@ def _task_page_shows_links(services: Any, run_id: str) -> None:
     with airflow_page(services.url, services.token()) as page:
         page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train/details")
         shown = wait_for(
-            page, "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
+            page,
+            "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
             ".filter(t => ['Ray Job', 'Ray Dashboard', 'Outputs'].includes(t)); return n.length === 3 ? n : null; })()",
-            90, "the extra links Ray Job, Ray Dashboard and Outputs on the task page",
+            90,
+            "the extra links Ray Job, Ray Dashboard and Outputs on the task page",
         )
         assert sorted(shown) == ["Outputs", "Ray Dashboard", "Ray Job"]
         page.screenshot(path=ARTIFACTS / "task_links.png")

@@ -71,7 +71,9 @@ def _wait_deferred_with_output(api: Any, hook: Any, run_id: str, line: str, time
 
 def _streamed_steps(api: Any, run_id: str) -> list[int]:
     """The job's progress lines as the task log shows them (worker and trigger parts merged by Airflow)."""
-    resp = api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/1", headers={"Accept": "application/json"})
+    resp = api.get(
+        f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/1", headers={"Accept": "application/json"}
+    )
     resp.raise_for_status()
     events = [str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in resp.json()["content"]]
     return [int(m.group(1)) for e in events if (m := re.search(r"\[ray job\] step (\d+)$", e.strip()))]
@@ -100,13 +102,17 @@ def test_marking_the_deferred_task_stops_its_ray_job(services, api, drill, drill
     assert api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}").json()["state"] == new_state
 
 
-def test_clearing_the_deferred_task_stops_its_job_and_the_rerun_starts_afresh(services, api, drill, drill_cluster) -> None:
+def test_clearing_the_deferred_task_stops_its_job_and_the_rerun_starts_afresh(
+    services, api, drill, drill_cluster
+) -> None:
     hook = _hook(drill_cluster)
     run_id = _trigger(api, drill_cluster, steps=1200, delay=0.5)
     sid = _wait_deferred_with_output(api, hook, run_id, "step 2")
 
-    resp = api.post(f"/dags/{DRILL}/clearTaskInstances",
-                    json={"dry_run": False, "dag_run_id": run_id, "task_ids": [TASK], "only_failed": False})
+    resp = api.post(
+        f"/dags/{DRILL}/clearTaskInstances",
+        json={"dry_run": False, "dag_run_id": run_id, "task_ids": [TASK], "only_failed": False},
+    )
     assert resp.status_code == 200, resp.text
     _wait_stopped(hook, sid, time.time(), "cleared")
     # A cleared task runs again: the stopped job is not re-attached to; a fresh one is submitted.

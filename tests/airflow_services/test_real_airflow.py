@@ -21,7 +21,10 @@ PROBE = "tpuflow_slice_lease_probe"
 def test_services_healthy_with_project_dags_plugin_and_provider(services: Any, api: Any) -> None:
     health = requests.get(f"{services.url}/api/v2/monitor/health", timeout=10).json()
     assert {k: v["status"] for k, v in health.items()} == {
-        "metadatabase": "healthy", "scheduler": "healthy", "triggerer": "healthy", "dag_processor": "healthy",
+        "metadatabase": "healthy",
+        "scheduler": "healthy",
+        "triggerer": "healthy",
+        "dag_processor": "healthy",
     }
     assert api.get("/importErrors").json()["total_entries"] == 0
     dag_ids = {d["dag_id"] for d in api.get("/dags", params={"limit": 100}).json()["dags"]}
@@ -32,8 +35,11 @@ def test_services_healthy_with_project_dags_plugin_and_provider(services: Any, a
     page = requests.get(f"{services.url}/tpuflow/clusters", cookies={"_token": services.token()}, timeout=10)
     assert page.ok and "Local Ray clusters" in page.text
     # The outputs page serves only a DAG's folder under the output root.
-    sneaky = requests.get(f"{services.url}/tpuflow/outputs/{PIPELINE}/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
-                          cookies={"_token": services.token()}, timeout=10)
+    sneaky = requests.get(
+        f"{services.url}/tpuflow/outputs/{PIPELINE}/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        cookies={"_token": services.token()},
+        timeout=10,
+    )
     assert sneaky.status_code == 404 and "root:" not in sneaky.text
     providers = {p["package_name"] for p in api.get("/providers", params={"limit": 100}).json()["providers"]}
     assert "tpuflow" in providers
@@ -83,8 +89,14 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             ".map(e => [e.name.slice(8), e.type === 'checkbox' ? e.checked : e.value]))"
         )
         assert fields == {
-            "accelerator": "TPU-V6E", "topology": "4x4", "machine_type": "", "framework": "jax",
-            "train_steps": "1500", "accuracy_threshold": "0.9", "keep_endpoint": False, "num_train": "20000",
+            "accelerator": "TPU-V6E",
+            "topology": "4x4",
+            "machine_type": "",
+            "framework": "jax",
+            "train_steps": "1500",
+            "accuracy_threshold": "0.9",
+            "keep_endpoint": False,
+            "num_train": "20000",
         }
         # accelerator and topology are dropdowns (react-select) listing the allowed values.
         title = page.get_by_text("Trigger Dag - ").first
@@ -92,8 +104,11 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
         for name in ("topology", "accelerator"):
             page.locator(f"#element_{name}").click()
             choices[name] = wait_for(
-                page, "(() => { const o = [...document.querySelectorAll('[id*=-option-]')].map(e => e.innerText);"
-                " return o.length ? o : null; })()", 20, f"the {name} choices",
+                page,
+                "(() => { const o = [...document.querySelectorAll('[id*=-option-]')].map(e => e.innerText);"
+                " return o.length ? o : null; })()",
+                20,
+                f"the {name} choices",
             )
             if name == "topology":
                 title.click()  # closes the menu (Escape would close the dialog)
@@ -145,10 +160,12 @@ def test_cli_status_and_env_describe_the_running_services(services: Any) -> None
     import sys
 
     tpuflow = str(Path(sys.executable).with_name("tpuflow"))
-    status = subprocess.run([tpuflow, "airflow", "status", "--work-dir", services.work_dir],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [tpuflow, "airflow", "status", "--work-dir", services.work_dir], capture_output=True, text=True, timeout=60
+    )
     assert status.returncode == 0, status.stdout + status.stderr
     assert services.url in status.stdout and services.password in status.stdout
-    env = subprocess.run([tpuflow, "airflow", "env", "--work-dir", services.work_dir],
-                         capture_output=True, text=True, timeout=60)
+    env = subprocess.run(
+        [tpuflow, "airflow", "env", "--work-dir", services.work_dir], capture_output=True, text=True, timeout=60
+    )
     assert f"export AIRFLOW_HOME={services.home}" in env.stdout

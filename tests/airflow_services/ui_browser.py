@@ -17,8 +17,14 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 # Chromium in a container as root on 2 shared cores: no sandbox (Playwright adds --no-sandbox),
 # no GPU, /tmp instead of a small /dev/shm, no background traffic.
-CHROMIUM_ARGS = ["--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def chromium_path() -> str:
@@ -49,5 +55,6 @@ def wait_for(page: Page, expression: str, timeout: float = 60.0, what: str = "")
         return page.wait_for_function(expression, timeout=timeout * 1000, polling=500).json_value()
     except PlaywrightTimeoutError:
         text = page.evaluate("document.body ? document.body.innerText : ''") or ""
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or expression}; "
-                             f"page text: {text[:1500]!r}") from None
+        raise AssertionError(
+            f"timed out after {timeout:.0f}s waiting for {what or expression}; page text: {text[:1500]!r}"
+        ) from None

@@ -12,7 +12,12 @@ from bench.ray_jobs import CountingProxy
 
 def test_percentile_is_nearest_rank_and_goal_checks_compare_the_right_way() -> None:
     values = [float(v) for v in range(1, 101)]
-    assert (percentile(values, 50), percentile(values, 95), percentile(values, 99), percentile(values, 100)) == (50, 95, 99, 100)
+    assert (percentile(values, 50), percentile(values, 95), percentile(values, 99), percentile(values, 100)) == (
+        50,
+        95,
+        99,
+        100,
+    )
     assert percentile([3.0], 99) == 3.0
     assert goal_check(1.5, "<=", 1.5) is True and goal_check(1.6, "<=", 1.5) is False
     assert goal_check(0.8, ">=", 0.8) is True and goal_check(0.7, ">=", 0.8) is False
@@ -46,7 +51,10 @@ def test_counting_proxy_counts_the_bytes_each_request_got() -> None:
             for path in ("/api/jobs/a/logs", "/api/jobs/a"):
                 with urllib.request.urlopen(f"{proxy.url}{path}", timeout=10) as resp:
                     assert resp.read() == _Big.body
-        assert [r["request"].split()[:2] for r in proxy.records] == [["GET", "/api/jobs/a/logs"], ["GET", "/api/jobs/a"]]
+        assert [r["request"].split()[:2] for r in proxy.records] == [
+            ["GET", "/api/jobs/a/logs"],
+            ["GET", "/api/jobs/a"],
+        ]
         assert all(len(_Big.body) < r["down"] < len(_Big.body) + 1000 for r in proxy.records)
     finally:
         server.shutdown()

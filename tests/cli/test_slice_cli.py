@@ -9,8 +9,18 @@ import sys
 import pytest
 
 REQUIRED_KEYS = {
-    "generation", "gke_accelerator", "ray_accelerator_type", "topology", "machine_type", "chips", "chips_per_host",
-    "num_hosts", "multi_host", "ray_pod_type", "node_selector", "scaling_config",
+    "generation",
+    "gke_accelerator",
+    "ray_accelerator_type",
+    "topology",
+    "machine_type",
+    "chips",
+    "chips_per_host",
+    "num_hosts",
+    "multi_host",
+    "ray_pod_type",
+    "node_selector",
+    "scaling_config",
 }
 
 
@@ -25,12 +35,27 @@ def test_slice_json_contract(accelerator):
     data = json.loads(out.stdout)
     assert REQUIRED_KEYS <= set(data)
     assert (data["generation"], data["chips"], data["num_hosts"], data["ray_pod_type"]) == ("v6e", 16, 4, "v6e-16")
-    assert data["scaling_config"] == {"use_tpu": True, "topology": "4x4", "accelerator_type": "TPU-V6E", "num_workers": 4}
+    assert data["scaling_config"] == {
+        "use_tpu": True,
+        "topology": "4x4",
+        "accelerator_type": "TPU-V6E",
+        "num_workers": 4,
+    }
 
 
 def test_slice_two_vm_form_and_num_slices():
-    out = tpuflow("slice", "--accelerator", "TPU-V5LITEPOD", "--topology", "2x4", "--machine-type",
-                  "ct5lp-hightpu-4t", "--num-slices", "2", "--json")
+    out = tpuflow(
+        "slice",
+        "--accelerator",
+        "TPU-V5LITEPOD",
+        "--topology",
+        "2x4",
+        "--machine-type",
+        "ct5lp-hightpu-4t",
+        "--num-slices",
+        "2",
+        "--json",
+    )
     data = json.loads(out.stdout)
     assert (data["num_hosts"], data["total_hosts"], data["machine_type"]) == (2, 4, "ct5lp-hightpu-4t")
     assert data["scaling_config"]["num_workers"] == 4
@@ -49,7 +74,11 @@ def test_human_summary():
         (["--accelerator", "TPU-V6E", "--topology", "4x5"], "topology", "valid shapes"),
         (["--accelerator", "TPU-V6E", "--topology", "2x2x2"], "topology", "2D"),
         (["--accelerator", "TPU-V5E", "--topology", "2x2"], "accelerator", "TPU-V5LITEPOD"),
-        (["--accelerator", "v6e", "--topology", "4x4", "--machine-type", "ct6e-standard-8t"], "machine_type", "ct6e-standard-4t"),
+        (
+            ["--accelerator", "v6e", "--topology", "4x4", "--machine-type", "ct6e-standard-8t"],
+            "machine_type",
+            "ct6e-standard-4t",
+        ),
         (["--accelerator", "v6e", "--topology", "4x4", "--num-slices", "0"], "num_slices", "1 or more"),
         (["--accelerator", "v6e", "--topology", "4x4", "--num-slices", "-1"], "num_slices", "1 or more"),
     ],

@@ -14,19 +14,43 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 # already imported, as the dag processor has). Prefixes: "ray" also covers "ray.train" and so on.
 HEAVY = (
     # ML stacks and Ray: only inside Ray jobs and tasks
-    "ray", "jax", "torch", "optax", "flax", "numpy", "pyarrow",
+    "ray",
+    "jax",
+    "torch",
+    "optax",
+    "flax",
+    "numpy",
+    "pyarrow",
     # cloud and Kubernetes clients, HTTP clients: only in hooks, triggers and execute()
-    "kubernetes", "kubernetes_asyncio", "google.cloud", "google.auth", "googleapiclient", "grpc", "aiohttp",
+    "kubernetes",
+    "kubernetes_asyncio",
+    "google.cloud",
+    "google.auth",
+    "googleapiclient",
+    "grpc",
+    "aiohttp",
     "requests",
     # TaskFlow (@task): it loads the standard provider's PythonOperator, virtualenv helpers and packaging,
     # once about half of these DAGs' parse cost; the pipeline's own steps are plain operators instead
-    "airflow.sdk.definitions.decorators", "airflow.providers.standard.operators.python",
+    "airflow.sdk.definitions.decorators",
+    "airflow.providers.standard.operators.python",
     # the project's worker-side modules: hooks, triggers, waits, and the builders and the slice arithmetic
     # that the operators load when they check or build something (the shipped DAGs template those values)
-    "tpuflow.gke.hooks", "tpuflow.gke.triggers", "tpuflow.gke.provisioning", "tpuflow.gke.nodepool_spec",
-    "tpuflow.kuberay.hooks", "tpuflow.kuberay.triggers", "tpuflow.kuberay.waits", "tpuflow.kuberay.manifests",
-    "tpuflow.kuberay.webhook_rules", "tpuflow.rayjob.hooks", "tpuflow.rayjob.triggers",
-    "tpuflow.serve.config", "tpuflow.serve.triggers", "tpuflow.slices.leases", "tpuflow.local.cluster",
+    "tpuflow.gke.hooks",
+    "tpuflow.gke.triggers",
+    "tpuflow.gke.provisioning",
+    "tpuflow.gke.nodepool_spec",
+    "tpuflow.kuberay.hooks",
+    "tpuflow.kuberay.triggers",
+    "tpuflow.kuberay.waits",
+    "tpuflow.kuberay.manifests",
+    "tpuflow.kuberay.webhook_rules",
+    "tpuflow.rayjob.hooks",
+    "tpuflow.rayjob.triggers",
+    "tpuflow.serve.config",
+    "tpuflow.serve.triggers",
+    "tpuflow.slices.leases",
+    "tpuflow.local.cluster",
     "tpuflow.tpu.slice",
 )
 PARSE = """
@@ -42,8 +66,13 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 
 @pytest.mark.parametrize("dag_file", sorted(p.name for p in DAGS.glob("*.py")))
 def test_dag_file_imports_nothing_heavy_at_parse_time(dag_file: str) -> None:
-    out = subprocess.run([sys.executable, "-c", PARSE, str(DAGS / dag_file)], capture_output=True, text=True,
-                         timeout=120, cwd=DAGS.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE, str(DAGS / dag_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=DAGS.parent,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY))
@@ -58,12 +87,31 @@ def test_local_pipeline_shape(migrated_airflow_db):
     dag = bag.get_dag("tpu_llm_pipeline_local")
     assert dag is not None
     assert dag.catchup is False and dag.max_active_runs == 1 and dag.schedule is not None
-    order = ["check_params", "acquire_slice", "start_cluster", "prep", "train", "evaluate", "build_serve_config",
-             "deploy", "smoke_test", "write_report", "stop_cluster", "release_slice"]
+    order = [
+        "check_params",
+        "acquire_slice",
+        "start_cluster",
+        "prep",
+        "train",
+        "evaluate",
+        "build_serve_config",
+        "deploy",
+        "smoke_test",
+        "write_report",
+        "stop_cluster",
+        "release_slice",
+    ]
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids
     start, stop = dag.get_task("start_cluster"), dag.get_task("stop_cluster")
     assert start.is_setup and stop.is_teardown
     # A slice lease spans the cluster's life, so a backfill (own max_active_runs) never holds two slices.
     assert dag.get_task("acquire_slice").is_setup and dag.get_task("release_slice").is_teardown
-    assert set(dag.params) >= {"accelerator", "topology", "framework", "train_steps", "accuracy_threshold", "keep_endpoint"}
+    assert set(dag.params) >= {
+        "accelerator",
+        "topology",
+        "framework",
+        "train_steps",
+        "accuracy_threshold",
+        "keep_endpoint",
+    }

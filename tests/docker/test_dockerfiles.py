@@ -78,7 +78,9 @@ def test_ray_bases_match_the_lock(name: str, platform: str) -> None:
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")}
+    ignored = {
+        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")
+    }
     for keyword, args in instructions(path):
         if keyword != "COPY":
             continue
@@ -92,7 +94,9 @@ def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
 def test_gke_dag_default_workloads_path_is_where_the_images_put_them() -> None:
     gke = REPO / "operators" / "pipeline" / "gke.py"
     uris = set(re.findall(r"local://(/[\w/.-]+)", gke.read_text()))
-    assert uris <= {"/home/ray/workloads"}, f"the GKE DAG expects workloads at {uris}; the images put them at /home/ray/workloads"
+    assert uris <= {"/home/ray/workloads"}, (
+        f"the GKE DAG expects workloads at {uris}; the images put them at /home/ray/workloads"
+    )
 
 
 def _pip_installs(path: Path) -> list[list[str]]:
@@ -105,7 +109,7 @@ def _pip_installs(path: Path) -> list[list[str]]:
             words = shlex.split(command)
             for i in range(len(words) - 1):
                 if words[i] == "pip" and words[i + 1] == "install":
-                    out.append(words[i + 2:])
+                    out.append(words[i + 2 :])
     return out
 
 

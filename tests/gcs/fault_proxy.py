@@ -28,8 +28,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "expect", "content-length", "host"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "content-length",
+    "host",
+}
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 
@@ -161,8 +172,13 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.connection.close()
                 return
             if fault is not None:
-                error = {"error": {"code": fault, "message": f"injected by the fault proxy ({fault})",
-                                   "errors": [{"message": "injected", "reason": "injected"}]}}
+                error = {
+                    "error": {
+                        "code": fault,
+                        "message": f"injected by the fault proxy ({fault})",
+                        "errors": [{"message": "injected", "reason": "injected"}],
+                    }
+                }
                 self._answer(int(fault), json.dumps(error).encode(), [("Content-Type", "application/json")])
                 return
             conn = http.client.HTTPConnection(up.hostname, up.port, timeout=120)
@@ -172,8 +188,11 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read().replace(proxy.upstream.encode(), proxy.url.encode())
-                out = [(k, v.replace(proxy.upstream, proxy.url)) for k, v in resp.getheaders()
-                       if k.lower() not in HOP_BY_HOP]
+                out = [
+                    (k, v.replace(proxy.upstream, proxy.url))
+                    for k, v in resp.getheaders()
+                    if k.lower() not in HOP_BY_HOP
+                ]
                 self._answer(resp.status, data, out)
             finally:
                 conn.close()

@@ -23,9 +23,29 @@ def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_em
     bucket, prefix = "tpuflow-demo", "run"
     env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home"), EMULATOR_ENV: gcs_emulator.url}
     out = subprocess.run(
-        [*TPUFLOW, "demo", "--work-dir", str(tmp_path), "--date", DATE, "--output-root", f"gs://{bucket}/{prefix}",
-         "--topology", "2x2", "--train-steps", "300", "--num-train", "3000", "--accuracy-threshold", "0"],
-        capture_output=True, text=True, timeout=1500, env=env)
+        [
+            *TPUFLOW,
+            "demo",
+            "--work-dir",
+            str(tmp_path),
+            "--date",
+            DATE,
+            "--output-root",
+            f"gs://{bucket}/{prefix}",
+            "--topology",
+            "2x2",
+            "--train-steps",
+            "300",
+            "--num-train",
+            "3000",
+            "--accuracy-threshold",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert "pipeline succeeded" in out.stdout and f"gs://{bucket}/{prefix}/{DAG_ID}/{DATE}" in out.stdout
 

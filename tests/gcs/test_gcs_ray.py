@@ -22,18 +22,30 @@ SLICE = {"accelerator": "TPU-V6E", "topology": "2x2"}
 
 def _prep(info, task_context, data: str, num_train: int = 2000):
     return RayDataPrepOperator(
-        task_id="prep", cluster=info, module="addition.prep", deferrable=False, poll_interval=0.5,
+        task_id="prep",
+        cluster=info,
+        module="addition.prep",
+        deferrable=False,
+        poll_interval=0.5,
         arguments={"output_dir": data, "date": "2026-11-02", "num_train": num_train},
     ).execute(task_context("prep"))
 
 
 def _train(info, storage_path: str, data: str, run_name: str, num_steps: int, every: int, log_uri: str | None = None):
     return RayTrainOperator(
-        task_id="train", cluster=info, deferrable=False, poll_interval=0.5,
-        framework="jax", train_loop="addition.train_jax:train_loop_per_worker", **SLICE,
-        storage_path=storage_path, run_name=run_name, datasets={"train": f"{data}/train"},
+        task_id="train",
+        cluster=info,
+        deferrable=False,
+        poll_interval=0.5,
+        framework="jax",
+        train_loop="addition.train_jax:train_loop_per_worker",
+        **SLICE,
+        storage_path=storage_path,
+        run_name=run_name,
+        datasets={"train": f"{data}/train"},
         train_loop_config={"num_steps": num_steps, "checkpoint_every": every, "log_every": 25},
-        checkpoint_num_to_keep=None, log_uri=log_uri,
+        checkpoint_num_to_keep=None,
+        log_uri=log_uri,
     )
 
 
@@ -47,8 +59,9 @@ def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
     return found
 
 
-def test_parquet_and_checkpoints_survive_transient_gcs_errors(small_cluster, task_context, bucket, gcs_emulator,
-                                                              emulator_at):
+def test_parquet_and_checkpoints_survive_transient_gcs_errors(
+    small_cluster, task_context, bucket, gcs_emulator, emulator_at
+):
     proxy = FaultProxy(gcs_emulator.url).start()
     emulator_at(proxy.url)  # the jobs' STORAGE_EMULATOR_HOST comes from here (runtime_env env_vars)
     try:
@@ -66,7 +79,8 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(small_cluster, tas
         proxy.add(Rule(429, writes_to("checkpoint_"), every=5, limit=2))
         proxy.add(Rule("reset", writes_to("checkpoint_"), every=7, limit=2))
         result = _train(info, f"gs://{bucket}/run/train", data, "faults", num_steps=150, every=50).execute(
-            task_context("train"))
+            task_context("train")
+        )
         checkpoint_faults = proxy.injected[parquet_faults:]
         assert len(checkpoint_faults) >= 4, checkpoint_faults
     finally:
@@ -78,7 +92,7 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(small_cluster, tas
     assert sorted(steps.values()) == [50, 100, 150], steps
     for folder in steps:
         assert f"{folder}/params.npz" in list_bucket(bucket, folder)
-    assert steps[result["checkpoint"][len(f"gs://{bucket}/"):]] == 150
+    assert steps[result["checkpoint"][len(f"gs://{bucket}/") :]] == 150
 
 
 def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster, task_context, bucket):
@@ -116,7 +130,10 @@ def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster
     assert max(_checkpoints(bucket, "drill/train/preempt/").values()) == num_steps
 
     evaluation = RaySubmitJobOperator(
-        task_id="evaluate", cluster=info, deferrable=False, poll_interval=0.5,
+        task_id="evaluate",
+        cluster=info,
+        deferrable=False,
+        poll_interval=0.5,
         entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {outcome['result']['checkpoint']} "
         f"--data {data}/heldout --output gs://{bucket}/drill/eval/jax.json",
     ).execute(task_context("evaluate"))

@@ -44,11 +44,17 @@ def ray_storage():
 
 # --- the launcher -------------------------------------------------------------------------------
 
+
 def test_local_gcs_up_and_down_by_pid(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != EMULATOR_ENV}
     env["TPUFLOW_HOME"] = str(tmp_path / "home")
-    up = subprocess.run([*TPUFLOW, "local", "gcs", "up", "--bucket", "made-by-up", "--bucket", "second-one"],
-                        capture_output=True, text=True, timeout=120, env=env)
+    up = subprocess.run(
+        [*TPUFLOW, "local", "gcs", "up", "--bucket", "made-by-up", "--bucket", "second-one"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert up.returncode == 0, up.stderr
     (line,) = up.stdout.splitlines()
     assert line.startswith(f"export {EMULATOR_ENV}=http://127.0.0.1:")
@@ -85,13 +91,15 @@ def test_gcs_up_on_a_given_port(tmp_path: Path) -> None:
 
 # --- Airflow side ---------------------------------------------------------------------------------
 
+
 def test_write_report_writes_report_json_to_gs(bucket: str) -> None:
     from tpuflow.pipeline.steps import write_report
     from tpuflow.storage import read_text
 
     run_dir = f"gs://{bucket}/tpu_llm_pipeline_local/2026-11-03"
-    report = write_report(run_dir, {"accuracy": 0.97, "n": 200}, {"choices": [{"text": "42"}]},
-                          {"serve_url": "http://127.0.0.1:8000"})
+    report = write_report(
+        run_dir, {"accuracy": 0.97, "n": 200}, {"choices": [{"text": "42"}]}, {"serve_url": "http://127.0.0.1:8000"}
+    )
     assert list_bucket(bucket) == ["tpu_llm_pipeline_local/2026-11-03/report.json"]
     assert json.loads(read_text(f"{run_dir}/report.json")) == report
     assert read_text(f"{run_dir}/missing.json") is None
@@ -103,7 +111,9 @@ def test_kept_driver_log_goes_to_gs(bucket: str) -> None:
     uri = f"gs://{bucket}/run/logs/train-jax.log"
     write_text(uri, "[train_jax] step 100/100\n")
     assert read_text(uri) == "[train_jax] step 100/100\n"
-    assert browse_url(uri) == f"https://console.cloud.google.com/storage/browser/_details/{bucket}/run/logs/train-jax.log"
+    assert (
+        browse_url(uri) == f"https://console.cloud.google.com/storage/browser/_details/{bucket}/run/logs/train-jax.log"
+    )
 
 
 def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator: GcsEmulator) -> None:
@@ -127,6 +137,7 @@ def test_without_an_emulator_nothing_is_added(monkeypatch: pytest.MonkeyPatch) -
 
 
 # --- leases ---------------------------------------------------------------------------------------
+
 
 def test_exactly_one_of_many_racing_acquirers_wins_each_slot(bucket: str) -> None:
     from tpuflow.slices.leases import lease_store
@@ -168,12 +179,17 @@ def test_leases_cli_lists_and_frees_a_gs_root(bucket: str) -> None:
     root = f"gs://{bucket}/slice-leases"
     lease_store(root).try_acquire("tpu_llm_pipeline_local/manual__1", 2)
     cli = [*TPUFLOW, "leases"]
-    listed = subprocess.run([*cli, "list", "--lease-root", root, "--max-slices", "2"], capture_output=True, text=True,
-                            timeout=120)
+    listed = subprocess.run(
+        [*cli, "list", "--lease-root", root, "--max-slices", "2"], capture_output=True, text=True, timeout=120
+    )
     assert listed.returncode == 0, listed.stderr
     assert "slot 0: tpu_llm_pipeline_local/manual__1" in listed.stdout
-    freed = subprocess.run([*cli, "free", "--lease-root", root, "tpu_llm_pipeline_local/manual__1"],
-                           capture_output=True, text=True, timeout=120)
+    freed = subprocess.run(
+        [*cli, "free", "--lease-root", root, "tpu_llm_pipeline_local/manual__1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert freed.returncode == 0 and "freed slot(s) [0]" in freed.stdout, freed.stdout + freed.stderr
     listed = subprocess.run([*cli, "list", "--lease-root", root], capture_output=True, text=True, timeout=120)
     assert f"no slice leases held in {root}" in listed.stdout
@@ -181,6 +197,7 @@ def test_leases_cli_lists_and_frees_a_gs_root(bucket: str) -> None:
 
 
 # --- preflight ------------------------------------------------------------------------------------
+
 
 def test_preflight_accepts_a_writable_bucket_and_leaves_nothing(bucket: str) -> None:
     from tpuflow.storage import check_writable
@@ -237,8 +254,9 @@ with DAG(DAG_ID, schedule=None, params=pipeline_params()) as dag:
 """
 
 
-def test_check_params_task_fails_before_the_cluster_task(bucket: str, migrated_airflow_db: Path,
-                                                         proxy: FaultProxy) -> None:
+def test_check_params_task_fails_before_the_cluster_task(
+    bucket: str, migrated_airflow_db: Path, proxy: FaultProxy
+) -> None:
     """In a real Airflow run: the first task fails on an unwritable output root, nothing after it runs."""
     dag_id = "gcs_preflight_test"
     path = migrated_airflow_db / f"{dag_id}.py"
@@ -260,6 +278,7 @@ def test_check_params_task_fails_before_the_cluster_task(bucket: str, migrated_a
 
 
 # --- transient faults: the clients' own retries ---------------------------------------------------
+
 
 def test_parquet_write_and_read_survive_503_429_and_resets(bucket: str, proxy: FaultProxy, ray_storage) -> None:
     import pyarrow as pa

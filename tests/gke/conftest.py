@@ -48,7 +48,10 @@ def airflow_db() -> Path:
     from airflow import settings
     from airflow.utils.db import upgradedb
 
-    if _OWN_HOME is None and Path(settings.AIRFLOW_HOME).expanduser().resolve() == Path("~/airflow").expanduser().resolve():
+    if (
+        _OWN_HOME is None
+        and Path(settings.AIRFLOW_HOME).expanduser().resolve() == Path("~/airflow").expanduser().resolve()
+    ):
         pytest.skip("Airflow was imported with the default ~/airflow home; not migrating a real metadata DB")
     upgradedb()
     return Path(settings.DAGS_FOLDER)

@@ -32,8 +32,10 @@ def test_the_connection_extras_select_endpoint_transport_and_anonymous_credentia
 
 
 def test_a_grpc_transport_can_be_forced(monkeypatch):
-    conn = {"conn_type": "google_cloud_platform",
-            "extra": {"is_anonymous": True, "container_api_endpoint": "localhost:1", "container_api_transport": "grpc"}}
+    conn = {
+        "conn_type": "google_cloud_platform",
+        "extra": {"is_anonymous": True, "container_api_endpoint": "localhost:1", "container_api_transport": "grpc"},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_GKE_GRPC", json.dumps(conn))
     h = GKENodePoolHook(gcp_conn_id="gke_grpc", location=ZONE)
     assert h.container_api_transport == "grpc" and not h.uses_rest_transport
@@ -43,7 +45,8 @@ def test_wait_returns_a_successful_operation_and_raises_on_operation_error(gke):
     h = hook()
     done = h.wait_for_node_pool_operation(
         h.create_node_pool(project_id=PROJECT, cluster_name=CLUSTER, node_pool=POOL),
-        project_id=PROJECT, poll_interval=0.05,
+        project_id=PROJECT,
+        poll_interval=0.05,
     )
     assert done.status.name == "DONE" and done.target_link.endswith(f"/clusters/{CLUSTER}/nodePools/np-1")
 
@@ -81,7 +84,11 @@ async def _first_event(trigger):
 def test_the_operation_trigger_serialises_to_json_and_polls_through_the_async_hook(gke):
     operation = hook().create_node_pool(project_id=PROJECT, cluster_name=CLUSTER, node_pool=POOL)
     trigger = GKENodePoolOperationTrigger(
-        operation_name=operation.name, project_id=PROJECT, location=ZONE, gcp_conn_id=CONN_ID, poll_interval=0.05,
+        operation_name=operation.name,
+        project_id=PROJECT,
+        location=ZONE,
+        gcp_conn_id=CONN_ID,
+        poll_interval=0.05,
         resume={"progress": {"choice": 1}, "waiting": {"operation": operation.name}},
     )
     classpath, kwargs = trigger.serialize()

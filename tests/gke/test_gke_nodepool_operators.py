@@ -34,7 +34,9 @@ def posts(gke: Any) -> list[dict[str, Any]]:
 def queue_faults(gke: Any, *faults: dict[str, Any]) -> None:
     """Fault injection over the stand-in's HTTP control path, as the local pipeline does it."""
     request = urllib.request.Request(
-        gke.url + "/_standin/faults", data=json.dumps({"faults": list(faults)}).encode(), method="POST",
+        gke.url + "/_standin/faults",
+        data=json.dumps({"faults": list(faults)}).encode(),
+        method="POST",
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=5) as response:
@@ -52,8 +54,13 @@ def test_create_provisions_the_slice_and_reports_it(gke):
     assert pool["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
     assert pool["config"]["spot"] is True
     # The k8s side can find the slice by the labels TPU pods select on.
-    assert gke.find_node_pools({"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                                "cloud.google.com/gke-tpu-topology": "4x4"}, nodes=4)[0]["name"] == pool["name"]
+    assert (
+        gke.find_node_pools(
+            {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"},
+            nodes=4,
+        )[0]["name"]
+        == pool["name"]
+    )
     # Ownership labels: GCE label rules, exact identity digest, expiry in the future.
     labels = pool["config"]["resourceLabels"]
     assert labels["tpuflow-dag"] == "train_dag" and labels["tpuflow-task"] == "create_pool"
@@ -143,8 +150,11 @@ def test_a_stockout_falls_back_to_the_next_capacity_choice(gke):
     [pool] = gke.node_pools()
     assert pool["status"] == "RUNNING" and "spot" not in pool["config"]
     # The failed spot pool was deleted before the on-demand one was created.
-    methods = [(r["method"], (r["body"] or {}).get("nodePool", {}).get("config", {}).get("spot"))
-               for r in gke.requests if r["method"] in ("POST", "DELETE")]
+    methods = [
+        (r["method"], (r["body"] or {}).get("nodePool", {}).get("config", {}).get("spot"))
+        for r in gke.requests
+        if r["method"] in ("POST", "DELETE")
+    ]
     assert methods == [("POST", True), ("DELETE", None), ("POST", None)]
 
 
@@ -196,7 +206,8 @@ def test_a_busy_cluster_is_waited_for(gke):
     gke.max_concurrent_operations = 1
     gke.operation_seconds = 0.4
     GKENodePoolHook(gcp_conn_id=CONN_ID, location=ZONE).create_node_pool(
-        project_id=PROJECT, cluster_name=CLUSTER,
+        project_id=PROJECT,
+        cluster_name=CLUSTER,
         node_pool={"name": "cpu-pool", "config": {"machineType": "n2-standard-8"}, "initialNodeCount": 1},
     )
     result = create_op(retry_backoff=0.1).execute(context())
@@ -363,6 +374,7 @@ def test_killing_the_create_in_the_worker_deletes_the_finished_pools_and_names_t
 
     gke.operation_seconds = 1.0
     op = create_op(accelerator="v5p", topology="2x2x2", num_slices=2)
+
     def work() -> None:
         try:
             op.execute(context())
@@ -393,8 +405,9 @@ def test_killing_the_create_during_a_backoff_deletes_the_pools_it_already_made(g
     op = create_op()
     name = op.execute(context())["node_pool_name"]
     owned = op._kill_with[1]  # what _drive hands the triggers as delete_on_kill
-    trigger = NodePoolBackoffTrigger(wake_at=time.time() + 60, reason="stockout on the next pool",
-                                     resume={"progress": {}}, delete_on_kill=owned)
+    trigger = NodePoolBackoffTrigger(
+        wake_at=time.time() + 60, reason="stockout on the next pool", resume={"progress": {}}, delete_on_kill=owned
+    )
     rebuilt = NodePoolBackoffTrigger(**json.loads(json.dumps(trigger.serialize()[1])))
     assert NodePoolBackoffTrigger(wake_at=1.0).delete_on_kill is None  # triggers serialized before this kwarg
 
@@ -415,8 +428,9 @@ def test_on_kill_action_keep_leaves_the_pools_when_killed_in_the_worker_and_whil
     assert f"on_kill_action='keep' leaves node pool(s) {name}" in capsys.readouterr().out
 
     gke.operation_seconds = 0.3
-    trigger = _deferred_trigger(create_op(task_id="create_other", deferrable=True, on_kill_action="keep"),
-                                context(task_id="create_other"))
+    trigger = _deferred_trigger(
+        create_op(task_id="create_other", deferrable=True, on_kill_action="keep"), context(task_id="create_other")
+    )
     assert trigger.delete_on_kill is None
     asyncio.run(trigger.on_kill())
     assert not [r for r in gke.requests if r["method"] == "DELETE"]
@@ -456,8 +470,14 @@ def test_a_templated_node_label_is_checked_only_once_rendered_by_the_parse_time_
 def test_a_broken_wait_fails_the_task_through_raise_for_event_and_a_good_one_resumes(gke):
     op = create_op(deferrable=True)
     with pytest.raises(AirflowException, match="waiting on GKE: error: reading GKE operation x failed"):
-        op.execute_complete(context(), {"status": "error", "message": "reading GKE operation x failed: boom",
-                                        "resume": {"progress": {}, "waiting": None}})
+        op.execute_complete(
+            context(),
+            {
+                "status": "error",
+                "message": "reading GKE operation x failed: boom",
+                "resume": {"progress": {}, "waiting": None},
+            },
+        )
     with pytest.raises(AirflowFailException, match="is ABORTING"):
         op.execute_complete(context(), {"status": "failed", "message": "GKE operation x is ABORTING"})
     trigger = _deferred_trigger(create_op(deferrable=True), context())

@@ -116,8 +116,16 @@ CASES = {
     "v5e-2x4-two-vms": ["--accelerator", "v5e", "--topology", "2x4", "--machine-type", "ct5lp-hightpu-4t"],
     "v5p-2x2x2-reservation": ["--accelerator", "v5p", "--topology", "2x2x2", "--capacity", "reservation:tpu-res-1"],
     "tpu7x-2x2x2": ["--accelerator", "tpu7x", "--topology", "2x2x2", "--workload-policy", "ht-2x2x2"],
-    "v6e-2x2": ["--accelerator", "v6e", "--topology", "2x2", "--node-label", "team=ml",
-                "--node-taint", "dedicated=tpu:NoSchedule"],
+    "v6e-2x2": [
+        "--accelerator",
+        "v6e",
+        "--topology",
+        "2x2",
+        "--node-label",
+        "team=ml",
+        "--node-taint",
+        "dedicated=tpu:NoSchedule",
+    ],
 }
 
 

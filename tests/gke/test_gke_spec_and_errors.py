@@ -22,8 +22,15 @@ GCE_LABEL = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
 def plan(**overrides):
-    args = dict(project_id="tpu-proj-123", location="us-east5-b", cluster_name="c1", accelerator="v6e",
-                topology="4x4", identity=TaskIdentity("dag", "run", "task"), expires_at=1_900_000_000)
+    args = dict(
+        project_id="tpu-proj-123",
+        location="us-east5-b",
+        cluster_name="c1",
+        accelerator="v6e",
+        topology="4x4",
+        identity=TaskIdentity("dag", "run", "task"),
+        expires_at=1_900_000_000,
+    )
     return plan_node_pools(**{**args, **overrides})
 
 
@@ -33,8 +40,10 @@ def plan(**overrides):
         ("on-demand", Capacity("on-demand")),
         (" SPOT ", Capacity("spot")),
         ("reservation:tpu-res-1", Capacity("reservation", "tpu-res-1")),
-        ("reservation:projects/owner-proj/reservations/shared-1", Capacity("reservation",
-                                                                           "projects/owner-proj/reservations/shared-1")),
+        (
+            "reservation:projects/owner-proj/reservations/shared-1",
+            Capacity("reservation", "projects/owner-proj/reservations/shared-1"),
+        ),
         ("flex-start", Capacity("flex-start")),
         ("queued", Capacity("queued")),
     ],
@@ -61,7 +70,10 @@ def test_bad_capacity_names_the_field_and_the_fix(text, fix):
 
 def test_fallback_order_accepts_a_list_or_a_comma_string():
     assert parse_capacity_order("spot", "on-demand, flex-start") == (
-        Capacity("spot"), Capacity("on-demand"), Capacity("flex-start"))
+        Capacity("spot"),
+        Capacity("on-demand"),
+        Capacity("flex-start"),
+    )
     assert parse_capacity_order("spot", ["reservation:r1"]) == (Capacity("spot"), Capacity("reservation", "r1"))
 
 
@@ -104,27 +116,44 @@ def test_an_existing_pool_matches_whichever_capacity_choice_made_it():
     p = plan(capacity="spot", fallback_capacity=["on-demand"])
     on_demand = p.body(0, Capacity("on-demand"))
     # GKE echoes the pool with extra fields of its own; those do not count.
-    echoed = {**on_demand, "status": "RUNNING", "version": "1.34", "config": {
-        **on_demand["config"], "labels": {"extra": "x"}, "diskSizeGb": 100,
-        "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}]}}
+    echoed = {
+        **on_demand,
+        "status": "RUNNING",
+        "version": "1.34",
+        "config": {
+            **on_demand["config"],
+            "labels": {"extra": "x"},
+            "diskSizeGb": 100,
+            "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}],
+        },
+    }
     assert match_capacity(p, 0, echoed) == (Capacity("on-demand"), [])
     reserved = plan(capacity="reservation:r1").body(0)
     capacity, diffs = match_capacity(p, 0, reserved)
     assert capacity is None
-    assert "config.reservationAffinity.consumeReservationType: want 'NO_RESERVATION', found 'SPECIFIC_RESERVATION'" in diffs
+    assert (
+        "config.reservationAffinity.consumeReservationType: want 'NO_RESERVATION', found 'SPECIFIC_RESERVATION'"
+        in diffs
+    )
 
 
 # Messages as GKE and Compute Engine write them (from real operation errors and HTTP errors).
 STOCKOUT_OP = {
     "status": "DONE",
-    "error": {"code": 8, "message": "Instance 'gke-c-np-1' creation failed: The zone 'projects/p/zones/us-east5-b' does "
-                                    "not have enough resources available to fulfill the request.  '(resource type:compute)'."},
+    "error": {
+        "code": 8,
+        "message": "Instance 'gke-c-np-1' creation failed: The zone 'projects/p/zones/us-east5-b' does "
+        "not have enough resources available to fulfill the request.  '(resource type:compute)'.",
+    },
     "nodepoolConditions": [{"code": "GCE_STOCKOUT", "canonicalCode": "RESOURCE_EXHAUSTED", "message": "..."}],
 }
 QUOTA_OP = {
     "status": "DONE",
-    "error": {"code": 8, "message": "Instance 'gke-e2e-pool' creation failed: Quota 'IN_USE_ADDRESSES' exceeded.  "
-                                    "Limit: 8.0 in region europe-central2."},
+    "error": {
+        "code": 8,
+        "message": "Instance 'gke-e2e-pool' creation failed: Quota 'IN_USE_ADDRESSES' exceeded.  "
+        "Limit: 8.0 in region europe-central2.",
+    },
     "detail": "Insufficient quota to satisfy the request: Not all instances running in IGM after 26.6s.",
     "nodepoolConditions": [{"code": "GCE_QUOTA_EXCEEDED", "canonicalCode": "RESOURCE_EXHAUSTED"}],
 }
@@ -140,18 +169,42 @@ def test_operation_errors_are_classified():
 @pytest.mark.parametrize(
     ("http_code", "status", "message", "kind"),
     [
-        (429, "RESOURCE_EXHAUSTED", 'Too many operations: cluster "c" hits the concurrent operations quota 5, please '
-                                    "try again later.", FailureKind.TOO_MANY_OPERATIONS),
-        (400, "FAILED_PRECONDITION", "Operation operation-1596 is currently upgrading cluster c. Please wait and try "
-                                     "again once it is done.", FailureKind.TOO_MANY_OPERATIONS),
-        (403, "PERMISSION_DENIED", 'Required "container.clusters.update" permission(s) for "projects/p".',
-         FailureKind.PERMISSION),
-        (403, "PERMISSION_DENIED", "Insufficient regional quota to satisfy request: resource \"CPUS\": request "
-                                   "requires '96.0'", FailureKind.QUOTA),
-        (503, "UNAVAILABLE", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: A ct6e-standard-4t VM is currently "
-                             "unavailable", FailureKind.STOCKOUT),
-        (409, "ALREADY_EXISTS", "Already exists: projects/p/locations/z/clusters/c/nodePools/np.",
-         FailureKind.ALREADY_EXISTS),
+        (
+            429,
+            "RESOURCE_EXHAUSTED",
+            'Too many operations: cluster "c" hits the concurrent operations quota 5, please try again later.',
+            FailureKind.TOO_MANY_OPERATIONS,
+        ),
+        (
+            400,
+            "FAILED_PRECONDITION",
+            "Operation operation-1596 is currently upgrading cluster c. Please wait and try again once it is done.",
+            FailureKind.TOO_MANY_OPERATIONS,
+        ),
+        (
+            403,
+            "PERMISSION_DENIED",
+            'Required "container.clusters.update" permission(s) for "projects/p".',
+            FailureKind.PERMISSION,
+        ),
+        (
+            403,
+            "PERMISSION_DENIED",
+            "Insufficient regional quota to satisfy request: resource \"CPUS\": request requires '96.0'",
+            FailureKind.QUOTA,
+        ),
+        (
+            503,
+            "UNAVAILABLE",
+            "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: A ct6e-standard-4t VM is currently unavailable",
+            FailureKind.STOCKOUT,
+        ),
+        (
+            409,
+            "ALREADY_EXISTS",
+            "Already exists: projects/p/locations/z/clusters/c/nodePools/np.",
+            FailureKind.ALREADY_EXISTS,
+        ),
         (400, "INVALID_ARGUMENT", "Invalid TPU topology", FailureKind.INVALID_ARGUMENT),
         (503, "UNAVAILABLE", "The service is currently unavailable.", FailureKind.TRANSIENT),
     ],

@@ -27,8 +27,20 @@ TPU = TpuSlice.from_spec("v5e", "2x2")
 SERVE = {"applications": [{"name": "app", "import_path": "m:app", "route_prefix": "/"}]}
 
 GOOD_KEYS = ["team", "example.com/team", "a.b-c_d", "A9", "x" * 63, ("p" * 60 + ".io/") + "n", "a/" + "b" * 63]
-BAD_KEYS = ["", "/team", "-team", "team-", "x" * 64, "Example.com/team", "a..b/c", "a/b/c", "ex ample/t", "a/",
-            ("p" * 254) + "/n", "a-.b/c"]
+BAD_KEYS = [
+    "",
+    "/team",
+    "-team",
+    "team-",
+    "x" * 64,
+    "Example.com/team",
+    "a..b/c",
+    "a/b/c",
+    "ex ample/t",
+    "a/",
+    ("p" * 254) + "/n",
+    "a-.b/c",
+]
 GOOD_VALUES = ["", "ml", "ML.v2_x-1", "9", "z" * 63]
 BAD_VALUES = ["-ml", "ml-", "m l", "z" * 64, "ä", "a/b"]
 
@@ -41,9 +53,12 @@ def _paths(labels: dict[str, Any]) -> dict[str, Any]:
         "k8s_values.check_labels": lambda: k8s_values.check_labels("labels", labels),
         "node_labels": lambda: check_node_labels(labels),
         "node_taints": lambda: check_node_taints(taints),
-        "raycluster labels": lambda: raycluster_manifest(RayClusterTemplate(TPU, image="rayproject/ray:2.60.0-py311"), name="rc", labels=labels),
-        "rayservice pod_labels": lambda: rayservice_manifest(RayClusterTemplate(TPU, image="rayproject/ray:2.60.0-py311"), SERVE, name="svc",
-                                                             pod_labels=labels),
+        "raycluster labels": lambda: raycluster_manifest(
+            RayClusterTemplate(TPU, image="rayproject/ray:2.60.0-py311"), name="rc", labels=labels
+        ),
+        "rayservice pod_labels": lambda: rayservice_manifest(
+            RayClusterTemplate(TPU, image="rayproject/ray:2.60.0-py311"), SERVE, name="svc", pod_labels=labels
+        ),
     }
 
 
@@ -98,9 +113,15 @@ def test_both_ownership_forms_carry_the_same_exact_identity() -> None:
     assert kubernetes_ownership_labels(other_instance)["tpuflow.dev/run-key"] != identity.key
 
 
-@pytest.mark.parametrize(("labels", "fix"), [({"Tpuflow-x": "a"}, "starting with a letter"),
-                                             ({"9x": "a"}, "starting with a letter"),
-                                             ({"x": "A"}, "a-z 0-9 _ -"), ({"x": "a" * 64}, "at most 63")])
+@pytest.mark.parametrize(
+    ("labels", "fix"),
+    [
+        ({"Tpuflow-x": "a"}, "starting with a letter"),
+        ({"9x": "a"}, "starting with a letter"),
+        ({"x": "A"}, "a-z 0-9 _ -"),
+        ({"x": "a" * 64}, "at most 63"),
+    ],
+)
 def test_gce_label_rules(labels: dict[str, str], fix: str) -> None:
     with pytest.raises(UserInputError, match=re.escape(fix)):
         check_gce_labels("resource_labels", labels)

@@ -19,8 +19,10 @@ def crd_schema(plural: str) -> dict[str, Any]:
     """spec.versions[name=v1].schema.openAPIV3Schema of ray.io_<plural>.yaml (skips when absent)."""
     path = CRD_DIR / f"ray.io_{plural}.yaml"
     if not path.is_file():
-        pytest.skip(f"KubeRay CRDs not found at {path}; set TPUFLOW_KUBERAY_CRDS to the directory holding "
-                    "ray.io_rayclusters.yaml / ray.io_rayservices.yaml (KubeRay ray-operator/config/crd/bases)")
+        pytest.skip(
+            f"KubeRay CRDs not found at {path}; set TPUFLOW_KUBERAY_CRDS to the directory holding "
+            "ray.io_rayclusters.yaml / ray.io_rayservices.yaml (KubeRay ray-operator/config/crd/bases)"
+        )
     if plural not in _SCHEMAS:
         crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
@@ -31,7 +33,9 @@ def crd_schema(plural: str) -> dict[str, Any]:
 def sample(name: str) -> dict[str, Any]:
     path = SAMPLES_DIR / name
     if not path.is_file():
-        pytest.skip(f"KubeRay TPU sample {path} not found (set TPUFLOW_KUBERAY_CRDS to <kuberay>/crds with samples/ beside it)")
+        pytest.skip(
+            f"KubeRay TPU sample {path} not found (set TPUFLOW_KUBERAY_CRDS to <kuberay>/crds with samples/ beside it)"
+        )
     return yaml.safe_load(path.read_text())
 
 

@@ -18,7 +18,7 @@ from tpuflow.tpu import TpuSlice
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
-DAG = textwrap.dedent('''
+DAG = textwrap.dedent("""
     from airflow.sdk import DAG
     from tpuflow.kuberay.operators import (
         KubeRayCreateClusterOperator, KubeRayDeleteClusterOperator, KubeRayDeleteServiceOperator,
@@ -43,7 +43,7 @@ DAG = textwrap.dedent('''
         delete_serve = KubeRayDeleteServiceOperator(task_id="delete_serve", service_task_id="serve",
                                                     wait_timeout=60, trigger_rule="all_done", **COMMON)
         delete >> serve >> delete_serve
-''')
+""")
 
 
 @pytest.mark.slow
@@ -51,31 +51,54 @@ def test_operators_in_a_dag_run(tmp_path: Path) -> None:
     tpu = TpuSlice.from_spec("v6e", "4x4")
     from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher
 
-    launcher = FakeRayLauncher(serve={"llm": FakeServeBehaviour(
-        app_status="DEPLOYING", deployment_message="Deployment 'LLMServer' has 1 replicas that have taken more than "
-        "30s to be scheduled. Resources required for each replica: {'TPU': 4.0}")})
+    launcher = FakeRayLauncher(
+        serve={
+            "llm": FakeServeBehaviour(
+                app_status="DEPLOYING",
+                deployment_message="Deployment 'LLMServer' has 1 replicas that have taken more than "
+                "30s to be scheduled. Resources required for each replica: {'TPU': 4.0}",
+            )
+        }
+    )
     # One slice worth of nodes: the service's cluster can only start after the first cluster is deleted.
-    with KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=StaticNodePools([(tpu.node_selector, 4)]),
-                        interval=0.1) as kube:
+    with KubeRayStandin(
+        tmp_path / "kube", launcher=launcher, node_pools=StaticNodePools([(tpu.node_selector, 4)]), interval=0.1
+    ) as kube:
         home = tmp_path / "airflow"
         (home / "dags").mkdir(parents=True)
         dag_file = home / "dags" / "kuberay_standin_smoke.py"
         dag_file.write_text(DAG)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         env.update(kube.connection_env("kube_standin"))
-        env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-                    "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(REPO)})
+        env.update(
+            {
+                "AIRFLOW_HOME": str(home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "PYTHONPATH": str(REPO),
+            }
+        )
         airflow = str(Path(sys.executable).with_name("airflow"))
         subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
-        proc = subprocess.run([sys.executable, str(HERE / "dagtest_runner.py"), str(dag_file), "kuberay_standin_smoke"],
-                              env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "dagtest_runner.py"), str(dag_file), "kuberay_standin_smoke"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+        )
         output = proc.stdout + proc.stderr
         lines = [line for line in proc.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
         assert lines, output[-5000:]
         result = json.loads(lines[-1].removeprefix("DAGTEST_RESULT "))
         states = result["states"]
-        assert states == {"ray_cluster": "success", "delete_ray_cluster": "success", "serve": "failed",
-                          "delete_serve": "success"}, output[-5000:]
+        assert states == {
+            "ray_cluster": "success",
+            "delete_ray_cluster": "success",
+            "serve": "failed",
+            "delete_serve": "success",
+        }, output[-5000:]
         payload = result["xcoms"]["ray_cluster.return_value"]
         assert payload["dashboard_url"].startswith("http://127.0.0.1:") and payload["slice"]["num_hosts"] == 4
         assert result["xcoms"]["ray_cluster.ray_dashboard"] == payload["dashboard_url"]

@@ -33,24 +33,33 @@ class _TI:
 @pytest.mark.slow
 def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tpu = TpuSlice.from_spec("tpu7x", "2x2x2")  # 2 simulated hosts, 8 logical TPU devices each
-    launcher = LocalRayLauncher(tmp_path / "ray", head_cpus=1, host_cpus=1, env={"PYTHONPATH": str(HERE)},
-                                timeout=240)
-    with KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=StaticNodePools([(tpu.node_selector, 2)]),
-                        interval=0.2) as kube:
+    launcher = LocalRayLauncher(tmp_path / "ray", head_cpus=1, host_cpus=1, env={"PYTHONPATH": str(HERE)}, timeout=240)
+    with KubeRayStandin(
+        tmp_path / "kube", launcher=launcher, node_pools=StaticNodePools([(tpu.node_selector, 2)]), interval=0.2
+    ) as kube:
         for key, value in kube.connection_env("kube_standin").items():
             monkeypatch.setenv(key, value)
         serve_config = {"applications": [{"name": "echo", "import_path": "serve_echo_app:app", "route_prefix": "/"}]}
-        op = KubeRayDeployServiceOperator(task_id="serve", tpu=tpu, image="rayproject/ray:2.60.0-py311",
-                                          serve_config=serve_config, kubernetes_conn_id="kube_standin",
-                                          deferrable=False, poll_interval=1, wait_timeout=420)
+        op = KubeRayDeployServiceOperator(
+            task_id="serve",
+            tpu=tpu,
+            image="rayproject/ray:2.60.0-py311",
+            serve_config=serve_config,
+            kubernetes_conn_id="kube_standin",
+            deferrable=False,
+            poll_interval=1,
+            wait_timeout=420,
+        )
         payload = op.execute({"ti": _TI()})  # type: ignore[arg-type]
         assert payload["applications"] == {"echo": "RUNNING"}
 
         from ray.job_submission import JobStatus, JobSubmissionClient
 
         jobs = JobSubmissionClient(payload["dashboard_url"])
-        job = jobs.submit_job(entrypoint=f"{sys.executable} -c \"import ray; ray.init(); print('TPU', "
-                                         "ray.cluster_resources().get('TPU'))\"")
+        job = jobs.submit_job(
+            entrypoint=f"{sys.executable} -c \"import ray; ray.init(); print('TPU', "
+            "ray.cluster_resources().get('TPU'))\""
+        )
         deadline = time.time() + 180
         while jobs.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             assert time.time() < deadline, jobs.get_job_logs(job)
@@ -63,8 +72,9 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
         cluster = kube.controller.handle_for("default", payload["ray_cluster_name"])
         assert cluster is not None
         local = cluster.cluster  # type: ignore[attr-defined]
-        deleted = KubeRayDeleteServiceOperator(task_id="delete", name=payload["name"], kubernetes_conn_id="kube_standin",
-                                               poll_interval=1, wait_timeout=120).execute({"ti": _TI()})  # type: ignore[arg-type]
+        deleted = KubeRayDeleteServiceOperator(
+            task_id="delete", name=payload["name"], kubernetes_conn_id="kube_standin", poll_interval=1, wait_timeout=120
+        ).execute({"ti": _TI()})  # type: ignore[arg-type]
         assert deleted["deleted"] and kube.store.list(RAYSERVICES) == []
         deadline = time.time() + 60
         while local.is_alive() and time.time() < deadline:

@@ -21,9 +21,17 @@ from tpuflow.kuberay.webhook_rules import tpu_group_problems
 from tpuflow.tpu import GENERATIONS, TpuSlice
 
 IMAGE = "rayproject/ray:2.60.0-py311"
-SERVE = {"applications": [{"name": "llm", "import_path": "workloads.serve_app:app", "route_prefix": "/",
-                           "deployments": [{"name": "LLMServer", "num_replicas": 1}]}],
-         "http_options": {"host": "127.0.0.1", "port": 52311, "request_timeout_s": 30}}
+SERVE = {
+    "applications": [
+        {
+            "name": "llm",
+            "import_path": "workloads.serve_app:app",
+            "route_prefix": "/",
+            "deployments": [{"name": "LLMServer", "num_replicas": 1}],
+        }
+    ],
+    "http_options": {"host": "127.0.0.1", "port": 52311, "request_timeout_s": 30},
+}
 ACCEPTANCE = [("v6e", "4x4"), ("v5e", "2x2"), ("tpu7x", "2x2x2")]
 
 
@@ -63,11 +71,14 @@ def test_crd_check_catches_a_misspelt_field() -> None:
     assert any("replicas" in e and "integer" in e for e in errors)
 
 
-@pytest.mark.parametrize(("sample_file", "accelerator", "topology"), [
-    ("ray-cluster.tpu-v6e-16-multihost.yaml", "v6e", "4x4"),
-    ("ray-cluster.tpu-v6e-singlehost.yaml", "v6e", "2x2"),
-    ("ray-cluster.tpu-v4-multihost.yaml", "v4", "2x2x2"),
-])
+@pytest.mark.parametrize(
+    ("sample_file", "accelerator", "topology"),
+    [
+        ("ray-cluster.tpu-v6e-16-multihost.yaml", "v6e", "4x4"),
+        ("ray-cluster.tpu-v6e-singlehost.yaml", "v6e", "2x2"),
+        ("ray-cluster.tpu-v4-multihost.yaml", "v4", "2x2x2"),
+    ],
+)
 def test_tpu_fields_match_the_kuberay_samples(sample_file: str, accelerator: str, topology: str) -> None:
     ours, theirs = cluster(accelerator, topology), sample(sample_file)
     ours_group, their_group = worker(ours), theirs["spec"]["workerGroupSpecs"][0]
@@ -102,8 +113,10 @@ def test_tpu7x_declares_two_logical_devices_per_chip() -> None:
     group = worker(manifest)
     assert group["numOfHosts"] == 2
     assert json.loads(json.loads(group["rayStartParams"]["resources"])) == {"TPU": 8}
-    for container in (manifest["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0],
-                      group["template"]["spec"]["containers"][0]):
+    for container in (
+        manifest["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0],
+        group["template"]["spec"]["containers"][0],
+    ):
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env == {"JAX_PLATFORMS": "tpu", "RAY_TPU_RESOURCE_PER_CHIP": "2"}
     assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
@@ -141,11 +154,14 @@ def test_the_webhook_rule_names_a_wrong_numofhosts() -> None:
 
 def test_image_env_and_labels_come_from_arguments() -> None:
     tpu = TpuSlice.from_spec("v5e", "2x2")
-    manifest = raycluster_manifest(RayClusterTemplate(tpu, image="gcr.io/p/ray:1", env={"A": "1"}), name="rc",
-                                   labels={"team": "ml"})
+    manifest = raycluster_manifest(
+        RayClusterTemplate(tpu, image="gcr.io/p/ray:1", env={"A": "1"}), name="rc", labels={"team": "ml"}
+    )
     assert manifest["metadata"]["labels"] == {"team": "ml"}
-    for container in (manifest["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0],
-                      worker(manifest)["template"]["spec"]["containers"][0]):
+    for container in (
+        manifest["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0],
+        worker(manifest)["template"]["spec"]["containers"][0],
+    ):
         assert container["image"] == "gcr.io/p/ray:1"
         assert container["env"] == [{"name": "A", "value": "1"}]
     assert worker(manifest)["template"]["metadata"]["labels"] == {"team": "ml"}
@@ -165,34 +181,68 @@ def test_serve_config_object_with_to_dict_is_accepted() -> None:
         def to_dict(self) -> dict[str, Any]:
             return {"applications": [{"name": "a", "import_path": "m:app"}]}
 
-    manifest = rayservice_manifest(RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE), ServeConfig(),
-                                   name="svc")
+    manifest = rayservice_manifest(
+        RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE), ServeConfig(), name="svc"
+    )
     assert yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["import_path"] == "m:app"
 
 
-@pytest.mark.parametrize(("build", "field"), [
-    (lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image="").validated(), "image"),
-    (lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, ray_version="2.60").validated(),
-     "ray_version"),
-    (lambda: RayClusterTemplate(TpuSlice.from_spec("tpu7x", "2x2x2"), image=IMAGE,
-                                env={"RAY_TPU_RESOURCE_PER_CHIP": "1"}).validated(), "env['RAY_TPU_RESOURCE_PER_CHIP']"),
-    (lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE,
-                                worker_resources={"google.com/tpu": "8"}).validated(),
-     "worker_resources['google.com/tpu']"),
-    (lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE,
-                                head_resources={"memory": "lots"}).validated(), "head_resources['memory']"),
-    (lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, env={"1X": "a"}).validated(),
-     "env['1X']"),
-    (lambda: cluster_named("Bad_Name"), "name"),
-    (lambda: rayservice_manifest(RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE), SERVE,
-                                 name="svc", upgrade_strategy="Rolling"), "upgrade_strategy"),
-    (lambda: rayservice_manifest(RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE),
-                                 {"applications": []}, name="svc"), "serve_config.applications"),
-    (lambda: rayservice_manifest(RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE),
-                                 {"applications": [{"name": "a", "import_path": "m:a"},
-                                                   {"name": "a", "import_path": "m:b"}]}, name="svc"),
-     "serve_config.applications[1].name"),
-])
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image="").validated(), "image"),
+        (
+            lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, ray_version="2.60").validated(),
+            "ray_version",
+        ),
+        (
+            lambda: RayClusterTemplate(
+                TpuSlice.from_spec("tpu7x", "2x2x2"), image=IMAGE, env={"RAY_TPU_RESOURCE_PER_CHIP": "1"}
+            ).validated(),
+            "env['RAY_TPU_RESOURCE_PER_CHIP']",
+        ),
+        (
+            lambda: RayClusterTemplate(
+                TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, worker_resources={"google.com/tpu": "8"}
+            ).validated(),
+            "worker_resources['google.com/tpu']",
+        ),
+        (
+            lambda: RayClusterTemplate(
+                TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, head_resources={"memory": "lots"}
+            ).validated(),
+            "head_resources['memory']",
+        ),
+        (
+            lambda: RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, env={"1X": "a"}).validated(),
+            "env['1X']",
+        ),
+        (lambda: cluster_named("Bad_Name"), "name"),
+        (
+            lambda: rayservice_manifest(
+                RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE),
+                SERVE,
+                name="svc",
+                upgrade_strategy="Rolling",
+            ),
+            "upgrade_strategy",
+        ),
+        (
+            lambda: rayservice_manifest(
+                RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE), {"applications": []}, name="svc"
+            ),
+            "serve_config.applications",
+        ),
+        (
+            lambda: rayservice_manifest(
+                RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE),
+                {"applications": [{"name": "a", "import_path": "m:a"}, {"name": "a", "import_path": "m:b"}]},
+                name="svc",
+            ),
+            "serve_config.applications[1].name",
+        ),
+    ],
+)
 def test_bad_input_names_the_field(build: Any, field: str) -> None:
     with pytest.raises(UserInputError) as err:
         build()
@@ -210,7 +260,8 @@ def test_names_are_deterministic_per_task_instance_and_fit_kubernetes() -> None:
     assert a != resource_name("tpu_llm_pipeline_gke", "manual__2026-11-29T10:00:00+00:00", "ray_cluster", 1)
     assert len(a) <= 40 and a[0].isalpha() and a.replace("-", "").isalnum() and a == a.lower()
     labels = ownership_labels("My DAG/with:odd+chars" * 4, "scheduled__2026+x", "group.task_1")
-    manifest = raycluster_manifest(RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE), name=a,
-                                   labels=labels)
+    manifest = raycluster_manifest(
+        RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE), name=a, labels=labels
+    )
     assert manifest["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tpuflow"
     assert all(len(v) <= 63 for v in labels.values())

@@ -30,13 +30,26 @@ from tpuflow.tpu import TpuSlice
 CONN = "kube_standin"
 V6E = TpuSlice.from_spec("v6e", "4x4")
 IMAGE = "rayproject/ray:2.60.0-py311"
-SERVE = {"applications": [{"name": "llm", "import_path": "workloads.serve:app", "route_prefix": "/",
-                           "deployments": [{"name": "LLMServer"}]}]}
+SERVE = {
+    "applications": [
+        {
+            "name": "llm",
+            "import_path": "workloads.serve:app",
+            "route_prefix": "/",
+            "deployments": [{"name": "LLMServer"}],
+        }
+    ]
+}
 
 
 class FakeTI:
-    def __init__(self, task_id: str, dag_id: str = "tpu_llm_pipeline_gke", run_id: str = "manual__2026-11-29",
-                 map_index: int = -1) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        dag_id: str = "tpu_llm_pipeline_gke",
+        run_id: str = "manual__2026-11-29",
+        map_index: int = -1,
+    ) -> None:
         self.dag_id, self.run_id, self.task_id, self.map_index = dag_id, run_id, task_id, map_index
         self.xcom: dict[str, Any] = {}
 
@@ -102,7 +115,8 @@ def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin)
     assert payload["gcs_address"] == f"127.0.0.1:{ports['gcs']}"
     assert payload["address_mode"] == "head_service"
     assert payload["in_cluster_dns"]["dashboard_url"] == (
-        f"http://{name}-head-svc.default.svc.cluster.local:{ports['dashboard']}")
+        f"http://{name}-head-svc.default.svc.cluster.local:{ports['dashboard']}"
+    )
     assert payload["slice"]["topology"] == "4x4" and payload["slice"]["num_hosts"] == 4
     assert ti.xcom["ray_dashboard"] == payload["dashboard_url"]
     handle = kube.controller.handle_for("default", name)
@@ -119,7 +133,8 @@ def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin)
         run(create_op(image="rayproject/ray:2.60.0-py312"), FakeTI("ray_cluster"))
 
     assert run(create_op(address_mode="in_cluster_dns"), FakeTI("ray_cluster"))["dashboard_url"].startswith(
-        f"http://{name}-head-svc.default.svc.cluster.local:")
+        f"http://{name}-head-svc.default.svc.cluster.local:"
+    )
 
 
 def test_wrong_numofhosts_fails_before_anything_is_sent(kube: KubeRayStandin) -> None:
@@ -135,8 +150,14 @@ def test_wrong_numofhosts_fails_before_anything_is_sent(kube: KubeRayStandin) ->
 def test_wrong_numofhosts_rejected_by_the_tpu_webhook_ends_the_task_at_once(kube: KubeRayStandin) -> None:
     manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="copied-sample")
     manifest["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
-    op = KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest,
-                                      tpu_preflight=False, wait_timeout=60, deferrable=True)
+    op = KubeRayCreateClusterOperator(
+        task_id="ray_cluster",
+        kubernetes_conn_id=CONN,
+        manifest=manifest,
+        tpu_preflight=False,
+        wait_timeout=60,
+        deferrable=True,
+    )
     started = time.monotonic()
     with pytest.raises(AirflowFailException) as err:
         run(op)
@@ -147,8 +168,9 @@ def test_wrong_numofhosts_rejected_by_the_tpu_webhook_ends_the_task_at_once(kube
 
 
 @pytest.mark.parametrize("deferrable", [True, False])
-def test_a_cluster_that_never_becomes_ready_fails_at_the_deadline_with_reasons(kube: KubeRayStandin,
-                                                                              deferrable: bool) -> None:
+def test_a_cluster_that_never_becomes_ready_fails_at_the_deadline_with_reasons(
+    kube: KubeRayStandin, deferrable: bool
+) -> None:
     # No node pool matches the TPU worker group: its pods stay Pending (FailedScheduling).
     op = create_op(deferrable=deferrable, wait_timeout=1.5, log_lines=5)
     started = time.monotonic()
@@ -183,7 +205,8 @@ def test_deploy_service_then_update_in_place_then_delete(kube: KubeRayStandin) -
     assert payload["applications"] == {"llm": "RUNNING"} and payload["ray_cluster_name"] == cluster
     assert payload["serve_url"] == f"http://127.0.0.1:{handle.serve_port}"
     assert payload["in_cluster_dns"]["serve_url"] == "http://llm-endpoint-serve-svc.default.svc.cluster.local:" + str(
-        handle.serve_port)
+        handle.serve_port
+    )
 
     updated = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
     again = run(deploy_op(name="llm-endpoint", serve_config=updated, deferrable=False), FakeTI("serve", run_id="r2"))
@@ -193,18 +216,28 @@ def test_deploy_service_then_update_in_place_then_delete(kube: KubeRayStandin) -
     with pytest.raises(AirflowFailException, match="second\\s+TPU slice"):
         run(deploy_op(name="llm-endpoint", image="rayproject/ray:2.60.0-py312"), FakeTI("serve", run_id="r3"))
 
-    deleted = run(KubeRayDeleteServiceOperator(task_id="delete_serve", name="llm-endpoint", kubernetes_conn_id=CONN,
-                                               poll_interval=0.1, deferrable=True))
-    assert deleted == {"kind": "RayService", "name": "llm-endpoint", "namespace": "default", "existed": True,
-                       "deleted": True}
+    deleted = run(
+        KubeRayDeleteServiceOperator(
+            task_id="delete_serve", name="llm-endpoint", kubernetes_conn_id=CONN, poll_interval=0.1, deferrable=True
+        )
+    )
+    assert deleted == {
+        "kind": "RayService",
+        "name": "llm-endpoint",
+        "namespace": "default",
+        "existed": True,
+        "deleted": True,
+    }
     assert kube.store.list(RAYSERVICES) == []
 
 
 def test_service_stuck_deploying_fails_at_the_deadline_naming_the_deployment(kube: KubeRayStandin) -> None:
     add_pool(kube)
     kube.launcher.serve["llm"] = FakeServeBehaviour(  # type: ignore[attr-defined]
-        app_status="DEPLOYING", deployment_message="Deployment 'LLMServer' in application 'llm' has 1 replicas that "
-        "have taken more than 30s to be scheduled. Resources required for each replica: {'TPU': 4.0, 'CPU': 1.0}")
+        app_status="DEPLOYING",
+        deployment_message="Deployment 'LLMServer' in application 'llm' has 1 replicas that "
+        "have taken more than 30s to be scheduled. Resources required for each replica: {'TPU': 4.0, 'CPU': 1.0}",
+    )
     started = time.monotonic()
     with pytest.raises(AirflowException) as err:
         run(deploy_op(deferrable=True, wait_timeout=1.5))
@@ -217,7 +250,8 @@ def test_service_stuck_deploying_fails_at_the_deadline_naming_the_deployment(kub
 def test_service_deploy_failed_fails_fast(kube: KubeRayStandin) -> None:
     add_pool(kube)
     kube.launcher.serve["*"] = FakeServeBehaviour(  # type: ignore[attr-defined]
-        app_status="DEPLOY_FAILED", message="ModuleNotFoundError: No module named 'workloads.serve'")
+        app_status="DEPLOY_FAILED", message="ModuleNotFoundError: No module named 'workloads.serve'"
+    )
     started = time.monotonic()
     with pytest.raises(AirflowException) as err:
         run(deploy_op(deferrable=True, wait_timeout=30))
@@ -228,8 +262,13 @@ def test_service_deploy_failed_fails_fast(kube: KubeRayStandin) -> None:
 def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> None:
     add_pool(kube)
     created = run(create_op())
-    op = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster", cluster_task_id="ray_cluster",
-                                      kubernetes_conn_id=CONN, poll_interval=0.1, deferrable=True)
+    op = KubeRayDeleteClusterOperator(
+        task_id="delete_ray_cluster",
+        cluster_task_id="ray_cluster",
+        kubernetes_conn_id=CONN,
+        poll_interval=0.1,
+        deferrable=True,
+    )
     result = run(op, FakeTI("delete_ray_cluster"))
     assert result["name"] == created["name"] and result["deleted"] and result["existed"]
     assert kube.store.list(RAYCLUSTERS) == []
@@ -246,15 +285,18 @@ def test_bad_static_arguments_fail_at_parse_time() -> None:
     with pytest.raises(UserInputError) as err:
         KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, address_mode="nodeport")
     assert err.value.field == "address_mode"
-    KubeRayCreateClusterOperator(task_id="t", accelerator="{{ params.acc }}", topology="{{ params.topo }}",
-                                 image=IMAGE)  # templated: checked at run time
+    KubeRayCreateClusterOperator(
+        task_id="t", accelerator="{{ params.acc }}", topology="{{ params.topo }}", image=IMAGE
+    )  # templated: checked at run time
 
 
 def test_operator_module_is_cheap_to_import() -> None:
-    code = ("import sys; from airflow.sdk import BaseOperator; before = set(sys.modules); "
-            "import tpuflow.kuberay.operators; new = set(sys.modules) - before; "
-            "print(sorted(m for m in new if m.split('.')[0] in ('kubernetes', 'kubernetes_asyncio', 'ray', 'google') "
-            "or m.startswith(('airflow.providers', 'airflow.triggers'))))")
+    code = (
+        "import sys; from airflow.sdk import BaseOperator; before = set(sys.modules); "
+        "import tpuflow.kuberay.operators; new = set(sys.modules) - before; "
+        "print(sorted(m for m in new if m.split('.')[0] in ('kubernetes', 'kubernetes_asyncio', 'ray', 'google') "
+        "or m.startswith(('airflow.providers', 'airflow.triggers'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -265,9 +307,12 @@ def test_gke_cluster_with_a_kubernetes_connection_only_feeds_the_console_links(k
     gke = {"project_id": "tpuflow-test", "location": "us-east5", "cluster_name": "ml"}
     payload = run(create_op(gke_cluster=gke), ti)
     assert ti.xcom["gke_ray_workloads"].startswith(
-        "https://console.cloud.google.com/kubernetes/workload/overview?project=tpuflow-test")
-    assert ti.xcom["gke_ray_head_pod"] == ("https://console.cloud.google.com/kubernetes/pod/us-east5/ml/default/"
-                                           f"{payload['head_pod']}/details?project=tpuflow-test")
+        "https://console.cloud.google.com/kubernetes/workload/overview?project=tpuflow-test"
+    )
+    assert ti.xcom["gke_ray_head_pod"] == (
+        "https://console.cloud.google.com/kubernetes/pod/us-east5/ml/default/"
+        f"{payload['head_pod']}/details?project=tpuflow-test"
+    )
 
 
 def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,8 +321,11 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
     from tpuflow.kuberay.hooks import KubeTarget
 
-    cluster = SimpleNamespace(endpoint="34.1.1.1", master_auth=SimpleNamespace(cluster_ca_certificate="Q0E="),
-                              private_cluster_config=SimpleNamespace(private_endpoint="10.0.0.2"))
+    cluster = SimpleNamespace(
+        endpoint="34.1.1.1",
+        master_auth=SimpleNamespace(cluster_ca_certificate="Q0E="),
+        private_cluster_config=SimpleNamespace(private_endpoint="10.0.0.2"),
+    )
     seen: dict[str, Any] = {}
 
     def get_cluster(self: Any, name: str, project_id: str, **kw: Any) -> Any:
@@ -285,15 +333,29 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
         return cluster
 
     monkeypatch.setattr(GKEHook, "get_cluster", get_cluster)
-    monkeypatch.setenv("AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform",
-                                                       "extra": {"is_anonymous": True}}))
-    op = KubeRayCreateClusterOperator(task_id="rc", tpu=V6E, image=IMAGE, gcp_conn_id="gcp",
-                                      gke_cluster={"project_id": "tpuflow-test", "location": "us-east5",
-                                                   "cluster_name": "ml", "use_internal_ip": True})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}})
+    )
+    op = KubeRayCreateClusterOperator(
+        task_id="rc",
+        tpu=V6E,
+        image=IMAGE,
+        gcp_conn_id="gcp",
+        gke_cluster={
+            "project_id": "tpuflow-test",
+            "location": "us-east5",
+            "cluster_name": "ml",
+            "use_internal_ip": True,
+        },
+    )
     target = op.kube_target()
     assert seen == {"name": "ml", "project_id": "tpuflow-test"}
     assert (target.cluster_url, target.ssl_ca_cert, target.gcp_conn_id, target.kubernetes_conn_id) == (
-        "https://10.0.0.2", "Q0E=", "gcp", None)
+        "https://10.0.0.2",
+        "Q0E=",
+        "gcp",
+        None,
+    )
     assert KubeTarget.from_dict(json.loads(json.dumps(target.to_dict()))) == target
     with pytest.raises(UserInputError, match="cluster_name"):
         KubeRayCreateClusterOperator(task_id="rc", tpu=V6E, image=IMAGE, gke_cluster={"project_id": "p"})
@@ -315,7 +377,8 @@ def deleting(kube: KubeRayStandin, rtype: Any, name: str) -> bool:
 
 
 def test_killing_a_deferred_cluster_create_deletes_the_raycluster_but_a_triggerer_restart_does_not(
-        kube: KubeRayStandin) -> None:
+    kube: KubeRayStandin,
+) -> None:
     # No node pool matches the TPU workers: the cluster stays unready and the task stays deferred.
     trigger = deferred_trigger(create_op(deferrable=True))
     assert trigger.owner_run_key
@@ -334,7 +397,8 @@ def test_killing_a_deferred_cluster_create_deletes_the_raycluster_but_a_triggere
 
 
 def test_killing_a_deferred_deploy_deletes_the_rayservice_it_created_not_one_it_only_updated(
-        kube: KubeRayStandin) -> None:
+    kube: KubeRayStandin,
+) -> None:
     add_pool(kube)
     kube.launcher.serve["llm"] = FakeServeBehaviour(app_status="DEPLOYING")  # type: ignore[attr-defined]
     created = deferred_trigger(deploy_op(deferrable=True))
@@ -343,8 +407,9 @@ def test_killing_a_deferred_deploy_deletes_the_rayservice_it_created_not_one_it_
 
     first = deferred_trigger(deploy_op(name="llm-endpoint", deferrable=True), FakeTI("serve", run_id="r1"))
     updated = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
-    update = deferred_trigger(deploy_op(name="llm-endpoint", serve_config=updated, deferrable=True),
-                              FakeTI("serve", run_id="r2"))
+    update = deferred_trigger(
+        deploy_op(name="llm-endpoint", serve_config=updated, deferrable=True), FakeTI("serve", run_id="r2")
+    )
     asyncio.run(update.on_kill())  # run r2's task is killed: the endpoint run r1 created keeps serving
     assert not deleting(kube, RAYSERVICES, "llm-endpoint")
     asyncio.run(first.on_kill())
@@ -385,11 +450,13 @@ def test_the_hooks_are_the_providers_kubernetes_hooks_and_their_gke_variants(mon
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
     from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
 
-    monkeypatch.setenv("AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform",
-                                                       "extra": {"is_anonymous": True}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}})
+    )
     conn = KubeTarget(kubernetes_conn_id=CONN)
-    assert type(KubeRayHook.for_target(conn)) is KubeRayHook and isinstance(KubeRayHook.for_target(conn),
-                                                                            KubernetesHook)
+    assert type(KubeRayHook.for_target(conn)) is KubeRayHook and isinstance(
+        KubeRayHook.for_target(conn), KubernetesHook
+    )
     assert type(AsyncKubeRayHook.for_target(conn)) is AsyncKubeRayHook
     assert isinstance(AsyncKubeRayHook.for_target(conn), AsyncKubernetesHook)
     gke = KubeTarget(kubernetes_conn_id=None, cluster_url="https://10.0.0.2", ssl_ca_cert="Q0E=", gcp_conn_id="gcp")
@@ -415,14 +482,16 @@ def test_the_hooks_return_plain_json_and_raise_the_clients_errors(kube: KubeRayS
     assert hook.get_service(f"{name}-head-svc", "default")["spec"]["clusterIP"] == "127.0.0.1"
     assert hook.get_service("nope", "default") is None and hook.get(PLURAL, "nope", "default") is None
     with pytest.raises(ApiException) as err:
-        hook.create(PLURAL, {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}},
-                    "default")
+        hook.create(PLURAL, {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}}, "default")
     assert err.value.status == 409
 
     async def read() -> tuple[Any, Any, Any]:
         reader = AsyncKubeRayHook.for_target(target)
-        return (await reader.get(PLURAL, name, "default"), await reader.pods("default", f"ray.io/cluster={name}"),
-                await reader.delete(PLURAL, "nope", "default"))
+        return (
+            await reader.get(PLURAL, name, "default"),
+            await reader.pods("default", f"ray.io/cluster={name}"),
+            await reader.delete(PLURAL, "nope", "default"),
+        )
 
     obj, async_pods, deleted = asyncio.run(read())
     assert obj["metadata"]["name"] == name and deleted is False
@@ -460,10 +529,19 @@ def test_on_kill_action_keep_leaves_the_rayservice(kube: KubeRayStandin) -> None
 def test_public_operators_document_every_argument() -> None:
     import inspect
 
-    for cls in (KubeRayCreateClusterOperator, KubeRayDeployServiceOperator, KubeRayDeleteClusterOperator,
-                KubeRayDeleteServiceOperator):
+    for cls in (
+        KubeRayCreateClusterOperator,
+        KubeRayDeployServiceOperator,
+        KubeRayDeleteClusterOperator,
+        KubeRayDeleteServiceOperator,
+    ):
         doc = cls.__doc__ or ""
-        names = {p for klass in cls.__mro__ if "__init__" in vars(klass) and klass.__module__.startswith("tpuflow")
-                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "kwargs", "owner_task_id")}
+        names = {
+            p
+            for klass in cls.__mro__
+            if "__init__" in vars(klass) and klass.__module__.startswith("tpuflow")
+            for p in inspect.signature(klass.__init__).parameters
+            if p not in ("self", "kwargs", "owner_task_id")
+        }
         missing = sorted(n for n in names if f":param {n}:" not in doc)
         assert missing == [], f"{cls.__name__} does not document {missing}"

@@ -18,12 +18,26 @@ def render(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, st
     return rc, out, err
 
 
-@pytest.mark.parametrize(("accelerator", "topology", "hosts"), [("v6e", "4x4", 4), ("v5e", "2x2", 1),
-                                                                 ("tpu7x", "2x2x2", 2)])
-def test_render_raycluster_prints_a_valid_manifest(capsys: pytest.CaptureFixture[str], accelerator: str,
-                                                   topology: str, hosts: int) -> None:
-    rc, out, _ = render(capsys, "raycluster", "--accelerator", accelerator, "--topology", topology,
-                        "--env", "JAX_PLATFORMS=tpu", "--worker-cpu", "24", "--worker-memory", "200G")
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "hosts"), [("v6e", "4x4", 4), ("v5e", "2x2", 1), ("tpu7x", "2x2x2", 2)]
+)
+def test_render_raycluster_prints_a_valid_manifest(
+    capsys: pytest.CaptureFixture[str], accelerator: str, topology: str, hosts: int
+) -> None:
+    rc, out, _ = render(
+        capsys,
+        "raycluster",
+        "--accelerator",
+        accelerator,
+        "--topology",
+        topology,
+        "--env",
+        "JAX_PLATFORMS=tpu",
+        "--worker-cpu",
+        "24",
+        "--worker-memory",
+        "200G",
+    )
     assert rc == 0
     manifest = yaml.safe_load(out)
     assert schema_errors("rayclusters", manifest) == []
@@ -36,8 +50,22 @@ def test_render_rayservice_from_a_serve_config_file(capsys: pytest.CaptureFixtur
     config = {"applications": [{"name": "llm", "import_path": "workloads.serve:app", "route_prefix": "/v1"}]}
     path = tmp_path / "serve.json"
     path.write_text(json.dumps(config))
-    rc, out, _ = render(capsys, "rayservice", "--accelerator", "TPU-V6E", "--topology", "4x4", "--serve-config",
-                        str(path), "--dag-id", "tpu_llm_pipeline_gke", "--run-id", "manual__1", "--task-id", "serve")
+    rc, out, _ = render(
+        capsys,
+        "rayservice",
+        "--accelerator",
+        "TPU-V6E",
+        "--topology",
+        "4x4",
+        "--serve-config",
+        str(path),
+        "--dag-id",
+        "tpu_llm_pipeline_gke",
+        "--run-id",
+        "manual__1",
+        "--task-id",
+        "serve",
+    )
     assert rc == 0
     assert "serveConfigV2: |\n" in out  # a literal block, as in the KubeRay samples
     manifest = yaml.safe_load(out)
@@ -48,20 +76,25 @@ def test_render_rayservice_from_a_serve_config_file(capsys: pytest.CaptureFixtur
 
 
 def test_render_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = render(capsys, "rayservice", "--accelerator", "v5e", "--topology", "2x2", "--import-path", "m:app",
-                        "--json")
+    rc, out, _ = render(
+        capsys, "rayservice", "--accelerator", "v5e", "--topology", "2x2", "--import-path", "m:app", "--json"
+    )
     assert rc == 0 and json.loads(out)["kind"] == "RayService"
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["raycluster", "--accelerator", "v6e", "--topology", "16"], "topology='16'"),
-    (["raycluster", "--accelerator", "tpu-v5e", "--topology", "2x2"], "TPU-V5LITEPOD"),
-    (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--env", "NOEQUALS"], "--env"),
-    (["rayservice", "--accelerator", "v6e", "--topology", "4x4"], "--import-path"),
-    (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--name", "Not_DNS"], "name="),
-])
-def test_render_rejects_bad_input_naming_the_field(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                                   needle: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["raycluster", "--accelerator", "v6e", "--topology", "16"], "topology='16'"),
+        (["raycluster", "--accelerator", "tpu-v5e", "--topology", "2x2"], "TPU-V5LITEPOD"),
+        (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--env", "NOEQUALS"], "--env"),
+        (["rayservice", "--accelerator", "v6e", "--topology", "4x4"], "--import-path"),
+        (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--name", "Not_DNS"], "name="),
+    ],
+)
+def test_render_rejects_bad_input_naming_the_field(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
     rc, out, err = render(capsys, *argv)
     assert rc == 2 and out == ""
     assert needle in err

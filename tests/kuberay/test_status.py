@@ -12,17 +12,26 @@ def cond(ctype: str, status: bool, reason: str = "", message: str = "") -> dict[
 
 
 def raycluster(status: dict[str, Any] | None, generation: int = 1) -> dict[str, Any]:
-    obj: dict[str, Any] = {"metadata": {"name": "rc", "generation": generation},
-                           "spec": {"workerGroupSpecs": [{"replicas": 2, "numOfHosts": 4}]}}
+    obj: dict[str, Any] = {
+        "metadata": {"name": "rc", "generation": generation},
+        "spec": {"workerGroupSpecs": [{"replicas": 2, "numOfHosts": 4}]},
+    }
     if status is not None:
         obj["status"] = status
     return obj
 
 
 def ready_status(ready_workers: int = 8, **extra: Any) -> dict[str, Any]:
-    return {"conditions": [cond("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime"),
-                           cond("HeadPodReady", True, "HeadPodRunningAndReady")],
-            "desiredWorkerReplicas": 8, "readyWorkerReplicas": ready_workers, "observedGeneration": 1, **extra}
+    return {
+        "conditions": [
+            cond("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime"),
+            cond("HeadPodReady", True, "HeadPodRunningAndReady"),
+        ],
+        "desiredWorkerReplicas": 8,
+        "readyWorkerReplicas": ready_workers,
+        "observedGeneration": 1,
+        **extra,
+    }
 
 
 def test_cluster_without_status_waits_and_suspects_the_operator() -> None:
@@ -63,15 +72,24 @@ def test_stale_observed_generation_waits() -> None:
 
 
 def test_legacy_state_ready_without_conditions() -> None:
-    assert raycluster_verdict(raycluster({"state": "ready", "desiredWorkerReplicas": 8, "readyWorkerReplicas": 8})).ready
+    assert raycluster_verdict(
+        raycluster({"state": "ready", "desiredWorkerReplicas": 8, "readyWorkerReplicas": 8})
+    ).ready
     assert raycluster_verdict(raycluster({"state": "failed", "reason": "head pod crashed"})).failed
 
 
-def service(apps: dict[str, Any] | None = None, ready: bool = True, endpoints: int = 1, reason: str = "",
-            active: str = "svc-raycluster-abcde", message: str = "") -> dict[str, Any]:
+def service(
+    apps: dict[str, Any] | None = None,
+    ready: bool = True,
+    endpoints: int = 1,
+    reason: str = "",
+    active: str = "svc-raycluster-abcde",
+    message: str = "",
+) -> dict[str, Any]:
     status: dict[str, Any] = {
         "conditions": [cond("Ready", ready, reason or ("NonZeroServeEndpoints" if ready else "Initializing"), message)],
-        "numServeEndpoints": endpoints, "observedGeneration": 1,
+        "numServeEndpoints": endpoints,
+        "observedGeneration": 1,
         "activeServiceStatus": {"rayClusterName": active, "applicationStatuses": apps or {}} if active else {},
     }
     if not active:
@@ -80,8 +98,11 @@ def service(apps: dict[str, Any] | None = None, ready: bool = True, endpoints: i
 
 
 def app(status: str, message: str = "", **deployments: tuple[str, str]) -> dict[str, Any]:
-    return {"status": status, "message": message,
-            "serveDeploymentStatuses": {d: {"status": s, "message": m} for d, (s, m) in deployments.items()}}
+    return {
+        "status": status,
+        "message": message,
+        "serveDeploymentStatuses": {d: {"status": s, "message": m} for d, (s, m) in deployments.items()},
+    }
 
 
 def test_service_ready_needs_ready_condition_running_apps_and_endpoints() -> None:
@@ -100,8 +121,18 @@ def test_service_waiting_for_its_cluster_says_so() -> None:
 
 
 def test_deploy_failed_and_unhealthy_fail_fast_naming_app_and_deployment() -> None:
-    failed = rayservice_verdict(service({"llm": app("DEPLOY_FAILED", "ImportError: no module named serve_app",
-                                                    LLMServer=("DEPLOY_FAILED", "replica crashed"))}, ready=False))
+    failed = rayservice_verdict(
+        service(
+            {
+                "llm": app(
+                    "DEPLOY_FAILED",
+                    "ImportError: no module named serve_app",
+                    LLMServer=("DEPLOY_FAILED", "replica crashed"),
+                )
+            },
+            ready=False,
+        )
+    )
     assert failed.failed and "'llm' is DEPLOY_FAILED" in failed.reason and "ImportError" in failed.reason
     assert "'LLMServer'" in failed.reason
     assert rayservice_verdict(service({"llm": app("UNHEALTHY", LLMServer=("UNHEALTHY", "health check"))})).failed
@@ -114,8 +145,10 @@ def test_terminal_ready_reasons_fail() -> None:
 
 
 def test_stuck_diagnosis_names_the_deployment_and_the_likely_cause() -> None:
-    scheduling = ("Deployment 'LLMServer' in application 'llm' has 1 replicas that have taken more than 30s to be "
-                  "scheduled. Resources required for each replica: {'TPU': 4}")
+    scheduling = (
+        "Deployment 'LLMServer' in application 'llm' has 1 replicas that have taken more than 30s to be "
+        "scheduled. Resources required for each replica: {'TPU': 4}"
+    )
     stuck = service({"llm": app("DEPLOYING", LLMServer=("UPDATING", scheduling))}, ready=False, endpoints=0)
     text = stuck_service_diagnosis(stuck)
     assert "deployment 'LLMServer' of application 'llm' is UPDATING" in text
@@ -127,10 +160,20 @@ def test_stuck_diagnosis_names_the_deployment_and_the_likely_cause() -> None:
 
 
 def test_first_deploy_reports_the_pending_clusters_applications() -> None:
-    obj = {"metadata": {"name": "svc", "generation": 1}, "status": {
-        "conditions": [cond("Ready", False, "Initializing")], "numServeEndpoints": 0, "observedGeneration": 1,
-        "pendingServiceStatus": {"rayClusterName": "svc-raycluster-x", "applicationStatuses": {
-            "llm": app("DEPLOYING", LLMServer=("UPDATING", "Resources required for each replica: {'TPU': 8}"))}}}}
+    obj = {
+        "metadata": {"name": "svc", "generation": 1},
+        "status": {
+            "conditions": [cond("Ready", False, "Initializing")],
+            "numServeEndpoints": 0,
+            "observedGeneration": 1,
+            "pendingServiceStatus": {
+                "rayClusterName": "svc-raycluster-x",
+                "applicationStatuses": {
+                    "llm": app("DEPLOYING", LLMServer=("UPDATING", "Resources required for each replica: {'TPU': 8}"))
+                },
+            },
+        },
+    }
     verdict = rayservice_verdict(obj)
     assert verdict.state == "waiting" and "'llm' is DEPLOYING" in verdict.reason
     assert "deployment 'LLMServer' of application 'llm'" in stuck_service_diagnosis(obj)

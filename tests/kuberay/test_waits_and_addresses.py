@@ -39,21 +39,37 @@ class ScriptedReader:
         return []
 
 
-WAITING = {"metadata": {"name": "rc"}, "status": {"conditions": [
-    {"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady"}]}}
-READY = {"metadata": {"name": "rc"}, "status": {"desiredWorkerReplicas": 0, "readyWorkerReplicas": 0, "conditions": [
-    {"type": "RayClusterProvisioned", "status": "True"}, {"type": "HeadPodReady", "status": "True"}]}}
+WAITING = {
+    "metadata": {"name": "rc"},
+    "status": {"conditions": [{"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady"}]},
+}
+READY = {
+    "metadata": {"name": "rc"},
+    "status": {
+        "desiredWorkerReplicas": 0,
+        "readyWorkerReplicas": 0,
+        "conditions": [{"type": "RayClusterProvisioned", "status": "True"}, {"type": "HeadPodReady", "status": "True"}],
+    },
+}
 
 
 def wait(reader: ScriptedReader, timeout: float = 2.0) -> dict[str, Any]:
-    return asyncio.run(wait_ready(reader, kind="RayCluster", name="rc", namespace="ns", deadline=time.time() + timeout,
-                                  poll_interval=0.01))
+    return asyncio.run(
+        wait_ready(
+            reader, kind="RayCluster", name="rc", namespace="ns", deadline=time.time() + timeout, poll_interval=0.01
+        )
+    )
 
 
 def test_transient_api_errors_are_retried_until_ready() -> None:
     # The clients' own exceptions: kubernetes (worker) and kubernetes_asyncio (triggerer), and a dropped socket.
-    reader = ScriptedReader(ApiException(status=503, reason="ServiceUnavailable"), ConnectionResetError("reset"),
-                            AsyncApiException(status=429, reason="TooManyRequests"), WAITING, READY)
+    reader = ScriptedReader(
+        ApiException(status=503, reason="ServiceUnavailable"),
+        ConnectionResetError("reset"),
+        AsyncApiException(status=429, reason="TooManyRequests"),
+        WAITING,
+        READY,
+    )
     event = wait(reader)
     assert event["status"] == "success" and reader.calls == 5
     assert (event["kind"], event["name"], event["namespace"]) == ("RayCluster", "rc", "ns")
@@ -77,32 +93,72 @@ def test_an_object_deleted_while_waiting_fails() -> None:
 
 
 def test_a_failure_kubernetes_reports_is_not_retryable() -> None:
-    failing = {"metadata": {"name": "rc"}, "status": {"conditions": [
-        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreateWorkerPod", "message": "quota"}]}}
+    failing = {
+        "metadata": {"name": "rc"},
+        "status": {
+            "conditions": [
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreateWorkerPod", "message": "quota"}
+            ]
+        },
+    }
     event = wait(ScriptedReader(failing))
     assert event["status"] == "failed" and event["retryable"] is False and "quota" in event["message"]
 
 
 def test_delete_wait_succeeds_once_gone() -> None:
-    event = asyncio.run(wait_gone(ScriptedReader(READY, None), kind="RayCluster", name="rc", namespace="ns",
-                                  deadline=time.time() + 2, poll_interval=0.01))
+    event = asyncio.run(
+        wait_gone(
+            ScriptedReader(READY, None),
+            kind="RayCluster",
+            name="rc",
+            namespace="ns",
+            deadline=time.time() + 2,
+            poll_interval=0.01,
+        )
+    )
     assert event["status"] == "success" and "is gone" in event["message"]
 
 
 def test_delete_wait_reports_a_stuck_finalizer() -> None:
     held = {"metadata": {"name": "rc", "deletionTimestamp": "2026-11-29T00:00:00Z", "finalizers": ["ray.io/gcs-ft"]}}
-    event = asyncio.run(wait_gone(ScriptedReader(held), kind="RayCluster", name="rc", namespace="ns",
-                                  deadline=time.time() + 0.2, poll_interval=0.05))
+    event = asyncio.run(
+        wait_gone(
+            ScriptedReader(held),
+            kind="RayCluster",
+            name="rc",
+            namespace="ns",
+            deadline=time.time() + 0.2,
+            poll_interval=0.05,
+        )
+    )
     assert event["status"] == "timeout" and "ray.io/gcs-ft" in event["message"]
 
 
 CLUSTER = {
     "metadata": {"name": "rc", "namespace": "ml"},
-    "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "ports": [
-        {"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
-        {"name": "client", "containerPort": 10001}, {"name": "serve", "containerPort": 8000}]}]}}}},
-    "status": {"head": {"serviceName": "rc-head-svc", "serviceIP": "10.0.0.7", "podName": "rc-head-x"},
-               "endpoints": {"gcs": "6379", "dashboard": "8265", "client": "10001", "serve": "8000"}},
+    "spec": {
+        "headGroupSpec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "ray-head",
+                            "ports": [
+                                {"name": "gcs", "containerPort": 6379},
+                                {"name": "dashboard", "containerPort": 8265},
+                                {"name": "client", "containerPort": 10001},
+                                {"name": "serve", "containerPort": 8000},
+                            ],
+                        }
+                    ]
+                }
+            }
+        }
+    },
+    "status": {
+        "head": {"serviceName": "rc-head-svc", "serviceIP": "10.0.0.7", "podName": "rc-head-x"},
+        "endpoints": {"gcs": "6379", "dashboard": "8265", "client": "10001", "serve": "8000"},
+    },
 }
 
 
@@ -116,14 +172,20 @@ def test_address_modes() -> None:
     forwarded = cluster_payload(CLUSTER, None, mode="port_forward", in_cluster=False)
     assert forwarded["serve_url"] == "http://127.0.0.1:8000"
     lb = {"spec": {"clusterIP": "10.0.0.7", "ports": []}, "status": {"loadBalancer": {"ingress": [{"ip": "34.1.2.3"}]}}}
-    assert cluster_payload(CLUSTER, lb, mode="head_service", in_cluster=False)["dashboard_url"] == "http://34.1.2.3:8265"
+    assert (
+        cluster_payload(CLUSTER, lb, mode="head_service", in_cluster=False)["dashboard_url"] == "http://34.1.2.3:8265"
+    )
     with pytest.raises(UserInputError):
         cluster_payload(CLUSTER, None, mode="nodeport", in_cluster=False)
 
 
 def test_service_payload_prefers_the_serve_service() -> None:
-    svc = {"metadata": {"name": "llm", "namespace": "ml"}, "status": {"activeServiceStatus": {
-        "rayClusterName": "rc", "applicationStatuses": {"llm": {"status": "RUNNING"}}}}}
+    svc = {
+        "metadata": {"name": "llm", "namespace": "ml"},
+        "status": {
+            "activeServiceStatus": {"rayClusterName": "rc", "applicationStatuses": {"llm": {"status": "RUNNING"}}}
+        },
+    }
     cluster = cluster_payload(CLUSTER, None, mode="auto", in_cluster=True)
     payload = service_payload(svc, cluster, None, mode="auto", in_cluster=True)
     assert payload["serve_url"] == "http://llm-serve-svc.ml.svc.cluster.local:8000"

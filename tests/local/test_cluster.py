@@ -82,8 +82,9 @@ def test_refuses_a_slice_the_machine_cannot_hold(tmp_path, monkeypatch):
 def test_cli_up_status_down_leaves_no_process(tmp_path):
     cli = [sys.executable, "-m", "tpuflow.cli", "local"]
     base = ["--name", "cli-test", "--base-dir", str(tmp_path)]
-    up = subprocess.run([*cli, "up", "--accelerator", "v6e", "--topology", "2x2", *base],
-                        capture_output=True, text=True, timeout=600)
+    up = subprocess.run(
+        [*cli, "up", "--accelerator", "v6e", "--topology", "2x2", *base], capture_output=True, text=True, timeout=600
+    )
     assert up.returncode == 0, up.stderr[-3000:]
     info = json.loads(up.stdout)
     state = LocalRayCluster.load(tmp_path / "cli-test")

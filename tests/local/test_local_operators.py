@@ -47,8 +47,9 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
     monkeypatch.setattr(LocalRayCluster, "_start_head", start_head)
     monkeypatch.setattr(LocalRayCluster, "_start_host", start_host)
     monkeypatch.setattr(cluster_mod, "_available_memory", lambda: 1 << 40)
-    op = LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="2x2",
-                                       base_dir=str(tmp_path))
+    op = LocalRayClusterCreateOperator(
+        task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path)
+    )
     # The task runner's SIGTERM handler calls on_kill in the task process's main thread.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: op.on_kill())
     killer = threading.Thread(target=lambda: (_wait_for(spawned), os.kill(os.getpid(), signal.SIGTERM)))
@@ -88,7 +89,8 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
     assert all(len(n) <= 48 and n.startswith("local-local-dag-") for n in names)
     # A retry (same instance) gets the same name; the name does not depend on the try.
     assert local_cluster_name(TaskIdentity("local_dag", "manual__1", "start_cluster", 1)) == local_cluster_name(
-        TaskIdentity.from_context({"ti": MappedTI(1)}))
+        TaskIdentity.from_context({"ti": MappedTI(1)})
+    )
 
     seen: list[Any] = []  # cluster names start() was asked for, then state dirs load() was asked for
 
@@ -103,8 +105,9 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
     monkeypatch.setattr(LocalRayCluster, "load", classmethod(load))
     for index in (0, 1):
-        op = LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="2x2",
-                                           base_dir=str(tmp_path))
+        op = LocalRayClusterCreateOperator(
+            task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path)
+        )
         with pytest.raises(cluster_mod.LocalClusterError, match="not starting"):
             op.execute({"ti": MappedTI(index)})
     started = list(seen)
@@ -125,8 +128,12 @@ def test_the_slice_is_checked_at_parse_time_when_static_and_once_rendered_when_t
 
     with pytest.raises(UserInputError, match="topology='16'"):
         LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="16")
-    op = LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="{{ params.accelerator }}",
-                                       topology="{{ params.topology }}", base_dir=str(tmp_path))
+    op = LocalRayClusterCreateOperator(
+        task_id="start_cluster",
+        accelerator="{{ params.accelerator }}",
+        topology="{{ params.topology }}",
+        base_dir=str(tmp_path),
+    )
     assert op.topology == "{{ params.topology }}"  # assigned as given, not checked yet
     op.accelerator, op.topology = "v6e", "16"  # what the templates rendered to
     with pytest.raises(UserInputError, match="topology='16'"):

@@ -77,15 +77,26 @@ def main(work: Path) -> dict[str, Any]:
     try:
         info = cluster.connection_info()
         prep = RayDataPrepOperator(
-            task_id="prep", cluster=info, module="addition.prep", deferrable=False, poll_interval=0.5,
+            task_id="prep",
+            cluster=info,
+            module="addition.prep",
+            deferrable=False,
+            poll_interval=0.5,
             arguments={"output_dir": str(work / "data"), "date": DATE, "num_train": 2000},
         )
         prep_ctx = context("prep")
         out["prep"] = prep.execute(prep_ctx)
         train = RayTrainOperator(
-            task_id="train", cluster=info, deferrable=False, poll_interval=0.5,
-            framework="jax", train_loop="addition.train_jax:train_loop_per_worker",
-            accelerator="TPU-V6E", topology="2x2", storage_path=str(work / "train"), run_name="wheel",
+            task_id="train",
+            cluster=info,
+            deferrable=False,
+            poll_interval=0.5,
+            framework="jax",
+            train_loop="addition.train_jax:train_loop_per_worker",
+            accelerator="TPU-V6E",
+            topology="2x2",
+            storage_path=str(work / "train"),
+            run_name="wheel",
             datasets={"train": str(work / "data" / "train")},
             train_loop_config={"num_steps": 20, "checkpoint_every": 10, "log_every": 10},
         )

@@ -113,7 +113,8 @@ def is_dev(module: str) -> bool:
 
 def provider_modules() -> list[Path]:
     return sorted(
-        p for p in OPERATORS.rglob("*.py")
+        p
+        for p in OPERATORS.rglob("*.py")
         if p.relative_to(OPERATORS).parts[0] not in DEV_ONLY and "__pycache__" not in p.parts
     )
 
@@ -130,8 +131,11 @@ def test_the_import_scan_sees_every_form_of_import() -> None:
     )
     found = imported_modules(source, "tpuflow.gke")
     assert sorted({(line, m) for line, m in found if is_dev(m)}) == [
-        (1, "tpuflow.dev.standins"), (2, "tpuflow.dev"), (4, "tpuflow.dev.standins"),
-        (4, "tpuflow.dev.standins.gke_api"), (8, "tpuflow.dev.demo"),
+        (1, "tpuflow.dev.standins"),
+        (2, "tpuflow.dev"),
+        (4, "tpuflow.dev.standins"),
+        (4, "tpuflow.dev.standins.gke_api"),
+        (8, "tpuflow.dev.demo"),
     ]
     assert (9, "tpuflow.gke.hooks") in found and (10, "tpuflow.devices") in found
 
@@ -162,8 +166,11 @@ def build_wheel(out: Path) -> Path:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name)
     dist = out / "dist"
-    cmd = [str(UV), "build", "--wheel", "--out-dir", str(dist), str(src)] if UV.exists() else [
-        sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)]
+    cmd = (
+        [str(UV), "build", "--wheel", "--out-dir", str(dist), str(src)]
+        if UV.exists()
+        else [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)]
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     wheels = sorted(dist.glob("tpuflow-*.whl"))
@@ -213,21 +220,27 @@ import operators  # must fail: the distribution imports only as tpuflow
 
 def clean_env(home: Path) -> dict[str, str]:
     """The caller's environment without anything pointing at this checkout or another interpreter."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "RAY_", "AIRFLOW", "TPUFLOW", "PYTEST"))}
-    env.update({
-        "HOME": os.environ.get("HOME", str(home)),
-        "AIRFLOW_HOME": str(home / "airflow"),
-        "TPUFLOW_HOME": str(home / "tpuflow"),
-        "JAX_PLATFORMS": "cpu",
-        "PATH": os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(REPO))),
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "VIRTUAL_ENV", "RAY_", "AIRFLOW", "TPUFLOW", "PYTEST"))
+    }
+    env.update(
+        {
+            "HOME": os.environ.get("HOME", str(home)),
+            "AIRFLOW_HOME": str(home / "airflow"),
+            "TPUFLOW_HOME": str(home / "tpuflow"),
+            "JAX_PLATFORMS": "cpu",
+            "PATH": os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(REPO))),
+        }
+    )
     return env
 
 
 def run_in(venv: Path, args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "python"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +253,13 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     started = time.monotonic()
     subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120)
     for what in (["-r", str(REPO / "requirements.lock")], ["--no-deps", str(wheel)]):
-        done = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *what],
-                              capture_output=True, text=True, timeout=600, cwd=base)
+        done = subprocess.run(
+            [str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *what],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=base,
+        )
         assert done.returncode == 0, f"uv pip install {what} failed:\n{done.stderr[-3000:]}"
     neutral = base / "elsewhere"
     neutral.mkdir()
@@ -282,7 +300,7 @@ def test_installed_wheel_runs_the_local_pipelines_ray_steps(installed: dict) -> 
     print(f"installed-wheel Ray steps: {elapsed:.0f}s (venv install {installed['install_s']:.0f}s)")
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, f"rc={done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     site = str(next((venv / "lib").glob("python3.*/site-packages")))
     assert all(w.startswith(site + "/tpuflow/workloads") for w in result["working_dirs"]), result["working_dirs"]
     assert result["prep"]["train_rows"] == 2000 and result["prep"]["skipped"] is False, result["prep"]

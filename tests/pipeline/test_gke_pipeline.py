@@ -32,8 +32,18 @@ REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "tpu_llm_pipeline_gke"
 PROJECT, ZONE, CLUSTER = "tpu-proj-123", "us-east5-b", "tpu-cluster"
 CLUSTER_PATH = f"projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER}"
-ORDER = ["check_params", "create_node_pool", "create_ray_cluster", "prep", "train", "evaluate", "build_serve_config",
-         "deploy", "smoke_test", "write_report"]
+ORDER = [
+    "check_params",
+    "create_node_pool",
+    "create_ray_cluster",
+    "prep",
+    "train",
+    "evaluate",
+    "build_serve_config",
+    "deploy",
+    "smoke_test",
+    "write_report",
+]
 TEARDOWNS = ["delete_service", "delete_serve_node_pool", "delete_ray_cluster", "delete_node_pool"]
 
 
@@ -89,8 +99,9 @@ def _states(run: Any) -> dict[str, str]:
 def _wait_until_empty(gke: GKEApiStandin, kube: KubeRayStandin, timeout: float = 180.0) -> None:
     """The RayService's own RayCluster is garbage-collected (its Ray processes stopped) after the RayService."""
     deadline = time.time() + timeout
-    while time.time() < deadline and (gke.node_pools() or kube.store.list(RAYCLUSTERS)
-                                      or kube.store.list(RAYSERVICES) or kube.store.list(PODS)):
+    while time.time() < deadline and (
+        gke.node_pools() or kube.store.list(RAYCLUSTERS) or kube.store.list(RAYSERVICES) or kube.store.list(PODS)
+    ):
         time.sleep(0.5)
 
 
@@ -126,8 +137,12 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
             assert "create_serve_node_pool" in dag.get_task(up).downstream_task_ids
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     assert "deploy" in dag.get_task("create_serve_node_pool").downstream_task_ids
-    assert {t.task_id for t in dag.tasks if t.is_setup} == {"check_params", "create_node_pool", "create_ray_cluster",
-                                                              "create_serve_node_pool"}
+    assert {t.task_id for t in dag.tasks if t.is_setup} == {
+        "check_params",
+        "create_node_pool",
+        "create_ray_cluster",
+        "create_serve_node_pool",
+    }
     assert {t.task_id for t in dag.tasks if t.is_teardown} == set(TEARDOWNS)
     for teardown in TEARDOWNS:
         # Every teardown has check_params among its setups: it runs even when its own create task failed.
@@ -139,10 +154,16 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     assert {"serve_topology", "keep_endpoint", "accelerator", "topology"} <= set(dag.params)
 
 
-@pytest.mark.parametrize(("accelerator", "topology", "expected"), [
-    ("TPU-V6E", "", "1x1"), ("v5e", "", "1x1"), ("TPU-V4", "", "2x2x1"), ("tpu7x", "", "2x2x1"),
-    ("TPU-V6E", "2x4", "2x4"),
-])
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "expected"),
+    [
+        ("TPU-V6E", "", "1x1"),
+        ("v5e", "", "1x1"),
+        ("TPU-V4", "", "2x2x1"),
+        ("tpu7x", "", "2x2x1"),
+        ("TPU-V6E", "2x4", "2x4"),
+    ],
+)
 def test_serve_slice_is_single_host(accelerator: str, topology: str, expected: str) -> None:
     from tpuflow.pipeline.gke import serve_slice
 
@@ -150,9 +171,14 @@ def test_serve_slice_is_single_host(accelerator: str, topology: str, expected: s
     assert tpu.topology == expected and tpu.num_hosts == 1
 
 
-@pytest.mark.parametrize(("accelerator", "topology", "fix"), [
-    ("TPU-V6E", "4x4", "single-host"), ("TPU-V6E", "2x2x1", "2D"), ("TPU-V5P", "1x1", "3D"),
-])
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "fix"),
+    [
+        ("TPU-V6E", "4x4", "single-host"),
+        ("TPU-V6E", "2x2x1", "2D"),
+        ("TPU-V5P", "1x1", "3D"),
+    ],
+)
 def test_serve_slice_rejects(accelerator: str, topology: str, fix: str) -> None:
     from tpuflow.pipeline.gke import serve_slice
 
@@ -176,56 +202,102 @@ def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
     from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
 
     # Connections that do not exist: keeping must not call anything.
-    svc = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy", keep=keep,
-                                        kubernetes_conn_id="no_such_connection")
+    svc = KeepableDeleteServiceOperator(
+        task_id="delete_service", service_task_id="deploy", keep=keep, kubernetes_conn_id="no_such_connection"
+    )
     assert svc.execute({"ti": _TI("delete_service")})["kept"] is True  # type: ignore[arg-type]
-    pool = KeepableDeleteNodePoolOperator(task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool",
-                                          keep=keep, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
-                                          gcp_conn_id="no_such_connection")
+    pool = KeepableDeleteNodePoolOperator(
+        task_id="delete_serve_node_pool",
+        created_by_task_id="create_serve_node_pool",
+        keep=keep,
+        project_id=PROJECT,
+        location=ZONE,
+        cluster_name=CLUSTER,
+        gcp_conn_id="no_such_connection",
+    )
     assert pool.execute({"ti": _TI("delete_serve_node_pool")})["kept"] is True  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("keep", [False, "False", None])
-def test_endpoint_teardowns_delete_unless_kept(keep: Any, gke: GKEApiStandin, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_endpoint_teardowns_delete_unless_kept(
+    keep: Any, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
     from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
 
     kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke), interval=0.05)
     with kube:
         _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
-        gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": {
-            "name": "serve-pool", "config": {"machineType": "ct6e-standard-1t"}, "initialNodeCount": 1,
-            "locations": [ZONE]}})
+        gke.create_node_pool(
+            PROJECT,
+            ZONE,
+            CLUSTER,
+            {
+                "nodePool": {
+                    "name": "serve-pool",
+                    "config": {"machineType": "ct6e-standard-1t"},
+                    "initialNodeCount": 1,
+                    "locations": [ZONE],
+                }
+            },
+        )
         deploy = KubeRayDeployServiceOperator(
-            task_id="deploy", accelerator="TPU-V6E", topology="1x1", image="rayproject/ray:2.60.0-py311",
+            task_id="deploy",
+            accelerator="TPU-V6E",
+            topology="1x1",
+            image="rayproject/ray:2.60.0-py311",
             serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
-            kubernetes_conn_id="kube_standin", poll_interval=0.1, wait_timeout=60)
+            kubernetes_conn_id="kube_standin",
+            poll_interval=0.1,
+            wait_timeout=60,
+        )
         deploy.execute({"ti": _TI("deploy")})  # type: ignore[arg-type]
-        svc = KeepableDeleteServiceOperator(task_id="delete_service", service_task_id="deploy", keep=keep,
-                                            kubernetes_conn_id="kube_standin", poll_interval=0.1, wait_timeout=60)
+        svc = KeepableDeleteServiceOperator(
+            task_id="delete_service",
+            service_task_id="deploy",
+            keep=keep,
+            kubernetes_conn_id="kube_standin",
+            poll_interval=0.1,
+            wait_timeout=60,
+        )
         result = svc.execute({"ti": _TI("delete_service")})  # type: ignore[arg-type]
         assert result["existed"] is True and result["deleted"] is True
         assert kube.store.list(RAYSERVICES) == []
-        pool = KeepableDeleteNodePoolOperator(task_id="delete_serve_node_pool", node_pool_name="serve-pool", keep=keep,
-                                              project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
-                                              gcp_conn_id="gke_standin", poll_interval=0.1, retry_backoff=0.1)
+        pool = KeepableDeleteNodePoolOperator(
+            task_id="delete_serve_node_pool",
+            node_pool_name="serve-pool",
+            keep=keep,
+            project_id=PROJECT,
+            location=ZONE,
+            cluster_name=CLUSTER,
+            gcp_conn_id="gke_standin",
+            poll_interval=0.1,
+            retry_backoff=0.1,
+        )
         pool.execute({"ti": _TI("delete_serve_node_pool")})  # type: ignore[arg-type]
         assert gke.node_pools() == []
 
 
 # --- end to end on the stand-ins ------------------------------------------------------------------------
 @pytest.mark.slow
-def test_gke_pipeline_end_to_end_on_the_standins(dags_folder: Path, gke: GKEApiStandin, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gke_pipeline_end_to_end_on_the_standins(
+    dags_folder: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=600)
-    kube = KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH),
-                          interval=0.2)
+    kube = KubeRayStandin(
+        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.2
+    )
     with kube:
         _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
         dag = _load_dag(dags_folder, poll=0.5)
-        conf = {"accelerator": "TPU-V6E", "topology": "2x2", "framework": "jax", "train_steps": 1500,
-                "accuracy_threshold": 0.8, "num_train": 5000}
+        conf = {
+            "accelerator": "TPU-V6E",
+            "topology": "2x2",
+            "framework": "jax",
+            "train_steps": 1500,
+            "accuracy_threshold": 0.8,
+            "num_train": 5000,
+        }
         started = time.time()
         run = dag.test(run_conf=conf)
         elapsed = time.time() - started
@@ -246,8 +318,11 @@ def test_gke_pipeline_end_to_end_on_the_standins(dags_folder: Path, gke: GKEApiS
         assert report["endpoint"] == f"{deployed['serve_url']}/addition/v1"
 
         # Node pools: the training slice (one ct6e-standard-4t node) and the serve slice (1x1), both deleted.
-        created = [(r["body"] or {}).get("nodePool", {}).get("config", {}).get("machineType")
-                   for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
+        created = [
+            (r["body"] or {}).get("nodePool", {}).get("config", {}).get("machineType")
+            for r in gke.requests
+            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+        ]
         assert sorted(created) == ["ct6e-standard-1t", "ct6e-standard-4t"], gke.requests
         _wait_until_empty(gke, kube)
         assert gke.node_pools() == []
@@ -263,14 +338,19 @@ def test_gke_pipeline_end_to_end_on_the_standins(dags_folder: Path, gke: GKEApiS
 
 @pytest.mark.slow
 def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_deletes_everything(
-        dags_folder: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capfd: pytest.CaptureFixture[str]) -> None:
+    dags_folder: Path,
+    gke: GKEApiStandin,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     # The Kubernetes connection reaches a cluster whose nodes are not the GKE cluster's that got the slice's
     # node pool: the TPU worker pods stay Pending (FailedScheduling) and the RayCluster never becomes ready.
     other_cluster = f"projects/{PROJECT}/locations/{ZONE}/clusters/another-cluster"
     launcher = FakeRayLauncher()
-    kube = KubeRayStandin(tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=other_cluster),
-                          interval=0.1)
+    kube = KubeRayStandin(
+        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=other_cluster), interval=0.1
+    )
     with kube:
         _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
         dag = _load_dag(dags_folder, poll=0.3)

@@ -17,8 +17,13 @@ DATE = "2026-11-03"
 
 def run_demo(work: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     env = {**os.environ, "TPUFLOW_HOME": str(work / "home")}
-    return subprocess.run([*TPUFLOW, "demo", "--work-dir", str(work), "--date", DATE, *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [*TPUFLOW, "demo", "--work-dir", str(work), "--date", DATE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def cluster_states(work: Path) -> list[Path]:
@@ -56,15 +61,30 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
         completion = client.completions.create(model="addition", prompt=prompt, max_tokens=4, temperature=0)
         assert completion.choices[0].text == answer, (prompt, completion.choices[0].text)
     assert len(cluster_states(tmp_path)) == 1
-    down = subprocess.run([*TPUFLOW, "local", "down", "--base-dir", str(tmp_path / "home" / "clusters")],
-                          capture_output=True, text=True, timeout=300)
+    down = subprocess.run(
+        [*TPUFLOW, "local", "down", "--base-dir", str(tmp_path / "home" / "clusters")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert down.returncode == 0 and "stopped" in down.stdout
     assert cluster_states(tmp_path) == []
 
 
 def test_torch_pipeline_end_to_end_leaves_nothing_running(tmp_path):
-    out = run_demo(tmp_path, "--framework", "torch", "--topology", "2x4", "--machine-type", "ct6e-standard-4t",
-                   "--train-steps", "1200", "--accuracy-threshold", "0.5")
+    out = run_demo(
+        tmp_path,
+        "--framework",
+        "torch",
+        "--topology",
+        "2x4",
+        "--machine-type",
+        "ct6e-standard-4t",
+        "--train-steps",
+        "1200",
+        "--accuracy-threshold",
+        "0.5",
+    )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
     assert report["accuracy"] >= 0.5

@@ -106,15 +106,17 @@ def test_step_arguments_are_checked_when_parsed_if_plain_and_once_rendered_if_te
     with pytest.raises(UserInputError) as err:
         BuildServeConfigOperator(task_id="build", cluster={"backend": "local"}, trained={}, workloads_uri="local://w")
     assert err.value.field == "trained"
-    op = BuildServeConfigOperator(task_id="build", cluster={"backend": "local"}, trained="{{ params.trained }}",
-                                  workloads_uri="local://w")
+    op = BuildServeConfigOperator(
+        task_id="build", cluster={"backend": "local"}, trained="{{ params.trained }}", workloads_uri="local://w"
+    )
     op.render_template_fields({"params": {"trained": "/ckpt/7"}})
     with pytest.raises(UserInputError) as err:
         op.execute({"params": {"framework": "jax"}})
     assert err.value.field == "trained"
 
-    report = WriteReportOperator(task_id="report", output_dir="{{ params.out }}", evaluation={}, answer={},
-                                 deployed={"serve_url": "http://x"})
+    report = WriteReportOperator(
+        task_id="report", output_dir="{{ params.out }}", evaluation={}, answer={}, deployed={"serve_url": "http://x"}
+    )
     report.render_template_fields({"params": {"out": ""}})
     with pytest.raises(UserInputError) as err:
         report.execute({})

@@ -39,8 +39,12 @@ def test_killed_task_process_reattaches_to_its_job(slice_cluster, tmp_path):
     run_id = f"run-{time.time():.0f}"
     script = tmp_path / "run_task.py"
     script.write_text(RUN_TASK)
-    first = subprocess.Popen([sys.executable, str(script), info, run_id, "1", str(JOBS)],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    first = subprocess.Popen(
+        [sys.executable, str(script), info, run_id, "1", str(JOBS)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     hook = RayJobHook(cluster=slice_cluster.connection_info())
     probe = RaySubmitJobOperator(task_id="train", entrypoint="x", cluster=slice_cluster.connection_info())
 
@@ -55,8 +59,9 @@ def test_killed_task_process_reattaches_to_its_job(slice_cluster, tmp_path):
     first.wait(timeout=30)
     assert hook.get_job_status(base) in ("RUNNING", "PENDING")
 
-    second = subprocess.run([sys.executable, str(script), info, run_id, "2", str(JOBS)],
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, str(script), info, run_id, "2", str(JOBS)], capture_output=True, text=True, timeout=300
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     # the task's own log lines may go to stdout too (Airflow's logging config decides), so take
     # the line the script printed, not the first mention of a result

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.slow
 
 def operator(cluster, args: str, **kwargs) -> RaySubmitJobOperator:
     return RaySubmitJobOperator(
-        task_id="job", entrypoint=f"python counter.py {args}", cluster=cluster.connection_info(),
-        working_dir=str(JOBS), deferrable=False, poll_interval=0.5, **kwargs,
+        task_id="job",
+        entrypoint=f"python counter.py {args}",
+        cluster=cluster.connection_info(),
+        working_dir=str(JOBS),
+        deferrable=False,
+        poll_interval=0.5,
+        **kwargs,
     )
 
 
@@ -30,8 +35,11 @@ def jobs_of(cluster, op, context) -> list:
 def streamed_lines(capfd) -> list[str]:
     """Task-log lines the operator/trigger wrote for the job's driver output (Airflow logs to stdout/err)."""
     out, err = capfd.readouterr()
-    return [line.split("[ray job] ", 1)[1].split(" [")[0].strip() for line in (out + err).splitlines()
-            if "[ray job] " in line]
+    return [
+        line.split("[ray job] ", 1)[1].split(" [")[0].strip()
+        for line in (out + err).splitlines()
+        if "[ray job] " in line
+    ]
 
 
 def test_result_returned_and_log_streamed_and_kept(slice_cluster, task_context, capfd, tmp_path):
@@ -93,8 +101,12 @@ def test_quality_gate_fails_without_retry(slice_cluster, task_context):
 
 def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluster, task_context, capfd):
     ctx = task_context()
-    op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 4 0.5 ok",
-                              cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
+    op = RaySubmitJobOperator(
+        task_id="job",
+        entrypoint="python counter.py 4 0.5 ok",
+        cluster=slice_cluster.connection_info(),
+        working_dir=str(JOBS),
+    )
     hook = op.hook()
     sid, status, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     # A second try of the same task finds the running job instead of submitting another.
@@ -118,8 +130,12 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
 
 def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
     ctx = task_context()
-    op = RaySubmitJobOperator(task_id="job", entrypoint="python counter.py 200 0.5 ok",
-                              cluster=slice_cluster.connection_info(), working_dir=str(JOBS))
+    op = RaySubmitJobOperator(
+        task_id="job",
+        entrypoint="python counter.py 200 0.5 ok",
+        cluster=slice_cluster.connection_info(),
+        working_dir=str(JOBS),
+    )
     hook = op.hook()
     sid, _, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info())

@@ -35,8 +35,11 @@ class ScriptedJobs:
         self.stopped: list[str] = []
 
     def find_jobs(self, prefix: str) -> list[Any]:
-        return [SimpleNamespace(submission_id=sid, status=status, start_time=i)
-                for i, (sid, status) in enumerate(self.jobs.items()) if sid.startswith(prefix)]
+        return [
+            SimpleNamespace(submission_id=sid, status=status, start_time=i)
+            for i, (sid, status) in enumerate(self.jobs.items())
+            if sid.startswith(prefix)
+        ]
 
     def submit_job(self, *, entrypoint: str, submission_id: str, **_: Any) -> str:
         self.jobs[submission_id] = "RUNNING"
@@ -66,8 +69,15 @@ def _run(jobs: ScriptedJobs, context: dict[str, Any], deferrable: bool, **kwargs
     trigger is rebuilt from its serialized kwargs and its event goes to a fresh operator."""
 
     def make() -> RaySubmitJobOperator:
-        op = RaySubmitJobOperator(task_id="job", entrypoint="python job.py", cluster={"dashboard_url": jobs.dashboard_url},
-                                  working_dir="", deferrable=deferrable, poll_interval=0.01, **kwargs)
+        op = RaySubmitJobOperator(
+            task_id="job",
+            entrypoint="python job.py",
+            cluster={"dashboard_url": jobs.dashboard_url},
+            working_dir="",
+            deferrable=deferrable,
+            poll_interval=0.01,
+            **kwargs,
+        )
         op.hook = lambda: jobs  # type: ignore[method-assign]
         return op
 
@@ -102,8 +112,9 @@ def _run(jobs: ScriptedJobs, context: dict[str, Any], deferrable: bool, **kwargs
         ("SUCCEEDED", RESULT, {"min_result": {"accuracy": 0.9}}, QualityGateError),
     ],
 )
-def test_the_worker_and_the_deferred_path_reach_the_same_outcome(task_context, tmp_path: Path, final, logs, kwargs,
-                                                                 expected) -> None:
+def test_the_worker_and_the_deferred_path_reach_the_same_outcome(
+    task_context, tmp_path: Path, final, logs, kwargs, expected
+) -> None:
     outcomes = {}
     for deferrable in (False, True):
         log_uri = tmp_path / f"deferrable-{deferrable}" / "job.log"
@@ -127,8 +138,9 @@ def test_a_reattached_job_that_ends_stopped_is_replaced_on_both_paths(task_conte
     for deferrable in (False, True):
         jobs = ScriptedJobs("STOPPED", "")
         context = task_context(run_id="same-run")
-        base = RaySubmitJobOperator(task_id="job", entrypoint="x", cluster={"dashboard_url": "http://x"},
-                                    working_dir="").base_submission_id(context)
+        base = RaySubmitJobOperator(
+            task_id="job", entrypoint="x", cluster={"dashboard_url": "http://x"}, working_dir=""
+        ).base_submission_id(context)
         jobs.jobs[base] = "RUNNING"  # an earlier try's job, which that try's kill is stopping
         submit = jobs.submit_job
 
@@ -148,14 +160,26 @@ def test_a_templated_argument_is_checked_once_rendered(task_context) -> None:
         RaySubmitJobOperator(task_id="job", entrypoint="python job.py", cluster="start_cluster")
     assert err.value.field == "cluster"
     with pytest.raises(UserInputError) as err:
-        RayTrainOperator(task_id="train", framework="tf", train_loop="m:f", accelerator="TPU-V6E", topology="2x4",
-                         storage_path="/tmp/s", run_name="r", cluster={"dashboard_url": "http://x"})
+        RayTrainOperator(
+            task_id="train",
+            framework="tf",
+            train_loop="m:f",
+            accelerator="TPU-V6E",
+            topology="2x4",
+            storage_path="/tmp/s",
+            run_name="r",
+            cluster={"dashboard_url": "http://x"},
+        )
     assert err.value.field == "framework"
 
     # ... a template only once rendered, at the start of execute, before the cluster is asked anything.
-    for kwargs, field in (({"cluster": "{{ params.cluster }}"}, "cluster"),  # a dict rendered as text
-                          ({"cluster": {"dashboard_url": "http://x"}, "min_result": {"accuracy": "{{ params.threshold }}"}},
-                           "min_result[accuracy]")):
+    for kwargs, field in (
+        ({"cluster": "{{ params.cluster }}"}, "cluster"),  # a dict rendered as text
+        (
+            {"cluster": {"dashboard_url": "http://x"}, "min_result": {"accuracy": "{{ params.threshold }}"}},
+            "min_result[accuracy]",
+        ),
+    ):
         op = RaySubmitJobOperator(task_id="job", entrypoint="python job.py", **kwargs)
         op.hook = lambda: pytest.fail("the cluster must not be contacted with a bad argument")  # type: ignore[method-assign]
         op.render_template_fields({"params": {"cluster": {"dashboard_url": "http://x"}, "threshold": "high"}})
@@ -163,9 +187,16 @@ def test_a_templated_argument_is_checked_once_rendered(task_context) -> None:
             op.execute(task_context())
         assert err.value.field == field
 
-    train = RayTrainOperator(task_id="train", framework="{{ params.framework }}", train_loop="m:f",
-                             accelerator="TPU-V6E", topology="2x4", storage_path="/tmp/s", run_name="r",
-                             cluster={"dashboard_url": "http://x"})
+    train = RayTrainOperator(
+        task_id="train",
+        framework="{{ params.framework }}",
+        train_loop="m:f",
+        accelerator="TPU-V6E",
+        topology="2x4",
+        storage_path="/tmp/s",
+        run_name="r",
+        cluster={"dashboard_url": "http://x"},
+    )
     train.hook = lambda: pytest.fail("the cluster must not be contacted with a bad argument")  # type: ignore[method-assign]
     train.render_template_fields({"params": {"framework": "tf"}})
     with pytest.raises(UserInputError) as err:

@@ -31,14 +31,26 @@ def two_host_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
 def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_cluster, task_context, tmp_path: Path):
     info = two_host_cluster.connection_info()
     RayDataPrepOperator(
-        task_id="prep", cluster=info, module="addition.prep", deferrable=False, poll_interval=0.5,
+        task_id="prep",
+        cluster=info,
+        module="addition.prep",
+        deferrable=False,
+        poll_interval=0.5,
         arguments={"output_dir": str(tmp_path / "data"), "date": "2026-11-02", "num_train": 20000},
     ).execute(task_context("prep"))
     train = RayTrainOperator(
-        task_id="train", cluster=info, deferrable=False, poll_interval=0.5,
-        framework="jax", train_loop="addition.train_jax:train_loop_per_worker",
-        accelerator="TPU-V6E", topology="2x4", machine_type="ct6e-standard-4t",
-        storage_path=str(tmp_path / "train"), run_name="preempt", datasets={"train": str(tmp_path / "data" / "train")},
+        task_id="train",
+        cluster=info,
+        deferrable=False,
+        poll_interval=0.5,
+        framework="jax",
+        train_loop="addition.train_jax:train_loop_per_worker",
+        accelerator="TPU-V6E",
+        topology="2x4",
+        machine_type="ct6e-standard-4t",
+        storage_path=str(tmp_path / "train"),
+        run_name="preempt",
+        datasets={"train": str(tmp_path / "data" / "train")},
         train_loop_config={"num_steps": NUM_STEPS, "checkpoint_every": CHECKPOINT_EVERY},
         log_uri=str(tmp_path / "train.log"),
     )
@@ -70,7 +82,10 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_clu
     assert preempted_at - resumed[-1] <= CHECKPOINT_EVERY + 100  # lost at most one interval (+ log granularity)
 
     evaluation = RaySubmitJobOperator(
-        task_id="evaluate", cluster=info, deferrable=False, poll_interval=0.5,
+        task_id="evaluate",
+        cluster=info,
+        deferrable=False,
+        poll_interval=0.5,
         entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {result['checkpoint']} "
         f"--data {tmp_path / 'data' / 'heldout'}",
         min_result={"accuracy": 0.9},

@@ -7,15 +7,26 @@ from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 def op(framework="jax", backend="local", **kw):
     return RayTrainOperator(
-        task_id="train", framework=framework, train_loop=f"addition.train_{framework}:train_loop_per_worker",
-        accelerator="TPU-V6E", topology="4x4", storage_path="/tmp/s", run_name="r",
-        cluster={"backend": backend, "name": "c1", "dashboard_url": "http://x"}, **kw,
+        task_id="train",
+        framework=framework,
+        train_loop=f"addition.train_{framework}:train_loop_per_worker",
+        accelerator="TPU-V6E",
+        topology="4x4",
+        storage_path="/tmp/s",
+        run_name="r",
+        cluster={"backend": backend, "name": "c1", "dashboard_url": "http://x"},
+        **kw,
     )
 
 
 def test_jax_spec_uses_the_catalog_scaling_config():
     spec = op().build_spec()
-    assert spec["scaling_config"] == {"use_tpu": True, "topology": "4x4", "accelerator_type": "TPU-V6E", "num_workers": 4}
+    assert spec["scaling_config"] == {
+        "use_tpu": True,
+        "topology": "4x4",
+        "accelerator_type": "TPU-V6E",
+        "num_workers": 4,
+    }
     assert spec["worker_env"]["JAX_PLATFORMS"] == "cpu"
     assert "JAX_PLATFORMS" not in op(backend="kuberay").build_spec()["worker_env"]
 
@@ -29,8 +40,11 @@ def test_torch_on_real_chips_is_one_worker_per_device_with_tpu_dist():
 def test_torch_on_a_simulated_slice_is_one_gloo_worker_per_host_pinned_to_the_slice():
     spec = op("torch").build_spec()
     assert spec["torch_backend"] == "gloo"
-    assert spec["scaling_config"] == {"use_tpu": False, "num_workers": 4,
-                                      "resources_per_worker": {"CPU": 1, "c1-slice-0": 1}}
+    assert spec["scaling_config"] == {
+        "use_tpu": False,
+        "num_workers": 4,
+        "resources_per_worker": {"CPU": 1, "c1-slice-0": 1},
+    }
 
 
 def test_resume_never_gives_each_try_its_own_run():
@@ -38,8 +52,10 @@ def test_resume_never_gives_each_try_its_own_run():
     assert op(resume="never").build_spec(try_number=2)["run_name"] == "r-try2"
 
 
-@pytest.mark.parametrize(("kw", "field"), [({"framework": "tf"}, "framework"), ({"resume": "maybe"}, "resume"),
-                                           ({"topology": "16"}, "topology")])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [({"framework": "tf"}, "framework"), ({"resume": "maybe"}, "resume"), ({"topology": "16"}, "topology")],
+)
 def test_bad_arguments_name_the_field(kw, field):
     operator = op()
     for key, value in kw.items():

@@ -35,10 +35,14 @@ def xcoms(monkeypatch: pytest.MonkeyPatch) -> dict[tuple, Any]:
 
     store: dict[tuple, Any] = {}
 
-    async def aset(key: str, value: Any, *, dag_id: str, task_id: str, run_id: str, map_index: int = -1, **_: Any) -> None:
+    async def aset(
+        key: str, value: Any, *, dag_id: str, task_id: str, run_id: str, map_index: int = -1, **_: Any
+    ) -> None:
         store[(dag_id, run_id, task_id, map_index, key)] = value
 
-    async def aget_one(*, key: str, dag_id: str, task_id: str, run_id: str, map_index: int | None = None, **_: Any) -> Any:
+    async def aget_one(
+        *, key: str, dag_id: str, task_id: str, run_id: str, map_index: int | None = None, **_: Any
+    ) -> Any:
         return store.get((dag_id, run_id, task_id, map_index, key))
 
     monkeypatch.setattr(XCom, "aset", staticmethod(aset))
@@ -48,7 +52,9 @@ def xcoms(monkeypatch: pytest.MonkeyPatch) -> dict[tuple, Any]:
 
 def _deferred(kwargs: dict[str, Any], job: ScriptedJob) -> RayJobTrigger:
     trigger = RayJobTrigger(**kwargs)
-    trigger.task_instance = SimpleNamespace(dag_id="d", run_id="r", task_id="train", map_index=-1)  # as the triggerer sets it
+    trigger.task_instance = SimpleNamespace(
+        dag_id="d", run_id="r", task_id="train", map_index=-1
+    )  # as the triggerer sets it
     trigger._hook = lambda: job  # type: ignore[method-assign]
     return trigger
 
@@ -69,13 +75,18 @@ async def _stream(trigger: RayJobTrigger, polls: int | None = None) -> Any:
 def _streamed(capfd: pytest.CaptureFixture[str]) -> list[str]:
     """The job lines the trigger wrote to the task log (Airflow's logging goes to stdout/err)."""
     out, err = capfd.readouterr()
-    return [line.split("[ray job] ", 1)[1].split(" [")[0].strip() for line in (out + err).splitlines()
-            if "[ray job] " in line]
+    return [
+        line.split("[ray job] ", 1)[1].split(" [")[0].strip()
+        for line in (out + err).splitlines()
+        if "[ray job] " in line
+    ]
 
 
 def test_a_restarted_trigger_streams_only_the_lines_not_yet_in_the_task_log(xcoms, capfd) -> None:
     job = ScriptedJob(total=10, per_poll=2)
-    _, kwargs = RayJobTrigger(submission_id="tpuflow-train-1", cluster={"dashboard_url": "http://x"}, poll_interval=0.05).serialize()
+    _, kwargs = RayJobTrigger(
+        submission_id="tpuflow-train-1", cluster={"dashboard_url": "http://x"}, poll_interval=0.05
+    ).serialize()
 
     asyncio.run(_stream(_deferred(kwargs, job), polls=2))  # the first triggerer goes away mid-job
     first = _streamed(capfd)
@@ -89,7 +100,9 @@ def test_a_restarted_trigger_streams_only_the_lines_not_yet_in_the_task_log(xcom
 
 def test_a_cursor_of_another_job_is_ignored(xcoms, capfd) -> None:
     xcoms[("d", "r", "train", -1, LOG_CURSOR_XCOM_KEY)] = {"submission_id": "tpuflow-train-1", "offset": 30}
-    _, kwargs = RayJobTrigger(submission_id="tpuflow-train-1-r1", cluster={"dashboard_url": "http://x"}, poll_interval=0.01).serialize()
+    _, kwargs = RayJobTrigger(
+        submission_id="tpuflow-train-1-r1", cluster={"dashboard_url": "http://x"}, poll_interval=0.01
+    ).serialize()
     asyncio.run(_stream(_deferred(kwargs, ScriptedJob(total=4, per_poll=4))))
     assert _streamed(capfd) == [f"step {i}" for i in range(4)]
 

@@ -45,7 +45,9 @@ def test_multi_host_model_without_topology_is_rejected_before_deploy():
         check_tpu_placement(llm_app(model_loading_config={"model_id": "m"}, accelerator_type="TPU-V6E"), tpu)
     assert "'topology': '4x4'" in str(err.value)
     with pytest.raises(UserInputError):  # a topology for another shape is as bad as none
-        check_tpu_placement(llm_app(accelerator_type="TPU-V6E", accelerator_config={"kind": "tpu", "topology": "2x4"}), tpu)
+        check_tpu_placement(
+            llm_app(accelerator_type="TPU-V6E", accelerator_config={"kind": "tpu", "topology": "2x4"}), tpu
+        )
     check_tpu_placement(llm_app(**tpu.serve_accelerator_config()), tpu)
     # Single-host slices cannot straddle, so nothing is required there.
     check_tpu_placement(llm_app(accelerator_type="TPU-V6E"), TpuSlice.from_spec("TPU-V6E", "2x2"))
@@ -54,11 +56,24 @@ def test_multi_host_model_without_topology_is_rejected_before_deploy():
 def test_status_judgement():
     running = {"applications": {"a": {"status": "RUNNING", "deployments": {"D": {"status": "HEALTHY"}}}}}
     assert judge(running, ["a"]).state == "running"
-    failed = {"applications": {"a": {"status": "DEPLOY_FAILED", "message": "boom",
-                                     "deployments": {"D": {"status": "UNHEALTHY", "message": "ImportError: x"}}}}}
+    failed = {
+        "applications": {
+            "a": {
+                "status": "DEPLOY_FAILED",
+                "message": "boom",
+                "deployments": {"D": {"status": "UNHEALTHY", "message": "ImportError: x"}},
+            }
+        }
+    }
     verdict = judge(failed, ["a"])
     assert verdict.state == "failed" and "ImportError: x" in verdict.detail and "deployment D" in verdict.detail
-    deploying = {"applications": {"a": {"status": "DEPLOYING", "deployments": {"D": {"status": "UPDATING",
-                                                                                     "message": "waiting for replicas"}}}}}
+    deploying = {
+        "applications": {
+            "a": {
+                "status": "DEPLOYING",
+                "deployments": {"D": {"status": "UPDATING", "message": "waiting for replicas"}},
+            }
+        }
+    }
     assert judge(deploying, ["a"]).state == "waiting"
     assert judge({"applications": {}}, ["a"]).detail == "application a: not deployed yet"

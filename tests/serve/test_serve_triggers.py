@@ -57,8 +57,10 @@ class FakeDashboard:
             def do_PUT(self) -> None:  # noqa: N802
                 dashboard.calls.append("PUT")
                 config = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                dashboard.apps = {a["name"]: {"status": dashboard.put_status, "message": "", "deployments": {}}
-                                  for a in config["applications"]}
+                dashboard.apps = {
+                    a["name"]: {"status": dashboard.put_status, "message": "", "deployments": {}}
+                    for a in config["applications"]
+                }
                 self._answer({})
 
             def do_DELETE(self) -> None:  # noqa: N802
@@ -89,8 +91,9 @@ class FakeTI:
 
 
 def deploy_op(dashboard: FakeDashboard, **kwargs: Any) -> RayServeDeployOperator:
-    return RayServeDeployOperator(task_id="deploy", serve_config=CONFIG, cluster=dashboard.cluster,
-                                  poll_interval=0.05, **kwargs)
+    return RayServeDeployOperator(
+        task_id="deploy", serve_config=CONFIG, cluster=dashboard.cluster, poll_interval=0.05, **kwargs
+    )
 
 
 def deferred_trigger(op: RayServeDeployOperator) -> RayServeApplicationsTrigger:
@@ -132,8 +135,9 @@ def test_killing_a_deploy_that_only_updated_an_app_leaves_it_serving(dashboard):
 
     # Another deploy's app on the cluster: Serve's REST API can only delete all, so nothing is deleted.
     dashboard.apps["other"] = {"status": "RUNNING", "deployments": {}}
-    asyncio.run(RayServeApplicationsTrigger(app_names=["llm"], cluster=dashboard.cluster,
-                                            delete_on_kill=["llm"]).on_kill())
+    asyncio.run(
+        RayServeApplicationsTrigger(app_names=["llm"], cluster=dashboard.cluster, delete_on_kill=["llm"]).on_kill()
+    )
     # A trigger serialized before delete_on_kill existed deletes nothing either.
     asyncio.run(RayServeApplicationsTrigger(app_names=["llm"], cluster=dashboard.cluster).on_kill())
 
@@ -178,8 +182,10 @@ def outcome(dashboard: FakeDashboard, deferrable: bool) -> tuple[str, Any]:
         return type(err).__name__, str(err)
 
 
-@pytest.mark.parametrize(("put_status", "expected"), [("RUNNING", "result"), ("DEPLOY_FAILED", "AirflowException"),
-                                                      ("DEPLOYING", "AirflowException")])
+@pytest.mark.parametrize(
+    ("put_status", "expected"),
+    [("RUNNING", "result"), ("DEPLOY_FAILED", "AirflowException"), ("DEPLOYING", "AirflowException")],
+)
 def test_the_worker_and_the_deferred_path_reach_the_same_outcome(dashboard, put_status, expected):
     dashboard.put_status = put_status
     sync = outcome(dashboard, deferrable=False)

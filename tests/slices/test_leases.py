@@ -132,8 +132,10 @@ def test_a_lease_wait_that_timed_out_fails_the_task_naming_the_holders(tmp_path:
 
     op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), wait_timeout=1)
     with pytest.raises(AirflowException, match="timeout: .*held by dag/a"):
-        op.execute_complete({"ti": _TI(dag_id="dag", run_id="b")},  # type: ignore[arg-type]
-                            {"status": "timeout", "message": "held by dag/a", "held": ["dag/a"]})
+        op.execute_complete(
+            {"ti": _TI(dag_id="dag", run_id="b")},  # type: ignore[arg-type]
+            {"status": "timeout", "message": "held by dag/a", "held": ["dag/a"]},
+        )
 
 
 def test_lease_arguments_are_checked_at_parse_time_when_static_and_at_run_time_when_templated(tmp_path: Path) -> None:
@@ -143,8 +145,9 @@ def test_lease_arguments_are_checked_at_parse_time_when_static_and_at_run_time_w
         AcquireSliceOperator(task_id="acquire_slice", max_slices="0")
     with pytest.raises(UserInputError, match="lease_root='s3://bucket/leases'"):
         ReleaseSliceOperator(task_id="release_slice", lease_root="s3://bucket/leases")
-    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path),
-                              max_slices="{{ var.value.get('tpuflow_max_slices', 1) }}")  # not checked yet
+    op = AcquireSliceOperator(
+        task_id="acquire_slice", lease_root=str(tmp_path), max_slices="{{ var.value.get('tpuflow_max_slices', 1) }}"
+    )  # not checked yet
     op.max_slices = "none"  # what the template rendered to
     with pytest.raises(UserInputError, match="max_slices='none'"):
         op.execute({"ti": _TI(dag_id="dag", run_id="a")})  # type: ignore[arg-type]

@@ -76,8 +76,16 @@ def test_shapes_only_one_platform_accepts_are_flagged():
         ({"accelerator": "v5p", "topology": "4x4"}, "topology", "3D"),
         ({"accelerator": "TPU-V5E", "topology": "2x2"}, "accelerator", "TPU-V5LITEPOD"),
         ({"accelerator": "TPU-X9", "topology": "2x2"}, "accelerator", "TPU-V6E"),
-        ({"accelerator": "v6e", "topology": "4x4", "machine_type": "ct6e-standard-8t"}, "machine_type", "ct6e-standard-4t"),
-        ({"accelerator": "v6e", "topology": "2x2", "machine_type": "ct5lp-hightpu-4t"}, "machine_type", "ct6e-standard"),
+        (
+            {"accelerator": "v6e", "topology": "4x4", "machine_type": "ct6e-standard-8t"},
+            "machine_type",
+            "ct6e-standard-4t",
+        ),
+        (
+            {"accelerator": "v6e", "topology": "2x2", "machine_type": "ct5lp-hightpu-4t"},
+            "machine_type",
+            "ct6e-standard",
+        ),
         ({"accelerator": "v6e", "topology": "4x4", "num_slices": 0}, "num_slices", "1 or more"),
         ({"accelerator": "v6e", "topology": "4x4", "num_slices": -2}, "num_slices", "1 or more"),
         ({"accelerator": "v6e", "topology": "4x4", "num_slices": "two"}, "num_slices", "1 or more"),
@@ -110,7 +118,9 @@ def test_scaling_config_passes_ray_validation(accel, topo, machine, monkeypatch)
     assert cfg.num_workers == tpu.total_hosts
     # Ray's own arithmetic agrees: one worker per host, each holding that host's TPU resource.
     workers, resources = get_tpu_worker_resources(
-        topo, tpu.generation.ray_accelerator_type, resources_per_worker=cfg.resources_per_worker,
+        topo,
+        tpu.generation.ray_accelerator_type,
+        resources_per_worker=cfg.resources_per_worker,
         chips_per_vm=tpu.chips_per_host,
     )
     assert workers == tpu.num_hosts

@@ -91,4 +91,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     params, metrics = train_jax.train_local(train["tokens"], cfg)
     directory = tmp_path_factory.mktemp("ckpt") / "jax_local"
     ckpt.save(directory, ckpt.Meta("jax", metrics["step"], metrics["epoch"], model, spec), params)
-    return {"params": params, "metrics": metrics, "checkpoint": str(directory), "model": model, "spec": spec, "date": DATE}
+    return {
+        "params": params,
+        "metrics": metrics,
+        "checkpoint": str(directory),
+        "model": model,
+        "spec": spec,
+        "date": DATE,
+    }

@@ -19,7 +19,9 @@ def test_rows_do_not_depend_on_batching() -> None:
     """Ray Data may cut the id range anywhere; a row must come out the same."""
     spec, seed = data.TaskSpec(2), data.seed_for("2026-03-04")
     whole = data.make_split_rows(np.arange(0, 600), seed=seed, num_heldout=200, spec=spec)
-    parts = [data.make_split_rows(np.arange(s, s + 150), seed=seed, num_heldout=200, spec=spec) for s in range(0, 600, 150)]
+    parts = [
+        data.make_split_rows(np.arange(s, s + 150), seed=seed, num_heldout=200, spec=spec) for s in range(0, 600, 150)
+    ]
     np.testing.assert_array_equal(whole["problem_id"], np.concatenate([p["problem_id"] for p in parts]))
     assert (whole["split"] == "heldout").sum() == 200
 
@@ -33,7 +35,9 @@ def test_heldout_disjoint_from_train_and_answers_correct() -> None:
     assert not set(held["problem_id"].tolist()) & set(train["problem_id"].tolist())
     assert len(set(train["problem_id"].tolist())) == spec.space_size - 200
     for rows in (held, train):
-        for a, b, prompt, answer in zip(rows["a"][:300], rows["b"][:300], rows["prompt"][:300], rows["answer"][:300], strict=True):
+        for a, b, prompt, answer in zip(
+            rows["a"][:300], rows["b"][:300], rows["prompt"][:300], rows["answer"][:300], strict=True
+        ):
             assert prompt == f"{a}+{b}=" and answer == str(a + b)
     assert data.default_num_train(spec, 200) == 9800
 

@@ -36,7 +36,9 @@ def test_evaluate_matches_in_process_exact_match(
     saved = json.loads(output.read_text())
     assert len(saved["predictions"]) == 200
     assert sum(p["correct"] for p in saved["predictions"]) == result["correct"]
-    assert result["samples"] == [{k: p[k] for k in ("prompt", "completion", "expected")} for p in saved["predictions"][:5]]
+    assert result["samples"] == [
+        {k: p[k] for k in ("prompt", "completion", "expected")} for p in saved["predictions"][:5]
+    ]
 
 
 def test_evaluate_refuses_a_directory_that_is_no_checkpoint(ray_local: dict[str, Any], tmp_path: Path) -> None:

@@ -69,7 +69,9 @@ def test_greedy_generation_stops_at_eos_and_respects_budget() -> None:
     eos_always = lambda ids: np.eye(data.VOCAB_SIZE)[np.full(ids.shape, data.EOS)]  # noqa: E731
     seven = lambda ids: np.eye(data.VOCAB_SIZE)[np.full(ids.shape, data.encode_prompt("7", SPEC)[-1])]  # noqa: E731
     prompts = np.stack([data.encode_prompt("1+2=", SPEC)] * 2)
-    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(eos_always, prompts, SPEC, 4)] == [("", "stop", 1)] * 2
+    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(eos_always, prompts, SPEC, 4)] == [
+        ("", "stop", 1)
+    ] * 2
     out = generate(seven, prompts, SPEC, 2)
     assert [(c.text, c.finish_reason, c.num_tokens) for c in out] == [("77", "length", 2)] * 2
     # never past the model's sequence length
@@ -81,8 +83,12 @@ def test_completions_read_as_a_person_writes_the_sum() -> None:
     answer = data.encode_example("3+4=", "7", SPEC)
     writes_007 = lambda ids: np.eye(data.VOCAB_SIZE)[np.broadcast_to(np.roll(answer, -1), ids.shape)]  # noqa: E731
     prompts = np.stack([data.encode_prompt("3+4=", SPEC)])
-    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 4)] == [("7", "stop", 2)]
-    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 1)] == [("7", "length", 1)]
+    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 4)] == [
+        ("7", "stop", 2)
+    ]
+    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 1)] == [
+        ("7", "length", 1)
+    ]
 
 
 def test_checkpoint_roundtrip_and_mismatch(tmp_path: Path) -> None:

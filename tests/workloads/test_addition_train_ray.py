@@ -62,8 +62,11 @@ def test_gradients_are_averaged_across_two_jax_workers(ray_local: dict[str, Any]
         _one_step_per_worker,
         train_loop_config={"train": SGD, "tokens": tokens.tolist(), "out": str(tmp_path)},
         scaling_config=ScalingConfig(num_workers=2, use_tpu=False),
-        run_config=RunConfig(name="grad-avg", storage_path=str(tmp_path / "runs"),
-                             worker_runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}}),  # fmt: skip
+        run_config=RunConfig(
+            name="grad-avg",
+            storage_path=str(tmp_path / "runs"),
+            worker_runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}},
+        ),  # fmt: skip
     )
     trainer.fit()
     infos = [json.loads((tmp_path / f"info_rank{r}.json").read_text()) for r in range(2)]

@@ -30,7 +30,9 @@ class FakeShard:
 
 
 def _epochs(shard: FakeShard, cache_rows: int, agree: Any = lambda n: n) -> CachedEpochs:
-    shard.epochs = CachedEpochs(shard, lambda r: ("cached", r), shard.batch, cache_rows, seed=0, rank=0, min_across_workers=agree)
+    shard.epochs = CachedEpochs(
+        shard, lambda r: ("cached", r), shard.batch, cache_rows, seed=0, rank=0, min_across_workers=agree
+    )
     return shard.epochs
 
 

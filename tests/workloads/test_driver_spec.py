@@ -42,8 +42,10 @@ def test_minimal_spec_gets_defaults_and_the_catalog_scaling_config() -> None:
         ({"datasets": {"train": 3}}, "datasets"),
         ({"worker_env": {"JAX_PLATFORMS": None}}, "worker_env"),
         ({"learning_rate": 0.1}, "unknown spec keys"),
-        ({"framework": "torch", "train_loop": "addition.train_torch:train_loop_per_worker", "torch_backend": "nccl"},
-         "torch_backend"),
+        (
+            {"framework": "torch", "train_loop": "addition.train_torch:train_loop_per_worker", "torch_backend": "nccl"},
+            "torch_backend",
+        ),
     ],
 )
 def test_bad_specs_name_the_key(change: dict[str, Any], message: str) -> None:

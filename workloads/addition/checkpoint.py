@@ -85,7 +85,9 @@ def load_params(directory: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray
     if got != expected:
         missing, extra = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
         wrong = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])
-        raise CheckpointError(f"parameters do not match the model config: missing {missing}, extra {extra}, shape {wrong}")
+        raise CheckpointError(
+            f"parameters do not match the model config: missing {missing}, extra {extra}, shape {wrong}"
+        )
     return params
 
 

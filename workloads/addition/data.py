@@ -94,7 +94,7 @@ _PROBLEM = re.compile(r"(\d+)\+(\d+)=")
 
 
 def canonical_prompt(prompt: str, spec: TaskSpec) -> str:
-    """"3+4=" -> "03+04=" at 2 digits; anything that is not such a problem is returned as it is."""
+    """ "3+4=" -> "03+04=" at 2 digits; anything that is not such a problem is returned as it is."""
     m = _PROBLEM.fullmatch(prompt)
     if m is None or max(len(m[1]), len(m[2])) > spec.digits:
         return prompt
@@ -102,7 +102,7 @@ def canonical_prompt(prompt: str, spec: TaskSpec) -> str:
 
 
 def canonical_answer(answer: str, spec: TaskSpec) -> str:
-    """"7" -> "007" at 2 digits (a sum has at most digits + 1 digits)."""
+    """ "7" -> "007" at 2 digits (a sum has at most digits + 1 digits)."""
     return answer.zfill(spec.answer_len - 1) if answer.isdigit() else answer
 
 
@@ -163,8 +163,10 @@ def make_rows(row_ids: np.ndarray, split: str, *, seed: int, num_heldout: int, s
     a, b = operands(ids, spec)
     prompts = [f"{x}+{y}=" for x, y in zip(a.tolist(), b.tolist(), strict=True)]
     answers = [str(x + y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
-    tokens = np.stack([encode_example(p, s, spec) for p, s in zip(prompts, answers, strict=True)]) if prompts else (
-        np.zeros((0, spec.seq_len), dtype=np.int32)
+    tokens = (
+        np.stack([encode_example(p, s, spec) for p, s in zip(prompts, answers, strict=True)])
+        if prompts
+        else (np.zeros((0, spec.seq_len), dtype=np.int32))
     )
     return {
         "problem_id": ids.astype(np.int64),
@@ -193,7 +195,9 @@ def default_num_train(spec: TaskSpec, num_heldout: int) -> int:
     return min(spec.space_size - num_heldout, 100_000)
 
 
-def generate(date: str, split: str, count: int, *, num_heldout: int, seed: int = 0, digits: int = 2) -> dict[str, np.ndarray]:
+def generate(
+    date: str, split: str, count: int, *, num_heldout: int, seed: int = 0, digits: int = 2
+) -> dict[str, np.ndarray]:
     """In-process generation (tests, local experiments): the same rows the prep pipeline writes."""
     spec = TaskSpec(digits)
     check_sizes(spec, num_heldout)

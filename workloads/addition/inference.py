@@ -142,4 +142,3 @@ def exact_match(predictor: Predictor, prompts: Sequence[str], answers: Sequence[
         outs = predictor.complete(prompts[i : i + batch_size])
         hits += sum(o.text == a for o, a in zip(outs, answers[i : i + batch_size], strict=True))
     return hits / max(len(prompts), 1)
-

@@ -63,7 +63,9 @@ def loss_fn(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch
     return (nll * mask).sum() / (mask.sum() * tokens.shape[0])
 
 
-def make_optimizer(model: nn.Module, config: dict) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def make_optimizer(
+    model: nn.Module, config: dict
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW with the warmup + cosine schedule of model_jax.make_optimizer (or SGD)."""
     lr = float(config["learning_rate"])
     if config["optimizer"] == "sgd":

@@ -82,7 +82,9 @@ class AdditionCompletions:
     @app.get("/v1/models/{model_id}")
     def get_model(self, model_id: str) -> Any:
         if model_id != self.model_name:
-            return _error(404, f"The model '{model_id}' does not exist", "invalid_request_error", "model", "model_not_found")
+            return _error(
+                404, f"The model '{model_id}' does not exist", "invalid_request_error", "model", "model_not_found"
+            )
         return self._model_card()
 
     def _model_card(self) -> dict[str, Any]:
@@ -102,7 +104,10 @@ class AdditionCompletions:
         rng = np.random.default_rng(req.seed)
         try:
             outs = self.predictor.complete(
-                [p for p in prompts for _ in range(req.n)], max_new_tokens=req.max_tokens, temperature=temperature, rng=rng
+                [p for p in prompts for _ in range(req.n)],
+                max_new_tokens=req.max_tokens,
+                temperature=temperature,
+                rng=rng,
             )
         except TokenizeError as exc:
             return _error(400, str(exc), "invalid_request_error", "prompt")

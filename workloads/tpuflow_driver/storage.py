@@ -38,8 +38,9 @@ def gcs_filesystem() -> pafs.GcsFileSystem:
     scheme, sep, address = host.partition("://")
     if not sep:
         scheme, address = "http", host
-    return pafs.GcsFileSystem(anonymous=True, scheme=scheme, endpoint_override=address,
-                              retry_time_limit=GCS_RETRY_LIMIT)
+    return pafs.GcsFileSystem(
+        anonymous=True, scheme=scheme, endpoint_override=address, retry_time_limit=GCS_RETRY_LIMIT
+    )
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:

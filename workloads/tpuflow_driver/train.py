@@ -102,14 +102,20 @@ class TrainSpec:
         if self.checkpoint_num_to_keep is not None and (
             not isinstance(self.checkpoint_num_to_keep, int) or self.checkpoint_num_to_keep < 1
         ):
-            raise SpecError(f"checkpoint_num_to_keep must be a positive integer or null, got {self.checkpoint_num_to_keep!r}")
+            raise SpecError(
+                f"checkpoint_num_to_keep must be a positive integer or null, got {self.checkpoint_num_to_keep!r}"
+            )
         from ray.train import ScalingConfig
 
         allowed = {f.name for f in dataclasses.fields(ScalingConfig)}
         bad = sorted(set(self.scaling_config) - allowed)
         if bad:
             raise SpecError(f"scaling_config has keys ScalingConfig does not know: {bad}")
-        if self.framework == "torch" and self.scaling_config.get("use_tpu") and self.torch_backend not in ("gloo", "tpu_dist"):
+        if (
+            self.framework == "torch"
+            and self.scaling_config.get("use_tpu")
+            and self.torch_backend not in ("gloo", "tpu_dist")
+        ):
             # tpu_dist: TorchTPU, one worker per TPU core; gloo: CPU collectives on the slice's
             # hosts (a simulated slice, or CPU-side work placed on a real one).
             raise SpecError("torch on TPU hosts needs torch_backend 'tpu_dist' (TPU chips) or 'gloo' (host CPUs)")

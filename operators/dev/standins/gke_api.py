@@ -69,7 +69,15 @@ _API = "https://container.googleapis.com/v1"
 _POOL_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 _MACHINE_RE = re.compile(r"^(?P<family>.+)-(?P<chips>\d+)t$")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-FAULT_KINDS = ("stockout", "quota", "too_many_operations", "permission", "invalid_argument", "already_exists", "internal")
+FAULT_KINDS = (
+    "stockout",
+    "quota",
+    "too_many_operations",
+    "permission",
+    "invalid_argument",
+    "already_exists",
+    "internal",
+)
 CAPACITY_KINDS = ("on-demand", "spot", "reservation", "flex-start", "queued")
 
 
@@ -143,8 +151,12 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
         raise _invalid("Spot VMs cannot consume a specific reservation; drop spot or the reservation affinity.")
     if affinity == "SPECIFIC_RESERVATION":
         values = (config.get("reservationAffinity") or {}).get("values") or []
-        if (config.get("reservationAffinity") or {}).get("key") != "compute.googleapis.com/reservation-name" or not values:
-            raise _invalid("A SPECIFIC_RESERVATION affinity needs key compute.googleapis.com/reservation-name and a value.")
+        if (config.get("reservationAffinity") or {}).get(
+            "key"
+        ) != "compute.googleapis.com/reservation-name" or not values:
+            raise _invalid(
+                "A SPECIFIC_RESERVATION affinity needs key compute.googleapis.com/reservation-name and a value."
+            )
     if config.get("flexStart"):
         if affinity not in (None, "NO_RESERVATION"):
             raise _invalid("Flex-start node pools cannot consume reservations; set reservationAffinity NO_RESERVATION.")
@@ -397,8 +409,13 @@ class GKEApiStandin:
         if on == "delete" and stage == "operation":
             raise ValueError("delete faults refuse the request (stage request); deletes do not fail mid-operation here")
         fault = {
-            "kind": kind, "capacity": capacity, "stage": stage, "on": on, "times": int(times),
-            "message": message, "quota_metric": quota_metric,
+            "kind": kind,
+            "capacity": capacity,
+            "stage": stage,
+            "on": on,
+            "times": int(times),
+            "message": message,
+            "quota_metric": quota_metric,
         }
         with self._lock:
             self._faults.append(fault)
@@ -457,13 +474,15 @@ class GKEApiStandin:
                 if max(pool.nodes, ceiling) < nodes:
                     continue
                 project, location, cluster_name = pool.cluster
-                matches.append({
-                    "name": pool.name,
-                    "cluster": f"projects/{project}/locations/{location}/clusters/{cluster_name}",
-                    "nodeCount": pool.nodes,
-                    "maxNodeCount": ceiling,
-                    "labels": labels,
-                })
+                matches.append(
+                    {
+                        "name": pool.name,
+                        "cluster": f"projects/{project}/locations/{location}/clusters/{cluster_name}",
+                        "nodeCount": pool.nodes,
+                        "maxNodeCount": ceiling,
+                        "labels": labels,
+                    }
+                )
             return matches
 
     def state(self) -> dict[str, Any]:
@@ -507,7 +526,8 @@ class GKEApiStandin:
 
     def _too_many(self, key: tuple[str, str, str]) -> ApiError:
         return ApiError(
-            429, "RESOURCE_EXHAUSTED",
+            429,
+            "RESOURCE_EXHAUSTED",
             f'Too many operations: cluster "{key[2]}" hits the concurrent operations quota '
             f"{self.max_concurrent_operations}, please try again later.",
         )
@@ -520,20 +540,44 @@ class GKEApiStandin:
             err.message = message or err.message
             return err
         if kind == "permission":
-            return ApiError(403, "PERMISSION_DENIED", message or (
-                f'Required "container.clusters.update" permission(s) for '
-                f'"projects/{project}/locations/{location}/clusters/{cluster}".'))
+            return ApiError(
+                403,
+                "PERMISSION_DENIED",
+                message
+                or (
+                    f'Required "container.clusters.update" permission(s) for '
+                    f'"projects/{project}/locations/{location}/clusters/{cluster}".'
+                ),
+            )
         if kind == "quota":
             metric = fault.get("quota_metric") or _quota_metric(pool)
-            return ApiError(403, "PERMISSION_DENIED", message or (
-                f"Insufficient quota to satisfy the request: Quota '{metric}' exceeded.  Limit: 0.0 in zone {location}."))
+            return ApiError(
+                403,
+                "PERMISSION_DENIED",
+                message
+                or (
+                    f"Insufficient quota to satisfy the request: Quota '{metric}' exceeded.  Limit: 0.0 in zone {location}."
+                ),
+            )
         if kind == "stockout":
-            return ApiError(503, "UNAVAILABLE", message or (
-                f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/{project}/zones/{location}' does not have enough "
-                "resources available to fulfill the request. Try a different zone, or try again later."))
+            return ApiError(
+                503,
+                "UNAVAILABLE",
+                message
+                or (
+                    f"ZONE_RESOURCE_POOL_EXHAUSTED: The zone 'projects/{project}/zones/{location}' does not have enough "
+                    "resources available to fulfill the request. Try a different zone, or try again later."
+                ),
+            )
         if kind == "already_exists":
-            return ApiError(409, "ALREADY_EXISTS", message or (
-                f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{pool.get('name')}."))
+            return ApiError(
+                409,
+                "ALREADY_EXISTS",
+                message
+                or (
+                    f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{pool.get('name')}."
+                ),
+            )
         if kind == "invalid_argument":
             return _invalid(message or "Invalid request (injected by the stand-in).")
         return ApiError(500, "INTERNAL", message or "Internal error (injected by the stand-in).")
@@ -547,13 +591,15 @@ class GKEApiStandin:
             code, condition = 8, "GCE_STOCKOUT"
             message = fault.get("message") or (
                 f"Instance '{instance}' creation failed: The zone 'projects/{project}/zones/{zone}' does not have "
-                "enough resources available to fulfill the request.  '(resource type:compute)'.")
+                "enough resources available to fulfill the request.  '(resource type:compute)'."
+            )
             summary = ""
         elif fault["kind"] == "quota":
             code, condition = 8, "GCE_QUOTA_EXCEEDED"
             metric = fault.get("quota_metric") or _quota_metric(pool)
             message = fault.get("message") or (
-                f"Instance '{instance}' creation failed: Quota '{metric}' exceeded.  Limit: 0.0 in zone {zone}.")
+                f"Instance '{instance}' creation failed: Quota '{metric}' exceeded.  Limit: 0.0 in zone {zone}."
+            )
             summary = "Insufficient quota to satisfy the request: "
         else:
             code, condition = 13, "UNKNOWN"
@@ -570,7 +616,9 @@ class GKEApiStandin:
             "conditions": [{"code": condition, "message": message, "canonicalCode": canonical}],
         }
 
-    def _new_operation(self, kind: str, key: tuple[str, str, str], pool: str, failure: dict | None = None) -> _Operation:
+    def _new_operation(
+        self, kind: str, key: tuple[str, str, str], pool: str, failure: dict | None = None
+    ) -> _Operation:
         op_id = f"operation-{int(time.time() * 1000)}-{next(self._ids):08x}"
         op = _Operation(op_id, kind, key, pool, time.monotonic() + self.operation_seconds, failure)
         self._operations[op_id] = op
@@ -587,8 +635,11 @@ class GKEApiStandin:
             self._busy_check(key)
             name = pool.get("name", "")
             if (*key, name) in self._pools:
-                raise ApiError(409, "ALREADY_EXISTS", (
-                    f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."))
+                raise ApiError(
+                    409,
+                    "ALREADY_EXISTS",
+                    (f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
+                )
             topology = validate_node_pool(pool, self.workload_policies)
             failure = self._operation_failure(fault, key, pool) if fault is not None else None
             self._pools[(*key, name)] = _Pool(key, pool, topology)
@@ -603,16 +654,24 @@ class GKEApiStandin:
             if fault is not None:
                 raise self._request_fault(fault, key, pool.body if pool else {"name": name})
             if pool is None:
-                raise ApiError(404, "NOT_FOUND", (
-                    f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."))
+                raise ApiError(
+                    404,
+                    "NOT_FOUND",
+                    (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
+                )
             running = next(
                 (op for op in self._operations.values() if op.cluster == key and op.pool == name and not op.done), None
             )
             if running is not None:
                 verb = "creating" if running.kind == "CREATE_NODE_POOL" else "deleting"
-                raise ApiError(400, "FAILED_PRECONDITION", (
-                    f"Operation {running.id} is currently {verb} node pool {name} for cluster {cluster}. "
-                    "Please wait and try again once it is done."))
+                raise ApiError(
+                    400,
+                    "FAILED_PRECONDITION",
+                    (
+                        f"Operation {running.id} is currently {verb} node pool {name} for cluster {cluster}. "
+                        "Please wait and try again once it is done."
+                    ),
+                )
             self._busy_check(key)
             pool.status = "STOPPING"
             return self._new_operation("DELETE_NODE_POOL", key, name).to_json()
@@ -623,8 +682,11 @@ class GKEApiStandin:
             key = self._cluster(project, location, cluster)
             pool = self._pools.get((*key, name))
             if pool is None:
-                raise ApiError(404, "NOT_FOUND", (
-                    f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."))
+                raise ApiError(
+                    404,
+                    "NOT_FOUND",
+                    (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
+                )
             return pool.to_json()
 
     def list_node_pools(self, project: str, location: str, cluster: str) -> dict[str, Any]:
@@ -650,15 +712,19 @@ class GKEApiStandin:
             self._tick()
             op = self._operations.get(op_id)
             if op is None or op.cluster[:2] != (project, location):
-                raise ApiError(404, "NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_id}.")
+                raise ApiError(
+                    404, "NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_id}."
+                )
             return op.to_json()
 
     def list_operations(self, project: str, location: str) -> dict[str, Any]:
         with self._lock:
             self._tick()
-            return {"operations": [
-                op.to_json() for op in self._operations.values() if op.cluster[:2] == (project, location)
-            ]}
+            return {
+                "operations": [
+                    op.to_json() for op in self._operations.values() if op.cluster[:2] == (project, location)
+                ]
+            }
 
 
 def _parse_node_pool(body: Any) -> dict[str, Any]:
@@ -802,10 +868,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
     parser.add_argument("--operation-seconds", type=float, default=2.0, help="time each operation takes")
     parser.add_argument("--max-concurrent-operations", type=int, default=5, help="per cluster, like GKE")
-    parser.add_argument("--cluster", action="append", default=None,
-                        help="projects/P/locations/L/clusters/C that exists (repeat; default: any cluster exists)")
-    parser.add_argument("--workload-policy", action="append", default=[], metavar="NAME=TOPOLOGY",
-                        help="a workload policy for multi-host tpu7x pools, e.g. wp-2x2x2=2x2x2 (repeat)")
+    parser.add_argument(
+        "--cluster",
+        action="append",
+        default=None,
+        help="projects/P/locations/L/clusters/C that exists (repeat; default: any cluster exists)",
+    )
+    parser.add_argument(
+        "--workload-policy",
+        action="append",
+        default=[],
+        metavar="NAME=TOPOLOGY",
+        help="a workload policy for multi-host tpu7x pools, e.g. wp-2x2x2=2x2x2 (repeat)",
+    )
     args = parser.parse_args(argv)
     policies = {}
     for item in args.workload_policy:

@@ -68,7 +68,9 @@ class TpuMachineFamily:
 
     def single_vm_topology(self, chips: int) -> str:
         """The topology label GKE gives a single-host node of `chips` chips (the smallest such shape)."""
-        shapes = sorted((t for t in self.topologies if chips_in(t) == chips), key=lambda t: [int(d) for d in t.split("x")])
+        shapes = sorted(
+            (t for t in self.topologies if chips_in(t) == chips), key=lambda t: [int(d) for d in t.split("x")]
+        )
         return shapes[0] if shapes else "x".join(["1"] * self.dims)
 
 
@@ -77,9 +79,14 @@ FAMILIES: tuple[TpuMachineFamily, ...] = (
     TpuMachineFamily("ct5lp-hightpu", "tpu-v5-lite-podslice", (1, 4, 8), 2, _PLANE),
     TpuMachineFamily("ct5p-hightpu", "tpu-v5p-slice", (4,), 3, _SMALL_CUBES | _cubes((16, 16, 24))),
     TpuMachineFamily("ct6e-standard", "tpu-v6e-slice", (1, 4, 8), 2, _PLANE),
-    TpuMachineFamily("tpu7x-standard", "tpu7x", (4,), 3,
-                     _SMALL_CUBES | {"4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"},
-                     workload_policy=True),
+    TpuMachineFamily(
+        "tpu7x-standard",
+        "tpu7x",
+        (4,),
+        3,
+        _SMALL_CUBES | {"4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"},
+        workload_policy=True,
+    ),
 )
 
 
@@ -95,8 +102,10 @@ def tpu_machine_family(machine_type: str) -> tuple[TpuMachineFamily, int] | None
         if fam.family == m.group("family"):
             chips = int(m.group("chips"))
             if chips not in fam.chips_per_vm:
-                raise ValueError(f'Machine type "{machine_type}" does not exist; {fam.accelerator} machine types are '
-                                 f"{', '.join(fam.machine_types)}.")
+                raise ValueError(
+                    f'Machine type "{machine_type}" does not exist; {fam.accelerator} machine types are '
+                    f"{', '.join(fam.machine_types)}."
+                )
             return fam, chips
     return None
 

@@ -85,19 +85,32 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": self.message, "reason": self.reason, "details": self.details, "code": self.code,
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.code,
         }
 
 
 def not_found(rtype: ResourceType, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{rtype.plural}{"." + rtype.group if rtype.group else ""} "{name}" not found',
-                    {"name": name, "group": rtype.group, "kind": rtype.plural})
+    return ApiError(
+        404,
+        "NotFound",
+        f'{rtype.plural}{"." + rtype.group if rtype.group else ""} "{name}" not found',
+        {"name": name, "group": rtype.group, "kind": rtype.plural},
+    )
 
 
 def admission_denied(webhook: str, message: str, code: int = 400) -> ApiError:
-    return ApiError(code, "BadRequest" if code == 400 else "Forbidden",
-                    f'admission webhook "{webhook}" denied the request: {message}')
+    return ApiError(
+        code,
+        "BadRequest" if code == 400 else "Forbidden",
+        f'admission webhook "{webhook}" denied the request: {message}',
+    )
 
 
 # operation ("CREATE"/"UPDATE"), resource type, new object, old object (None on CREATE)
@@ -273,8 +286,15 @@ class ObjectStore:
             hook(operation, rtype, obj, old)
 
     # --- API verbs ---
-    def create(self, rtype: ResourceType, namespace: str | None, body: Mapping[str, Any], *,
-               dry_run: bool = False, admit: bool = True) -> dict[str, Any]:
+    def create(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        body: Mapping[str, Any],
+        *,
+        dry_run: bool = False,
+        admit: bool = True,
+    ) -> dict[str, Any]:
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {}) or {}
         obj["metadata"] = meta
@@ -282,12 +302,19 @@ class ObjectStore:
             if meta.get("generateName"):
                 meta["name"] = f"{meta['generateName']}{secrets.token_hex(3)[:5]}"
             else:
-                raise ApiError(422, "Invalid", f"{rtype.kind}.{rtype.group or 'core'} is invalid: metadata.name: "
-                                              "Required value: name or generateName is required")
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"{rtype.kind}.{rtype.group or 'core'} is invalid: metadata.name: "
+                    "Required value: name or generateName is required",
+                )
         if rtype.namespaced:
             if meta.get("namespace") and namespace and meta["namespace"] != namespace:
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
-                                                  "namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
             meta["namespace"] = namespace or meta.get("namespace") or "default"
         obj.setdefault("apiVersion", rtype.api_version)
         obj.setdefault("kind", rtype.kind)
@@ -298,9 +325,12 @@ class ObjectStore:
         with self._lock:
             key = self._key(rtype, meta.get("namespace"), meta["name"])
             if key in self._objects:
-                raise ApiError(409, "AlreadyExists",
-                               f'{rtype.plural}{"." + rtype.group if rtype.group else ""} "{meta["name"]}" already exists',
-                               {"name": meta["name"], "group": rtype.group, "kind": rtype.plural})
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{rtype.plural}{"." + rtype.group if rtype.group else ""} "{meta["name"]}" already exists',
+                    {"name": meta["name"], "group": rtype.group, "kind": rtype.plural},
+                )
             meta.setdefault("labels", {})
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = now_iso()
@@ -327,19 +357,35 @@ class ObjectStore:
         except ApiError:
             return None
 
-    def list(self, rtype: ResourceType, namespace: str | None = None, label_selector: str | None = None,
-             field_selector: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self,
+        rtype: ResourceType,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
         with self._lock:
             items = [
-                copy.deepcopy(obj) for (g, p, ns, _), obj in sorted(self._objects.items())
-                if g == rtype.group and p == rtype.plural and (namespace is None or ns == namespace)
+                copy.deepcopy(obj)
+                for (g, p, ns, _), obj in sorted(self._objects.items())
+                if g == rtype.group
+                and p == rtype.plural
+                and (namespace is None or ns == namespace)
                 and matches_label_selector((obj.get("metadata") or {}).get("labels") or {}, label_selector)
                 and matches_field_selector(obj, field_selector)
             ]
         return items
 
-    def replace(self, rtype: ResourceType, namespace: str | None, name: str, body: Mapping[str, Any], *,
-                subresource: str | None = None, admit: bool = True) -> dict[str, Any]:
+    def replace(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+        admit: bool = True,
+    ) -> dict[str, Any]:
         with self._lock:
             key = self._key(rtype, namespace, name)
             old = self._objects.get(key)
@@ -347,10 +393,15 @@ class ObjectStore:
                 raise not_found(rtype, name)
             sent_rv = (body.get("metadata") or {}).get("resourceVersion")
             if sent_rv and str(sent_rv) != old["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {rtype.plural}'
-                                                f'{"." + rtype.group if rtype.group else ""} "{name}": the object has '
-                                                "been modified; please apply your changes to the latest version and "
-                                                "try again", {"name": name, "group": rtype.group, "kind": rtype.plural})
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on {rtype.plural}"
+                    f'{"." + rtype.group if rtype.group else ""} "{name}": the object has '
+                    "been modified; please apply your changes to the latest version and "
+                    "try again",
+                    {"name": name, "group": rtype.group, "kind": rtype.plural},
+                )
             new = copy.deepcopy(dict(body))
             if subresource == "status":
                 merged = copy.deepcopy(old)
@@ -385,8 +436,16 @@ class ObjectStore:
             self._collect_if_released(rtype, key)
             return copy.deepcopy(new)
 
-    def patch(self, rtype: ResourceType, namespace: str | None, name: str, patch: Any, content_type: str, *,
-              subresource: str | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        content_type: str,
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         with self._lock:
             current = self.get(rtype, namespace, name)
             if "json-patch" in content_type:
@@ -417,8 +476,9 @@ class ObjectStore:
             return copy.deepcopy(obj)
 
     # --- controller-side helpers (no admission, no resourceVersion check) ---
-    def mutate(self, rtype: ResourceType, namespace: str | None, name: str,
-               fn: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+    def mutate(
+        self, rtype: ResourceType, namespace: str | None, name: str, fn: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any] | None:
         """Apply fn to the stored object in place (controllers writing status); None if it is gone."""
         with self._lock:
             key = self._key(rtype, namespace, name)
@@ -447,6 +507,7 @@ class ObjectStore:
     def remove_finalizer(self, rtype: ResourceType, namespace: str | None, name: str, finalizer: str) -> None:
         def drop(obj: dict[str, Any]) -> None:
             obj["metadata"]["finalizers"] = [f for f in obj["metadata"].get("finalizers") or [] if f != finalizer]
+
         self.mutate(rtype, namespace, name, drop)
 
     def _collect_if_released(self, rtype: ResourceType, key: tuple[str, str, str, str]) -> None:
@@ -486,8 +547,15 @@ class ObjectStore:
             lines = list(self._logs.get((namespace, pod), []))
         return lines[-tail_lines:] if tail_lines else lines
 
-    def record_event(self, namespace: str, involved: Mapping[str, Any], event_type: str, reason: str,
-                     message: str, component: str = "kuberay-operator") -> None:
+    def record_event(
+        self,
+        namespace: str,
+        involved: Mapping[str, Any],
+        event_type: str,
+        reason: str,
+        message: str,
+        component: str = "kuberay-operator",
+    ) -> None:
         """A core/v1 Event; a repeat of the same (object, reason, message) bumps count like the apiserver."""
         name = f"{involved['name']}.{abs(hash((reason, message))) % 10**10:010d}"
         with self._lock:
@@ -499,21 +567,34 @@ class ObjectStore:
                 existing["lastTimestamp"] = stamp
                 self._bump(existing)
                 return
-            self.create(EVENTS, namespace, {
-                "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": {k: involved[k] for k in ("kind", "name", "namespace", "uid", "apiVersion")
-                                   if involved.get(k)},
-                "reason": reason, "message": message, "type": event_type, "count": 1,
-                "firstTimestamp": stamp, "lastTimestamp": stamp, "source": {"component": component},
-            }, admit=False)
+            self.create(
+                EVENTS,
+                namespace,
+                {
+                    "metadata": {"name": name, "namespace": namespace},
+                    "involvedObject": {
+                        k: involved[k] for k in ("kind", "name", "namespace", "uid", "apiVersion") if involved.get(k)
+                    },
+                    "reason": reason,
+                    "message": message,
+                    "type": event_type,
+                    "count": 1,
+                    "firstTimestamp": stamp,
+                    "lastTimestamp": stamp,
+                    "source": {"component": component},
+                },
+                admit=False,
+            )
 
 
 # --- HTTP ------------------------------------------------------------------------------------------
 
 _CORE_NS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
 _CORE_ALL = re.compile(r"^/api/v1/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
-_GROUP_NS = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
-                       r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
+_GROUP_NS = re.compile(
+    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
+)
 _GROUP_ALL = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/(?P<plural>[^/]+)$")
 
 
@@ -521,14 +602,29 @@ def _resource_list(group_version: str, types: Iterable[ResourceType]) -> dict[st
     resources = []
     for t in types:
         verbs = ["get", "list", "create", "update", "patch", "delete"]
-        resources.append({"name": t.plural, "singularName": t.kind.lower(), "namespaced": t.namespaced,
-                          "kind": t.kind, "verbs": verbs})
+        resources.append(
+            {
+                "name": t.plural,
+                "singularName": t.kind.lower(),
+                "namespaced": t.namespaced,
+                "kind": t.kind,
+                "verbs": verbs,
+            }
+        )
         if t.has_status:
-            resources.append({"name": f"{t.plural}/status", "singularName": "", "namespaced": t.namespaced,
-                              "kind": t.kind, "verbs": ["get", "patch", "update"]})
+            resources.append(
+                {
+                    "name": f"{t.plural}/status",
+                    "singularName": "",
+                    "namespaced": t.namespaced,
+                    "kind": t.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         if t.plural == "pods":
-            resources.append({"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod",
-                              "verbs": ["get"]})
+            resources.append(
+                {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}
+            )
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
 
 
@@ -555,8 +651,11 @@ class _Handler(LoopbackHandler):
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
             body = self._body() if self.command in ("POST", "PUT", "PATCH", "DELETE") else None
             token = self.server.standin.token
-            if token and self.headers.get("Authorization") != f"Bearer {token}" and split.path not in (
-                    "/healthz", "/readyz", "/livez"):
+            if (
+                token
+                and self.headers.get("Authorization") != f"Bearer {token}"
+                and split.path not in ("/healthz", "/readyz", "/livez")
+            ):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             code, payload, ctype = self._route(split.path.rstrip("/") or "/", query, body)
             self._send(code, payload, ctype)
@@ -578,18 +677,46 @@ class _Handler(LoopbackHandler):
         if path in ("/healthz", "/readyz", "/livez"):
             return 200, "ok", "text/plain"
         if method == "GET" and path == "/version":
-            return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-tpuflow-standin", "gitCommit": "standin",
-                         "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "none",
-                         "compiler": "none", "platform": "linux/amd64"}, "application/json"
+            return (
+                200,
+                {
+                    "major": "1",
+                    "minor": "33",
+                    "gitVersion": "v1.33.0-tpuflow-standin",
+                    "gitCommit": "standin",
+                    "gitTreeState": "clean",
+                    "buildDate": "2026-01-01T00:00:00Z",
+                    "goVersion": "none",
+                    "compiler": "none",
+                    "platform": "linux/amd64",
+                },
+                "application/json",
+            )
         if method == "GET" and path == "/api":
-            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.server.server_port}"}]}, "application/json"
+            return (
+                200,
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.server.server_port}"}
+                    ],
+                },
+                "application/json",
+            )
         if method == "GET" and path == "/api/v1":
             return 200, _resource_list("v1", CORE_TYPES.values()), "application/json"
         if method == "GET" and path == "/apis":
             gv = {"groupVersion": "ray.io/v1", "version": "v1"}
-            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                {"name": "ray.io", "versions": [gv], "preferredVersion": gv}]}, "application/json"
+            return (
+                200,
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [{"name": "ray.io", "versions": [gv], "preferredVersion": gv}],
+                },
+                "application/json",
+            )
         if method == "GET" and path == "/apis/ray.io/v1":
             return 200, _resource_list("ray.io/v1", RAY_TYPES.values()), "application/json"
 
@@ -615,22 +742,38 @@ class _Handler(LoopbackHandler):
         table = RAY_TYPES if group == "ray.io" else CORE_TYPES if group == "" else {}
         rtype = table.get(plural)
         if rtype is None or version != rtype.version:
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource "
-                                            f"({group or 'core'}/{version} {plural})")
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ({group or 'core'}/{version} {plural})",
+            )
         return rtype
 
     def _namespace(self, name: str | None) -> tuple[int, Any, str]:
         if self.command != "GET":
             raise ApiError(405, "MethodNotAllowed", "the stand-in has every namespace already")
+
         def ns(n: str) -> dict[str, Any]:
             return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}, "status": {"phase": "Active"}}
+
         if name:
             return 200, ns(name), "application/json"
-        return 200, {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": [ns("default")]}, \
-            "application/json"
+        return (
+            200,
+            {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": [ns("default")]},
+            "application/json",
+        )
 
-    def _resource(self, store: ObjectStore, rtype: ResourceType, ns: str | None, name: str | None,
-                  sub: str | None, query: dict[str, str], body: Any) -> tuple[int, Any, str]:
+    def _resource(
+        self,
+        store: ObjectStore,
+        rtype: ResourceType,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
+        body: Any,
+    ) -> tuple[int, Any, str]:
         method = self.command
         if query.get("watch") in ("true", "1"):
             raise ApiError(400, "BadRequest", "watch is not supported by the tpuflow Kubernetes stand-in; poll instead")
@@ -639,9 +782,16 @@ class _Handler(LoopbackHandler):
         if name is None:
             if method == "GET":
                 items = store.list(rtype, ns, query.get("labelSelector"), query.get("fieldSelector"))
-                return 200, {"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version,
-                             "metadata": {"resourceVersion": str(store.resource_version)}, "items": items}, \
-                    "application/json"
+                return (
+                    200,
+                    {
+                        "kind": f"{rtype.kind}List",
+                        "apiVersion": rtype.api_version,
+                        "metadata": {"resourceVersion": str(store.resource_version)},
+                        "items": items,
+                    },
+                    "application/json",
+                )
             if method == "POST" and ns is not None:
                 if not isinstance(body, Mapping):
                     raise ApiError(400, "BadRequest", "the request body must be an object")
@@ -670,8 +820,9 @@ class _Handler(LoopbackHandler):
         if container and containers and container not in containers:
             raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
         if (pod.get("status") or {}).get("phase") == "Pending":
-            raise ApiError(400, "BadRequest",
-                           f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+            raise ApiError(
+                400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+            )
         tail = int(query["tailLines"]) if query.get("tailLines", "").isdigit() else None
         lines = store.read_log(ns, name, tail)
         return 200, "".join(f"{line}\n" for line in lines), "text/plain"
@@ -680,8 +831,9 @@ class _Handler(LoopbackHandler):
 class KubernetesApiStandin:
     """The loopback API server. `with KubernetesApiStandin() as api: api.write_kubeconfig(path)`."""
 
-    def __init__(self, *, store: ObjectStore | None = None, token: str | None = None, require_token: bool = True,
-                 port: int = 0) -> None:
+    def __init__(
+        self, *, store: ObjectStore | None = None, token: str | None = None, require_token: bool = True, port: int = 0
+    ) -> None:
         self.store = store or ObjectStore()
         self.token = (token or secrets.token_hex(16)) if require_token else None
         self.requests: list[tuple[str, str, int, float]] = []
@@ -712,11 +864,17 @@ class KubernetesApiStandin:
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         user: dict[str, Any] = {"token": self.token} if self.token else {}
         return {
-            "apiVersion": "v1", "kind": "Config", "preferences": {},
+            "apiVersion": "v1",
+            "kind": "Config",
+            "preferences": {},
             "clusters": [{"name": "tpuflow-standin", "cluster": {"server": self.url}}],
             "users": [{"name": "tpuflow-standin", "user": user}],
-            "contexts": [{"name": "tpuflow-standin", "context": {"cluster": "tpuflow-standin",
-                                                                 "user": "tpuflow-standin", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "tpuflow-standin",
+                    "context": {"cluster": "tpuflow-standin", "user": "tpuflow-standin", "namespace": namespace},
+                }
+            ],
             "current-context": "tpuflow-standin",
         }
 
@@ -727,9 +885,9 @@ class KubernetesApiStandin:
         target.chmod(0o600)
         return target
 
-    def airflow_connection_env(self, conn_id: str, kubeconfig_path: str | Path,
-                               namespace: str = "default") -> dict[str, str]:
+    def airflow_connection_env(
+        self, conn_id: str, kubeconfig_path: str | Path, namespace: str = "default"
+    ) -> dict[str, str]:
         """{"AIRFLOW_CONN_<ID>": json} for a `kubernetes` connection that reaches this stand-in."""
-        value = {"conn_type": "kubernetes",
-                 "extra": {"kube_config_path": str(kubeconfig_path), "namespace": namespace}}
+        value = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig_path), "namespace": namespace}}
         return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}

@@ -34,8 +34,9 @@ class LoopbackHandler(BaseHTTPRequestHandler):
         pass
 
     def send_body(self, code: int, body: Any, content_type: str = "application/json") -> None:
-        data = body if isinstance(body, bytes) else (
-            body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        data = (
+            body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        )
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -57,8 +58,15 @@ class LoopbackHandler(BaseHTTPRequestHandler):
 class LoopbackServer:
     """One stand-in's HTTP server: ``start()`` returns the base URL; ``stop()`` is idempotent."""
 
-    def __init__(self, handler: type[LoopbackHandler], standin: object, *, host: str = LOOPBACK, port: int = 0,
-                 name: str = "standin-http") -> None:
+    def __init__(
+        self,
+        handler: type[LoopbackHandler],
+        standin: object,
+        *,
+        host: str = LOOPBACK,
+        port: int = 0,
+        name: str = "standin-http",
+    ) -> None:
         self.handler, self.standin, self.host, self.name = handler, standin, host, name
         self._port = port
         self._server: _Server | None = None
@@ -73,8 +81,9 @@ class LoopbackServer:
             server = _Server((self.host, self._port), self.handler)
             server.standin = self.standin
             self._server = server
-            self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                            name=self.name, daemon=True)
+            self._thread = threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.1}, name=self.name, daemon=True
+            )
             self._thread.start()
         return self.url
 

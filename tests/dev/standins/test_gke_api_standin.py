@@ -57,8 +57,9 @@ def wait_done(client: ClusterManagerClient, operation: Any) -> Any:
 
 def call(standin: GKEApiStandin, method: str, path: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(standin.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        standin.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
 
@@ -90,7 +91,10 @@ def test_create_get_delete_lifecycle_takes_the_configured_time(client, standin):
         (pool(nodes=1, placementPolicy={"type": "COMPACT"}), "COMPACT without tpuTopology is not supported"),
         (pool(machine="ct6e-standard-3t", nodes=1), 'Machine type "ct6e-standard-3t" does not exist'),
         (pool(machine="tpu7x-standard-4t", nodes=2, **compact("2x2x2")), "placed with a workload policy"),
-        (pool(machine="ct5p-hightpu-4t", nodes=2, placementPolicy={"policyName": "wp-2x2x2"}), "policyName is not supported for"),
+        (
+            pool(machine="ct5p-hightpu-4t", nodes=2, placementPolicy={"policyName": "wp-2x2x2"}),
+            "policyName is not supported for",
+        ),
         (pool(machine="tpu7x-standard-4t", nodes=2, placementPolicy={"policyName": "nope"}), '"nope" was not found'),
         (pool(name="Bad_Name"), "Invalid node pool name"),
         (pool(**compact("3x3")), 'Invalid TPU topology "3x3"'),
@@ -104,8 +108,9 @@ def test_requests_gke_would_reject_are_rejected(client, node_pool, message):
 def test_valid_tpu_shapes_are_accepted(client):
     client.create_node_pool(parent=PARENT, node_pool=pool("v6e-single", nodes=3))  # 3 single-host 2x2 slices
     client.create_node_pool(parent=PARENT, node_pool=pool("v5e-2x4", "ct5lp-hightpu-4t", 2, **compact("2x4")))
-    client.create_node_pool(parent=PARENT, node_pool=pool(
-        "tpu7x", "tpu7x-standard-4t", 2, placementPolicy={"policyName": "wp-2x2x2"}))
+    client.create_node_pool(
+        parent=PARENT, node_pool=pool("tpu7x", "tpu7x-standard-4t", 2, placementPolicy={"policyName": "wp-2x2x2"})
+    )
     client.create_node_pool(parent=PARENT, node_pool=pool("cpu", "n2-standard-8", 2))
 
 
@@ -135,14 +140,22 @@ def test_the_cluster_concurrency_limit_answers_429(client, standin):
 
 
 def test_faults_queued_over_http_fail_the_next_matching_creates(client, standin):
-    call(standin, "POST", "/_standin/faults", {"faults": [
-        {"kind": "stockout", "capacity": "spot"},
-        {"kind": "permission", "capacity": "on-demand"},
-    ]})
+    call(
+        standin,
+        "POST",
+        "/_standin/faults",
+        {
+            "faults": [
+                {"kind": "stockout", "capacity": "spot"},
+                {"kind": "permission", "capacity": "on-demand"},
+            ]
+        },
+    )
     with pytest.raises(exceptions.Forbidden, match="container.clusters.update"):
         client.create_node_pool(parent=PARENT, node_pool=pool("od", nodes=1))
-    spot = client.create_node_pool(parent=PARENT, node_pool=pool("sp", nodes=1, config={
-        "machineType": "ct6e-standard-4t", "spot": True}))
+    spot = client.create_node_pool(
+        parent=PARENT, node_pool=pool("sp", nodes=1, config={"machineType": "ct6e-standard-4t", "spot": True})
+    )
     failed = wait_done(client, spot)
     assert failed.error.code == 8 and "does not have enough resources" in failed.error.message
     assert failed.nodepool_conditions[0].code.name == "GCE_STOCKOUT"
@@ -153,8 +166,15 @@ def test_faults_queued_over_http_fail_the_next_matching_creates(client, standin)
 
 
 def test_node_labels_and_the_match_query(client, standin):
-    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool(
-        "slice", **compact("4x4"), config={"machineType": "ct6e-standard-4t", "labels": {"team": "ml"}})))
+    wait_done(
+        client,
+        client.create_node_pool(
+            parent=PARENT,
+            node_pool=pool(
+                "slice", **compact("4x4"), config={"machineType": "ct6e-standard-4t", "labels": {"team": "ml"}}
+            ),
+        ),
+    )
     wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool("small", nodes=1)))
     selector = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"}
 
@@ -175,7 +195,10 @@ def test_only_loopback_addresses_are_bound():
 def test_it_starts_from_a_shell_and_prints_its_url():
     proc = subprocess.Popen(
         [sys.executable, "-m", "tpuflow.dev.standins.gke_api", "--port", "0", "--operation-seconds", "0.1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         url = proc.stdout.readline().strip()

@@ -55,8 +55,12 @@ MODULES = sorted(STANDINS.rglob("*.py"))
 
 def test_the_stand_ins_are_found() -> None:
     names = {_module_name(p) for p in MODULES}
-    assert {f"{PACKAGE}.gke_api", f"{PACKAGE}.kubernetes_api", f"{PACKAGE}.kuberay_controller.webhook",
-            f"{PACKAGE}.kuberay_controller.services"} <= names
+    assert {
+        f"{PACKAGE}.gke_api",
+        f"{PACKAGE}.kubernetes_api",
+        f"{PACKAGE}.kuberay_controller.webhook",
+        f"{PACKAGE}.kuberay_controller.services",
+    } <= names
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(STANDINS)))
@@ -66,8 +70,10 @@ def test_a_stand_in_imports_nothing_from_the_operator_side(path: Path) -> None:
 
 
 def test_the_check_catches_operator_imports() -> None:
-    source = ("import json\nfrom tpuflow.dev.standins import gke_tpu\nfrom . import state\n\ndef f():\n"
-              "    from tpuflow.kuberay.status import x\n    import tpuflow.tpu.slice\n")
+    source = (
+        "import json\nfrom tpuflow.dev.standins import gke_tpu\nfrom . import state\n\ndef f():\n"
+        "    from tpuflow.kuberay.status import x\n    import tpuflow.tpu.slice\n"
+    )
     found = _imports_in(source, f"{PACKAGE}.kuberay_controller")
     assert (3, f"{PACKAGE}.kuberay_controller") in found
     assert [m for _, m in found if _forbidden(m)] == ["tpuflow.kuberay.status", "tpuflow.tpu.slice"]

@@ -25,10 +25,23 @@ def api(tmp_path: Path) -> Iterator[tuple[KubernetesApiStandin, client.ApiClient
 
 
 def rc(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "labels": labels},
-            "spec": {"headGroupSpec": {"template": {"spec": {"containers": [
-                {"name": "ray-head", "image": "x", "ports": [{"containerPort": 8265, "name": "dashboard"}]}]}}}},
-            "status": {"state": "ready"}}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "headGroupSpec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": "ray-head", "image": "x", "ports": [{"containerPort": 8265, "name": "dashboard"}]}
+                        ]
+                    }
+                }
+            }
+        },
+        "status": {"state": "ready"},
+    }
 
 
 def status_of(err: client.ApiException) -> dict[str, Any]:
@@ -62,11 +75,13 @@ def test_generation_status_subresource_and_optimistic_concurrency(api: Any) -> N
     first = co.create_namespaced_custom_object(G, V, NS, "rayclusters", rc("a"))
     labelled = co.patch_namespaced_custom_object(G, V, NS, "rayclusters", "a", {"metadata": {"labels": {"x": "1"}}})
     assert labelled["metadata"]["generation"] == 1  # metadata changes do not bump generation
-    patched = co.patch_namespaced_custom_object(G, V, NS, "rayclusters", "a", {"spec": {"rayVersion": "2.60.0"},
-                                                                               "status": {"state": "ignored"}})
+    patched = co.patch_namespaced_custom_object(
+        G, V, NS, "rayclusters", "a", {"spec": {"rayVersion": "2.60.0"}, "status": {"state": "ignored"}}
+    )
     assert patched["metadata"]["generation"] == 2 and "status" not in patched
-    with_status = co.patch_namespaced_custom_object_status(G, V, NS, "rayclusters", "a",
-                                                           {"status": {"state": "ready"}, "spec": {"x": 1}})
+    with_status = co.patch_namespaced_custom_object_status(
+        G, V, NS, "rayclusters", "a", {"status": {"state": "ready"}, "spec": {"x": 1}}
+    )
     assert with_status["status"] == {"state": "ready"} and "x" not in with_status["spec"]
     stale = dict(first)
     with pytest.raises(client.ApiException) as conflict:
@@ -100,8 +115,11 @@ def test_pods_logs_and_events_through_core_v1(api: Any) -> None:
     standin, api_client, _ = api
     core = client.CoreV1Api(api_client)
     store = standin.store
-    pod = {"metadata": {"name": "head", "labels": {"ray.io/cluster": "a"}},
-           "spec": {"containers": [{"name": "ray-head", "image": "x"}]}, "status": {"phase": "Pending"}}
+    pod = {
+        "metadata": {"name": "head", "labels": {"ray.io/cluster": "a"}},
+        "spec": {"containers": [{"name": "ray-head", "image": "x"}]},
+        "status": {"phase": "Pending"},
+    }
     store.create(PODS, NS, pod)
     with pytest.raises(client.ApiException) as waiting:
         core.read_namespaced_pod_log("head", NS)
@@ -136,8 +154,11 @@ def test_finalizers_and_owner_garbage_collection(api: Any) -> None:
     owner = co.create_namespaced_custom_object(G, V, NS, "rayclusters", rc("a"))
     standin.store.mutate(RAYCLUSTERS, NS, "a", lambda o: o["metadata"].update(finalizers=["test/hold"]))
     ref = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "a", "uid": owner["metadata"]["uid"]}
-    standin.store.create(PODS, NS, {"metadata": {"name": "p", "ownerReferences": [ref]},
-                                    "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    standin.store.create(
+        PODS,
+        NS,
+        {"metadata": {"name": "p", "ownerReferences": [ref]}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+    )
     deleting = co.delete_namespaced_custom_object(G, V, NS, "rayclusters", "a")
     assert deleting["metadata"]["deletionTimestamp"]
     assert co.get_namespaced_custom_object(G, V, NS, "rayclusters", "a")  # held by the finalizer
@@ -150,7 +171,9 @@ def test_finalizers_and_owner_garbage_collection(api: Any) -> None:
 def test_dry_run_create_is_not_persisted(api: Any) -> None:
     _, api_client, _ = api
     co = client.CustomObjectsApi(api_client)
-    assert co.create_namespaced_custom_object(G, V, NS, "rayclusters", rc("a"), dry_run="All")["metadata"]["name"] == "a"
+    assert (
+        co.create_namespaced_custom_object(G, V, NS, "rayclusters", rc("a"), dry_run="All")["metadata"]["name"] == "a"
+    )
     assert co.list_namespaced_custom_object(G, V, NS, "rayclusters")["items"] == []
 
 
@@ -163,6 +186,8 @@ def test_the_async_client_reads_the_same_objects(api: Any) -> None:
 
     async def read() -> dict[str, Any]:
         async with await aconfig.new_client_from_config(config_file=str(kubeconfig)) as async_client:
-            return await aclient.CustomObjectsApi(async_client).get_namespaced_custom_object(G, V, NS, "rayclusters", "a")
+            return await aclient.CustomObjectsApi(async_client).get_namespaced_custom_object(
+                G, V, NS, "rayclusters", "a"
+            )
 
     assert asyncio.run(read())["metadata"]["name"] == "a"

@@ -71,8 +71,9 @@ def test_tpu_webhook_rejects_a_wrong_numofhosts_through_the_client(kube: KubeRay
         co.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", body)
     status = json.loads(denied.value.body)
     assert denied.value.status == 400
-    assert status["message"].endswith("denied the request: Number of workers in worker group not equal to "
-                                      "specified topology")
+    assert status["message"].endswith(
+        "denied the request: Number of workers in worker group not equal to specified topology"
+    )
     assert kube.store.find(RAYCLUSTERS, NS, "bad") is None
     ok = co.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", manifest("good"))
     ok["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 8
@@ -107,16 +108,23 @@ def test_cluster_waits_for_a_matching_node_pool_then_becomes_ready(kube: KubeRay
     [launched] = kube.launcher.launched  # type: ignore[attr-defined]
     shape = launched.spec.tpu  # the stand-in's own reading of the worker group's slice
     assert (shape.node_selector, shape.chips_per_host, shape.hosts, shape.slices) == (
-        V6E.node_selector, V6E.chips_per_host, V6E.num_hosts, V6E.num_slices)
+        V6E.node_selector,
+        V6E.chips_per_host,
+        V6E.num_hosts,
+        V6E.num_slices,
+    )
     assert shape.machine_type == V6E.machine_type
 
 
 def test_the_tpu_webhook_injects_the_tpu_worker_environment(kube: KubeRayStandin) -> None:
     kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
-    workers = until(lambda: kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=worker"),
-                    lambda pods: len(pods) == 4)
-    envs = {p["metadata"]["name"]: {e["name"]: e["value"] for e in p["spec"]["containers"][0].get("env") or []}
-            for p in workers}
+    workers = until(
+        lambda: kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=worker"), lambda pods: len(pods) == 4
+    )
+    envs = {
+        p["metadata"]["name"]: {e["name"]: e["value"] for e in p["spec"]["containers"][0].get("env") or []}
+        for p in workers
+    }
     assert sorted(env["TPU_WORKER_ID"] for env in envs.values()) == ["0", "1", "2", "3"]
     assert len({env["TPU_NAME"] for env in envs.values()}) == 1  # one slice
     for env in envs.values():
@@ -135,8 +143,9 @@ def test_a_pool_in_use_by_another_cluster_does_not_count(kube: KubeRayStandin) -
     assert not cluster_verdict(kube, "second").ready
 
 
-@pytest.mark.parametrize("kube", [FakeRayLauncher(fail_with="ray start: GCS failed to bind 0.0.0.0:6379")],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "kube", [FakeRayLauncher(fail_with="ray start: GCS failed to bind 0.0.0.0:6379")], indirect=True
+)
 def test_a_head_that_cannot_start_reports_crashloop_and_logs(kube: KubeRayStandin) -> None:
     add_pool(kube, V6E)
     kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
@@ -174,7 +183,8 @@ def test_rayservice_deploys_serve_config_and_becomes_ready(kube: KubeRayStandin)
     cluster = status["activeServiceStatus"]["rayClusterName"]
     assert cluster.startswith("svc-raycluster-")
     assert status["activeServiceStatus"]["applicationStatuses"]["llm"]["serveDeploymentStatuses"] == {
-        "LLMServer": {"status": "HEALTHY", "message": ""}}
+        "LLMServer": {"status": "HEALTHY", "message": ""}
+    }
     [handle] = kube.launcher.launched  # type: ignore[attr-defined]
     assert handle.deployed[0]["applications"] == SERVE["applications"]
     assert kube.store.find(SERVICES, NS, "svc-serve-svc") is not None
@@ -182,8 +192,9 @@ def test_rayservice_deploys_serve_config_and_becomes_ready(kube: KubeRayStandin)
     # A new serveConfigV2 is applied in place: same cluster, no second slice.
     update = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
     new_spec = service_manifest(serve=update)["spec"]
-    kube.store.patch(RAYSERVICES, NS, "svc", {"spec": {"serveConfigV2": new_spec["serveConfigV2"]}},
-                     "application/merge-patch+json")
+    kube.store.patch(
+        RAYSERVICES, NS, "svc", {"spec": {"serveConfigV2": new_spec["serveConfigV2"]}}, "application/merge-patch+json"
+    )
     until(lambda: len(handle.deployed), lambda n: n == 2)
     assert handle.deployed[-1]["applications"][0]["route_prefix"] == "/v2"
     assert until(lambda: service_verdict(kube), lambda v: v.ready).ready
@@ -193,18 +204,41 @@ def test_rayservice_deploys_serve_config_and_becomes_ready(kube: KubeRayStandin)
     assert until(lambda: kube.store.list(RAYCLUSTERS, NS), lambda items: not items) == []
 
 
-@pytest.mark.parametrize("kube", [FakeRayLauncher(serve={"llm": FakeServeBehaviour(
-    app_status="DEPLOYING", deployment_message="Deployment 'LLMServer' has 1 replicas that have taken more than 30s "
-    "to be scheduled. Resources required for each replica: {'TPU': 4.0}")})], indirect=True)
+@pytest.mark.parametrize(
+    "kube",
+    [
+        FakeRayLauncher(
+            serve={
+                "llm": FakeServeBehaviour(
+                    app_status="DEPLOYING",
+                    deployment_message="Deployment 'LLMServer' has 1 replicas that have taken more than 30s "
+                    "to be scheduled. Resources required for each replica: {'TPU': 4.0}",
+                )
+            }
+        )
+    ],
+    indirect=True,
+)
 def test_rayservice_stuck_deploying_reports_the_deployment(kube: KubeRayStandin) -> None:
     add_pool(kube, V6E)
     kube.store.create(RAYSERVICES, NS, service_manifest())
     verdict = until(lambda: service_verdict(kube), lambda v: "LLMServer" in v.reason)
-    assert verdict.state == "waiting" and "'llm' is DEPLOYING" in verdict.reason and "taken more than 30s" in verdict.reason
+    assert (
+        verdict.state == "waiting"
+        and "'llm' is DEPLOYING" in verdict.reason
+        and "taken more than 30s" in verdict.reason
+    )
 
 
-@pytest.mark.parametrize("kube", [FakeRayLauncher(serve=FakeServeBehaviour(
-    app_status="DEPLOY_FAILED", message="ModuleNotFoundError: No module named 'm'"))], indirect=True)
+@pytest.mark.parametrize(
+    "kube",
+    [
+        FakeRayLauncher(
+            serve=FakeServeBehaviour(app_status="DEPLOY_FAILED", message="ModuleNotFoundError: No module named 'm'")
+        )
+    ],
+    indirect=True,
+)
 def test_rayservice_deploy_failed_is_a_failure(kube: KubeRayStandin) -> None:
     add_pool(kube, V6E)
     kube.store.create(RAYSERVICES, NS, service_manifest())
@@ -218,9 +252,13 @@ def test_rayservice_new_cluster_strategy_needs_a_second_slice(kube: KubeRayStand
     kube.store.create(RAYSERVICES, NS, body)
     until(lambda: service_verdict(kube), lambda v: v.ready)
     new_cluster = RayClusterTemplate(V6E, image="img:2").cluster_spec()
-    kube.store.patch(RAYSERVICES, NS, "svc", {"spec": {"rayClusterConfig": new_cluster}}, "application/merge-patch+json")
-    status = until(lambda: kube.store.get(RAYSERVICES, NS, "svc")["status"],
-                   lambda s: (s.get("pendingServiceStatus") or {}).get("rayClusterName"))
+    kube.store.patch(
+        RAYSERVICES, NS, "svc", {"spec": {"rayClusterConfig": new_cluster}}, "application/merge-patch+json"
+    )
+    status = until(
+        lambda: kube.store.get(RAYSERVICES, NS, "svc")["status"],
+        lambda s: (s.get("pendingServiceStatus") or {}).get("rayClusterName"),
+    )
     pending = status["pendingServiceStatus"]["rayClusterName"]
     events = until(lambda: kube.store.list(EVENTS, NS, field_selector="reason=FailedScheduling"), bool)
     assert pending and "Insufficient google.com/tpu" in events[0]["message"]
@@ -242,12 +280,21 @@ def test_tpu_workers_schedule_once_the_gke_standin_has_the_node_pool(tmp_path: P
             kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
             events = until(lambda: kube.store.list(EVENTS, NS, field_selector="reason=FailedScheduling"), bool)
             assert "didn't match Pod's node affinity/selector" in events[0]["message"]
-            plan = plan_node_pools(project_id="tpuflow-test", location="us-east5", cluster_name="ml", accelerator="v6e",
-                                   topology="4x4", node_zone="us-east5-b")
+            plan = plan_node_pools(
+                project_id="tpuflow-test",
+                location="us-east5",
+                cluster_name="ml",
+                accelerator="v6e",
+                topology="4x4",
+                node_zone="us-east5-b",
+            )
             [body] = plan.bodies()
-            request = urllib.request.Request(f"{gke.url}/v1/{cluster}/nodePools", method="POST",
-                                             data=json.dumps({"nodePool": body}).encode(),
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"{gke.url}/v1/{cluster}/nodePools",
+                method="POST",
+                data=json.dumps({"nodePool": body}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             urllib.request.urlopen(request, timeout=10).read()
             assert until(lambda: cluster_verdict(kube, "rc"), lambda v: v.ready, timeout=10).ready
             assert pools.matching_nodes(V6E.node_selector) == 4

@@ -20,8 +20,12 @@ class FakeServeBehaviour:
     delay: float = 0.0
 
 
-_DEPLOYMENT_STATUS = {"RUNNING": "HEALTHY", "DEPLOYING": "UPDATING", "DEPLOY_FAILED": "DEPLOY_FAILED",
-                      "UNHEALTHY": "UNHEALTHY"}
+_DEPLOYMENT_STATUS = {
+    "RUNNING": "HEALTHY",
+    "DEPLOYING": "UPDATING",
+    "DEPLOY_FAILED": "DEPLOY_FAILED",
+    "UNHEALTHY": "UNHEALTHY",
+}
 
 
 class FakeRayHandle:
@@ -58,8 +62,9 @@ class FakeRayHandle:
             apps[name] = {
                 "status": status,
                 "message": script.message if final else "",
-                "deployments": {d: {"status": dep_status, "message": script.deployment_message if final else ""}
-                                for d in deps},
+                "deployments": {
+                    d: {"status": dep_status, "message": script.deployment_message if final else ""} for d in deps
+                },
             }
         return {"applications": apps, "proxies": {"head": {"status": "HEALTHY"}}}
 
@@ -71,13 +76,18 @@ class FakeRayHandle:
 class FakeRayLauncher:
     """A ClusterLauncher for tests that need KubeRay semantics but no Ray (fast, no processes)."""
 
-    def __init__(self, *, launch_delay: float = 0.0,
-                 serve: FakeServeBehaviour | Mapping[str, FakeServeBehaviour] | None = None,
-                 fail_with: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        launch_delay: float = 0.0,
+        serve: FakeServeBehaviour | Mapping[str, FakeServeBehaviour] | None = None,
+        fail_with: str | None = None,
+    ) -> None:
         """serve: one behaviour for every application, or {application name | "*": behaviour}."""
         self.launch_delay, self.fail_with = launch_delay, fail_with
         self.serve: dict[str, FakeServeBehaviour] = (
-            {"*": serve} if isinstance(serve, FakeServeBehaviour) else dict(serve or {"*": FakeServeBehaviour()}))
+            {"*": serve} if isinstance(serve, FakeServeBehaviour) else dict(serve or {"*": FakeServeBehaviour()})
+        )
         self.launched: list[FakeRayHandle] = []
         self._next_port = 40000
 

@@ -43,8 +43,16 @@ HEAD_SVC_SUFFIX = "-head-svc"
 class KubeRayController(RayServiceReconciler):
     """Reconciles RayClusters and RayServices in `store` in a background thread (start/stop)."""
 
-    def __init__(self, store: ObjectStore, launcher: ClusterLauncher, node_pools: NodePoolDirectory | None = None,
-                 *, interval: float = 0.2, serve_poll_interval: float = 0.5, install_webhook: bool = True) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        launcher: ClusterLauncher,
+        node_pools: NodePoolDirectory | None = None,
+        *,
+        interval: float = 0.2,
+        serve_poll_interval: float = 0.5,
+        install_webhook: bool = True,
+    ) -> None:
         self.store, self.launcher = store, launcher
         self.node_pools: NodePoolDirectory = node_pools if node_pools is not None else StaticNodePools(cpu_nodes=1)
         self.interval, self.serve_poll_interval = interval, serve_poll_interval
@@ -121,8 +129,9 @@ class KubeRayController(RayServiceReconciler):
             handle, state.handle = state.handle, None
             threading.Thread(target=handle.stop, daemon=True).start()
 
-    def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str,
-               component: str = "kuberay-operator") -> None:
+    def _event(
+        self, obj: Mapping[str, Any], kind: str, reason: str, message: str, component: str = "kuberay-operator"
+    ) -> None:
         key = (obj["metadata"].get("uid", ""), reason, message)
         now = time.monotonic()
         if now - self._emitted.get(key, -1e9) < self.event_interval:
@@ -143,8 +152,9 @@ class KubeRayController(RayServiceReconciler):
             self._finalize_cluster(obj, state)
             return
         if FINALIZER not in (meta.get("finalizers") or []):
-            self.store.mutate(RAYCLUSTERS, ns, name,
-                              lambda o: o["metadata"].setdefault("finalizers", []).append(FINALIZER))
+            self.store.mutate(
+                RAYCLUSTERS, ns, name, lambda o: o["metadata"].setdefault("finalizers", []).append(FINALIZER)
+            )
         spec = obj.get("spec") or {}
         groups = spec.get("workerGroupSpecs") or []
         tpu_groups = [g for g in groups if tpus_per_host(g) > 0]
@@ -182,10 +192,19 @@ class KubeRayController(RayServiceReconciler):
         threading.Thread(target=stop_then_release, name=f"finalize-{name}", daemon=True).start()
 
     # --- pods ---
-    def _pod_labels(self, obj: Mapping[str, Any], template: Mapping[str, Any], node_type: str, group: str) -> dict[str, str]:
+    def _pod_labels(
+        self, obj: Mapping[str, Any], template: Mapping[str, Any], node_type: str, group: str
+    ) -> dict[str, str]:
         labels = dict(((template.get("metadata") or {}).get("labels")) or {})
-        labels.update({"ray.io/cluster": obj["metadata"]["name"], "ray.io/node-type": node_type, "ray.io/group": group,
-                       "ray.io/is-ray-node": "yes", "app.kubernetes.io/created-by": "kuberay-operator"})
+        labels.update(
+            {
+                "ray.io/cluster": obj["metadata"]["name"],
+                "ray.io/node-type": node_type,
+                "ray.io/group": group,
+                "ray.io/is-ray-node": "yes",
+                "app.kubernetes.io/created-by": "kuberay-operator",
+            }
+        )
         return labels
 
     def _ensure_pods(self, obj: dict[str, Any], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,13 +236,18 @@ class KubeRayController(RayServiceReconciler):
                 c.setdefault("name", "ray")
                 c.setdefault("image", "unknown")
             if extra_env:
-                containers[0]["env"] = [*containers[0].get("env", []), *({"name": k, "value": v}
-                                                                         for k, v in extra_env.items())]
+                containers[0]["env"] = [
+                    *containers[0].get("env", []),
+                    *({"name": k, "value": v} for k, v in extra_env.items()),
+                ]
             pod_spec["containers"] = containers
-            body = {"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "ownerReferences": [owner_ref(obj)]},
-                    "spec": pod_spec,
-                    "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "ownerReferences": [owner_ref(obj)]},
+                "spec": pod_spec,
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]},
+            }
             pods.append(self.store.upsert(PODS, ns, body))
             self.store.append_log(ns, pod_name, [f"{now_iso()} pod created by the simulated KubeRay operator"])
         for stale in set(existing) - {w[0] for w in wanted}:
@@ -246,13 +270,17 @@ class KubeRayController(RayServiceReconciler):
             ok = False
             labels = ", ".join(f"{k}={v}" for k, v in wanted.items())
             if matching == 0:
-                why = (f"0/{total} nodes are available: {total} node(s) didn't match Pod's node affinity/selector "
-                       f"({labels}). preemption: 0/{total} nodes are available: {total} Preemption is not helpful "
-                       "for scheduling.")
+                why = (
+                    f"0/{total} nodes are available: {total} node(s) didn't match Pod's node affinity/selector "
+                    f"({labels}). preemption: 0/{total} nodes are available: {total} Preemption is not helpful "
+                    "for scheduling."
+                )
             else:
-                why = (f"0/{total} nodes are available: {used} of {matching} matching node(s) already run TPU pods "
-                       f"(Insufficient google.com/tpu), {total - matching} node(s) didn't match Pod's node "
-                       "affinity/selector.")
+                why = (
+                    f"0/{total} nodes are available: {used} of {matching} matching node(s) already run TPU pods "
+                    f"(Insufficient google.com/tpu), {total - matching} node(s) didn't match Pod's node "
+                    "affinity/selector."
+                )
             for pod in pods:
                 if pod["metadata"]["labels"].get("ray.io/group") == group.get("groupName"):
                     self._event(pod, "Warning", "FailedScheduling", why, component="default-scheduler")
@@ -263,17 +291,23 @@ class KubeRayController(RayServiceReconciler):
         for pod in self.store.list(PODS, None, "ray.io/node-type=worker"):
             owner = (pod["metadata"]["namespace"], pod["metadata"]["labels"].get("ray.io/cluster"))
             sel = (pod.get("spec") or {}).get("nodeSelector") or {}
-            if owner != exclude and (pod.get("status") or {}).get("phase") == "Running" and all(
-                    sel.get(k) == v for k, v in selector.items()):
+            if (
+                owner != exclude
+                and (pod.get("status") or {}).get("phase") == "Running"
+                and all(sel.get(k) == v for k, v in selector.items())
+            ):
                 used += 1
         return used
 
     def _launch(self, obj: dict[str, Any], state: ClusterState, tpu: SliceShape | None) -> None:
         meta = obj["metadata"]
         head_containers = (((obj.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get(
-            "spec", {}).get("containers") or [{}]
+            "spec", {}
+        ).get("containers") or [{}]
         env = {e["name"]: e["value"] for e in head_containers[0].get("env") or [] if "value" in e}
-        spec = LaunchSpec(f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}", meta["namespace"], meta["name"], tpu, env)
+        spec = LaunchSpec(
+            f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}", meta["namespace"], meta["name"], tpu, env
+        )
 
         def run() -> None:
             try:
@@ -293,8 +327,9 @@ class KubeRayController(RayServiceReconciler):
         state.launching = threading.Thread(target=run, name=f"launch-{meta['name']}", daemon=True)
         state.launching.start()
 
-    def _update_pods(self, obj: dict[str, Any], state: ClusterState, pods: list[dict[str, Any]],
-                     schedulable: bool) -> None:
+    def _update_pods(
+        self, obj: dict[str, Any], state: ClusterState, pods: list[dict[str, Any]], schedulable: bool
+    ) -> None:
         ns = obj["metadata"]["namespace"]
         for pod in pods:
             is_head = pod["metadata"]["labels"].get("ray.io/node-type") == "head"
@@ -311,51 +346,84 @@ class KubeRayController(RayServiceReconciler):
             self._set_pod_status(ns, pod["metadata"]["name"], running, ready, waiting)
             if is_head and state.error is not None:
                 self._event(obj, "Warning", "FailedToStartRayHead", f"ray start failed: {state.error.splitlines()[0]}")
-                self.store.set_log(ns, pod["metadata"]["name"], [
-                    f"{now_iso()} Starting Ray head (simulated KubeRay stand-in)", *state.error.splitlines()])
+                self.store.set_log(
+                    ns,
+                    pod["metadata"]["name"],
+                    [f"{now_iso()} Starting Ray head (simulated KubeRay stand-in)", *state.error.splitlines()],
+                )
         handle = state.visible
         if handle is not None and time.monotonic() - state.last_logs > 1.0:
             state.last_logs = time.monotonic()
             for pod in pods:
                 labels = pod["metadata"]["labels"]
-                role = "head" if labels.get("ray.io/node-type") == "head" else \
-                    f"slice-{labels.get('tpuflow.dev/replica-index', '0')}-w{labels.get('tpuflow.dev/host-index', '0')}"
+                role = (
+                    "head"
+                    if labels.get("ray.io/node-type") == "head"
+                    else f"slice-{labels.get('tpuflow.dev/replica-index', '0')}-w{labels.get('tpuflow.dev/host-index', '0')}"
+                )
                 with contextlib.suppress(Exception):
                     lines = handle.log_tail(role, 200)
                     if lines:
                         self.store.set_log(ns, pod["metadata"]["name"], lines)
 
-    def _set_pod_status(self, ns: str, pod_name: str, running: bool, ready: bool, waiting: dict[str, str] | None) -> None:
+    def _set_pod_status(
+        self, ns: str, pod_name: str, running: bool, ready: bool, waiting: dict[str, str] | None
+    ) -> None:
         def apply(pod: dict[str, Any]) -> None:
             containers = (pod.get("spec") or {}).get("containers") or []
             flag = "True" if ready else "False"
             status = pod.setdefault("status", {})
             status["phase"] = "Running" if running else "Pending"
-            status["conditions"] = [{"type": "PodScheduled", "status": "True" if running else "False",
-                                     **({} if running else {"reason": "Unschedulable"})},
-                                    {"type": "Ready", "status": flag}, {"type": "ContainersReady", "status": flag}]
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "True" if running else "False",
+                    **({} if running else {"reason": "Unschedulable"}),
+                },
+                {"type": "Ready", "status": flag},
+                {"type": "ContainersReady", "status": flag},
+            ]
             if running:
                 status["podIP"] = status["hostIP"] = "127.0.0.1"
                 status.setdefault("startTime", now_iso())
-            status["containerStatuses"] = [{
-                "name": c.get("name", "ray"), "image": c.get("image", "unknown"), "imageID": "", "ready": ready,
-                "restartCount": 0, "started": ready,
-                "state": {"running": {"startedAt": status.get("startTime", now_iso())}} if waiting is None
-                else {"waiting": waiting},
-            } for c in containers]
+            status["containerStatuses"] = [
+                {
+                    "name": c.get("name", "ray"),
+                    "image": c.get("image", "unknown"),
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 0,
+                    "started": ready,
+                    "state": {"running": {"startedAt": status.get("startTime", now_iso())}}
+                    if waiting is None
+                    else {"waiting": waiting},
+                }
+                for c in containers
+            ]
+
         self.store.mutate(PODS, ns, pod_name, apply)
 
     def _ensure_head_service(self, obj: dict[str, Any], state: ClusterState) -> None:
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         ports = self._endpoints(obj, state)
-        body = {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": f"{name}{HEAD_SVC_SUFFIX}", "namespace": ns,
-                             "labels": {"ray.io/cluster": name, "ray.io/node-type": "head"},
-                             "ownerReferences": [owner_ref(obj)]},
-                "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
-                         "selector": {"ray.io/cluster": name, "ray.io/node-type": "head"},
-                         "ports": [{"name": n, "port": int(p), "targetPort": int(p), "protocol": "TCP"}
-                                   for n, p in ports.items()]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": f"{name}{HEAD_SVC_SUFFIX}",
+                "namespace": ns,
+                "labels": {"ray.io/cluster": name, "ray.io/node-type": "head"},
+                "ownerReferences": [owner_ref(obj)],
+            },
+            "spec": {
+                "type": "ClusterIP",
+                "clusterIP": "127.0.0.1",
+                "selector": {"ray.io/cluster": name, "ray.io/node-type": "head"},
+                "ports": [
+                    {"name": n, "port": int(p), "targetPort": int(p), "protocol": "TCP"} for n, p in ports.items()
+                ],
+            },
+        }
         current = self.store.find(SERVICES, ns, body["metadata"]["name"])
         if current is None or current.get("spec") != body["spec"]:
             self.store.upsert(SERVICES, ns, body)
@@ -365,12 +433,16 @@ class KubeRayController(RayServiceReconciler):
         """Port name -> port: the head container's declared ports, replaced by the live local ports."""
         head = (((obj.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec", {})
         containers = head.get("containers") or [{}]
-        ports = {str(p.get("name")): str(p.get("containerPort")) for p in containers[0].get("ports") or []
-                 if p.get("name")}
+        ports = {
+            str(p.get("name")): str(p.get("containerPort")) for p in containers[0].get("ports") or [] if p.get("name")
+        }
         handle = state.visible
         if handle is not None:
-            live = {"dashboard": handle.dashboard_url.rsplit(":", 1)[1], "gcs": handle.gcs_address.rsplit(":", 1)[1],
-                    "serve": str(handle.serve_port)}
+            live = {
+                "dashboard": handle.dashboard_url.rsplit(":", 1)[1],
+                "gcs": handle.gcs_address.rsplit(":", 1)[1],
+                "serve": str(handle.serve_port),
+            }
             for declared in list(ports):
                 if declared in ("gcs-server", "gcs"):
                     ports[declared] = live["gcs"]
@@ -403,23 +475,40 @@ class KubeRayController(RayServiceReconciler):
         tpus = sum(int(g.get("replicas", 0) or 0) * int(g.get("numOfHosts", 1) or 1) * tpus_per_host(g) for g in groups)
 
         def cond(ctype: str, ok: bool, reason: str, message: str = "") -> dict[str, Any]:
-            return {"type": ctype, "status": "True" if ok else "False", "reason": reason, "message": message,
-                    "observedGeneration": obj["metadata"].get("generation", 1)}
+            return {
+                "type": ctype,
+                "status": "True" if ok else "False",
+                "reason": reason,
+                "message": message,
+                "observedGeneration": obj["metadata"].get("generation", 1),
+            }
 
-        head_reason = ("HeadPodRunningAndReady" if head_ready else
-                       ("ContainersNotReady" if head is not None else "HeadPodNotFound"))
+        head_reason = (
+            "HeadPodRunningAndReady"
+            if head_ready
+            else ("ContainersNotReady" if head is not None else "HeadPodNotFound")
+        )
         head_message = "" if head_ready else (state.error or "the head pod is not ready")
         conditions = [
-            cond("RayClusterProvisioned", state.provisioned,
-                 "AllPodRunningAndReadyFirstTime" if state.provisioned else "RayClusterPodsProvisioning",
-                 "" if state.provisioned else "RayCluster Pods are being provisioned for first time"),
+            cond(
+                "RayClusterProvisioned",
+                state.provisioned,
+                "AllPodRunningAndReadyFirstTime" if state.provisioned else "RayClusterPodsProvisioning",
+                "" if state.provisioned else "RayCluster Pods are being provisioned for first time",
+            ),
             cond("HeadPodReady", head_ready, head_reason, head_message),
         ]
         status: dict[str, Any] = {
             "state": "ready" if all_ready else "",
-            "desiredWorkerReplicas": desired, "minWorkerReplicas": desired, "maxWorkerReplicas": desired,
-            "readyWorkerReplicas": ready_workers, "availableWorkerReplicas": ready_workers,
-            "desiredCPU": "0", "desiredMemory": "0", "desiredGPU": "0", "desiredTPU": str(tpus),
+            "desiredWorkerReplicas": desired,
+            "minWorkerReplicas": desired,
+            "maxWorkerReplicas": desired,
+            "readyWorkerReplicas": ready_workers,
+            "availableWorkerReplicas": ready_workers,
+            "desiredCPU": "0",
+            "desiredMemory": "0",
+            "desiredGPU": "0",
+            "desiredTPU": str(tpus),
             "observedGeneration": obj["metadata"].get("generation", 1),
             "head": {"podName": head["metadata"]["name"] if head else "", "serviceName": f"{name}{HEAD_SVC_SUFFIX}"},
             "conditions": conditions,
@@ -436,8 +525,11 @@ class KubeRayController(RayServiceReconciler):
             old_conds = {c["type"]: c for c in old.get("conditions") or []}
             for c in status["conditions"]:
                 prev = old_conds.get(c["type"])
-                c["lastTransitionTime"] = prev["lastTransitionTime"] if prev and prev.get("status") == c["status"] \
-                    and prev.get("lastTransitionTime") else stamp
+                c["lastTransitionTime"] = (
+                    prev["lastTransitionTime"]
+                    if prev and prev.get("status") == c["status"] and prev.get("lastTransitionTime")
+                    else stamp
+                )
             if comparable == status:
                 return
             new = dict(status)

@@ -55,8 +55,9 @@ class GkeNodePools:
         import urllib.request
 
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{str(self.gke).rstrip('/')}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{str(self.gke).rstrip('/')}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             return dict(json.loads(resp.read() or b"{}"))
 

@@ -32,7 +32,9 @@ def _serve_config(text: str) -> dict[str, Any]:
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 class RayServiceReconciler:
@@ -45,8 +47,9 @@ class RayServiceReconciler:
     def handle_for(self, namespace: str, name: str) -> RayClusterHandle | None:
         raise NotImplementedError
 
-    def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str,
-               component: str = "kuberay-operator") -> None:
+    def _event(
+        self, obj: Mapping[str, Any], kind: str, reason: str, message: str, component: str = "kuberay-operator"
+    ) -> None:
         raise NotImplementedError
 
     def _reconcile_service(self, svc: dict[str, Any]) -> None:
@@ -69,7 +72,9 @@ class RayServiceReconciler:
             pending = self._create_service_cluster(svc, wanted_hash)
         elif active and not pending and strategy != "None":
             current = self.store.find(RAYCLUSTERS, ns, active) or {}
-            if (current.get("metadata") or {}).get("annotations", {}).get("tpuflow.dev/standin-config-hash") != wanted_hash:
+            if (current.get("metadata") or {}).get("annotations", {}).get(
+                "tpuflow.dev/standin-config-hash"
+            ) != wanted_hash:
                 pending = self._create_service_cluster(svc, wanted_hash)
         config_text = spec.get("serveConfigV2") or ""
         config_hash = short_hash(config_text)
@@ -90,18 +95,31 @@ class RayServiceReconciler:
         handle = self.handle_for(ns, active) if active else None
         if handle is None:
             return
-        ports = {"head-svc": [("dashboard", handle.dashboard_url.rsplit(":", 1)[1]),
-                              ("gcs", handle.gcs_address.rsplit(":", 1)[1]), ("serve", str(handle.serve_port))],
-                 "serve-svc": [("serve", str(handle.serve_port))]}
+        ports = {
+            "head-svc": [
+                ("dashboard", handle.dashboard_url.rsplit(":", 1)[1]),
+                ("gcs", handle.gcs_address.rsplit(":", 1)[1]),
+                ("serve", str(handle.serve_port)),
+            ],
+            "serve-svc": [("serve", str(handle.serve_port))],
+        }
         for suffix, named in ports.items():
-            body = {"apiVersion": "v1", "kind": "Service",
-                    "metadata": {"name": f"{name}-{suffix}", "namespace": ns,
-                                 "labels": {"ray.io/originated-from-cr-name": name, "ray.io/cluster": active},
-                                 "ownerReferences": [owner_ref(svc)]},
-                    "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
-                             "selector": {"ray.io/cluster": active, "ray.io/node-type": "head"},
-                             "ports": [{"name": n, "port": int(p), "targetPort": int(p), "protocol": "TCP"}
-                                       for n, p in named]}}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": f"{name}-{suffix}",
+                    "namespace": ns,
+                    "labels": {"ray.io/originated-from-cr-name": name, "ray.io/cluster": active},
+                    "ownerReferences": [owner_ref(svc)],
+                },
+                "spec": {
+                    "type": "ClusterIP",
+                    "clusterIP": "127.0.0.1",
+                    "selector": {"ray.io/cluster": active, "ray.io/node-type": "head"},
+                    "ports": [{"name": n, "port": int(p), "targetPort": int(p), "protocol": "TCP"} for n, p in named],
+                },
+            }
             current = self.store.find(SERVICES, ns, body["metadata"]["name"])
             if current is None or current.get("spec") != body["spec"]:
                 self.store.upsert(SERVICES, ns, body)
@@ -109,13 +127,23 @@ class RayServiceReconciler:
     def _create_service_cluster(self, svc: dict[str, Any], config_hash: str) -> str:
         ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
         cluster_name = f"{name}-raycluster-{short_hash([svc['metadata']['uid'], config_hash])}"
-        labels = {**(svc["metadata"].get("labels") or {}), "ray.io/originated-from-crd": "RayService",
-                  "ray.io/originated-from-cr-name": name}
-        body = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-                "metadata": {"name": cluster_name, "namespace": ns, "labels": labels,
-                             "annotations": {"tpuflow.dev/standin-config-hash": config_hash},
-                             "ownerReferences": [owner_ref(svc)]},
-                "spec": json.loads(json.dumps((svc.get("spec") or {}).get("rayClusterConfig") or {}))}
+        labels = {
+            **(svc["metadata"].get("labels") or {}),
+            "ray.io/originated-from-crd": "RayService",
+            "ray.io/originated-from-cr-name": name,
+        }
+        body = {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "metadata": {
+                "name": cluster_name,
+                "namespace": ns,
+                "labels": labels,
+                "annotations": {"tpuflow.dev/standin-config-hash": config_hash},
+                "ownerReferences": [owner_ref(svc)],
+            },
+            "spec": json.loads(json.dumps((svc.get("spec") or {}).get("rayClusterConfig") or {})),
+        }
         try:
             self.store.create(RAYCLUSTERS, ns, body)
         except ApiError as err:
@@ -125,8 +153,9 @@ class RayServiceReconciler:
         self._event(svc, "Normal", "CreatedRayCluster", f"Created RayCluster {ns}/{cluster_name}")
         return cluster_name
 
-    def _sync_serve(self, svc: dict[str, Any], state: ServiceState, cluster_name: str, config_text: str,
-                    config_hash: str) -> None:
+    def _sync_serve(
+        self, svc: dict[str, Any], state: ServiceState, cluster_name: str, config_text: str, config_hash: str
+    ) -> None:
         ns = svc["metadata"]["namespace"]
         cluster = self.store.find(RAYCLUSTERS, ns, cluster_name)
         handle = self.handle_for(ns, cluster_name)
@@ -137,13 +166,21 @@ class RayServiceReconciler:
                 config = _serve_config(config_text)
                 handle.deploy_serve(config)
             except Exception as err:
-                self._event(svc, "Warning", "FailedToUpdateServeApplications",
-                            f"Failed to update serve applications to the RayCluster {ns}/{cluster_name}: {err}")
+                self._event(
+                    svc,
+                    "Warning",
+                    "FailedToUpdateServeApplications",
+                    f"Failed to update serve applications to the RayCluster {ns}/{cluster_name}: {err}",
+                )
                 return
             state.deployed_hash[cluster_name] = config_hash
             state.polled.pop(cluster_name, None)
-            self._event(svc, "Normal", "UpdatedServeApplications",
-                        f"Updated serve applications to the RayCluster {ns}/{cluster_name}")
+            self._event(
+                svc,
+                "Normal",
+                "UpdatedServeApplications",
+                f"Updated serve applications to the RayCluster {ns}/{cluster_name}",
+            )
         if time.monotonic() - state.polled.get(cluster_name, 0.0) >= self.serve_poll_interval:
             state.polled[cluster_name] = time.monotonic()
             try:
@@ -160,7 +197,8 @@ class RayServiceReconciler:
         meta = cluster["metadata"]
         pods = self.store.list(PODS, meta["namespace"], f"ray.io/cluster={meta['name']}")
         return any(p["metadata"]["labels"].get("ray.io/node-type") == "head" and _pod_ready(p) for p in pods) and all(
-            _pod_ready(p) for p in pods)
+            _pod_ready(p) for p in pods
+        )
 
     @staticmethod
     def _apps_running(serve: Mapping[str, Any] | None) -> bool:
@@ -171,10 +209,14 @@ class RayServiceReconciler:
     def _app_statuses(serve: Mapping[str, Any] | None) -> dict[str, Any]:
         out = {}
         for app, st in ((serve or {}).get("applications") or {}).items():
-            out[app] = {"status": st.get("status", ""), "message": st.get("message", "") or "",
-                        "serveDeploymentStatuses": {
-                            d: {"status": ds.get("status", ""), "message": ds.get("message", "") or ""}
-                            for d, ds in (st.get("deployments") or {}).items()}}
+            out[app] = {
+                "status": st.get("status", ""),
+                "message": st.get("message", "") or "",
+                "serveDeploymentStatuses": {
+                    d: {"status": ds.get("status", ""), "message": ds.get("message", "") or ""}
+                    for d, ds in (st.get("deployments") or {}).items()
+                },
+            }
         return out
 
     @staticmethod
@@ -191,23 +233,39 @@ class RayServiceReconciler:
         reason = "NonZeroServeEndpoints" if ready else ("ZeroServeEndpoints" if state.ever_ready else "Initializing")
         generation = svc["metadata"].get("generation", 1)
         status: dict[str, Any] = {
-            "activeServiceStatus": {"rayClusterName": active,
-                                    "applicationStatuses": self._app_statuses(active_serve)} if active else {},
-            "pendingServiceStatus": {"rayClusterName": pending,
-                                     "applicationStatuses": self._app_statuses(state.serve.get(pending))}
-            if pending else {},
+            "activeServiceStatus": {"rayClusterName": active, "applicationStatuses": self._app_statuses(active_serve)}
+            if active
+            else {},
+            "pendingServiceStatus": {
+                "rayClusterName": pending,
+                "applicationStatuses": self._app_statuses(state.serve.get(pending)),
+            }
+            if pending
+            else {},
             "numServeEndpoints": endpoints,
             "serviceStatus": "Running" if ready else "",
             "observedGeneration": generation,
             "conditions": [
-                {"type": "Ready", "status": "True" if ready else "False", "reason": reason,
-                 "message": "" if ready else ("Serve applications are not ready"
-                                              if active or state.serve.get(pending) else
-                                              "waiting for the RayCluster to be ready"),
-                 "observedGeneration": generation},
-                {"type": "UpgradeInProgress", "status": "True" if (active and pending) else "False",
-                 "reason": "BothActivePendingClustersExist" if (active and pending) else "NoPendingCluster",
-                 "message": "", "observedGeneration": generation},
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": reason,
+                    "message": ""
+                    if ready
+                    else (
+                        "Serve applications are not ready"
+                        if active or state.serve.get(pending)
+                        else "waiting for the RayCluster to be ready"
+                    ),
+                    "observedGeneration": generation,
+                },
+                {
+                    "type": "UpgradeInProgress",
+                    "status": "True" if (active and pending) else "False",
+                    "reason": "BothActivePendingClustersExist" if (active and pending) else "NoPendingCluster",
+                    "message": "",
+                    "observedGeneration": generation,
+                },
             ],
         }
         # Only settle on the new generation's status once its config has been sent to the active cluster.
@@ -221,8 +279,11 @@ class RayServiceReconciler:
             old_conds = {c["type"]: c for c in old.get("conditions") or []}
             for c in status["conditions"]:
                 prev = old_conds.get(c["type"])
-                c["lastTransitionTime"] = prev["lastTransitionTime"] if prev and prev.get("status") == c["status"] \
-                    and prev.get("lastTransitionTime") else stamp
+                c["lastTransitionTime"] = (
+                    prev["lastTransitionTime"]
+                    if prev and prev.get("status") == c["status"] and prev.get("lastTransitionTime")
+                    else stamp
+                )
             if comparable != status:
                 o["status"] = {**status, "lastUpdateTime": stamp}
 

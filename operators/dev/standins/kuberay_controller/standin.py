@@ -27,8 +27,15 @@ class KubeRayStandin:
     FakeRayLauncher().
     """
 
-    def __init__(self, workdir: str | Path, *, launcher: ClusterLauncher | None = None,
-                 node_pools: NodePoolDirectory | None = None, interval: float = 0.2, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        workdir: str | Path,
+        *,
+        launcher: ClusterLauncher | None = None,
+        node_pools: NodePoolDirectory | None = None,
+        interval: float = 0.2,
+        namespace: str = "default",
+    ) -> None:
         self.workdir = Path(workdir)
         self.namespace = namespace
         self.api = KubernetesApiStandin()
@@ -79,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conn-id", default="kubernetes_default")
     parser.add_argument("--fake", action="store_true", help="no Ray processes (scripted Serve statuses)")
     args = parser.parse_args(argv)
-    pools: NodePoolDirectory = GkeNodePools(args.gke_url, cluster=args.gke_cluster) if args.gke_url else \
-        StaticNodePools([], cpu_nodes=1)
+    pools: NodePoolDirectory = (
+        GkeNodePools(args.gke_url, cluster=args.gke_cluster) if args.gke_url else StaticNodePools([], cpu_nodes=1)
+    )
     launcher = FakeRayLauncher() if args.fake else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -93,4 +101,3 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             pass
     return 0
-

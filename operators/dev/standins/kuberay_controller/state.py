@@ -38,14 +38,25 @@ def short_hash(value: Any) -> str:
 
 
 def owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": obj.get("apiVersion", "ray.io/v1"), "kind": obj.get("kind"), "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": obj.get("apiVersion", "ray.io/v1"),
+        "kind": obj.get("kind"),
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def involved(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj["metadata"]
-    return {"kind": obj.get("kind"), "name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-            "apiVersion": obj.get("apiVersion")}
+    return {
+        "kind": obj.get("kind"),
+        "name": meta["name"],
+        "namespace": meta.get("namespace"),
+        "uid": meta.get("uid"),
+        "apiVersion": obj.get("apiVersion"),
+    }
 
 
 def tpus_per_host(group: Mapping[str, Any]) -> int:

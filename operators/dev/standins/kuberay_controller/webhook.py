@@ -34,8 +34,11 @@ def _count(value: Any, default: int) -> int:
 
 def tpus_requested(pod_template: Mapping[str, Any]) -> int:
     """google.com/tpu one pod of the template asks for (its largest container limit or request)."""
-    asks = [_count(((c.get("resources") or {}).get(part) or {}).get(TPU_RESOURCE), 0)
-            for c in (pod_template.get("spec") or {}).get("containers") or [] for part in ("limits", "requests")]
+    asks = [
+        _count(((c.get("resources") or {}).get(part) or {}).get(TPU_RESOURCE), 0)
+        for c in (pod_template.get("spec") or {}).get("containers") or []
+        for part in ("limits", "requests")
+    ]
     return max(asks, default=0)
 
 
@@ -78,9 +81,13 @@ def tpu_webhook(operation: str, rtype: ResourceType, obj: dict[str, Any], old: d
 def slice_shape(group: Mapping[str, Any]) -> SliceShape:
     """The slice an (admitted) TPU worker group runs on."""
     labels = selector(group)
-    return SliceShape(accelerator=labels.get(GKE_ACCELERATOR_LABEL, ""), topology=labels.get(GKE_TOPOLOGY_LABEL, ""),
-                      chips_per_host=tpus_requested(group.get("template") or {}),
-                      hosts=_count(group.get("numOfHosts", 1), 1), slices=max(_count(group.get("replicas", 1), 1), 1))
+    return SliceShape(
+        accelerator=labels.get(GKE_ACCELERATOR_LABEL, ""),
+        topology=labels.get(GKE_TOPOLOGY_LABEL, ""),
+        chips_per_host=tpus_requested(group.get("template") or {}),
+        hosts=_count(group.get("numOfHosts", 1), 1),
+        slices=max(_count(group.get("replicas", 1), 1), 1),
+    )
 
 
 def worker_env(hostnames: list[str], slice_name: str, host: int) -> dict[str, str]:
