@@ -19,7 +19,6 @@ from typing import Any
 from tpuflow.tpu import TpuSlice, resolve_generation
 from tpuflow.tpu.slice import GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, TPU_RESOURCE
 
-WEBHOOK_NAME = "validate-raycluster.gke-tpu.ray.io"
 WEBHOOK_DENIAL = "Number of workers in worker group not equal to specified topology"
 
 
