@@ -1,4 +1,5 @@
-"""Shared fixtures: a real embedded Ray cluster simulating two v6e 4x4 slices (started once)."""
+"""Shared fixtures: a real embedded Ray cluster simulating two v6e 4x4 slices (started once), and
+task contexts for running operators without a scheduler. Helpers live in the package tests/support."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support.airflow_context import new_run_id, task_context
+from support.ray_cluster import running_cluster
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parents[1]
@@ -46,13 +50,17 @@ def cluster_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def slice_cluster(cluster_base_dir: Path) -> Iterator:
     """Two simulated v6e 4x4 slices (8 TPU hosts) plus a head, shared by the Ray-facing tests."""
-    from tpuflow.local.cluster import LocalRayCluster, _pids_referencing
-    from tpuflow.tpu import TpuSlice
-
-    tpu = TpuSlice.from_spec("TPU-V6E", "4x4", num_slices=2)
-    cluster = LocalRayCluster.start(tpu, "pytest-v6e", cluster_base_dir, head_cpus=2, timeout=600)
-    try:
+    with running_cluster("pytest-v6e", cluster_base_dir, "TPU-V6E", "4x4", num_slices=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        assert _pids_referencing(cluster.temp_dir) == [], "processes of the test cluster outlived stop()"
+
+
+@pytest.fixture
+def fresh_context(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+    """A builder of execute() contexts, each for a task instance of a new DAG run unless ``run_id``
+    names one; the DAG is "<test folder>_tests"."""
+    dag_id = f"{request.path.parent.name}_tests"
+
+    def make(task_id: str = "job", run_id: str | None = None, **identity: Any) -> dict[str, Any]:
+        return task_context(dag_id=dag_id, run_id=run_id or new_run_id(), task_id=task_id, **identity)
+
+    return make

@@ -8,16 +8,13 @@ process group at the end, and the test session fails if any of its processes out
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from airflow_testlib import REPO  # noqa: E402
+from support.real_airflow import REPO
 
 
 @pytest.fixture(scope="session")

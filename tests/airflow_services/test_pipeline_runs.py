@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_testlib import ARTIFACTS, PIPELINE, backfill_create, explain, task_instances, wait_for_runs
+from support.real_airflow import ARTIFACTS, PIPELINE, backfill_create, explain, task_instances, wait_for_runs
 
 pytestmark = pytest.mark.slow
 # Small but real: a one-host slice; the DAG's accuracy gate (0.9) stays on.
@@ -69,7 +69,7 @@ def test_rest_triggered_run_defers_to_the_triggerer(services: Any, api: Any, unp
 
 def _task_page_shows_links(services: Any, run_id: str) -> None:
     """The task page in the UI renders the extra links as buttons, and the Outputs one opens the run's folder."""
-    from ui_browser import airflow_page, wait_for
+    from support.ui_browser import airflow_page, wait_for
 
     with airflow_page(services.url, services.token()) as page:
         page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train/details")

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_testlib import explain, wait_for_runs
+from support.ray_cluster import running_cluster
+from support.real_airflow import explain, wait_for_runs
 from tpuflow.naming import submission_id
 
 pytestmark = pytest.mark.slow
@@ -24,16 +25,8 @@ TASK = "long_job"
 
 @pytest.fixture(scope="module")
 def drill_cluster(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tpuflow.local.cluster import LocalRayCluster
-    from tpuflow.tpu import TpuSlice
-
-    cluster = LocalRayCluster.start(
-        TpuSlice.from_spec("TPU-V6E", "2x2"), "drill", tmp_path_factory.mktemp("drill-clusters"), timeout=600
-    )
-    try:
+    with running_cluster("drill", tmp_path_factory.mktemp("drill-clusters"), "TPU-V6E", "2x2") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

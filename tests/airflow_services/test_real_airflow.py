@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import requests
-from airflow_testlib import ARTIFACTS, PIPELINE, backfill_create, explain, wait_for_runs
+from support.real_airflow import ARTIFACTS, PIPELINE, backfill_create, explain, wait_for_runs
 
 pytestmark = pytest.mark.slow
 PROBE = "tpuflow_slice_lease_probe"
@@ -75,8 +75,8 @@ def _listening_owned_by(services: Any) -> str:
 
 def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None:
     """What a user sees after pressing Trigger: one field per Param, choices for accelerator and topology."""
+    from support.ui_browser import airflow_page, wait_for
     from tpuflow.pipeline.params import ACCELERATORS, TOPOLOGIES
-    from ui_browser import airflow_page, wait_for
 
     with airflow_page(services.url, services.token()) as page:
         page.goto(f"{services.url}/dags/{PIPELINE}")

@@ -7,17 +7,12 @@ the rest of the session keeps its own environment). No storage is mocked.
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
+from support.ray_cluster import running_cluster
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
-
-_runs = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -54,43 +49,8 @@ def emulator_at(monkeypatch: pytest.MonkeyPatch):
     return point
 
 
-@dataclass
-class FakeTI:
-    dag_id: str
-    run_id: str
-    task_id: str
-    map_index: int = -1
-    try_number: int = 1
-    xcoms: dict[str, Any] = field(default_factory=dict)
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
-
-
-class TaskStateStore(dict):
-    def set(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-@pytest.fixture
-def task_context():
-    def make(task_id: str = "job", run_id: str | None = None) -> dict[str, Any]:
-        ti = FakeTI("gcs_tests", run_id or f"run-{next(_runs)}-{uuid.uuid4().hex[:6]}", task_id)
-        return {"ti": ti, "task_instance": ti, "task_state_store": TaskStateStore()}
-
-    return make
-
-
 @pytest.fixture(scope="module")
 def small_cluster(tmp_path_factory: pytest.TempPathFactory, gcs_emulator: GcsEmulator) -> Iterator:
     """One simulated v6e 2x2 slice (one TPU host), started after the emulator."""
-    from tpuflow.local.cluster import LocalRayCluster
-    from tpuflow.tpu import TpuSlice
-
-    tpu = TpuSlice.from_spec("TPU-V6E", "2x2")
-    base: Path = tmp_path_factory.mktemp("gcs-cluster")
-    cluster = LocalRayCluster.start(tpu, "pytest-gcs", base, head_cpus=2, timeout=600)
-    try:
+    with running_cluster("pytest-gcs", tmp_path_factory.mktemp("gcs-cluster"), "TPU-V6E", "2x2") as cluster:
         yield cluster
-    finally:
-        cluster.stop()

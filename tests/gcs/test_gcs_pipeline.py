@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gcs_testlib import list_bucket
+from support.gcs_bucket import list_bucket
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV
 from tpuflow.storage import read_text
 

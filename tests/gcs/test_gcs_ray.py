@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from fault_proxy import FaultProxy, Rule, writes_to
-from gcs_testlib import list_bucket
+from support.fault_proxy import FaultProxy, Rule, writes_to
+from support.gcs_bucket import list_bucket
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import read_text
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 SLICE = {"accelerator": "TPU-V6E", "topology": "2x2"}
 
 
-def _prep(info, task_context, data: str, num_train: int = 2000):
+def _prep(info, fresh_context, data: str, num_train: int = 2000):
     return RayDataPrepOperator(
         task_id="prep",
         cluster=info,
@@ -28,7 +28,7 @@ def _prep(info, task_context, data: str, num_train: int = 2000):
         deferrable=False,
         poll_interval=0.5,
         arguments={"output_dir": data, "date": "2026-11-02", "num_train": num_train},
-    ).execute(task_context("prep"))
+    ).execute(fresh_context("prep"))
 
 
 def _train(info, storage_path: str, data: str, run_name: str, num_steps: int, every: int, log_uri: str | None = None):
@@ -60,7 +60,7 @@ def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
 
 
 def test_parquet_and_checkpoints_survive_transient_gcs_errors(
-    small_cluster, task_context, bucket, gcs_emulator, emulator_at
+    small_cluster, fresh_context, bucket, gcs_emulator, emulator_at
 ):
     proxy = FaultProxy(gcs_emulator.url).start()
     emulator_at(proxy.url)  # the jobs' STORAGE_EMULATOR_HOST comes from here (runtime_env env_vars)
@@ -69,7 +69,7 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(
         data = f"gs://{bucket}/run/data"
         proxy.add(Rule(503, writes_to(".parquet"), every=2, limit=3))
         proxy.add(Rule("reset", writes_to(".parquet"), every=3, limit=2))
-        prepped = _prep(info, task_context, data)
+        prepped = _prep(info, fresh_context, data)
         assert prepped["train_rows"] == 2000 and prepped["heldout_rows"] == 200
         parquet_faults = len(proxy.injected)
         assert parquet_faults >= 3, proxy.injected
@@ -79,7 +79,7 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(
         proxy.add(Rule(429, writes_to("checkpoint_"), every=5, limit=2))
         proxy.add(Rule("reset", writes_to("checkpoint_"), every=7, limit=2))
         result = _train(info, f"gs://{bucket}/run/train", data, "faults", num_steps=150, every=50).execute(
-            task_context("train")
+            fresh_context("train")
         )
         checkpoint_faults = proxy.injected[parquet_faults:]
         assert len(checkpoint_faults) >= 4, checkpoint_faults
@@ -95,13 +95,13 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(
     assert steps[result["checkpoint"][len(f"gs://{bucket}/") :]] == 150
 
 
-def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster, task_context, bucket):
+def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster, fresh_context, bucket):
     info = small_cluster.connection_info()
     data, every, num_steps = f"gs://{bucket}/drill/data", 100, 500
-    _prep(info, task_context, data, num_train=4000)
+    _prep(info, fresh_context, data, num_train=4000)
     log_uri = f"gs://{bucket}/drill/logs/train-jax.log"
     train = _train(info, f"gs://{bucket}/drill/train", data, "preempt", num_steps, every, log_uri=log_uri)
-    ctx = task_context("train")
+    ctx = fresh_context("train")
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
     worker.start()
@@ -136,6 +136,6 @@ def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster
         poll_interval=0.5,
         entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {outcome['result']['checkpoint']} "
         f"--data {data}/heldout --output gs://{bucket}/drill/eval/jax.json",
-    ).execute(task_context("evaluate"))
+    ).execute(fresh_context("evaluate"))
     assert evaluation["n"] == 200 and evaluation["step"] == num_steps
     assert json.loads(read_text(f"gs://{bucket}/drill/eval/jax.json"))["n"] == 200

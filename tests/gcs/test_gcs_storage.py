@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from fault_proxy import FaultProxy, Rule, any_request, writes_to
-from gcs_testlib import list_bucket
+from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
+from support.gcs_bucket import list_bucket
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator
 from tpuflow.errors import UserInputError
 

@@ -26,7 +26,7 @@ if "airflow" not in sys.modules:
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_home / "dags")
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
-from gke_testlib import CLUSTER_PATH, CONN_ID, PROJECT  # noqa: E402
+from support.gke_standin import CLUSTER_PATH, CONN_ID, PROJECT  # noqa: E402
 from tpuflow.dev.standins.gke_api import GKEApiStandin  # noqa: E402
 
 

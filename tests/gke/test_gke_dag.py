@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE
+from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 
 DAG_SOURCE = f'''
 from airflow.sdk import DAG

@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE
+from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from tpuflow.gke.hooks import GKENodePoolHook, GKEOperationError
 from tpuflow.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE, context
+from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE, context
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
 FAST = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
@@ -49,7 +49,7 @@ def test_create_provisions_the_slice_and_reports_it(gke):
 
     [pool] = gke.node_pools()
     assert pool["status"] == "RUNNING"
-    assert pool["name"] == result["node_pool_name"] == ctx["ti"].xcom["node_pool_name"]
+    assert pool["name"] == result["node_pool_name"] == ctx["ti"].xcoms["node_pool_name"]
     assert pool["config"]["machineType"] == "ct6e-standard-4t" and pool["nodeCount"] == 4
     assert pool["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
     assert pool["config"]["spot"] is True
@@ -69,7 +69,7 @@ def test_create_provisions_the_slice_and_reports_it(gke):
     assert result["created"] == [pool["name"]] and result["adopted"] == []
     assert result["capacity"] == {pool["name"]: "spot"}
     assert result["node_selector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
-    assert ctx["ti"].xcom["gke_node_pool"] == (
+    assert ctx["ti"].xcoms["gke_node_pool"] == (
         f"https://console.cloud.google.com/kubernetes/nodepool/{ZONE}/{CLUSTER}/{pool['name']}?project={PROJECT}"
     )
 

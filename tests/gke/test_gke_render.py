@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from gke_testlib import CLUSTER, CONN_ID, PROJECT, ZONE
+from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from tpuflow.cli import main
 
 BASE = ["render", "nodepool", "--project", PROJECT, "--location", ZONE, "--cluster", CLUSTER, "--json"]

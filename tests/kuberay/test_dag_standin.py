@@ -16,7 +16,7 @@ from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.tpu import TpuSlice
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+DAGTEST_RUNNER = REPO / "tests" / "support" / "dagtest_runner.py"
 
 DAG = textwrap.dedent("""
     from airflow.sdk import DAG
@@ -81,7 +81,7 @@ def test_operators_in_a_dag_run(tmp_path: Path) -> None:
         airflow = str(Path(sys.executable).with_name("airflow"))
         subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
         proc = subprocess.run(
-            [sys.executable, str(HERE / "dagtest_runner.py"), str(dag_file), "kuberay_standin_smoke"],
+            [sys.executable, str(DAGTEST_RUNNER), str(dag_file), "kuberay_standin_smoke"],
             env=env,
             capture_output=True,
             text=True,

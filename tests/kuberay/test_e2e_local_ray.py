@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
+from support.airflow_context import task_context
 from tpuflow.dev.standins.kuberay_controller import KubeRayStandin, LocalRayLauncher, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYSERVICES
 from tpuflow.kuberay.operators import KubeRayDeleteServiceOperator, KubeRayDeployServiceOperator
@@ -20,14 +20,7 @@ from tpuflow.tpu import TpuSlice
 HERE = Path(__file__).resolve().parent
 
 
-class _TI:
-    dag_id, run_id, task_id, map_index = "tpu_llm_pipeline_gke", "manual__e2e", "serve", -1
-
-    def __init__(self) -> None:
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcom[key] = value
+SERVE_TASK = {"dag_id": "tpu_llm_pipeline_gke", "run_id": "manual__e2e", "task_id": "serve"}
 
 
 @pytest.mark.slow
@@ -50,7 +43,7 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
             poll_interval=1,
             wait_timeout=420,
         )
-        payload = op.execute({"ti": _TI()})  # type: ignore[arg-type]
+        payload = op.execute(task_context(**SERVE_TASK))
         assert payload["applications"] == {"echo": "RUNNING"}
 
         from ray.job_submission import JobStatus, JobSubmissionClient
@@ -74,7 +67,7 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
         local = cluster.cluster  # type: ignore[attr-defined]
         deleted = KubeRayDeleteServiceOperator(
             task_id="delete", name=payload["name"], kubernetes_conn_id="kube_standin", poll_interval=1, wait_timeout=120
-        ).execute({"ti": _TI()})  # type: ignore[arg-type]
+        ).execute(task_context(**SERVE_TASK))
         assert deleted["deleted"] and kube.store.list(RAYSERVICES) == []
         deadline = time.time() + 60
         while local.is_alive() and time.time() < deadline:

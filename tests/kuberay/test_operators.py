@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from support.airflow_context import FakeTaskInstance, task_context
 from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.errors import UserInputError
@@ -42,20 +43,8 @@ SERVE = {
 }
 
 
-class FakeTI:
-    def __init__(
-        self,
-        task_id: str,
-        dag_id: str = "tpu_llm_pipeline_gke",
-        run_id: str = "manual__2026-11-29",
-        map_index: int = -1,
-    ) -> None:
-        self.dag_id, self.run_id, self.task_id, self.map_index = dag_id, run_id, task_id, map_index
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        json.dumps(value)  # XCom values must be JSON
-        self.xcom[key] = value
+def ti_for(task_id: str, run_id: str = "manual__2026-11-29") -> FakeTaskInstance:
+    return FakeTaskInstance(dag_id="tpu_llm_pipeline_gke", run_id=run_id, task_id=task_id)
 
 
 @pytest.fixture
@@ -71,9 +60,9 @@ def add_pool(kube: KubeRayStandin, tpu: TpuSlice = V6E) -> None:
     pools.pools.append((dict(tpu.node_selector), tpu.total_hosts))
 
 
-def run(op: Any, ti: FakeTI | None = None) -> Any:
+def run(op: Any, ti: FakeTaskInstance | None = None) -> Any:
     """execute(); on deferral run the trigger like the triggerer (from its serialized form), then resume."""
-    context: Any = {"ti": ti or FakeTI(op.task_id)}
+    context: Any = task_context(ti or ti_for(op.task_id))
     try:
         return op.execute(context)
     except TaskDeferred as deferred:
@@ -104,7 +93,7 @@ def create_op(**kw: Any) -> KubeRayCreateClusterOperator:
 
 def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin) -> None:
     add_pool(kube)
-    ti = FakeTI("ray_cluster")
+    ti = ti_for("ray_cluster")
     payload = run(create_op(deferrable=True), ti)
     name = resource_name(ti.dag_id, ti.run_id, "ray_cluster")
     status = kube.store.get(RAYCLUSTERS, "default", name)["status"]
@@ -118,21 +107,21 @@ def test_create_waits_deferrably_and_returns_the_addresses(kube: KubeRayStandin)
         f"http://{name}-head-svc.default.svc.cluster.local:{ports['dashboard']}"
     )
     assert payload["slice"]["topology"] == "4x4" and payload["slice"]["num_hosts"] == 4
-    assert ti.xcom["ray_dashboard"] == payload["dashboard_url"]
+    assert ti.xcoms["ray_dashboard"] == payload["dashboard_url"]
     handle = kube.controller.handle_for("default", name)
     assert handle is not None and payload["dashboard_url"] == handle.dashboard_url
 
     # A retry of the same task instance adopts the ready cluster instead of creating a second one.
     posts = sum(1 for method, path, *_ in kube.api.requests if method == "POST")
-    again = run(create_op(deferrable=True), FakeTI("ray_cluster"))
+    again = run(create_op(deferrable=True), ti_for("ray_cluster"))
     assert again["dashboard_url"] == payload["dashboard_url"]
     assert sum(1 for method, path, *_ in kube.api.requests if method == "POST") == posts
     assert len(kube.store.list(RAYCLUSTERS)) == 1
 
     with pytest.raises(AirflowFailException, match="different spec"):
-        run(create_op(image="rayproject/ray:2.60.0-py312"), FakeTI("ray_cluster"))
+        run(create_op(image="rayproject/ray:2.60.0-py312"), ti_for("ray_cluster"))
 
-    assert run(create_op(address_mode="in_cluster_dns"), FakeTI("ray_cluster"))["dashboard_url"].startswith(
+    assert run(create_op(address_mode="in_cluster_dns"), ti_for("ray_cluster"))["dashboard_url"].startswith(
         f"http://{name}-head-svc.default.svc.cluster.local:"
     )
 
@@ -209,12 +198,12 @@ def test_deploy_service_then_update_in_place_then_delete(kube: KubeRayStandin) -
     )
 
     updated = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
-    again = run(deploy_op(name="llm-endpoint", serve_config=updated, deferrable=False), FakeTI("serve", run_id="r2"))
+    again = run(deploy_op(name="llm-endpoint", serve_config=updated, deferrable=False), ti_for("serve", run_id="r2"))
     assert again["ray_cluster_name"] == cluster  # same cluster: no second slice
     assert handle.deployed[-1]["applications"][0]["route_prefix"] == "/v2"  # type: ignore[attr-defined]
 
     with pytest.raises(AirflowFailException, match="second\\s+TPU slice"):
-        run(deploy_op(name="llm-endpoint", image="rayproject/ray:2.60.0-py312"), FakeTI("serve", run_id="r3"))
+        run(deploy_op(name="llm-endpoint", image="rayproject/ray:2.60.0-py312"), ti_for("serve", run_id="r3"))
 
     deleted = run(
         KubeRayDeleteServiceOperator(
@@ -269,10 +258,10 @@ def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> Non
         poll_interval=0.1,
         deferrable=True,
     )
-    result = run(op, FakeTI("delete_ray_cluster"))
+    result = run(op, ti_for("delete_ray_cluster"))
     assert result["name"] == created["name"] and result["deleted"] and result["existed"]
     assert kube.store.list(RAYCLUSTERS) == []
-    assert run(op, FakeTI("delete_ray_cluster"))["existed"] is False  # a second teardown is a no-op
+    assert run(op, ti_for("delete_ray_cluster"))["existed"] is False  # a second teardown is a no-op
 
 
 def test_bad_static_arguments_fail_at_parse_time() -> None:
@@ -303,13 +292,13 @@ def test_operator_module_is_cheap_to_import() -> None:
 
 def test_gke_cluster_with_a_kubernetes_connection_only_feeds_the_console_links(kube: KubeRayStandin) -> None:
     add_pool(kube)
-    ti = FakeTI("ray_cluster")
+    ti = ti_for("ray_cluster")
     gke = {"project_id": "tpuflow-test", "location": "us-east5", "cluster_name": "ml"}
     payload = run(create_op(gke_cluster=gke), ti)
-    assert ti.xcom["gke_ray_workloads"].startswith(
+    assert ti.xcoms["gke_ray_workloads"].startswith(
         "https://console.cloud.google.com/kubernetes/workload/overview?project=tpuflow-test"
     )
-    assert ti.xcom["gke_ray_head_pod"] == (
+    assert ti.xcoms["gke_ray_head_pod"] == (
         "https://console.cloud.google.com/kubernetes/pod/us-east5/ml/default/"
         f"{payload['head_pod']}/details?project=tpuflow-test"
     )
@@ -362,10 +351,10 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
 
 
 # --- kill semantics: marking the task failed/success or clearing it deletes what it created -------------
-def deferred_trigger(op: Any, ti: FakeTI | None = None) -> Any:
+def deferred_trigger(op: Any, ti: FakeTaskInstance | None = None) -> Any:
     """execute() until it defers; the trigger rebuilt from its serialized (JSON) form, as the triggerer does."""
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute({"ti": ti or FakeTI(op.task_id)})
+        op.execute(task_context(ti or ti_for(op.task_id)))
     classpath, kwargs = deferred.value.trigger.serialize()
     module, _, cls = classpath.rpartition(".")
     return getattr(importlib.import_module(module), cls)(**json.loads(json.dumps(kwargs)))
@@ -405,10 +394,10 @@ def test_killing_a_deferred_deploy_deletes_the_rayservice_it_created_not_one_it_
     asyncio.run(created.on_kill())
     assert deleting(kube, RAYSERVICES, created.name)
 
-    first = deferred_trigger(deploy_op(name="llm-endpoint", deferrable=True), FakeTI("serve", run_id="r1"))
+    first = deferred_trigger(deploy_op(name="llm-endpoint", deferrable=True), ti_for("serve", run_id="r1"))
     updated = {"applications": [{**SERVE["applications"][0], "route_prefix": "/v2"}]}
     update = deferred_trigger(
-        deploy_op(name="llm-endpoint", serve_config=updated, deferrable=True), FakeTI("serve", run_id="r2")
+        deploy_op(name="llm-endpoint", serve_config=updated, deferrable=True), ti_for("serve", run_id="r2")
     )
     asyncio.run(update.on_kill())  # run r2's task is killed: the endpoint run r1 created keeps serving
     assert not deleting(kube, RAYSERVICES, "llm-endpoint")

@@ -13,17 +13,13 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowTaskTerminated
+from support.airflow_context import task_context
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, NodeProcess
 from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator, local_cluster_name
 from tpuflow.naming import TaskIdentity
 
-
-class FakeTI:
-    dag_id, run_id, task_id = "local_dag", "manual__1", "start_cluster"
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        pass
+START_TASK = {"dag_id": "local_dag", "run_id": "manual__1", "task_id": "start_cluster"}
 
 
 def _alive(pid: int) -> bool:
@@ -57,7 +53,7 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
         killer.start()
         started = time.monotonic()
         with pytest.raises(AirflowTaskTerminated):
-            op.execute({"ti": FakeTI()})
+            op.execute(task_context(**START_TASK))
         assert time.monotonic() - started < 6
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -65,7 +61,7 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
         for pid in spawned:
             cluster_mod._signal_group(pid, signal.SIGKILL)
 
-    state_dir = Path(tmp_path) / local_cluster_name(TaskIdentity(FakeTI.dag_id, FakeTI.run_id, FakeTI.task_id))
+    state_dir = Path(tmp_path) / local_cluster_name(TaskIdentity(**START_TASK))
     assert spawned and not _alive(spawned[0])
     assert not (state_dir / STATE_FILE).exists()
     op.on_kill()  # once execute has ended there is nothing left to stop
@@ -78,18 +74,18 @@ def _wait_for(spawned: list[int]) -> None:
     time.sleep(0.2)
 
 
-class MappedTI(FakeTI):
-    def __init__(self, map_index: int, task_id: str = "start_cluster") -> None:
-        self.map_index, self.task_id = map_index, task_id
+def mapped(map_index: int, task_id: str = "start_cluster") -> dict[str, Any]:
+    """The context of one mapped instance of the start task's DAG run (-1: unmapped)."""
+    return task_context(**{**START_TASK, "task_id": task_id, "map_index": map_index})
 
 
 def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes_find_it(tmp_path, monkeypatch):
-    names = {local_cluster_name(TaskIdentity.from_context({"ti": MappedTI(i)})) for i in (-1, 0, 1, 2)}
+    names = {local_cluster_name(TaskIdentity.from_context(mapped(i))) for i in (-1, 0, 1, 2)}
     assert len(names) == 4  # unmapped and three mapped instances: four clusters
     assert all(len(n) <= 48 and n.startswith("local-local-dag-") for n in names)
     # A retry (same instance) gets the same name; the name does not depend on the try.
     assert local_cluster_name(TaskIdentity("local_dag", "manual__1", "start_cluster", 1)) == local_cluster_name(
-        TaskIdentity.from_context({"ti": MappedTI(1)})
+        TaskIdentity.from_context(mapped(1))
     )
 
     seen: list[Any] = []  # cluster names start() was asked for, then state dirs load() was asked for
@@ -109,7 +105,7 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
             task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path)
         )
         with pytest.raises(cluster_mod.LocalClusterError, match="not starting"):
-            op.execute({"ti": MappedTI(index)})
+            op.execute(mapped(index))
     started = list(seen)
     assert len(set(started)) == 2
     # Each mapped delete (same map index) looks for its own instance's cluster.
@@ -119,7 +115,7 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
         seen.clear()
         delete = LocalRayClusterDeleteOperator(task_id="stop_cluster", base_dir=str(tmp_path))
         with pytest.raises(cluster_mod.LocalClusterError, match="loaded"):
-            delete.execute({"ti": MappedTI(index, task_id="stop_cluster")})
+            delete.execute(mapped(index, task_id="stop_cluster"))
         assert seen == [tmp_path / name]
 
 
@@ -137,5 +133,5 @@ def test_the_slice_is_checked_at_parse_time_when_static_and_once_rendered_when_t
     assert op.topology == "{{ params.topology }}"  # assigned as given, not checked yet
     op.accelerator, op.topology = "v6e", "16"  # what the templates rendered to
     with pytest.raises(UserInputError, match="topology='16'"):
-        op.execute({"ti": FakeTI()})
+        op.execute(task_context(**START_TASK))
     assert not list(tmp_path.iterdir())  # nothing started

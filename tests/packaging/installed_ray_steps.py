@@ -25,6 +25,7 @@ from tpuflow.tpu import TpuSlice
 DATE = "2026-11-02"
 
 
+# Self-contained on purpose (runs in a venv holding only the wheel): not tests/support/airflow_context.py.
 @dataclass
 class FakeTI:
     dag_id: str

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.airflow_context import task_context
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
@@ -187,14 +188,9 @@ def test_serve_slice_rejects(accelerator: str, topology: str, fix: str) -> None:
     assert err.value.field == "params.serve_topology" and fix in str(err.value)
 
 
-class _TI:
-    dag_id, run_id, map_index = DAG_ID, "manual__keep", -1
-
-    def __init__(self, task_id: str) -> None:
-        self.task_id = task_id
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        pass
+def run_context(task_id: str) -> dict[str, Any]:
+    """The context of one task of the DAG run these teardown tests share."""
+    return task_context(dag_id=DAG_ID, run_id="manual__keep", task_id=task_id)
 
 
 @pytest.mark.parametrize("keep", [True, "True"])
@@ -205,7 +201,7 @@ def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
     svc = KeepableDeleteServiceOperator(
         task_id="delete_service", service_task_id="deploy", keep=keep, kubernetes_conn_id="no_such_connection"
     )
-    assert svc.execute({"ti": _TI("delete_service")})["kept"] is True  # type: ignore[arg-type]
+    assert svc.execute(run_context("delete_service"))["kept"] is True
     pool = KeepableDeleteNodePoolOperator(
         task_id="delete_serve_node_pool",
         created_by_task_id="create_serve_node_pool",
@@ -215,7 +211,7 @@ def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
         cluster_name=CLUSTER,
         gcp_conn_id="no_such_connection",
     )
-    assert pool.execute({"ti": _TI("delete_serve_node_pool")})["kept"] is True  # type: ignore[arg-type]
+    assert pool.execute(run_context("delete_serve_node_pool"))["kept"] is True
 
 
 @pytest.mark.parametrize("keep", [False, "False", None])
@@ -251,7 +247,7 @@ def test_endpoint_teardowns_delete_unless_kept(
             poll_interval=0.1,
             wait_timeout=60,
         )
-        deploy.execute({"ti": _TI("deploy")})  # type: ignore[arg-type]
+        deploy.execute(run_context("deploy"))
         svc = KeepableDeleteServiceOperator(
             task_id="delete_service",
             service_task_id="deploy",
@@ -260,7 +256,7 @@ def test_endpoint_teardowns_delete_unless_kept(
             poll_interval=0.1,
             wait_timeout=60,
         )
-        result = svc.execute({"ti": _TI("delete_service")})  # type: ignore[arg-type]
+        result = svc.execute(run_context("delete_service"))
         assert result["existed"] is True and result["deleted"] is True
         assert kube.store.list(RAYSERVICES) == []
         pool = KeepableDeleteNodePoolOperator(
@@ -274,7 +270,7 @@ def test_endpoint_teardowns_delete_unless_kept(
             poll_interval=0.1,
             retry_backoff=0.1,
         )
-        pool.execute({"ti": _TI("delete_serve_node_pool")})  # type: ignore[arg-type]
+        pool.execute(run_context("delete_serve_node_pool"))
         assert gke.node_pools() == []
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.airflow_context import task_context
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 
@@ -23,7 +24,7 @@ RUN_TASK = textwrap.dedent(
     import json, sys
     from tpuflow.rayjob.operators import RaySubmitJobOperator
 
-    class TI:
+    class TI:  # this script runs in a fresh interpreter from tmp_path: its own task-instance double
         dag_id, run_id, task_id, map_index, try_number = "durability", sys.argv[2], "train", -1, int(sys.argv[3])
         def xcom_push(self, key, value): pass
 
@@ -48,10 +49,7 @@ def test_killed_task_process_reattaches_to_its_job(slice_cluster, tmp_path):
     hook = RayJobHook(cluster=slice_cluster.connection_info())
     probe = RaySubmitJobOperator(task_id="train", entrypoint="x", cluster=slice_cluster.connection_info())
 
-    from types import SimpleNamespace
-
-    ti = SimpleNamespace(dag_id="durability", run_id=run_id, task_id="train", map_index=-1)
-    base = probe.base_submission_id({"ti": ti})
+    base = probe.base_submission_id(task_context(dag_id="durability", run_id=run_id, task_id="train"))
     deadline = time.time() + 120
     while time.time() < deadline and not (hook.find_jobs(base) and "step 2" in hook.get_job_logs(base)):
         time.sleep(0.5)

@@ -42,8 +42,8 @@ def streamed_lines(capfd) -> list[str]:
     ]
 
 
-def test_result_returned_and_log_streamed_and_kept(slice_cluster, task_context, capfd, tmp_path):
-    ctx = task_context()
+def test_result_returned_and_log_streamed_and_kept(slice_cluster, fresh_context, capfd, tmp_path):
+    ctx = fresh_context()
     op = operator(slice_cluster, "3 0.3 ok", log_uri=str(tmp_path / "logs" / "job.log"))
     result = op.execute(ctx)
     assert result == {"steps": 3, "accuracy": 0.5}
@@ -54,8 +54,8 @@ def test_result_returned_and_log_streamed_and_kept(slice_cluster, task_context, 
     assert ctx["ti"].xcoms["ray_job"].endswith(op.base_submission_id(ctx))
 
 
-def test_retry_returns_the_succeeded_job_without_rerunning(slice_cluster, task_context):
-    ctx = task_context()
+def test_retry_returns_the_succeeded_job_without_rerunning(slice_cluster, fresh_context):
+    ctx = fresh_context()
     first = operator(slice_cluster, "1 0.1 ok")
     assert first.execute(ctx)["steps"] == 1
     ctx["ti"].try_number = 2
@@ -64,8 +64,8 @@ def test_retry_returns_the_succeeded_job_without_rerunning(slice_cluster, task_c
     assert len(jobs_of(slice_cluster, again, ctx)) == 1
 
 
-def test_user_code_error_fails_at_once_with_traceback_and_a_rerun_resubmits(slice_cluster, task_context):
-    ctx = task_context()
+def test_user_code_error_fails_at_once_with_traceback_and_a_rerun_resubmits(slice_cluster, fresh_context):
+    ctx = fresh_context()
     op = operator(slice_cluster, "2 0.1 fail")
     # AirflowFailException: Airflow does not retry it.
     with pytest.raises(AirflowFailException) as err:
@@ -80,8 +80,8 @@ def test_user_code_error_fails_at_once_with_traceback_and_a_rerun_resubmits(slic
     assert ctx["task_state_store"]["ray_submission_id"] == f"{base}-r1", "the task state store names the current job"
 
 
-def test_a_retry_follows_the_job_named_in_the_task_state_store(slice_cluster, task_context):
-    ctx = task_context()
+def test_a_retry_follows_the_job_named_in_the_task_state_store(slice_cluster, fresh_context):
+    ctx = fresh_context()
     first = operator(slice_cluster, "1 0.1 ok")
     assert first.execute(ctx)["steps"] == 1
     base = first.base_submission_id(ctx)
@@ -93,14 +93,14 @@ def test_a_retry_follows_the_job_named_in_the_task_state_store(slice_cluster, ta
     assert len(jobs_of(slice_cluster, first, ctx)) == 1
 
 
-def test_quality_gate_fails_without_retry(slice_cluster, task_context):
+def test_quality_gate_fails_without_retry(slice_cluster, fresh_context):
     op = operator(slice_cluster, "1 0.1 ok", min_result={"accuracy": 0.9})
     with pytest.raises(QualityGateError, match="accuracy=0.5 is below the required 0.9"):
-        op.execute(task_context())
+        op.execute(fresh_context())
 
 
-def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluster, task_context, capfd):
-    ctx = task_context()
+def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluster, fresh_context, capfd):
+    ctx = fresh_context()
     op = RaySubmitJobOperator(
         task_id="job",
         entrypoint="python counter.py 4 0.5 ok",
@@ -128,8 +128,8 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
     assert op.execute_complete(ctx, payload)["steps"] == 4
 
 
-def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
-    ctx = task_context()
+def test_trigger_on_kill_stops_the_job(slice_cluster, fresh_context):
+    ctx = fresh_context()
     op = RaySubmitJobOperator(
         task_id="job",
         entrypoint="python counter.py 200 0.5 ok",
@@ -148,13 +148,13 @@ def test_trigger_on_kill_stops_the_job(slice_cluster, task_context):
     assert hook.get_job_status(sid) == "STOPPED"
 
 
-def test_a_reattached_job_stopped_by_an_earlier_kill_is_replaced_once(slice_cluster, task_context):
+def test_a_reattached_job_stopped_by_an_earlier_kill_is_replaced_once(slice_cluster, fresh_context):
     """A cleared task's new try can re-attach to the old job while the kill is still stopping it:
     when that job ends STOPPED the try submits a fresh one instead of failing. A job the try itself
     submitted and that gets stopped fails the task."""
     import threading
 
-    ctx = task_context()
+    ctx = fresh_context()
     first = operator(slice_cluster, "400 0.5 ok")
     hook = first.hook()
     base, _, reattached = first._attach_or_submit(hook, first.base_submission_id(ctx), ctx)
@@ -164,7 +164,7 @@ def test_a_reattached_job_stopped_by_an_earlier_kill_is_replaced_once(slice_clus
     assert result["steps"] == 2
     assert [j.submission_id for j in jobs_of(slice_cluster, first, ctx)] == [base, f"{base}-r1"]
 
-    ctx = task_context()
+    ctx = fresh_context()
     own = operator(slice_cluster, "400 0.5 ok")
     threading.Timer(3.0, lambda: hook.stop_job(own.base_submission_id(ctx))).start()
     with pytest.raises(Exception, match="ended STOPPED"):

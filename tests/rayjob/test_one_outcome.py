@@ -113,13 +113,13 @@ def _run(jobs: ScriptedJobs, context: dict[str, Any], deferrable: bool, **kwargs
     ],
 )
 def test_the_worker_and_the_deferred_path_reach_the_same_outcome(
-    task_context, tmp_path: Path, final, logs, kwargs, expected
+    fresh_context, tmp_path: Path, final, logs, kwargs, expected
 ) -> None:
     outcomes = {}
     for deferrable in (False, True):
         log_uri = tmp_path / f"deferrable-{deferrable}" / "job.log"
         jobs = ScriptedJobs(final, logs, message="Job entrypoint command failed" if final == "FAILED" else "")
-        context = task_context(run_id="same-run")
+        context = fresh_context(run_id="same-run")
         outcomes[deferrable] = _run(jobs, context, deferrable, log_uri=str(log_uri), **kwargs)
         assert logs in log_uri.read_text(), "the driver log is kept whatever the outcome"
         assert context["task_state_store"]["ray_submission_id"] == next(iter(jobs.jobs))
@@ -133,11 +133,11 @@ def test_the_worker_and_the_deferred_path_reach_the_same_outcome(
         assert "ended FAILED" in value and logs.strip().splitlines()[-1] in value
 
 
-def test_a_reattached_job_that_ends_stopped_is_replaced_on_both_paths(task_context) -> None:
+def test_a_reattached_job_that_ends_stopped_is_replaced_on_both_paths(fresh_context) -> None:
     outcomes = {}
     for deferrable in (False, True):
         jobs = ScriptedJobs("STOPPED", "")
-        context = task_context(run_id="same-run")
+        context = fresh_context(run_id="same-run")
         base = RaySubmitJobOperator(
             task_id="job", entrypoint="x", cluster={"dashboard_url": "http://x"}, working_dir=""
         ).base_submission_id(context)
@@ -154,7 +154,7 @@ def test_a_reattached_job_that_ends_stopped_is_replaced_on_both_paths(task_conte
     assert outcomes[False] == outcomes[True] == ("result", {"steps": 2, "accuracy": 0.5})
 
 
-def test_a_templated_argument_is_checked_once_rendered(task_context) -> None:
+def test_a_templated_argument_is_checked_once_rendered(fresh_context) -> None:
     # A plain bad value fails when the DAG file is parsed ...
     with pytest.raises(UserInputError) as err:
         RaySubmitJobOperator(task_id="job", entrypoint="python job.py", cluster="start_cluster")
@@ -184,7 +184,7 @@ def test_a_templated_argument_is_checked_once_rendered(task_context) -> None:
         op.hook = lambda: pytest.fail("the cluster must not be contacted with a bad argument")  # type: ignore[method-assign]
         op.render_template_fields({"params": {"cluster": {"dashboard_url": "http://x"}, "threshold": "high"}})
         with pytest.raises(UserInputError) as err:
-            op.execute(task_context())
+            op.execute(fresh_context())
         assert err.value.field == field
 
     train = RayTrainOperator(
@@ -200,5 +200,5 @@ def test_a_templated_argument_is_checked_once_rendered(task_context) -> None:
     train.hook = lambda: pytest.fail("the cluster must not be contacted with a bad argument")  # type: ignore[method-assign]
     train.render_template_fields({"params": {"framework": "tf"}})
     with pytest.raises(UserInputError) as err:
-        train.execute(task_context())
+        train.execute(fresh_context())
     assert err.value.field == "framework"

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.ray_cluster import running_cluster
 from tpuflow.local.cluster import LocalRayCluster
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
-from tpuflow.tpu import TpuSlice
 
 pytestmark = pytest.mark.slow
 CHECKPOINT_EVERY = 200
@@ -22,13 +22,12 @@ NUM_STEPS = 1500
 
 @pytest.fixture(scope="module")
 def two_host_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
-    tpu = TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t")  # two 4-chip hosts
-    cluster = LocalRayCluster.start(tpu, "pytest-preempt", tmp_path_factory.mktemp("preempt"), timeout=600)
-    yield cluster
-    cluster.stop()
+    base = tmp_path_factory.mktemp("preempt")
+    with running_cluster("pytest-preempt", base, "TPU-V6E", "2x4", "ct6e-standard-4t") as cluster:  # two 4-chip hosts
+        yield cluster
 
 
-def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_cluster, task_context, tmp_path: Path):
+def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_cluster, fresh_context, tmp_path: Path):
     info = two_host_cluster.connection_info()
     RayDataPrepOperator(
         task_id="prep",
@@ -37,7 +36,7 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_clu
         deferrable=False,
         poll_interval=0.5,
         arguments={"output_dir": str(tmp_path / "data"), "date": "2026-11-02", "num_train": 20000},
-    ).execute(task_context("prep"))
+    ).execute(fresh_context("prep"))
     train = RayTrainOperator(
         task_id="train",
         cluster=info,
@@ -54,7 +53,7 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_clu
         train_loop_config={"num_steps": NUM_STEPS, "checkpoint_every": CHECKPOINT_EVERY},
         log_uri=str(tmp_path / "train.log"),
     )
-    ctx = task_context("train")
+    ctx = fresh_context("train")
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
     worker.start()
@@ -89,7 +88,7 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_clu
         entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {result['checkpoint']} "
         f"--data {tmp_path / 'data' / 'heldout'}",
         min_result={"accuracy": 0.9},
-    ).execute(task_context("evaluate"))
+    ).execute(fresh_context("evaluate"))
     assert evaluation["accuracy"] >= 0.9
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from support.airflow_context import task_context
 from tpuflow.errors import UserInputError
 from tpuflow.serve.operators import RayServeDeployOperator
 from tpuflow.serve.triggers import RayServeApplicationsTrigger
@@ -85,11 +86,6 @@ def dashboard() -> Iterator[FakeDashboard]:
         fake.server.server_close()
 
 
-class FakeTI:
-    def xcom_push(self, key: str, value: Any) -> None:
-        json.dumps(value)
-
-
 def deploy_op(dashboard: FakeDashboard, **kwargs: Any) -> RayServeDeployOperator:
     return RayServeDeployOperator(
         task_id="deploy", serve_config=CONFIG, cluster=dashboard.cluster, poll_interval=0.05, **kwargs
@@ -98,7 +94,7 @@ def deploy_op(dashboard: FakeDashboard, **kwargs: Any) -> RayServeDeployOperator
 
 def deferred_trigger(op: RayServeDeployOperator) -> RayServeApplicationsTrigger:
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute({"ti": FakeTI()})
+        op.execute(task_context())
     return rebuilt(deferred.value)
 
 
@@ -150,14 +146,14 @@ def test_killing_the_deploy_waiting_in_the_worker_deletes_the_apps_it_created(da
 
     def work() -> None:
         try:
-            op.execute({"ti": FakeTI()})
+            op.execute(task_context())
         except BaseException as err:  # the wait times out once its apps are gone
             failure.append(err)
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     deadline = time.monotonic() + 10
-    while op._owned_apps is None:
+    while op._owned_apps is None or not dashboard.apps:  # ownership recorded, then the PUT answered
         assert time.monotonic() < deadline and worker.is_alive()
         time.sleep(0.02)
     assert sorted(dashboard.apps) == ["llm"]
@@ -174,10 +170,10 @@ def outcome(dashboard: FakeDashboard, deferrable: bool) -> tuple[str, Any]:
     trigger's event goes to a fresh operator's execute_complete, as the worker that resumes does."""
     try:
         try:
-            return "result", deploy_op(dashboard, deferrable=deferrable, deploy_timeout=1).execute({"ti": FakeTI()})
+            return "result", deploy_op(dashboard, deferrable=deferrable, deploy_timeout=1).execute(task_context())
         except TaskDeferred as deferred:
             event = asyncio.run(rebuilt(deferred).run().__anext__()).payload
-            return "result", deploy_op(dashboard, deferrable=deferrable).execute_complete({"ti": FakeTI()}, event)
+            return "result", deploy_op(dashboard, deferrable=deferrable).execute_complete(task_context(), event)
     except AirflowException as err:
         return type(err).__name__, str(err)
 
@@ -212,7 +208,7 @@ def test_on_kill_action_keep_leaves_the_apps_serving_when_the_task_is_killed(das
 
     def work() -> None:
         try:
-            op.execute({"ti": FakeTI()})
+            op.execute(task_context())
         except BaseException as err:  # the wait times out: the apps stay DEPLOYING
             failure.append(err)
 
@@ -239,5 +235,5 @@ def test_a_templated_serve_config_is_checked_once_rendered(dashboard):
     op = RayServeDeployOperator(task_id="deploy", serve_config="{{ params.config }}", cluster=dashboard.cluster)
     op.render_template_fields({"params": {"config": "not a config"}})
     with pytest.raises(UserInputError) as err:
-        op.execute({"ti": FakeTI()})
+        op.execute(task_context())
     assert err.value.field == "serve_config" and dashboard.calls == [], "nothing deployed, nothing asked"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.airflow_context import task_context
 from tpuflow.errors import UserInputError
 from tpuflow.slices.leases import LocalLeaseStore, lease_store, parse_slots
 
@@ -96,16 +96,12 @@ def test_trigger_times_out(tmp_path: Path) -> None:
     assert "dag/a" in event["message"]
 
 
-class _TI(SimpleNamespace):
-    pass
-
-
 def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
     from airflow.sdk.exceptions import TaskDeferred
     from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
-    ctx_a = {"ti": _TI(dag_id="dag", run_id="a")}
-    ctx_b = {"ti": _TI(dag_id="dag", run_id="b")}
+    ctx_a = task_context(dag_id="dag", run_id="a")
+    ctx_b = task_context(dag_id="dag", run_id="b")
     op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
     assert op.execute(ctx_a)["slot"] == 0  # type: ignore[arg-type]
     with pytest.raises(TaskDeferred) as deferred:
@@ -133,7 +129,7 @@ def test_a_lease_wait_that_timed_out_fails_the_task_naming_the_holders(tmp_path:
     op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), wait_timeout=1)
     with pytest.raises(AirflowException, match="timeout: .*held by dag/a"):
         op.execute_complete(
-            {"ti": _TI(dag_id="dag", run_id="b")},  # type: ignore[arg-type]
+            task_context(dag_id="dag", run_id="b"),
             {"status": "timeout", "message": "held by dag/a", "held": ["dag/a"]},
         )
 
@@ -150,5 +146,5 @@ def test_lease_arguments_are_checked_at_parse_time_when_static_and_at_run_time_w
     )  # not checked yet
     op.max_slices = "none"  # what the template rendered to
     with pytest.raises(UserInputError, match="max_slices='none'"):
-        op.execute({"ti": _TI(dag_id="dag", run_id="a")})  # type: ignore[arg-type]
+        op.execute(task_context(dag_id="dag", run_id="a"))  # type: ignore[arg-type]
     assert not list(tmp_path.iterdir())  # failed before claiming anything

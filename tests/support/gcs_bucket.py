@@ -1,5 +1,4 @@
-"""Helpers of the gs:// tests (a module of its own: `conftest` names another folder's file when the
-whole suite is collected)."""
+"""Helpers of the gs:// tests: what a bucket of the GCS emulator holds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers for the real-Airflow tests (a module name unique in the test tree, importable from any test file)."""
+"""Helpers for the real-Airflow tests (tests/airflow_services): its REST API, runs and artifacts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Run one DAG file with dag.test() (real task runner, triggers run inline) and print a JSON summary.
 
-Used by test_dag_standin.py in a subprocess with its own AIRFLOW_HOME; not a test module itself.
+Used by tests/kuberay/test_dag_standin.py in a subprocess (run by its path) with its own AIRFLOW_HOME;
+not a test module itself.
 Usage: python dagtest_runner.py DAG_FILE DAG_ID
 """
 
