@@ -120,7 +120,9 @@ def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator:
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.operators import RaySubmitJobOperator
 
-    op = RaySubmitJobOperator(task_id="t", entrypoint="python -c pass", env_vars={"A": "1"}, working_dir="")
+    op = RaySubmitJobOperator(
+        task_id="t", entrypoint="python -c pass", ray_conn_id="ray_default", env_vars={"A": "1"}, working_dir=""
+    )
     assert op.build_runtime_env()["env_vars"] == {"A": "1", EMULATOR_ENV: gcs_emulator.url}
     config = serve_config_for({"backend": "local"}, {"checkpoint": "gs://b/c"}, "local:///w", "jax")
     assert config["applications"][0]["runtime_env"]["env_vars"] == {EMULATOR_ENV: gcs_emulator.url}
@@ -131,7 +133,8 @@ def test_without_an_emulator_nothing_is_added(monkeypatch: pytest.MonkeyPatch) -
     from tpuflow.rayjob.operators import RaySubmitJobOperator
 
     monkeypatch.delenv(EMULATOR_ENV)
-    assert "env_vars" not in RaySubmitJobOperator(task_id="t", entrypoint="x", working_dir="").build_runtime_env()
+    op = RaySubmitJobOperator(task_id="t", entrypoint="x", ray_conn_id="ray_default", working_dir="")
+    assert "env_vars" not in op.build_runtime_env()
     config = serve_config_for({"backend": "local"}, {"checkpoint": "/c"}, "local:///w", "jax")
     assert config["applications"][0]["runtime_env"] == {"working_dir": "local:///w"}
 
