@@ -48,28 +48,37 @@ def _hook(cluster: Any) -> Any:
     return RayJobHook(cluster=cluster.connection_info())
 
 
-def _wait_deferred_with_output(api: Any, hook: Any, run_id: str, line: str, timeout: float = 300) -> str:
-    """Until the task is deferred and its job has printed `line`; returns the job's submission id."""
-    sid = submission_id(DRILL, run_id, TASK, -1)
+def _wait_deferred_with_output(
+    api: Any, hook: Any, run_id: str, line: str, timeout: float = 300, *, sid: str | None = None, try_number: int = 1
+) -> str:
+    """Until the task is deferred and the triggerer streams its job's `line` into the task log (so the wait,
+    and its on_kill, is running in the triggerer); returns the job's submission id."""
+    sid = sid or submission_id(DRILL, run_id, TASK, -1)
     deadline = time.time() + timeout
     state = None
     while time.time() < deadline:
         state = api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}").json().get("state")
         if state == "deferred" and hook.find_jobs(sid) and line in hook.get_job_logs(sid):
-            return sid
+            if line in _task_log_lines(api, run_id, try_number):
+                return sid
         assert state not in ("failed", "success", "upstream_failed"), f"task ended {state} before the drill"
         time.sleep(1)
     raise AssertionError(f"task never deferred with its job printing {line!r} (last state {state})")
 
 
-def _streamed_steps(api: Any, run_id: str) -> list[int]:
-    """The job's progress lines as the task log shows them (worker and trigger parts merged by Airflow)."""
+def _task_log_lines(api: Any, run_id: str, try_number: int = 1) -> list[str]:
+    """The job's lines as the task log of one try shows them (worker and trigger parts merged by Airflow)."""
     resp = api.get(
-        f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/1", headers={"Accept": "application/json"}
+        f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/{try_number}", headers={"Accept": "application/json"}
     )
     resp.raise_for_status()
     events = [str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in resp.json()["content"]]
-    return [int(m.group(1)) for e in events if (m := re.search(r"\[ray job\] step (\d+)$", e.strip()))]
+    return [e.strip()[len("[ray job] ") :] for e in events if e.strip().startswith("[ray job] ")]
+
+
+def _streamed_steps(api: Any, run_id: str) -> list[int]:
+    """The job's progress lines as the first try's task log shows them."""
+    return [int(m.group(1)) for e in _task_log_lines(api, run_id) if (m := re.fullmatch(r"step (\d+)", e))]
 
 
 def _wait_stopped(hook: Any, sid: str, since: float, what: str) -> None:
@@ -114,7 +123,7 @@ def test_clearing_the_deferred_task_stops_its_job_and_the_rerun_starts_afresh(
     while time.time() < deadline and not any(j.submission_id == rerun for j in hook.find_jobs(sid)):
         time.sleep(1)
     assert [j.submission_id for j in hook.find_jobs(sid)] == [sid, rerun]
-    _wait_deferred_with_output(api, hook, run_id, "step 1")
+    _wait_deferred_with_output(api, hook, run_id, "step 3", sid=rerun, try_number=2)
     api.patch(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}", json={"new_state": "failed"}).raise_for_status()
     _wait_stopped(hook, rerun, time.time(), "marked failed after the rerun")
 
