@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test lint clean-local airflow airflow-down test-deps bench bench-quick
+.PHONY: install demo test test-long lint clean-local airflow airflow-down test-deps bench bench-quick
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,11 @@ demo: install
 	$(BIN)/tpuflow demo
 
 test: install test-deps
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not long" tests
+
+# What `make test` leaves out for CI's size: GCS fault injection during training, the gs:// preemption drill.
+test-long: install test-deps
+	$(BIN)/python -m pytest -q -m long tests
 
 lint: install
 	$(BIN)/ruff check dags operators plugins workloads tests bench

@@ -16,7 +16,8 @@ from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import read_text
 
-pytestmark = pytest.mark.slow
+# Fault-injected training and the preemption drill on gs:// (about 10 minutes on 2 cores): `make test-long`.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 SLICE = {"accelerator": "TPU-V6E", "topology": "2x2"}
 
 
