@@ -1,8 +1,9 @@
 """Pages the tpuflow plugin adds to the Airflow API server (mounted at /tpuflow).
 
-- /tpuflow/outputs/<dag_id>/<date>/...: a local run's outputs (data, checkpoints, eval, logs,
-  report.json). The "Outputs" extra link points here for local runs: the Airflow UI shows only
-  http(s) or same-origin links, so a file:// link would not appear at all.
+- /tpuflow/outputs/<dag_id>/<date>/...: a run's outputs (data, checkpoints, eval, logs,
+  report.json) under the output root, a local folder or gs://. The "Outputs" extra link points here
+  for local runs (the Airflow UI shows only http(s) or same-origin links, so a file:// link would
+  not appear at all) and for gs:// under a GCS emulator, which the Cloud console cannot show.
 - /tpuflow/clusters: the local Ray clusters and their dashboard URLs (ports are chosen at run
   time, and keep_endpoint leaves a cluster up after its run).
 
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import html
 import mimetypes
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 app = FastAPI(title="tpuflow", openapi_url=None, docs_url=None, redoc_url=None)
 _STYLE = "body{font-family:sans-serif;margin:1.5em}td,th{padding:.25em .8em;text-align:left}code{background:#f4f4f4}"
@@ -52,30 +56,86 @@ def _page(title: str, body: str) -> str:
 
 @app.get("/outputs/{dag_id}/{rest:path}")
 async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
-    from tpuflow.output_links import LOCAL_OUTPUTS_ROUTE, output_root
+    from tpuflow import paths
 
     await _authorize(request, dag_id)
-    root = output_root().resolve()
+    root = paths.output_root()
+    if root.startswith("gs://"):
+        return await run_in_threadpool(_bucket_outputs, root, dag_id, rest)
+    return _folder_outputs(Path(root).resolve(), dag_id, rest)
+
+
+def _text_or_guess(name: str) -> str:
+    if Path(name).suffix in (".log", ".txt", ".json", ".jsonl", ".yaml", ".csv", ".md"):
+        return "text/plain; charset=utf-8"
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+def _listing(shown: str, location: str, parent: str | None, entries: list[tuple[str, str, int | None]]) -> HTMLResponse:
+    """One folder of outputs: entries are (name, path relative to the root, size or None for a folder)."""
+    from tpuflow.output_links import LOCAL_OUTPUTS_ROUTE
+
+    rows = [
+        f"<tr><td><a href='{LOCAL_OUTPUTS_ROUTE}/{quote(rel)}'>{html.escape(name)}{'' if size is not None else '/'}"
+        f"</a></td><td>{'folder' if size is None else f'{size:,} B'}</td></tr>"
+        for name, rel, size in sorted(entries, key=lambda e: (e[2] is not None, e[0]))
+    ]
+    up = f"<p><a href='{LOCAL_OUTPUTS_ROUTE}/{quote(parent)}'>..</a></p>" if parent else ""
+    table = "".join(rows) or "<tr><td>(empty)</td></tr>"
+    body = f"<p><code>{html.escape(location)}</code></p>{up}<table>{table}</table>"
+    return HTMLResponse(_page(f"Outputs: {shown}", body))
+
+
+def _folder_outputs(root: Path, dag_id: str, rest: str) -> Response:
     target = (root / dag_id / rest).resolve()
     if not target.is_relative_to(root / dag_id) or not target.exists():
         raise HTTPException(status_code=404, detail="no such output")
     if target.is_file():
-        kind = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-        if target.suffix in (".log", ".txt", ".json", ".jsonl", ".yaml", ".csv", ".md"):
-            kind = "text/plain; charset=utf-8"
-        return FileResponse(target, media_type=kind, content_disposition_type="inline")
-    rows = []
-    for child in sorted(target.iterdir(), key=lambda p: (p.is_file(), p.name)):
-        rel = quote(child.relative_to(root).as_posix())
-        size = f"{child.stat().st_size:,} B" if child.is_file() else "folder"
-        rows.append(
-            f"<tr><td><a href='{LOCAL_OUTPUTS_ROUTE}/{rel}'>{html.escape(child.name)}"
-            f"{'' if child.is_file() else '/'}</a></td><td>{size}</td></tr>"
-        )
+        return FileResponse(target, media_type=_text_or_guess(target.name), content_disposition_type="inline")
+    entries = [
+        (c.name, c.relative_to(root).as_posix(), c.stat().st_size if c.is_file() else None) for c in target.iterdir()
+    ]
     parent = target.parent.relative_to(root).as_posix() if target != root / dag_id else None
-    up = f"<p><a href='{LOCAL_OUTPUTS_ROUTE}/{quote(parent)}'>..</a></p>" if parent else ""
-    body = f"<p><code>{html.escape(str(target))}</code></p>{up}<table>{''.join(rows) or '<tr><td>(empty)</td></tr>'}</table>"
-    return HTMLResponse(_page(f"Outputs: {target.relative_to(root).as_posix()}", body))
+    return _listing(target.relative_to(root).as_posix(), str(target), parent, entries)
+
+
+_CHUNK = 1 << 20
+
+
+def _bucket_outputs(root: str, dag_id: str, rest: str) -> Response:
+    """The same page for a gs:// output root, read with the Airflow side's storage client (the
+    connection's credentials, or the emulator). Runs in a worker thread: the client blocks."""
+    from tpuflow.storage import gcs_client, split_gs_uri
+
+    parts = [p for p in rest.split("/") if p]
+    if any(p in (".", "..") for p in parts) or "/" in dag_id or dag_id in (".", ".."):
+        raise HTTPException(status_code=404, detail="no such output")
+    bucket_name, prefix = split_gs_uri(root, "output_root")
+    relative = "/".join([dag_id, *parts])
+    name = f"{prefix}/{relative}".lstrip("/")
+    bucket = gcs_client().bucket(bucket_name)
+    blob = bucket.get_blob(name) if parts else None
+    if blob is not None:
+
+        def chunks() -> Iterator[bytes]:
+            with blob.open("rb", chunk_size=_CHUNK) as f:
+                while data := f.read(_CHUNK):
+                    yield data
+
+        return StreamingResponse(
+            chunks(),
+            media_type=_text_or_guess(name),
+            headers={"Content-Disposition": "inline", "Content-Length": str(blob.size or 0)},
+        )
+    listed = bucket.list_blobs(prefix=name + "/", delimiter="/")
+    files = [(b.name.rsplit("/", 1)[-1], b.name, b.size) for b in listed if not b.name.endswith("/")]
+    folders = [(p.rstrip("/").rsplit("/", 1)[-1], p.rstrip("/"), None) for p in listed.prefixes]
+    if not files and not folders:
+        raise HTTPException(status_code=404, detail="no such output")
+    cut = len(prefix) + 1 if prefix else 0
+    entries = [(n, full[cut:], size) for n, full, size in [*files, *folders]]
+    parent = "/".join([dag_id, *parts[:-1]]) if parts else None
+    return _listing(relative, f"gs://{bucket_name}/{name}/", parent, entries)
 
 
 def local_clusters() -> list[dict[str, Any]]:

@@ -1,5 +1,7 @@
-"""The local pipeline once with a gs:// output root (`tpuflow demo --output-root gs://...`, a v6e
-2x2 slice) against an emulator the demo did not start; then the bucket is listed."""
+"""The local pipeline with a gs:// output root (`tpuflow demo --output-root gs://...`, a v6e 2x2
+slice) against an emulator the demo did not start; then the bucket is listed. A rerun of the same date
+from a fresh Airflow home reuses what the bucket holds: prep is skipped, training resumes from (and
+stops at) the last checkpoint."""
 
 from __future__ import annotations
 
@@ -18,20 +20,17 @@ TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
 DAG_ID, DATE = "tpu_llm_pipeline_local", "2026-11-04"
 
 
-@pytest.mark.slow
-def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_emulator) -> None:
-    bucket, prefix = "tpuflow-demo", "run"
-    env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home"), EMULATOR_ENV: gcs_emulator.url}
-    out = subprocess.run(
+def _demo(work_dir: Path, env: dict[str, str], output_root: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             *TPUFLOW,
             "demo",
             "--work-dir",
-            str(tmp_path),
+            str(work_dir),
             "--date",
             DATE,
             "--output-root",
-            f"gs://{bucket}/{prefix}",
+            output_root,
             "--topology",
             "2x2",
             "--train-steps",
@@ -46,6 +45,13 @@ def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_em
         timeout=1500,
         env=env,
     )
+
+
+@pytest.mark.slow
+def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_emulator) -> None:
+    bucket, prefix = "tpuflow-demo", "run"
+    env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home"), EMULATOR_ENV: gcs_emulator.url}
+    out = _demo(tmp_path, env, f"gs://{bucket}/{prefix}")
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert "pipeline succeeded" in out.stdout and f"gs://{bucket}/{prefix}/{DAG_ID}/{DATE}" in out.stdout
 
@@ -67,6 +73,19 @@ def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_em
     # the Serve replica and the evaluation loaded the checkpoint from the bucket
     assert evaluation["checkpoint"].startswith(f"gs://{bucket}/{run}/train/") and evaluation["n"] == 200
     assert not list((tmp_path / "home" / "clusters").glob("*/state.json")), "the teardown stops the cluster"
+
+    # The same date again, from a new Airflow home (a redeployed scheduler, a cleared run): the bucket's
+    # outputs are reused, nothing is recomputed that exists.
+    again = _demo(tmp_path / "rerun", env, f"gs://{bucket}/{prefix}")
+    assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-5000:]
+    assert "exists with the same parameters; skipping" in read_text(f"gs://{bucket}/{run}/logs/prep.log")
+    train_log = read_text(f"gs://{bucket}/{run}/logs/train-jax.log")
+    assert "already has checkpoints" in train_log and "nothing to train" in train_log, train_log[-3000:]
+    after = [n[len(run) + 1 :] for n in list_bucket(bucket, run + "/")]
+    assert {n for n in after if n.startswith("data/")} == {n for n in relative if n.startswith("data/")}
+    assert {n.rsplit("/", 1)[0] for n in after if n.startswith("train/") and n.endswith("/meta.json")} == checkpoints
+    rerun = json.loads(read_text(f"gs://{bucket}/{run}/eval/jax.json"))
+    assert rerun["checkpoint"] == evaluation["checkpoint"] and rerun["accuracy"] == evaluation["accuracy"]
 
 
 def test_demo_starts_and_stops_an_emulator_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
