@@ -16,6 +16,7 @@ Everything here is plain data: no Ray or vLLM import.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -174,7 +175,7 @@ def llm_serve_config(tpu: TpuSlice, llm: LlmServe, *, http_port: int | None = No
 def _add_env(container: dict[str, Any], entries: list[dict[str, Any]]) -> None:
     env = container.setdefault("env", [])
     have = {e["name"] for e in env}
-    env.extend(e for e in entries if e["name"] not in have)  # what the user set wins
+    env.extend(copy.deepcopy(e) for e in entries if e["name"] not in have)  # what the user set wins
 
 
 def add_vllm_pod_fields(cluster_spec: dict[str, Any], llm: LlmServe) -> dict[str, Any]:
@@ -203,7 +204,7 @@ def add_vllm_pod_fields(cluster_spec: dict[str, Any], llm: LlmServe) -> dict[str
             meta = template.setdefault("metadata", {})
             meta["annotations"] = {**GCSFUSE_ANNOTATIONS, **(meta.get("annotations") or {})}
         pod = template["spec"]
-        pod.setdefault("volumes", []).append(dict(volume))
+        pod.setdefault("volumes", []).append(copy.deepcopy(volume))
         for container in pod["containers"]:
             extra = [{"name": "JAX_PLATFORMS", "value": "tpu"}] if is_tpu else []
             _add_env(container, [*extra, *common])

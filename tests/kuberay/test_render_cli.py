@@ -106,6 +106,7 @@ def test_render_rayservice_llm_serves_the_model_on_the_slice(capsys: pytest.Capt
         "300",
     )
     assert rc == 0
+    assert "&id" not in out  # head and workers get their own copies, no YAML aliases
     manifest = yaml.safe_load(out)
     assert schema_errors("rayservices", manifest) == []
     spec = manifest["spec"]["rayClusterConfig"]
