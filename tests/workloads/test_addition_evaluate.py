@@ -112,19 +112,27 @@ def v6e_2x4_hosts(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.slow
 def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
-    v6e_2x4_hosts: Any, prepared: dict[str, Any], trained: dict[str, Any], tmp_path: Path
+    v6e_2x4_hosts: Any, trained: dict[str, Any], tmp_path: Path
 ) -> None:
     import shlex
     import sys
     import time
 
+    import pyarrow as pa
+    from addition import data
     from ray.job_submission import JobStatus, JobSubmissionClient
     from tpuflow import workloads_dir
 
     cluster, tpu = v6e_2x4_hosts
+    # The prep step's held-out rows, written without a second (in-process) Ray cluster.
+    rows = data.generate(trained["date"], "heldout", 200, num_heldout=200)
+    heldout = tmp_path / "heldout"
+    heldout.mkdir()
+    table = pa.table({k: list(rows[k]) for k in ("problem_id", "prompt", "answer")})
+    pq.write_table(table, heldout / "part-0.parquet")
     client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.auth_headers())
     args = [
-        "--checkpoint", trained["checkpoint"], "--framework", "jax", "--data", prepared["heldout_path"],
+        "--checkpoint", trained["checkpoint"], "--framework", "jax", "--data", str(heldout),
         "--num-hosts", str(tpu.num_hosts), "--tpu-per-host", str(tpu.logical_devices_per_host),
         "--accelerator-type", tpu.generation.ray_accelerator_type,
     ]  # fmt: skip
@@ -134,7 +142,7 @@ def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
     )
     deadline = time.time() + 420
     while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
-        assert time.time() < deadline, f"job {job} still {status}"
+        assert time.time() < deadline, f"job {job} still {status}: {client.get_job_logs(job)[-3000:]}"
         time.sleep(1)
     logs = client.get_job_logs(job)
     assert status == JobStatus.SUCCEEDED, logs[-4000:]
