@@ -32,7 +32,11 @@ def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
     assert parsed.http_options.request_timeout_s == 30 and parsed.http_options.port == 18123
     (deployment,) = parsed.applications[0].deployments
     assert deployment.name == SERVE_DEPLOYMENT
-    assert (deployment.num_replicas, deployment.max_ongoing_requests, deployment.max_queued_requests) == ("auto", 32, 100)
+    assert (deployment.num_replicas, deployment.max_ongoing_requests, deployment.max_queued_requests) == (
+        "auto",
+        32,
+        100,
+    )
     assert deployment.autoscaling_config["max_replicas"] == 4
     assert deployment.user_config == {"request_timeout_s": 30, "max_inflight_requests": 24}
 
@@ -57,11 +61,18 @@ def test_no_options_leave_the_config_as_before() -> None:
         ({"num_replicas": 2, "autoscaling_config": {"max_replicas": 2}}, "deployment_options.num_replicas"),
         ({"autoscaling_config": {"max_replica": 2}}, "deployment_options.autoscaling_config"),
         ({"autoscaling_config": {}}, "deployment_options.autoscaling_config"),
-        ({"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}}, "deployment_options.autoscaling_config.min_replicas"),
-        ({"autoscaling_config": {"max_replicas": 4, "initial_replicas": 5}},
-         "deployment_options.autoscaling_config.initial_replicas"),  # fmt: skip
-        ({"autoscaling_config": {"target_ongoing_requests": 0}},
-         "deployment_options.autoscaling_config.target_ongoing_requests"),  # fmt: skip
+        (
+            {"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}},
+            "deployment_options.autoscaling_config.min_replicas",
+        ),
+        (
+            {"autoscaling_config": {"max_replicas": 4, "initial_replicas": 5}},
+            "deployment_options.autoscaling_config.initial_replicas",
+        ),
+        (
+            {"autoscaling_config": {"target_ongoing_requests": 0}},
+            "deployment_options.autoscaling_config.target_ongoing_requests",
+        ),
         ({"max_ongoing_requests": 0}, "deployment_options.max_ongoing_requests"),
         ({"max_queued_requests": 0}, "deployment_options.max_queued_requests"),
         ({"request_timeout_s": -1}, "deployment_options.request_timeout_s"),

@@ -107,9 +107,7 @@ def test_manifest_carries_the_official_vllm_tpu_samples_fields() -> None:
     )
     ours = _paths(manifest["spec"]["rayClusterConfig"])
     # The sample declares a gke-gcsfuse-cache volume it never mounts; everything else must be there.
-    missing = sorted(
-        p for p in _paths(official["spec"]["rayClusterConfig"]) - ours if "[gke-gcsfuse-cache]" not in p
-    )
+    missing = sorted(p for p in _paths(official["spec"]["rayClusterConfig"]) - ours if "[gke-gcsfuse-cache]" not in p)
     assert missing == []
     worker = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     official_worker = official["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
@@ -121,8 +119,10 @@ def test_manifest_carries_the_official_vllm_tpu_samples_fields() -> None:
     volumes = {v["name"]: v for v in worker["template"]["spec"]["volumes"]}
     official_volumes = {v["name"]: v for v in official_worker["template"]["spec"]["volumes"]}
     want = official_volumes["gcs-fuse-csi-ephemeral"]["csi"]
-    assert volumes["gcs-fuse-csi-ephemeral"]["csi"] == {**want, "volumeAttributes": {**want["volumeAttributes"],
-                                                                                   "bucketName": "my-bucket"}}  # fmt: skip
+    assert volumes["gcs-fuse-csi-ephemeral"]["csi"] == {
+        **want,
+        "volumeAttributes": {**want["volumeAttributes"], "bucketName": "my-bucket"},
+    }
     # The sample's app is its own vLLM script; ours is Ray Serve LLM with the slice's placement in it.
     (app,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     (cfg,) = app["args"]["llm_configs"]
@@ -167,17 +167,31 @@ def test_deployment_options_and_slices_shape_the_replicas() -> None:
     [
         # Ray Serve LLM places v6e 2x4 as one 8-chip host: the two-VM form would never schedule.
         (TpuSlice.from_spec("v6e", "2x4", "ct6e-standard-4t"), LlmServe("m"), "machine_type"),
-        (TpuSlice.from_spec("v6e", "4x4"), LlmServe("m", engine_kwargs={"tensor_parallel_size": 8}),
-         "engine_kwargs.tensor_parallel_size"),  # fmt: skip
-        (TpuSlice.from_spec("v6e", "4x4"), LlmServe("m", engine_kwargs={"pipeline_parallel_size": 0}),
-         "engine_kwargs.pipeline_parallel_size"),  # fmt: skip
-        (TpuSlice.from_spec("v6e", "4x4"), LlmServe("m", deployment_options={"num_replicas": 2}),
-         "deployment_options.num_replicas"),  # fmt: skip
-        (TpuSlice.from_spec("v6e", "4x4", num_slices=2),
-         LlmServe("m", deployment_options={"autoscaling_config": {"max_replicas": 3}}),
-         "deployment_options.autoscaling_config"),  # fmt: skip
-        (TpuSlice.from_spec("v6e", "4x4"), LlmServe("m", deployment_options={"max_inflight_requests": 4}),
-         "deployment_options.max_inflight_requests"),  # fmt: skip
+        (
+            TpuSlice.from_spec("v6e", "4x4"),
+            LlmServe("m", engine_kwargs={"tensor_parallel_size": 8}),
+            "engine_kwargs.tensor_parallel_size",
+        ),
+        (
+            TpuSlice.from_spec("v6e", "4x4"),
+            LlmServe("m", engine_kwargs={"pipeline_parallel_size": 0}),
+            "engine_kwargs.pipeline_parallel_size",
+        ),
+        (
+            TpuSlice.from_spec("v6e", "4x4"),
+            LlmServe("m", deployment_options={"num_replicas": 2}),
+            "deployment_options.num_replicas",
+        ),
+        (
+            TpuSlice.from_spec("v6e", "4x4", num_slices=2),
+            LlmServe("m", deployment_options={"autoscaling_config": {"max_replicas": 3}}),
+            "deployment_options.autoscaling_config",
+        ),
+        (
+            TpuSlice.from_spec("v6e", "4x4"),
+            LlmServe("m", deployment_options={"max_inflight_requests": 4}),
+            "deployment_options.max_inflight_requests",
+        ),
         (TpuSlice.from_spec("v6e", "4x4"), LlmServe("bad model id"), "llm_model_id"),
         (TpuSlice.from_spec("v6e", "4x4"), LlmServe("m", max_model_len=0), "max_model_len"),
         (TpuSlice.from_spec("v6e", "2x8"), LlmServe("m"), "topology"),  # Ray 2.60 has it, GKE does not
@@ -232,8 +246,10 @@ def test_deploy_operator_builds_the_llm_rayservice_at_parse_time() -> None:
         ({"llm_model_id": "m"}, "image"),
         ({"llm_model_id": "m", "image": "i:1", "serve_config": {"applications": []}}, "serve_config"),
         ({}, "serve_config"),
-        ({"serve_config": {"applications": [{"name": "a", "import_path": "m:app"}]}, "llm_options": {}},
-         "llm_options"),  # fmt: skip
+        (
+            {"serve_config": {"applications": [{"name": "a", "import_path": "m:app"}]}, "llm_options": {}},
+            "llm_options",
+        ),
         ({"llm_model_id": "m", "image": "i:1", "deployment_options": {"num_replica": 1}}, "deployment_options"),
     ],
 )

@@ -134,8 +134,13 @@ def test_streamed_chat_chunks(client: openai.OpenAI, http: TestClient) -> None:
     ("path", "body", "status", "param", "needle"),
     [
         ("/v1/completions", {"model": "gpt-4", "prompt": "1+1="}, 404, "model", "does not exist"),
-        ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "1+1"}]}, 404, "model",
-         "does not exist"),  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {"model": "gpt-4", "messages": [{"role": "user", "content": "1+1"}]},
+            404,
+            "model",
+            "does not exist",
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": "1-1="}, 400, "prompt", "outside"),
         ("/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt", "empty"),
         ("/v1/completions", {"model": MODEL, "prompt": "1+1=", "max_tokens": -1}, 400, "max_tokens", "greater"),
@@ -145,10 +150,20 @@ def test_streamed_chat_chunks(client: openai.OpenAI, http: TestClient) -> None:
         ("/v1/completions", {"model": MODEL, "prompt": ["1+1="] * 100, "n": 16}, 400, "prompt", "exceeds"),
         ("/v1/completions", {"prompt": "1+1="}, 400, "model", "required"),
         ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages", "at least 1"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "system", "content": "hi"}]}, 400,
-         "messages", "user message"),  # fmt: skip
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "1+1"}]}, 400,
-         "messages.0.role", "Input should be"),  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "system", "content": "hi"}]},
+            400,
+            "messages",
+            "user message",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "robot", "content": "1+1"}]},
+            400,
+            "messages.0.role",
+            "Input should be",
+        ),
     ],
 )
 def test_every_bad_request_gets_an_openai_error(
