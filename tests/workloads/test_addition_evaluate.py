@@ -90,6 +90,7 @@ def test_evaluation_splits_over_several_actors_and_reports_its_rate(
     assert summary["accuracy"] == pytest.approx(expected) and summary["num_hosts"] == 2
     assert [p["prompt"] for p in predictions] == held["prompt"]  # order kept across the split
     assert summary["examples_per_s"] > 0 and summary["eval_seconds"] > 0
+    print(f"evaluate: {summary['n']} examples, {summary['examples_per_s']} examples/s over {summary['num_hosts']} actors")
 
 
 @pytest.fixture(scope="module")
