@@ -2,7 +2,8 @@
 
 Pass --dag-id/--run-id/--task-id to get the name and ownership labels the operators would use for that
 task instance; otherwise --name (default "tpuflow-<generation>-<topology>"). serveConfigV2 is printed
-as a literal block so it reads like the KubeRay samples.
+as a literal block so it reads like the KubeRay samples. `rayservice --llm MODEL_ID` serves the model with
+Ray Serve LLM (vLLM) on the slice, on the vLLM TPU image (tpuflow.serve.llm).
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
 
-def _template(args: argparse.Namespace) -> RayClusterTemplate:
+def _template(args: argparse.Namespace, default_image: str | None = None) -> RayClusterTemplate:
     tpu = slice_from_args(args)
     worker = {k: v for k, v in (("cpu", args.worker_cpu), ("memory", args.worker_memory)) if v}
     return RayClusterTemplate(
         tpu=tpu,
-        image=args.image or f"rayproject/ray:{args.ray_version}-py311",
+        image=args.image or default_image or f"rayproject/ray:{args.ray_version}-py311",
         ray_version=args.ray_version,
         env=parse_key_values("--env", args.env),
         head_resources={"cpu": args.head_cpu, "memory": args.head_memory},
@@ -114,7 +115,60 @@ def _load_serve_config(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _llm(args: argparse.Namespace) -> Any:
+    from tpuflow.serve.deployment_options import DeploymentOptions
+    from tpuflow.serve.llm import LlmServe
+
+    if args.serve_config or args.import_path:
+        raise UserInputError("--llm", args.llm, "give --llm or --serve-config/--import-path, not both")
+    engine = {k: _json_value(v) for k, v in parse_key_values("--engine-kwarg", args.engine_kwarg).items()}
+    autoscaling = {
+        k: v
+        for k, v in (
+            ("min_replicas", args.min_replicas),
+            ("max_replicas", args.max_replicas),
+            ("target_ongoing_requests", args.target_ongoing_requests),
+        )
+        if v is not None
+    }
+    options = DeploymentOptions(
+        num_replicas=args.num_replicas,
+        autoscaling_config=autoscaling or None,
+        max_ongoing_requests=args.max_ongoing_requests,
+        max_queued_requests=args.max_queued_requests,
+        request_timeout_s=args.request_timeout,
+    ).validated()
+    return LlmServe(
+        args.llm,
+        model_source=args.model_source,
+        max_model_len=args.max_model_len,
+        engine_kwargs=engine,
+        deployment_options=options,
+        route_prefix=args.route_prefix,
+        hf_secret=args.hf_secret or None,
+        cache_bucket=args.cache_bucket,
+    )
+
+
 def _rayservice(args: argparse.Namespace) -> int:
+    if args.llm:
+        from tpuflow.serve.llm import DEFAULT_VLLM_TPU_IMAGE, llm_rayservice_manifest
+
+        llm = _llm(args)
+        template = _template(args, DEFAULT_VLLM_TPU_IMAGE)
+        name, labels = _identity(args, template)
+        manifest = llm_rayservice_manifest(
+            template, llm, name=name, namespace=args.namespace, labels=labels, upgrade_strategy=args.upgrade_strategy
+        )
+        _print(manifest, args.json)
+        return 0
     template = _template(args)
     name, labels = _identity(args, template)
     manifest = rayservice_manifest(
@@ -140,4 +194,19 @@ def register(renderers: argparse._SubParsersAction) -> None:
     service.add_argument("--app-name", default="default")
     service.add_argument("--route-prefix", default="/")
     service.add_argument("--upgrade-strategy", default=DEFAULT_UPGRADE_STRATEGY, choices=UPGRADE_STRATEGIES)
+    llm = service.add_argument_group("Ray Serve LLM (vLLM on the slice; image default: the vLLM TPU image)")
+    llm.add_argument("--llm", default=None, metavar="MODEL_ID", help="serve this model with ray.serve.llm")
+    llm.add_argument("--model-source", default=None, help="Hugging Face id or gs:// path (default: MODEL_ID)")
+    llm.add_argument("--max-model-len", type=int, default=4096, help="vLLM context length (default 4096)")
+    llm.add_argument("--engine-kwarg", action="append", default=[], metavar="KEY=VALUE", help="vLLM engine argument")
+    llm.add_argument("--hf-secret", default="hf-secret:hf_api_token", help="Secret NAME[:KEY] with the HF token")
+    llm.add_argument("--cache-bucket", default=None, help="GCS bucket for the XLA cache at /data (GCS FUSE)")
+    deploy = service.add_argument_group("Serve deployment settings (--llm)")
+    deploy.add_argument("--num-replicas", type=int, default=None, help="replicas (default: one per slice)")
+    deploy.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
+    deploy.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound (<= slices)")
+    deploy.add_argument("--target-ongoing-requests", type=float, default=None, help="autoscaling target")
+    deploy.add_argument("--max-ongoing-requests", type=int, default=None)
+    deploy.add_argument("--max-queued-requests", type=int, default=None)
+    deploy.add_argument("--request-timeout", type=float, default=None, help="seconds (http_options.request_timeout_s)")
     service.set_defaults(func=_rayservice)

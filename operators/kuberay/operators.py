@@ -280,6 +280,15 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     :param serve_config: {"applications": [...], "http_options"?: ...} or an object with to_dict(); templated
         (an upstream task's XCom works, and is checked when the task runs).
+    :param llm_model_id: instead of serve_config, serve this model with Ray Serve LLM (vLLM) on the slice
+        (tpuflow.serve.llm: LLMConfig with the slice's accelerator_type, topology and tensor parallel size,
+        one replica per slice, the vLLM TPU sample's pod fields); give ``image`` (a vLLM TPU image, e.g.
+        tpuflow.serve.llm.DEFAULT_VLLM_TPU_IMAGE pinned to a tag); templated.
+    :param llm_options: with llm_model_id, the other tpuflow.serve.llm.LlmServe fields (model_source,
+        max_model_len, engine_kwargs, route_prefix, hf_secret, cache_bucket); templated.
+    :param deployment_options: with llm_model_id, Serve deployment settings
+        (tpuflow.serve.deployment_options.DeploymentOptions or its fields as a dict: num_replicas or
+        autoscaling_config, max_ongoing_requests, max_queued_requests, request_timeout_s, ...); templated.
     :param tpu: the slice (TpuSlice or its to_dict()); or give accelerator/topology/machine_type/num_slices.
     :param accelerator: TPU generation or accelerator name (e.g. "v6e", "TPU-V6E"); templated.
     :param topology: slice topology, e.g. "4x4"; templated.
@@ -330,36 +339,74 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         "machine_type",
         "num_slices",
         "serve_config",
+        "llm_model_id",
+        "llm_options",
+        "deployment_options",
     )
 
     def __init__(
         self,
         *,
-        serve_config: Any,
+        serve_config: Any = None,
+        llm_model_id: str | None = None,
+        llm_options: Mapping[str, Any] | None = None,
+        deployment_options: Any = None,
         upgrade_strategy: str = DEFAULT_UPGRADE_STRATEGY,
         on_kill_action: str = "delete",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.serve_config = serve_config
+        self.llm_model_id = llm_model_id
+        self.llm_options = llm_options
+        self.deployment_options = deployment_options
         self.upgrade_strategy = upgrade_strategy
         self.on_kill_action = on_kill_action
         self._check_static_arguments()
 
     # --- checks ---
     def argument_checks(self) -> list[ArgumentCheck]:
-        from_slice = (*self.slice_values(), self.serve_config, self.labels, self.upgrade_strategy)
+        llm_values = (self.llm_model_id, self.llm_options, self.deployment_options)
+        from_slice = (*self.slice_values(), self.serve_config, *llm_values, self.labels, self.upgrade_strategy)
         return [
             *super().argument_checks(),
             ((self.on_kill_action,), lambda: check_choice("on_kill_action", self.on_kill_action, ON_KILL_ACTIONS)),
-            ((self.serve_config,), self._serve_config),
+            ((self.serve_config, *llm_values, self.image), self._check_serve_source),
             (from_slice, lambda: self.build_manifest_for("parse-check", "default", {})),
         ]
+
+    def _check_serve_source(self) -> None:
+        if self.llm_model_id is None:
+            if self.serve_config is None:
+                raise UserInputError("serve_config", None, "give serve_config, or llm_model_id to serve an LLM")
+            if self.llm_options is not None or self.deployment_options is not None:
+                raise UserInputError(
+                    "llm_options" if self.llm_options is not None else "deployment_options",
+                    "<set>",
+                    "these apply with llm_model_id; put a serve_config's settings in its deployments entries",
+                )
+            self._serve_config()
+            return
+        if self.serve_config is not None:
+            raise UserInputError("serve_config", "<serve_config>", "give either serve_config or llm_model_id")
+        if not self.image:
+            from tpuflow.serve.llm import DEFAULT_VLLM_TPU_IMAGE
+
+            raise UserInputError("image", self.image, f"give the vLLM TPU image, e.g. {DEFAULT_VLLM_TPU_IMAGE} (pin a tag)")
+        self._llm()
 
     def _serve_config(self) -> dict[str, Any]:
         from tpuflow.kuberay.serve_config import serve_config_dict
 
         return serve_config_dict(self.serve_config)
+
+    def _llm(self) -> Any:
+        from tpuflow.serve.llm import LlmServe
+
+        options = dict(self.llm_options or {})
+        if self.deployment_options is not None:
+            options["deployment_options"] = self.deployment_options
+        return LlmServe.from_value(str(self.llm_model_id), options)
 
     def deletes_on_kill(self) -> bool:
         return self.on_kill_action == "delete"
@@ -368,16 +415,21 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
         from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
 
-        manifest = rayservice_manifest(
-            self.build_template(),
-            self._serve_config(),
-            name=name,
-            namespace=namespace,
-            labels=labels,
-            annotations=self.annotations,
-            upgrade_strategy=self.upgrade_strategy,
-            pod_labels=self.labels or {},
-        )
+        template = self.build_template()
+        common: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": self.annotations,
+            "upgrade_strategy": self.upgrade_strategy,
+            "pod_labels": self.labels or {},
+        }
+        if self.llm_model_id is not None:
+            from tpuflow.serve.llm import llm_rayservice_manifest
+
+            manifest = llm_rayservice_manifest(template, self._llm(), **common)
+        else:
+            manifest = rayservice_manifest(template, self._serve_config(), **common)
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
         return manifest
 

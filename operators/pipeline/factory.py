@@ -34,6 +34,8 @@ RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') 
 # Slices the pipeline may hold at once, across schedules, UI triggers and backfills (a backfill has its
 # own max_active_runs, 10 by default in Airflow 3.3): leases taken before the cluster, given back by a teardown.
 MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
+# A field of check_params' training slice (TpuSlice.to_dict()), as a template.
+CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 
 
 def build_serve_config(cluster: Any, trained: Any, workloads_uri: str) -> XComArg:
@@ -80,7 +82,12 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
         task_id="prep",
         cluster=cluster,
         module="addition.prep",
-        arguments={"output_dir": f"{run_dir}/data", "date": RUN_DATE, "num_train": "{{ params.num_train }}"},
+        arguments={
+            "output_dir": f"{run_dir}/data",
+            "date": RUN_DATE,
+            "num_train": "{{ params.num_train }}",
+            "num_heldout": "{{ params.num_eval }}",
+        },
         log_uri=f"{run_dir}/logs/prep.log",
     )
     train = RayTrainOperator(
@@ -104,6 +111,9 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
             "python -m addition.evaluate --framework {{ params.framework }}"
             " --checkpoint {{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"
             f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
+            # one actor per host of the training slice, each holding that host's TPU resources
+            f" --num-hosts {CHECKED_SLICE.format('num_hosts')} --tpu-per-host {CHECKED_SLICE.format('logical_devices_per_host')}"
+            f" --accelerator-type {CHECKED_SLICE.format('ray_accelerator_type')}"
         ),
         min_result={"accuracy": "{{ params.accuracy_threshold }}"},
         log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",

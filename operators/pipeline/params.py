@@ -64,6 +64,14 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
             "(local: `tpuflow local down` removes them).",
         ),
         "num_train": Param(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
+        "num_eval": Param(
+            200,
+            type="integer",
+            minimum=10,
+            maximum=5000,  # of the 10,000 two-digit problems: the rest stay for training
+            title="Held-out examples",
+            description="Size of the held-out set the evaluation step scores (on every host of the slice).",
+        ),
     }
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 SERVE_APP = "addition"
+SERVE_DEPLOYMENT = "AdditionCompletions"  # addition.serve_app's deployment (its `deployments:` entry name)
 PROMPT, ANSWER = "17+25=", "42"
 
 
@@ -61,15 +62,21 @@ class BuildServeConfigOperator(BaseOperator):
     :param cluster: the cluster-start task's XCom (its connection info; ``backend``, ``serve_port``); templated.
     :param trained: the train task's XCom (``checkpoint``: the checkpoint to serve); templated.
     :param workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees it; templated.
+    :param deployment_options: Serve settings of the endpoint (tpuflow.serve.deployment_options.DeploymentOptions
+        or a dict of its fields: num_replicas or autoscaling_config, max_ongoing_requests, max_queued_requests,
+        request_timeout_s, max_inflight_requests, ...); templated.
     """
 
-    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri")
+    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri", "deployment_options")
 
-    def __init__(self, *, cluster: Any, trained: Any, workloads_uri: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *, cluster: Any, trained: Any, workloads_uri: str, deployment_options: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.cluster = cluster
         self.trained = trained
         self.workloads_uri = workloads_uri
+        self.deployment_options = deployment_options
         self._check_arguments(rendered=False)
 
     def _check_arguments(self, *, rendered: bool) -> None:
@@ -81,17 +88,35 @@ class BuildServeConfigOperator(BaseOperator):
         ):
             raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
         _check_nonempty_text("workloads_uri", self.workloads_uri, rendered)
+        if rendered or is_static(self.deployment_options):
+            from tpuflow.serve.deployment_options import DeploymentOptions
+
+            DeploymentOptions.from_value(self.deployment_options)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._check_arguments(rendered=True)
-        return serve_config_for(self.cluster, self.trained, self.workloads_uri, context["params"]["framework"])
+        return serve_config_for(
+            self.cluster,
+            self.trained,
+            self.workloads_uri,
+            context["params"]["framework"],
+            deployment_options=self.deployment_options,
+        )
 
 
 def serve_config_for(
-    cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str, framework: str
+    cluster: dict[str, Any],
+    trained: dict[str, Any],
+    workloads_uri: str,
+    framework: str,
+    *,
+    deployment_options: Any = None,
 ) -> dict[str, Any]:
     from tpuflow.serve.config import serve_application, serve_config
+    from tpuflow.serve.deployment_options import DeploymentOptions
     from tpuflow.storage import emulator_env
+
+    options = DeploymentOptions.from_value(deployment_options)
 
     # The replicas load the checkpoint themselves: with a GCS emulator they must be told where it is.
     runtime_env = {"working_dir": workloads_uri, **({"env_vars": emulator_env()} if emulator_env() else {})}
@@ -101,9 +126,13 @@ def serve_config_for(
         route_prefix=f"/{SERVE_APP}",
         args={"checkpoint": trained["checkpoint"], "framework": framework, "model_name": SERVE_APP},
         runtime_env=runtime_env,
+        deployments=None if options.is_empty() else [options.deployment_entry(SERVE_DEPLOYMENT, user_config=True)],
     )
     port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
-    return serve_config([app], http_port=port)
+    config = serve_config([app], http_port=port)
+    if options.http_options():
+        config["http_options"] = {**config.get("http_options", {}), **options.http_options()}
+    return config
 
 
 class WriteReportOperator(BaseOperator):
@@ -154,6 +183,8 @@ def write_report(
         "output_dir": output_dir,
         "accuracy": evaluation.get("accuracy"),
         "heldout_examples": evaluation.get("n"),
+        "eval_examples_per_s": evaluation.get("examples_per_s"),
+        "eval_hosts": evaluation.get("hosts_used"),
         "sample_prompt": PROMPT,
         "sample_completion": (answer.get("choices") or [{}])[0].get("text"),
         "endpoint": f"{deployed['serve_url']}/{SERVE_APP}/v1",

@@ -82,9 +82,61 @@ def test_render_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0 and json.loads(out)["kind"] == "RayService"
 
 
+def test_render_rayservice_llm_serves_the_model_on_the_slice(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = render(
+        capsys,
+        "rayservice",
+        "--accelerator",
+        "v6e",
+        "--topology",
+        "4x4",
+        "--llm",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--max-model-len",
+        "8192",
+        "--engine-kwarg",
+        "dtype=bfloat16",
+        "--engine-kwarg",
+        "enable_prefix_caching=true",
+        "--cache-bucket",
+        "xla-cache",
+        "--max-ongoing-requests",
+        "32",
+        "--request-timeout",
+        "300",
+    )
+    assert rc == 0
+    assert "&id" not in out  # head and workers get their own copies, no YAML aliases
+    manifest = yaml.safe_load(out)
+    assert schema_errors("rayservices", manifest) == []
+    spec = manifest["spec"]["rayClusterConfig"]
+    assert spec["workerGroupSpecs"][0]["numOfHosts"] == 4
+    assert spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].startswith("vllm/vllm-tpu:")
+    served = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    assert served["http_options"]["request_timeout_s"] == 300
+    (app,) = served["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app"
+    (cfg,) = app["args"]["llm_configs"]
+    assert cfg["accelerator_type"] == "TPU-V6E" and cfg["accelerator_config"] == {"kind": "tpu", "topology": "4x4"}
+    assert cfg["engine_kwargs"] == {
+        "tensor_parallel_size": 16,
+        "max_model_len": 8192,
+        "dtype": "bfloat16",
+        "enable_prefix_caching": True,
+    }
+    assert cfg["deployment_config"] == {"max_ongoing_requests": 32, "num_replicas": 1}
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
+        (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--import-path", "a:b"], "--llm"),
+        (["rayservice", "--accelerator", "v6e", "--topology", "2x4", "--machine-type", "ct6e-standard-4t",
+          "--llm", "m"], "ct6e-standard-8t"),  # fmt: skip
+        (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--num-replicas", "2"],
+         "num_replicas"),  # fmt: skip
+        (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--engine-kwarg",
+          "tensor_parallel_size=4"], "16 chips"),  # fmt: skip
         (["raycluster", "--accelerator", "v6e", "--topology", "16"], "topology='16'"),
         (["raycluster", "--accelerator", "tpu-v5e", "--topology", "2x2"], "TPU-V5LITEPOD"),
         (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--env", "NOEQUALS"], "--env"),

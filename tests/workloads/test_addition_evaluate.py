@@ -46,3 +46,109 @@ def test_evaluate_refuses_a_directory_that_is_no_checkpoint(ray_local: dict[str,
 
     with pytest.raises(CheckpointError):
         evaluate.evaluate(str(tmp_path), "jax", str(tmp_path))
+
+
+def test_each_actor_holds_one_hosts_tpu_resources() -> None:
+    assert evaluate.host_resources(4, "TPU-V6E") == {
+        "num_cpus": 0,
+        "resources": {"TPU": 4, "accelerator_type:TPU-V6E": 0.001},
+    }
+    assert evaluate.host_resources(8, None) == {"num_cpus": 0, "resources": {"TPU": 8}}
+    assert evaluate.host_resources(0, "TPU-V6E") == {}  # a CPU-only cluster
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--checkpoint", "c", "--framework", "jax", "--data", "d", "--num-hosts", "0"])
+
+
+def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
+    import shlex
+
+    import jinja2
+    from airflow.sdk import DAG
+    from tpuflow.pipeline.factory import training_steps
+    from tpuflow.tpu import TpuSlice
+
+    with DAG("eval_args_test", schedule=None):
+        _, _, step = training_steps({"dashboard_url": "http://127.0.0.1:1"}, "/runs/x")
+    checked = TpuSlice.from_spec("TPU-V6E", "4x4").to_dict()
+
+    class TI:
+        def xcom_pull(self, task_ids: str) -> dict[str, Any]:
+            return {"check_params": checked, "train": {"checkpoint": "/ckpt"}}[task_ids]
+
+    command = jinja2.Template(step.entrypoint).render(params={"framework": "jax"}, ti=TI())
+    args = evaluate.parse_args(shlex.split(command)[3:])
+    assert (args.num_hosts, args.tpu_per_host, args.accelerator_type) == (4, 4, "TPU-V6E")
+    assert args.checkpoint == "/ckpt" and args.data == "/runs/x/data/heldout"
+
+
+def test_evaluation_splits_over_several_actors_and_reports_its_rate(
+    prepared: dict[str, Any], trained: dict[str, Any]
+) -> None:
+    summary, predictions = evaluate.evaluate(trained["checkpoint"], "jax", prepared["heldout_path"], num_hosts=2)
+    held = pq.read_table(prepared["heldout_path"], columns=["prompt", "answer"]).to_pydict()
+    expected = exact_match(Predictor.from_checkpoint(trained["checkpoint"]), held["prompt"], held["answer"])
+    assert summary["accuracy"] == pytest.approx(expected) and summary["num_hosts"] == 2
+    assert [p["prompt"] for p in predictions] == held["prompt"]  # order kept across the split
+    assert summary["examples_per_s"] > 0 and summary["eval_seconds"] > 0
+    print(f"evaluate: {summary['n']} examples, {summary['examples_per_s']} examples/s over {summary['num_hosts']} actors")
+
+
+@pytest.fixture(scope="module")
+def v6e_2x4_hosts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The smallest multi-host slice: v6e 2x4 as two 4-chip simulated hosts."""
+    import uuid
+
+    from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.tpu import TpuSlice
+
+    tpu = TpuSlice.from_spec("TPU-V6E", "2x4", machine_type="ct6e-standard-4t").require(ray=True)
+    cluster = LocalRayCluster.start(
+        tpu, f"ev-{uuid.uuid4().hex[:6]}", tmp_path_factory.mktemp("clusters"), head_cpus=2, host_cpus=1, adopt=False
+    )
+    try:
+        yield cluster, tpu
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
+    v6e_2x4_hosts: Any, trained: dict[str, Any], tmp_path: Path
+) -> None:
+    import shlex
+    import sys
+    import time
+
+    import pyarrow as pa
+    from addition import data
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    from tpuflow import workloads_dir
+
+    cluster, tpu = v6e_2x4_hosts
+    # The prep step's held-out rows, written without a second (in-process) Ray cluster.
+    rows = data.generate(trained["date"], "heldout", 200, num_heldout=200)
+    heldout = tmp_path / "heldout"
+    heldout.mkdir()
+    table = pa.table({k: list(rows[k]) for k in ("problem_id", "prompt", "answer")})
+    pq.write_table(table, heldout / "part-0.parquet")
+    client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.auth_headers())
+    args = [
+        "--checkpoint", trained["checkpoint"], "--framework", "jax", "--data", str(heldout),
+        "--num-hosts", str(tpu.num_hosts), "--tpu-per-host", str(tpu.logical_devices_per_host),
+        "--accelerator-type", tpu.generation.ray_accelerator_type,
+    ]  # fmt: skip
+    job = client.submit_job(
+        entrypoint=f"{shlex.quote(sys.executable)} -m addition.evaluate {shlex.join(args)}",
+        runtime_env={"working_dir": str(workloads_dir()), "env_vars": {"JAX_PLATFORMS": "cpu"}},
+    )
+    deadline = time.time() + 420
+    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.time() < deadline, f"job {job} still {status}: {client.get_job_logs(job)[-3000:]}"
+        time.sleep(1)
+    logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-4000:]
+    result = parse_result(logs)
+    assert result is not None, logs[-4000:]
+    # Each actor held a whole host's TPU, so the two actors ran on the slice's two hosts.
+    assert (result["num_hosts"], result["hosts_used"]) == (2, 2)
+    assert result["n"] == 200 and result["accuracy"] >= 0.9 and result["examples_per_s"] > 0

@@ -1,0 +1,116 @@
+"""Serve deployment settings: checked up front, and what they produce is what Ray Serve's own schema accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tpuflow.errors import UserInputError
+from tpuflow.serve.deployment_options import DeploymentOptions
+
+
+def serve_schema() -> Any:
+    from ray.serve.schema import ServeDeploySchema
+
+    return ServeDeploySchema
+
+
+def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
+    from tpuflow.pipeline.steps import SERVE_DEPLOYMENT, serve_config_for
+
+    options = {
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8},
+        "max_ongoing_requests": 32,
+        "max_queued_requests": 100,
+        "request_timeout_s": 30,
+        "max_inflight_requests": 24,
+        "graceful_shutdown_timeout_s": 5,
+    }
+    cluster = {"backend": "local", "serve_port": 18123}
+    config = serve_config_for(cluster, {"checkpoint": "/ckpt"}, "local:///w", "jax", deployment_options=options)
+    parsed = serve_schema().model_validate(config)
+    assert parsed.http_options.request_timeout_s == 30 and parsed.http_options.port == 18123
+    (deployment,) = parsed.applications[0].deployments
+    assert deployment.name == SERVE_DEPLOYMENT
+    assert (deployment.num_replicas, deployment.max_ongoing_requests, deployment.max_queued_requests) == (
+        "auto",
+        32,
+        100,
+    )
+    assert deployment.autoscaling_config["max_replicas"] == 4
+    assert deployment.user_config == {"request_timeout_s": 30, "max_inflight_requests": 24}
+
+
+def test_no_options_leave_the_config_as_before() -> None:
+    from tpuflow.pipeline.steps import serve_config_for
+
+    config = serve_config_for({"backend": "kuberay"}, {"checkpoint": "/c"}, "gs://b/w.zip", "torch")
+    assert "deployments" not in config["applications"][0] and "http_options" not in config
+    fixed = DeploymentOptions(num_replicas=2, max_ongoing_requests=64).validated()
+    assert fixed.deployment_entry("D", user_config=True) == {"name": "D", "num_replicas": 2, "max_ongoing_requests": 64}
+    assert fixed.llm_deployment_config() == {"num_replicas": 2, "max_ongoing_requests": 64}
+    assert fixed.http_options() == {} and DeploymentOptions().is_empty() and not fixed.is_empty()
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"num_replica": 2}, "deployment_options"),
+        ({"num_replicas": 0}, "deployment_options.num_replicas"),
+        ({"num_replicas": True}, "deployment_options.num_replicas"),
+        ({"num_replicas": 2, "autoscaling_config": {"max_replicas": 2}}, "deployment_options.num_replicas"),
+        ({"autoscaling_config": {"max_replica": 2}}, "deployment_options.autoscaling_config"),
+        ({"autoscaling_config": {}}, "deployment_options.autoscaling_config"),
+        (
+            {"autoscaling_config": {"min_replicas": 3, "max_replicas": 2}},
+            "deployment_options.autoscaling_config.min_replicas",
+        ),
+        (
+            {"autoscaling_config": {"max_replicas": 4, "initial_replicas": 5}},
+            "deployment_options.autoscaling_config.initial_replicas",
+        ),
+        (
+            {"autoscaling_config": {"target_ongoing_requests": 0}},
+            "deployment_options.autoscaling_config.target_ongoing_requests",
+        ),
+        ({"max_ongoing_requests": 0}, "deployment_options.max_ongoing_requests"),
+        ({"max_queued_requests": 0}, "deployment_options.max_queued_requests"),
+        ({"request_timeout_s": -1}, "deployment_options.request_timeout_s"),
+        ({"request_timeout_s": "30"}, "deployment_options.request_timeout_s"),
+        ({"max_inflight_requests": 10, "max_ongoing_requests": 5}, "deployment_options.max_inflight_requests"),
+    ],
+)
+def test_bad_settings_name_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(UserInputError) as err:
+        DeploymentOptions.from_value(options)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_replicas": 3, "max_ongoing_requests": 8, "max_queued_requests": -1},
+        {"autoscaling_config": {"min_replicas": 0, "max_replicas": 3, "downscale_delay_s": 0}},
+        {"health_check_period_s": 2, "health_check_timeout_s": 5, "graceful_shutdown_timeout_s": 1},
+    ],
+)
+def test_every_accepted_setting_is_accepted_by_ray_serve(options: dict[str, Any]) -> None:
+    from ray.serve.schema import DeploymentSchema
+
+    entry = DeploymentOptions.from_value(options).deployment_entry("D", user_config=False)
+    parsed = DeploymentSchema.model_validate(entry)
+    assert parsed.model_dump(exclude_unset=True) == entry
+
+
+def test_build_serve_config_operator_checks_static_options_at_parse_time() -> None:
+    from tpuflow.pipeline.steps import BuildServeConfigOperator
+
+    with pytest.raises(UserInputError) as err:
+        BuildServeConfigOperator(
+            task_id="cfg", cluster={}, trained={"checkpoint": "/c"}, workloads_uri="w", deployment_options={"x": 1}
+        )
+    assert err.value.field == "deployment_options"
+    templated = BuildServeConfigOperator(  # checked when the task runs
+        task_id="cfg2", cluster={}, trained={"checkpoint": "/c"}, workloads_uri="w", deployment_options="{{ params.d }}"
+    )
+    assert templated.deployment_options == "{{ params.d }}"
