@@ -75,10 +75,14 @@ def test_tpu_webhook_rejects_a_wrong_numofhosts_through_the_client(kube: KubeRay
         "denied the request: Number of workers in worker group not equal to specified topology"
     )
     assert kube.store.find(RAYCLUSTERS, NS, "bad") is None
-    ok = co.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", manifest("good"))
-    ok["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 8
-    with pytest.raises(client.ApiException) as update:
-        co.replace_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "good", ok)
+    co.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", manifest("good"))
+    for _ in range(20):  # the controller writes the object too (finalizer, status): retry on a stale version
+        ok = co.get_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "good")
+        ok["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 8
+        with pytest.raises(client.ApiException) as update:
+            co.replace_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "good", ok)
+        if update.value.status != 409:
+            break
     assert update.value.status == 400  # the webhook also guards updates
 
 
@@ -127,8 +131,15 @@ def test_the_tpu_webhook_injects_the_tpu_worker_environment(kube: KubeRayStandin
     }
     assert sorted(env["TPU_WORKER_ID"] for env in envs.values()) == ["0", "1", "2", "3"]
     assert len({env["TPU_NAME"] for env in envs.values()}) == 1  # one slice
+    # Every host of the slice, by the hostname the webhook gave its pod under the headless Service.
+    hostnames = {p["metadata"]["name"]: f"{p['spec']['hostname']}.{p['spec']['subdomain']}" for p in workers}
     for env in envs.values():
-        assert sorted(env["TPU_WORKER_HOSTNAMES"].split(",")) == sorted(envs)
+        assert sorted(env["TPU_WORKER_HOSTNAMES"].split(",")) == sorted(hostnames.values())
+    for name, env in envs.items():
+        assert env["TPU_WORKER_HOSTNAMES"].split(",")[int(env["TPU_WORKER_ID"])] == hostnames[name]
+    assert {p["spec"]["subdomain"] for p in workers} == {"rc-headless"}
+    headless = kube.store.get(SERVICES, NS, "rc-headless")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == {"ray.io/cluster": "rc"}
     head = kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=head")[0]
     assert not any(e["name"].startswith("TPU_") for e in head["spec"]["containers"][0].get("env") or [])
 
