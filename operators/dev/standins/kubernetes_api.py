@@ -851,7 +851,8 @@ class _Handler(LoopbackHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         for warning in getattr(self, "_warnings", []):
-            self.send_header("Warning", f'299 - "{warning}"'.replace("\n", " "))
+            quoted = warning.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+            self.send_header("Warning", f'299 - "{quoted}"')
         self.end_headers()
         self.wfile.write(data)
 

@@ -16,6 +16,7 @@ without the CRD files still prints them; with the files, theirs are used.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -257,9 +258,8 @@ class CrdSchemas:
         out = cls(printer_columns={k: list(v) for k, v in KUBERAY_PRINTER_COLUMNS.items()})
         if directory is None or not Path(directory).is_dir():
             return out
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         for path in sorted(Path(directory).glob("ray.io_*.yaml")):
-            crd = yaml.load(path.read_text(), Loader=loader)
+            crd = _read_crd(str(path.resolve()), path.stat().st_mtime_ns)
             plural = crd["spec"]["names"]["plural"]
             version = next((v for v in crd["spec"]["versions"] if v["name"] == "v1"), None)
             if version is None:
@@ -271,6 +271,12 @@ class CrdSchemas:
 
     def schema(self, plural: str) -> dict[str, Any] | None:
         return self.schemas.get(plural)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_crd(path: str, mtime_ns: int) -> dict[str, Any]:
+    """A CRD file, parsed once per version of the file (schemas are only read, never changed)."""
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def unknown_fields(schema: Mapping[str, Any], obj: Any, path: str = "") -> list[str]:
