@@ -296,3 +296,9 @@ def test_standins_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     proc = tpuflow("standins", "up", "--workdir", str(tmp_path), "--crds", str(tmp_path), check=False)
     assert proc.returncode == 2 and "ray.io_rayclusters.yaml" in proc.stderr and "Traceback" not in proc.stderr
     assert tpuflow("standins", "down", "--workdir", str(tmp_path)).stdout.startswith("no stand-ins running")
+
+
+def test_demo_on_the_gke_standins_refuses_keep_endpoint_in_one_line(tmp_path: Path) -> None:
+    proc = tpuflow("demo", "--backend", "gke", "--keep-endpoint", "--work-dir", str(tmp_path), check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--keep-endpoint" in proc.stderr
+    assert not (tmp_path / "gke").exists()  # refused before anything started
