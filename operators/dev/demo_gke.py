@@ -120,10 +120,12 @@ def run_gke(args: argparse.Namespace) -> int:
         left = _leftovers(stack)
     left += [f"Ray cluster {c.name} (processes still alive)" for c in started_clusters if c.is_alive()]
     total = time.time() - started
+    leftover = ", ".join(left) if left else "nothing (node pools, RayClusters, RayServices, pods, Ray processes)"
     if report is None:
         print(
             f"\ntpuflow demo: the GKE pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr
         )
+        print(f"left behind when the stand-ins stopped: {leftover}", file=sys.stderr)
         return 1
     print(f"\n=== tpuflow demo --backend gke: pipeline succeeded in {elapsed:.0f}s ({total:.0f}s with stand-ins) ===")
     print(f"outputs:            {report['output_dir']}")
@@ -133,9 +135,7 @@ def run_gke(args: argparse.Namespace) -> int:
         if key in report:
             print(f"{key.replace('_', ' ') + ':':<20}{json.dumps(report[key])}")
     print(f"Ray clusters run:   {len(started_clusters)} (training slice, RayService)")
-    print(
-        f"left behind:        {', '.join(left) if left else 'nothing (node pools, RayClusters, RayServices, pods, Ray processes)'}"
-    )
+    print(f"left behind:        {leftover}")
     return 0 if not left else 1
 
 
