@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -78,6 +79,10 @@ def run_gke(args: argparse.Namespace) -> int:
             started_clusters.append(handle.cluster)  # type: ignore[attr-defined]
             return handle
 
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the stand-ins and their Ray clusters as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, interrupted)
     stack = StandinStack(
         work / "standins",
         operation_seconds=args.operation_seconds,
