@@ -167,6 +167,27 @@ def test_a_head_that_cannot_start_reports_crashloop_and_logs(kube: KubeRayStandi
     assert any("GCS failed" in line for line in kube.store.read_log(NS, head["metadata"]["name"]))
 
 
+class FlakyLauncher(FakeRayLauncher):
+    """Fails the first launch (a head that did not boot in time), then starts."""
+
+    def launch(self, spec: Any) -> Any:
+        if not getattr(self, "failed_once", False):
+            self.failed_once = True
+            raise RuntimeError("only 0 of 1 Ray nodes joined within 90s")
+        return super().launch(spec)
+
+
+@pytest.mark.parametrize("kube", [FlakyLauncher()], indirect=True)
+def test_a_head_that_failed_to_start_is_restarted_after_a_backoff(kube: KubeRayStandin) -> None:
+    kube.controller.restart_backoff = 0.2
+    add_pool(kube, V6E)
+    kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
+    assert until(lambda: cluster_verdict(kube, "rc"), lambda v: v.ready).ready
+    head = kube.store.list(PODS, NS, "ray.io/node-type=head")[0]
+    assert head["status"]["containerStatuses"][0]["restartCount"] == 1
+    assert kube.store.list(EVENTS, NS, field_selector="reason=FailedToStartRayHead")
+
+
 def test_delete_waits_for_the_ray_processes_then_collects_pods(kube: KubeRayStandin) -> None:
     add_pool(kube, V6E)
     kube.store.create(RAYCLUSTERS, NS, manifest("rc"))

@@ -84,6 +84,7 @@ class KubeRayController(RayServiceReconciler):
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.event_interval = 5.0  # like the scheduler's backoff: repeat an event at most this often
+        self.restart_backoff = 10.0  # the kubelet's first CrashLoopBackOff delay; it doubles up to 5 minutes
         self._emitted: dict[tuple[str, ...], float] = {}
         if install_webhook and tpu_webhook not in store.admission:
             store.admission.append(tpu_webhook)
@@ -186,7 +187,8 @@ class KubeRayController(RayServiceReconciler):
         pods = self._ensure_pods(obj, groups)
         self._ensure_head_service(obj, state)
         schedulable = self._schedule(obj, pods, tpu_groups)
-        if schedulable and state.handle is None and state.launching is None and state.error is None:
+        retry = state.error is not None and time.monotonic() >= state.retry_at
+        if schedulable and state.handle is None and state.launching is None and (state.error is None or retry):
             self._launch(obj, state, tpu)
         self._update_pods(obj, state, pods, schedulable)
         self._update_cluster_status(obj, state)
@@ -346,7 +348,11 @@ class KubeRayController(RayServiceReconciler):
                 handle = self.launcher.launch(spec)
             except Exception as err:
                 state.error = f"{type(err).__name__}: {err}"
+                state.failures += 1
+                backoff = min(self.restart_backoff * 2 ** (state.failures - 1), 300.0)
+                state.retry_at = time.monotonic() + backoff
             else:
+                state.error = None
                 if state.stopping:
                     handle.stop()
                 else:
@@ -375,7 +381,8 @@ class KubeRayController(RayServiceReconciler):
                 waiting = {"reason": "ContainerCreating"}
             else:
                 waiting = None
-            self._set_pod_status(ns, pod["metadata"]["name"], running, ready, waiting)
+            restarts = state.failures if is_head else 0
+            self._set_pod_status(ns, pod["metadata"]["name"], running, ready, waiting, restarts)
             if is_head and state.error is not None:
                 self._event(obj, "Warning", "FailedToStartRayHead", f"ray start failed: {state.error.splitlines()[0]}")
                 self.store.set_log(
@@ -399,7 +406,7 @@ class KubeRayController(RayServiceReconciler):
                         self.store.set_log(ns, pod["metadata"]["name"], lines)
 
     def _set_pod_status(
-        self, ns: str, pod_name: str, running: bool, ready: bool, waiting: dict[str, str] | None
+        self, ns: str, pod_name: str, running: bool, ready: bool, waiting: dict[str, str] | None, restarts: int = 0
     ) -> None:
         transitions: list[tuple[str, str, str]] = []  # (reason, message, component) events of this change
 
@@ -436,7 +443,7 @@ class KubeRayController(RayServiceReconciler):
                     "image": c.get("image", "unknown"),
                     "imageID": "",
                     "ready": ready,
-                    "restartCount": 0,
+                    "restartCount": restarts,
                     "started": ready,
                     "state": {"running": {"startedAt": status.get("startTime", now_iso())}}
                     if waiting is None

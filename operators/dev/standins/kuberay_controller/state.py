@@ -23,6 +23,8 @@ class ClusterState:
     stopping: bool = False
     provisioned: bool = False
     last_logs: float = 0.0
+    failures: int = 0  # failed launches: the head pod's restartCount
+    retry_at: float = 0.0  # a failed head is restarted from then on, with a doubling backoff (CrashLoopBackOff)
 
 
 @dataclass
