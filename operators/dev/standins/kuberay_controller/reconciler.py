@@ -105,8 +105,11 @@ class KubeRayController(RayServiceReconciler):
         with self._lock:
             states = list(self._clusters.values())
         for state in states:
-            if state.launching is not None:
-                state.launching.join(timeout=timeout)
+            state.stopping = True  # a launch still in flight stops what it started itself
+        for state in states:
+            launching = state.launching
+            if launching is not None:
+                launching.join()  # bounded by the launcher's own timeout; never leave its processes behind
             if state.handle is not None:
                 with contextlib.suppress(Exception):
                     state.handle.stop()
