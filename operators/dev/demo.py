@@ -63,6 +63,10 @@ def _storage(output_root: str) -> Iterator[dict[str, str]]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.backend == "gke":
+        from tpuflow.dev.demo_gke import run_gke
+
+        return run_gke(args)
     work = Path(args.work_dir).resolve()
     home = work / "airflow"
     home.mkdir(parents=True, exist_ok=True)
@@ -127,5 +131,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at "
         "$STORAGE_EMULATOR_HOST (else one started for the demo); default WORK_DIR/outputs",
+    )
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=("local", "gke"),
+        help="local: tpu_llm_pipeline_local on embedded Ray; gke: tpu_llm_pipeline_gke on the GKE and Kubernetes "
+        "stand-ins (simulated KubeRay, real local Ray clusters), all stopped afterwards",
+    )
+    parser.add_argument(
+        "--operation-seconds", type=float, default=2.0, help="--backend gke: how long each node-pool operation takes"
     )
     parser.set_defaults(func=_run)

@@ -13,9 +13,10 @@ for rejected requests, ``Operation.error`` plus ``nodepoolConditions`` for faile
 GKE's wording (409 "Already exists", 429 "Too many operations: cluster ... hits the concurrent
 operations quota", "[GCE_STOCKOUT]", "Quota '...' exceeded", 403 "Required ... permission").
 
-Validation follows GKE for TPU pools: machine type vs topology, COMPACT placement with a topology
-only for multi-host slices (never on single-host ones), a workload policy (not a topology) for
-multi-host tpu7x, node count = hosts of the slice, unknown JSON fields rejected.
+Validation follows GKE for TPU pools: machine type vs topology, a tpuTopology (with or without
+``type: COMPACT``: gcloud's ``--tpu-topology`` sends the topology alone, as in the GKE tutorials) only for
+multi-host slices (never on single-host ones), multi-host tpu7x placed by a workload policy or by its
+tpuTopology alone (never COMPACT), node count = hosts of the slice, unknown JSON fields rejected.
 
 Stand-in only paths (not GKE):
 
@@ -168,11 +169,13 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
             raise _invalid(f'Machine type "{machine_type}" is not a TPU machine type; tpuTopology is not allowed.')
         return None
     fam, per_vm = tpu
-    if topology and fam.workload_policy:
+    if topology and fam.workload_policy and ptype == "COMPACT":
         raise _invalid(
-            f"tpuTopology is not supported for {machine_type}: multi-host {fam.generation} node pools are placed with a "
-            "workload policy (placementPolicy.policyName)."
+            f"Placement policy COMPACT is not supported for {machine_type}: multi-host {fam.generation} node pools are "
+            "placed with a workload policy (placementPolicy.policyName) or by tpuTopology alone."
         )
+    if topology and policy:
+        raise _invalid("placementPolicy.tpuTopology and placementPolicy.policyName cannot both be set.")
     if policy and not fam.workload_policy:
         raise _invalid(
             f"placementPolicy.policyName is not supported for {machine_type}; use type COMPACT with tpuTopology."
@@ -204,8 +207,6 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
             f'Machine type "{machine_type}" cannot form TPU topology {topology}: a multi-host slice runs on '
             f"{fam.family}-{MULTI_HOST_CHIPS_PER_VM}t VMs."
         )
-    if not policy and ptype != "COMPACT":
-        raise _invalid("Multi-host TPU slice node pools need placementPolicy.type COMPACT with tpuTopology.")
     hosts = chips // per_vm
     if ceiling != hosts:
         raise _invalid(

@@ -57,6 +57,7 @@ class TpuMachineFamily:
     dims: int
     topologies: frozenset[str]
     workload_policy: bool = False  # multi-host pools: placementPolicy.policyName, not tpuTopology
+    cores_per_chip: int = 1  # TPU devices a chip presents (Ironwood: 2 chiplets)
 
     @property
     def generation(self) -> str:
@@ -86,6 +87,7 @@ FAMILIES: tuple[TpuMachineFamily, ...] = (
         3,
         _SMALL_CUBES | {"4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"},
         workload_policy=True,
+        cores_per_chip=2,
     ),
 )
 

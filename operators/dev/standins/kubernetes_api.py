@@ -1,13 +1,20 @@
-"""A loopback Kubernetes API server for the paths tpuflow's KubeRay operators use.
+"""A loopback Kubernetes API server for the paths tpuflow's KubeRay operators and kubectl use.
 
 The real `kubernetes` / `kubernetes_asyncio` clients (and so Airflow's KubernetesHook and
-AsyncKubernetesHook) talk to it over HTTP through an ordinary kubeconfig. It serves:
+AsyncKubernetesHook) and kubectl talk to it over HTTPS (a throw-away CA, see tls.py, written into the
+kubeconfig with the bearer token) through an ordinary kubeconfig. It serves:
 
-- discovery: /version, /api, /api/v1, /apis, /apis/ray.io/v1, /healthz
-- ray.io/v1 rayclusters, rayservices, rayjobs: GET (one / list, labelSelector, fieldSelector), POST
-  (dryRun=All supported), PUT, PATCH (merge-patch, JSON patch), DELETE; `/status` subresource
+- discovery: /version, /api, /api/v1, /apis, /apis/ray.io/v1 (short names, categories, verbs),
+  /healthz; OpenAPI v3 (/openapi/v3: paths, the fieldValidation parameter, the CRD schemas)
+- ray.io/v1 rayclusters, rayservices, rayjobs: GET (one / list, labelSelector, fieldSelector,
+  ``watch=true`` streams from a resourceVersion, with bookmarks), POST (dryRun=All supported), PUT,
+  PATCH (merge-patch, JSON patch, server-side apply: create or update, per field manager), DELETE;
+  `/status` subresource; tables (``Accept: ...;as=Table``) with the CRDs' additionalPrinterColumns
 - core/v1 pods (+ `/log` with tailLines), services, events (fieldSelector involvedObject.name=...),
-  namespaces (any name exists)
+  secrets, configmaps, namespaces (any name exists), with the core printers' table columns
+- field validation as the apiserver does it when CRD schemas are given (kubernetes_catalog): unknown
+  fields pruned with a Warning header, refused with ``fieldValidation=Strict`` (what kubectl sends);
+  schema violations 422 Invalid
 
 Objects get uid, creationTimestamp, resourceVersion and generation (bumped on spec changes); a stale
 resourceVersion on update is 409 Conflict, a duplicate create 409 AlreadyExists, a missing object 404
@@ -15,11 +22,14 @@ NotFound, all as Kubernetes Status objects. Status is a subresource (ignored on 
 main resource). DELETE honours finalizers (deletionTimestamp first) and garbage-collects objects whose
 ownerReferences point at a removed owner. Admission hooks (e.g. the GKE TPU webhook in
 kuberay_controller) can deny a request with the apiserver's "admission webhook ... denied" message.
-No watch, no TLS: this is a test and demo stand-in bound to 127.0.0.1.
+This is a test and demo stand-in bound to 127.0.0.1; ``kubectl port-forward`` (SPDY/WebSocket
+streams) is not served: every Service reads 127.0.0.1 with the live local port, which is what a
+port-forward gives on GKE.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import re
@@ -28,14 +38,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+from tpuflow.dev.standins import kubernetes_catalog as catalog
 from tpuflow.dev.standins.loopback_http import LoopbackHandler, LoopbackServer
+from tpuflow.dev.standins.tls import LoopbackTls
 
 # --- resource types -------------------------------------------------------------------------------
 
@@ -49,21 +61,30 @@ class ResourceType:
     namespaced: bool = True
     has_status: bool = True
     has_generation: bool = False
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    @property
+    def resource(self) -> str:
+        """plural.group as the apiserver names it in messages ("rayclusters.ray.io", "pods")."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
 
 RAY_TYPES = {
-    p: ResourceType("ray.io", "v1", p, k, has_generation=True)
+    p: ResourceType("ray.io", "v1", p, k, has_generation=True, categories=("all",))
     for p, k in (("rayclusters", "RayCluster"), ("rayservices", "RayService"), ("rayjobs", "RayJob"))
 }
 CORE_TYPES = {
-    "pods": ResourceType("", "v1", "pods", "Pod"),
-    "services": ResourceType("", "v1", "services", "Service"),
-    "events": ResourceType("", "v1", "events", "Event", has_status=False),
-    "namespaces": ResourceType("", "v1", "namespaces", "Namespace", namespaced=False),
+    "pods": ResourceType("", "v1", "pods", "Pod", short_names=("po",), categories=("all",)),
+    "services": ResourceType("", "v1", "services", "Service", short_names=("svc",), categories=("all",)),
+    "events": ResourceType("", "v1", "events", "Event", has_status=False, short_names=("ev",)),
+    "namespaces": ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, short_names=("ns",)),
+    "secrets": ResourceType("", "v1", "secrets", "Secret", has_status=False),
+    "configmaps": ResourceType("", "v1", "configmaps", "ConfigMap", has_status=False, short_names=("cm",)),
 }
 RAYCLUSTERS, RAYSERVICES = RAY_TYPES["rayclusters"], RAY_TYPES["rayservices"]
 PODS, SERVICES, EVENTS = CORE_TYPES["pods"], CORE_TYPES["services"], CORE_TYPES["events"]
@@ -115,6 +136,17 @@ def admission_denied(webhook: str, message: str, code: int = 400) -> ApiError:
 
 # operation ("CREATE"/"UPDATE"), resource type, new object, old object (None on CREATE)
 AdmissionHook = Callable[[str, ResourceType, dict[str, Any], dict[str, Any] | None], None]
+
+
+@dataclass
+class FieldValidation:
+    """One API request's field validation: the directive (Strict | Warn | Ignore) and the warnings it gave."""
+
+    directive: str = "Warn"
+    warnings: list[str] = field(default_factory=list)
+
+
+WATCH_HISTORY = 10000  # events kept for watches that resume from a resourceVersion
 
 
 # --- selectors and patches ---------------------------------------------------------------------------
@@ -194,6 +226,19 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _drop_removed(target: Any, previous: Any, applied: Any) -> Any:
+    """Remove from `target` what a manager applied before (`previous`) and no longer applies (`applied`)."""
+    if not isinstance(target, dict) or not isinstance(previous, Mapping):
+        return target
+    now = applied if isinstance(applied, Mapping) else {}
+    for key, value in previous.items():
+        if key not in now:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _drop_removed(target[key], value, now[key])
+    return target
+
+
 def _pointer(path: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")] if path else []
 
@@ -261,16 +306,75 @@ class ObjectStore:
         self._rv = 0
         self._logs: dict[tuple[str, str], list[str]] = {}
         self.admission: list[AdmissionHook] = []
+        self.crds = catalog.CrdSchemas.load(None)
+        # (resourceVersion, event type, key, object): what watches stream
+        self._history: collections.deque[tuple[int, str, tuple[str, str, str, str], dict[str, Any]]] = (
+            collections.deque(maxlen=WATCH_HISTORY)
+        )
+        self._applied: dict[tuple[tuple[str, str, str, str], str], dict[str, Any]] = {}
 
     # --- helpers ---
     @staticmethod
     def _key(rtype: ResourceType, namespace: str | None, name: str) -> tuple[str, str, str, str]:
         return (rtype.group, rtype.plural, (namespace or "") if rtype.namespaced else "", name)
 
-    def _bump(self, obj: dict[str, Any]) -> None:
+    def _bump(self, obj: dict[str, Any], event: str = "MODIFIED") -> None:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
+        meta = obj["metadata"]
+        key = (obj.get("apiVersion", "").rpartition("/")[0], "", meta.get("namespace", ""), meta.get("name", ""))
+        self._history.append((self._rv, event, key, copy.deepcopy(obj)))
         self.changed.notify_all()
+
+    def events_since(
+        self, rtype: ResourceType, namespace: str | None, since: int
+    ) -> list[tuple[int, str, dict[str, Any]]] | None:
+        """Watch events of `rtype` after resourceVersion `since`; None when that version is no longer kept."""
+        with self._lock:
+            if self._history and since < self._history[0][0] - 1 and len(self._history) == WATCH_HISTORY:
+                return None
+            return [
+                (rv, event, copy.deepcopy(obj))
+                for rv, event, _, obj in self._history
+                if rv > since
+                and obj.get("kind") == rtype.kind
+                and obj.get("apiVersion") == rtype.api_version
+                and (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace)
+            ]
+
+    def _check_fields(
+        self, rtype: ResourceType, obj: dict[str, Any], validation: FieldValidation | None, operation: str
+    ) -> None:
+        """Field validation of an API request against the CRD schema (pruning, Strict, 422), as the apiserver does."""
+        schema = self.crds.schema(rtype.plural) if rtype.group else None
+        if validation is None or schema is None:
+            return
+        unknown = catalog.unknown_fields(schema, obj)
+        if unknown and validation.directive == "Strict":
+            listed = ", ".join(f'unknown field "{u}"' for u in unknown)
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: strict decoding '
+                f"error: {listed}",
+            )
+        if unknown:
+            if validation.directive == "Warn":
+                validation.warnings += [f'unknown field "{u}"' for u in unknown]
+            catalog.prune(schema, obj)
+        body = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+        catalog.apply_defaults(schema, body)
+        obj.update(body)
+        causes = catalog.schema_violations(schema, obj)
+        if causes:
+            name = (obj.get("metadata") or {}).get("name", "")
+            text = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{rtype.kind}.{rtype.group} "{name}" is invalid: {text if len(causes) == 1 else "[" + text + "]"}',
+                {"name": name, "group": rtype.group, "kind": rtype.kind, "causes": causes},
+            )
 
     @property
     def resource_version(self) -> int:
@@ -294,6 +398,7 @@ class ObjectStore:
         *,
         dry_run: bool = False,
         admit: bool = True,
+        validation: FieldValidation | None = None,
     ) -> dict[str, Any]:
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {}) or {}
@@ -320,6 +425,7 @@ class ObjectStore:
         obj.setdefault("kind", rtype.kind)
         if rtype.has_status and rtype.group:
             obj.pop("status", None)  # status is a subresource for custom resources
+        self._check_fields(rtype, obj, validation, "CREATE")
         if rtype.group:
             apply_crd_defaults(obj.get("spec"))
         with self._lock:
@@ -341,7 +447,7 @@ class ObjectStore:
             if dry_run:
                 return copy.deepcopy(obj)
             self._objects[key] = obj
-            self._bump(obj)
+            self._bump(obj, "ADDED")
             return copy.deepcopy(obj)
 
     def get(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
@@ -385,6 +491,8 @@ class ObjectStore:
         *,
         subresource: str | None = None,
         admit: bool = True,
+        validation: FieldValidation | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         with self._lock:
             key = self._key(rtype, namespace, name)
@@ -425,12 +533,15 @@ class ObjectStore:
                         new["status"] = copy.deepcopy(old["status"])
                     else:
                         new.pop("status", None)
+                self._check_fields(rtype, new, validation, "UPDATE")
                 if rtype.group:
                     apply_crd_defaults(new.get("spec"))
                 if rtype.has_generation and new.get("spec") != old.get("spec"):
                     meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
                 if admit:
                     self._admit("UPDATE", rtype, new, old)
+            if dry_run:
+                return copy.deepcopy(new)
             self._objects[key] = new
             self._bump(new)
             self._collect_if_released(rtype, key)
@@ -445,7 +556,21 @@ class ObjectStore:
         content_type: str,
         *,
         subresource: str | None = None,
+        validation: FieldValidation | None = None,
+        field_manager: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
+        if "apply-patch" in content_type:
+            return self.apply(
+                rtype,
+                namespace,
+                name,
+                patch,
+                field_manager or "",
+                validation=validation,
+                dry_run=dry_run,
+                subresource=subresource,
+            )
         with self._lock:
             current = self.get(rtype, namespace, name)
             if "json-patch" in content_type:
@@ -459,7 +584,74 @@ class ObjectStore:
             # Only a resourceVersion the patch itself carries is a precondition.
             sent = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, Mapping) else None
             patched.setdefault("metadata", {})["resourceVersion"] = sent
-            return self.replace(rtype, namespace, name, patched, subresource=subresource)
+            return self.replace(
+                rtype, namespace, name, patched, subresource=subresource, validation=validation, dry_run=dry_run
+            )
+
+    def apply(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        config: Any,
+        field_manager: str,
+        *,
+        validation: FieldValidation | None = None,
+        dry_run: bool = False,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """Server-side apply: create the object, or merge the manager's configuration into it; fields the
+        same manager applied before and left out now are removed. Lists are replaced as a whole (atomic)."""
+        if not field_manager:
+            raise ApiError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+            )
+        if not isinstance(config, Mapping):
+            raise ApiError(400, "BadRequest", "an apply patch is a YAML or JSON object")
+        meta = dict(config.get("metadata") or {})
+        if meta.get("name") and meta["name"] != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+        stamp = now_iso()
+        entry = {
+            "manager": field_manager,
+            "operation": "Apply",
+            "apiVersion": rtype.api_version,
+            "time": stamp,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {},
+        }
+        with self._lock:
+            key = self._key(rtype, namespace, name)
+            current = self._objects.get(key)
+            applied = copy.deepcopy(dict(config))
+            if current is None:
+                if subresource:
+                    raise not_found(rtype, name)
+                body = copy.deepcopy(applied)
+                body.setdefault("metadata", {})["name"] = name
+                body["metadata"]["managedFields"] = [entry]
+                created = self.create(rtype, namespace, body, dry_run=dry_run, validation=validation)
+                if not dry_run:
+                    self._applied[(key, field_manager)] = applied
+                return created
+            previous = self._applied.get((key, field_manager), {})
+            merged = _drop_removed(copy.deepcopy(current), previous, applied)
+            merged = merge_patch(merged, applied)
+            if subresource == "status":
+                merged = {**copy.deepcopy(current), "status": merged.get("status") or {}}
+            others = [
+                m for m in merged.get("metadata", {}).get("managedFields") or [] if m.get("manager") != field_manager
+            ]
+            merged["metadata"]["managedFields"] = [*others, entry]
+            merged["metadata"]["resourceVersion"] = None
+            result = self.replace(
+                rtype, namespace, name, merged, subresource=subresource, validation=validation, dry_run=dry_run
+            )
+            if not dry_run:
+                self._applied[(key, field_manager)] = applied
+            return result
 
     def delete(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         with self._lock:
@@ -518,6 +710,10 @@ class ObjectStore:
     def _remove(self, key: tuple[str, str, str, str]) -> None:
         obj = self._objects.pop(key)
         self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append((self._rv, "DELETED", key, copy.deepcopy(obj)))
+        for applied in [k for k in self._applied if k[0] == key]:
+            del self._applied[applied]
         self.changed.notify_all()
         uid = obj["metadata"].get("uid")
         if key[1] == "pods":
@@ -601,16 +797,18 @@ _GROUP_ALL = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/(?P<plural>
 def _resource_list(group_version: str, types: Iterable[ResourceType]) -> dict[str, Any]:
     resources = []
     for t in types:
-        verbs = ["get", "list", "create", "update", "patch", "delete"]
-        resources.append(
-            {
-                "name": t.plural,
-                "singularName": t.kind.lower(),
-                "namespaced": t.namespaced,
-                "kind": t.kind,
-                "verbs": verbs,
-            }
-        )
+        entry: dict[str, Any] = {
+            "name": t.plural,
+            "singularName": t.kind.lower(),
+            "namespaced": t.namespaced,
+            "kind": t.kind,
+            "verbs": list(catalog.VERBS),
+        }
+        if t.short_names:
+            entry["shortNames"] = list(t.short_names)
+        if t.categories:
+            entry["categories"] = list(t.categories)
+        resources.append(entry)
         if t.has_status:
             resources.append(
                 {
@@ -635,10 +833,28 @@ def _yaml_body(raw: bytes, err: ValueError) -> Any:
         raise ApiError(400, "BadRequest", f"request body is not JSON: {yaml_err}") from err
 
 
+_GROUP_VERSIONS = {"api/v1": ("v1", CORE_TYPES), "apis/ray.io/v1": ("ray.io/v1", RAY_TYPES)}
+_STREAMED = (0, None, "")  # _route's answer when the handler already streamed the response (watch)
+
+
+def _partial(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata") or {}}
+
+
 class _Handler(LoopbackHandler):
     # --- plumbing ---
     def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
-        self.send_body(code, body, content_type)
+        data = (
+            body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        )
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for warning in getattr(self, "_warnings", []):
+            quoted = warning.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+            self.send_header("Warning", f'299 - "{quoted}"')
+        self.end_headers()
+        self.wfile.write(data)
 
     def _body(self) -> Any:
         return self.parse_body(_yaml_body)
@@ -646,6 +862,7 @@ class _Handler(LoopbackHandler):
     def _handle(self) -> None:
         started = time.monotonic()
         code = 500
+        self._warnings: list[str] = []
         try:
             split = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
@@ -658,10 +875,15 @@ class _Handler(LoopbackHandler):
             ):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             code, payload, ctype = self._route(split.path.rstrip("/") or "/", query, body)
-            self._send(code, payload, ctype)
+            if code:
+                self._send(code, payload, ctype)
+            else:
+                code = 200
         except ApiError as err:
             code = err.code
             self._send(err.code, err.body())
+        except (BrokenPipeError, ConnectionResetError):
+            code = 499  # the client went away (a watch that was stopped)
         except Exception as err:  # a bug in the stand-in: answer like a broken apiserver would
             code = 500
             self._send(500, ApiError(500, "InternalError", f"stand-in error: {type(err).__name__}: {err}").body())
@@ -719,6 +941,8 @@ class _Handler(LoopbackHandler):
             )
         if method == "GET" and path == "/apis/ray.io/v1":
             return 200, _resource_list("ray.io/v1", RAY_TYPES.values()), "application/json"
+        if method == "GET" and path.startswith("/openapi/"):
+            return self._openapi(store, path)
 
         m = _GROUP_NS.match(path) or _CORE_NS.match(path)
         if m:
@@ -733,9 +957,30 @@ class _Handler(LoopbackHandler):
         if m:
             rtype = self._rtype("", "v1", m["plural"])
             if rtype.plural == "namespaces":
-                return self._namespace(m["name"])
+                return self._namespace(m["name"], query)
             return self._resource(store, rtype, None, m["name"], None, query, body)
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
+
+    def _openapi(self, store: ObjectStore, path: str) -> tuple[int, Any, str]:
+        docs = {
+            gv: catalog.openapi_v3_document(name, types.values(), store.crds)
+            for gv, (name, types) in _GROUP_VERSIONS.items()
+        }
+        if path == "/openapi/v3":
+            return (
+                200,
+                {
+                    "paths": {
+                        gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={catalog.document_hash(doc)}"}
+                        for gv, doc in docs.items()
+                    }
+                },
+                "application/json",
+            )
+        doc = docs.get(path.removeprefix("/openapi/v3/"))
+        if doc is None:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        return 200, doc, "application/json"
 
     @staticmethod
     def _rtype(group: str, version: str, plural: str) -> ResourceType:
@@ -749,21 +994,56 @@ class _Handler(LoopbackHandler):
             )
         return rtype
 
-    def _namespace(self, name: str | None) -> tuple[int, Any, str]:
+    def _namespace(self, name: str | None, query: dict[str, str]) -> tuple[int, Any, str]:
         if self.command != "GET":
             raise ApiError(405, "MethodNotAllowed", "the stand-in has every namespace already")
 
         def ns(n: str) -> dict[str, Any]:
-            return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}, "status": {"phase": "Active"}}
+            return {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": n, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "status": {"phase": "Active"},
+            }
 
+        items = [ns(name)] if name else [ns("default")]
+        if self._wants_table():
+            return 200, self._table(CORE_TYPES["namespaces"], items, "1", query), "application/json"
         if name:
-            return 200, ns(name), "application/json"
-        return (
-            200,
-            {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": [ns("default")]},
-            "application/json",
-        )
+            return 200, items[0], "application/json"
+        return 200, {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": items}, "application/json"
 
+    # --- tables ---
+    def _wants_table(self) -> bool:
+        return "as=Table" in (self.headers.get("Accept") or "")
+
+    def _table(
+        self, rtype: ResourceType, items: list[dict[str, Any]], rv: str, query: dict[str, str], columns: bool = True
+    ) -> dict[str, Any]:
+        store = self.server.standin.store
+        include = query.get("includeObject", "Metadata")
+        if rtype.group:
+            printer = store.crds.printer_columns.get(rtype.plural) or []
+            definitions = catalog.custom_table_columns(printer)
+            rows = [catalog.custom_table_cells(printer, obj) for obj in items]
+        else:
+            definitions = catalog.core_table_columns(rtype.plural)
+            rows = [catalog.core_table_cells(rtype.plural, obj) for obj in items]
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": rv},
+            "columnDefinitions": definitions if columns else [],
+            "rows": [
+                {
+                    "cells": cells,
+                    **({} if include == "None" else {"object": obj if include == "Object" else _partial(obj)}),
+                }
+                for cells, obj in zip(rows, items, strict=True)
+            ],
+        }
+
+    # --- resources ---
     def _resource(
         self,
         store: ObjectStore,
@@ -775,19 +1055,44 @@ class _Handler(LoopbackHandler):
         body: Any,
     ) -> tuple[int, Any, str]:
         method = self.command
-        if query.get("watch") in ("true", "1"):
-            raise ApiError(400, "BadRequest", "watch is not supported by the tpuflow Kubernetes stand-in; poll instead")
         if sub not in (None, "status", "log") or (sub == "log" and rtype.plural != "pods"):
             raise ApiError(404, "NotFound", f"no subresource {sub!r} on {rtype.plural}")
+        if method == "GET" and query.get("watch") in ("true", "1"):
+            self._watch(store, rtype, ns, name, query)
+            return _STREAMED
+        dry_run = query.get("dryRun") == "All"
+        validation = FieldValidation(query.get("fieldValidation") or "Warn")
+        try:
+            return self._verb(store, rtype, ns, name, sub, query, body, dry_run, validation)
+        finally:
+            self._warnings = validation.warnings
+
+    def _verb(
+        self,
+        store: ObjectStore,
+        rtype: ResourceType,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
+        body: Any,
+        dry_run: bool,
+        validation: FieldValidation,
+    ) -> tuple[int, Any, str]:
+        method = self.command
         if name is None:
             if method == "GET":
-                items = store.list(rtype, ns, query.get("labelSelector"), query.get("fieldSelector"))
+                with store._lock:
+                    rv = str(store.resource_version)
+                    items = store.list(rtype, ns, query.get("labelSelector"), query.get("fieldSelector"))
+                if self._wants_table():
+                    return 200, self._table(rtype, items, rv, query), "application/json"
                 return (
                     200,
                     {
                         "kind": f"{rtype.kind}List",
                         "apiVersion": rtype.api_version,
-                        "metadata": {"resourceVersion": str(store.resource_version)},
+                        "metadata": {"resourceVersion": rv},
                         "items": items,
                     },
                     "application/json",
@@ -795,23 +1100,109 @@ class _Handler(LoopbackHandler):
             if method == "POST" and ns is not None:
                 if not isinstance(body, Mapping):
                     raise ApiError(400, "BadRequest", "the request body must be an object")
-                obj = store.create(rtype, ns, body, dry_run=query.get("dryRun") == "All")
+                obj = store.create(rtype, ns, body, dry_run=dry_run, validation=validation)
                 return 201, obj, "application/json"
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection here")
         if sub == "log":
             return self._log(store, ns or "default", name, query)
         if method == "GET":
-            return 200, store.get(rtype, ns, name), "application/json"
+            obj = store.get(rtype, ns, name)
+            if self._wants_table():
+                return (
+                    200,
+                    self._table(rtype, [obj], obj["metadata"].get("resourceVersion", ""), query),
+                    "application/json",
+                )
+            return 200, obj, "application/json"
         if method == "PUT":
             if not isinstance(body, Mapping):
                 raise ApiError(400, "BadRequest", "the request body must be an object")
-            return 200, store.replace(rtype, ns, name, body, subresource=sub), "application/json"
+            obj = store.replace(rtype, ns, name, body, subresource=sub, validation=validation, dry_run=dry_run)
+            return 200, obj, "application/json"
         if method == "PATCH":
             ctype = self.headers.get("Content-Type", "application/merge-patch+json")
-            return 200, store.patch(rtype, ns, name, body, ctype, subresource=sub), "application/json"
+            existed = store.find(rtype, ns, name) is not None
+            obj = store.patch(
+                rtype,
+                ns,
+                name,
+                body,
+                ctype,
+                subresource=sub,
+                validation=validation,
+                field_manager=query.get("fieldManager"),
+                dry_run=dry_run,
+            )
+            return (200 if existed else 201), obj, "application/json"
         if method == "DELETE":
+            if dry_run:
+                return 200, store.get(rtype, ns, name), "application/json"
             return 200, store.delete(rtype, ns, name), "application/json"
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    def _watch(
+        self, store: ObjectStore, rtype: ResourceType, ns: str | None, name: str | None, query: dict[str, str]
+    ) -> None:
+        """Stream watch events (chunked JSON lines) until timeoutSeconds, the client leaves or the stand-in stops."""
+        labels = query.get("labelSelector")
+        fields = ",".join(f for f in (query.get("fieldSelector"), f"metadata.name={name}" if name else "") if f)
+        rv_text = query.get("resourceVersion") or ""
+        if rv_text not in ("", "0") and not rv_text.isdigit():
+            raise ApiError(400, "BadRequest", f'invalid resource version "{rv_text}"')
+        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds", "").isdigit() else 1800.0
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        table = self._wants_table()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        first = [True]
+
+        def emit(event: str, obj: dict[str, Any]) -> None:
+            if table and event in ("ADDED", "MODIFIED", "DELETED"):
+                obj = self._table(rtype, [obj], obj["metadata"].get("resourceVersion", ""), query, columns=first[0])
+                first[0] = False
+            data = json.dumps({"type": event, "object": obj}).encode() + b"\n"
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def gone() -> None:
+            emit("ERROR", ApiError(410, "Expired", f"too old resource version: {rv_text}").body())
+
+        with store._lock:
+            seen = store.resource_version
+            since = int(rv_text) if rv_text not in ("", "0") else seen
+            if rv_text in ("", "0"):
+                for obj in store.list(rtype, ns, labels, fields):
+                    emit("ADDED", obj)
+        deadline = time.monotonic() + timeout
+        last_bookmark = time.monotonic()
+        stopping = self.server.standin.stopping
+        while time.monotonic() < deadline and not stopping.is_set():
+            events = store.events_since(rtype, ns, since)
+            if events is None:
+                gone()
+                break
+            for rv, event, obj in events:
+                since = rv
+                if matches_label_selector((obj.get("metadata") or {}).get("labels") or {}, labels) and (
+                    matches_field_selector(obj, fields)
+                ):
+                    emit(event, obj)
+            if bookmarks and time.monotonic() - last_bookmark > 5:
+                last_bookmark = time.monotonic()
+                emit(
+                    "BOOKMARK",
+                    {
+                        "kind": rtype.kind,
+                        "apiVersion": rtype.api_version,
+                        "metadata": {"resourceVersion": str(max(since, store.resource_version))},
+                    },
+                )
+            seen = store.wait_for_change(seen, min(1.0, max(deadline - time.monotonic(), 0.0)))
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self.close_connection = True
 
     def _log(self, store: ObjectStore, ns: str, name: str, query: dict[str, str]) -> tuple[int, Any, str]:
         pod = store.get(PODS, ns, name)
@@ -829,21 +1220,40 @@ class _Handler(LoopbackHandler):
 
 
 class KubernetesApiStandin:
-    """The loopback API server. `with KubernetesApiStandin() as api: api.write_kubeconfig(path)`."""
+    """The loopback API server. `with KubernetesApiStandin() as api: api.write_kubeconfig(path)`.
+
+    HTTPS with a CA generated at start (``tls=False``: plain HTTP, for callers that want it); ``crds``: a
+    directory of KubeRay's ``ray.io_<plural>.yaml`` CRDs for OpenAPI schemas and field validation.
+    """
 
     def __init__(
-        self, *, store: ObjectStore | None = None, token: str | None = None, require_token: bool = True, port: int = 0
+        self,
+        *,
+        store: ObjectStore | None = None,
+        token: str | None = None,
+        require_token: bool = True,
+        port: int = 0,
+        tls: bool = True,
+        crds: str | Path | None = None,
     ) -> None:
         self.store = store or ObjectStore()
+        if crds is not None:
+            self.store.crds = catalog.CrdSchemas.load(crds)
         self.token = (token or secrets.token_hex(16)) if require_token else None
         self.requests: list[tuple[str, str, int, float]] = []
-        self._http = LoopbackServer(_Handler, self, port=port, name="k8s-standin")
+        self.tls = LoopbackTls.generate() if tls else None
+        self.stopping = threading.Event()
+        self._http = LoopbackServer(
+            _Handler, self, port=port, name="k8s-standin", tls=self.tls.server_context() if self.tls else None
+        )
 
     def start(self) -> KubernetesApiStandin:
+        self.stopping.clear()
         self._http.start()
         return self
 
     def stop(self) -> None:
+        self.stopping.set()  # ends open watches
         self._http.stop()
 
     def __enter__(self) -> KubernetesApiStandin:
@@ -863,11 +1273,14 @@ class KubernetesApiStandin:
     # --- how clients find it ---
     def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         user: dict[str, Any] = {"token": self.token} if self.token else {}
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls is not None:
+            cluster["certificate-authority-data"] = self.tls.ca_data
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "preferences": {},
-            "clusters": [{"name": "tpuflow-standin", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "tpuflow-standin", "cluster": cluster}],
             "users": [{"name": "tpuflow-standin", "user": user}],
             "contexts": [
                 {
@@ -877,6 +1290,18 @@ class KubernetesApiStandin:
             ],
             "current-context": "tpuflow-standin",
         }
+
+    def ssl_context(self) -> Any:
+        """An ssl.SSLContext trusting the stand-in's CA (for urllib); None over plain HTTP."""
+        return self.tls.client_context() if self.tls is not None else None
+
+    def write_ca(self, path: str | Path) -> Path | None:
+        """The CA certificate as a PEM file (kubernetes.client.Configuration.ssl_ca_cert); None over HTTP."""
+        if self.tls is None:
+            return None
+        target = Path(path)
+        target.write_bytes(self.tls.ca_pem)
+        return target
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         target = Path(path)

@@ -1,7 +1,8 @@
 """The stand-ins' HTTP plumbing, once: a threaded server on a loopback port and a JSON request handler.
 
 ``LoopbackServer`` starts a ``ThreadingHTTPServer`` in a daemon thread (port 0: a free one) with the
-stand-in object reachable from the handler as ``self.server.standin``, and stops it again.
+stand-in object reachable from the handler as ``self.server.standin``, and stops it again; given an
+``ssl.SSLContext`` it serves HTTPS (the handshake runs in each connection's thread).
 ``LoopbackHandler`` answers in HTTP/1.1 with a Content-Length, keeps quiet in the log, and reads a
 request body as JSON (``parse_body`` turns anything else into the stand-in's own error).
 """
@@ -9,6 +10,7 @@ request body as JSON (``parse_body`` turns anything else into the stand-in's own
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +23,16 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     standin: Any
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake runs in the request's own thread: a silent client cannot stall accept().
+        if self.tls is not None:
+            request = self.tls.wrap_socket(request, server_side=True)
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hung up or failed the handshake; the stand-in keeps serving
 
 
 class LoopbackHandler(BaseHTTPRequestHandler):
@@ -66,8 +78,9 @@ class LoopbackServer:
         host: str = LOOPBACK,
         port: int = 0,
         name: str = "standin-http",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.handler, self.standin, self.host, self.name = handler, standin, host, name
+        self.handler, self.standin, self.host, self.name, self.tls = handler, standin, host, name, tls
         self._port = port
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -80,6 +93,7 @@ class LoopbackServer:
         if self._server is None:
             server = _Server((self.host, self._port), self.handler)
             server.standin = self.standin
+            server.tls = self.tls
             self._server = server
             self._thread = threading.Thread(
                 target=server.serve_forever, kwargs={"poll_interval": 0.1}, name=self.name, daemon=True
@@ -106,4 +120,5 @@ class LoopbackServer:
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError("the stand-in is not running")
-        return f"http://{self._server.server_address[0]}:{self._server.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self._server.server_address[0]}:{self._server.server_address[1]}"

@@ -142,7 +142,10 @@ def test_discovery_and_auth(api: Any, tmp_path: Path) -> None:
     groups = client.ApisApi(api_client).get_api_versions().groups
     assert [g.name for g in groups] == ["ray.io"]
     assert client.VersionApi(api_client).get_code().git_version.startswith("v1.")
-    unauthenticated = client.ApiClient(client.Configuration(host=standin.url))
+    assert standin.url.startswith("https://127.0.0.1:")  # kubectl sends a bearer token only over TLS
+    anonymous = client.Configuration(host=standin.url)
+    anonymous.ssl_ca_cert = str(standin.write_ca(tmp_path / "ca.pem"))
+    unauthenticated = client.ApiClient(anonymous)
     with pytest.raises(client.ApiException) as denied:
         client.CoreV1Api(unauthenticated).list_namespaced_pod(NS)
     assert denied.value.status == 401

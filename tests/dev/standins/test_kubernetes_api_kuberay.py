@@ -75,10 +75,14 @@ def test_tpu_webhook_rejects_a_wrong_numofhosts_through_the_client(kube: KubeRay
         "denied the request: Number of workers in worker group not equal to specified topology"
     )
     assert kube.store.find(RAYCLUSTERS, NS, "bad") is None
-    ok = co.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", manifest("good"))
-    ok["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 8
-    with pytest.raises(client.ApiException) as update:
-        co.replace_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "good", ok)
+    co.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", manifest("good"))
+    for _ in range(20):  # the controller writes the object too (finalizer, status): retry on a stale version
+        ok = co.get_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "good")
+        ok["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 8
+        with pytest.raises(client.ApiException) as update:
+            co.replace_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", "good", ok)
+        if update.value.status != 409:
+            break
     assert update.value.status == 400  # the webhook also guards updates
 
 
@@ -127,8 +131,15 @@ def test_the_tpu_webhook_injects_the_tpu_worker_environment(kube: KubeRayStandin
     }
     assert sorted(env["TPU_WORKER_ID"] for env in envs.values()) == ["0", "1", "2", "3"]
     assert len({env["TPU_NAME"] for env in envs.values()}) == 1  # one slice
+    # Every host of the slice, by the hostname the webhook gave its pod under the headless Service.
+    hostnames = {p["metadata"]["name"]: f"{p['spec']['hostname']}.{p['spec']['subdomain']}" for p in workers}
     for env in envs.values():
-        assert sorted(env["TPU_WORKER_HOSTNAMES"].split(",")) == sorted(envs)
+        assert sorted(env["TPU_WORKER_HOSTNAMES"].split(",")) == sorted(hostnames.values())
+    for name, env in envs.items():
+        assert env["TPU_WORKER_HOSTNAMES"].split(",")[int(env["TPU_WORKER_ID"])] == hostnames[name]
+    assert {p["spec"]["subdomain"] for p in workers} == {"rc-headless"}
+    headless = kube.store.get(SERVICES, NS, "rc-headless")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == {"ray.io/cluster": "rc"}
     head = kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=head")[0]
     assert not any(e["name"].startswith("TPU_") for e in head["spec"]["containers"][0].get("env") or [])
 
@@ -154,6 +165,27 @@ def test_a_head_that_cannot_start_reports_crashloop_and_logs(kube: KubeRayStandi
     head = kube.store.list(PODS, NS, "ray.io/node-type=head")[0]
     assert head["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     assert any("GCS failed" in line for line in kube.store.read_log(NS, head["metadata"]["name"]))
+
+
+class FlakyLauncher(FakeRayLauncher):
+    """Fails the first launch (a head that did not boot in time), then starts."""
+
+    def launch(self, spec: Any) -> Any:
+        if not getattr(self, "failed_once", False):
+            self.failed_once = True
+            raise RuntimeError("only 0 of 1 Ray nodes joined within 90s")
+        return super().launch(spec)
+
+
+@pytest.mark.parametrize("kube", [FlakyLauncher()], indirect=True)
+def test_a_head_that_failed_to_start_is_restarted_after_a_backoff(kube: KubeRayStandin) -> None:
+    kube.controller.restart_backoff = 0.2
+    add_pool(kube, V6E)
+    kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
+    assert until(lambda: cluster_verdict(kube, "rc"), lambda v: v.ready).ready
+    head = kube.store.list(PODS, NS, "ray.io/node-type=head")[0]
+    assert head["status"]["containerStatuses"][0]["restartCount"] == 1
+    assert kube.store.list(EVENTS, NS, field_selector="reason=FailedToStartRayHead")
 
 
 def test_delete_waits_for_the_ray_processes_then_collects_pods(kube: KubeRayStandin) -> None:

@@ -21,11 +21,19 @@ from tpuflow.dev.standins.kuberay_controller.services import RayServiceReconcile
 from tpuflow.dev.standins.kuberay_controller.state import (
     ClusterState,
     ServiceState,
+    desired_resources,
     involved,
     owner_ref,
     tpus_per_host,
 )
-from tpuflow.dev.standins.kuberay_controller.webhook import selector, slice_shape, tpu_webhook, worker_env
+from tpuflow.dev.standins.kuberay_controller.webhook import (
+    headless_service,
+    pod_hostname,
+    selector,
+    slice_shape,
+    tpu_webhook,
+    worker_env,
+)
 from tpuflow.dev.standins.kubernetes_api import (
     PODS,
     RAYCLUSTERS,
@@ -38,6 +46,19 @@ from tpuflow.dev.standins.kubernetes_api import (
 
 FINALIZER = "tpuflow.dev/standin-ray-processes"
 HEAD_SVC_SUFFIX = "-head-svc"
+
+
+def _node_name(pod: Mapping[str, Any]) -> str:
+    """The simulated GKE node a pod is scheduled on: its pool's kind and the pod's place in its slice."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if labels.get("ray.io/node-type") == "head":
+        return "gke-standin-default-pool-0"
+    selector_ = (pod.get("spec") or {}).get("nodeSelector") or {}
+    accel = selector_.get("cloud.google.com/gke-tpu-accelerator", "cpu")
+    return (
+        f"gke-standin-{accel}-{labels.get('ray.io/group', 'workers')}-"
+        f"{labels.get('tpuflow.dev/replica-index', '0')}-{labels.get('tpuflow.dev/host-index', '0')}"
+    )
 
 
 class KubeRayController(RayServiceReconciler):
@@ -63,6 +84,7 @@ class KubeRayController(RayServiceReconciler):
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.event_interval = 5.0  # like the scheduler's backoff: repeat an event at most this often
+        self.restart_backoff = 10.0  # the kubelet's first CrashLoopBackOff delay; it doubles up to 5 minutes
         self._emitted: dict[tuple[str, ...], float] = {}
         if install_webhook and tpu_webhook not in store.admission:
             store.admission.append(tpu_webhook)
@@ -83,8 +105,11 @@ class KubeRayController(RayServiceReconciler):
         with self._lock:
             states = list(self._clusters.values())
         for state in states:
-            if state.launching is not None:
-                state.launching.join(timeout=timeout)
+            state.stopping = True  # a launch still in flight stops what it started itself
+        for state in states:
+            launching = state.launching
+            if launching is not None:
+                launching.join()  # bounded by the launcher's own timeout; never leave its processes behind
             if state.handle is not None:
                 with contextlib.suppress(Exception):
                     state.handle.stop()
@@ -165,7 +190,8 @@ class KubeRayController(RayServiceReconciler):
         pods = self._ensure_pods(obj, groups)
         self._ensure_head_service(obj, state)
         schedulable = self._schedule(obj, pods, tpu_groups)
-        if schedulable and state.handle is None and state.launching is None and state.error is None:
+        retry = state.error is not None and time.monotonic() >= state.retry_at
+        if schedulable and state.handle is None and state.launching is None and (state.error is None or retry):
             self._launch(obj, state, tpu)
         self._update_pods(obj, state, pods, schedulable)
         self._update_cluster_status(obj, state)
@@ -210,27 +236,36 @@ class KubeRayController(RayServiceReconciler):
     def _ensure_pods(self, obj: dict[str, Any], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ns, name, uid = obj["metadata"]["namespace"], obj["metadata"]["name"], obj["metadata"]["uid"]
         existing = {p["metadata"]["name"]: p for p in self.store.list(PODS, ns, f"ray.io/cluster={name}")}
-        wanted: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = []
+        # (pod name, template, labels, webhook env, webhook spec fields)
+        wanted: list[tuple[str, dict[str, Any], dict[str, str], dict[str, str], dict[str, str]]] = []
         head_tpl = (obj.get("spec") or {}).get("headGroupSpec", {}).get("template") or {}
-        wanted.append((f"{name}-head-{uid[:5]}", head_tpl, self._pod_labels(obj, head_tpl, "head", "headgroup"), {}))
+        wanted.append(
+            (f"{name}-head-{uid[:5]}", head_tpl, self._pod_labels(obj, head_tpl, "head", "headgroup"), {}, {})
+        )
         for group in groups:
             tpl = group.get("template") or {}
             gname = str(group.get("groupName", "workers"))
             hosts = int(group.get("numOfHosts", 1) or 1)
             for replica in range(int(group.get("replicas", 0) or 0)):
-                hostnames = [f"{name}-{gname}-worker-{uid[:3]}{replica}x{host}" for host in range(hosts)]
-                for host, pod_name in enumerate(hostnames):
+                for host in range(hosts):
+                    pod_name = f"{name}-{gname}-worker-{uid[:3]}{replica}x{host}"
                     labels = self._pod_labels(obj, tpl, "worker", gname)
                     labels["tpuflow.dev/replica-index"], labels["tpuflow.dev/host-index"] = str(replica), str(host)
-                    # The TPU webhook's pod mutation (TPU pods only).
-                    tpu_env = worker_env(hostnames, f"{name}-{gname}-{replica}", host) if tpus_per_host(group) else {}
-                    wanted.append((pod_name, tpl, labels, tpu_env))
+                    # The TPU webhook's pod mutation (TPU pods only): environment, hostname under the headless Service.
+                    tpu_env, naming = {}, {}
+                    if tpus_per_host(group):
+                        tpu_env = worker_env(name, group, replica, host)
+                        naming = {"hostname": pod_hostname(group, replica, host), "subdomain": headless_service(name)}
+                    wanted.append((pod_name, tpl, labels, tpu_env, naming))
+        if any(naming for *_, naming in wanted):
+            self._ensure_headless_service(obj)
         pods = []
-        for pod_name, tpl, labels, extra_env in wanted:
+        for pod_name, tpl, labels, extra_env, naming in wanted:
             if pod_name in existing:
                 pods.append(existing[pod_name])
                 continue
             pod_spec = json.loads(json.dumps(tpl.get("spec") or {}))
+            pod_spec.update(naming)
             containers = pod_spec.get("containers") or [{"name": "ray", "image": "unknown"}]
             for c in containers:
                 c.setdefault("name", "ray")
@@ -250,6 +285,8 @@ class KubeRayController(RayServiceReconciler):
             }
             pods.append(self.store.upsert(PODS, ns, body))
             self.store.append_log(ns, pod_name, [f"{now_iso()} pod created by the simulated KubeRay operator"])
+            role = "head" if labels.get("ray.io/node-type") == "head" else "worker"
+            self._event(obj, "Normal", f"Created{role.capitalize()}Pod", f"Created {role} Pod {ns}/{pod_name}")
         for stale in set(existing) - {w[0] for w in wanted}:
             with contextlib.suppress(ApiError):
                 self.store.delete(PODS, ns, stale)
@@ -314,7 +351,11 @@ class KubeRayController(RayServiceReconciler):
                 handle = self.launcher.launch(spec)
             except Exception as err:
                 state.error = f"{type(err).__name__}: {err}"
+                state.failures += 1
+                backoff = min(self.restart_backoff * 2 ** (state.failures - 1), 300.0)
+                state.retry_at = time.monotonic() + backoff
             else:
+                state.error = None
                 if state.stopping:
                     handle.stop()
                 else:
@@ -343,7 +384,8 @@ class KubeRayController(RayServiceReconciler):
                 waiting = {"reason": "ContainerCreating"}
             else:
                 waiting = None
-            self._set_pod_status(ns, pod["metadata"]["name"], running, ready, waiting)
+            restarts = state.failures if is_head else 0
+            self._set_pod_status(ns, pod["metadata"]["name"], running, ready, waiting, restarts)
             if is_head and state.error is not None:
                 self._event(obj, "Warning", "FailedToStartRayHead", f"ray start failed: {state.error.splitlines()[0]}")
                 self.store.set_log(
@@ -367,12 +409,24 @@ class KubeRayController(RayServiceReconciler):
                         self.store.set_log(ns, pod["metadata"]["name"], lines)
 
     def _set_pod_status(
-        self, ns: str, pod_name: str, running: bool, ready: bool, waiting: dict[str, str] | None
+        self, ns: str, pod_name: str, running: bool, ready: bool, waiting: dict[str, str] | None, restarts: int = 0
     ) -> None:
+        transitions: list[tuple[str, str, str]] = []  # (reason, message, component) events of this change
+
         def apply(pod: dict[str, Any]) -> None:
             containers = (pod.get("spec") or {}).get("containers") or []
             flag = "True" if ready else "False"
             status = pod.setdefault("status", {})
+            if running and status.get("phase") != "Running":
+                spec = pod.setdefault("spec", {})
+                spec.setdefault("nodeName", _node_name(pod))
+                transitions.append(
+                    ("Scheduled", f"Successfully assigned {ns}/{pod_name} to {spec['nodeName']}", "default-scheduler")
+                )
+            was_ready = any(c.get("ready") for c in status.get("containerStatuses") or [])
+            if ready and not was_ready:
+                for c in containers:
+                    transitions.append(("Started", f"Started container {c.get('name', 'ray')}", "kubelet"))
             status["phase"] = "Running" if running else "Pending"
             status["conditions"] = [
                 {
@@ -392,7 +446,7 @@ class KubeRayController(RayServiceReconciler):
                     "image": c.get("image", "unknown"),
                     "imageID": "",
                     "ready": ready,
-                    "restartCount": 0,
+                    "restartCount": restarts,
                     "started": ready,
                     "state": {"running": {"startedAt": status.get("startTime", now_iso())}}
                     if waiting is None
@@ -401,7 +455,36 @@ class KubeRayController(RayServiceReconciler):
                 for c in containers
             ]
 
-        self.store.mutate(PODS, ns, pod_name, apply)
+        pod = self.store.mutate(PODS, ns, pod_name, apply)
+        for reason, message, component in transitions if pod is not None else []:
+            self._event(pod, "Normal", reason, message, component=component)
+
+    def _ensure_headless_service(self, obj: dict[str, Any]) -> None:
+        """The webhook's headless Service the TPU worker pods' hostnames resolve under."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        svc_name = headless_service(name)
+        if self.store.find(SERVICES, ns, svc_name) is not None:
+            return
+        self.store.upsert(
+            SERVICES,
+            ns,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": svc_name,
+                    "namespace": ns,
+                    "labels": {"ray.io/cluster": name},
+                    "ownerReferences": [owner_ref(obj)],
+                },
+                "spec": {
+                    "clusterIP": "None",
+                    "type": "ClusterIP",
+                    "publishNotReadyAddresses": True,
+                    "selector": {"ray.io/cluster": name},
+                },
+            },
+        )
 
     def _ensure_head_service(self, obj: dict[str, Any], state: ClusterState) -> None:
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -427,6 +510,8 @@ class KubeRayController(RayServiceReconciler):
         current = self.store.find(SERVICES, ns, body["metadata"]["name"])
         if current is None or current.get("spec") != body["spec"]:
             self.store.upsert(SERVICES, ns, body)
+            if current is None:
+                self._event(obj, "Normal", "CreatedService", f"Created service {ns}/{body['metadata']['name']}")
 
     @staticmethod
     def _endpoints(obj: Mapping[str, Any], state: ClusterState) -> dict[str, str]:
@@ -505,8 +590,8 @@ class KubeRayController(RayServiceReconciler):
             "maxWorkerReplicas": desired,
             "readyWorkerReplicas": ready_workers,
             "availableWorkerReplicas": ready_workers,
-            "desiredCPU": "0",
-            "desiredMemory": "0",
+            "desiredCPU": desired_resources(obj)["cpu"],
+            "desiredMemory": desired_resources(obj)["memory"],
             "desiredGPU": "0",
             "desiredTPU": str(tpus),
             "observedGeneration": obj["metadata"].get("generation", 1),

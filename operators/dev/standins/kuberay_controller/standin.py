@@ -24,7 +24,7 @@ class KubeRayStandin:
             ...  # KubeRay operators with kubernetes_conn_id="kube_standin"
 
     launcher defaults to tpuflow.dev.ray_launcher.LocalRayLauncher (real Ray); tests without Ray pass
-    FakeRayLauncher().
+    FakeRayLauncher(). crds: KubeRay's CRD directory (OpenAPI schemas, field validation; see kubernetes_api).
     """
 
     def __init__(
@@ -35,10 +35,11 @@ class KubeRayStandin:
         node_pools: NodePoolDirectory | None = None,
         interval: float = 0.2,
         namespace: str = "default",
+        crds: str | Path | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.namespace = namespace
-        self.api = KubernetesApiStandin()
+        self.api = KubernetesApiStandin(crds=crds)
         if launcher is None:
             from tpuflow.dev.ray_launcher import LocalRayLauncher
 

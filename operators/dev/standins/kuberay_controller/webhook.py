@@ -4,8 +4,13 @@ From GKE's documentation of the add-on (and github.com/ai-on-gke/kuberay-tpu-web
 of a RayCluster, RayService or RayJob, every worker group that requests ``google.com/tpu`` must have
 ``numOfHosts`` = chips of its ``cloud.google.com/gke-tpu-topology`` node selector / ``google.com/tpu``
 per pod (at least 1), or the request is denied with ``DENIAL``. When the TPU worker pods are created
-the webhook injects ``TPU_WORKER_ID`` (the host's index in its slice), ``TPU_NAME`` (the slice) and
-``TPU_WORKER_HOSTNAMES`` (every host of the slice) into their containers.
+the webhook gives each one a hostname ``<group>-<replica>-<host>`` under the RayCluster's headless
+Service ``<cluster>-headless`` and injects ``TPU_WORKER_ID`` (the host's index in its slice),
+``TPU_NAME`` (the slice, ``<group>-<replica>``), ``TPU_WORKER_HOSTNAMES`` (every host of the slice, as
+``<hostname>.<cluster>-headless``) and, as the webhook of KubeRay >= 1.4 does for TorchTPU,
+``TORCH_TPU_TOPOLOGY`` (the topology as x,y,z, plus the cores per chip where a chip has several) and
+``TORCH_TPU_SLICEBUILDER_ADDRESSES`` (every host's ports 8471.. one per TPU device) into their containers:
+the values seed 004 step 4 shows for v6e 4x4 and tpu7x 2x2x2.
 
 Written from that documented behaviour, not from the operators' pre-flight check
 (tpuflow.kuberay.webhook_rules): the stand-in must catch what the operators get wrong.
@@ -16,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tpuflow.dev.standins.gke_tpu import GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, TPU_RESOURCE, SliceShape, chips_in
+from tpuflow.dev.standins.gke_tpu import (
+    GKE_ACCELERATOR_LABEL,
+    GKE_TOPOLOGY_LABEL,
+    TPU_RESOURCE,
+    SliceShape,
+    chips_in,
+    family_of,
+)
 from tpuflow.dev.standins.kubernetes_api import ResourceType, admission_denied
 
 NAME = "validate-raycluster.gke-tpu.ray.io"
@@ -90,6 +102,32 @@ def slice_shape(group: Mapping[str, Any]) -> SliceShape:
     )
 
 
-def worker_env(hostnames: list[str], slice_name: str, host: int) -> dict[str, str]:
-    """What the webhook injects into the TPU worker pod that is host `host` of slice `slice_name`."""
-    return {"TPU_WORKER_ID": str(host), "TPU_NAME": slice_name, "TPU_WORKER_HOSTNAMES": ",".join(hostnames)}
+SLICEBUILDER_PORT = 8471
+
+
+def headless_service(cluster: str) -> str:
+    return f"{cluster}-headless"
+
+
+def pod_hostname(group: Mapping[str, Any], replica: int, host: int) -> str:
+    return f"{group.get('groupName', 'workers')}-{replica}-{host}"
+
+
+def worker_env(cluster: str, group: Mapping[str, Any], replica: int, host: int) -> dict[str, str]:
+    """What the webhook injects into the TPU worker pod that is host `host` of slice `replica` of `group`."""
+    shape = slice_shape(group)
+    domain = headless_service(cluster)
+    hostnames = [f"{pod_hostname(group, replica, h)}.{domain}" for h in range(shape.hosts)]
+    fam = family_of(shape.accelerator)
+    cores = fam.cores_per_chip if fam else 1
+    dims = shape.topology.lower().split("x") if shape.topology else ["1"]
+    topology = [*dims, *["1"] * (3 - len(dims))] + ([str(cores)] if cores > 1 else [])
+    devices = max(shape.chips_per_host * cores, 1)
+    addresses = [f"{h}:{SLICEBUILDER_PORT + d}" for h in hostnames for d in range(devices)]
+    return {
+        "TPU_WORKER_ID": str(host),
+        "TPU_NAME": f"{group.get('groupName', 'workers')}-{replica}",
+        "TPU_WORKER_HOSTNAMES": ",".join(hostnames),
+        "TORCH_TPU_TOPOLOGY": ",".join(topology),
+        "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(addresses),
+    }

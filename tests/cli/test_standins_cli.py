@@ -1,0 +1,304 @@
+"""`tpuflow standins up/down`, driven with the real kubectl and gcloud as a user types them (seed 004's commands).
+
+One `tpuflow standins up --fake` per module (no Ray processes: the simulated KubeRay scripts Ray's side);
+its env.sh is the only configuration kubectl and gcloud get. Each client is skipped with a reason only
+where its binary is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = Path(os.environ.get("TPUFLOW_SEEDS", REPO.parent / "shared" / "seeds")) / "004_2897d876dac76289.txt"
+IMAGE_URI = "us-docker.pkg.dev/tpu-proj-123/ray-torchtpu/ray-torchtpu:latest"
+
+
+def tpuflow(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpuflow.cli", *args], capture_output=True, text=True, env=env, timeout=180
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def read_env_sh(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            out[key] = shlex.split(value)[0] if value else ""
+    return out
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    work = tmp_path_factory.mktemp("standins")
+    up = tpuflow("standins", "up", "--workdir", str(work), "--fake", "--operation-seconds", "0.1")
+    assert f"source {work}/env.sh" in up.stdout and "Kubernetes API:  https://127.0.0.1:" in up.stdout
+    state = json.loads((work / "state.json").read_text())
+    env = {**os.environ, **read_env_sh(work / "env.sh"), "IMAGE_URI": IMAGE_URI}
+    try:
+        yield work, env
+    finally:
+        down = tpuflow("standins", "down", "--workdir", str(work))
+        assert f"stopped the stand-ins (pid {state['pid']})" in down.stdout
+        with pytest.raises(ProcessLookupError):
+            os.kill(state["pid"], 0)
+        assert not (work / "state.json").exists()
+
+
+def run(env: dict[str, str], *command: str, stdin: str | None = None, ok: bool = True) -> str:
+    proc = subprocess.run(list(command), input=stdin, capture_output=True, text=True, env=env, timeout=120)
+    if ok:
+        assert proc.returncode == 0, f"{' '.join(command)}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def kubectl(env: dict[str, str], *args: str, stdin: str | None = None, ok: bool = True) -> str:
+    return run(env, "kubectl", *args, stdin=stdin, ok=ok)
+
+
+def gke_pool(env: dict[str, str], name: str, machine: str, nodes: int, topology: str | None = None) -> None:
+    """A node pool through the GKE API (the gcloud test drives gcloud itself), ready when this returns."""
+    pool: dict[str, Any] = {"name": name, "config": {"machineType": machine}, "initialNodeCount": nodes}
+    if topology:
+        pool["placementPolicy"] = {"tpuTopology": topology}
+    base = env["CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER"].rstrip("/")
+    parent = f"projects/{env['PROJECT_ID']}/locations/{env['ZONE']}/clusters/{env['CLUSTER_NAME']}"
+    request = urllib.request.Request(
+        f"{base}/v1/{parent}/nodePools",
+        data=json.dumps({"nodePool": pool}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=10).read()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{base}/v1/{parent}/nodePools/{name}", timeout=10) as response:
+            if json.load(response)["status"] == "RUNNING":
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"node pool {name} never became RUNNING")
+
+
+def delete_gke_pool(env: dict[str, str], name: str) -> None:
+    base = env["CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER"].rstrip("/")
+    parent = f"projects/{env['PROJECT_ID']}/locations/{env['ZONE']}/clusters/{env['CLUSTER_NAME']}"
+    urllib.request.urlopen(urllib.request.Request(f"{base}/v1/{parent}/nodePools/{name}", method="DELETE"), timeout=10)
+
+
+def seed_manifest(flavour: str) -> str:
+    """Seed 004's RayCluster manifest for `flavour` ("Trillium (v6e)" / "Ironwood (TPU7x)") as the file holds it."""
+    if not SEED.is_file():
+        pytest.skip(f"seed 004 not found at {SEED} (set TPUFLOW_SEEDS to the seeds directory)")
+    lines = SEED.read_text().splitlines()
+    start = next(
+        i for i, line in enumerate(lines) if line.strip() == "apiVersion: ray.io/v1" and flavour in lines[i - 2]
+    )
+    end = next(i for i in range(start, len(lines)) if "cloud.google.com/gke-tpu-topology" in lines[i])
+    return "\n".join(line[3:] for line in lines[start : end + 1]) + "\n"
+
+
+def envsubst(text: str, env: dict[str, str]) -> str:
+    if shutil.which("envsubst"):
+        return run(env, "envsubst", stdin=text)
+    return text.replace("${IMAGE_URI}", env["IMAGE_URI"])
+
+
+@pytest.mark.slow
+def test_kubectl_against_tpuflow_standins_up(standins: tuple[Path, dict[str, str]]) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed on this machine")
+    work, env = standins
+    assert "Server Version: v1.33" in kubectl(env, "version")
+    resources = kubectl(env, "api-resources")
+    assert any(line.split()[:2] == ["services", "svc"] for line in resources.splitlines())
+    assert any(line.split()[:2] == ["pods", "po"] for line in resources.splitlines())
+    # The slices the clusters need (two 4x4 slices and a single-host one), then the manifests.
+    gke_pool(env, "seed-pool", "ct6e-standard-4t", 4, "4x4")
+    gke_pool(env, "rendered-pool", "ct6e-standard-4t", 4, "4x4")
+    gke_pool(env, "serve-pool", "ct6e-standard-1t", 1)
+
+    seed = envsubst(seed_manifest("Trillium (v6e)"), env)
+    assert "raycluster.ray.io/ray-torchtpu-cluster created" in kubectl(env, "apply", "-f", "-", stdin=seed)
+    assert "raycluster.ray.io/ray-torchtpu-cluster" in kubectl(env, "apply", "-f", "-", stdin=seed)
+    assert "serverside-applied" in kubectl(env, "apply", "--server-side", "-f", "-", stdin=seed)
+    rendered = tpuflow("render", "raycluster", "--accelerator", "v6e", "--topology", "4x4", "--name", "rendered").stdout
+    assert "raycluster.ray.io/rendered serverside-applied" in kubectl(
+        env, "apply", "--server-side", "-f", "-", stdin=rendered
+    )
+    serve_config = work / "serve.yaml"
+    serve_config.write_text(yaml.safe_dump({"applications": [{"name": "addition", "import_path": "a.b:app"}]}))
+    service = tpuflow(
+        "render", "rayservice", "--accelerator", "v6e", "--topology", "1x1", "--name", "endpoint",
+        "--serve-config", str(serve_config),
+    ).stdout  # fmt: skip
+    assert "rayservice.ray.io/endpoint created" in kubectl(env, "apply", "-f", "-", stdin=service)
+
+    for name in ("ray-torchtpu-cluster", "rendered"):
+        assert "condition met" in kubectl(
+            env, "wait", "--for=condition=RayClusterProvisioned", f"raycluster/{name}", "--timeout=60s"
+        )
+    assert "condition met" in kubectl(env, "wait", "--for=condition=Ready", "rayservice/endpoint", "--timeout=60s")
+
+    table = kubectl(env, "get", "rayclusters", "ray-torchtpu-cluster").splitlines()
+    assert table[0].split() == [
+        "NAME",
+        "DESIRED",
+        "WORKERS",
+        "AVAILABLE",
+        "WORKERS",
+        "CPUS",
+        "MEMORY",
+        "GPUS",
+        "STATUS",
+        "AGE",
+    ]
+    assert table[1].split()[:7] == ["ray-torchtpu-cluster", "4", "4", "260", "816Gi", "0", "ready"]
+    assert "TPUS" in kubectl(env, "get", "raycluster", "rendered", "-o", "wide")
+    assert "ray-torchtpu-cluster" in kubectl(env, "get", "all")  # rayclusters are in the `all` category
+    assert "SERVICE STATUS" in kubectl(env, "get", "rayservices") and "Running" in kubectl(env, "get", "rayservices")
+
+    pods = kubectl(env, "get", "pods", "-l", "ray.io/cluster=ray-torchtpu-cluster").splitlines()
+    assert pods[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    rows = [line.split() for line in pods[1:]]
+    assert sorted(r[0].split("-")[-2] for r in rows) == ["head", "worker", "worker", "worker", "worker"]
+    assert {(r[1], r[2]) for r in rows} == {("1/1", "Running")}
+
+    # Seed 004 step 4: the TPU variables the webhook injected.
+    envs = kubectl(
+        env, "get", "pods", "-l", "ray.io/cluster=ray-torchtpu-cluster,ray.io/node-type=worker",
+        "-o=jsonpath={range .items[0].spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
+    )  # fmt: skip
+    injected = dict(line.split("=", 1) for line in envs.splitlines() if "=" in line)
+    hosts = [f"v6e-16-0-{h}.ray-torchtpu-cluster-headless" for h in range(4)]
+    assert injected["TPU_WORKER_HOSTNAMES"] == ",".join(hosts)
+    assert injected["TPU_NAME"] == "v6e-16-0" and injected["TPU_WORKER_ID"] in {"0", "1", "2", "3"}
+    assert injected["TORCH_TPU_TOPOLOGY"] == "4,4,1"
+    assert injected["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",") == [
+        f"{h}:{p}" for h in hosts for p in range(8471, 8475)
+    ]
+    assert "ray-torchtpu-cluster-headless" in kubectl(env, "get", "svc")
+
+    as_yaml = yaml.safe_load(kubectl(env, "get", "raycluster", "ray-torchtpu-cluster", "-o", "yaml"))
+    assert {c["type"]: c["status"] for c in as_yaml["status"]["conditions"]}["RayClusterProvisioned"] == "True"
+    head = kubectl(env, "get", "raycluster", "ray-torchtpu-cluster", "-o", "jsonpath={.status.head.podName}")
+    described = kubectl(env, "describe", "raycluster", "ray-torchtpu-cluster")
+    assert "CreatedHeadPod" in described and f"Created head Pod default/{head}" in described
+    assert "CreatedWorkerPod" in kubectl(env, "events", "--for", "raycluster/ray-torchtpu-cluster")
+    assert "Successfully assigned" in kubectl(env, "describe", "pod", head)
+    assert "Ray runtime started" in kubectl(env, "logs", head)
+
+    # The webhook refuses a numOfHosts that contradicts the topology; a schema violation is refused as kubectl shows it.
+    wrong = seed.replace("numOfHosts: 4", "numOfHosts: 2").replace("name: ray-torchtpu-cluster", "name: wrong-hosts")
+    refused = kubectl(env, "apply", "-f", "-", stdin=wrong, ok=False)
+    assert 'admission webhook "validate-raycluster.gke-tpu.ray.io" denied the request' in refused
+    assert "Number of workers in worker group not equal to specified topology" in refused
+    typo = seed.replace("numOfHosts: 4", "numOfHosts: 4\n    numHosts: 4").replace(
+        "name: ray-torchtpu-cluster", "name: typo"
+    )
+    assert 'strict decoding error: unknown field "spec.workerGroupSpecs[0].numHosts"' in kubectl(
+        env, "apply", "-f", "-", stdin=typo, ok=False
+    )
+
+    assert 'raycluster.ray.io "ray-torchtpu-cluster" deleted' in kubectl(
+        env, "delete", "raycluster", "ray-torchtpu-cluster", "--wait", "--timeout=60s"
+    )
+    assert "NotFound" in kubectl(env, "get", "raycluster", "ray-torchtpu-cluster", ok=False)
+    assert kubectl(env, "get", "pods", "-l", "ray.io/cluster=ray-torchtpu-cluster", "-o", "name") == ""
+    kubectl(env, "delete", "rayservice/endpoint", "raycluster/rendered", "--wait", "--timeout=60s")
+    assert kubectl(env, "get", "rayclusters,rayservices,pods", "-o", "name") == ""
+    for pool in ("seed-pool", "rendered-pool", "serve-pool"):
+        delete_gke_pool(env, pool)
+
+
+@pytest.mark.slow
+def test_gcloud_runs_seed_004s_node_pool_commands(standins: tuple[Path, dict[str, str]]) -> None:
+    if shutil.which("gcloud") is None:
+        pytest.skip("gcloud is not installed on this machine")
+    _, env = standins
+    common = [f"--project={env['PROJECT_ID']}", f"--cluster={env['CLUSTER_NAME']}", f"--zone={env['ZONE']}"]
+    creates = {  # seed 004's commands as written (v6e 4x4, tpu7x 2x2x2), and with its --spot / reservation tips
+        "tpu-multi-host-pool": ["--machine-type=ct6e-standard-4t", "--tpu-topology=4x4", "--num-nodes=4"],
+        "tpu7x-pool": ["--machine-type=tpu7x-standard-4t", "--tpu-topology=2x2x2", "--num-nodes=2"],
+        "spot-pool": ["--machine-type=ct6e-standard-4t", "--tpu-topology=4x4", "--num-nodes=4", "--spot"],
+        "reserved-pool": [
+            "--machine-type=tpu7x-standard-4t", "--tpu-topology=2x2x2", "--num-nodes=2",
+            "--reservation-affinity=specific", "--reservation=my-tpu-reservation",
+        ],
+    }  # fmt: skip
+    # gcloud waits for each operation; the four creates run side by side (GKE allows 5 at once per cluster).
+    procs = {
+        name: subprocess.Popen(
+            ["gcloud", "container", "node-pools", "create", name, *common, *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for name, flags in creates.items()
+    }
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "Created [" in out and f"/nodePools/{name}]" in out, out
+    listed = run(env, "gcloud", "container", "node-pools", "list", *common, "--format=json")
+    pools = {p["name"]: p for p in json.loads(listed)}
+    assert set(pools) == set(creates) and {p["status"] for p in pools.values()} == {"RUNNING"}
+    assert pools["tpu-multi-host-pool"]["placementPolicy"] == {"tpuTopology": "4x4"}
+    assert pools["spot-pool"]["config"]["spot"] is True
+    assert pools["reserved-pool"]["config"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["my-tpu-reservation"],
+    }
+    described = yaml.safe_load(run(env, "gcloud", "container", "node-pools", "describe", "tpu7x-pool", *common))
+    assert described["config"]["machineType"] == "tpu7x-standard-4t" and described["initialNodeCount"] == 2
+    # GKE's refusal, in GKE's words: a single-host machine cannot form a multi-host topology.
+    refused = run(
+        env, "gcloud", "container", "node-pools", "create", "bad-pool", *common,
+        "--machine-type=ct6e-standard-8t", "--tpu-topology=4x4", "--num-nodes=2", ok=False,
+    )  # fmt: skip
+    assert "code=400" in refused and "cannot form TPU topology 4x4" in refused
+    ops = json.loads(run(env, "gcloud", "container", "operations", "list", f"--zone={env['ZONE']}", "--format=json"))
+    ops = [o for o in ops if o["targetLink"].rsplit("/", 1)[-1] in creates]  # other tests' pools aside
+    assert sorted(o["targetLink"].rsplit("/", 1)[-1] for o in ops) == sorted(creates)
+    assert {o["operationType"] for o in ops} == {"CREATE_NODE_POOL"} and {o["status"] for o in ops} == {"DONE"}
+    op = yaml.safe_load(
+        run(env, "gcloud", "container", "operations", "describe", ops[0]["name"], f"--zone={env['ZONE']}")
+    )
+    assert op["name"] == ops[0]["name"] and op["status"] == "DONE"
+    deleted = run(env, "gcloud", "container", "node-pools", "delete", "tpu7x-pool", *common, "--quiet")
+    assert "Deleted [" in deleted and "/nodePools/tpu7x-pool]" in deleted
+    remaining = json.loads(run(env, "gcloud", "container", "node-pools", "list", *common, "--format=json"))
+    assert sorted(p["name"] for p in remaining) == sorted(set(creates) - {"tpu7x-pool"})
+    for name in remaining:
+        delete_gke_pool(env, name["name"])
+
+
+def test_standins_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    proc = tpuflow("standins", "up", "--workdir", str(tmp_path), "--operation-seconds", "-1", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--operation-seconds" in proc.stderr
+    proc = tpuflow("standins", "up", "--workdir", str(tmp_path), "--crds", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "ray.io_rayclusters.yaml" in proc.stderr and "Traceback" not in proc.stderr
+    assert tpuflow("standins", "down", "--workdir", str(tmp_path)).stdout.startswith("no stand-ins running")
+
+
+def test_demo_on_the_gke_standins_refuses_keep_endpoint_in_one_line(tmp_path: Path) -> None:
+    proc = tpuflow("demo", "--backend", "gke", "--keep-endpoint", "--work-dir", str(tmp_path), check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--keep-endpoint" in proc.stderr
+    assert not (tmp_path / "gke").exists()  # refused before anything started
