@@ -270,7 +270,8 @@ def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None) -> d
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": {"name": "prep"},
+        # no name: the create task names it per task instance, so its delete (and a retry) finds it
+        "metadata": {},
         "spec": {
             "rayVersion": "2.60.0",
             "enableInTreeAutoscaling": False,

@@ -192,6 +192,7 @@ def test_prep_cluster_is_cpu_only() -> None:
     manifest = prep_cluster_manifest("rayproject/ray:2.60.0-py311", {"A": "1"})
     spec = manifest["spec"]
     assert spec["workerGroupSpecs"] == [] and list(tpu_worker_groups(spec)) == []
+    assert "name" not in manifest["metadata"]  # named per task instance, as its delete task finds it
     head = spec["headGroupSpec"]
     # Ray tasks (prep, evaluate) run on the head, so it declares its CPUs
     assert head["rayStartParams"]["num-cpus"] == head["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
