@@ -45,6 +45,12 @@ class ReaperListError(RuntimeError):
     """A list call failed: the reaper deletes nothing on an incomplete picture."""
 
 
+def _first_line(err: Exception) -> str:
+    """The error's first line (SQL and HTTP errors carry pages of detail after it)."""
+    text = str(err).strip()
+    return (text.splitlines() or [type(err).__name__])[0]
+
+
 class RunStates(Protocol):
     def running(self) -> dict[str, list[str]]:
         """dag_id -> run ids of its running (and queued) runs."""
@@ -129,7 +135,7 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, running: Ma
             .operations
         ]
     except Exception as err:
-        raise ReaperListError(f"listing node pools of cluster {cluster_name}: {err}") from err
+        raise ReaperListError(f"listing node pools of cluster {cluster_name}: {_first_line(err)}") from err
     where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
     found = []
     for pool in pools:
@@ -180,7 +186,7 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
                 GROUP, VERSION, namespace, plural, label_selector=f"{MANAGED_BY}={MANAGED_BY_VALUE}"
             )
         except Exception as err:
-            raise ReaperListError(f"listing {plural} in namespace {namespace}: {err}") from err
+            raise ReaperListError(f"listing {plural} in namespace {namespace}: {_first_line(err)}") from err
         for item in listing.get("items", []):
             meta = item.get("metadata") or {}
             if any(ref.get("kind") == "RayService" for ref in meta.get("ownerReferences") or []):
@@ -212,7 +218,7 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
         try:
             cluster = LocalRayCluster.load(state.parent)
         except (OSError, ValueError, TypeError) as err:
-            raise ReaperListError(f"reading local cluster state {state}: {err}") from err
+            raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
         reason = local_orphan_reason(cluster.name, cluster.is_alive(), running)
         if reason is None or now - (cluster.started_at or now) < older_than:
             continue
@@ -224,7 +230,7 @@ def find_lease_orphans(store: Any, running: Mapping[str, list[str]], slots: int 
     try:
         held = store.holders(slots)
     except Exception as err:
-        raise ReaperListError(f"listing slice leases in {store.describe()}: {err}") from err
+        raise ReaperListError(f"listing slice leases in {store.describe()}: {_first_line(err)}") from err
     found = []
     for slot, lease in sorted(held.items()):
         dag, _, run = lease.holder.partition("/")
@@ -250,7 +256,7 @@ def reap(orphans: list[Orphan], *, dry_run: bool, say: Callable[[str], None] = p
         try:
             orphan.delete()
         except Exception as err:  # one failure must not leave the other orphans billed
-            say(f"could not delete {orphan.line()}: {err}")
+            say(f"could not delete {orphan.line()}: {_first_line(err)}")
             failed.append(orphan.line())
             continue
         say(f"deleted {orphan.line()}")
@@ -279,7 +285,7 @@ class MetadataDbRunStates:
                     )
                 ).all()
         except Exception as err:
-            raise ReaperListError(f"reading running DAG runs from the Airflow metadata DB: {err}") from err
+            raise ReaperListError(f"reading running DAG runs from the Airflow metadata DB: {_first_line(err)}") from err
         for dag_id, run_id in rows:
             out.setdefault(dag_id, []).append(run_id)
         return out
@@ -344,7 +350,7 @@ def collect_orphans(
             hook = _kube_hook(scope)
             namespace = scope.namespace or hook.default_namespace()
         except Exception as err:
-            raise ReaperListError(f"reaching the Kubernetes API: {err}") from err
+            raise ReaperListError(f"reaching the Kubernetes API: {_first_line(err)}") from err
         orphans += find_kube_orphans(hook, namespace, running, older_than, now)
     if scope.local:
         orphans += find_local_orphans(running, older_than, now, scope.local_base_dir)
@@ -377,5 +383,5 @@ class TaskSdkRunStates:
                     if str(self.ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)) in ("running", "queued"):
                         out.setdefault(dag_id, []).append(run_id)
             except Exception as err:
-                raise ReaperListError(f"asking Airflow for the running runs of {dag_id}: {err}") from err
+                raise ReaperListError(f"asking Airflow for the running runs of {dag_id}: {_first_line(err)}") from err
         return out
