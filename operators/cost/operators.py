@@ -47,10 +47,10 @@ class ChipLedgerOperator(BaseOperator):
     :param trained: templated; the train task's XCom (its ``fit_s`` is the training time), None if it failed.
     :param output_dir: templated; the run's output folder.
     :param prices: templated; JSON {generation: price per chip-hour} (Variable ``tpuflow_chip_hour_prices``).
-    :param gcp_conn_id: connection for a gs:// output folder.
+    :param gcp_conn_id: templated; connection for a gs:// output folder (and, on GKE, the GKE API).
     """
 
-    template_fields: Sequence[str] = ("slices", "trained", "output_dir", "prices")
+    template_fields: Sequence[str] = ("slices", "trained", "output_dir", "prices", "gcp_conn_id")
     ui_color = "#fff3cd"
 
     def __init__(

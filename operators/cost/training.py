@@ -24,7 +24,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
 
     :param max_chip_hours: templated; the budget (None/empty: RayTrainOperator's behaviour).
     :param ledger_slices: templated; the slices billed so far, as GKEChipLedgerOperator's ``slices``.
-    :param gcp_conn_id: the GKE connection (the pools' operations give the spans).
+    :param gcp_conn_id: templated; the GKE connection (the pools' operations give the spans).
     :param project_id: templated; the cluster's project.
     :param location: templated; the cluster's location.
 
@@ -35,6 +35,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         *RayTrainOperator.template_fields,
         "max_chip_hours",
         "ledger_slices",
+        "gcp_conn_id",
         "project_id",
         "location",
     )

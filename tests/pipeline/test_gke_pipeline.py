@@ -180,6 +180,9 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     assert {"delete_node_pool", "delete_serve_node_pool", "delete_prep_cluster"} <= dag.get_task(
         "chip_ledger"
     ).upstream_task_ids
+    # what reads the GKE API renders its connection from the Variable, as the node pool tasks do
+    for task_id in ("chip_ledger", "train", "create_node_pool"):
+        assert "gcp_conn_id" in dag.get_task(task_id).template_fields, task_id
     for task_id in ("create_ray_cluster", "create_prep_cluster", "deploy"):
         assert dag.get_task(task_id).retries == 0
     assert {"serve_topology", "keep_endpoint", "accelerator", "topology", "max_chip_hours"} <= set(dag.params)
