@@ -65,7 +65,11 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(one_host: Any,
         train_op().execute(context(1))
     print(f"training stopped by the budget after {time.time() - started:.0f}s")
     hook = RayJobHook(cluster=info)
-    jobs = hook.find_jobs(TaskIdentity(**run, task_id="train").submission_id)
+    sid = TaskIdentity(**run, task_id="train").submission_id
+    deadline = time.time() + 120  # the stop is asynchronous: Ray moves the job to STOPPED shortly after
+    while time.time() < deadline and hook.get_job_status(sid) != "STOPPED":
+        time.sleep(1)
+    jobs = hook.find_jobs(sid)
     assert [str(j.status.value if hasattr(j.status, "value") else j.status) for j in jobs] == ["STOPPED"]
     assert list((tmp_path / "train").glob("**/checkpoint_*")), "Ray Train's checkpoints are kept for a resume"
     # a retry finds the budget spent: it fails before submitting a second job
