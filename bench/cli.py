@@ -20,7 +20,15 @@ from typing import Any
 from bench.core import MEASURES, REPO, Context, Result, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODULES = ("bench.dag_parse", "bench.clusters", "bench.ray_jobs", "bench.workload", "bench.serving", "bench.pipeline")
+MODULES = (
+    "bench.dag_parse",
+    "bench.clusters",
+    "bench.ray_jobs",
+    "bench.workload",
+    "bench.serving",
+    "bench.pipeline",
+    "bench.chip_hours",
+)
 
 
 def _airflow_home() -> None:

@@ -18,6 +18,7 @@ What the plugin adds (operators/ui/app.py, mounted at /tpuflow, login required):
   same-origin: a file:// URL would not show on the task page at all.
 - /tpuflow/clusters, in the nav as "Ray clusters": the local Ray clusters and their dashboards
   (ports are chosen at run time; keep_endpoint leaves a cluster up after its run).
+- /tpuflow/ledger, in the nav as "Chip-hour ledger": chip-hours (and money, with prices) per run.
 """
 
 from __future__ import annotations
@@ -36,5 +37,12 @@ class TpuflowPlugin(AirflowPlugin):
             "destination": "nav",
             "category": "browse",
             "url_route": "tpuflow-ray-clusters",
-        }
+        },
+        {
+            "name": "Chip-hour ledger",
+            "href": "/tpuflow/ledger",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "tpuflow-chip-ledger",
+        },
     ]

@@ -76,8 +76,18 @@ def run_dir_for(dag_id: str, output_root: str | None) -> str:
     return f"{output_root or paths.output_root()}/{dag_id}/{RUN_DATE}"
 
 
-def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
-    """prep -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info): backend-independent."""
+def training_steps(
+    cluster: Any,
+    run_dir: str,
+    *,
+    train_cluster: Any = None,
+    train_class: type[RayTrainOperator] = RayTrainOperator,
+    **train_kwargs: Any,
+) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
+    """prep -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info): backend-independent.
+
+    ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one);
+    ``train_class`` and ``train_kwargs``: a RayTrainOperator subclass and its own arguments."""
     prep = RayDataPrepOperator(
         task_id="prep",
         cluster=cluster,
@@ -90,9 +100,9 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
         },
         log_uri=f"{run_dir}/logs/prep.log",
     )
-    train = RayTrainOperator(
+    train = train_class(
         task_id="train",
-        cluster=cluster,
+        cluster=cluster if train_cluster is None else train_cluster,
         framework="{{ params.framework }}",
         train_loop="addition.train_{{ params.framework }}:train_loop_per_worker",
         accelerator="{{ params.accelerator }}",
@@ -103,6 +113,7 @@ def training_steps(cluster: Any, run_dir: str) -> tuple[BaseOperator, BaseOperat
         datasets={"train": f"{run_dir}/data/train"},
         train_loop_config={"num_steps": "{{ params.train_steps }}"},
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
+        **train_kwargs,
     )
     evaluate = RaySubmitJobOperator(
         task_id="evaluate",
@@ -159,7 +170,10 @@ def build_pipeline_dag(
     """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay."""
     # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
     # steps) does not load them when it is parsed.
-    from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+    from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
+    from tpuflow.cost.local import LocalChipLedgerOperator, LocalStopRecordingSpanOperator
+    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.local.operators import LocalRayClusterCreateOperator
     from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     run_dir = run_dir_for(dag_id, output_root)
@@ -180,11 +194,26 @@ def build_pipeline_dag(
         serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir()}")
         deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
-        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)
+        stop = LocalStopRecordingSpanOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)
         release = ReleaseSliceOperator(task_id="release_slice")
-        checked >> lease >> start >> prep
+        train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
+        guard = ChipBudgetGuardOperator(
+            task_id="budget_guard",
+            max_chip_hours="{{ params.max_chip_hours }}",
+            slices=[{"role": "train", "tpu": train_slice}],
+        )
+        ledger = LocalChipLedgerOperator(
+            task_id=LEDGER_TASK_ID,
+            slices=[{"role": "train", "tpu": train_slice, "task_id": "stop_cluster"}],
+            trained="{{ ti.xcom_pull(task_ids='train') }}",
+            output_dir=run_dir,
+            prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",
+        )
+        checked >> [lease, guard]
+        [lease, guard] >> start >> prep
         evaluate >> serve_cfg >> deploy
-        report >> stop >> release
+        report >> stop >> [release, ledger]
         stop.as_teardown(setups=start)
         release.as_teardown(setups=lease)
+        ledger.as_teardown(setups=start)
     return dag

@@ -1,9 +1,22 @@
-"""The train-and-serve pipeline on GKE: a TPU slice node pool, a KubeRay RayCluster on it, and a RayService.
+"""The train-and-serve pipeline on GKE: a TPU slice node pool, KubeRay RayClusters on it, and a RayService.
 
-    check_params -> create_node_pool (setup) -> create_ray_cluster (setup) -> prep -> train -> evaluate
-      -> [build_serve_config, create_serve_node_pool (setup)] -> deploy (RayService) -> smoke_test -> write_report
-      -> delete_service -> delete_serve_node_pool      (kept when keep_endpoint and the endpoint answered)
-      -> delete_ray_cluster -> delete_node_pool         (always)
+A shape that keeps the slice busy: the TPU node pool is created while prep runs on CPU (a head-only
+RayCluster), the TPU RayCluster joins once the pool is ready, and the training slice is deleted as
+soon as training has produced its checkpoint; evaluation runs on the CPU cluster, serving on its own
+slice::
+
+    check_params -> budget_guard -> create_prep_cluster (setup, CPU) -> prep --------------+
+                                 -> create_node_pool (setup) -> create_ray_cluster (setup) -> train
+      train -> delete_ray_cluster -> delete_node_pool                        (at once, always)
+      train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> deploy (RayService)
+        -> smoke_test -> write_report
+        -> delete_service -> delete_serve_node_pool  (kept when keep_endpoint and the endpoint answered)
+        -> delete_prep_cluster                        (always)
+      every delete -> chip_ledger  (chips x (delete - create) per slice from the GKE operations; report.json)
+
+The chip-hour budget (Param ``max_chip_hours``) is checked before anything is provisioned
+(budget_guard, against the previous run's ledger) and holds training to it (the job is stopped and
+the task fails when the ledger would cross it; tpuflow.cost.training).
 
 prep, train, evaluate, the Serve config, the smoke test and the report are the factory's shared steps
 (tpuflow.pipeline.factory); only the cluster lifecycle is GKE + KubeRay. Serving gets its own
@@ -31,6 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, Param
 from tpuflow import paths
+from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
+from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
+from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import (
@@ -229,6 +245,45 @@ def variable_settings() -> dict[str, Any]:
     }
 
 
+# --- the CPU cluster -----------------------------------------------------------------------------------
+PREP_CLUSTER_CPUS = "2"
+
+
+def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A head-only RayCluster for the CPU steps (prep, evaluate): Ray tasks run on its head."""
+    container: dict[str, Any] = {
+        "name": "ray-head",
+        "image": image,
+        "ports": [
+            {"containerPort": 6379, "name": "gcs"},
+            {"containerPort": 8265, "name": "dashboard"},
+            {"containerPort": 10001, "name": "client"},
+            {"containerPort": 8000, "name": "serve"},
+        ],
+        "resources": {
+            "requests": {"cpu": PREP_CLUSTER_CPUS, "memory": "8Gi"},
+            "limits": {"cpu": PREP_CLUSTER_CPUS, "memory": "8Gi"},
+        },
+    }
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        # no name: the create task names it per task instance, so its delete (and a retry) finds it
+        "metadata": {},
+        "spec": {
+            "rayVersion": "2.60.0",
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "rayStartParams": {"num-cpus": PREP_CLUSTER_CPUS, "dashboard-host": "0.0.0.0"},
+                "template": {"spec": {"containers": [container]}},
+            },
+            "workerGroupSpecs": [],
+        },
+    }
+
+
 # --- the DAG ------------------------------------------------------------------------------------------
 def build_gke_pipeline_dag(
     dag_id: str,
@@ -332,13 +387,37 @@ def build_gke_pipeline_dag(
         **dag_kwargs,
     ) as dag:
         checked = CheckGkeParamsOperator(task_id="check_params", output_dir=run_dir, gcp_conn_id=gcp_conn_id)
+        train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
+        serve_slice_ = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
+        guard = ChipBudgetGuardOperator(
+            task_id="budget_guard",
+            max_chip_hours="{{ params.max_chip_hours }}",
+            slices=[{"role": "train", "tpu": train_slice}, {"role": "serve", "tpu": serve_slice_}],
+        )
+        create_prep = KubeRayCreateClusterOperator(
+            task_id="create_prep_cluster",
+            manifest=prep_cluster_manifest(image, ray_env),
+            wait_timeout=cluster_ready_timeout,
+            **{k: v for k, v in rays.items() if k not in ("image", "env")},
+        )
         create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
         create_cluster = KubeRayCreateClusterOperator(
             task_id="create_ray_cluster", **_checked_slice(), wait_timeout=cluster_ready_timeout, **rays
         )
-        cluster = create_cluster.output
-        prep, train, evaluate = training_steps(cluster, run_dir)
-        serve_cfg = build_serve_config(cluster, train.output, serve_workloads_uri)
+        cpu_cluster = create_prep.output
+        train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool"}]
+        prep, train, evaluate = training_steps(
+            cpu_cluster,
+            run_dir,
+            train_cluster=create_cluster.output,
+            train_class=BudgetedRayTrainOperator,
+            max_chip_hours="{{ params.max_chip_hours }}",
+            ledger_slices=train_ledger,
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+        )
+        serve_cfg = build_serve_config(cpu_cluster, train.output, serve_workloads_uri)
         create_serve_pool = GKECreateTPUNodePoolOperator(
             task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
         )
@@ -364,17 +443,38 @@ def build_gke_pipeline_dag(
         delete_pool = GKEDeleteNodePoolOperator(
             task_id="delete_node_pool", created_by_task_id="create_node_pool", **pools
         )
+        delete_prep = KubeRayDeleteClusterOperator(
+            task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **deletes
+        )
+        ledger = GKEChipLedgerOperator(
+            task_id=LEDGER_TASK_ID,
+            slices=[*train_ledger, {"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool"}],
+            trained="{{ ti.xcom_pull(task_ids='train') }}",
+            output_dir=run_dir,
+            prices=_var(PRICES_VARIABLE, ""),
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+            cluster_name=cluster_name,
+        )
 
-        checked >> create_pool >> create_cluster >> prep
+        checked >> guard >> [create_prep, create_pool]
+        create_prep >> prep
+        create_pool >> create_cluster
+        [create_cluster, prep] >> train
         evaluate >> [serve_cfg, create_serve_pool]
         [serve_cfg, create_serve_pool] >> deploy
-        report >> [delete_service, delete_cluster]
+        # the training slice goes as soon as training is over; evaluation and serving do not need it
+        train >> delete_cluster >> delete_pool
+        report >> [delete_service, delete_prep]
         delete_service >> delete_serve_pool
-        delete_cluster >> delete_pool
+        [delete_pool, delete_serve_pool, delete_prep] >> ledger
         # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
         checked.as_setup()
         delete_pool.as_teardown(setups=[checked, create_pool])
         delete_cluster.as_teardown(setups=[checked, create_cluster])
+        delete_prep.as_teardown(setups=[checked, create_prep])
         delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
         delete_service.as_teardown(setups=[checked])
+        ledger.as_teardown(setups=[checked])
     return dag

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import Param
+from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
 from tpuflow.errors import UserInputError
 from tpuflow.tpu.generations import GENERATIONS
 
@@ -72,6 +73,14 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
             title="Held-out examples",
             description="Size of the held-out set the evaluation step scores (on every host of the slice).",
         ),
+        MAX_CHIP_HOURS_PARAM: Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="Chip-hour budget (optional)",
+            description="Refuse to provision when the estimate (the previous run's durations) exceeds it; "
+            "training is stopped at its last checkpoint when the ledger reaches it. Empty: no budget.",
+        ),
     }
 
 
@@ -85,6 +94,7 @@ def validate_params(params: dict[str, Any]) -> dict[str, Any]:
     threshold = params.get("accuracy_threshold")
     if not isinstance(threshold, int | float) or not 0 <= float(threshold) <= 1:
         raise UserInputError("params.accuracy_threshold", threshold, "give a number between 0 and 1")
+    check_max_chip_hours(params.get(MAX_CHIP_HOURS_PARAM))
     try:
         tpu = TpuSlice.from_spec(
             params.get("accelerator", ""), params.get("topology", ""), params.get("machine_type") or None

@@ -6,6 +6,7 @@
   not appear at all) and for gs:// under a GCS emulator, which the Cloud console cannot show.
 - /tpuflow/clusters: the local Ray clusters and their dashboard URLs (ports are chosen at run
   time, and keep_endpoint leaves a cluster up after its run).
+- /tpuflow/ledger: chip-hours per run (the chip_ledger tasks' XComs), with money where prices are set.
 
 Both need a logged-in Airflow user (the UI's cookie or a bearer token); outputs also need read
 access to the DAG. Imports of Airflow's API internals happen per request, not at plugin load.
@@ -17,6 +18,7 @@ import html
 import mimetypes
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
@@ -28,7 +30,8 @@ app = FastAPI(title="tpuflow", openapi_url=None, docs_url=None, redoc_url=None)
 _STYLE = "body{font-family:sans-serif;margin:1.5em}td,th{padding:.25em .8em;text-align:left}code{background:#f4f4f4}"
 
 
-async def _authorize(request: Request, dag_id: str | None = None) -> None:
+async def _authorize(request: Request, dag_id: str | None = None) -> Any:
+    """The logged-in user (401 without one; 403 without read access to ``dag_id``)."""
     from airflow.api_fastapi.app import get_auth_manager
 
     header = request.headers.get("authorization", "")
@@ -45,6 +48,7 @@ async def _authorize(request: Request, dag_id: str | None = None) -> None:
 
         if not manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id), user=user):
             raise HTTPException(status_code=403, detail=f"no read access to DAG {dag_id}")
+    return user
 
 
 def _page(title: str, body: str) -> str:
@@ -180,3 +184,40 @@ async def clusters(request: Request) -> str:
         f"<th>Ray dashboard</th><th>Serve</th></tr>{rows}</table>"
     )
     return _page("Local Ray clusters", body)
+
+
+def _ledger_records(limit: int = 200) -> list[tuple[str, str, object]]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    from tpuflow.cost.ledger import LEDGER_TASK_ID
+
+    with create_session() as session:
+        rows = session.execute(
+            select(XComModel.dag_id, XComModel.run_id, XComModel.value)
+            .where(XComModel.task_id == LEDGER_TASK_ID, XComModel.key == "return_value")
+            .order_by(XComModel.timestamp.desc())
+            .limit(limit)
+        ).all()
+    return [(dag_id, run_id, XComModel.deserialize_value(SimpleNamespace(value=value))) for dag_id, run_id, value in rows]
+
+
+@app.get("/ledger", response_class=HTMLResponse)
+async def ledger(request: Request) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from tpuflow.ui.ledger import ledger_chart_svg, ledger_rows, ledger_table
+
+    user = await _authorize(request)
+    manager = get_auth_manager()
+    records = [
+        r for r in _ledger_records() if manager.is_authorized_dag(method="GET", details=DagDetails(id=r[0]), user=user)
+    ]
+    rows = ledger_rows(records)
+    body = (
+        "<p>What each run's TPU slices were billed: chips x (node pool deleted - created), and the part spent "
+        "training. Prices come from the Variable <code>tpuflow_chip_hour_prices</code> "
+        '(e.g. <code>{"v6e": 2.97}</code>); without one no money is shown.</p>'
+        f"{ledger_chart_svg(rows[:40])}{ledger_table(rows)}"
+    )
+    return _page("Chip-hour ledger", body)

@@ -115,3 +115,28 @@ def test_local_pipeline_shape(migrated_airflow_db):
         "accuracy_threshold",
         "keep_endpoint",
     }
+
+
+def test_local_pipeline_records_its_ledger_and_checks_its_budget(migrated_airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(DAGS / "tpu_llm_pipeline_local.py")).get_dag("tpu_llm_pipeline_local")
+    ledger = dag.get_task("chip_ledger")
+    # after the cluster is stopped (its span is stop_cluster's XCom), whatever failed, without deciding the run
+    assert ledger.is_teardown and "stop_cluster" in ledger.upstream_task_ids
+    assert ledger.slices[0]["task_id"] == "stop_cluster"
+    guard = dag.get_task("budget_guard")
+    assert "check_params" in guard.upstream_task_ids and "start_cluster" in guard.downstream_task_ids
+    assert "max_chip_hours" in dag.params
+
+
+def test_reaper_dag_runs_hourly_with_one_task(migrated_airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS / "tpuflow_reaper.py"))
+    assert bag.import_errors == {}
+    dag = bag.get_dag("tpuflow_reaper")
+    assert dag.schedule == "@hourly" and dag.catchup is False and dag.max_active_runs == 1
+    assert [t.task_id for t in dag.tasks] == ["reap"]
+    assert {"older_than", "dry_run", "dag_ids"} <= set(dag.params)
+    assert set(dag.params["dag_ids"]) >= {"tpu_llm_pipeline_gke", "tpu_llm_pipeline_local"}

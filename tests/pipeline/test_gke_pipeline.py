@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.airflow_context import task_context
+from tpuflow.cost.ledger import rfc3339_to_unix
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
@@ -35,9 +36,9 @@ PROJECT, ZONE, CLUSTER = "tpu-proj-123", "us-east5-b", "tpu-cluster"
 CLUSTER_PATH = f"projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER}"
 ORDER = [
     "check_params",
+    "budget_guard",
     "create_node_pool",
     "create_ray_cluster",
-    "prep",
     "train",
     "evaluate",
     "build_serve_config",
@@ -45,7 +46,16 @@ ORDER = [
     "smoke_test",
     "write_report",
 ]
-TEARDOWNS = ["delete_service", "delete_serve_node_pool", "delete_ray_cluster", "delete_node_pool"]
+TEARDOWNS = [
+    "delete_service",
+    "delete_serve_node_pool",
+    "delete_ray_cluster",
+    "delete_node_pool",
+    "delete_prep_cluster",
+    "chip_ledger",
+]
+# the training slice's teardowns: right after train, not after the report
+TRAINING_SLICE_TEARDOWNS = ("delete_ray_cluster", "delete_node_pool")
 
 
 class RecordingLauncher(LocalRayLauncher):
@@ -140,6 +150,7 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     assert "deploy" in dag.get_task("create_serve_node_pool").downstream_task_ids
     assert {t.task_id for t in dag.tasks if t.is_setup} == {
         "check_params",
+        "create_prep_cluster",
         "create_node_pool",
         "create_ray_cluster",
         "create_serve_node_pool",
@@ -148,11 +159,46 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     for teardown in TEARDOWNS:
         # Every teardown has check_params among its setups: it runs even when its own create task failed.
         assert "check_params" in dag.get_task(teardown).upstream_task_ids
-        assert "write_report" in dag.get_task(teardown).get_flat_relative_ids(upstream=True)
+        upstream = dag.get_task(teardown).get_flat_relative_ids(upstream=True)
+        if teardown in TRAINING_SLICE_TEARDOWNS:
+            # the training slice goes once training is over: evaluation and serving never wait on it
+            assert "train" in upstream and not {"evaluate", "deploy", "write_report"} & upstream, teardown
+        else:
+            assert "write_report" in upstream, teardown
     assert "delete_node_pool" in dag.get_task("delete_ray_cluster").downstream_task_ids
     assert "delete_serve_node_pool" in dag.get_task("delete_service").downstream_task_ids
-    assert dag.get_task("create_ray_cluster").retries == 0 and dag.get_task("deploy").retries == 0
-    assert {"serve_topology", "keep_endpoint", "accelerator", "topology"} <= set(dag.params)
+    # prep runs on the CPU cluster while the TPU pool is created: neither waits for the other
+    assert "prep" in dag.get_task("create_prep_cluster").downstream_task_ids
+    assert "train" in dag.get_task("prep").downstream_task_ids
+    prep_up = dag.get_task("prep").get_flat_relative_ids(upstream=True)
+    assert "create_node_pool" not in prep_up and "create_ray_cluster" not in prep_up
+    assert "prep" not in dag.get_task("create_node_pool").get_flat_relative_ids(upstream=True)
+    assert dag.get_task("prep").cluster.operator.task_id == "create_prep_cluster"
+    assert dag.get_task("evaluate").cluster.operator.task_id == "create_prep_cluster"
+    assert dag.get_task("train").cluster.operator.task_id == "create_ray_cluster"
+    # the ledger comes last, after every delete
+    assert {"delete_node_pool", "delete_serve_node_pool", "delete_prep_cluster"} <= dag.get_task(
+        "chip_ledger"
+    ).upstream_task_ids
+    # what reads the GKE API renders its connection from the Variable, as the node pool tasks do
+    for task_id in ("chip_ledger", "train", "create_node_pool"):
+        assert "gcp_conn_id" in dag.get_task(task_id).template_fields, task_id
+    for task_id in ("create_ray_cluster", "create_prep_cluster", "deploy"):
+        assert dag.get_task(task_id).retries == 0
+    assert {"serve_topology", "keep_endpoint", "accelerator", "topology", "max_chip_hours"} <= set(dag.params)
+
+
+def test_prep_cluster_is_cpu_only() -> None:
+    from tpuflow.kuberay.webhook_rules import tpu_worker_groups
+    from tpuflow.pipeline.gke import prep_cluster_manifest
+
+    manifest = prep_cluster_manifest("rayproject/ray:2.60.0-py311", {"A": "1"})
+    spec = manifest["spec"]
+    assert spec["workerGroupSpecs"] == [] and list(tpu_worker_groups(spec)) == []
+    assert "name" not in manifest["metadata"]  # named per task instance, as its delete task finds it
+    head = spec["headGroupSpec"]
+    # Ray tasks (prep, evaluate) run on the head, so it declares its CPUs
+    assert head["rayStartParams"]["num-cpus"] == head["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
 
 
 @pytest.mark.parametrize(
@@ -313,6 +359,22 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert report["accuracy"] >= 0.8 and report["sample_completion"].strip().startswith("42")
         assert report["endpoint"] == f"{deployed['serve_url']}/addition/v1"
 
+        # The ledger: per slice, chips x (delete end - create start) of the stand-in's own operations
+        ledger = tis["chip_ledger"].xcom_pull(task_ids="chip_ledger")
+        assert report["ledger"] == ledger
+        operations = gke.state()["operations"]
+        for entry, chips in zip(ledger["slices"], (4, 1), strict=True):
+            (pool,) = entry["pools"]
+            ops = {o["operationType"]: o for o in operations if o["targetLink"].endswith(f"/nodePools/{pool}")}
+            start = rfc3339_to_unix(ops["CREATE_NODE_POOL"]["startTime"])
+            end = rfc3339_to_unix(ops["DELETE_NODE_POOL"]["endTime"])
+            assert entry["chips"] == chips and entry["open"] is False
+            assert abs(entry["created_at"] - start) < 1 and abs(entry["deleted_at"] - end) < 1, (entry, ops)
+        assert [s["role"] for s in ledger["slices"]] == ["train", "serve"]
+        train = tis["train"].xcom_pull(task_ids="train")
+        assert ledger["training_chip_hours"] == pytest.approx(4 * train["fit_s"] / 3600, rel=1e-3)
+        print(f"chip-hours on the stand-ins: {ledger['chip_hours']:.5f} billed, ratio {ledger['chip_hours_ratio']}")
+
         # Node pools: the training slice (one ct6e-standard-4t node) and the serve slice (1x1), both deleted.
         created = [
             (r["body"] or {}).get("nodePool", {}).get("config", {}).get("machineType")
@@ -323,10 +385,10 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         _wait_until_empty(gke, kube)
         assert gke.node_pools() == []
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
-        # Two Ray clusters were started (training, then the RayService's); no process of either is left.
+        # Three Ray clusters were started (CPU prep, TPU training, then the RayService's); none is left.
         from tpuflow.local.cluster import _pids_referencing
 
-        assert len(launcher.clusters) == 2
+        assert len(launcher.clusters) == 3
         for local in launcher.clusters:
             assert not local.is_alive() and _pids_referencing(local.temp_dir) == [], local.name
         assert kube.controller.errors == []
@@ -359,7 +421,7 @@ def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_delete
         assert run.state == "failed", states
         assert states["check_params"] == "success" and states["create_node_pool"] == "success"
         assert states["create_ray_cluster"] == "failed"
-        assert {states[t] for t in ("prep", "train", "evaluate", "deploy", "smoke_test")} == {"upstream_failed"}
+        assert {states[t] for t in ("train", "evaluate", "deploy", "smoke_test")} == {"upstream_failed"}
         assert {t: states[t] for t in TEARDOWNS} == dict.fromkeys(TEARDOWNS, "success"), states
         out = capfd.readouterr()
         text = out.out + out.err
@@ -371,4 +433,5 @@ def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_delete
         assert len(pools_created) == 1
         assert gke.node_pools() == []
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
-        assert launcher.launched == []
+        # only the CPU prep cluster ever started (it has no TPU workers to wait for)
+        assert [handle.spec.tpu for handle in launcher.launched] == [None]

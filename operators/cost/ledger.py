@@ -1,0 +1,132 @@
+"""The chip-hour ledger: per slice a run held, chips x (deleted - created), and how much of it trained.
+
+A slice is billed from the moment its node pool starts being created until its delete finishes, so
+GKE spans run from the CREATE_NODE_POOL operation's ``startTime`` to the DELETE_NODE_POOL
+operation's ``endTime`` (GKE's own clock, not Airflow's). Local spans are the simulated cluster's
+start and stop. Prices are optional and never guessed: a generation without a price gets no money.
+Pure module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from tpuflow.errors import UserInputError
+
+LEDGER_TASK_ID = "chip_ledger"
+PRICES_VARIABLE = "tpuflow_chip_hour_prices"
+LEDGER_FILE = "ledger.json"
+
+
+def rfc3339_to_unix(text: str) -> float:
+    """GKE's ``2026-12-01T12:00:00.123456Z`` (or with an offset) as unix seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def pool_span(operations: Iterable[Mapping[str, Any]], pool: str) -> tuple[float | None, float | None]:
+    """(first create's start, last finished delete's end) of one node pool, from GKE operations (REST JSON)."""
+    suffix = f"/nodePools/{pool}"
+    created: float | None = None
+    deleted: float | None = None
+    for op in operations:
+        if not str(op.get("targetLink", "")).endswith(suffix):
+            continue
+        kind = op.get("operationType", "")
+        if kind == "CREATE_NODE_POOL" and op.get("startTime"):
+            start = rfc3339_to_unix(op["startTime"])
+            created = start if created is None else min(created, start)
+        elif kind == "DELETE_NODE_POOL" and op.get("status") == "DONE" and op.get("endTime") and not op.get("error"):
+            end = rfc3339_to_unix(op["endTime"])
+            deleted = end if deleted is None else max(deleted, end)
+    return created, deleted
+
+
+def slice_entry(
+    role: str,
+    generation: str,
+    chips: int,
+    created_at: float | None,
+    deleted_at: float | None,
+    *,
+    pools: Iterable[str] = (),
+    now: float | None = None,
+) -> dict[str, Any]:
+    """One slice's line of the ledger; a slice not yet deleted is billed up to ``now`` and marked open."""
+    now = time.time() if now is None else now
+    if created_at is None:
+        seconds = 0.0
+    else:
+        seconds = max(0.0, (deleted_at if deleted_at is not None else now) - created_at)
+    return {
+        "role": role,
+        "generation": generation,
+        "chips": int(chips),
+        "pools": list(pools),
+        "created_at": created_at,
+        "deleted_at": deleted_at,
+        "open": created_at is not None and deleted_at is None,
+        "seconds": round(seconds, 3),
+        "chip_hours": round(chips * seconds / 3600.0, 6),
+    }
+
+
+def check_prices(value: Any) -> dict[str, float]:
+    """The Variable ``tpuflow_chip_hour_prices``: JSON {generation: price per chip-hour}; empty: no prices."""
+    from tpuflow.tpu import resolve_generation
+
+    if value in (None, "", {}):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise UserInputError(
+                PRICES_VARIABLE, value, 'give JSON like {"v6e": 2.97, "v5p": 4.2} (price per chip-hour)'
+            ) from None
+    if not isinstance(value, Mapping):
+        raise UserInputError(PRICES_VARIABLE, value, 'give a JSON object like {"v6e": 2.97} (price per chip-hour)')
+    prices: dict[str, float] = {}
+    for name, price in value.items():
+        try:
+            generation = resolve_generation(str(name)).name
+        except UserInputError:
+            raise UserInputError(PRICES_VARIABLE, name, "name a TPU generation (v4, v5e, v5p, v6e, tpu7x)") from None
+        if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
+            raise UserInputError(f"{PRICES_VARIABLE}[{name}]", price, "give a price per chip-hour >= 0")
+        prices[generation] = float(price)
+    return prices
+
+
+def build_ledger(
+    slices: list[dict[str, Any]],
+    *,
+    training_seconds: float | None = None,
+    training_chips: int = 0,
+    prices: Mapping[str, float] | None = None,
+    currency: str = "USD",
+) -> dict[str, Any]:
+    """The run's ledger: its slices, the total, the training part and (with prices) the money."""
+    billed = round(sum(s["chip_hours"] for s in slices), 6)
+    training = round(training_chips * (training_seconds or 0.0) / 3600.0, 6)
+    ledger: dict[str, Any] = {
+        "slices": slices,
+        "chip_hours": billed,
+        "training_chip_hours": training,
+        "training_seconds": training_seconds,
+        # billed per chip-hour that trained: 1.0 means no chip idled
+        "chip_hours_ratio": round(billed / training, 3) if training > 0 else None,
+        "open": any(s["open"] for s in slices),
+    }
+    prices = dict(prices or {})
+    if prices:
+        priced = [s for s in slices if s["generation"] in prices]
+        for s in priced:
+            s["cost"] = round(s["chip_hours"] * prices[s["generation"]], 4)
+        ledger["currency"] = currency
+        # only when every slice has a price: a partial sum would look like the whole bill
+        ledger["cost"] = round(sum(s["cost"] for s in priced), 4) if len(priced) == len(slices) else None
+    return ledger

@@ -1,0 +1,51 @@
+"""The local backend's ledger pieces: the stop task that records its cluster's span, and the ledger over it.
+
+A module of its own so the GKE DAG file never loads the local operators when it is parsed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from tpuflow.cost.operators import ChipLedgerOperator
+from tpuflow.local.operators import LocalRayClusterDeleteOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class LocalChipLedgerOperator(ChipLedgerOperator):
+    """ChipLedgerOperator for the local backend: a slice's ``task_id`` is the stop task
+    (LocalStopRecordingSpanOperator), whose XCom holds the simulated cluster's start and stop."""
+
+    def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
+        out: list[tuple[float | None, float | None, list[str]]] = []
+        for entry in self.slices:
+            span = context["ti"].xcom_pull(task_ids=entry["task_id"]) or {}
+            out.append((span.get("started_at"), span.get("stopped_at"), [span["name"]] if span.get("name") else []))
+        return out
+
+
+class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
+    """LocalRayClusterDeleteOperator that returns the cluster's span for the ledger:
+    ``{"name", "started_at", "stopped_at"}`` (``stopped_at`` None when the cluster is kept)."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from pathlib import Path
+
+        from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
+        from tpuflow.local.operators import _state_dir
+        from tpuflow.naming import TaskIdentity
+
+        if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
+            state_dir = Path(self.cluster["state_dir"])
+        else:
+            state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
+        span: dict[str, Any] = {"name": state_dir.name, "started_at": None, "stopped_at": None}
+        if (state_dir / STATE_FILE).exists():
+            span["started_at"] = LocalRayCluster.load(state_dir).started_at or None
+        super().execute(context)
+        if not (state_dir / STATE_FILE).exists() and span["started_at"] is not None:
+            span["stopped_at"] = time.time()
+        return span

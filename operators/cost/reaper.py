@@ -1,0 +1,387 @@
+"""The orphan reaper: find what tpuflow created whose run no longer needs it, and delete it.
+
+What it looks at, always by the ownership labels (tpuflow.labels); a resource without them is never
+touched:
+
+- GKE node pools (``tpuflow-managed=true``): an orphan when past its ``tpuflow-expires`` label, or
+  when no running run of its DAG has its run label. A pool still being created is waited for, then
+  deleted (GKE refuses the delete before).
+- RayClusters and RayServices (``app.kubernetes.io/managed-by=tpuflow``): an orphan when no running
+  run of its DAG has its run key (a digest of dag, run, task and map index).
+- local Ray clusters (state under tpuflow.local.cluster.default_base_dir()): an orphan when no running
+  run of any DAG named it, or when its processes are gone.
+- slice leases: a lease whose holder run is not running is given back.
+
+Only resources older than ``older_than`` seconds are taken (a run that just started may not be in
+the list of running runs yet). A failed list stops the reaper before it deletes anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tpuflow.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, field_name: str = "--older-than") -> float:
+    """``90s``, ``15m``, ``2h``, ``1d`` as seconds."""
+    match = _DURATION_RE.match(str(text))
+    if not match:
+        raise UserInputError(field_name, text, "give a number and a unit s, m, h or d, e.g. 2h or 30m")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+class ReaperListError(RuntimeError):
+    """A list call failed: the reaper deletes nothing on an incomplete picture."""
+
+
+def _first_line(err: Exception) -> str:
+    """The error's first line (SQL and HTTP errors carry pages of detail after it)."""
+    text = str(err).strip()
+    return (text.splitlines() or [type(err).__name__])[0]
+
+
+class RunStates(Protocol):
+    def running(self) -> dict[str, list[str]]:
+        """dag_id -> run ids of its running (and queued) runs."""
+        ...
+
+
+@dataclass
+class Orphan:
+    kind: str  # node_pool | raycluster | rayservice | local_cluster | lease
+    name: str
+    where: str
+    reason: str
+    delete: Callable[[], Any] = field(repr=False, default=lambda: None)
+
+    def line(self) -> str:
+        return f"{self.kind} {self.name} ({self.where}): {self.reason}"
+
+
+# --- deciding ---------------------------------------------------------------------------------------------
+def pool_orphan_reason(
+    labels: Mapping[str, str], running: Mapping[str, list[str]], now: float, dag_ids: Iterable[str]
+) -> str | None:
+    """Why a node pool with these resourceLabels is an orphan; None: a running run owns it (or it is not ours)."""
+    from tpuflow.labels import EXPIRES_LABEL, GCE_DAG_LABEL, GCE_MANAGED_LABEL, GCE_RUN_LABEL, gce_label_value
+
+    if labels.get(GCE_MANAGED_LABEL) != "true" or GCE_DAG_LABEL not in labels:
+        return None
+    expires = labels.get(EXPIRES_LABEL, "")
+    if expires.isdigit() and int(expires) < now:
+        return f"past its {EXPIRES_LABEL} label ({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(int(expires)))} UTC)"
+    dag = next((d for d in dag_ids if gce_label_value(d) == labels[GCE_DAG_LABEL]), None)
+    if dag is None:
+        return f"its DAG ({labels[GCE_DAG_LABEL]}) has no running run"
+    if any(gce_label_value(r) == labels.get(GCE_RUN_LABEL) for r in running.get(dag, [])):
+        return None
+    return f"its run {dag}/{labels.get(GCE_RUN_LABEL)} is not running (finished, or gone from the metadata DB)"
+
+
+def kube_orphan_reason(labels: Mapping[str, str], running: Mapping[str, list[str]]) -> str | None:
+    """Why a RayCluster/RayService with these labels is an orphan; None: a running run owns it (or not ours)."""
+    from tpuflow.labels import DAG_ID_LABEL, MANAGED_BY, MANAGED_BY_VALUE, RUN_KEY_LABEL, TASK_ID_LABEL, label_safe
+    from tpuflow.naming import run_key
+
+    if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or RUN_KEY_LABEL not in labels:
+        return None
+    key, task = labels[RUN_KEY_LABEL], labels.get(TASK_ID_LABEL, "")
+    for dag, runs in running.items():
+        if label_safe(dag) != labels.get(DAG_ID_LABEL):
+            continue
+        if any(run_key(dag, r, task) == key for r in runs):
+            return None
+    return f"no running run of DAG {labels.get(DAG_ID_LABEL)} made it (run key {key})"
+
+
+def local_orphan_reason(name: str, alive: bool, running: Mapping[str, list[str]]) -> str | None:
+    """Why a local cluster is an orphan; None: a running run started it, or no run did (``tpuflow local up``)."""
+    from tpuflow.local.operators import local_cluster_name
+    from tpuflow.naming import TaskIdentity
+
+    if not name.startswith("local-"):
+        return None  # started by `tpuflow local up` or by hand: not a run's
+    if not alive:
+        return "its Ray processes are gone (the run was killed; its state was left behind)"
+    for dag, runs in running.items():
+        if any(local_cluster_name(TaskIdentity(dag, run, "start_cluster")) == name for run in runs):
+            return None
+    return "no running run started it"
+
+
+# --- finding ----------------------------------------------------------------------------------------------
+def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, running: Mapping[str, list[str]],
+                      older_than: float, now: float, wait_timeout: float = 1800.0) -> list[Orphan]:  # fmt: skip
+    from tpuflow.cost.ledger import pool_span
+    from tpuflow.gke.hooks import to_rest_json
+
+    try:
+        pools = [to_rest_json(p) for p in hook.list_node_pools(project_id=project_id, cluster_name=cluster_name)]
+        operations = [
+            to_rest_json(o)
+            for o in hook.get_cluster_manager_client()
+            .list_operations(parent=f"projects/{project_id}/locations/{hook.location}")
+            .operations
+        ]
+    except Exception as err:
+        raise ReaperListError(f"listing node pools of cluster {cluster_name}: {_first_line(err)}") from err
+    where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
+    found = []
+    for pool in pools:
+        labels = (pool.get("config") or {}).get("resourceLabels") or {}
+        reason = pool_orphan_reason(labels, running, now, running.keys())
+        if reason is None:
+            continue
+        created, _ = pool_span(operations, pool["name"])
+        if created is not None and now - created < older_than:
+            continue
+        if pool.get("status") in ("PROVISIONING", "RECONCILING"):
+            reason += f"; still {pool.get('status')}: waits for that to finish, then deletes"
+
+        def delete(name: str = pool["name"]) -> Any:
+            return delete_pool(hook, project_id, cluster_name, name, wait_timeout)
+
+        found.append(Orphan("node_pool", pool["name"], where, reason, delete))
+    return found
+
+
+def delete_pool(hook: Any, project_id: str, cluster_name: str, name: str, timeout: float) -> None:
+    """Delete one pool, waiting out an operation still running on it (its create) first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = hook.find_running_operation(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
+        if running is not None:
+            hook.wait_for_node_pool_operation(running.name, project_id=project_id, poll_interval=1.0,
+                                              timeout=max(1.0, deadline - time.monotonic()))  # fmt: skip
+        operation = hook.delete_node_pool(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
+        if operation is None:
+            return
+        hook.wait_for_node_pool_operation(operation, project_id=project_id, poll_interval=1.0,
+                                          timeout=max(1.0, deadline - time.monotonic()))  # fmt: skip
+        return
+
+
+def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]], older_than: float,
+                      now: float) -> list[Orphan]:  # fmt: skip
+    from tpuflow.cost.ledger import rfc3339_to_unix
+    from tpuflow.kuberay import GROUP, KIND_BY_PLURAL, RAYCLUSTERS, RAYSERVICES, VERSION
+    from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE
+
+    found = []
+    # services first: deleting a RayService removes its own RayCluster
+    for plural in (RAYSERVICES, RAYCLUSTERS):
+        try:
+            listing = hook.custom_object_client.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, label_selector=f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+            )
+        except Exception as err:
+            raise ReaperListError(f"listing {plural} in namespace {namespace}: {_first_line(err)}") from err
+        for item in listing.get("items", []):
+            meta = item.get("metadata") or {}
+            if any(ref.get("kind") == "RayService" for ref in meta.get("ownerReferences") or []):
+                continue  # a RayService's own cluster goes with it
+            reason = kube_orphan_reason(meta.get("labels") or {}, running)
+            if reason is None:
+                continue
+            stamp = meta.get("creationTimestamp")
+            if stamp and now - rfc3339_to_unix(stamp) < older_than:
+                continue
+
+            def delete(plural: str = plural, name: str = meta["name"]) -> Any:
+                return hook.delete(plural, name, namespace)
+
+            kind = KIND_BY_PLURAL[plural].lower()
+            found.append(Orphan(kind, meta["name"], f"namespace {namespace}", reason, delete))
+    return found
+
+
+def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now: float,
+                       base_dir: Any = None) -> list[Orphan]:  # fmt: skip
+    from pathlib import Path
+
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
+
+    root = Path(base_dir) if base_dir else default_base_dir()
+    found = []
+    for state in sorted(root.glob(f"*/{STATE_FILE}")):
+        try:
+            cluster = LocalRayCluster.load(state.parent)
+        except (OSError, ValueError, TypeError) as err:
+            raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
+        reason = local_orphan_reason(cluster.name, cluster.is_alive(), running)
+        if reason is None or now - (cluster.started_at or now) < older_than:
+            continue
+        found.append(Orphan("local_cluster", cluster.name, str(state.parent), reason, cluster.stop))
+    return found
+
+
+def find_lease_orphans(store: Any, running: Mapping[str, list[str]], slots: int = 16) -> list[Orphan]:
+    try:
+        held = store.holders(slots)
+    except Exception as err:
+        raise ReaperListError(f"listing slice leases in {store.describe()}: {_first_line(err)}") from err
+    found = []
+    for slot, lease in sorted(held.items()):
+        dag, _, run = lease.holder.partition("/")
+        if run and run in running.get(dag, []):
+            continue
+
+        def release(holder: str = lease.holder) -> Any:
+            return store.release(holder)
+
+        found.append(
+            Orphan("lease", f"slot {slot}", store.describe(), f"held by {lease.holder}, which is not running", release)
+        )
+    return found
+
+
+def reap(orphans: list[Orphan], *, dry_run: bool, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Delete each orphan (dry run: only list them). Returns {"deleted": [...], "failed": [...], "dry_run"}."""
+    deleted, failed = [], []
+    for orphan in orphans:
+        if dry_run:
+            say(f"would delete {orphan.line()}")
+            continue
+        try:
+            orphan.delete()
+        except Exception as err:  # one failure must not leave the other orphans billed
+            say(f"could not delete {orphan.line()}: {_first_line(err)}")
+            failed.append(orphan.line())
+            continue
+        say(f"deleted {orphan.line()}")
+        deleted.append(orphan.line())
+    if not orphans:
+        say("no orphans found")
+    return {"dry_run": dry_run, "found": [o.line() for o in orphans], "deleted": deleted, "failed": failed}
+
+
+# --- run states -----------------------------------------------------------------------------------------
+class MetadataDbRunStates:
+    """Running and queued runs, from the Airflow metadata DB (the CLI; it runs where Airflow is configured)."""
+
+    def running(self) -> dict[str, list[str]]:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from airflow.utils.state import DagRunState
+        from sqlalchemy import select
+
+        out: dict[str, list[str]] = {}
+        try:
+            with create_session() as session:
+                rows = session.execute(
+                    select(DagRun.dag_id, DagRun.run_id).where(
+                        DagRun.state.in_([DagRunState.RUNNING, DagRunState.QUEUED])
+                    )
+                ).all()
+        except Exception as err:
+            raise ReaperListError(f"reading running DAG runs from the Airflow metadata DB: {_first_line(err)}") from err
+        for dag_id, run_id in rows:
+            out.setdefault(dag_id, []).append(run_id)
+        return out
+
+
+class FixedRunStates:
+    """Run states given up front (tests, and callers that asked the Airflow API themselves)."""
+
+    def __init__(self, running: Mapping[str, list[str]]) -> None:
+        self._running = {k: list(v) for k, v in running.items()}
+
+    def running(self) -> dict[str, list[str]]:
+        return dict(self._running)
+
+
+# --- one reaper run -------------------------------------------------------------------------------------
+@dataclass
+class ReaperScope:
+    """Where to look. GKE needs project, location and cluster; Kubernetes a connection (or the GKE cluster)."""
+
+    gcp_conn_id: str = "google_cloud_default"
+    project_id: str | None = None
+    location: str | None = None
+    cluster_name: str | None = None
+    kubernetes_conn_id: str | None = None
+    namespace: str | None = None
+    local_base_dir: str | None = None
+    lease_root: str | None = None
+    kube: bool = True
+    local: bool = True
+    leases: bool = True
+
+    @property
+    def gke(self) -> bool:
+        return bool(self.project_id and self.location and self.cluster_name)
+
+
+def _kube_hook(scope: ReaperScope) -> Any:
+    from tpuflow.kuberay.hooks import GKEKubeRayHook, KubeRayHook, resolve_gke_target
+
+    if scope.kubernetes_conn_id:
+        return KubeRayHook(conn_id=scope.kubernetes_conn_id)
+    gke = {"project_id": scope.project_id, "location": scope.location, "cluster_name": scope.cluster_name}
+    target = resolve_gke_target(gke, scope.gcp_conn_id, None)
+    return GKEKubeRayHook(**target.gke_hook_kwargs())
+
+
+def collect_orphans(
+    scope: ReaperScope, states: RunStates, *, older_than: float, now: float | None = None
+) -> list[Orphan]:
+    """Every orphan in the scope, or ReaperListError before anything is deleted."""
+    now = time.time() if now is None else now
+    running = states.running()
+    orphans: list[Orphan] = []
+    if scope.gke:
+        from tpuflow.gke.hooks import GKENodePoolHook
+
+        pools = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
+        orphans += find_pool_orphans(pools, scope.project_id or "", scope.cluster_name or "", running, older_than, now)
+    if scope.kube and (scope.gke or scope.kubernetes_conn_id):
+        try:
+            hook = _kube_hook(scope)
+            namespace = scope.namespace or hook.default_namespace()
+        except Exception as err:
+            raise ReaperListError(f"reaching the Kubernetes API: {_first_line(err)}") from err
+        orphans += find_kube_orphans(hook, namespace, running, older_than, now)
+    if scope.local:
+        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir)
+    if scope.leases:
+        from tpuflow.slices.leases import lease_store
+
+        orphans += find_lease_orphans(lease_store(scope.lease_root, scope.gcp_conn_id), running)
+    return orphans
+
+
+_FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+
+
+class TaskSdkRunStates:
+    """Running runs of ``dag_ids``, asked from inside a task through the Task SDK (Airflow 3 tasks have
+    no metadata DB access): the runs with an unfinished task, confirmed by their run state."""
+
+    def __init__(self, ti: Any, dag_ids: Iterable[str]) -> None:
+        self.ti = ti
+        self.dag_ids = list(dag_ids)
+
+    def running(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for dag_id in self.dag_ids:
+            try:
+                by_run = self.ti.get_task_states(dag_id=dag_id) or {}
+                for run_id, tasks in by_run.items():
+                    if all(str(state) in _FINISHED_TASK_STATES for state in (tasks or {}).values()) and tasks:
+                        continue
+                    if str(self.ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)) in ("running", "queued"):
+                        out.setdefault(dag_id, []).append(run_id)
+            except Exception as err:
+                raise ReaperListError(f"asking Airflow for the running runs of {dag_id}: {_first_line(err)}") from err
+        return out

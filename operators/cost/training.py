@@ -1,0 +1,110 @@
+"""Training held to the run's chip-hour budget: the job is stopped when the ledger would cross it.
+
+The ledger grows linearly while training runs (only the slices already created bill), so the moment
+it crosses ``max_chip_hours`` is known when the job starts: it becomes the job's timeout. At that
+moment the Ray job wait stops the job (Ray Train keeps the checkpoints it reported), and the task
+fails without a retry; the teardowns delete the slice. A retry started after the budget is spent
+fails at once, before submitting anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tpuflow.rayjob.workload_operators import RayTrainOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class BudgetedRayTrainOperator(RayTrainOperator):
+    """RayTrainOperator stopped (and failed, not retried) when the run's chip-hours reach ``max_chip_hours``.
+
+    :param max_chip_hours: templated; the budget (None/empty: RayTrainOperator's behaviour).
+    :param ledger_slices: templated; the slices billed so far, as GKEChipLedgerOperator's ``slices``.
+    :param gcp_conn_id: templated; the GKE connection (the pools' operations give the spans).
+    :param project_id: templated; the cluster's project.
+    :param location: templated; the cluster's location.
+
+    Every other argument is RayTrainOperator's.
+    """
+
+    template_fields: Sequence[str] = (
+        *RayTrainOperator.template_fields,
+        "max_chip_hours",
+        "ledger_slices",
+        "gcp_conn_id",
+        "project_id",
+        "location",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_chip_hours: Any = None,
+        ledger_slices: Any = None,
+        gcp_conn_id: str = "google_cloud_default",
+        project_id: str = "",
+        location: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_chip_hours = max_chip_hours
+        self.ledger_slices = ledger_slices
+        self.gcp_conn_id = gcp_conn_id
+        self.project_id = project_id
+        self.location = location
+        self._budget_deadline: float | None = None
+
+    def budget_left(self, context: Context) -> tuple[float | None, str]:
+        """(seconds until the ledger crosses the budget, what it is made of); None: no budget."""
+        from tpuflow.cost.budget import check_max_chip_hours
+        from tpuflow.cost.operators import gke_slice_spans, slice_chips
+
+        budget = check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
+        if budget is None or not self.ledger_slices:
+            return None, ""
+        now = time.time()
+        spans = gke_slice_spans(context, self.ledger_slices, self.gcp_conn_id, self.project_id, self.location)
+        used, open_chips = 0.0, 0
+        for entry, (created, deleted, _) in zip(self.ledger_slices, spans, strict=True):
+            if created is None:
+                continue
+            chips = slice_chips(entry["tpu"])
+            used += chips * ((deleted or now) - created) / 3600.0
+            if deleted is None:
+                open_chips += chips
+        said = f"{used:.4f} of max_chip_hours={budget} used by {open_chips} chips held"
+        if open_chips == 0:
+            return (float("inf") if used < budget else 0.0), said
+        return (budget - used) * 3600.0 / open_chips, said
+
+    def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        left, said = self.budget_left(context)
+        if left is not None:
+            if left <= 0:
+                raise AirflowFailException(f"chip-hour budget spent before training ({said}); nothing submitted")
+            if left != float("inf") and (self.job_timeout is None or left < float(self.job_timeout)):
+                self.log.info("Chip-hour budget: %s; the job is stopped in %.0f s unless it ends first", said, left)
+                self.job_timeout = left
+                self._budget_deadline = time.time() + left
+        return super()._submit_and_follow(context, may_restart=may_restart)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        if isinstance(event, dict) and event.get("status") == "timeout" and self.max_chip_hours not in (None, ""):
+            left, said = self.budget_left(context)
+            if left is not None and left < float(self.poll_interval) + 5:
+                self._owned_submission_id = None
+                self._keep_log(context, event)
+                raise AirflowFailException(
+                    f"Training stopped: the run reached its chip-hour budget ({said}). Ray Train's last checkpoint "
+                    f"is kept under {self.storage_path}; the teardowns delete the slice. Raise max_chip_hours and "
+                    "rerun to resume from it."
+                )
+        return super().execute_complete(context, event)

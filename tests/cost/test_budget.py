@@ -1,0 +1,81 @@
+"""The budget guard: the max_chip_hours Param, the estimate from the previous run's ledger, the refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+from cost_support import RunTaskInstance
+from support.airflow_context import task_context
+from tpuflow.cost.budget import check_max_chip_hours, estimate_chip_hours
+from tpuflow.errors import UserInputError
+
+V6E_4X4 = {"generation": "v6e", "chips": 16, "num_slices": 1}
+V6E_1X1 = {"generation": "v6e", "chips": 1, "num_slices": 1}
+PREVIOUS = {"slices": [{"role": "train", "seconds": 1800.0}, {"role": "serve", "seconds": 3600.0}]}
+
+
+@pytest.mark.parametrize("bad", [0, -1, "0", "abc", True, float("nan"), float("inf"), [1]])
+def test_max_chip_hours_rejects_non_positive_and_non_numbers(bad: Any) -> None:
+    with pytest.raises(UserInputError) as err:
+        check_max_chip_hours(bad)
+    assert err.value.field == "params.max_chip_hours"
+
+
+def test_max_chip_hours_accepts_numbers_and_none() -> None:
+    assert check_max_chip_hours(None) is None and check_max_chip_hours("") is None
+    assert check_max_chip_hours(2) == 2.0 and check_max_chip_hours("0.5") == 0.5
+
+
+def test_validate_params_checks_the_budget() -> None:
+    from tpuflow.pipeline.params import pipeline_params, validate_params
+
+    params = {k: p.value for k, p in pipeline_params().items()}
+    assert "max_chip_hours" in params and params["max_chip_hours"] is None
+    validate_params({**params, "max_chip_hours": 3})
+    with pytest.raises(UserInputError) as err:
+        validate_params({**params, "max_chip_hours": -3})
+    assert err.value.field == "params.max_chip_hours"
+
+
+def test_estimate_is_chips_times_previous_durations() -> None:
+    estimate, basis = estimate_chip_hours([{"role": "train", "chips": 16}, {"role": "serve", "chips": 1}], PREVIOUS)
+    assert estimate == pytest.approx(16 * 0.5 + 1 * 1.0) and "1800" in basis
+    assert estimate_chip_hours([{"role": "train", "chips": 16}], None)[0] is None
+    assert estimate_chip_hours([{"role": "eval", "chips": 4}], PREVIOUS)[0] is None
+
+
+def guard(max_chip_hours: Any) -> Any:
+    from tpuflow.cost.operators import ChipBudgetGuardOperator
+
+    return ChipBudgetGuardOperator(
+        task_id="budget_guard",
+        max_chip_hours=max_chip_hours,
+        slices=[{"role": "train", "tpu": V6E_4X4}, {"role": "serve", "tpu": V6E_1X1}],
+    )
+
+
+def test_guard_refuses_a_run_the_previous_ledger_says_is_over_budget() -> None:
+    ti = RunTaskInstance(task_id="budget_guard", prior={"chip_ledger": PREVIOUS})
+    with pytest.raises(
+        AirflowFailException, match=r"max_chip_hours=8.0.*about 9.000 chip-hours.*nothing was provisioned"
+    ):
+        guard(8).execute(task_context(ti))
+    assert guard(10).execute(task_context(ti))["estimate"] == pytest.approx(9.0)
+
+
+def test_guard_without_history_or_budget_lets_the_run_go() -> None:
+    first = RunTaskInstance(task_id="budget_guard")
+    assert guard(0.01).execute(task_context(first))["estimate"] is None
+    assert guard(None).execute(task_context(first)) == {
+        "max_chip_hours": None,
+        "estimate": None,
+        "basis": "no previous run's ledger to estimate from",
+    }
+
+
+def test_guard_rejects_a_bad_static_budget_at_parse_time() -> None:
+    with pytest.raises(UserInputError) as err:
+        guard(-1)
+    assert err.value.field == "max_chip_hours"

@@ -1,0 +1,192 @@
+"""The orphan reaper on the stand-ins: orphans made on purpose are all removed by one reaper run,
+unlabelled and still-owned resources are untouched, and a failed list deletes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+from tpuflow.cost.reaper import (
+    FixedRunStates,
+    ReaperListError,
+    ReaperScope,
+    collect_orphans,
+    kube_orphan_reason,
+    parse_duration,
+    pool_orphan_reason,
+    reap,
+)
+from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
+from tpuflow.errors import UserInputError
+from tpuflow.labels import gce_ownership_labels, kubernetes_ownership_labels
+from tpuflow.naming import TaskIdentity
+
+DAG = "tpu_llm_pipeline_gke"
+LIVE_RUN, KILLED_RUN = "manual__2026-12-01T10:00:00+00:00", "scheduled__2026-11-30T00:00:00+00:00"
+
+
+def pool_body(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    config: dict[str, Any] = {"machineType": "ct6e-standard-1t"}
+    if labels is not None:
+        config["resourceLabels"] = labels
+    return {"nodePool": {"name": name, "config": config, "initialNodeCount": 1, "locations": [ZONE]}}
+
+
+def owned_pool_labels(run_id: str, expires_in: float = 3600) -> dict[str, str]:
+    return gce_ownership_labels(TaskIdentity(DAG, run_id, "create_node_pool"), int(time.time() + expires_in))
+
+
+def raycluster(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "default"}
+    if labels is not None:
+        meta["labels"] = labels
+    head = {"rayStartParams": {}, "template": {"spec": {"containers": [{"name": "ray-head", "image": "ray"}]}}}
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": meta, "spec": {"headGroupSpec": head}}
+
+
+def dead_local_cluster(base: Path, name: str) -> Path:
+    """A local cluster's state whose Ray processes are gone (its run was killed -9, nothing stopped it)."""
+    from tpuflow.local.cluster import LocalRayCluster, NodeProcess
+
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    state_dir = base / name
+    state_dir.mkdir(parents=True)
+    cluster = LocalRayCluster(
+        name=name, state_dir=str(state_dir), temp_dir=str(base / "tmp-gone"), gcs_address="127.0.0.1:1",
+        dashboard_url="http://127.0.0.1:1", serve_port=1, slice=None,
+        nodes=[NodeProcess(role="head", pid=finished.pid, log="")], started_at=time.time() - 7200,
+    )  # fmt: skip
+    cluster.save()
+    return state_dir
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("2h") == 7200 and parse_duration("30m") == 1800 and parse_duration("0s") == 0
+    assert parse_duration("1.5d") == 1.5 * 86400
+    for bad in ("2", "h", "-1h", "2 hours", ""):
+        with pytest.raises(UserInputError) as err:
+            parse_duration(bad)
+        assert err.value.field == "--older-than"
+
+
+def test_decisions_follow_the_labels() -> None:
+    running = {DAG: [LIVE_RUN]}
+    now = time.time()
+    assert pool_orphan_reason(owned_pool_labels(LIVE_RUN), running, now, [DAG]) is None
+    assert "not running" in pool_orphan_reason(owned_pool_labels(KILLED_RUN), running, now, [DAG])
+    assert "tpuflow-expires" in pool_orphan_reason(owned_pool_labels(LIVE_RUN, -10), running, now, [DAG])
+    assert pool_orphan_reason({"team": "ml"}, running, now, [DAG]) is None
+    live = kubernetes_ownership_labels(TaskIdentity(DAG, LIVE_RUN, "create_ray_cluster"))
+    killed = kubernetes_ownership_labels(TaskIdentity(DAG, KILLED_RUN, "create_ray_cluster"))
+    assert kube_orphan_reason(live, running) is None
+    assert "no running run" in kube_orphan_reason(killed, running)
+    assert kube_orphan_reason({"app": "x"}, running) is None
+
+
+def test_one_reaper_run_removes_every_orphan_and_nothing_else(gke: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from tpuflow.slices.leases import LocalLeaseStore
+
+    kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), interval=0.05)
+    with kube:
+        for key, value in kube.connection_env("kube_standin").items():
+            monkeypatch.setenv(key, value)
+        # GKE: a pool whose create task was killed mid-create (still PROVISIONING), one past its expiry,
+        # one of the live run, and one without labels
+        gke.operation_seconds = 0.3
+        gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("expired", owned_pool_labels(LIVE_RUN, -60)))
+        gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("live", owned_pool_labels(LIVE_RUN)))
+        gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("unlabelled", None))
+        # Kubernetes: a RayCluster left by the killed run, one of the live run, one without labels
+        store = kube.store
+        for name, identity in (("killed-run", KILLED_RUN), ("live-run", LIVE_RUN)):
+            labels = kubernetes_ownership_labels(TaskIdentity(DAG, identity, "create_ray_cluster"))
+            store.create(RAYCLUSTERS, "default", raycluster(name, labels), admit=False)
+        store.create(RAYCLUSTERS, "default", raycluster("someone-elses", None), admit=False)
+        # local: a cluster whose run was killed, its processes gone; a lease the killed run still holds
+        local_dir = dead_local_cluster(tmp_path / "clusters", "local-tpu-llm-pipeline-local-0123456789")
+        leases = LocalLeaseStore(tmp_path / "leases")
+        assert leases.try_acquire(f"tpu_llm_pipeline_local/{KILLED_RUN}", 1) is not None
+
+        scope = ReaperScope(
+            gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+            kubernetes_conn_id="kube_standin", local_base_dir=str(tmp_path / "clusters"),
+            lease_root=str(tmp_path / "leases"),
+        )  # fmt: skip
+        states = FixedRunStates({DAG: [LIVE_RUN]})
+        # the first API client of the process takes seconds to build on a busy machine: not part of the create
+        collect_orphans(scope, states, older_than=86400)
+        gke.operation_seconds = 10.0
+        gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("killed-mid-create", owned_pool_labels(KILLED_RUN)))
+        gke.operation_seconds = 0.3
+        # a dry run lists them, with why, and deletes nothing
+        said: list[str] = []
+        dry = reap(collect_orphans(scope, states, older_than=0), dry_run=True, say=said.append)
+        assert dry["deleted"] == [] and len(dry["found"]) == 5, said
+        assert any("killed-mid-create" in line and "PROVISIONING" in line for line in said), said
+        assert {p["name"]: p["status"] for p in gke.node_pools()}["killed-mid-create"] == "PROVISIONING"
+        assert any("expired" in line and "tpuflow-expires" in line for line in said), said
+        assert len(gke.node_pools()) == 4
+
+        outcome = reap(collect_orphans(scope, states, older_than=0), dry_run=False, say=said.append)
+        assert outcome["failed"] == [] and len(outcome["deleted"]) == 5, said
+        assert sorted(p["name"] for p in gke.node_pools()) == ["live", "unlabelled"]
+        deadline = time.time() + 30
+        while time.time() < deadline and len(store.list(RAYCLUSTERS)) > 2:
+            time.sleep(0.1)
+        assert sorted(c["metadata"]["name"] for c in store.list(RAYCLUSTERS)) == ["live-run", "someone-elses"]
+        assert not (local_dir / "state.json").exists()
+        # the killed run's lease no longer blocks the next run
+        assert leases.try_acquire(f"{DAG}/{LIVE_RUN}", 1) is not None
+        # a second run finds nothing left
+        assert collect_orphans(scope, states, older_than=0) == []
+
+
+def test_a_failed_list_deletes_nothing(gke: Any, tmp_path: Path) -> None:
+    local_dir = dead_local_cluster(tmp_path / "clusters", "local-tpu-llm-pipeline-local-abcdef0123")
+    gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("orphan", owned_pool_labels(KILLED_RUN)))
+    scope = ReaperScope(
+        gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name="no-such-cluster", kube=False,
+        local_base_dir=str(tmp_path / "clusters"), lease_root=str(tmp_path / "leases"),
+    )  # fmt: skip
+    with pytest.raises(ReaperListError, match="no-such-cluster"):
+        collect_orphans(scope, FixedRunStates({}), older_than=0)
+    assert (local_dir / "state.json").exists() and len(gke.node_pools()) == 1
+
+
+def test_older_than_spares_young_resources(gke: Any, tmp_path: Path) -> None:
+    gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("young", owned_pool_labels(KILLED_RUN)))
+    scope = ReaperScope(
+        gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, kube=False,
+        local_base_dir=str(tmp_path / "clusters"), lease_root=str(tmp_path / "leases"),
+    )  # fmt: skip
+    assert collect_orphans(scope, FixedRunStates({}), older_than=3600) == []
+    assert [o.name for o in collect_orphans(scope, FixedRunStates({}), older_than=0)] == ["young"]
+
+
+def test_cli_malformed_older_than_is_one_line(capsys: Any) -> None:
+    from tpuflow.cli import main
+
+    assert main(["reap", "--older-than", "2 hours"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--older-than" in err[0] and "2h" in err[0]
+
+
+def test_cli_dry_run_lists_local_orphans(migrated_airflow_db: Path, tmp_path: Path, capsys: Any) -> None:
+    local_dir = dead_local_cluster(tmp_path / "clusters", "local-tpu-llm-pipeline-local-feedbeef01")
+    from tpuflow.cli import main
+
+    args = ["reap", "--older-than", "1h", "--base-dir", str(tmp_path / "clusters"), "--lease-root", str(tmp_path / "l")]
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would delete local_cluster local-tpu-llm-pipeline-local-feedbeef01" in out, out
+    assert (local_dir / "state.json").exists()
+    assert main(args) == 0
+    assert "deleted local_cluster" in capsys.readouterr().out
+    assert not (local_dir / "state.json").exists()
