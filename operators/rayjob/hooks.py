@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 
 TERMINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 RESULT_MARKER = "TPUFLOW_RESULT "
+# Log tails one process keeps open to one dashboard. Ray's dashboard relays each tail to the
+# driver node's agent through one aiohttp session (100 connections) that job submit and stop
+# share too, so a triggerer holding many waits must not take them all; waits past this poll.
+MAX_LOG_TAILS_PER_DASHBOARD = 32
+_open_tails: dict[str, int] = {}
+
+
+class LogTailBusy(Exception):
+    """This process already has MAX_LOG_TAILS_PER_DASHBOARD log tails open to the dashboard."""
 
 
 class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
@@ -81,13 +90,25 @@ class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
     async def atail_job_logs(self, submission_id: str) -> AsyncIterator[str]:
         """The driver log from its first character, chunk by chunk as Ray reads it from the log file
         (about once a second); ends when the job ended and the whole log was sent. Raises on a
-        refused handshake (e.g. no such job: 404) or a connection that broke off."""
+        refused handshake (e.g. no such job: 404) or a connection that broke off, and
+        ``LogTailBusy`` when this process has its share of tails to this dashboard open."""
+        url = self.dashboard_url
+        if _open_tails.get(url, 0) >= MAX_LOG_TAILS_PER_DASHBOARD:
+            raise LogTailBusy(url)
+        _open_tails[url] = _open_tails.get(url, 0) + 1
+        try:
+            async for chunk in self._tail(url, submission_id):
+                yield chunk
+        finally:
+            _open_tails[url] -= 1
+
+    async def _tail(self, url: str, submission_id: str) -> AsyncIterator[str]:
         import aiohttp
 
         async with self.asession() as session:
             # max_msg_size=0: one very long line is one message, whatever its length.
             async with session.ws_connect(
-                f"{self.dashboard_url}/api/jobs/{submission_id}/logs/tail", max_msg_size=0, autoping=True
+                f"{url}/api/jobs/{submission_id}/logs/tail", max_msg_size=0, autoping=True
             ) as ws:
                 async for msg in ws:
                     if msg.type == aiohttp.WSMsgType.TEXT:

@@ -21,7 +21,14 @@ from typing import Any, NotRequired, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
 from tpuflow.rayjob.failures import is_user_code_error
-from tpuflow.rayjob.hooks import RESULT_MARKER, TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
+from tpuflow.rayjob.hooks import (
+    RESULT_MARKER,
+    TERMINAL_JOB_STATES,
+    LogTailBusy,
+    log_tail,
+    parse_result,
+    strip_ansi,
+)
 
 # HTTP statuses of the dashboard that a later poll may not see again (busy, restarting).
 _TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
@@ -183,10 +190,9 @@ async def _follow(
     failures = 0
     while True:
         try:
-            if failures >= _TAIL_FAILURES_BEFORE_POLLING:
-                info = await reader.aget_job_info(submission_id)
-                await emit(follower.feed(await reader.aget_job_logs(submission_id), 0))
-            else:
+            try:
+                if failures >= _TAIL_FAILURES_BEFORE_POLLING:
+                    raise LogTailBusy("no tail")
                 at = 0
                 async for chunk in reader.atail_job_logs(submission_id):
                     failures, follower.tailing = 0, True
@@ -195,6 +201,10 @@ async def _follow(
                 # Ray ends a tail when the job ended and its log was read to the end; a relay that
                 # lost its node agent ends it too, so ask.
                 info = await reader.aget_job_info(submission_id)
+            except LogTailBusy:  # this round, the whole log (the tail is tried again next round)
+                follower.tailing = False
+                info = await reader.aget_job_info(submission_id)
+                await emit(follower.feed(await reader.aget_job_logs(submission_id), 0))
             if info is None or str(info.get("status")) in TERMINAL_JOB_STATES:
                 return
         except asyncio.CancelledError:
@@ -202,7 +212,9 @@ async def _follow(
         except Exception as err:
             failures, follower.tailing = failures + 1, False
             if failures == _TAIL_FAILURES_BEFORE_POLLING:
-                log.warning("The driver log tail of %s failed (%s); fetching the whole log each poll", submission_id, err)
+                log.warning(
+                    "The driver log tail of %s failed (%s); fetching the whole log each poll", submission_id, err
+                )
             elif failures < _TAIL_FAILURES_BEFORE_POLLING:
                 log.info("The driver log tail of %s was interrupted (%s); reconnecting", submission_id, err)
         await asyncio.sleep(retry_after)

@@ -131,3 +131,36 @@ def test_a_job_wait_through_the_hook_streams_the_log_tail_once(token: str, caplo
     polls = len(dashboard.peers) - 1  # every request but the tail's upgrade
     assert polls >= 3 and len(set(dashboard.peers)) <= 3, "the polls reuse the open hook's connections"
     assert json.dumps(event)  # the event stays serialisable
+
+
+def test_waits_past_the_tail_limit_poll_the_whole_log_and_every_tail_is_given_back(
+    token: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpuflow.rayjob import hooks as hooks_mod
+
+    log = logging.getLogger("test.hook_tail_limit")
+    caplog.set_level(logging.INFO, logger=log.name)
+    monkeypatch.setattr(hooks_mod, "MAX_LOG_TAILS_PER_DASHBOARD", 1)
+
+    async def scenario() -> tuple[list[dict[str, Any]], Dashboard, dict[str, int]]:
+        dashboard = Dashboard()
+        runner, url = await _serving(dashboard)
+        try:
+
+            async def one(sid: str) -> dict[str, Any]:
+                async with RayJobHook(cluster={"dashboard_url": url, "auth_token_path": token}) as hook:
+                    return dict(
+                        await wait_for_job(hook, sid, poll_interval=0.05, timeout=60, started_at=time.time(), log=log)
+                    )
+
+            events = await asyncio.gather(one("a"), one("b"))
+            return events, dashboard, dict(hooks_mod._open_tails)
+        finally:
+            await runner.cleanup()
+
+    events, dashboard, open_after = asyncio.run(scenario())
+    assert [e["result"] for e in events] == [{"steps": 40}] * 2
+    streamed = [r.getMessage().split("[ray job] ", 1)[1] for r in caplog.records if "[ray job] " in r.getMessage()]
+    assert sorted(streamed) == sorted(LINES * 2), "each wait logs every line once, tail or not"
+    assert dashboard.full_log_requests > 0, "the wait over the limit fetched the log instead"
+    assert set(open_after.values()) == {0}
