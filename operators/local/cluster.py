@@ -407,9 +407,11 @@ class LocalRayCluster:
 
         On a loaded 2-core machine a node's dashboard agent can miss the raylet's fixed start
         deadline; the raylet then aborts (and `ray start` may linger), while a second attempt
-        succeeds. Each attempt gets a bounded share of the overall timeout.
+        succeeds. Each attempt gets a bounded share of the overall timeout, longer on a loaded
+        machine: a node that is slow to boot is not a node that failed (at load 12 on 2 cores a
+        host needs more than 90 s), and killing it only starts the same slow boot again.
         """
-        per_attempt = max(30.0, min(timeout, 90.0))
+        per_attempt = max(30.0, min(timeout, 90.0 * _load_factor()))
         for attempt in range(attempts):
             spawn()
             self.save()
@@ -452,6 +454,14 @@ class LocalRayCluster:
                 return
             time.sleep(0.5)
         raise LocalClusterError(f"only {alive} of {count} Ray nodes joined within {timeout:.0f}s")
+
+
+def _load_factor() -> float:
+    """How many times busier than its cores the machine is (1.0 when idle or unknown)."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except OSError:
+        return 1.0
 
 
 def _group_alive(pgid: int) -> bool:

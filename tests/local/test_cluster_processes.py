@@ -112,3 +112,13 @@ def test_stop_escalates_to_sigkill_for_what_ignores_sigterm_and_leaves_nothing(c
     assert not cluster_mod._group_alive(leader.pid)
     assert cluster_mod._pids_referencing(cluster.temp_dir) == []
     assert not Path(cluster.temp_dir).exists()
+
+
+@pytest.mark.parametrize(("load", "expected"), [(0.5, 90.0), (12.0, 540.0), (100.0, 600.0)])
+def test_a_start_attempt_gets_longer_on_a_loaded_machine(cluster, monkeypatch, load, expected) -> None:
+    cluster, _ = cluster
+    monkeypatch.setattr(cluster_mod.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(cluster_mod.os, "cpu_count", lambda: 2)
+    given: list[float] = []
+    cluster._start_with_retries(lambda: None, given.append, timeout=600)
+    assert given == [expected]
