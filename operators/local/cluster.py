@@ -312,9 +312,10 @@ class LocalRayCluster:
                 "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
                 "RAY_USAGE_STATS_ENABLED": "0",
-                # Several nodes booting at once on 2 cores can exceed the default 30 s registration wait.
-                "RAY_raylet_start_wait_time_s": "120",
-                "RAY_agent_register_timeout_ms": "120000",
+                # Several nodes booting at once on 2 cores can exceed the default 30 s registration wait,
+                # and on a loaded machine (load 20 on 2 cores) a head needs about 3 minutes.
+                "RAY_raylet_start_wait_time_s": str(int(120 * _load_factor())),
+                "RAY_agent_register_timeout_ms": str(int(120000 * _load_factor())),
                 "JAX_PLATFORMS": "cpu",
                 # Job entrypoints say `python ...`: it must be this environment's interpreter.
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),

@@ -58,6 +58,8 @@ def cluster(tmp_path: Path):
     yield made, bystanders
     for node in made.nodes:
         cluster_mod._signal_group(node.pid, signal.SIGKILL)
+    for pid in cluster_mod._pids_referencing(made.temp_dir):  # the strays, which left the groups
+        os.kill(pid, signal.SIGKILL)
     for proc in bystanders:
         proc.kill()
         proc.wait()
