@@ -76,6 +76,7 @@ class NodeProcess:
     log: str
     slice_name: str = ""
     worker_id: int = -1
+    temp_dir: str = ""  # the node's own Ray temp dir (its processes' command lines name it)
 
 
 @dataclass
@@ -162,27 +163,33 @@ class LocalRayCluster:
         cluster.save()
         return cluster
 
-    def stop(self, timeout: float = 15.0) -> list[int]:
-        """Stop exactly the processes this cluster started; returns the pids that were signalled."""
+    def stop(self, timeout: float = 15.0, grace: float = 3.0) -> list[int]:
+        """Stop exactly the processes this cluster started; returns the pids that were signalled.
+
+        SIGTERM every node's process group, wait up to ``grace`` seconds on them, then SIGKILL what
+        is left: Ray's gcs_server and autoscaler monitor ignore SIGTERM, so waiting longer only waits
+        out the deadline. ``timeout`` bounds the wait after SIGKILL.
+        """
         signalled: list[int] = []
-        # Workers first, so the head does not spend the deadline reporting dead nodes.
+        # Workers first, so the head does not spend the grace reporting dead nodes.
         for node in sorted(self.nodes, key=lambda n: n.role == "head"):
             if _group_alive(node.pid):
                 _signal_group(node.pid, signal.SIGTERM)
                 signalled.append(node.pid)
-        deadline = time.time() + timeout
-        while time.time() < deadline and any(_group_alive(n.pid) for n in self.nodes):
-            time.sleep(0.2)
-        for node in self.nodes:
-            if _group_alive(node.pid):
-                _signal_group(node.pid, signal.SIGKILL)
+        groups = [n.pid for n in self.nodes]
+        if not _wait_gone(groups, grace):
+            for pgid in groups:
+                _signal_group(pgid, signal.SIGKILL)
+            _wait_gone(groups, timeout)
         # Ray processes that left our process groups still carry our unique temp dir.
-        for pid in _pids_referencing(self.temp_dir):
+        strays = _pids_referencing(self.temp_dir)
+        for pid in strays:
             try:
                 os.kill(pid, signal.SIGKILL)
                 signalled.append(pid)
             except ProcessLookupError:
                 pass
+        _wait_pids_gone(strays, timeout)
         self._keep_ray_logs()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         state = Path(self.state_dir)
@@ -305,9 +312,10 @@ class LocalRayCluster:
                 "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
                 "RAY_USAGE_STATS_ENABLED": "0",
-                # Several nodes booting at once on 2 cores can exceed the default 30 s registration wait.
-                "RAY_raylet_start_wait_time_s": "120",
-                "RAY_agent_register_timeout_ms": "120000",
+                # Several nodes booting at once on 2 cores can exceed the default 30 s registration wait,
+                # and on a loaded machine (load 20 on 2 cores) a head needs about 3 minutes.
+                "RAY_raylet_start_wait_time_s": str(int(120 * _load_factor())),
+                "RAY_agent_register_timeout_ms": str(int(120000 * _load_factor())),
                 "JAX_PLATFORMS": "cpu",
                 # Job entrypoints say `python ...`: it must be this environment's interpreter.
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
@@ -324,6 +332,7 @@ class LocalRayCluster:
         ray_bin = Path(sys.executable).with_name("ray")
         label = "head" if role == "head" else f"{slice_name}-w{worker_id}"
         log = Path(self.state_dir) / f"{label}.log"
+        node_temp = f"{self.temp_dir}/n{sum(1 for _ in Path(self.temp_dir).iterdir())}"
         cmd = [
             str(ray_bin),
             "start",
@@ -332,7 +341,7 @@ class LocalRayCluster:
             # Each node gets its own temp dir, as on separate VMs: a shared one makes every node's
             # log monitor forward every node's logs, and nodes race unpacking runtime_env packages.
             # Short names: Ray's unix socket paths under it must stay below ~107 bytes.
-            f"--temp-dir={self.temp_dir}/n{sum(1 for _ in Path(self.temp_dir).iterdir())}",
+            f"--temp-dir={node_temp}",
             "--disable-usage-stats",
             "--object-store-memory=200000000",
             f"--dashboard-agent-listen-port={free_port()}",
@@ -346,7 +355,9 @@ class LocalRayCluster:
         with open(log, "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.nodes.append(
-            NodeProcess(role=role, pid=proc.pid, log=str(log), slice_name=slice_name, worker_id=worker_id)
+            NodeProcess(
+                role=role, pid=proc.pid, log=str(log), slice_name=slice_name, worker_id=worker_id, temp_dir=node_temp
+            )
         )
 
     def _start_head(self, cpus: int, env: dict[str, str], timeout: float) -> None:
@@ -397,9 +408,11 @@ class LocalRayCluster:
 
         On a loaded 2-core machine a node's dashboard agent can miss the raylet's fixed start
         deadline; the raylet then aborts (and `ray start` may linger), while a second attempt
-        succeeds. Each attempt gets a bounded share of the overall timeout.
+        succeeds. Each attempt gets a bounded share of the overall timeout, longer on a loaded
+        machine: a node that is slow to boot is not a node that failed (at load 12 on 2 cores a
+        host needs more than 90 s), and killing it only starts the same slow boot again.
         """
-        per_attempt = max(30.0, min(timeout, 90.0))
+        per_attempt = max(30.0, min(timeout, 90.0 * _load_factor()))
         for attempt in range(attempts):
             spawn()
             self.save()
@@ -407,8 +420,7 @@ class LocalRayCluster:
                 ready(per_attempt)
                 return
             except LocalClusterError:
-                failed = self.nodes.pop()
-                _signal_group(failed.pid, signal.SIGKILL)
+                _kill_node(self.nodes.pop())
                 self.save()
                 if attempt == attempts - 1:
                     raise
@@ -445,23 +457,96 @@ class LocalRayCluster:
         raise LocalClusterError(f"only {alive} of {count} Ray nodes joined within {timeout:.0f}s")
 
 
+def _load_factor() -> float:
+    """How many times busier than its cores the machine is (1.0 when idle or unknown)."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except OSError:
+        return 1.0
+
+
 def _group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is left in the process group."""
+    return bool(_groups_alive([pgid]))
+
+
+def _live(pid: int) -> bool:
+    """Whether `pid` is a running (non-zombie) process."""
     try:
-        os.waitpid(pgid, os.WNOHANG)  # reap our own child leader, if it is ours
-    except ChildProcessError:
-        pass
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+        # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces.
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _pgrp_of(pid: int) -> int | None:
+    """The process group of a live (non-zombie) `pid`, else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[2]) if fields[0] != "Z" else None
+
+
+def _all_pids() -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+
+
+def _wait_gone(groups: list[int], timeout: float) -> bool:
+    """Wait until no process group in `groups` has a live process; False if some still do at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = _groups_alive(groups)
+        if not left or time.monotonic() >= deadline:
+            return not left
+        time.sleep(0.05)
+
+
+def _groups_alive(groups: list[int]) -> list[int]:
+    """The process groups of `groups` with a live (non-zombie) process.
+
+    ``killpg(pgid, 0)`` answers for a group that is gone and the leader's /proc entry for a group
+    whose leader runs, so only a group whose leader is gone while something of it remains (members
+    left, or zombies nobody reaped yet) costs a scan of /proc, and then one scan for all of them.
+    """
+    maybe = []
+    for pgid in groups:
         try:
-            # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            os.waitpid(pgid, os.WNOHANG)  # reap our own child leader, if it is ours
+        except ChildProcessError:
+            pass
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        except PermissionError:
+            pass
+        maybe.append(pgid)
+    unsure = [g for g in maybe if not _live(g)]
+    if not unsure:
+        return maybe
+    live_groups = {_pgrp_of(pid) for pid in _all_pids()}
+    return [g for g in maybe if g not in unsure or g in live_groups]
+
+
+def _wait_pids_gone(pids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_live(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _kill_node(node: NodeProcess, timeout: float = 10.0) -> None:
+    """SIGKILL a node that failed to start: its process group and any process naming its temp dir,
+    then wait until they are gone, so a retried start leaves nothing of the failed attempt behind."""
+    _signal_group(node.pid, signal.SIGKILL)
+    _wait_gone([node.pid], timeout)
+    strays = _pids_referencing(node.temp_dir) if node.temp_dir else []
+    for pid in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _wait_pids_gone(strays, timeout)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -472,18 +557,24 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _pids_referencing(marker: str) -> list[int]:
-    """Pids whose command line mentions `marker` (our unique temp dir)."""
+    """Pids whose command line names the path `marker` (our unique temp dir) or a path under it."""
     found = []
     me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+    want = marker.rstrip("/").encode()
+    for pid in _all_pids():
+        if pid == me:
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if marker in cmdline:
-            found.append(int(entry.name))
+        at = cmdline.find(want)
+        while at >= 0:
+            after = cmdline[at + len(want) : at + len(want) + 1]
+            if after in (b"", b" ", b"/"):  # not /tmp/tpf-x/n1 inside /tmp/tpf-x/n10
+                found.append(pid)
+                break
+            at = cmdline.find(want, at + 1)
     return found
 
 

@@ -8,17 +8,24 @@ auth token if any, extra ``serve_url``).
 The product hooks (``RayJobHook`` for jobs, ``RayServeHook`` for Serve) use Ray's own
 synchronous clients in the worker. Ray's clients block (requests), and the triggerer must not
 block its event loop, so their async methods speak the same documented dashboard REST paths
-with aiohttp, through the one request helper here.
+with aiohttp, through the one request helper here. A wait opens the hook (``async with hook:``)
+for its whole length: its calls then share one HTTP session (kept-alive connections, the token
+read once) instead of paying a new session, connection and token read per request.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from airflow.sdk import BaseHook
 from tpuflow.errors import UserInputError
+
+if TYPE_CHECKING:
+    import aiohttp
 
 ClientT = TypeVar("ClientT")
 
@@ -43,6 +50,8 @@ class RayDashboardHook(BaseHook, Generic[ClientT]):
         self.ray_conn_id = ray_conn_id
         self.cluster = dict(cluster or {})
         self._client: ClientT | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._opened = 0
 
     def create_client(self) -> ClientT:
         """The product's synchronous Ray client for ``dashboard_url`` with ``headers()``."""
@@ -90,13 +99,41 @@ class RayDashboardHook(BaseHook, Generic[ClientT]):
             token = self.get_connection(self.ray_conn_id).password
         return {"Authorization": f"Bearer {token}"} if token else {}
 
+    async def __aenter__(self) -> Self:
+        """Open the hook for a wait: its async calls share one HTTP session until the wait ends."""
+        self._opened += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._opened -= 1
+        if self._opened == 0:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    @asynccontextmanager
+    async def asession(self) -> AsyncIterator[aiohttp.ClientSession]:
+        """The hook's HTTP session while it is open (``async with hook``), else one for this call."""
+        import aiohttp
+
+        if self._opened:
+            if self._session is None or self._session.closed:
+                self._session = aiohttp.ClientSession(headers=self.headers())
+            yield self._session
+            return
+        async with aiohttp.ClientSession(headers=self.headers()) as session:
+            yield session
+
     async def arequest(self, method: str, path: str, *, body: Any = None, timeout: float = 30.0) -> Any:
         """One dashboard REST call from an event loop: the decoded JSON answer (None when empty), or
         None for 404 (the job or app is not there). Other error statuses raise
         ``aiohttp.ClientResponseError``."""
         import aiohttp
 
-        async with aiohttp.ClientSession(headers=self.headers()) as session:
+        async with self.asession() as session:
             async with session.request(
                 method, f"{self.dashboard_url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:

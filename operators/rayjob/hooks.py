@@ -2,14 +2,17 @@
 
 The sync side is Ray's own ``ray.job_submission.JobSubmissionClient``. Ray's client is synchronous
 (requests) and the triggerer cannot block its event loop, so the async side speaks the same
-documented job REST paths (``/api/jobs/...``) with aiohttp (``RayDashboardHook.arequest``).
-Addressing and authentication live in ``tpuflow.rayjob.connection``.
+documented job REST paths (``/api/jobs/...``) with aiohttp (``RayDashboardHook.arequest``), and
+follows a driver log through the dashboard's log tail websocket (``/api/jobs/{id}/logs/tail``, what
+``JobSubmissionClient.tail_job_logs`` uses), which sends each part of the log once, instead of the
+whole log per request. Addressing and authentication live in ``tpuflow.rayjob.connection``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.rayjob.connection import RayDashboardHook
@@ -19,6 +22,15 @@ if TYPE_CHECKING:
 
 TERMINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 RESULT_MARKER = "TPUFLOW_RESULT "
+# Log tails one process keeps open to one dashboard. Ray's dashboard relays each tail to the
+# driver node's agent through one aiohttp session (100 connections) that job submit and stop
+# share too, so a triggerer holding many waits must not take them all; waits past this poll.
+MAX_LOG_TAILS_PER_DASHBOARD = 32
+_open_tails: dict[str, int] = {}
+
+
+class LogTailBusy(Exception):
+    """This process already has MAX_LOG_TAILS_PER_DASHBOARD log tails open to the dashboard."""
 
 
 class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
@@ -74,6 +86,37 @@ class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
 
     async def aget_job_logs(self, submission_id: str) -> str:
         return str((await self.arequest("GET", f"/api/jobs/{submission_id}/logs") or {}).get("logs", ""))
+
+    async def atail_job_logs(self, submission_id: str) -> AsyncIterator[str]:
+        """The driver log from its first character, chunk by chunk as Ray reads it from the log file
+        (about once a second); ends when the job ended and the whole log was sent. Raises on a
+        refused handshake (e.g. no such job: 404) or a connection that broke off, and
+        ``LogTailBusy`` when this process has its share of tails to this dashboard open."""
+        url = self.dashboard_url
+        if _open_tails.get(url, 0) >= MAX_LOG_TAILS_PER_DASHBOARD:
+            raise LogTailBusy(url)
+        _open_tails[url] = _open_tails.get(url, 0) + 1
+        try:
+            async for chunk in self._tail(url, submission_id):
+                yield chunk
+        finally:
+            _open_tails[url] -= 1
+
+    async def _tail(self, url: str, submission_id: str) -> AsyncIterator[str]:
+        import aiohttp
+
+        async with self.asession() as session:
+            # max_msg_size=0: one very long line is one message, whatever its length.
+            async with session.ws_connect(
+                f"{url}/api/jobs/{submission_id}/logs/tail", max_msg_size=0, autoping=True
+            ) as ws:
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        yield msg.data
+                    elif msg.type == aiohttp.WSMsgType.ERROR:
+                        raise ConnectionError(f"the log tail of {submission_id} broke off: {ws.exception()!r}")
+                if ws.close_code not in (None, aiohttp.WSCloseCode.OK):
+                    raise ConnectionError(f"the log tail of {submission_id} closed with code {ws.close_code}")
 
     async def astop_job(self, submission_id: str) -> None:
         await self.arequest("POST", f"/api/jobs/{submission_id}/stop")

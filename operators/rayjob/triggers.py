@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
+from tpuflow.rayjob.connection import RayDashboardHook
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.waits import wait_for_job
 from tpuflow.triggers import TpuflowTrigger
@@ -85,17 +87,20 @@ class RayJobTrigger(TpuflowTrigger):
             self.log.info(
                 "Resuming the driver log of %s at character %d (streamed before a restart)", self.submission_id, offset
             )
-        event = await wait_for_job(
-            self._hook(),
-            self.submission_id,
-            poll_interval=self.poll_interval,
-            timeout=self.timeout,
-            started_at=self.started_at,
-            restart_if_stopped=self.restart_if_stopped,
-            offset=offset,
-            save_offset=self._save_offset,
-            log=self.log,
-        )
+        hook = self._hook()
+        # One HTTP session for the whole wait (a scripted reader in tests has none to open).
+        async with hook if isinstance(hook, RayDashboardHook) else contextlib.nullcontext(hook):
+            event = await wait_for_job(
+                hook,
+                self.submission_id,
+                poll_interval=self.poll_interval,
+                timeout=self.timeout,
+                started_at=self.started_at,
+                restart_if_stopped=self.restart_if_stopped,
+                offset=offset,
+                save_offset=self._save_offset,
+                log=self.log,
+            )
         yield TriggerEvent(dict(event))
 
     def _xcom_address(self) -> dict[str, Any] | None:

@@ -4,21 +4,42 @@
 the given log as it appears, reports how far the log has streamed (the trigger keeps that cursor
 in an XCom), and returns one event of the shape in ``tpuflow.events``. RayJobTrigger.run awaits
 it in the triggerer; RaySubmitJobOperator.execute_sync runs it with ``asyncio.run``.
+
+The driver log arrives through Ray's log tail (``atail_job_logs``: the dashboard pushes each new
+chunk once), not by downloading the whole log every poll; only what the event needs of it (the
+last lines, the last ``TPUFLOW_RESULT`` line) is kept, so a wait's memory does not grow with the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NotRequired, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
 from tpuflow.rayjob.failures import is_user_code_error
-from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES, log_tail, parse_result, strip_ansi
+from tpuflow.rayjob.hooks import (
+    RESULT_MARKER,
+    TERMINAL_JOB_STATES,
+    LogTailBusy,
+    log_tail,
+    parse_result,
+    strip_ansi,
+)
 
 # HTTP statuses of the dashboard that a later poll may not see again (busy, restarting).
 _TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
+# Lines of the driver log an event carries (log_tail) and failure classification reads.
+TAIL_LINES = 40
+# After the job ends, how long the log tail may take to deliver the rest (Ray's tail re-reads the
+# file about once a second) before the wait fetches the whole log once instead.
+_TAIL_DRAIN_S = 15.0
+# Tail connections that fail in a row before the wait falls back to fetching the whole log per poll
+# (e.g. a proxy in front of the dashboard that refuses websocket upgrades).
+_TAIL_FAILURES_BEFORE_POLLING = 3
 
 
 class RayJobEvent(TriggerEventPayload):
@@ -40,13 +61,19 @@ class JobReader(Protocol):
 
     async def aget_job_logs(self, submission_id: str) -> str: ...
 
+    def atail_job_logs(self, submission_id: str) -> AsyncIterator[str]:
+        """The driver log from its start, chunk by chunk as it is written; ends once the job ended
+        and its whole log was sent."""
+        ...
+
     async def astop_job(self, submission_id: str) -> None: ...
 
 
 def _job_event(
     status: EventStatus, message: str, submission_id: str, job_status: str, logs: str, **fields: Any
 ) -> RayJobEvent:
-    tail = log_tail(logs)
+    """``logs``: the end of the driver log (at least its last TAIL_LINES lines)."""
+    tail = log_tail(logs, TAIL_LINES)
     diagnostics = f"--- last lines of the driver log ---\n{tail}" if tail else ""
     return cast(
         RayJobEvent,
@@ -62,11 +89,13 @@ def _job_event(
     )
 
 
-def _ended(submission_id: str, job_status: str, message: str, logs: str, restart_if_stopped: bool) -> RayJobEvent:
-    """The event of a job that reached a terminal state."""
+def _ended(
+    submission_id: str, job_status: str, message: str, logs: str, restart_if_stopped: bool, result: dict[str, Any]
+) -> RayJobEvent:
+    """The event of a job that reached a terminal state (``logs``: the end of its driver log)."""
     if job_status == "SUCCEEDED":
         return _job_event(
-            "success", f"Ray job {submission_id} succeeded", submission_id, job_status, logs, result=parse_result(logs)
+            "success", f"Ray job {submission_id} succeeded", submission_id, job_status, logs, result=result
         )
     if job_status == "STOPPED" and restart_if_stopped:
         return _job_event(
@@ -79,8 +108,116 @@ def _ended(submission_id: str, job_status: str, message: str, logs: str, restart
         )
     text = f"ended {job_status}: {message}"
     # A traceback of the user's code and no sign of lost infrastructure: a retry would fail the same way.
-    user_error = is_user_code_error(job_status, message, log_tail(logs))
+    user_error = is_user_code_error(job_status, message, log_tail(logs, TAIL_LINES))
     return _job_event("failed", text, submission_id, job_status, logs, retryable=not user_error)
+
+
+class LogFollower:
+    """One wait's view of a job's driver log, fed the log's text in order from its first character.
+
+    ``offset`` (characters already in the task log) is the trigger's cursor: text before it is
+    read for the event (last lines, result) but not logged again. Only whole lines are logged; a
+    line still being written waits for its end (or for the job's end).
+    """
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset  # characters of the log that are in the task log
+        self.seen = 0  # characters of the log received so far
+        self._partial = ""  # received text after the last newline
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._result_line = ""
+        self.tailing = False  # a log tail is delivering the log (else the end is fetched whole)
+
+    def feed(self, chunk: str, at: int) -> list[str]:
+        """Take the log's characters ``at .. at+len(chunk)`` (a repeat of text already seen is
+        skipped); returns the complete new lines to log, without their newlines."""
+        if at + len(chunk) <= self.seen:
+            return []
+        chunk = chunk[self.seen - at :] if at < self.seen else chunk
+        start = self.seen - len(self._partial)  # log position of the text being split
+        text = self._partial + chunk
+        self.seen += len(chunk)
+        complete, _, self._partial = text.rpartition("\n")
+        return self._lines(complete, start, len(complete) + 1) if _ else []
+
+    def finish(self) -> list[str]:
+        """The log ended: its last line, when it has no newline."""
+        if not self._partial:
+            return []
+        start, text = self.seen - len(self._partial), self._partial
+        self._partial = ""
+        return self._lines(text, start, len(text))
+
+    def _lines(self, text: str, start: int, consumed: int) -> list[str]:
+        lines = text.split("\n")
+        self._tail.extend(lines[-TAIL_LINES:])
+        if RESULT_MARKER in text:
+            parsed = (line for line in reversed(lines) if RESULT_MARKER in line and parse_result(line))
+            self._result_line = next(parsed, self._result_line)
+        new_from = self.offset - start  # characters of `text` already in the task log
+        self.offset = max(self.offset, start + consumed)
+        if new_from <= 0:
+            return lines
+        if new_from >= consumed:
+            return []
+        return text[new_from:].split("\n")
+
+    @property
+    def tail(self) -> str:
+        """The end of the log: its last lines, a line still being written included."""
+        return "\n".join([*self._tail, self._partial])
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return parse_result(self._result_line)
+
+
+async def _follow(
+    reader: JobReader,
+    submission_id: str,
+    follower: LogFollower,
+    emit: Callable[[list[str]], Awaitable[None]],
+    *,
+    retry_after: float,
+    log: Any,
+) -> None:
+    """Feed the job's log tail to ``follower`` until the job ended and its log is complete.
+
+    A dropped connection reconnects (the tail starts again at the log's first character; the
+    follower skips what it saw). When the tail cannot be had, the whole log is fetched once per
+    ``retry_after`` instead, as the wait did before tails.
+    """
+    failures = 0
+    while True:
+        try:
+            try:
+                if failures >= _TAIL_FAILURES_BEFORE_POLLING:
+                    raise LogTailBusy("no tail")
+                at = 0
+                async for chunk in reader.atail_job_logs(submission_id):
+                    failures, follower.tailing = 0, True
+                    await emit(follower.feed(chunk, at))
+                    at += len(chunk)
+                # Ray ends a tail when the job ended and its log was read to the end; a relay that
+                # lost its node agent ends it too, so ask.
+                info = await reader.aget_job_info(submission_id)
+            except LogTailBusy:  # this round, the whole log (the tail is tried again next round)
+                follower.tailing = False
+                info = await reader.aget_job_info(submission_id)
+                await emit(follower.feed(await reader.aget_job_logs(submission_id), 0))
+            if info is None or str(info.get("status")) in TERMINAL_JOB_STATES:
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            failures, follower.tailing = failures + 1, False
+            if failures == _TAIL_FAILURES_BEFORE_POLLING:
+                log.warning(
+                    "The driver log tail of %s failed (%s); fetching the whole log each poll", submission_id, err
+                )
+            elif failures < _TAIL_FAILURES_BEFORE_POLLING:
+                log.info("The driver log tail of %s was interrupted (%s); reconnecting", submission_id, err)
+        await asyncio.sleep(retry_after)
 
 
 async def wait_for_job(
@@ -97,12 +234,55 @@ async def wait_for_job(
 ) -> RayJobEvent:
     """Poll the job until it is SUCCEEDED, FAILED or STOPPED, or ``timeout`` seconds after
     ``started_at`` (then the job is stopped). Driver-log characters past ``offset`` go to ``log``
-    line by line; ``save_offset`` hears the new offset after each poll that streamed some."""
-    logs, job_status = "", "UNKNOWN"
+    line by line as the log tail delivers them; ``save_offset`` hears the offset reached after the
+    lines were logged, at most once per ``poll_interval`` and when the wait ends (also by
+    cancellation, as when the triggerer stops), so a crash repeats at most one interval's lines."""
+    follower = LogFollower(offset)
+    saved = {"offset": offset, "at": time.monotonic()}
+
+    async def save(force: bool = False) -> None:
+        if save_offset is None or follower.offset == saved["offset"]:
+            return
+        if force or time.monotonic() - saved["at"] >= poll_interval:
+            saved.update(offset=follower.offset, at=time.monotonic())
+            await save_offset(follower.offset)
+
+    async def emit(lines: list[str]) -> None:
+        if not lines:
+            return
+        for line in lines:
+            for part in strip_ansi(line).splitlines() or [""]:
+                log.info("[ray job] %s", part)
+        await save()
+
+    tail = asyncio.ensure_future(_follow(reader, submission_id, follower, emit, retry_after=poll_interval, log=log))
+    try:
+        return await _poll(reader, submission_id, follower, tail, emit, poll_interval=poll_interval, timeout=timeout,
+                           started_at=started_at, restart_if_stopped=restart_if_stopped, log=log)  # fmt: skip
+    finally:
+        tail.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await tail
+        await save(force=True)
+
+
+async def _poll(
+    reader: JobReader,
+    submission_id: str,
+    follower: LogFollower,
+    tail: asyncio.Future[None],
+    emit: Callable[[list[str]], Awaitable[None]],
+    *,
+    poll_interval: float,
+    timeout: float | None,
+    started_at: float,
+    restart_if_stopped: bool,
+    log: Any,
+) -> RayJobEvent:
+    job_status = "UNKNOWN"
     while True:
         try:
             info = await reader.aget_job_info(submission_id)
-            logs = await reader.aget_job_logs(submission_id)
         except Exception as err:
             code = getattr(err, "status", None)
             if isinstance(code, int) and code not in _TRANSIENT_HTTP:  # e.g. 401/403: no later poll will do better
@@ -111,26 +291,58 @@ async def wait_for_job(
                     f"the Ray dashboard refused to report job {submission_id}: {err}",
                     submission_id,
                     job_status,
-                    logs,
+                    follower.tail,
                 )
             log.warning("Ray dashboard unreachable (%s); retrying", err)  # the deadline bounds this
             info = {"status": job_status}
-        if len(logs) > offset:
-            for line in strip_ansi(logs[offset:]).rstrip("\n").splitlines():
-                log.info("[ray job] %s", line)
-            offset = len(logs)
-            if save_offset is not None:
-                await save_offset(offset)
         if info is None:
             return _job_event(
-                "failed", f"Ray job {submission_id} no longer exists", submission_id, "FAILED", logs, retryable=True
+                "failed",
+                f"Ray job {submission_id} no longer exists",
+                submission_id,
+                "FAILED",
+                follower.tail,
+                retryable=True,
             )
         job_status = str(info.get("status", "UNKNOWN"))
         if job_status in TERMINAL_JOB_STATES:
-            return _ended(submission_id, job_status, str(info.get("message") or ""), logs, restart_if_stopped)
+            await _drain(reader, submission_id, follower, tail, emit)
+            return _ended(
+                submission_id,
+                job_status,
+                str(info.get("message") or ""),
+                follower.tail,
+                restart_if_stopped,
+                follower.result,
+            )
         if timeout is not None and time.time() - started_at > timeout:
             await reader.astop_job(submission_id)
             return _job_event(
-                "timeout", f"job exceeded {timeout:.0f}s and was stopped", submission_id, job_status, logs
+                "timeout", f"job exceeded {timeout:.0f}s and was stopped", submission_id, job_status, follower.tail
             )
-        await asyncio.sleep(poll_interval)
+        if tail.done():
+            await asyncio.sleep(poll_interval)
+        else:  # the tail ends when the job does: poll at once then rather than at the next interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(tail), poll_interval)
+
+
+async def _drain(
+    reader: JobReader,
+    submission_id: str,
+    follower: LogFollower,
+    tail: asyncio.Future[None],
+    emit: Callable[[list[str]], Awaitable[None]],
+) -> None:
+    """The job ended: let the tail deliver the rest of its log, or else fetch the whole log once."""
+    try:
+        if not (tail.done() or follower.tailing):
+            raise ConnectionError("no log tail is delivering the log")
+        await asyncio.wait_for(asyncio.shield(tail), _TAIL_DRAIN_S)
+    except Exception:
+        tail.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await tail
+        with contextlib.suppress(Exception):
+            await emit(follower.feed(await reader.aget_job_logs(submission_id), 0))
+    await emit(follower.finish())

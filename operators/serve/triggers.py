@@ -66,14 +66,15 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
         return RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        event = await wait_for_applications(
-            self._hook(),
-            self.app_names,
-            timeout=self.timeout,
-            started_at=self.started_at,
-            poll_interval=self.poll_interval,
-            log=self.log,
-        )
+        async with self._hook() as hook:  # one HTTP session for the whole wait
+            event = await wait_for_applications(
+                hook,
+                self.app_names,
+                timeout=self.timeout,
+                started_at=self.started_at,
+                poll_interval=self.poll_interval,
+                log=self.log,
+            )
         yield TriggerEvent(dict(event))
 
     async def on_kill(self) -> None:

@@ -47,6 +47,8 @@ HEAVY = (
     "tpuflow.kuberay.webhook_rules",
     "tpuflow.rayjob.hooks",
     "tpuflow.rayjob.triggers",
+    "tpuflow.rayjob.waits",
+    "tpuflow.serve.hooks",
     "tpuflow.serve.config",
     "tpuflow.serve.triggers",
     "tpuflow.slices.leases",

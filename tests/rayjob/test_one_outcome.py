@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -52,6 +53,12 @@ class ScriptedJobs:
 
     async def aget_job_logs(self, sid: str) -> str:
         return "step 0\n" + (self.logs if self.jobs[sid] != "RUNNING" else "")
+
+    async def atail_job_logs(self, sid: str) -> AsyncIterator[str]:
+        yield "step 0\n"
+        while self.jobs[sid] == "RUNNING":
+            await asyncio.sleep(0.01)
+        yield self.logs
 
     def get_job_logs(self, sid: str) -> str:
         return "step 0\n" + self.logs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,7 @@ from tpuflow.rayjob.triggers import LOG_CURSOR_XCOM_KEY, RayJobTrigger
 
 
 class ScriptedJob:
-    """aget_job_info / aget_job_logs of a job whose log gains `per_poll` lines a poll until `total`."""
+    """aget_job_info / aget_job_logs / atail_job_logs of a job whose log gains `per_poll` lines a poll until `total`."""
 
     def __init__(self, total: int, per_poll: int) -> None:
         self.total, self.per_poll, self.printed = total, per_poll, 0
@@ -27,6 +28,18 @@ class ScriptedJob:
 
     async def aget_job_logs(self, sid: str) -> str:
         return "".join(f"step {i}\n" for i in range(self.printed))
+
+    async def atail_job_logs(self, sid: str) -> AsyncIterator[str]:
+        """Ray's log tail: the log from its first character, each new part once, until the job ended."""
+        sent = 0
+        while True:
+            logs = await self.aget_job_logs(sid)
+            if len(logs) > sent:
+                yield logs[sent:]
+                sent = len(logs)
+            elif self.printed == self.total:
+                return
+            await asyncio.sleep(0.005)
 
 
 @pytest.fixture

@@ -1,0 +1,131 @@
+"""The wait follows a driver log through Ray's log tail: each part of the log is fetched once, every line
+is logged once (across dropped connections and resumed cursors), and the event still carries the
+log's last lines and its TPUFLOW_RESULT, without the wait holding the whole log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from tpuflow.rayjob.waits import TAIL_LINES, LogFollower, wait_for_job
+
+LOG = logging.getLogger("test.log_follow")
+
+
+def test_only_whole_lines_are_logged_and_a_repeat_of_seen_text_is_skipped() -> None:
+    f = LogFollower(offset=0)
+    assert f.feed("a\nb", 0) == ["a"]
+    assert f.feed("c\nd\n", 3) == ["bc", "d"]
+    assert f.offset == f.seen == 7
+    assert f.feed("a\nbc\nd\ne\n", 0) == ["e"], "a reconnected tail starts again at 0"
+    assert f.feed("tail without newline", 9) == []
+    assert f.finish() == ["tail without newline"]
+    assert f.tail.splitlines() == ["a", "bc", "d", "e", "tail without newline"]
+
+
+def test_text_before_the_cursor_is_read_for_the_event_but_not_logged_again() -> None:
+    log = 'TPUFLOW_RESULT {"accuracy": 0.5}\nstep 1\nstep 2\n'
+    f = LogFollower(offset=log.index("step 2"))
+    assert f.feed(log[:20], 0) == []
+    assert f.feed(log[20:], 20) == ["step 2"]
+    assert f.result == {"accuracy": 0.5} and f.tail.splitlines()[-1] == "step 2"
+    assert f.offset == len(log)
+
+
+def test_the_kept_tail_is_bounded_and_the_last_parseable_result_wins() -> None:
+    f = LogFollower(offset=0)
+    f.feed("".join(f"line {i}\n" for i in range(1000)), 0)
+    f.feed('TPUFLOW_RESULT {"v": 1}\nTPUFLOW_RESULT not json\n', f.seen)
+    assert len(f.tail.splitlines()) == TAIL_LINES and f.result == {"v": 1}
+
+
+class TailedJob:
+    """A job that prints `lines` lines, one per tail read, then SUCCEEDED; its tail can break."""
+
+    def __init__(self, lines: int, *, break_after: int | None = None, tail_works: bool = True) -> None:
+        self.text = "".join(f"step {i}\n" for i in range(lines)) + f'TPUFLOW_RESULT {{"steps": {lines}}}\n'
+        self.written = 0
+        self.break_after, self.tail_works = break_after, tail_works
+        self.full_fetches = self.tails = 0
+
+    def _grow(self) -> None:
+        if self.written < len(self.text):
+            self.written = self.text.index("\n", self.written) + 1
+
+    async def aget_job_info(self, sid: str) -> dict[str, Any]:
+        if not self.tail_works:
+            self._grow()
+        return {"status": "SUCCEEDED" if self.written == len(self.text) else "RUNNING"}
+
+    async def aget_job_logs(self, sid: str) -> str:
+        self.full_fetches += 1
+        return self.text[: self.written]
+
+    async def atail_job_logs(self, sid: str) -> AsyncIterator[str]:
+        self.tails += 1
+        if not self.tail_works:
+            raise ConnectionError("websocket upgrade refused")
+        sent = 0
+        while sent < len(self.text):
+            self._grow()
+            yield self.text[sent : self.written]
+            sent = self.written
+            if self.break_after is not None and self.tails == 1 and sent >= self.break_after:
+                raise ConnectionError("connection reset")
+            await asyncio.sleep(0.001)
+
+    async def astop_job(self, sid: str) -> None:
+        raise AssertionError("not stopped")
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage().split("[ray job] ", 1)[1] for r in caplog.records if "[ray job] " in r.getMessage()]
+
+
+def _wait(job: TailedJob, **kwargs: Any) -> Any:
+    kwargs = {"poll_interval": 0.01, "timeout": 60, "started_at": time.time(), **kwargs}
+    return asyncio.run(wait_for_job(job, "s", log=LOG, **kwargs))
+
+
+def test_a_tailed_log_is_never_downloaded_whole(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    job = TailedJob(30)
+    event = _wait(job)
+    assert event["status"] == "success" and event["result"] == {"steps": 30}
+    assert _logged(caplog) == job.text.splitlines()
+    assert job.full_fetches == 0 and job.tails == 1
+
+
+def test_a_dropped_tail_reconnects_and_no_line_is_logged_twice(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    job = TailedJob(20, break_after=60)
+    event = _wait(job)
+    assert event["result"] == {"steps": 20} and job.tails == 2
+    assert _logged(caplog) == job.text.splitlines()
+
+
+def test_without_a_tail_the_wait_falls_back_to_polling_the_whole_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    job = TailedJob(10, tail_works=False)
+    event = _wait(job)
+    assert event["status"] == "success" and event["result"] == {"steps": 10}
+    assert _logged(caplog) == job.text.splitlines() and job.full_fetches > 0
+
+
+def test_a_resumed_wait_logs_only_past_its_offset_and_saves_the_cursor(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    job = TailedJob(10)
+    offset = job.text.index("step 6")
+    saved: list[int] = []
+
+    async def save(value: int) -> None:
+        saved.append(value)
+
+    event = _wait(job, offset=offset, save_offset=save)
+    assert _logged(caplog) == job.text[offset:].splitlines()
+    assert event["result"] == {"steps": 10} and "step 0" in event["log_tail"]
+    assert saved and saved[-1] == len(job.text) and saved == sorted(saved)
