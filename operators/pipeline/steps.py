@@ -61,15 +61,20 @@ class BuildServeConfigOperator(BaseOperator):
     :param cluster: the cluster-start task's XCom (its connection info; ``backend``, ``serve_port``); templated.
     :param trained: the train task's XCom (``checkpoint``: the checkpoint to serve); templated.
     :param workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees it; templated.
+    :param serve_slice: the slice the replicas serve from (TpuSlice.to_dict(), e.g. check_params' ``serve``);
+        None: CPU replicas; templated.
     """
 
-    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri")
+    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri", "serve_slice")
 
-    def __init__(self, *, cluster: Any, trained: Any, workloads_uri: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *, cluster: Any, trained: Any, workloads_uri: str, serve_slice: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.cluster = cluster
         self.trained = trained
         self.workloads_uri = workloads_uri
+        self.serve_slice = serve_slice
         self._check_arguments(rendered=False)
 
     def _check_arguments(self, *, rendered: bool) -> None:
@@ -81,29 +86,54 @@ class BuildServeConfigOperator(BaseOperator):
         ):
             raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
         _check_nonempty_text("workloads_uri", self.workloads_uri, rendered)
+        if (rendered or is_static(self.serve_slice)) and self.serve_slice is not None:
+            from tpuflow.tpu import TpuSlice
+
+            if not (isinstance(self.serve_slice, dict) and {"generation", "topology"} <= set(self.serve_slice)):
+                raise UserInputError("serve_slice", self.serve_slice, "pass a TpuSlice.to_dict() (check_params' serve)")
+            TpuSlice.from_dict(self.serve_slice)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._check_arguments(rendered=True)
-        return serve_config_for(self.cluster, self.trained, self.workloads_uri, context["params"]["framework"])
+        return serve_config_for(
+            self.cluster, self.trained, self.workloads_uri, context["params"]["framework"], self.serve_slice
+        )
 
 
 def serve_config_for(
-    cluster: dict[str, Any], trained: dict[str, Any], workloads_uri: str, framework: str
+    cluster: dict[str, Any],
+    trained: dict[str, Any],
+    workloads_uri: str,
+    framework: str,
+    serve_slice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from tpuflow.serve.config import serve_application, serve_config
+    """The addition app's Serve config; with ``serve_slice`` its replicas are placed on that TPU slice."""
+    from tpuflow.serve.config import check_tpu_placement, serve_application, serve_config, serve_tpu_args
     from tpuflow.storage import emulator_env
+    from tpuflow.tpu import TpuSlice
 
+    local = cluster.get("backend") == "local"
+    tpu = TpuSlice.from_dict(serve_slice) if serve_slice else None
     # The replicas load the checkpoint themselves: with a GCS emulator they must be told where it is.
-    runtime_env = {"working_dir": workloads_uri, **({"env_vars": emulator_env()} if emulator_env() else {})}
+    # Simulated TPU hosts run JAX on CPU, as training does.
+    env_vars = {**emulator_env(), **({"JAX_PLATFORMS": "cpu"} if local and tpu else {}), **(tpu.ray_env if tpu else {})}
+    runtime_env = {"working_dir": workloads_uri, **({"env_vars": env_vars} if env_vars else {})}
     app = serve_application(
         SERVE_APP,
         "addition.serve_app:app_builder",
         route_prefix=f"/{SERVE_APP}",
-        args={"checkpoint": trained["checkpoint"], "framework": framework, "model_name": SERVE_APP},
+        args={
+            "checkpoint": trained["checkpoint"],
+            "framework": framework,
+            "model_name": SERVE_APP,
+            **(serve_tpu_args(tpu) if tpu else {}),
+        },
         runtime_env=runtime_env,
     )
-    port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
-    return serve_config([app], http_port=port)
+    port = cluster.get("serve_port") if local else None
+    config = serve_config([app], http_port=port)
+    check_tpu_placement(config, tpu)
+    return config
 
 
 class WriteReportOperator(BaseOperator):

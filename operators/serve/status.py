@@ -50,6 +50,34 @@ def judge(payload: dict[str, Any], app_names: list[str]) -> ServeVerdict:
     return ServeVerdict("running", ", ".join(f"{n}: RUNNING" for n in app_names))
 
 
+def placement_causes(payload: dict[str, Any], app_names: list[str]) -> list[str]:
+    """Why a deployment that is not HEALTHY cannot be placed, as far as Serve's own config shows it.
+
+    A deployment whose replica gets several per-chip TPU bundles while its application's args carry
+    no ``accelerator_config.topology`` is Ray Serve LLM's no-topology fallback: the bundles can cover
+    hosts of two slices and the replica waits forever for the rest of a slice.
+    """
+    causes = []
+    apps = (payload or {}).get("applications") or {}
+    for name in app_names:
+        app = apps.get(name) or {}
+        args = (app.get("deployed_app_config") or {}).get("args") or {}
+        topology = (args.get("accelerator_config") or {}).get("topology")
+        for dep_name, dep in (app.get("deployments") or {}).items():
+            if dep.get("status") == "HEALTHY":
+                continue
+            bundles = (dep.get("deployment_config") or {}).get("placement_group_bundles") or []
+            chips = [b for b in bundles if float((b or {}).get("TPU", 0) or 0) > 0]
+            if len(chips) > 1 and not topology:
+                causes.append(
+                    f"deployment {dep_name} of application {name}: {len(chips)} per-chip TPU bundles and no "
+                    "accelerator_config.topology in its args, so its bundles can straddle two slices and the "
+                    "replica waits forever for the rest of a slice; give args accelerator_type and "
+                    "accelerator_config {kind: tpu, topology: <the slice's shape>} (tpuflow.serve.config.serve_tpu_args)"
+                )
+    return causes
+
+
 def deletable_on_kill(payload: dict[str, Any], created: list[str] | None) -> bool:
     """Whether a killed deploy task may DELETE /api/serve/applications/ (which removes every app).
 
