@@ -131,17 +131,26 @@ def test_a_stuck_per_chip_deployment_is_named_with_the_missing_topology():
         "applications": {
             "straddle": {
                 "status": "DEPLOYING",
-                "deployed_app_config": {"args": {"accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu"}}},
-                "deployments": {
-                    "AdditionCompletions": {
-                        "status": "UPDATING",
-                        "deployment_config": {"placement_group_bundles": [{"CPU": 0.25}] + [{"TPU": 1}] * 8},
+                "deployed_app_config": {
+                    "args": {
+                        "accelerator_type": "TPU-V6E",
+                        "accelerator_config": {"kind": "tpu"},
+                        "chips_per_host": 4,
+                        "num_devices": 8,
                     }
                 },
+                # What Serve's status reports: no placement_group_bundles.
+                "deployments": {"AdditionCompletions": {"status": "UPDATING", "deployment_config": {"name": "x"}}},
             }
         }
     }
     (cause,) = placement_causes(payload, ["straddle"])
     assert "AdditionCompletions" in cause and "8 per-chip TPU bundles" in cause and "accelerator_config.topology" in cause
-    payload["applications"]["straddle"]["deployed_app_config"]["args"]["accelerator_config"]["topology"] = "2x4"
+    args = payload["applications"]["straddle"]["deployed_app_config"]["args"]
+    args["num_devices"] = 4  # one host's chips: nothing to straddle
     assert placement_causes(payload, ["straddle"]) == []
+    args["num_devices"], args["accelerator_config"]["topology"] = 8, "2x4"
+    assert placement_causes(payload, ["straddle"]) == []
+    llm = {"accelerator_type": "TPU-V6E", "engine_kwargs": {"tensor_parallel_size": 8}}
+    payload["applications"]["straddle"]["deployed_app_config"]["args"] = {"llm_configs": [llm]}
+    assert "8 per-chip TPU bundles" in placement_causes(payload, ["straddle"])[0]

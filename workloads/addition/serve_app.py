@@ -85,6 +85,14 @@ def _apply_stop(text: str, stop: str | list[str] | None) -> tuple[str, bool]:
 app = FastAPI(title="tpuflow addition completions")
 
 
+def _multi_host(tpu: dict[str, Any]) -> bool:
+    topology = tpu.get("topology")
+    chips = math.prod(int(d) for d in topology.split("x")) if topology else int(tpu.get("num_devices") or 0)
+    return chips > int(tpu["chips_per_host"])
+
+
+# Above the deployment: @serve.deployment pickles the class (with the globals its methods use) when
+# the class is defined, so a helper defined further down is missing in the replica.
 @serve.deployment(max_ongoing_requests=64)
 @serve.ingress(app)
 class AdditionCompletions:
@@ -185,12 +193,6 @@ class AdditionCompletions:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
-
-
-def _multi_host(tpu: dict[str, Any]) -> bool:
-    topology = tpu.get("topology")
-    chips = math.prod(int(d) for d in topology.split("x")) if topology else int(tpu.get("num_devices") or 0)
-    return chips > int(tpu["chips_per_host"])
 
 
 def _tpu_args(args: dict[str, Any]) -> dict[str, Any] | None:
