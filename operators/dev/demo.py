@@ -92,6 +92,7 @@ def _run_pipeline(args: argparse.Namespace, home: Path, output_root: str, storag
         "keep_endpoint": args.keep_endpoint,
         "accuracy_threshold": args.accuracy_threshold,
         "num_train": args.num_train,
+        "serve_topology": args.serve_topology,
     }
     run_date = args.date or date.today().isoformat()
     print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
@@ -121,6 +122,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--train-steps", type=int, default=1500)
     parser.add_argument("--num-train", type=int, default=20000, help="training examples")
     parser.add_argument("--accuracy-threshold", type=float, default=0.9, help="quality gate on held-out accuracy")
+    parser.add_argument(
+        "--serve-topology",
+        default="",
+        help="the endpoint's slice: empty = one host of the training slice; the training topology (e.g. 4x4) "
+        "serves one model from all its hosts (one JAX mesh over the slice)",
+    )
     parser.add_argument("--keep-endpoint", action="store_true", help="leave the cluster and Serve endpoint running")
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
     parser.add_argument(

@@ -38,10 +38,21 @@ MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
 CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 
 
-def build_serve_config(cluster: Any, trained: Any, workloads_uri: str) -> XComArg:
-    """The Serve config task (task_id build_serve_config); its XCom is the config the deploy task takes."""
+# check_params' serve slice (tpuflow.pipeline.params: serve_topology), a dict once rendered.
+SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
+
+
+def build_serve_config(cluster: Any, trained: Any, workloads_uri: str, serve_slice: Any = None) -> XComArg:
+    """The Serve config task (task_id build_serve_config); its XCom is the config the deploy task takes.
+
+    ``serve_slice``: the TPU slice the replicas are placed on (check_params' ``serve``); None: CPU replicas.
+    """
     return BuildServeConfigOperator(
-        task_id="build_serve_config", cluster=cluster, trained=trained, workloads_uri=workloads_uri
+        task_id="build_serve_config",
+        cluster=cluster,
+        trained=trained,
+        workloads_uri=workloads_uri,
+        serve_slice=serve_slice,
     ).output
 
 
@@ -191,8 +202,11 @@ def build_pipeline_dag(
         )
         cluster = start.output
         prep, train, evaluate = training_steps(cluster, run_dir)
-        serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir()}")
-        deploy = RayServeDeployOperator(task_id="deploy", cluster=cluster, serve_config=serve_cfg)
+        serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir()}", serve_slice=SERVE_SLICE)
+        # The replicas serve from the training slice's simulated hosts (tpuflow.pipeline.params.local_serve_slice).
+        deploy = RayServeDeployOperator(
+            task_id="deploy", cluster=cluster, serve_config=serve_cfg, serve_slice=SERVE_SLICE
+        )
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
         stop = LocalStopRecordingSpanOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)
         release = ReleaseSliceOperator(task_id="release_slice")

@@ -57,6 +57,7 @@ from tpuflow.kuberay.operators import (
 )
 from tpuflow.pipeline.factory import (
     KEEP_ENDPOINT,
+    SERVE_SLICE,
     build_serve_config,
     pipeline_dag,
     run_dir_for,
@@ -74,26 +75,18 @@ if TYPE_CHECKING:
 # Where the Ray image keeps workloads/ (the Serve app's working_dir; Ray *jobs* upload workloads/ themselves).
 IMAGE_WORKLOADS_URI = "local:///home/ray/workloads"
 DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
-# Single-host shapes a serve slice may take (which ones exist depends on the generation).
-SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "2x2x1"]
 
 
 # --- Params ------------------------------------------------------------------------------------------
 def gke_pipeline_params() -> dict[str, Param]:
-    params = pipeline_params()
-    params["serve_topology"] = Param(
-        "",
-        type="string",
-        enum=SERVE_TOPOLOGIES,
-        title="Serve slice topology (optional)",
-        description="A single-host slice of the training accelerator for the endpoint's RayService. Empty: the "
-        "smallest one (1x1 on v5e/v6e, 2x2x1 on v4/v5p/tpu7x).",
-    )
-    return params
+    """The shared Params (serve_topology included: tpuflow.pipeline.params)."""
+    return pipeline_params()
 
 
 def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
-    """The endpoint's slice: single-host, of the training generation, valid on GKE and in Ray."""
+    """The endpoint's slice, of the training generation, valid on GKE and in Ray; empty: the smallest
+    single-host one. A multi-host slice serves one model from all its hosts (its replica reserves the
+    whole slice: accelerator_config.topology in the Serve config)."""
     from tpuflow.tpu import TpuSlice, resolve_generation
 
     generation = resolve_generation(accelerator)
@@ -101,17 +94,9 @@ def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
         shapes = [TpuSlice.from_spec(generation.name, t) for t in generation.gke_topologies & generation.ray_topologies]
         topology = min((s for s in shapes if not s.multi_host), key=lambda s: (s.chips, s.topology)).topology
     try:
-        tpu = TpuSlice.from_spec(generation.name, topology).require(gke=True, ray=True)
+        return TpuSlice.from_spec(generation.name, topology).require(gke=True, ray=True)
     except UserInputError as err:
         raise UserInputError("params.serve_topology", topology, err.fix) from None
-    if tpu.multi_host:
-        raise UserInputError(
-            "params.serve_topology",
-            topology,
-            f"a {generation.name} {topology} slice has {tpu.num_hosts} hosts; serve "
-            "on a single-host slice (a multi-host model needs Ray Serve LLM's accelerator_config topology)",
-        )
-    return tpu
 
 
 class CheckGkeParamsOperator(CheckParamsOperator):
@@ -128,7 +113,7 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
     from tpuflow.tpu import TpuSlice
 
-    train = validate_params(params)
+    train = validate_params(params, local_serve=False)
     try:
         TpuSlice.from_spec(params["accelerator"], params["topology"], params.get("machine_type") or None).require(
             gke=True
@@ -417,7 +402,7 @@ def build_gke_pipeline_dag(
             project_id=project_id,
             location=location,
         )
-        serve_cfg = build_serve_config(cpu_cluster, train.output, serve_workloads_uri)
+        serve_cfg = build_serve_config(cpu_cluster, train.output, serve_workloads_uri, serve_slice=SERVE_SLICE)
         create_serve_pool = GKECreateTPUNodePoolOperator(
             task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
         )

@@ -17,6 +17,21 @@ from tpuflow.tpu.generations import GENERATIONS
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
 TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
 FRAMEWORKS = ["jax", "torch"]
+# Shapes a serve slice may take (which ones exist depends on the generation); "": one host.
+SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
+
+
+def serve_topology_param() -> Param:
+    return Param(
+        "",
+        type="string",
+        enum=SERVE_TOPOLOGIES,
+        title="Serve slice topology (optional)",
+        description="The slice the endpoint's replicas serve from, of the training accelerator. Empty: one host "
+        "(locally a host of the training slice; on GKE the smallest single-host slice, 1x1 on v5e/v6e, 2x2x1 on "
+        "v4/v5p/tpu7x). A multi-host shape (e.g. 4x4) serves one model from every host of one slice: locally "
+        "it must be the training slice's shape.",
+    )
 
 
 def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
@@ -81,11 +96,13 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
             description="Refuse to provision when the estimate (the previous run's durations) exceeds it; "
             "training is stopped at its last checkpoint when the ledger reaches it. Empty: no budget.",
         ),
+        "serve_topology": serve_topology_param(),
     }
 
 
-def validate_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Cross-field validation; returns the slice description the run will use."""
+def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict[str, Any]:
+    """Cross-field validation; returns the training slice's description, with the local serve slice
+    under ``serve`` (``local_serve``; the GKE pipeline derives its own)."""
     from tpuflow.tpu import TpuSlice
 
     framework = params.get("framework")
@@ -102,4 +119,43 @@ def validate_params(params: dict[str, Any]) -> dict[str, Any]:
         tpu.require(ray=True)
     except UserInputError as err:
         raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
-    return tpu.to_dict()
+    if not local_serve:
+        return tpu.to_dict()
+    return {**tpu.to_dict(), "serve": local_serve_slice(tpu, params.get("serve_topology")).to_dict()}
+
+
+def local_serve_slice(train: Any, topology: str | None) -> Any:
+    """The local pipeline's serve slice: the training slice itself, or one of its hosts.
+
+    The local cluster simulates only the training slice (one machine's memory holds one set of
+    simulated hosts), and training has finished before the deploy: the replicas serve from the same
+    simulated hosts. ``num_slices`` of a single-host serve slice counts the hosts that can hold one.
+    """
+    from tpuflow.tpu import TpuSlice
+
+    gen = train.generation
+    field = "params.serve_topology"
+    if not topology:
+        shapes = sorted(
+            (t for t in gen.ray_topologies if TpuSlice.from_spec(gen.name, t).chips == train.chips_per_host),
+            key=lambda t: TpuSlice.from_spec(gen.name, t).num_hosts,
+        )
+        if not shapes:
+            raise UserInputError(field, topology, f"give a {gen.name} topology of one {train.machine_type} host")
+        one = TpuSlice.from_spec(gen.name, shapes[0], train.machine_type)
+        return TpuSlice(gen, one.topology, one.chips_per_host, train.total_hosts)
+    try:
+        serve = TpuSlice.from_spec(gen.name, topology).require(ray=True)
+    except UserInputError as err:
+        raise UserInputError(field, topology, err.fix) from None
+    if serve.chips <= train.chips_per_host:  # a shape that fits on one host of the training slice
+        return TpuSlice(gen, serve.topology, serve.chips, train.total_hosts * (train.chips_per_host // serve.chips))
+    if serve.topology != train.topology:
+        raise UserInputError(
+            field,
+            topology,
+            f"the local cluster simulates only the training slice ({gen.name} {train.topology}, "
+            f"{train.num_hosts} x {train.machine_type}); serve from all of it (serve_topology {train.topology}) "
+            "or from one host (empty)",
+        )
+    return train

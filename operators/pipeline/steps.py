@@ -65,18 +65,28 @@ class BuildServeConfigOperator(BaseOperator):
     :param deployment_options: Serve settings of the endpoint (tpuflow.serve.deployment_options.DeploymentOptions
         or a dict of its fields: num_replicas or autoscaling_config, max_ongoing_requests, max_queued_requests,
         request_timeout_s, max_inflight_requests, ...); templated.
+    :param serve_slice: the slice the replicas serve from (TpuSlice.to_dict(), e.g. check_params' ``serve``);
+        None: CPU replicas; templated.
     """
 
-    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri", "deployment_options")
+    template_fields: Sequence[str] = ("cluster", "trained", "workloads_uri", "deployment_options", "serve_slice")
 
     def __init__(
-        self, *, cluster: Any, trained: Any, workloads_uri: str, deployment_options: Any = None, **kwargs: Any
+        self,
+        *,
+        cluster: Any,
+        trained: Any,
+        workloads_uri: str,
+        deployment_options: Any = None,
+        serve_slice: Any = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cluster = cluster
         self.trained = trained
         self.workloads_uri = workloads_uri
         self.deployment_options = deployment_options
+        self.serve_slice = serve_slice
         self._check_arguments(rendered=False)
 
     def _check_arguments(self, *, rendered: bool) -> None:
@@ -92,6 +102,12 @@ class BuildServeConfigOperator(BaseOperator):
             from tpuflow.serve.deployment_options import DeploymentOptions
 
             DeploymentOptions.from_value(self.deployment_options)
+        if (rendered or is_static(self.serve_slice)) and self.serve_slice is not None:
+            from tpuflow.tpu import TpuSlice
+
+            if not (isinstance(self.serve_slice, dict) and {"generation", "topology"} <= set(self.serve_slice)):
+                raise UserInputError("serve_slice", self.serve_slice, "pass a TpuSlice.to_dict() (check_params' serve)")
+            TpuSlice.from_dict(self.serve_slice)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._check_arguments(rendered=True)
@@ -100,6 +116,7 @@ class BuildServeConfigOperator(BaseOperator):
             self.trained,
             self.workloads_uri,
             context["params"]["framework"],
+            self.serve_slice,
             deployment_options=self.deployment_options,
         )
 
@@ -109,29 +126,41 @@ def serve_config_for(
     trained: dict[str, Any],
     workloads_uri: str,
     framework: str,
+    serve_slice: dict[str, Any] | None = None,
     *,
     deployment_options: Any = None,
 ) -> dict[str, Any]:
-    from tpuflow.serve.config import serve_application, serve_config
+    """The addition app's Serve config; with ``serve_slice`` its replicas are placed on that TPU slice."""
+    from tpuflow.serve.config import check_tpu_placement, serve_application, serve_config, serve_tpu_args
     from tpuflow.serve.deployment_options import DeploymentOptions
     from tpuflow.storage import emulator_env
+    from tpuflow.tpu import TpuSlice
 
     options = DeploymentOptions.from_value(deployment_options)
-
+    local = cluster.get("backend") == "local"
+    tpu = TpuSlice.from_dict(serve_slice) if serve_slice else None
     # The replicas load the checkpoint themselves: with a GCS emulator they must be told where it is.
-    runtime_env = {"working_dir": workloads_uri, **({"env_vars": emulator_env()} if emulator_env() else {})}
+    # Simulated TPU hosts run JAX on CPU, as training does.
+    env_vars = {**emulator_env(), **({"JAX_PLATFORMS": "cpu"} if local and tpu else {}), **(tpu.ray_env if tpu else {})}
+    runtime_env = {"working_dir": workloads_uri, **({"env_vars": env_vars} if env_vars else {})}
     app = serve_application(
         SERVE_APP,
         "addition.serve_app:app_builder",
         route_prefix=f"/{SERVE_APP}",
-        args={"checkpoint": trained["checkpoint"], "framework": framework, "model_name": SERVE_APP},
+        args={
+            "checkpoint": trained["checkpoint"],
+            "framework": framework,
+            "model_name": SERVE_APP,
+            **(serve_tpu_args(tpu) if tpu else {}),
+        },
         runtime_env=runtime_env,
         deployments=None if options.is_empty() else [options.deployment_entry(SERVE_DEPLOYMENT, user_config=True)],
     )
-    port = cluster.get("serve_port") if cluster.get("backend") == "local" else None
+    port = cluster.get("serve_port") if local else None
     config = serve_config([app], http_port=port)
     if options.http_options():
         config["http_options"] = {**config.get("http_options", {}), **options.http_options()}
+    check_tpu_placement(config, tpu)
     return config
 
 

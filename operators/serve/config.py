@@ -69,31 +69,81 @@ def serve_config(
     return config
 
 
+def serve_tpu_args(tpu: TpuSlice) -> dict[str, Any]:
+    """The addition Serve app's placement args for a replica on ``tpu`` (addition.serve_app's docstring).
+
+    Single-host: the replica holds its host's TPU. Multi-host: it reserves one whole slice itself;
+    ``accelerator_type`` + ``accelerator_config.topology`` are what ``check_tpu_placement`` requires.
+    """
+    args: dict[str, Any] = {**tpu.serve_accelerator_config(), "chips_per_host": tpu.chips_per_host}
+    if tpu.generation.logical_devices_per_chip > 1:
+        args["tpu_resource_per_chip"] = tpu.generation.logical_devices_per_chip
+    return args
+
+
+def _replica_tpu(app: dict[str, Any], args: dict[str, Any]) -> tuple[float, int]:
+    """(TPU one replica holds on one host, replicas) as the app's args and deployment overrides ask."""
+    tpu = 0.0
+    if args.get("accelerator_type") and args.get("chips_per_host"):
+        # What addition.serve_app asks of each host (the replica's host, or each host of its slice).
+        tpu = float(args["chips_per_host"]) * float(args.get("tpu_resource_per_chip", 1))
+    replicas = int(args.get("num_replicas", 1) or 1)
+    for dep in app.get("deployments") or []:
+        tpu = max(tpu, float(((dep.get("ray_actor_options") or {}).get("resources") or {}).get("TPU", 0) or 0))
+        replicas = max(replicas, int(dep.get("num_replicas", 1) or 1) if dep.get("num_replicas") != "auto" else 1)
+    return tpu, replicas
+
+
 def check_tpu_placement(config: dict[str, Any], tpu: TpuSlice | None) -> None:
-    """Fail fast where Serve would hang: a multi-host TPU model needs its slice topology.
+    """Fail fast where Serve would hang or never place a replica, before anything is deployed.
 
     Without `accelerator_config.topology`, Serve falls back to per-chip bundles that can straddle
     two slices; the replica never finishes its first collective and the app sits in DEPLOYING
-    forever with no error. Ray Serve LLM reads the topology from each LLMConfig.
+    forever with no error. Ray Serve LLM reads the topology from each LLMConfig. A replica asking
+    for more TPU than one host has, or more replicas than the slices (multi-host) or hosts
+    (single-host) can hold, would sit in DEPLOYING as well.
     """
-    if tpu is None or not tpu.multi_host:
+    if tpu is None:
         return
     for app in config.get("applications", []):
+        field = f"applications[{app.get('name')}].args"
         args = app.get("args") or {}
         llm_configs = args.get("llm_configs") or [args]
         for llm in llm_configs:
             accel = (llm or {}).get("accelerator_config") or {}
-            if (
+            if tpu.multi_host and (
                 accel.get("topology") != tpu.topology
                 or llm.get("accelerator_type") != tpu.generation.ray_accelerator_type
             ):
                 want = tpu.serve_accelerator_config()
                 raise UserInputError(
-                    f"applications[{app.get('name')}].args",
+                    field,
                     {k: llm.get(k) for k in ("accelerator_type", "accelerator_config")},
                     f"a model on a multi-host {tpu.generation.name} {tpu.topology} slice must declare {want}; "
                     "without a topology Serve's replicas can straddle two slices and hang in DEPLOYING",
                 )
+        per_replica, replicas = _replica_tpu(app, args)
+        host = tpu.logical_devices_per_host
+        if per_replica > host:
+            raise UserInputError(
+                f"{field}.chips_per_host",
+                per_replica,
+                f"a {tpu.machine_type} host has {host} TPU; ask for at most {host} per replica "
+                "(a model needing more spans a multi-host slice: give accelerator_config.topology)",
+            )
+        if tpu.multi_host:
+            capacity, unit = tpu.num_slices, f"{tpu.topology} slice(s)"
+        elif per_replica:
+            capacity, unit = tpu.total_hosts * int(host // per_replica), f"replica(s) of {per_replica:g} TPU"
+        else:
+            continue
+        if replicas > capacity:
+            raise UserInputError(
+                f"{field}.num_replicas",
+                replicas,
+                f"the serve slice holds {capacity} {unit} (each multi-host replica takes one whole slice); "
+                f"lower num_replicas to {capacity} or serve on more slices",
+            )
 
 
 def application_names(config: dict[str, Any]) -> list[str]:

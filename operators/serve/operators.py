@@ -43,8 +43,10 @@ class RayServeDeployOperator(BaseOperator):
     :param cluster: the cluster-start task's XCom (dashboard_url, serve_url, ...); templated.
     :param ray_conn_id: Airflow connection (type ``ray``; extra ``serve_url``) naming the dashboard, when
         ``cluster`` is not given.
-    :param serve_slice: optional {"accelerator", "topology", ...} the model is served on; a multi-host
-        slice without a declared topology is rejected before anything is deployed; templated.
+    :param serve_slice: optional {"accelerator", "topology", "machine_type"?, "num_slices"?} (or a
+        TpuSlice.to_dict()) the model is served on. Before anything is deployed, a multi-host slice
+        without the declared topology, a replica asking for more TPU than a host has, and more
+        replicas than the slices (or hosts) hold are rejected; templated.
     :param deploy_timeout: seconds to wait for RUNNING before failing with what is stuck and why.
     :param poll_interval: seconds between status polls.
     :param deferrable: wait in the triggerer (default) instead of the worker.
@@ -105,9 +107,15 @@ class RayServeDeployOperator(BaseOperator):
         if (
             (rendered or is_static(self.serve_slice))
             and self.serve_slice is not None
-            and not (isinstance(self.serve_slice, dict) and {"accelerator", "topology"} <= set(self.serve_slice))
+            and not (
+                isinstance(self.serve_slice, dict)
+                and "topology" in self.serve_slice
+                and ({"accelerator", "generation"} & set(self.serve_slice))
+            )
         ):
-            raise UserInputError("serve_slice", self.serve_slice, 'give {"accelerator": ..., "topology": ...}')
+            raise UserInputError(
+                "serve_slice", self.serve_slice, 'give {"accelerator": ..., "topology": ...} or a TpuSlice.to_dict()'
+            )
         if rendered or not is_templated(self.serve_config, self.serve_slice):
             from tpuflow.serve.config import check_tpu_placement
 
@@ -119,7 +127,8 @@ class RayServeDeployOperator(BaseOperator):
         from tpuflow.tpu import TpuSlice
 
         s = self.serve_slice
-        return TpuSlice.from_spec(s["accelerator"], s["topology"], s.get("machine_type"), s.get("num_slices", 1))
+        accelerator = s.get("accelerator") or s["generation"]
+        return TpuSlice.from_spec(accelerator, s["topology"], s.get("machine_type"), s.get("num_slices", 1))
 
     def hook(self) -> RayServeHook:
         from tpuflow.serve.hooks import RayServeHook

@@ -13,7 +13,7 @@ import time
 from typing import Any, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
-from tpuflow.serve.status import STUCK_HINT, app_statuses, judge
+from tpuflow.serve.status import STUCK_HINT, app_statuses, judge, placement_causes
 
 
 class ServeEvent(TriggerEventPayload):
@@ -40,7 +40,7 @@ async def wait_for_applications(
     log: Any,
 ) -> ServeEvent:
     """Poll until the applications are RUNNING, failed, or ``timeout`` seconds after ``started_at``."""
-    last, statuses = "", dict.fromkeys(app_names, "UNKNOWN")
+    last, statuses, causes = "", dict.fromkeys(app_names, "UNKNOWN"), []
     while True:
         try:
             payload = await reader.aget_serve_details()
@@ -48,6 +48,7 @@ async def wait_for_applications(
             log.warning("Ray dashboard unreachable (%s); retrying", err)
         else:
             verdict, statuses = judge(payload, app_names), app_statuses(payload, app_names)
+            causes = placement_causes(payload, app_names)
             if verdict.detail != last:
                 log.info("Serve status:\n%s", verdict.detail)
                 last = verdict.detail
@@ -60,7 +61,7 @@ async def wait_for_applications(
         if time.time() - started_at > timeout:
             return _serve_event(
                 "timeout",
-                f"not RUNNING after {timeout:.0f}s:\n{last or 'no status yet'}",
+                "\n".join([f"not RUNNING after {timeout:.0f}s:", last or "no status yet", *causes]),
                 statuses,
                 diagnostics=STUCK_HINT,
             )

@@ -221,8 +221,9 @@ def test_serve_slice_is_single_host(accelerator: str, topology: str, expected: s
 @pytest.mark.parametrize(
     ("accelerator", "topology", "fix"),
     [
-        ("TPU-V6E", "4x4", "single-host"),
+        ("TPU-V6E", "16", "not a chip count"),  # a multi-host slice without its topology
         ("TPU-V6E", "2x2x1", "2D"),
+        ("TPU-V6E", "16x32", "no such slice"),
         ("TPU-V5P", "1x1", "3D"),
     ],
 )
@@ -232,6 +233,14 @@ def test_serve_slice_rejects(accelerator: str, topology: str, fix: str) -> None:
     with pytest.raises(UserInputError) as err:
         serve_slice(accelerator, topology)
     assert err.value.field == "params.serve_topology" and fix in str(err.value)
+
+
+def test_serve_slice_may_be_multi_host() -> None:
+    from tpuflow.pipeline.gke import check_gke_params
+
+    tpu = check_gke_params({"accelerator": "TPU-V6E", "topology": "2x2", "framework": "jax", "accuracy_threshold": 0.9,
+                            "serve_topology": "4x4"})["serve"]  # fmt: skip
+    assert (tpu["topology"], tpu["num_hosts"], tpu["multi_host"], tpu["machine_type"]) == ("4x4", 4, True, "ct6e-standard-4t")
 
 
 def run_context(task_id: str) -> dict[str, Any]:

@@ -40,8 +40,32 @@ def stop_kept_clusters(tmp_path):
         LocalRayCluster.load(state.parent).stop()
 
 
+def slice_host_placement(state_dir: Path) -> list[tuple[str, str]]:
+    """(slice name, TPU worker id) of the node of each live SliceHost actor (a multi-host replica's workers)."""
+    import requests
+    from tpuflow.local.cluster import LocalRayCluster
+
+    cluster = LocalRayCluster.load(state_dir)
+    labels = {n["node_id"]: n.get("labels") or {} for n in cluster.nodes_summary()}
+    resp = requests.get(
+        f"{cluster.dashboard_url}/api/v0/actors",
+        params={"detail": "1", "limit": "1000"},
+        headers=cluster.auth_headers(),
+        timeout=30,
+    )
+    resp.raise_for_status()
+    actors = [
+        a
+        for a in resp.json()["data"]["result"]["result"]
+        if a.get("state") == "ALIVE" and "SliceHost" in str(a.get("class_name"))
+    ]
+    node_labels = [labels.get(a["node_id"], {}) for a in actors]
+    return sorted((lab.get("ray.io/tpu-slice-name", ""), lab.get("ray.io/tpu-worker-id", "")) for lab in node_labels)
+
+
 def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters):
-    out = run_demo(tmp_path, "--framework", "jax", "--keep-endpoint")
+    # The endpoint serves one model from all 4 hosts of the (simulated) v6e 4x4 training slice.
+    out = run_demo(tmp_path, "--framework", "jax", "--serve-topology", "4x4", "--keep-endpoint")
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert "pipeline succeeded" in out.stdout
     report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
@@ -60,7 +84,10 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     for prompt, answer in (("17+25=", "42"), ("58+39=", "97"), ("3+4=", "7"), ("0+0=", "0"), ("99+99=", "198")):
         completion = client.completions.create(model="addition", prompt=prompt, max_tokens=4, temperature=0)
         assert completion.choices[0].text == answer, (prompt, completion.choices[0].text)
-    assert len(cluster_states(tmp_path)) == 1
+    (state,) = cluster_states(tmp_path)
+    placement = slice_host_placement(state.parent)
+    assert len(placement) == 4 and len({name for name, _ in placement}) == 1, placement
+    assert sorted(worker for _, worker in placement) == ["0", "1", "2", "3"], placement
     down = subprocess.run(
         [*TPUFLOW, "local", "down", "--base-dir", str(tmp_path / "home" / "clusters")],
         capture_output=True,

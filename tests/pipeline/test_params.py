@@ -38,3 +38,41 @@ def test_form_schema_rejects_bad_values_at_trigger_time(name, bad):
     param: Param = pipeline_params()[name]
     with pytest.raises(Exception, match="valid|enum|greater|less|maximum"):
         Param(bad, **param.schema).resolve()
+
+
+@pytest.mark.parametrize(
+    ("topology", "machine_type", "serve_topology", "expected"),
+    [
+        # (serve topology, chips per host, multi-host, num_slices: hosts that hold one such replica)
+        ("4x4", None, "", ("2x2", 4, False, 4)),
+        ("4x4", None, "1x1", ("1x1", 1, False, 16)),
+        ("4x4", None, "4x4", ("4x4", 4, True, 1)),
+        ("2x4", None, "", ("2x4", 8, False, 1)),
+        ("2x4", "ct6e-standard-4t", "2x4", ("2x4", 4, True, 1)),
+    ],
+)
+def test_local_serve_slice_is_the_training_slice_or_one_of_its_hosts(topology, machine_type, serve_topology, expected):
+    params = {**defaults(), "topology": topology, "machine_type": machine_type, "serve_topology": serve_topology}
+    serve = validate_params(params)["serve"]
+    assert (serve["topology"], serve["chips_per_host"], serve["multi_host"], serve["num_slices"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("serve_topology", "fix"),
+    [
+        ("2x4", "simulates only the training slice"),  # a multi-host shape the local cluster does not have
+        ("2x2x2", "2D"),  # a shape the generation lacks
+        ("8x8", "serve from all of it"),
+    ],
+)
+def test_local_serve_topology_the_cluster_lacks_is_refused(serve_topology, fix):
+    with pytest.raises(UserInputError) as err:
+        validate_params({**defaults(), "serve_topology": serve_topology})
+    assert err.value.field == "params.serve_topology" and fix in str(err.value)
+
+
+def test_both_pipelines_share_the_serve_topology_param():
+    from tpuflow.pipeline.gke import gke_pipeline_params
+
+    assert pipeline_params()["serve_topology"].value == "" and "4x4" in pipeline_params()["serve_topology"].schema["enum"]
+    assert gke_pipeline_params()["serve_topology"].schema == pipeline_params()["serve_topology"].schema

@@ -72,3 +72,38 @@ def test_app_builder_rejects_bad_args(trained: dict[str, Any]) -> None:
         app_builder({"checkpoint": trained["checkpoint"], "framework": "tensorflow"})
     with pytest.raises(ValueError, match="checkpoint"):
         app_builder({"framework": "jax"})
+
+
+def _options(args: dict[str, Any]) -> Any:
+    app = app_builder({"checkpoint": "/ckpt", "framework": "jax", **args})
+    return app._bound_deployment  # the deployment the app's ingress runs
+
+
+def test_replica_placement_follows_the_slice() -> None:
+    cpu = _options({})
+    assert cpu.ray_actor_options == {"num_cpus": 0.25} and cpu.init_args[3] == "jax"  # the trained framework
+    single = _options({"accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu", "topology": "2x2"},
+                       "chips_per_host": 4})  # fmt: skip
+    assert single.ray_actor_options["resources"] == {"TPU": 4}
+    assert single.ray_actor_options["accelerator_type"] == "TPU-V6E"
+    multi = _options({"accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu", "topology": "4x4"},
+                      "chips_per_host": 4, "num_replicas": 2})  # fmt: skip
+    # Deferred placement: no TPU and no placement group from Serve; the replica reserves the slice.
+    assert "resources" not in multi.ray_actor_options and multi._replica_config.placement_group_bundles is None
+    assert multi.ray_actor_options["label_selector"] == {"ray.io/accelerator-type": "TPU-V6E"}
+    assert multi.num_replicas == 2 and multi.init_args[4]["topology"] == "4x4"
+    straddling = _options({"accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu"}, "chips_per_host": 4,
+                           "num_devices": 8})  # fmt: skip
+    assert straddling._replica_config.placement_group_bundles[1:] == [{"TPU": 1, "accelerator_type:TPU-V6E": 0.001}] * 8
+
+
+def test_app_builder_rejects_bad_tpu_args() -> None:
+    base = {"checkpoint": "/ckpt", "framework": "jax", "accelerator_type": "TPU-V6E", "chips_per_host": 4}
+    with pytest.raises(ValueError, match="accelerator_config"):
+        app_builder({**base, "accelerator_config": {"kind": "gpu"}})
+    with pytest.raises(ValueError, match="topology"):
+        app_builder({**base, "accelerator_config": {"kind": "tpu"}})
+    with pytest.raises(ValueError, match="chips_per_host"):
+        app_builder({**base, "chips_per_host": 0, "accelerator_config": {"kind": "tpu", "topology": "4x4"}})
+    with pytest.raises(ValueError, match="one JAX mesh"):
+        app_builder({**base, "backend": "numpy", "accelerator_config": {"kind": "tpu", "topology": "4x4"}})

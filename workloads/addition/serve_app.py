@@ -2,17 +2,27 @@
 
 Import path "addition.serve_app:app_builder", args:
     {"checkpoint": PATH, "framework": "jax"|"torch", "model_name": "...",
-     "backend": "numpy"|"jax"|"torch" (default numpy), "num_replicas": 1, "num_cpus": 0.25}
+     "backend": "numpy"|"jax"|"torch" (default: the framework the model was trained with),
+     "num_replicas": 1, "num_cpus": 0.25,
+     "accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu", "topology": "4x4"},
+     "chips_per_host": 4, "tpu_resource_per_chip": 1, "num_devices": N}
+
+Without accelerator_type a replica is a CPU actor. With it, on a single-host slice the replica holds
+its host's TPU (TPU: chips per host plus the accelerator_type resource) and runs the forward pass in
+process; on a multi-host slice it requests no TPU, is pinned to a TPU host by label, and reserves a
+whole slice at start-up (addition.slice_serving: one worker per host, one JAX mesh). A multi-host
+config without accelerator_config.topology gets Serve-made per-chip bundles (num_devices of them),
+Ray Serve LLM's fallback, which can straddle two slices and hang: tpuflow's deploy checks reject it.
 
 Routes (under the application's route_prefix): GET /v1/models, GET /v1/models/{id},
 POST /v1/completions, POST /v1/chat/completions (streaming, usage and errors: addition.openai_api;
-request limits from the deployment's user_config). The forward pass runs in-process with numpy by
-default, so a replica starts without importing jax or torch. Temperature defaults to 0 (greedy), not OpenAI's 1:
+request limits from the deployment's user_config). Temperature defaults to 0 (greedy), not OpenAI's 1:
 an addition has one right answer.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -23,26 +33,62 @@ from fastapi.responses import Response
 from ray import serve
 
 FRAMEWORKS = ("jax", "torch")
-_ARGS = {"checkpoint", "framework", "model_name", "backend", "num_replicas", "num_cpus"}
+_ARGS = {
+    "checkpoint",
+    "framework",
+    "model_name",
+    "backend",
+    "num_replicas",
+    "num_cpus",
+    "accelerator_type",
+    "accelerator_config",
+    "chips_per_host",
+    "tpu_resource_per_chip",
+    "num_devices",
+}
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "app_builder"]
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+# A lost host must fail the multi-host replica's health check quickly, so Serve replaces it.
+SLICE_HEALTH_CHECK = {"health_check_period_s": 2.0, "health_check_timeout_s": 30.0}
 
 
 app = FastAPI(title="tpuflow addition completions")
 install_error_handlers(app)
 
 
+def _multi_host(tpu: dict[str, Any]) -> bool:
+    topology = tpu.get("topology")
+    chips = math.prod(int(d) for d in topology.split("x")) if topology else int(tpu.get("num_devices") or 0)
+    return chips > int(tpu["chips_per_host"])
+
+
+# Above the deployment: @serve.deployment pickles the class (with the globals its methods use) when
+# the class is defined, so a helper defined further down is missing in the replica.
 @serve.deployment(max_ongoing_requests=64)
 @serve.ingress(app)
 class AdditionCompletions:
-    def __init__(self, checkpoint: str, framework: str, model_name: str, backend: str = "numpy"):
-        from addition.checkpoint import load_meta, local_copy
+    def __init__(
+        self,
+        checkpoint: str,
+        framework: str,
+        model_name: str,
+        backend: str | None = None,
+        tpu: dict[str, Any] | None = None,
+    ):
+        from addition.checkpoint import load_meta, load_params, local_copy
         from addition.inference import Predictor
 
+        self.predictor: Any = None
         with local_copy(checkpoint) as d:
             meta = load_meta(d)
             if meta.framework != framework:
                 raise ValueError(f"{checkpoint} was trained with {meta.framework}, not {framework}")
-            self.predictor = Predictor.from_checkpoint(d, backend=backend)
+            if tpu and _multi_host(tpu):
+                from addition.slice_serving import SlicePredictor, SliceShape
+
+                self.predictor = SlicePredictor(load_params(d, meta.model), meta, SliceShape(**tpu))
+            else:
+                self.predictor = Predictor.from_checkpoint(d, backend=backend or framework)
         self.model_name = model_name
         self.created = int(time.time())
 
@@ -56,6 +102,18 @@ class AdditionCompletions:
         if getattr(self, "_openai_service", None) is None:
             self._openai_service = OpenAIService(self.predictor.complete, self.model_name, self.created)
         return self._openai_service
+
+    def check_health(self) -> None:
+        """Serve calls this periodically: a multi-host replica is unhealthy once a host's worker is gone."""
+        check = getattr(self.predictor, "check_health", None)
+        if check is not None:
+            check()
+
+    def __del__(self) -> None:
+        """Serve calls this when it stops the replica: release the slice it reserved."""
+        shutdown = getattr(getattr(self, "predictor", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     @app.get("/v1/models")
     def list_models(self) -> dict[str, Any]:
@@ -74,6 +132,58 @@ class AdditionCompletions:
         return await self._openai().chat_completions(request)
 
 
+def _tpu_args(args: dict[str, Any]) -> dict[str, Any] | None:
+    """The replica's TPU placement from the args (None: a CPU replica); ValueError on a bad combination."""
+    accel = args.get("accelerator_type")
+    config = args.get("accelerator_config")
+    if not accel:
+        if config:
+            raise ValueError("args.accelerator_config needs args.accelerator_type (e.g. TPU-V6E)")
+        return None
+    if not isinstance(accel, str) or not accel.upper().startswith("TPU-"):
+        raise ValueError(f"args.accelerator_type must be Ray's TPU type such as TPU-V6E, got {accel!r}")
+    config = config or {"kind": "tpu"}
+    if not isinstance(config, dict) or config.get("kind") != "tpu" or set(config) - {"kind", "topology"}:
+        raise ValueError(f'args.accelerator_config must be {{"kind": "tpu", "topology": "AxB"}}, got {config!r}')
+    chips_per_host = args.get("chips_per_host")
+    if not isinstance(chips_per_host, int) or isinstance(chips_per_host, bool) or chips_per_host < 1:
+        raise ValueError(f"args.chips_per_host must be the TPU chips of one host, got {chips_per_host!r}")
+    per_chip = args.get("tpu_resource_per_chip", 1)
+    topology = config.get("topology")
+    num_devices = args.get("num_devices")
+    if not topology and not num_devices:
+        raise ValueError("a TPU replica needs args.accelerator_config.topology (or num_devices for per-chip bundles)")
+    return {
+        "accelerator_type": accel.upper(),
+        "topology": str(topology).lower() if topology else None,
+        "chips_per_host": chips_per_host,
+        "tpu_resource_per_chip": int(per_chip),
+        "num_devices": int(num_devices) if num_devices else None,
+    }
+
+
+def _placement_options(tpu: dict[str, Any] | None, num_cpus: float) -> dict[str, Any]:
+    """Deployment options that place a replica (see the module docstring)."""
+    if tpu is None:
+        return {"ray_actor_options": {"num_cpus": num_cpus}}
+    accel = tpu["accelerator_type"]
+    if not _multi_host(tpu):
+        tpu_per_host = tpu["chips_per_host"] * tpu["tpu_resource_per_chip"]
+        return {"ray_actor_options": {"num_cpus": num_cpus, "resources": {"TPU": tpu_per_host}, "accelerator_type": accel}}
+    if tpu["topology"]:
+        # Ray Serve LLM's TPUAccelerator with a topology: no placement group from Serve (the replica
+        # reserves the slice itself) and no TPU on the replica; a label pins it to a TPU host.
+        return {"ray_actor_options": {"num_cpus": num_cpus, "label_selector": {ACCELERATOR_LABEL: accel}}, **SLICE_HEALTH_CHECK}
+    # No topology: one {"TPU": 1} bundle per chip, as Ray Serve LLM falls back to (bundle 0 holds the replica).
+    chips = [{"TPU": 1, f"accelerator_type:{accel}": 0.001} for _ in range(int(tpu["num_devices"]))]
+    return {
+        "ray_actor_options": {"num_cpus": num_cpus},
+        "placement_group_bundles": [{"CPU": num_cpus}, *chips],
+        "placement_group_strategy": "PACK",
+        **SLICE_HEALTH_CHECK,
+    }
+
+
 def app_builder(args: dict[str, Any]) -> Any:
     """Serve application builder; raises on missing or unknown args (Serve would drop unknown ones silently)."""
     unknown = sorted(set(args) - _ARGS)
@@ -84,15 +194,24 @@ def app_builder(args: dict[str, Any]) -> Any:
     framework = args.get("framework", "")
     if framework not in FRAMEWORKS:
         raise ValueError(f"args.framework must be one of {FRAMEWORKS}, got {framework!r}")
-    backend = args.get("backend", "numpy")
+    tpu = _tpu_args(args)
+    multi_host = tpu is not None and _multi_host(tpu)
+    # A multi-host replica is one JAX mesh over the slice whichever framework trained the (canonical) weights.
+    backend = args.get("backend", "jax" if multi_host else framework)
     if backend not in BACKENDS:
         raise ValueError(f"args.backend must be one of {BACKENDS}, got {backend!r}")
+    if multi_host and backend != "jax":
+        raise ValueError(f"a multi-host replica runs one JAX mesh over the slice; args.backend {backend!r} cannot")
     from tpuflow_driver.storage import normalize
 
     deployment = AdditionCompletions.options(
         num_replicas=int(args.get("num_replicas", 1)),
-        ray_actor_options={"num_cpus": float(args.get("num_cpus", 0.25))},
+        **_placement_options(tpu, float(args.get("num_cpus", 0.25))),
     )
     return deployment.bind(
-        normalize(str(args["checkpoint"])), framework, str(args.get("model_name") or f"addition-{framework}"), backend
+        normalize(str(args["checkpoint"])),
+        framework,
+        str(args.get("model_name") or f"addition-{framework}"),
+        backend,
+        tpu,
     )
