@@ -97,8 +97,14 @@ def training_steps(
 ) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
     """prep -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info): backend-independent.
 
-    ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one);
-    ``train_class`` and ``train_kwargs``: a RayTrainOperator subclass and its own arguments."""
+    ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one: the
+    evaluation then runs in one CPU actor, since the training slice is deleted once its checkpoint
+    exists); ``train_class`` and ``train_kwargs``: a RayTrainOperator subclass and its own arguments."""
+    # On the slice: one actor per host of the training slice, each holding that host's TPU resources.
+    on_slice = (
+        f" --num-hosts {CHECKED_SLICE.format('num_hosts')} --tpu-per-host {CHECKED_SLICE.format('logical_devices_per_host')}"
+        f" --accelerator-type {CHECKED_SLICE.format('ray_accelerator_type')}"
+    )
     prep = RayDataPrepOperator(
         task_id="prep",
         cluster=cluster,
@@ -133,9 +139,7 @@ def training_steps(
             "python -m addition.evaluate --framework {{ params.framework }}"
             " --checkpoint {{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"
             f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
-            # one actor per host of the training slice, each holding that host's TPU resources
-            f" --num-hosts {CHECKED_SLICE.format('num_hosts')} --tpu-per-host {CHECKED_SLICE.format('logical_devices_per_host')}"
-            f" --accelerator-type {CHECKED_SLICE.format('ray_accelerator_type')}"
+            + (on_slice if train_cluster is None else "")
         ),
         min_result={"accuracy": "{{ params.accuracy_threshold }}"},
         log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
