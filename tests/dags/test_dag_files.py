@@ -107,6 +107,9 @@ def test_local_pipeline_shape(migrated_airflow_db):
         assert down in dag.get_task(up).downstream_task_ids
     start, stop = dag.get_task("start_cluster"), dag.get_task("stop_cluster")
     assert start.is_setup and stop.is_teardown
+    # the evaluation runs on the slice it trained on: one actor per host, each with the host's TPU
+    assert "--num-hosts" in dag.get_task("evaluate").entrypoint
+    assert "--tpu-per-host" in dag.get_task("evaluate").entrypoint
     # A slice lease spans the cluster's life, so a backfill (own max_active_runs) never holds two slices.
     assert dag.get_task("acquire_slice").is_setup and dag.get_task("release_slice").is_teardown
     assert set(dag.params) >= {

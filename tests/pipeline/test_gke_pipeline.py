@@ -175,6 +175,8 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     assert "prep" not in dag.get_task("create_node_pool").get_flat_relative_ids(upstream=True)
     assert dag.get_task("prep").cluster.operator.task_id == "create_prep_cluster"
     assert dag.get_task("evaluate").cluster.operator.task_id == "create_prep_cluster"
+    # ... so it asks for no TPU there (a CPU-only cluster would never place a TPU actor)
+    assert "--tpu-per-host" not in dag.get_task("evaluate").entrypoint
     assert dag.get_task("train").cluster.operator.task_id == "create_ray_cluster"
     # the ledger comes last, after every delete
     assert {"delete_node_pool", "delete_serve_node_pool", "delete_prep_cluster"} <= dag.get_task(
