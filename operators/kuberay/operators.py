@@ -392,7 +392,9 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         if not self.image:
             from tpuflow.serve.llm import DEFAULT_VLLM_TPU_IMAGE
 
-            raise UserInputError("image", self.image, f"give the vLLM TPU image, e.g. {DEFAULT_VLLM_TPU_IMAGE} (pin a tag)")
+            raise UserInputError(
+                "image", self.image, f"give the vLLM TPU image, e.g. {DEFAULT_VLLM_TPU_IMAGE} (pin a tag)"
+            )
         self._llm()
 
     def _serve_config(self) -> dict[str, Any]:

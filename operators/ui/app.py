@@ -199,7 +199,9 @@ def _ledger_records(limit: int = 200) -> list[tuple[str, str, object]]:
             .order_by(XComModel.timestamp.desc())
             .limit(limit)
         ).all()
-    return [(dag_id, run_id, XComModel.deserialize_value(SimpleNamespace(value=value))) for dag_id, run_id, value in rows]
+    return [
+        (dag_id, run_id, XComModel.deserialize_value(SimpleNamespace(value=value))) for dag_id, run_id, value in rows
+    ]
 
 
 @app.get("/ledger", response_class=HTMLResponse)

@@ -18,7 +18,9 @@ from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.naming import TaskIdentity
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator
 
-pytestmark = pytest.mark.slow
+# Minutes of training on purpose (the stop must come mid-training): `make test-long`. make test keeps the
+# guard's refusal before anything is provisioned (tests/cost/test_budget.py).
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 V6E_2X2 = {"generation": "v6e", "chips": 4, "num_slices": 1}
 TRAINING_ALLOWED_S = 120.0  # of the budget left when the job is submitted
 

@@ -131,12 +131,38 @@ def test_render_rayservice_llm_serves_the_model_on_the_slice(capsys: pytest.Capt
     ("argv", "needle"),
     [
         (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--import-path", "a:b"], "--llm"),
-        (["rayservice", "--accelerator", "v6e", "--topology", "2x4", "--machine-type", "ct6e-standard-4t",
-          "--llm", "m"], "ct6e-standard-8t"),  # fmt: skip
-        (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--num-replicas", "2"],
-         "num_replicas"),  # fmt: skip
-        (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--engine-kwarg",
-          "tensor_parallel_size=4"], "16 chips"),  # fmt: skip
+        (
+            [
+                "rayservice",
+                "--accelerator",
+                "v6e",
+                "--topology",
+                "2x4",
+                "--machine-type",
+                "ct6e-standard-4t",
+                "--llm",
+                "m",
+            ],
+            "ct6e-standard-8t",
+        ),  # fmt: skip
+        (
+            ["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--num-replicas", "2"],
+            "num_replicas",
+        ),  # fmt: skip
+        (
+            [
+                "rayservice",
+                "--accelerator",
+                "v6e",
+                "--topology",
+                "4x4",
+                "--llm",
+                "m",
+                "--engine-kwarg",
+                "tensor_parallel_size=4",
+            ],
+            "16 chips",
+        ),  # fmt: skip
         (["raycluster", "--accelerator", "v6e", "--topology", "16"], "topology='16'"),
         (["raycluster", "--accelerator", "tpu-v5e", "--topology", "2x2"], "TPU-V5LITEPOD"),
         (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--env", "NOEQUALS"], "--env"),

@@ -242,7 +242,12 @@ def test_serve_slice_may_be_multi_host() -> None:
 
     tpu = check_gke_params({"accelerator": "TPU-V6E", "topology": "2x2", "framework": "jax", "accuracy_threshold": 0.9,
                             "serve_topology": "4x4"})["serve"]  # fmt: skip
-    assert (tpu["topology"], tpu["num_hosts"], tpu["multi_host"], tpu["machine_type"]) == ("4x4", 4, True, "ct6e-standard-4t")
+    assert (tpu["topology"], tpu["num_hosts"], tpu["multi_host"], tpu["machine_type"]) == (
+        "4x4",
+        4,
+        True,
+        "ct6e-standard-4t",
+    )
 
 
 def run_context(task_id: str) -> dict[str, Any]:

@@ -70,6 +70,7 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     assert "pipeline succeeded" in out.stdout
     report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
     assert report["accuracy"] >= 0.9 and report["heldout_examples"] == 200
+    assert report["eval_hosts"] == 4, "the evaluation runs on every host of the 4x4 slice"
     assert report["sample_completion"].strip().startswith("42")
     run_dir = Path(report["output_dir"])
     assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir() and (run_dir / "eval" / "jax.json").exists()

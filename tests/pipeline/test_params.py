@@ -74,5 +74,7 @@ def test_local_serve_topology_the_cluster_lacks_is_refused(serve_topology, fix):
 def test_both_pipelines_share_the_serve_topology_param():
     from tpuflow.pipeline.gke import gke_pipeline_params
 
-    assert pipeline_params()["serve_topology"].value == "" and "4x4" in pipeline_params()["serve_topology"].schema["enum"]
+    assert (
+        pipeline_params()["serve_topology"].value == "" and "4x4" in pipeline_params()["serve_topology"].schema["enum"]
+    )
     assert gke_pipeline_params()["serve_topology"].schema == pipeline_params()["serve_topology"].schema

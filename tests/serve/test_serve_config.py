@@ -81,7 +81,11 @@ def test_status_judgement():
 
 def addition_app(tpu: TpuSlice, **args):
     return serve_config(
-        [serve_application("addition", "addition.serve_app:app_builder", args={"checkpoint": "/c", **serve_tpu_args(tpu), **args})]
+        [
+            serve_application(
+                "addition", "addition.serve_app:app_builder", args={"checkpoint": "/c", **serve_tpu_args(tpu), **args}
+            )
+        ]
     )
 
 
@@ -114,14 +118,18 @@ def test_serve_tpu_args_derive_from_the_slice():
 )
 def test_bad_tpu_placement_is_refused_before_deploy(tpu, app_tpu, args, field, fix):
     with pytest.raises(UserInputError) as err:
-        check_tpu_placement(addition_app(TpuSlice.from_spec("TPU-V6E", app_tpu), **args), TpuSlice.from_spec("TPU-V6E", tpu))
+        check_tpu_placement(
+            addition_app(TpuSlice.from_spec("TPU-V6E", app_tpu), **args), TpuSlice.from_spec("TPU-V6E", tpu)
+        )
     assert err.value.field == field and fix in str(err.value), str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_deployment_override_asking_more_tpu_than_a_host_is_refused():
     tpu = TpuSlice.from_spec("TPU-V6E", "2x2")
-    cfg = serve_config([serve_application("a", "m:app", deployments=[{"name": "D", "ray_actor_options": {"resources": {"TPU": 8}}}])])
+    cfg = serve_config(
+        [serve_application("a", "m:app", deployments=[{"name": "D", "ray_actor_options": {"resources": {"TPU": 8}}}])]
+    )
     with pytest.raises(UserInputError, match="has 4 TPU"):
         check_tpu_placement(cfg, tpu)
 
@@ -145,7 +153,9 @@ def test_a_stuck_per_chip_deployment_is_named_with_the_missing_topology():
         }
     }
     (cause,) = placement_causes(payload, ["straddle"])
-    assert "AdditionCompletions" in cause and "8 per-chip TPU bundles" in cause and "accelerator_config.topology" in cause
+    assert (
+        "AdditionCompletions" in cause and "8 per-chip TPU bundles" in cause and "accelerator_config.topology" in cause
+    )
     args = payload["applications"]["straddle"]["deployed_app_config"]["args"]
     args["num_devices"] = 4  # one host's chips: nothing to straddle
     assert placement_causes(payload, ["straddle"]) == []

@@ -41,8 +41,12 @@ def cluster(cluster_base_dir: Path) -> Iterator[Any]:
             try:
                 c = stack.enter_context(
                     running_cluster(
-                        "pytest-serve-2x4", cluster_base_dir, "TPU-V6E", "2x4",
-                        machine_type="ct6e-standard-4t", num_slices=2,
+                        "pytest-serve-2x4",
+                        cluster_base_dir,
+                        "TPU-V6E",
+                        "2x4",
+                        machine_type="ct6e-standard-4t",
+                        num_slices=2,
                     )  # fmt: skip
                 )
             except LocalClusterError:
@@ -236,7 +240,9 @@ def test_a_lost_host_makes_serve_replace_the_replica_on_an_intact_slice(
     _deploy(cluster, _config(cluster, checkpoint, tpu, "heal"), tpu)
     assert _complete(cluster, "heal") == checkpoint["expected"]
     (before,) = _workers_by_replica(cluster).values()
-    details = requests.get(f"{cluster.dashboard_url}/api/serve/applications/", headers=cluster.auth_headers(), timeout=30)
+    details = requests.get(
+        f"{cluster.dashboard_url}/api/serve/applications/", headers=cluster.auth_headers(), timeout=30
+    )
     deployed_at = details.json()["applications"]["heal"]["last_deployed_time_s"]
     lost = sorted({s for s in _slice_of(cluster).values() if s}).index(before[0])
     cluster.kill_host(lost, 1)
@@ -249,6 +255,8 @@ def test_a_lost_host_makes_serve_replace_the_replica_on_an_intact_slice(
     assert len(set(after)) == 1 and after[0] != before[0], (before, after)
     assert _complete(cluster, "heal", timeout=300) == checkpoint["expected"]
     print(f"endpoint answered again from {after[0]} {time.time() - started:.0f}s after losing host {lost}/1")
-    details = requests.get(f"{cluster.dashboard_url}/api/serve/applications/", headers=cluster.auth_headers(), timeout=30)
+    details = requests.get(
+        f"{cluster.dashboard_url}/api/serve/applications/", headers=cluster.auth_headers(), timeout=30
+    )
     assert details.json()["applications"]["heal"]["last_deployed_time_s"] == deployed_at, "no redeploy"
     json.dumps(details.json())  # the status stays readable

@@ -90,7 +90,9 @@ def test_evaluation_splits_over_several_actors_and_reports_its_rate(
     assert summary["accuracy"] == pytest.approx(expected) and summary["num_hosts"] == 2
     assert [p["prompt"] for p in predictions] == held["prompt"]  # order kept across the split
     assert summary["examples_per_s"] > 0 and summary["eval_seconds"] > 0
-    print(f"evaluate: {summary['n']} examples, {summary['examples_per_s']} examples/s over {summary['num_hosts']} actors")
+    print(
+        f"evaluate: {summary['n']} examples, {summary['examples_per_s']} examples/s over {summary['num_hosts']} actors"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +114,7 @@ def v6e_2x4_hosts(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # its own 2-host cluster and model; make test's jax demo checks eval_hosts on 4 hosts
 def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
     v6e_2x4_hosts: Any, trained: dict[str, Any], tmp_path: Path
 ) -> None:

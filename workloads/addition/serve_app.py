@@ -169,11 +169,16 @@ def _placement_options(tpu: dict[str, Any] | None, num_cpus: float) -> dict[str,
     accel = tpu["accelerator_type"]
     if not _multi_host(tpu):
         tpu_per_host = tpu["chips_per_host"] * tpu["tpu_resource_per_chip"]
-        return {"ray_actor_options": {"num_cpus": num_cpus, "resources": {"TPU": tpu_per_host}, "accelerator_type": accel}}
+        return {
+            "ray_actor_options": {"num_cpus": num_cpus, "resources": {"TPU": tpu_per_host}, "accelerator_type": accel}
+        }
     if tpu["topology"]:
         # Ray Serve LLM's TPUAccelerator with a topology: no placement group from Serve (the replica
         # reserves the slice itself) and no TPU on the replica; a label pins it to a TPU host.
-        return {"ray_actor_options": {"num_cpus": num_cpus, "label_selector": {ACCELERATOR_LABEL: accel}}, **SLICE_HEALTH_CHECK}
+        return {
+            "ray_actor_options": {"num_cpus": num_cpus, "label_selector": {ACCELERATOR_LABEL: accel}},
+            **SLICE_HEALTH_CHECK,
+        }
     # No topology: one {"TPU": 1} bundle per chip, as Ray Serve LLM falls back to (bundle 0 holds the replica).
     chips = [{"TPU": 1, f"accelerator_type:{accel}": 0.001} for _ in range(int(tpu["num_devices"]))]
     return {

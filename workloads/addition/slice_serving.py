@@ -257,8 +257,9 @@ class SlicePredictor:
         intact = {
             name: nodes
             for name, nodes in by_slice.items()
-            if name and sum((n.get("Resources") or {}).get("TPU", 0) for n in nodes) == chips_in(self.shape.topology or "1")
-            * self.shape.tpu_resource_per_chip
+            if name
+            and sum((n.get("Resources") or {}).get("TPU", 0) for n in nodes)
+            == chips_in(self.shape.topology or "1") * self.shape.tpu_resource_per_chip
         }
         try:
             from ray._private.state import available_resources_per_node
@@ -271,6 +272,7 @@ class SlicePredictor:
                     for n in intact[name]
                 )
         except Exception:  # a private helper of ray.util.tpu: without it, try every intact slice
+
             def busy(name: str) -> bool:
                 return False
 
@@ -285,17 +287,25 @@ class SlicePredictor:
             SliceHost.options(
                 num_cpus=WORKER_CPUS if self.shape.topology else 0,
                 resources={"TPU": tpu},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                ),
             ).remote(params_ref, meta)
             for i in bundles
         ]
         self.hosts = ray.get([w.identity.remote() for w in self.workers])
         # Process 0 of the mesh is TPU worker 0 when there is one (JAX's coordinator on the slice's first host).
-        order = sorted(range(len(self.hosts)), key=lambda i: (self.hosts[i]["slice_name"], str(self.hosts[i]["worker_id"])))
+        order = sorted(
+            range(len(self.hosts)), key=lambda i: (self.hosts[i]["slice_name"], str(self.hosts[i]["worker_id"]))
+        )
         self.workers = [self.workers[i] for i in order]
         self.hosts = [self.hosts[i] for i in order]
         coordinator = ray.get(self.workers[0].coordinator_address.remote())
-        logger.info("Joining %d hosts into one mesh: %s", len(self.hosts), [f"{h['slice_name']}/w{h['worker_id']}" for h in self.hosts])
+        logger.info(
+            "Joining %d hosts into one mesh: %s",
+            len(self.hosts),
+            [f"{h['slice_name']}/w{h['worker_id']}" for h in self.hosts],
+        )
         devices = ray.get(
             [w.join.remote(coordinator, self.hosts, i, self.shape.num_hosts) for i, w in enumerate(self.workers)],
             timeout=None,
