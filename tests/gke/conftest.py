@@ -4,7 +4,6 @@ context for running operators directly, and a throw-away Airflow home for ``dag.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import sys
@@ -26,20 +25,15 @@ if "airflow" not in sys.modules:
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_home / "dags")
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
-from support.gke_standin import CLUSTER_PATH, CONN_ID, PROJECT  # noqa: E402
+from support.gke_standin import connected_standin  # noqa: E402
 from tpuflow.dev.standins.gke_api import GKEApiStandin  # noqa: E402
 
 
 @pytest.fixture
 def gke(monkeypatch: pytest.MonkeyPatch) -> Iterator[GKEApiStandin]:
     """A running stand-in (0.2 s per operation) and the Airflow connection ``gke_standin`` to it."""
-    standin = GKEApiStandin(operation_seconds=0.2, clusters=[CLUSTER_PATH])
-    standin.start()
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(standin.airflow_connection(PROJECT)))
-    try:
+    with connected_standin(monkeypatch, operation_seconds=0.2) as standin:
         yield standin
-    finally:
-        standin.stop()
 
 
 @pytest.fixture(scope="session")

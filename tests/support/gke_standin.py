@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import pytest
 
 from support.airflow_context import task_context
 
@@ -19,3 +24,17 @@ def context(**identity: Any) -> dict[str, Any]:
     """An execute() context for CREATE_POOL_TASK with ``identity`` fields overridden: the same identity
     is the same task instance (a retry)."""
     return task_context(**{**CREATE_POOL_TASK, **identity})
+
+
+@contextmanager
+def connected_standin(monkeypatch: pytest.MonkeyPatch, operation_seconds: float) -> Iterator[Any]:
+    """A running GKE stand-in serving CLUSTER_PATH and the Airflow connection CONN_ID to it."""
+    from tpuflow.dev.standins.gke_api import GKEApiStandin
+
+    standin = GKEApiStandin(operation_seconds=operation_seconds, clusters=[CLUSTER_PATH])
+    standin.start()
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(standin.airflow_connection(PROJECT)))
+    try:
+        yield standin
+    finally:
+        standin.stop()
