@@ -22,6 +22,7 @@ __all__ = [
     "check_quantities",
     "label_safe",
     "parse_key_values",
+    "stringify_ray_group_values",
 ]
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -88,4 +89,47 @@ def parse_key_values(field: str, pairs: list[str] | None) -> dict[str, str]:
         if not sep or not key:
             raise UserInputError(field, pair, "write KEY=VALUE")
         out[key] = value
+    return out
+
+
+def _as_k8s_string(field: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise UserInputError(field, value, "give a string (Kubernetes keeps these values as strings)")
+
+
+def stringify_ray_group_values(spec: Mapping[str, object]) -> dict[str, object]:
+    """The RayCluster spec with rayStartParams and container env values as the strings the CRD and
+    the pod API require. A DAG rendered with render_template_as_native_obj turns a manifest's "2" into
+    2 (Jinja's native environment evaluates every rendered string), which the API server rejects."""
+    out = dict(spec)
+    groups: list[tuple[str, dict[str, object]]] = []
+    if isinstance(out.get("headGroupSpec"), Mapping):
+        out["headGroupSpec"] = dict(out["headGroupSpec"])  # type: ignore[arg-type]
+        groups.append(("headGroupSpec", out["headGroupSpec"]))  # type: ignore[arg-type]
+    workers = out.get("workerGroupSpecs")
+    if isinstance(workers, list):
+        out["workerGroupSpecs"] = [dict(g) if isinstance(g, Mapping) else g for g in workers]
+        groups += [(f"workerGroupSpecs[{i}]", g) for i, g in enumerate(out["workerGroupSpecs"]) if isinstance(g, dict)]
+    for where, group in groups:
+        params = group.get("rayStartParams")
+        if isinstance(params, Mapping):
+            group["rayStartParams"] = {k: _as_k8s_string(f"{where}.rayStartParams.{k}", v) for k, v in params.items()}
+        pod_spec = (group.get("template") or {}).get("spec") if isinstance(group.get("template"), Mapping) else None
+        if not isinstance(pod_spec, Mapping):
+            continue
+        containers = []
+        for c in pod_spec.get("containers") or []:
+            if isinstance(c, Mapping) and isinstance(c.get("env"), list):
+                env = [
+                    {**e, "value": _as_k8s_string(f"{where}.env.{e.get('name')}", e["value"])}
+                    if isinstance(e, Mapping) and "value" in e
+                    else e
+                    for e in c["env"]
+                ]
+                c = {**c, "env": env}
+            containers.append(c)
+        group["template"] = {**group["template"], "spec": {**pod_spec, "containers": containers}}  # type: ignore[dict-item]
     return out

@@ -186,9 +186,10 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     def _manifest_spec(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The user manifest's spec, checked (the TPU webhook's rule too, unless tpu_preflight is off)."""
+        from tpuflow.kuberay.k8s_values import stringify_ray_group_values
         from tpuflow.kuberay.webhook_rules import tpu_group_problems
 
-        spec = dict(body.get("spec") or {})
+        spec = stringify_ray_group_values(body.get("spec") or {})
         if not spec.get("headGroupSpec"):
             raise UserInputError("manifest.spec.headGroupSpec", None, "a RayCluster needs a headGroupSpec")
         if self.tpu_preflight:

@@ -534,3 +534,26 @@ def test_public_operators_document_every_argument() -> None:
         }
         missing = sorted(n for n in names if f":param {n}:" not in doc)
         assert missing == [], f"{cls.__name__} does not document {missing}"
+
+
+def test_a_natively_rendered_manifest_keeps_the_strings_kubernetes_requires(kube: KubeRayStandin) -> None:
+    """A DAG with render_template_as_native_obj turns a manifest's "2" into 2; the body sent keeps
+    rayStartParams and env values as strings (the CRD and the pod API reject numbers there)."""
+    manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE, env={"RAY_FLAG": "1"}), name="native")
+    manifest["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 2
+    manifest["spec"]["headGroupSpec"]["rayStartParams"]["block"] = True
+    for group in [manifest["spec"]["headGroupSpec"], *manifest["spec"]["workerGroupSpecs"]]:
+        for env in group["template"]["spec"]["containers"][0]["env"]:
+            if env["name"] == "RAY_FLAG":
+                env["value"] = 1
+    op = KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=manifest)
+    spec = op.build_body(task_context(task_id="ray_cluster"), "default")["spec"]
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "2"
+    assert spec["headGroupSpec"]["rayStartParams"]["block"] == "true"
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        flags = [e["value"] for e in group["template"]["spec"]["containers"][0]["env"] if e["name"] == "RAY_FLAG"]
+        assert flags == ["1"]
+    bad = dict(manifest, spec={**manifest["spec"], "headGroupSpec": {**manifest["spec"]["headGroupSpec"]}})
+    bad["spec"]["headGroupSpec"]["rayStartParams"] = {"num-cpus": {"nested": 1}}
+    with pytest.raises(UserInputError, match="headGroupSpec.rayStartParams.num-cpus"):
+        KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=bad)
