@@ -139,7 +139,7 @@ def run_gke(args: argparse.Namespace) -> int:
     for key in ("chip_hours", "ledger"):
         if key in report:
             print(f"{key.replace('_', ' ') + ':':<20}{json.dumps(report[key])}")
-    print(f"Ray clusters run:   {len(started_clusters)} (training slice, RayService)")
+    print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
     print(f"left behind:        {leftover}")
     return 0 if not left else 1
 
