@@ -43,6 +43,7 @@ def unpaused(api: Any) -> None:
     api.patch(f"/dags/{PIPELINE}", json={"is_paused": False}).raise_for_status()
 
 
+@pytest.mark.timeout(RUN_TIMEOUT + 300)  # the test's own wait, not the suite's 900 s default
 def test_rest_triggered_run_defers_to_the_triggerer(services: Any, api: Any, unpaused: None) -> None:
     resp = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-03T00:00:00Z", "conf": CONF})
     assert resp.status_code == 200, resp.text
@@ -88,6 +89,7 @@ def _task_page_shows_links(services: Any, run_id: str) -> None:
         assert "checkpoint" in listing.lower() or "jax-tpu-v6e-2x2" in listing, listing[:1000]
 
 
+@pytest.mark.timeout(2 * RUN_TIMEOUT + 300)  # two pipeline runs, one after the other
 def test_backfill_two_dates_one_slice_at_a_time(services: Any, api: Any, unpaused: None) -> None:
     """`airflow backfill create` as a user types it (no --max-active-runs): both dates succeed, each
     with its own outputs, and the two runs' clusters never exist at the same time."""
