@@ -74,8 +74,22 @@ def test_local_pipeline_writes_every_output_to_the_bucket(tmp_path: Path, gcs_em
     assert evaluation["checkpoint"].startswith(f"gs://{bucket}/{run}/train/") and evaluation["n"] == 200
     assert not list((tmp_path / "home" / "clusters").glob("*/state.json")), "the teardown stops the cluster"
 
-    # The same date again, from a new Airflow home (a redeployed scheduler, a cleared run): the bucket's
-    # outputs are reused, nothing is recomputed that exists.
+
+@pytest.mark.slow
+@pytest.mark.long  # two pipeline runs: make test-long
+@pytest.mark.timeout(2400)
+def test_a_rerun_of_the_same_date_reuses_the_buckets_outputs(tmp_path: Path, gcs_emulator) -> None:
+    """The same date twice, the second time from a new Airflow home (a redeployed scheduler, a cleared
+    run): prep is skipped, training stops at the last checkpoint, the evaluation scores the same one."""
+    bucket, prefix = "tpuflow-rerun", "run"
+    env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home"), EMULATOR_ENV: gcs_emulator.url}
+    first = _demo(tmp_path, env, f"gs://{bucket}/{prefix}")
+    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
+    run = f"{prefix}/{DAG_ID}/{DATE}"
+    relative = [n[len(run) + 1 :] for n in list_bucket(bucket, run + "/")]
+    checkpoints = {n.rsplit("/", 1)[0] for n in relative if n.startswith("train/") and n.endswith("/meta.json")}
+    evaluation = json.loads(read_text(f"gs://{bucket}/{run}/eval/jax.json"))
+
     again = _demo(tmp_path / "rerun", env, f"gs://{bucket}/{prefix}")
     assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-5000:]
     assert "exists with the same parameters; skipping" in read_text(f"gs://{bucket}/{run}/logs/prep.log")
