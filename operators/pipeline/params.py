@@ -22,10 +22,11 @@ SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x
 
 
 def serve_topology_param() -> Param:
+    # None, not "": the trigger form treats an empty-string default as a missing required value.
     return Param(
-        "",
-        type="string",
-        enum=SERVE_TOPOLOGIES,
+        None,
+        type=["null", "string"],
+        enum=[None, *SERVE_TOPOLOGIES],
         title="Serve slice topology (optional)",
         description="The slice the endpoint's replicas serve from, of the training accelerator. Empty: one host "
         "(locally a host of the training slice; on GKE the smallest single-host slice, 1x1 on v5e/v6e, 2x2x1 on "

@@ -30,10 +30,11 @@ def test_services_healthy_with_project_dags_plugin_and_provider(services: Any, a
     dag_ids = {d["dag_id"] for d in api.get("/dags", params={"limit": 100}).json()["dags"]}
     assert {PIPELINE, PROBE} <= dag_ids
     plugins = {p["name"]: p for p in api.get("/plugins").json()["plugins"]}
-    assert [v["href"] for v in plugins["tpuflow"]["external_views"]] == ["/tpuflow/clusters"]
-    assert requests.get(f"{services.url}/tpuflow/clusters", timeout=10).status_code == 401
-    page = requests.get(f"{services.url}/tpuflow/clusters", cookies={"_token": services.token()}, timeout=10)
-    assert page.ok and "Local Ray clusters" in page.text
+    assert [v["href"] for v in plugins["tpuflow"]["external_views"]] == ["/tpuflow/clusters", "/tpuflow/ledger"]
+    for route, title in (("clusters", "Local Ray clusters"), ("ledger", "Chip-hour ledger")):
+        assert requests.get(f"{services.url}/tpuflow/{route}", timeout=10).status_code == 401
+        page = requests.get(f"{services.url}/tpuflow/{route}", cookies={"_token": services.token()}, timeout=10)
+        assert page.ok and title in page.text, route
     # The outputs page serves only a DAG's folder under the output root.
     sneaky = requests.get(
         f"{services.url}/tpuflow/outputs/{PIPELINE}/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
@@ -97,6 +98,9 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "accuracy_threshold": "0.9",
             "keep_endpoint": False,
             "num_train": "20000",
+            "num_eval": "200",
+            "max_chip_hours": "",
+            "serve_topology": "",
         }
         # accelerator and topology are dropdowns (react-select) listing the allowed values.
         title = page.get_by_text("Trigger Dag - ").first

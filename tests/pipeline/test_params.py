@@ -75,6 +75,7 @@ def test_both_pipelines_share_the_serve_topology_param():
     from tpuflow.pipeline.gke import gke_pipeline_params
 
     assert (
-        pipeline_params()["serve_topology"].value == "" and "4x4" in pipeline_params()["serve_topology"].schema["enum"]
+        pipeline_params()["serve_topology"].value is None
+        and "4x4" in pipeline_params()["serve_topology"].schema["enum"]
     )
     assert gke_pipeline_params()["serve_topology"].schema == pipeline_params()["serve_topology"].schema
