@@ -32,6 +32,8 @@ Stand-in only paths (not GKE):
 - ``POST /_standin/clusters`` ``{"name": "projects/P/locations/L/clusters/C"}`` (when the stand-in
   was started with a fixed cluster list; by default every cluster exists)
 - ``POST /_standin/config`` ``{"operationSeconds": 0.2, "maxConcurrentOperations": 5}``
+- ``POST /_standin/capacity`` ``{"queued": {"available": false}, "flex-start": {"delaySeconds": 2}}``: the
+  simulated autoscaler's knobs (tpuflow.dev.standins.capacity); ``POST /_standin/nodes`` is its hand
 - ``GET /_standin/state``, ``GET /_standin/requests``, ``POST /_standin/reset``, ``GET /_standin/health``
 
 Library: ``with GKEApiStandin(operation_seconds=0.2) as gke: gke.url``. Shell:
@@ -55,6 +57,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from tpuflow.dev.standins.capacity import CapacitySettings
 from tpuflow.dev.standins.gke_tpu import (
     GKE_ACCELERATOR_LABEL,
     GKE_TOPOLOGY_LABEL,
@@ -246,6 +249,7 @@ class _Pool:
     status: str = "PROVISIONING"
     status_message: str = ""
     nodes: int = 0
+    bookings: dict[str, int] = field(default_factory=dict)  # queued pools: nodes per ProvisioningRequest
 
     @property
     def name(self) -> str:
@@ -342,6 +346,7 @@ class GKEApiStandin:
         self._operations: dict[str, _Operation] = {}
         self._faults: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
+        self.capacity = CapacitySettings()  # queued / flex-start knobs (tpuflow.dev.standins.capacity)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> str:
@@ -452,10 +457,35 @@ class GKEApiStandin:
             self._tick()
             wanted = self._parse_cluster(cluster) if cluster else None
             return [
-                {**p.to_json(), "nodeLabels": p.labels(), "nodeCount": p.nodes}
+                {
+                    **p.to_json(),
+                    "nodeLabels": p.labels(),
+                    "nodeCount": p.nodes,
+                    "cluster": "projects/{}/locations/{}/clusters/{}".format(*p.cluster),
+                    "capacity": _capacity_kind(p.body),
+                    "maxNodeCount": _node_count(p.body)[1],
+                    "bookings": dict(p.bookings),
+                }
                 for p in self._pools.values()
                 if wanted is None or p.cluster == wanted
             ]
+
+    def set_nodes(self, cluster: str, name: str, nodes: int | None = None, *, consumer: str | None = None) -> None:
+        """The simulated autoscaler's hand (tpuflow.dev.standins.capacity): resize an autoscaled pool, or book
+        (``nodes`` > 0) / release (``nodes`` None or 0) the nodes of a ProvisioningRequest on a queued pool."""
+        with self._lock:
+            pool = self._pools.get((*self._parse_cluster(cluster), name))
+            if pool is None or pool.status != "RUNNING" or _capacity_kind(pool.body) not in ("flex-start", "queued"):
+                return
+            ceiling = _node_count(pool.body)[1]
+            if consumer is None:
+                pool.nodes = max(0, min(int(nodes or 0), ceiling))
+                return
+            if nodes:
+                pool.bookings[consumer] = int(nodes)
+            else:
+                pool.bookings.pop(consumer, None)
+            pool.nodes = min(sum(pool.bookings.values()), ceiling)
 
     def find_node_pools(
         self, node_selector: Mapping[str, str], nodes: int = 1, *, cluster: str | None = None
@@ -836,6 +866,12 @@ class _Handler(LoopbackHandler):
                 if "maxConcurrentOperations" in body:
                     gke.max_concurrent_operations = int(body["maxConcurrentOperations"])
             return {"operationSeconds": gke.operation_seconds, "maxConcurrentOperations": gke.max_concurrent_operations}
+        if path == "/_standin/capacity":
+            with gke._lock:
+                return gke.capacity.update(body) if method == "POST" else gke.capacity.to_dict()
+        if path == "/_standin/nodes" and method == "POST":
+            gke.set_nodes(body["cluster"], body["name"], body.get("nodes"), consumer=body.get("consumer"))
+            return {"nodePools": gke.node_pools(body["cluster"])}
         if path == "/_standin/state" and method == "GET":
             return gke.state()
         if path == "/_standin/requests" and method == "GET":

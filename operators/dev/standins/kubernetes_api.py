@@ -85,7 +85,15 @@ CORE_TYPES = {
     "namespaces": ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, short_names=("ns",)),
     "secrets": ResourceType("", "v1", "secrets", "Secret", has_status=False),
     "configmaps": ResourceType("", "v1", "configmaps", "ConfigMap", has_status=False, short_names=("cm",)),
+    "podtemplates": ResourceType("", "v1", "podtemplates", "PodTemplate", has_status=False),
 }
+# GKE's queued provisioning (tpuflow.dev.standins.capacity plays the autoscaler behind it)
+AUTOSCALING_TYPES = {
+    "provisioningrequests": ResourceType(
+        "autoscaling.x-k8s.io", "v1", "provisioningrequests", "ProvisioningRequest", short_names=("provreq", "provreqs")
+    )
+}
+_TYPES_BY_GROUP = {"": CORE_TYPES, "ray.io": RAY_TYPES, "autoscaling.x-k8s.io": AUTOSCALING_TYPES}
 RAYCLUSTERS, RAYSERVICES = RAY_TYPES["rayclusters"], RAY_TYPES["rayservices"]
 PODS, SERVICES, EVENTS = CORE_TYPES["pods"], CORE_TYPES["services"], CORE_TYPES["events"]
 
@@ -833,7 +841,11 @@ def _yaml_body(raw: bytes, err: ValueError) -> Any:
         raise ApiError(400, "BadRequest", f"request body is not JSON: {yaml_err}") from err
 
 
-_GROUP_VERSIONS = {"api/v1": ("v1", CORE_TYPES), "apis/ray.io/v1": ("ray.io/v1", RAY_TYPES)}
+_GROUP_VERSIONS = {
+    "api/v1": ("v1", CORE_TYPES),
+    "apis/ray.io/v1": ("ray.io/v1", RAY_TYPES),
+    "apis/autoscaling.x-k8s.io/v1": ("autoscaling.x-k8s.io/v1", AUTOSCALING_TYPES),
+}
 _STREAMED = (0, None, "")  # _route's answer when the handler already streamed the response (watch)
 
 
@@ -929,18 +941,14 @@ class _Handler(LoopbackHandler):
         if method == "GET" and path == "/api/v1":
             return 200, _resource_list("v1", CORE_TYPES.values()), "application/json"
         if method == "GET" and path == "/apis":
-            gv = {"groupVersion": "ray.io/v1", "version": "v1"}
-            return (
-                200,
-                {
-                    "kind": "APIGroupList",
-                    "apiVersion": "v1",
-                    "groups": [{"name": "ray.io", "versions": [gv], "preferredVersion": gv}],
-                },
-                "application/json",
-            )
-        if method == "GET" and path == "/apis/ray.io/v1":
-            return 200, _resource_list("ray.io/v1", RAY_TYPES.values()), "application/json"
+            groups = []
+            for group in ("ray.io", "autoscaling.x-k8s.io"):
+                gv = {"groupVersion": f"{group}/v1", "version": "v1"}
+                groups.append({"name": group, "versions": [gv], "preferredVersion": gv})
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}, "application/json"
+        if method == "GET" and path.startswith("/apis/") and path[1:] in _GROUP_VERSIONS:
+            name, types = _GROUP_VERSIONS[path[1:]]
+            return 200, _resource_list(name, types.values()), "application/json"
         if method == "GET" and path.startswith("/openapi/"):
             return self._openapi(store, path)
 
@@ -984,8 +992,7 @@ class _Handler(LoopbackHandler):
 
     @staticmethod
     def _rtype(group: str, version: str, plural: str) -> ResourceType:
-        table = RAY_TYPES if group == "ray.io" else CORE_TYPES if group == "" else {}
-        rtype = table.get(plural)
+        rtype = _TYPES_BY_GROUP.get(group, {}).get(plural)
         if rtype is None or version != rtype.version:
             raise ApiError(
                 404,

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from tpuflow.dev.standins.capacity import CONSUME_ANNOTATION
 from tpuflow.dev.standins.gke_tpu import SliceShape
 from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
@@ -276,10 +277,19 @@ class KubeRayController(RayServiceReconciler):
                     *({"name": k, "value": v} for k, v in extra_env.items()),
                 ]
             pod_spec["containers"] = containers
+            pod_meta: dict[str, Any] = {
+                "name": pod_name,
+                "namespace": ns,
+                "labels": labels,
+                "ownerReferences": [owner_ref(obj)],
+            }
+            annotations = (tpl.get("metadata") or {}).get("annotations")
+            if annotations:
+                pod_meta["annotations"] = dict(annotations)
             body = {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "ownerReferences": [owner_ref(obj)]},
+                "metadata": pod_meta,
                 "spec": pod_spec,
                 "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]},
             }
@@ -300,7 +310,8 @@ class KubeRayController(RayServiceReconciler):
         for group in tpu_groups:
             wanted = selector(group)
             needed = int(group.get("replicas", 0) or 0) * int(group.get("numOfHosts", 1) or 1)
-            matching = self.node_pools.matching_nodes(wanted)
+            annotations = ((group.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+            matching = self.node_pools.matching_nodes(wanted, annotations.get(CONSUME_ANNOTATION))
             used = self._tpu_nodes_in_use(wanted, exclude=(ns, name))
             if matching - used >= needed:
                 continue

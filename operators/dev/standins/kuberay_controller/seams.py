@@ -13,8 +13,9 @@ from tpuflow.dev.standins.gke_tpu import SliceShape
 class NodePoolDirectory(Protocol):
     """Which nodes exist (the GKE stand-in implements it)."""
 
-    def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
-        """Number of nodes whose labels include every node_selector entry."""
+    def matching_nodes(self, node_selector: Mapping[str, str], consumer: str | None = None) -> int:
+        """Number of nodes whose labels include every node_selector entry (``consumer``: the
+        ProvisioningRequest the pods consume, if any)."""
         ...
 
 
@@ -30,7 +31,7 @@ class StaticNodePools:
         """Nodes for `slices` (default: the shape's own count) slices of the shape."""
         return cls([(tpu.node_selector, tpu.hosts * (slices or tpu.slices))])
 
-    def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
+    def matching_nodes(self, node_selector: Mapping[str, str], consumer: str | None = None) -> int:
         return sum(n for labels, n in self.pools if all(labels.get(k) == v for k, v in node_selector.items()))
 
     def total_nodes(self) -> int:
@@ -39,10 +40,11 @@ class StaticNodePools:
 
 class GkeNodePools:
     """NodePoolDirectory over the GKE stand-in (tpuflow.dev.standins.gke_api): the GKEApiStandin object
-    itself (in-process), or its base URL (POST /_standin/match, GET /_standin/state).
+    itself (in-process), or its base URL (GET /_standin/state, POST /_standin/nodes, /_standin/capacity).
 
-    Counts the nodes of RUNNING pools whose node labels include the selector; an autoscaling pool counts
-    with its ceiling, as GKE's autoscaler would add nodes for Pending pods. `cluster`
+    Counts the nodes of RUNNING pools whose node labels include the selector: the nodes they have now
+    (flex-start and queued pools grow only when the simulated autoscaler, tpuflow.dev.standins.capacity,
+    adds nodes). `cluster`
     ("projects/P/locations/L/clusters/C") limits the count to the GKE cluster the stand-in plays.
     """
 
@@ -61,16 +63,51 @@ class GkeNodePools:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return dict(json.loads(resp.read() or b"{}"))
 
-    def matching_nodes(self, node_selector: Mapping[str, str]) -> int:
-        selector = dict(node_selector)
+    def matching_nodes(self, node_selector: Mapping[str, str], consumer: str | None = None) -> int:
+        """Nodes of RUNNING pools whose labels include the selector; a queued pool's nodes belong to the
+        ProvisioningRequests that booked them, so they count only for that request's pods (``consumer``)."""
+        total = 0
+        for pool in self.pool_states():
+            labels = pool.get("nodeLabels") or {}
+            if pool.get("status") != "RUNNING" or any(labels.get(k) != str(v) for k, v in node_selector.items()):
+                continue
+            if pool.get("capacity") == "queued":
+                total += int((pool.get("bookings") or {}).get(consumer or "", 0))
+            else:
+                total += int(pool.get("nodeCount") or 0)
+        return total
+
+    # --- what the simulated autoscaler (tpuflow.dev.standins.capacity) reads and does ---
+    def pool_states(self) -> list[dict[str, Any]]:
         if isinstance(self.gke, str):
-            body: dict[str, Any] = {"nodeSelector": selector, "nodes": 1}
-            if self.cluster:
-                body["cluster"] = self.cluster
-            matches = self._http("POST", "/_standin/match", body).get("matches") or []
+            pools = self._http("GET", "/_standin/state").get("nodePools") or []
+            return [p for p in pools if not self.cluster or p.get("cluster") == self.cluster]
+        return list(self.gke.node_pools(self.cluster))  # type: ignore[attr-defined]
+
+    def capacity_settings(self) -> Any:
+        """The GKE stand-in's knobs (in-process), or a CapacitySettings read over HTTP."""
+        from tpuflow.dev.standins.capacity import CapacitySettings
+
+        if not isinstance(self.gke, str):
+            return self.gke.capacity  # type: ignore[attr-defined]
+        settings = CapacitySettings()
+        settings.update(self._http("GET", "/_standin/capacity"))
+        return settings
+
+    def _set_nodes(self, cluster: str, pool: str, nodes: int | None, consumer: str | None) -> None:
+        if isinstance(self.gke, str):
+            self._http("POST", "/_standin/nodes", {"cluster": cluster, "name": pool, "nodes": nodes, "consumer": consumer})
         else:
-            matches = self.gke.find_node_pools(selector, 1, cluster=self.cluster)  # type: ignore[attr-defined]
-        return sum(max(int(m.get("nodeCount") or 0), int(m.get("maxNodeCount") or 0)) for m in matches)
+            self.gke.set_nodes(cluster, pool, nodes, consumer=consumer)  # type: ignore[attr-defined]
+
+    def scale(self, cluster: str, pool: str, nodes: int) -> None:
+        self._set_nodes(cluster, pool, nodes, None)
+
+    def book(self, cluster: str, pool: str, consumer: str, nodes: int) -> None:
+        self._set_nodes(cluster, pool, nodes, consumer)
+
+    def release(self, cluster: str, pool: str, consumer: str) -> None:
+        self._set_nodes(cluster, pool, None, consumer)
 
     def total_nodes(self) -> int:
         if isinstance(self.gke, str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from tpuflow.dev.standins.capacity import CapacityController
 from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayLauncher
 from tpuflow.dev.standins.kuberay_controller.reconciler import KubeRayController
 from tpuflow.dev.standins.kuberay_controller.seams import (
@@ -46,6 +47,12 @@ class KubeRayStandin:
             launcher = LocalRayLauncher(self.workdir / "ray-clusters")
         self.launcher = launcher
         self.controller = KubeRayController(self.api.store, self.launcher, node_pools, interval=interval)
+        # GKE's autoscaler for queued (ProvisioningRequest) and flex-start pools, when the pools are GKE's
+        self.capacity = (
+            CapacityController(self.api.store, node_pools, interval=interval)
+            if isinstance(node_pools, GkeNodePools)
+            else None
+        )
         self.kubeconfig_path = self.workdir / "kubeconfig"
 
     @property
@@ -57,9 +64,13 @@ class KubeRayStandin:
         self.api.start()
         self.api.write_kubeconfig(self.kubeconfig_path, self.namespace)
         self.controller.start()
+        if self.capacity is not None:
+            self.capacity.start()
         return self
 
     def stop(self) -> None:
+        if self.capacity is not None:
+            self.capacity.stop()
         self.controller.stop()
         self.api.stop()
 
