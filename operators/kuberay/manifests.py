@@ -70,6 +70,8 @@ class RayClusterTemplate:
     service_account: str | None = None
     shm_size: str | None = None
     image_pull_policy: str = "IfNotPresent"
+    # queued capacity: the TPU worker pods consume this ProvisioningRequest's nodes (tpuflow.gke.provisioning_request)
+    provisioning_request: str | None = None
 
     def validated(self) -> RayClusterTemplate:
         if not isinstance(self.tpu, TpuSlice):
@@ -99,6 +101,8 @@ class RayClusterTemplate:
             check_name("service_account", self.service_account, max_len=253)
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise UserInputError("image_pull_policy", self.image_pull_policy, "use Always, IfNotPresent or Never")
+        if self.provisioning_request is not None:
+            check_name("provisioning_request", self.provisioning_request, max_len=63)
         return self
 
     # --- pieces ----------------------------------------------------------------
@@ -155,6 +159,11 @@ class RayClusterTemplate:
             start_params["resources"] = json.dumps(json.dumps(tpu.ray_worker_resources))
         pod_spec = self._pod_spec(container)
         pod_spec["nodeSelector"] = dict(tpu.node_selector)
+        template: dict[str, Any] = {**_pod_metadata(pod_labels), "spec": pod_spec}
+        if self.provisioning_request:
+            from tpuflow.gke.provisioning_request import consume_annotations
+
+            template["metadata"] = {**template.get("metadata", {}), "annotations": consume_annotations(self.provisioning_request)}
         return {
             "groupName": WORKER_GROUP,
             "replicas": tpu.num_slices,
@@ -162,7 +171,7 @@ class RayClusterTemplate:
             "maxReplicas": tpu.num_slices,
             "numOfHosts": tpu.num_hosts,
             "rayStartParams": start_params,
-            "template": {**_pod_metadata(pod_labels), "spec": pod_spec},
+            "template": template,
         }
 
     def cluster_spec(self, pod_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
