@@ -5,14 +5,22 @@ RayCluster), the TPU RayCluster joins once the pool is ready, and the training s
 soon as training has produced its checkpoint; evaluation runs on the CPU cluster, serving on its own
 slice::
 
-    check_params -> budget_guard -> create_prep_cluster (setup, CPU) -> prep --------------+
-                                 -> create_node_pool (setup) -> create_ray_cluster (setup) -> train
-      train -> delete_ray_cluster -> delete_node_pool                        (at once, always)
-      train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> deploy (RayService)
-        -> smoke_test -> write_report
-        -> delete_service -> delete_serve_node_pool  (kept when keep_endpoint and the endpoint answered)
+    check_params -> budget_guard -> create_prep_cluster (setup, CPU) -> prep ----------------------------+
+                                 -> create_node_pool (setup) -> request_capacity -> create_ray_cluster -> train
+                                                                                 -> wait_for_flex_start -+
+      train -> delete_ray_cluster -> delete_provisioning_request -> delete_node_pool   (at once, always)
+      train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> request_serve_capacity
+        -> deploy (RayService) -> smoke_test -> write_report
+        -> delete_service -> delete_serve_provisioning_request -> delete_serve_node_pool
+                                                     (kept when keep_endpoint and the endpoint answered)
         -> delete_prep_cluster                        (always)
       every delete -> chip_ledger  (chips x (delete - create) per slice from the GKE operations; report.json)
+
+Capacity (Variable ``tpuflow_tpu_capacity``, with fallbacks): a ``queued`` pool gets its nodes from a
+ProvisioningRequest (request_capacity / request_serve_capacity wait until it is Provisioned; the
+TPU pods consume it by annotation; Param ``max_run_duration_seconds``); a ``flex-start`` pool is grown
+by GKE's autoscaler for the pending TPU pods (wait_for_flex_start reports the wait and GKE's reason).
+Both capacity tasks do nothing when the pools got another capacity (e.g. after a fallback).
 
 The chip-hour budget (Param ``max_chip_hours``) is checked before anything is provisioned
 (budget_guard, against the previous run's ledger) and holds training to it (the job is stopped and
@@ -48,6 +56,11 @@ from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
 from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.errors import UserInputError
+from tpuflow.gke.capacity_operators import (
+    GKECreateProvisioningRequestOperator,
+    GKEDeleteProvisioningRequestOperator,
+    GKEWaitForFlexStartCapacityOperator,
+)
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
@@ -64,7 +77,7 @@ from tpuflow.pipeline.factory import (
     smoke_test_and_report,
     training_steps,
 )
-from tpuflow.pipeline.params import pipeline_params, validate_params
+from tpuflow.pipeline.params import MAX_RUN_DURATION_PARAM, max_run_duration_param, pipeline_params, validate_params
 from tpuflow.pipeline.steps import CheckParamsOperator
 from tpuflow.templating import is_true
 
@@ -79,8 +92,9 @@ DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
 
 # --- Params ------------------------------------------------------------------------------------------
 def gke_pipeline_params() -> dict[str, Param]:
-    """The shared Params (serve_topology included: tpuflow.pipeline.params)."""
-    return pipeline_params()
+    """The shared Params (serve_topology included: tpuflow.pipeline.params), and queued capacity's
+    max_run_duration_seconds."""
+    return {**pipeline_params(), MAX_RUN_DURATION_PARAM: max_run_duration_param()}
 
 
 def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
@@ -111,9 +125,14 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
 
 def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
+    from tpuflow.gke.provisioning_request import check_max_run_duration
     from tpuflow.tpu import TpuSlice
 
     train = validate_params(params, local_serve=False)
+    try:
+        check_max_run_duration(params.get(MAX_RUN_DURATION_PARAM))
+    except UserInputError as err:
+        raise UserInputError(f"params.{MAX_RUN_DURATION_PARAM}", err.value, err.fix) from None
     try:
         TpuSlice.from_spec(params["accelerator"], params["topology"], params.get("machine_type") or None).require(
             gke=True
@@ -138,6 +157,51 @@ def _checked_slice(serve: bool = False) -> dict[str, str]:
     }
 
 
+# --- queued capacity: the Ray pods consume the ProvisioningRequest ------------------------------------
+_REQUESTED = "{{ (ti.xcom_pull(task_ids='%s') or {}).get('name') or '' }}"
+
+
+class _ConsumesProvisioningRequest:
+    """The TPU worker pods carry the consume-provisioning-request annotations of ``provisioning_request``
+    (templated; empty: none, the pools are not queued)."""
+
+    provisioning_request: str | None
+
+    def build_template(self) -> Any:
+        import dataclasses
+
+        template = super().build_template()  # type: ignore[misc]
+        # getattr: the parse-time check runs inside BaseOperator's __init__, before this is assigned
+        name = getattr(self, "provisioning_request", None)
+        return dataclasses.replace(template, provisioning_request=name).validated() if name else template
+
+
+class QueuedCapacityRayClusterOperator(_ConsumesProvisioningRequest, KubeRayCreateClusterOperator):
+    """KubeRayCreateClusterOperator whose TPU pods consume ``provisioning_request`` (templated) when set.
+
+    Every other argument is KubeRayCreateClusterOperator's.
+    """
+
+    template_fields: Sequence[str] = (*KubeRayCreateClusterOperator.template_fields, "provisioning_request")
+
+    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.provisioning_request = provisioning_request
+
+
+class QueuedCapacityDeployServiceOperator(_ConsumesProvisioningRequest, KubeRayDeployServiceOperator):
+    """KubeRayDeployServiceOperator whose TPU pods consume ``provisioning_request`` (templated) when set.
+
+    Every other argument is KubeRayDeployServiceOperator's.
+    """
+
+    template_fields: Sequence[str] = (*KubeRayDeployServiceOperator.template_fields, "provisioning_request")
+
+    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.provisioning_request = provisioning_request
+
+
 # --- teardowns that can keep the endpoint -------------------------------------------------------------
 class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
     """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true.
@@ -158,6 +222,27 @@ class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
         if is_true(self.keep):
             self.log.info("keep_endpoint: leaving the RayService of task %s running", self.owner_task_id)
             return {"kind": self.kind, "kept": True, "deleted": False}
+        return super().execute(context)
+
+
+class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOperator):
+    """GKEDeleteProvisioningRequestOperator that leaves the request (and so its nodes) when ``keep`` renders true.
+
+    :param keep: templated; true leaves it in place and returns ``{"kept": True, "deleted": []}``.
+
+    Every other argument is GKEDeleteProvisioningRequestOperator's.
+    """
+
+    template_fields: Sequence[str] = (*GKEDeleteProvisioningRequestOperator.template_fields, "keep")
+
+    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def execute(self, context: Context) -> Any:
+        if is_true(self.keep):
+            self.log.info("keep_endpoint: leaving the ProvisioningRequest of task %s", self.created_by_task_id)
+            return {"kept": True, "deleted": []}
         return super().execute(context)
 
 
@@ -386,8 +471,28 @@ def build_gke_pipeline_dag(
             **{k: v for k, v in rays.items() if k not in ("image", "env")},
         )
         create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
-        create_cluster = KubeRayCreateClusterOperator(
-            task_id="create_ray_cluster", **_checked_slice(), wait_timeout=cluster_ready_timeout, **rays
+        # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
+        queued: dict[str, Any] = {
+            **kube,
+            "max_run_duration_seconds": "{{ params.max_run_duration_seconds or '' }}",
+            "wait_timeout": cluster_ready_timeout,
+        }
+        request_capacity = GKECreateProvisioningRequestOperator(
+            task_id="request_capacity", node_pool_task_id="create_node_pool", **_checked_slice(), **queued
+        )
+        create_cluster = QueuedCapacityRayClusterOperator(
+            task_id="create_ray_cluster",
+            **_checked_slice(),
+            provisioning_request=_REQUESTED % "request_capacity",
+            wait_timeout=cluster_ready_timeout,
+            **rays,
+        )
+        wait_flex = GKEWaitForFlexStartCapacityOperator(
+            task_id="wait_for_flex_start",
+            node_pool_task_id="create_node_pool",
+            ray_cluster_task_id="create_ray_cluster",
+            **_checked_slice(),
+            **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
         )
         cpu_cluster = create_prep.output
         train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool"}]
@@ -406,10 +511,17 @@ def build_gke_pipeline_dag(
         create_serve_pool = GKECreateTPUNodePoolOperator(
             task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
         )
-        deploy = KubeRayDeployServiceOperator(
+        request_serve_capacity = GKECreateProvisioningRequestOperator(
+            task_id="request_serve_capacity",
+            node_pool_task_id="create_serve_node_pool",
+            **_checked_slice(serve=True),
+            **queued,
+        )
+        deploy = QueuedCapacityDeployServiceOperator(
             task_id="deploy",
             serve_config=serve_cfg,
             **_checked_slice(serve=True),
+            provisioning_request=_REQUESTED % "request_serve_capacity",
             wait_timeout=service_ready_timeout,
             **rays,
         )
@@ -419,11 +531,20 @@ def build_gke_pipeline_dag(
         delete_service = KeepableDeleteServiceOperator(
             task_id="delete_service", service_task_id="deploy", keep=KEEP_ENDPOINT, **deletes
         )
+        delete_serve_request = KeepableDeleteProvisioningRequestOperator(
+            task_id="delete_serve_provisioning_request",
+            created_by_task_id="request_serve_capacity",
+            keep=KEEP_ENDPOINT,
+            **kube,
+        )
         delete_serve_pool = KeepableDeleteNodePoolOperator(
             task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=KEEP_ENDPOINT, **pools
         )
         delete_cluster = KubeRayDeleteClusterOperator(
             task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **deletes
+        )
+        delete_request = GKEDeleteProvisioningRequestOperator(
+            task_id="delete_provisioning_request", created_by_task_id="request_capacity", **kube
         )
         delete_pool = GKEDeleteNodePoolOperator(
             task_id="delete_node_pool", created_by_task_id="create_node_pool", **pools
@@ -445,19 +566,25 @@ def build_gke_pipeline_dag(
 
         checked >> guard >> [create_prep, create_pool]
         create_prep >> prep
-        create_pool >> create_cluster
-        [create_cluster, prep] >> train
+        create_pool >> request_capacity >> [create_cluster, wait_flex]
+        create_pool >> create_cluster  # (also through request_capacity; stated for readers of the graph)
+        [create_cluster, wait_flex, prep] >> train
         evaluate >> [serve_cfg, create_serve_pool]
-        [serve_cfg, create_serve_pool] >> deploy
+        create_serve_pool >> request_serve_capacity
+        [serve_cfg, create_serve_pool, request_serve_capacity] >> deploy
         # the training slice goes as soon as training is over; evaluation and serving do not need it
-        train >> delete_cluster >> delete_pool
+        train >> delete_cluster >> delete_request >> delete_pool
+        delete_cluster >> delete_pool
         report >> [delete_service, delete_prep]
+        delete_service >> delete_serve_request >> delete_serve_pool
         delete_service >> delete_serve_pool
         [delete_pool, delete_serve_pool, delete_prep] >> ledger
         # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
         checked.as_setup()
         delete_pool.as_teardown(setups=[checked, create_pool])
         delete_cluster.as_teardown(setups=[checked, create_cluster])
+        delete_request.as_teardown(setups=[checked, request_capacity])
+        delete_serve_request.as_teardown(setups=[checked, request_serve_capacity])
         delete_prep.as_teardown(setups=[checked, create_prep])
         delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
         delete_service.as_teardown(setups=[checked])

@@ -35,6 +35,22 @@ def serve_topology_param() -> Param:
     )
 
 
+MAX_RUN_DURATION_PARAM = "max_run_duration_seconds"
+
+
+def max_run_duration_param() -> Param:
+    """The GKE pipeline's maxRunDurationSeconds for queued capacity (tpuflow.gke.provisioning_request)."""
+    return Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        maximum=7 * 24 * 3600,
+        title="Queued capacity: max run duration, seconds (optional)",
+        description="With tpuflow_tpu_capacity=queued: the ProvisioningRequest's maxRunDurationSeconds, after "
+        "which GKE takes the nodes back (1 to 604800). Empty: GKE's default, seven days.",
+    )
+
+
 def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
     return {
         "accelerator": Param(

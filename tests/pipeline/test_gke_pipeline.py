@@ -48,14 +48,16 @@ ORDER = [
 ]
 TEARDOWNS = [
     "delete_service",
+    "delete_serve_provisioning_request",
     "delete_serve_node_pool",
     "delete_ray_cluster",
+    "delete_provisioning_request",
     "delete_node_pool",
     "delete_prep_cluster",
     "chip_ledger",
 ]
 # the training slice's teardowns: right after train, not after the report
-TRAINING_SLICE_TEARDOWNS = ("delete_ray_cluster", "delete_node_pool")
+TRAINING_SLICE_TEARDOWNS = ("delete_ray_cluster", "delete_provisioning_request", "delete_node_pool")
 
 
 class RecordingLauncher(LocalRayLauncher):
@@ -154,6 +156,8 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
         "create_node_pool",
         "create_ray_cluster",
         "create_serve_node_pool",
+        "request_capacity",
+        "request_serve_capacity",
     }
     assert {t.task_id for t in dag.tasks if t.is_teardown} == set(TEARDOWNS)
     for teardown in TEARDOWNS:
@@ -188,6 +192,26 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     for task_id in ("create_ray_cluster", "create_prep_cluster", "deploy"):
         assert dag.get_task(task_id).retries == 0
     assert {"serve_topology", "keep_endpoint", "accelerator", "topology", "max_chip_hours"} <= set(dag.params)
+    # queued capacity: the request comes after the pool and before the Ray pods that consume it, and goes
+    # between the RayCluster and the pool; flex-start's wait holds training back
+    for up, down in [
+        ("create_node_pool", "request_capacity"),
+        ("request_capacity", "create_ray_cluster"),
+        ("request_capacity", "wait_for_flex_start"),
+        ("wait_for_flex_start", "train"),
+        ("create_serve_node_pool", "request_serve_capacity"),
+        ("request_serve_capacity", "deploy"),
+        ("delete_ray_cluster", "delete_provisioning_request"),
+        ("delete_provisioning_request", "delete_node_pool"),
+        ("delete_service", "delete_serve_provisioning_request"),
+        ("delete_serve_provisioning_request", "delete_serve_node_pool"),
+    ]:
+        assert down in dag.get_task(up).downstream_task_ids, (up, down)
+    for task_id, request in [("create_ray_cluster", "request_capacity"), ("deploy", "request_serve_capacity")]:
+        assert request in dag.get_task(task_id).provisioning_request, task_id
+    assert dag.get_task("request_capacity").node_pool_task_id == "create_node_pool"
+    assert "max_run_duration_seconds" in dag.get_task("request_capacity").max_run_duration_seconds
+    assert dag.params["max_run_duration_seconds"] is None
 
 
 def test_prep_cluster_is_cpu_only() -> None:
