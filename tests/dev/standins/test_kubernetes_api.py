@@ -140,7 +140,9 @@ def test_discovery_and_auth(api: Any, tmp_path: Path) -> None:
     standin, api_client, _ = api
     assert client.CoreApi(api_client).get_api_versions().versions == ["v1"]
     groups = client.ApisApi(api_client).get_api_versions().groups
-    assert [g.name for g in groups] == ["ray.io"]
+    assert [g.name for g in groups] == ["ray.io", "autoscaling.x-k8s.io"]  # KubeRay, GKE's ProvisioningRequest
+    resources = client.CustomObjectsApi(api_client).get_api_resources("autoscaling.x-k8s.io", "v1").resources
+    assert [(r.name, r.kind) for r in resources][0] == ("provisioningrequests", "ProvisioningRequest")
     assert client.VersionApi(api_client).get_code().git_version.startswith("v1.")
     assert standin.url.startswith("https://127.0.0.1:")  # kubectl sends a bearer token only over TLS
     anonymous = client.Configuration(host=standin.url)
