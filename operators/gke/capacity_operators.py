@@ -151,9 +151,9 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         self.node_pool_name = node_pool_name
         self.max_run_duration_seconds = max_run_duration_seconds
         self.name = name
-        self._kill_with: tuple[str, str, tuple[str, ...]] | None = (
-            None  # (namespace, request, templates) on_kill deletes
-        )
+        # What on_kill withdraws while this worker waits: (namespace, request, PodTemplates). Deferred, the
+        # teardown (GKEDeleteProvisioningRequestOperator) does.
+        self._kill_with: tuple[str, str, tuple[str, ...]] | None = None
         self._check_static_arguments()
 
     def argument_checks(self) -> list[Any]:

@@ -475,3 +475,47 @@ def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_delete
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
         # only the CPU prep cluster ever started (it has no TPU workers to wait for)
         assert [handle.spec.tpu for handle in launcher.launched] == [None]
+
+
+@pytest.mark.slow
+@pytest.mark.long  # a DAG run of its own (about 2 min here); make test proves the wiring with the shape test
+def test_queued_capacity_that_never_arrives_fails_at_the_deadline_and_teardown_leaves_nothing(
+    dags_folder: Path,
+    gke: GKEApiStandin,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+
+    gke.capacity.update({"queued": {"available": False, "failAfterSeconds": 3600}})
+    kube = KubeRayStandin(
+        tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
+    )
+    with kube:
+        _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_TPU_CAPACITY", "queued")
+        dag = _load_dag(dags_folder, poll=0.3)
+        dag.get_task("request_capacity").wait_timeout = 5.0  # the configured deadline, test-sized
+        run = dag.test(
+            run_conf={
+                "accelerator": "TPU-V6E",
+                "topology": "2x4",
+                "machine_type": "ct6e-standard-4t",
+                "max_run_duration_seconds": 3600,
+            }
+        )
+        states = _states(run)
+        assert run.state == "failed", states
+        assert states["create_node_pool"] == "success" and states["request_capacity"] == "failed", states
+        assert states["create_ray_cluster"] == "upstream_failed" and states["train"] == "upstream_failed"
+        assert {t: states[t] for t in TEARDOWNS} == dict.fromkeys(TEARDOWNS, "success"), states
+        out = capfd.readouterr()
+        text = out.out + out.err
+        assert "Provisioned=False: CapacityIsNotFound" in text and "by the deadline" in text, text[-5000:]
+        queued_pools = [r for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
+        assert queued_pools and queued_pools[0]["body"]["nodePool"]["queuedProvisioning"] == {"enabled": True}
+        assert gke.node_pools() == []
+        assert kube.store.list(PROVISIONING_REQUESTS) == [] and kube.store.list(POD_TEMPLATES) == []
+        assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
+        assert kube.capacity is not None and kube.capacity.errors == [] and kube.controller.errors == []
