@@ -83,6 +83,20 @@ class AsyncCapacityHook(AsyncKubeRayHook):
             )
             return _as_dict(await _await_unless_missing(read, None))
 
+    @generic_api_retry
+    async def delete_provisioning_request(self, name: str, namespace: str) -> bool:
+        async with self.get_conn() as api:
+            request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, **_BACKGROUND
+            )
+            return await _await_unless_missing(request, _DELETED) is not _DELETED
+
+    @generic_api_retry
+    async def delete_pod_template(self, name: str, namespace: str) -> bool:
+        async with self.get_conn() as api:
+            request = async_client.CoreV1Api(api).delete_namespaced_pod_template(name, namespace)
+            return await _await_unless_missing(request, _DELETED) is not _DELETED
+
 
 class GKEAsyncCapacityHook(AsyncCapacityHook, GKEAsyncKubeRayHook):
     """AsyncCapacityHook authenticated to a GKE endpoint (GKEAsyncKubeRayHook's arguments)."""

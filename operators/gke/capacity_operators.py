@@ -151,8 +151,8 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         self.node_pool_name = node_pool_name
         self.max_run_duration_seconds = max_run_duration_seconds
         self.name = name
-        # What on_kill withdraws while this worker waits: (namespace, request, PodTemplates). Deferred, the
-        # teardown (GKEDeleteProvisioningRequestOperator) does.
+        # What on_kill withdraws while this worker waits: (namespace, request, PodTemplates); deferred, the
+        # trigger's on_kill does.
         self._kill_with: tuple[str, str, tuple[str, ...]] | None = None
         self._check_static_arguments()
 

@@ -168,6 +168,18 @@ class ProvisioningRequestTrigger(_CapacityTrigger):
         )
         yield TriggerEvent({**event, "plan": self.plan})
 
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed/success or cleared it: withdraw the request it made
+        (``cleanup()`` is not overridden: it also runs on triggerer restarts)."""
+        hook = self.hook()
+        try:
+            await hook.delete_provisioning_request(self.name, self.namespace)
+            for template in self.plan.get("pod_templates") or []:
+                await hook.delete_pod_template(template, self.namespace)
+            self.log.warning("Task killed: deleted ProvisioningRequest %s/%s", self.namespace, self.name)
+        except Exception:
+            self.log.exception("Task killed, but deleting ProvisioningRequest %s/%s failed", self.namespace, self.name)
+
 
 class FlexStartCapacityTrigger(_CapacityTrigger):
     """Fires once wait_flex_start's event."""

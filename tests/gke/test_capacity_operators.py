@@ -275,6 +275,11 @@ def test_the_wait_runs_deferred_in_a_trigger(gke, stack):
     result = op.execute_complete(task_context(RunTI(**RUN, task_id="request_capacity")), event)
     assert result["name"] == kwargs["name"] and result["annotations"][CONSUME_ANNOTATION] == kwargs["name"]
 
+    # Killing the deferred task (marked failed, cleared) withdraws the request and its PodTemplate.
+    assert stack.store.list(PROVISIONING_REQUESTS) and stack.store.list(POD_TEMPLATES)
+    asyncio.run(revived.on_kill())
+    assert stack.store.list(PROVISIONING_REQUESTS) == [] and stack.store.list(POD_TEMPLATES) == []
+
 
 # --- the pure parts: request bodies, the annotations, the pipeline's Param check ------------------------
 def test_one_pod_set_per_slice_and_pool_with_the_slices_selector_and_chips():
