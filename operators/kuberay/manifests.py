@@ -163,7 +163,10 @@ class RayClusterTemplate:
         if self.provisioning_request:
             from tpuflow.gke.provisioning_request import consume_annotations
 
-            template["metadata"] = {**template.get("metadata", {}), "annotations": consume_annotations(self.provisioning_request)}
+            template["metadata"] = {
+                **template.get("metadata", {}),
+                "annotations": consume_annotations(self.provisioning_request),
+            }
         return {
             "groupName": WORKER_GROUP,
             "replicas": tpu.num_slices,

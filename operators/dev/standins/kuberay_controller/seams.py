@@ -96,7 +96,9 @@ class GkeNodePools:
 
     def _set_nodes(self, cluster: str, pool: str, nodes: int | None, consumer: str | None) -> None:
         if isinstance(self.gke, str):
-            self._http("POST", "/_standin/nodes", {"cluster": cluster, "name": pool, "nodes": nodes, "consumer": consumer})
+            self._http(
+                "POST", "/_standin/nodes", {"cluster": cluster, "name": pool, "nodes": nodes, "consumer": consumer}
+            )
         else:
             self.gke.set_nodes(cluster, pool, nodes, consumer=consumer)  # type: ignore[attr-defined]
 
