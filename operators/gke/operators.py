@@ -73,6 +73,12 @@ class _NodePoolOperatorBase(BaseOperator):
 
     def _check_static_arguments(self) -> None:
         """Parse time: bad static values become a DAG import error; templated ones are checked once rendered."""
+        from tpuflow.validation import check_count, check_seconds
+
+        # Never templated: checked whatever the other arguments are.
+        for field in ("poll_interval", "retry_backoff", "max_backoff"):
+            check_seconds(field, getattr(self, field))
+        check_count("max_busy_retries", self.max_busy_retries, minimum=0)
         if not is_templated(*(getattr(self, name) for name in self._checked_fields)):
             self._check_arguments()
 
@@ -281,20 +287,44 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
 
     def _check_static_arguments(self) -> None:
         # Never templated: checked whatever the other arguments are.
+        from tpuflow.validation import check_count
+
         if self.on_kill_action not in ON_KILL_ACTIONS:
             raise UserInputError("on_kill_action", self.on_kill_action, "use 'delete' (the default) or 'keep'")
         self._expires_in()
+        check_count("stockout_retries", self.stockout_retries, minimum=0)
         super()._check_static_arguments()
+        if is_templated(*(getattr(self, name) for name in self._checked_fields)):
+            self._check_static_names()
+
+    def _check_static_names(self) -> None:
+        """With the slice templated (the plan waits for execute), the names that are static are still
+        checked now: a bad one fails the DAG import, not this task after an earlier one made a pool."""
+        from tpuflow.gke import nodepool_spec as spec
+        from tpuflow.templating import is_static
+
+        checks = {
+            "project_id": spec.check_project,
+            "location": spec.check_cluster_location,
+            "cluster_name": spec.check_cluster_name,
+            "node_labels": spec.check_node_labels,
+            "node_taints": spec.check_node_taints,
+            "service_account": spec.check_service_account,
+            "capacity": spec.parse_capacity_order,
+        }
+        for field, check in checks.items():
+            if is_static(getattr(self, field)):
+                check(getattr(self, field))
+        if self.node_pool_name and is_static(self.node_pool_name):
+            spec.check_node_pool_name(self.node_pool_name)
 
     def _check_arguments(self) -> NodePoolPlan:
         return self.plan(TaskIdentity("parse", "parse", self.task_id), None)
 
     def _expires_in(self) -> float:
-        value = self.expires_after
-        seconds = value.total_seconds() if isinstance(value, timedelta) else value
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise UserInputError("expires_after", value, "give a timedelta or a number of seconds > 0")
-        return float(seconds)
+        from tpuflow.validation import check_seconds
+
+        return float(check_seconds("expires_after", self.expires_after))  # type: ignore[arg-type]
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
         """The pools this task instance makes: the one check of every planned argument (UserInputError)."""

@@ -101,6 +101,54 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
     }
 
 
+def schema_fix(schema: dict[str, Any]) -> str:
+    """What a Param's JSON schema accepts, in words (the fix of a rejected value)."""
+    if "enum" in schema:
+        return "use one of " + ", ".join("(empty)" if v in (None, "") else str(v) for v in schema["enum"])
+    types = schema.get("type")
+    kinds = set(types) if isinstance(types, list) else {types}
+    noun = {"integer": "a whole number", "number": "a number", "boolean": "true or false"}.get(
+        next((k for k in ("integer", "number", "boolean") if k in kinds), ""), "a string"
+    )
+    bounds = [f"> {schema['exclusiveMinimum']:g}"] if "exclusiveMinimum" in schema else []
+    bounds += [f">= {schema['minimum']:g}"] if "minimum" in schema else []
+    bounds += [f"<= {schema['maximum']:g}"] if "maximum" in schema else []
+    return (
+        f"give {noun}"
+        + (f" {' and '.join(bounds)}" if bounds else "")
+        + (", or leave it empty" if "null" in kinds else "")
+    )
+
+
+def check_param(name: str, value: Any, params: dict[str, Param] | None = None) -> Any:
+    """One Param's value against its JSON schema (what the trigger form and ``dags trigger`` enforce),
+    finite where it is a number; UserInputError ``params.NAME`` otherwise. Returns the value."""
+    import math
+
+    from jsonschema import ValidationError, validate
+
+    schema = (params or pipeline_params())[name].schema
+    try:
+        validate(value, schema)
+    except ValidationError:
+        raise UserInputError(f"params.{name}", value, schema_fix(schema)) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserInputError(f"params.{name}", value, schema_fix(schema) + " (a finite number)")
+    return value
+
+
+def check_conf(conf: dict[str, Any]) -> dict[str, Any]:
+    """A run's conf as ``airflow dags test/trigger -c`` hands it over: each key a Param, each value
+    valid for its schema. Returns every Param's value (the defaults where conf has none); the
+    cross-field check (validate_params, or the GKE pipeline's) is the caller's next step."""
+    params = pipeline_params()
+    for name, value in conf.items():
+        if name not in params:
+            raise UserInputError("params", name, f"the pipeline's Params are {', '.join(params)}")
+        check_param(name, value, params)
+    return {name: param.value for name, param in params.items()} | conf
+
+
 def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict[str, Any]:
     """Cross-field validation; returns the training slice's description, with the local serve slice
     under ``serve`` (``local_serve``; the GKE pipeline derives its own)."""
