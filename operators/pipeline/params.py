@@ -104,7 +104,8 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
 def schema_fix(schema: dict[str, Any]) -> str:
     """What a Param's JSON schema accepts, in words (the fix of a rejected value)."""
     if "enum" in schema:
-        return "use one of " + ", ".join("(empty)" if v in (None, "") else str(v) for v in schema["enum"])
+        names = dict.fromkeys("(empty)" if v in (None, "") else str(v) for v in schema["enum"])
+        return "use one of " + ", ".join(names)
     types = schema.get("type")
     kinds = set(types) if isinstance(types, list) else {types}
     noun = {"integer": "a whole number", "number": "a number", "boolean": "true or false"}.get(
