@@ -300,23 +300,19 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     def _check_static_names(self) -> None:
         """With the slice templated (the plan waits for execute), the names that are static are still
         checked now: a bad one fails the DAG import, not this task after an earlier one made a pool."""
-        from tpuflow.gke import nodepool_spec as spec
+        from tpuflow import naming
         from tpuflow.templating import is_static
 
         checks = {
-            "project_id": spec.check_project,
-            "location": spec.check_cluster_location,
-            "cluster_name": spec.check_cluster_name,
-            "node_labels": spec.check_node_labels,
-            "node_taints": spec.check_node_taints,
-            "service_account": spec.check_service_account,
-            "capacity": spec.parse_capacity_order,
+            "project_id": naming.check_project,
+            "location": naming.check_cluster_location,
+            "cluster_name": naming.check_cluster_name,
         }
         for field, check in checks.items():
             if is_static(getattr(self, field)):
                 check(getattr(self, field))
         if self.node_pool_name and is_static(self.node_pool_name):
-            spec.check_node_pool_name(self.node_pool_name)
+            naming.check_node_pool_name(self.node_pool_name)
 
     def _check_arguments(self) -> NodePoolPlan:
         return self.plan(TaskIdentity("parse", "parse", self.task_id), None)
@@ -473,12 +469,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         return [value] if isinstance(value, str) else list(value or [])
 
     def _check_arguments(self) -> None:
-        from tpuflow.gke.nodepool_spec import (
-            check_cluster_location,
-            check_cluster_name,
-            check_node_pool_name,
-            check_project,
-        )
+        from tpuflow.naming import check_cluster_location, check_cluster_name, check_node_pool_name, check_project
 
         check_project(self.project_id)
         check_cluster_location(self.location)

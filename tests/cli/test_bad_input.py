@@ -36,6 +36,10 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     ),
     (["render", "rayservice", *V6E, "--serve-config", f"{P}/bad.yaml"], ("--serve-config", "bad.yaml", "YAML")),
     (["render", "rayservice", *V6E, "--serve-config", f"{P}/missing.yaml"], ("--serve-config", "missing", "file")),
+    (
+        ["render", "rayservice", "--accelerator", "v6e", "--topology", "2x2", "--llm", "m/x", "--hf-secret", ":k"],
+        ("hf_secret", "':k'", "NAME:KEY"),
+    ),
     (["local", "up", "--accelerator", "v6e", "--topology", "16", "--base-dir", P], ("topology", "16", "shape")),
     (["local", "status", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
     (["local", "down", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),

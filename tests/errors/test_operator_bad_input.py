@@ -49,6 +49,19 @@ def raycluster(**kw: Any) -> Any:
     return KubeRayCreateClusterOperator(task_id="rc", **{**args, **kw})
 
 
+def raycluster_manifest(**kw: Any) -> Any:
+    from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
+
+    return KubeRayCreateClusterOperator(task_id="rcm", kubernetes_conn_id="k", **kw)
+
+
+def llm_service(**kw: Any) -> Any:
+    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
+
+    args = {"kubernetes_conn_id": "k", "accelerator": "v6e", "topology": "2x2", "image": "vllm/vllm-tpu:v0.11.1"}
+    return KubeRayDeployServiceOperator(task_id="llm", llm_model_id="Qwen/Qwen2.5-0.5B", **{**args, **kw})
+
+
 def raycluster_delete(**kw: Any) -> Any:
     from tpuflow.kuberay.operators import KubeRayDeleteClusterOperator
 
@@ -151,6 +164,23 @@ PARSE_TIME: list[tuple[Callable[..., Any], str, Any, str]] = [
     (ray_train, "max_failures", -2, "-1: no limit"),
     (ray_train, "checkpoint_num_to_keep", 0, ">= 1"),
     (ray_train, "worker_env", ["A=1"], "give a dict"),
+    # files and configs a user hands over: a manifest, a Serve config, deployment options
+    (raycluster_manifest, "manifest", "kind: RayCluster\nspec: [unclosed\n", "not valid YAML"),
+    (raycluster_manifest, "manifest", ["a", "list"], "ray.io/v1 RayCluster"),
+    (raycluster_manifest, "manifest", {"apiVersion": "v1", "kind": "Pod"}, "ray.io/v1 RayCluster"),
+    (raycluster_manifest, "manifest", {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": {}}, "headGroupSpec"),
+    (rayservice, "serve_config", "applications: [name: x\n  - : :\n", "not valid YAML"),
+    (rayservice, "serve_config", {"applications": [{"name": "a", "import_path": 5}]}, "module.sub:app"),
+    (llm_service, "deployment_options", {"num_replicas": 0}, ">= 1"),
+    (llm_service, "deployment_options", {"request_timeout_s": math.nan}, "finite number of seconds"),
+    (
+        llm_service,
+        "deployment_options",
+        {"autoscaling_config": {"max_replicas": 2, "target_ongoing_requests": math.inf}},
+        "positive",
+    ),
+    (llm_service, "llm_options", {"max_model_lenn": 4096}, "unknown option"),
+    (llm_service, "llm_options", {"hf_secret": "HF Token"}, "NAME:KEY"),
     # names
     (raycluster, "namespace", "Bad_NS", "RFC 1123"),
     (raycluster_delete, "name", "Bad_Name", "RFC 1035"),
@@ -163,9 +193,6 @@ STATIC_NAMES: list[tuple[str, Any]] = [
     ("location", "mars-1"),
     ("cluster_name", "Cluster_1"),
     ("node_pool_name", "Pool_1"),
-    ("node_labels", {"Bad Key": "v"}),
-    ("service_account", "not-an-email"),
-    ("capacity", "cheap"),
 ]
 
 
@@ -178,6 +205,7 @@ def test_bad_static_argument_fails_at_parse_time(factory: Callable[..., Any], fi
     with pytest.raises(UserInputError) as err:
         factory(**{field: value})
     assert err.value.field.split("[")[0].split(".")[0] in (field, "applications"), str(err.value)
+    assert len(str(err.value)) < 600
     assert fix in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -187,12 +215,11 @@ def test_static_names_checked_when_the_slice_is_templated(field: str, value: Any
     with pytest.raises(UserInputError) as err:
         gke_create(topology=TEMPLATE, **{field: value})
     assert err.value.field == field
-    shown = next(iter(value)) if isinstance(value, dict) else value  # a label names its bad key
-    assert repr(shown) in str(err.value)
+    assert repr(value) in str(err.value)
 
 
 def test_templated_slice_with_good_names_still_parses() -> None:
-    op = gke_create(topology=TEMPLATE, node_pool_name="pool-1", capacity="spot")
+    op = gke_create(topology=TEMPLATE, node_pool_name="pool-1")
     assert op.topology == TEMPLATE
 
 
