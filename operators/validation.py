@@ -137,14 +137,28 @@ _TRAIN_NUMBERS: dict[str, tuple[float, float | None, bool]] = {
 }
 
 
+def _parsed(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def check_train_loop_config(field: str, config: Mapping[str, Any] | None) -> None:
     """The conventional training options in a train_loop_config, where present; any number in it finite."""
-    for key, value in (config or {}).items():
+    for key, raw in (config or {}).items():
         name = f"{field}[{key}]"
-        if key in _TRAIN_COUNTS:
-            check_count(name, value, minimum=_TRAIN_COUNTS[key])
-        elif key in _TRAIN_NUMBERS:
-            low, high, above = _TRAIN_NUMBERS[key]
-            check_number(name, value, minimum=low, maximum=high, above=above)
-        elif isinstance(value, float) and not math.isfinite(value):
+        # A template rendered as text ("1500") is parsed by the driver too.
+        value = _parsed(raw) if isinstance(raw, str) and (key in _TRAIN_COUNTS or key in _TRAIN_NUMBERS) else raw
+        try:
+            if key in _TRAIN_COUNTS:
+                check_count(name, value, minimum=_TRAIN_COUNTS[key])
+            elif key in _TRAIN_NUMBERS:
+                low, high, above = _TRAIN_NUMBERS[key]
+                check_number(name, value, minimum=low, maximum=high, above=above)
+        except UserInputError as err:
+            raise UserInputError(name, raw, err.fix) from None
+        if isinstance(value, float) and not math.isfinite(value):
             raise UserInputError(name, value, "give a finite number")
