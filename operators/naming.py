@@ -16,6 +16,7 @@ from tpuflow.errors import UserInputError
 
 _DNS_INVALID = re.compile(r"[^a-z0-9-]+")
 NODE_POOL_NAME_MAX = 40
+_DNS_LABEL_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _PROJECT_RE = re.compile(r"^([a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -75,6 +76,19 @@ class TaskIdentity:
 
     def dns_name(self, *parts: str, max_len: int = 40) -> str:
         return dns_name(*parts, key=self.key, max_len=max_len)
+
+
+def check_dns_label(field: str, name: object, *, max_len: int = 63) -> str:
+    """A name of the dns_name() form (local clusters, Kubernetes objects): lowercase letters, digits and
+    '-', starting with a letter, ending alphanumeric, at most max_len characters."""
+    if not isinstance(name, str) or len(name) > max_len or not _DNS_LABEL_RE.match(name):
+        raise UserInputError(
+            field,
+            name,
+            f"use at most {max_len} lowercase letters, digits and '-', starting with a letter and ending with a "
+            "letter or digit",
+        )
+    return name
 
 
 # --- Google Cloud names: one rule each, cheap to load (operators check static names at parse time) ---

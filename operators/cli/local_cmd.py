@@ -40,7 +40,9 @@ def _clusters(args: argparse.Namespace) -> list:
 
 def _up(args: argparse.Namespace) -> int:
     from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.naming import check_dns_label
 
+    check_dns_label("--name", args.name)
     tpu = slice_from_args(args).require(ray=True)
     print(f"Starting {args.name}: {tpu.summary()}", file=sys.stderr)
     cluster = LocalRayCluster.start(tpu, args.name, _base_dir(args))

@@ -41,6 +41,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
         ("hf_secret", "':k'", "NAME:KEY"),
     ),
     (["local", "up", "--accelerator", "v6e", "--topology", "16", "--base-dir", P], ("topology", "16", "shape")),
+    (["local", "up", *V6E, "--name", "../escape", "--base-dir", P], ("--name", "'../escape'", "lowercase letters")),
     (["local", "status", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
     (["local", "down", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
     (["local", "env", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
