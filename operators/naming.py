@@ -12,7 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tpuflow.errors import UserInputError
+
 _DNS_INVALID = re.compile(r"[^a-z0-9-]+")
+NODE_POOL_NAME_MAX = 40
+_DNS_LABEL_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_PROJECT_RE = re.compile(r"^([a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_CLUSTER_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
+_NODE_POOL_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 
 
 def run_key(dag_id: str, run_id: str, task_id: str = "", map_index: int = -1) -> str:
@@ -67,3 +76,65 @@ class TaskIdentity:
 
     def dns_name(self, *parts: str, max_len: int = 40) -> str:
         return dns_name(*parts, key=self.key, max_len=max_len)
+
+
+def check_dns_label(field: str, name: object, *, max_len: int = 63) -> str:
+    """A name of the dns_name() form (local clusters, Kubernetes objects): lowercase letters, digits and
+    '-', starting with a letter, ending alphanumeric, at most max_len characters."""
+    if not isinstance(name, str) or len(name) > max_len or not _DNS_LABEL_RE.match(name):
+        raise UserInputError(
+            field,
+            name,
+            f"use at most {max_len} lowercase letters, digits and '-', starting with a letter and ending with a "
+            "letter or digit",
+        )
+    return name
+
+
+# --- Google Cloud names: one rule each, cheap to load (operators check static names at parse time) ---
+def check_project(project_id: str) -> str:
+    if not isinstance(project_id, str) or not _PROJECT_RE.match(project_id):
+        raise UserInputError(
+            "project_id",
+            project_id,
+            "a project ID is 6-30 lowercase letters, digits or hyphens, starting with a "
+            "letter (the ID, not the project name or number)",
+        )
+    return project_id
+
+
+def is_zone(location: str) -> bool:
+    return bool(_ZONE_RE.match(location or ""))
+
+
+def check_cluster_location(location: str) -> str:
+    """The cluster's location: a zone (zonal cluster) or a region (regional cluster)."""
+    if not isinstance(location, str) or not (_ZONE_RE.match(location) or _REGION_RE.match(location)):
+        raise UserInputError(
+            "location",
+            location,
+            "give the cluster's zone like us-east5-b (or its region like us-east5 together with node_zone)",
+        )
+    return location
+
+
+def check_cluster_name(cluster_name: str) -> str:
+    if not isinstance(cluster_name, str) or not _CLUSTER_RE.match(cluster_name):
+        raise UserInputError(
+            "cluster_name",
+            cluster_name,
+            "a GKE cluster name is at most 40 lowercase letters, digits or hyphens, "
+            "starts with a letter and ends with a letter or digit",
+        )
+    return cluster_name
+
+
+def check_node_pool_name(name: str, field_name: str = "node_pool_name") -> str:
+    if not isinstance(name, str) or not _NODE_POOL_RE.match(name):
+        raise UserInputError(
+            field_name,
+            name,
+            f"a node pool name is at most {NODE_POOL_NAME_MAX} lowercase letters, digits or hyphens, "
+            "starts with a letter and ends with a letter or digit",
+        )
+    return name

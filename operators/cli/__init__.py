@@ -27,6 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as err:
         print(f"tpuflow: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.filename is None:
+            raise
+        # A path the user named that cannot be read or written (a file for a folder, no permission).
+        print(f"tpuflow: error: {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

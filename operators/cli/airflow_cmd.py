@@ -6,10 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from tpuflow.errors import UserInputError
+
 
 def _work_dir(args: argparse.Namespace) -> Path:
     from tpuflow.dev.airflow_services import DEFAULT_WORK_DIR
+    from tpuflow.validation import check_folder
 
+    check_folder("--work-dir", args.work_dir)
     return Path(args.work_dir).resolve() if args.work_dir else DEFAULT_WORK_DIR
 
 
@@ -22,7 +26,15 @@ def _load(args: argparse.Namespace):  # -> AirflowServices | None
 
 def _up(args: argparse.Namespace) -> int:
     from tpuflow.dev.airflow_services import ADMIN_USER, DEFAULT_WORK_DIR, AirflowServices, AirflowServicesError
+    from tpuflow.validation import check_count, check_port
 
+    if args.port is not None:
+        check_port("--port", args.port)
+    check_count("--parallelism", args.parallelism, minimum=1, maximum=256)
+    if args.database_url is not None and "://" not in args.database_url:
+        raise UserInputError(
+            "--database-url", args.database_url, "give a SQLAlchemy URL, e.g. postgresql+psycopg2://USER:PASS@HOST/DB"
+        )
     work = _work_dir(args)
     print(f"Starting a local Airflow in {work} (fresh AIRFLOW_HOME, LocalExecutor, 127.0.0.1 only)...", file=sys.stderr)
     try:

@@ -13,6 +13,9 @@ def _store(args: argparse.Namespace):  # -> LeaseStore
 
 
 def _list(args: argparse.Namespace) -> int:
+    from tpuflow.validation import check_count
+
+    check_count("--max-slices", args.max_slices, minimum=1, maximum=10_000)
     store = _store(args)
     held = store.holders(args.max_slices)
     if not held:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
 from tpuflow.errors import UserInputError
+from tpuflow.validation import check_folder, check_port
 
 DEFAULT_NAME = "tpuflow-local"
 
@@ -17,6 +18,7 @@ DEFAULT_NAME = "tpuflow-local"
 def _base_dir(args: argparse.Namespace) -> Path:
     from tpuflow.local.cluster import default_base_dir
 
+    check_folder("--base-dir", args.base_dir)
     return Path(args.base_dir) if args.base_dir else default_base_dir()
 
 
@@ -38,7 +40,9 @@ def _clusters(args: argparse.Namespace) -> list:
 
 def _up(args: argparse.Namespace) -> int:
     from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.naming import check_dns_label
 
+    check_dns_label("--name", args.name)
     tpu = slice_from_args(args).require(ray=True)
     print(f"Starting {args.name}: {tpu.summary()}", file=sys.stderr)
     cluster = LocalRayCluster.start(tpu, args.name, _base_dir(args))
@@ -72,13 +76,18 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    (cluster,) = _clusters(args)
+    (cluster,) = _clusters(args)  # --name always names one (its default: tpuflow-local)
     for key, value in cluster.client_env().items():
         print(f"export {key}={value}")
     return 0
 
 
 def _preempt(args: argparse.Namespace) -> int:
+    from tpuflow.validation import check_count, check_seconds
+
+    check_count("--host", args.host, minimum=0, what="a TPU worker id")
+    check_count("--slice", args.slice, minimum=0, what="a slice index")
+    check_seconds("--restart-after", args.restart_after, allow_zero=True, maximum=3600)
     (cluster,) = _clusters(args)
     if args.no_restart:
         pid = cluster.kill_host(args.slice, args.host)
@@ -96,6 +105,13 @@ def _preempt(args: argparse.Namespace) -> int:
 
 def _gcs_up(args: argparse.Namespace) -> int:
     from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
+    from tpuflow.storage import split_gs_uri
+
+    if args.port is not None:
+        check_port("--port", args.port)
+    check_folder("--state-dir", args.state_dir)
+    for bucket in args.bucket or ():
+        split_gs_uri(f"gs://{bucket}", "--bucket")
 
     try:
         emulator = GcsEmulator.start(
@@ -117,6 +133,7 @@ def _gcs_up(args: argparse.Namespace) -> int:
 def _gcs_down(args: argparse.Namespace) -> int:
     from tpuflow.dev.gcs_emulator import GcsEmulator
 
+    check_folder("--state-dir", args.state_dir)
     emulator = GcsEmulator.load(Path(args.state_dir) if args.state_dir else None)
     if emulator is None:
         print("no GCS emulator recorded; nothing to stop")

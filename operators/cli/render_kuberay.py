@@ -26,7 +26,9 @@ from tpuflow.kuberay.manifests import (
     rayservice_manifest,
     resource_name,
 )
+from tpuflow.kuberay.serve_config import serve_config_dict
 from tpuflow.labels import kubernetes_ownership_labels
+from tpuflow.serve.config import check_tpu_placement
 
 
 class _Dumper(yaml.SafeDumper):
@@ -104,7 +106,11 @@ def _load_serve_config(args: argparse.Namespace) -> dict[str, Any]:
         path = Path(args.serve_config)
         if not path.is_file():
             raise UserInputError("--serve-config", args.serve_config, "give a YAML or JSON file with the Serve config")
-        data = yaml.safe_load(path.read_text())
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            problem = " ".join(str(err).split())[:160]
+            raise UserInputError("--serve-config", args.serve_config, f"not valid YAML/JSON ({problem})") from None
         if not isinstance(data, dict):
             raise UserInputError("--serve-config", args.serve_config, 'the file must hold {"applications": [...]}')
         return data
@@ -171,9 +177,12 @@ def _rayservice(args: argparse.Namespace) -> int:
         return 0
     template = _template(args)
     name, labels = _identity(args, template)
+    config = _load_serve_config(args)
+    # The deploy operator's rule (RayServeDeployOperator): a multi-host model must declare the slice's topology.
+    check_tpu_placement(serve_config_dict(config), template.tpu)
     manifest = rayservice_manifest(
         template,
-        _load_serve_config(args),
+        config,
         name=name,
         namespace=args.namespace,
         labels=labels,

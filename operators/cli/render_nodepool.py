@@ -16,10 +16,12 @@ import time
 from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args
 from tpuflow.gke.nodepool_spec import plan_node_pools
 from tpuflow.kuberay.k8s_values import parse_key_values
+from tpuflow.validation import check_number
 
 
 def _run(args: argparse.Namespace) -> int:
     identity = identity_from_args(args)
+    hours = check_number("--expires-after-hours", args.expires_after_hours, minimum=0, maximum=366 * 24, above=True)
     plan = plan_node_pools(
         project_id=args.project,
         location=args.location,
@@ -36,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         service_account=args.service_account,
         workload_policy=args.workload_policy,
         identity=identity,
-        expires_at=int(time.time() + args.expires_after_hours * 3600) if identity else None,
+        expires_at=int(time.time() + hours * 3600) if identity else None,
     )
     bodies = [{"nodePool": body} for body in plan.bodies()]
     if args.json:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from tpuflow.errors import UserInputError
+from tpuflow.validation import check_folder, check_seconds
 
 STATE_FILE = "state.json"  # tpuflow.dev.standins.stack.STATE_FILE, without importing the stand-ins here
 START_TIMEOUT_S = 90.0
@@ -44,10 +45,13 @@ def _state(work: Path) -> dict | None:
         return None
 
 
+def _workdir(args: argparse.Namespace) -> Path:
+    return Path(check_folder("--workdir", args.workdir)).resolve()  # type: ignore[arg-type]
+
+
 def _up(args: argparse.Namespace) -> int:
-    work = Path(args.workdir).resolve()
-    if args.operation_seconds < 0:
-        raise UserInputError("--operation-seconds", args.operation_seconds, "give 0 or more seconds")
+    work = _workdir(args)
+    check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
     if args.crds is not None and not (Path(args.crds) / "ray.io_rayclusters.yaml").is_file():
         raise UserInputError("--crds", args.crds, "give the directory holding KubeRay's ray.io_rayclusters.yaml")
     state = _state(work)
@@ -124,7 +128,7 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> bool:
 
 
 def _down(args: argparse.Namespace) -> int:
-    work = Path(args.workdir).resolve()
+    work = _workdir(args)
     state = _state(work)
     if state is None:
         print(f"no stand-ins running in {work}")

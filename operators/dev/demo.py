@@ -17,6 +17,9 @@ import time
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
+from typing import Any
+
+from tpuflow.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "tpu_llm_pipeline_local"
@@ -62,28 +65,27 @@ def _storage(output_root: str) -> Iterator[dict[str, str]]:
                 os.environ[EMULATOR_ENV] = before
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.backend == "gke":
-        from tpuflow.dev.demo_gke import run_gke
+# The pipeline Param each demo flag becomes (the run's conf): checked by the Param schema before Airflow starts.
+FLAG_PARAMS = {
+    "framework": "--framework",
+    "accelerator": "--accelerator",
+    "topology": "--topology",
+    "machine_type": "--machine-type",
+    "train_steps": "--train-steps",
+    "keep_endpoint": "--keep-endpoint",
+    "accuracy_threshold": "--accuracy-threshold",
+    "num_train": "--num-train",
+    "serve_topology": "--serve-topology",
+}
 
-        return run_gke(args)
-    work = Path(args.work_dir).resolve()
-    home = work / "airflow"
-    home.mkdir(parents=True, exist_ok=True)
-    output_root = (args.output_root or str(work / "outputs")).rstrip("/")
-    if not output_root.startswith("gs:") and "://" not in output_root:
-        output_root = str(Path(output_root).resolve())  # gs:/... stays as given: check_params rejects it
-    with _storage(output_root) as storage_env:
-        return _run_pipeline(args, home, output_root, storage_env)
 
+def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's conf from the flags, checked as the pipeline checks its Params (the same functions),
+    before anything starts; a bad flag is a UserInputError naming it (one line, exit 2)."""
+    from tpuflow.pipeline.params import check_conf, validate_params
+    from tpuflow.validation import check_folder, check_seconds
 
-def _run_pipeline(args: argparse.Namespace, home: Path, output_root: str, storage_env: dict[str, str]) -> int:
-    from tpuflow.storage import read_text
-
-    env = {**demo_env(home, output_root), **storage_env}
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-    conf = {
+    conf: dict[str, Any] = {
         "framework": args.framework,
         "accelerator": args.accelerator,
         "topology": args.topology,
@@ -94,6 +96,55 @@ def _run_pipeline(args: argparse.Namespace, home: Path, output_root: str, storag
         "num_train": args.num_train,
         "serve_topology": args.serve_topology,
     }
+    try:
+        params = check_conf(conf)
+        if args.backend == "gke":
+            from tpuflow.pipeline.gke import check_gke_params
+
+            check_gke_params(params)
+        else:
+            validate_params(params)
+    except UserInputError as err:
+        name = err.field.removeprefix("params.")
+        raise UserInputError(FLAG_PARAMS.get(name, err.field), err.value, err.fix) from None
+    check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
+    if args.date is not None:
+        try:
+            date.fromisoformat(args.date)
+        except ValueError:
+            raise UserInputError("--date", args.date, "give the logical date as YYYY-MM-DD, e.g. 2026-01-31") from None
+    check_folder("--work-dir", args.work_dir)
+    if args.output_root and (args.output_root.startswith("gs:") or "://" in args.output_root):
+        from tpuflow.storage import split_gs_uri
+
+        split_gs_uri(args.output_root, "--output-root")
+    return conf
+
+
+def _run(args: argparse.Namespace) -> int:
+    conf = demo_conf(args)
+    if args.backend == "gke":
+        from tpuflow.dev.demo_gke import run_gke
+
+        return run_gke(args, conf)
+    work = Path(args.work_dir).resolve()
+    home = work / "airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    output_root = (args.output_root or str(work / "outputs")).rstrip("/")
+    if not output_root.startswith("gs:") and "://" not in output_root:
+        output_root = str(Path(output_root).resolve())  # gs:/... stays as given: check_params rejects it
+    with _storage(output_root) as storage_env:
+        return _run_pipeline(args, home, output_root, storage_env, conf)
+
+
+def _run_pipeline(
+    args: argparse.Namespace, home: Path, output_root: str, storage_env: dict[str, str], conf: dict[str, Any]
+) -> int:
+    from tpuflow.storage import read_text
+
+    env = {**demo_env(home, output_root), **storage_env}
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     run_date = args.date or date.today().isoformat()
     print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
     started = time.time()

@@ -52,7 +52,8 @@ def _leftovers(stack: Any) -> list[str]:
     return out
 
 
-def run_gke(args: argparse.Namespace) -> int:
+def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
+    """``conf``: the run's conf, already checked (tpuflow.dev.demo.demo_conf)."""
     from tpuflow.dev.demo import _storage, demo_env
     from tpuflow.dev.ray_launcher import LocalRayLauncher
     from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
@@ -102,18 +103,9 @@ def run_gke(args: argparse.Namespace) -> int:
         }
         airflow = str(Path(sys.executable).with_name("airflow"))
         subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-        conf: dict[str, Any] = {
-            "framework": args.framework,
-            "accelerator": args.accelerator,
-            "topology": args.topology,
-            "machine_type": args.machine_type or "",
-            "train_steps": args.train_steps,
-            "keep_endpoint": False,
-            "accuracy_threshold": args.accuracy_threshold,
-            "num_train": args.num_train,
-        }
-        if getattr(args, "serve_topology", None):
-            conf["serve_topology"] = args.serve_topology
+        conf = {**conf, "keep_endpoint": False}
+        if not conf.get("serve_topology"):
+            conf.pop("serve_topology", None)
         run_date = args.date or date.today().isoformat()
         print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
         proc = subprocess.run([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)

@@ -14,17 +14,21 @@ from typing import Any
 
 from tpuflow.errors import UserInputError
 from tpuflow.labels import check_label_key, check_label_value, check_labels, gce_ownership_labels
-from tpuflow.naming import TaskIdentity, dns_name, run_key
+from tpuflow.naming import (
+    NODE_POOL_NAME_MAX,
+    TaskIdentity,
+    check_cluster_location,
+    check_cluster_name,
+    check_node_pool_name,
+    check_project,
+    dns_name,
+    is_zone,
+    run_key,
+)
 from tpuflow.tpu import TpuSlice
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
-NODE_POOL_NAME_MAX = 40
 
-_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
-_PROJECT_RE = re.compile(r"^([a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_CLUSTER_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
-_NODE_POOL_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 _GCE_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _SHARED_RESERVATION_RE = re.compile(r"^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/(?P<name>[^/]+)$")
 _EMAIL_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*@[a-z0-9-]+(\.[a-z0-9-]+)+$")
@@ -120,37 +124,11 @@ def parse_capacity_order(capacity: object, fallback: object = ()) -> tuple[Capac
     return tuple(order)
 
 
-# --- names and places --------------------------------------------------------------------------------
-def check_project(project_id: str) -> str:
-    if not isinstance(project_id, str) or not _PROJECT_RE.match(project_id):
-        raise UserInputError(
-            "project_id",
-            project_id,
-            "a project ID is 6-30 lowercase letters, digits or hyphens, starting with a "
-            "letter (the ID, not the project name or number)",
-        )
-    return project_id
-
-
-def is_zone(location: str) -> bool:
-    return bool(_ZONE_RE.match(location or ""))
-
-
-def check_cluster_location(location: str) -> str:
-    """The cluster's location: a zone (zonal cluster) or a region (regional cluster)."""
-    if not isinstance(location, str) or not (_ZONE_RE.match(location) or _REGION_RE.match(location)):
-        raise UserInputError(
-            "location",
-            location,
-            "give the cluster's zone like us-east5-b (or its region like us-east5 together with node_zone)",
-        )
-    return location
-
-
+# --- names and places (the name rules live in tpuflow.naming, cheap to load at parse time) ------------
 def check_location(location: str, node_zone: str | None = None) -> tuple[str, str]:
     """The cluster location (zone or region) and the zone the slice's VMs go in."""
     check_cluster_location(location)
-    if node_zone is not None and not (isinstance(node_zone, str) and _ZONE_RE.match(node_zone)):
+    if node_zone is not None and not (isinstance(node_zone, str) and is_zone(node_zone)):
         raise UserInputError("node_zone", node_zone, "give a zone like us-east5-b; a TPU slice lives in one zone")
     if is_zone(location):
         if node_zone and node_zone != location:
@@ -167,28 +145,6 @@ def check_location(location: str, node_zone: str | None = None) -> tuple[str, st
     if not node_zone.startswith(location + "-"):
         raise UserInputError("node_zone", node_zone, f"pick a zone of the cluster's region {location}")
     return location, node_zone
-
-
-def check_cluster_name(cluster_name: str) -> str:
-    if not isinstance(cluster_name, str) or not _CLUSTER_RE.match(cluster_name):
-        raise UserInputError(
-            "cluster_name",
-            cluster_name,
-            "a GKE cluster name is at most 40 lowercase letters, digits or hyphens, "
-            "starts with a letter and ends with a letter or digit",
-        )
-    return cluster_name
-
-
-def check_node_pool_name(name: str, field_name: str = "node_pool_name") -> str:
-    if not isinstance(name, str) or not _NODE_POOL_RE.match(name):
-        raise UserInputError(
-            field_name,
-            name,
-            f"a node pool name is at most {NODE_POOL_NAME_MAX} lowercase letters, digits or hyphens, "
-            "starts with a letter and ends with a letter or digit",
-        )
-    return name
 
 
 def node_pool_names(

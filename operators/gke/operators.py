@@ -73,6 +73,12 @@ class _NodePoolOperatorBase(BaseOperator):
 
     def _check_static_arguments(self) -> None:
         """Parse time: bad static values become a DAG import error; templated ones are checked once rendered."""
+        from tpuflow.validation import check_count, check_seconds
+
+        # Never templated: checked whatever the other arguments are.
+        for field in ("poll_interval", "retry_backoff", "max_backoff"):
+            check_seconds(field, getattr(self, field))
+        check_count("max_busy_retries", self.max_busy_retries, minimum=0)
         if not is_templated(*(getattr(self, name) for name in self._checked_fields)):
             self._check_arguments()
 
@@ -281,20 +287,40 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
 
     def _check_static_arguments(self) -> None:
         # Never templated: checked whatever the other arguments are.
+        from tpuflow.validation import check_count
+
         if self.on_kill_action not in ON_KILL_ACTIONS:
             raise UserInputError("on_kill_action", self.on_kill_action, "use 'delete' (the default) or 'keep'")
         self._expires_in()
+        check_count("stockout_retries", self.stockout_retries, minimum=0)
         super()._check_static_arguments()
+        if is_templated(*(getattr(self, name) for name in self._checked_fields)):
+            self._check_static_names()
+
+    def _check_static_names(self) -> None:
+        """With the slice templated (the plan waits for execute), the names that are static are still
+        checked now: a bad one fails the DAG import, not this task after an earlier one made a pool."""
+        from tpuflow import naming
+        from tpuflow.templating import is_static
+
+        checks = {
+            "project_id": naming.check_project,
+            "location": naming.check_cluster_location,
+            "cluster_name": naming.check_cluster_name,
+        }
+        for field, check in checks.items():
+            if is_static(getattr(self, field)):
+                check(getattr(self, field))
+        if self.node_pool_name and is_static(self.node_pool_name):
+            naming.check_node_pool_name(self.node_pool_name)
 
     def _check_arguments(self) -> NodePoolPlan:
         return self.plan(TaskIdentity("parse", "parse", self.task_id), None)
 
     def _expires_in(self) -> float:
-        value = self.expires_after
-        seconds = value.total_seconds() if isinstance(value, timedelta) else value
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise UserInputError("expires_after", value, "give a timedelta or a number of seconds > 0")
-        return float(seconds)
+        from tpuflow.validation import check_seconds
+
+        return float(check_seconds("expires_after", self.expires_after))  # type: ignore[arg-type]
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
         """The pools this task instance makes: the one check of every planned argument (UserInputError)."""
@@ -443,12 +469,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         return [value] if isinstance(value, str) else list(value or [])
 
     def _check_arguments(self) -> None:
-        from tpuflow.gke.nodepool_spec import (
-            check_cluster_location,
-            check_cluster_name,
-            check_node_pool_name,
-            check_project,
-        )
+        from tpuflow.naming import check_cluster_location, check_cluster_name, check_node_pool_name, check_project
 
         check_project(self.project_id)
         check_cluster_location(self.location)

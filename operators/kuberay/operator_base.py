@@ -28,9 +28,11 @@ from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import DEFAULT_RAY_VERSION
 from tpuflow.kuberay.addresses import check_address_mode
+from tpuflow.kuberay.k8s_values import check_name, check_namespace
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
 from tpuflow.naming import TaskIdentity
 from tpuflow.templating import is_templated
+from tpuflow.validation import check_count
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -54,8 +56,10 @@ def check_gke_cluster(gke_cluster: Mapping[str, Any] | None) -> None:
 
 
 def check_seconds(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise UserInputError(field, value, "give a positive number of seconds")
+    """A positive, finite number of seconds (tpuflow.validation.check_seconds)."""
+    from tpuflow.validation import check_seconds as _check_seconds
+
+    _check_seconds(field, value)
 
 
 def check_choice(field: str, value: object, choices: Sequence[str]) -> None:
@@ -129,6 +133,8 @@ class KubeRayBaseOperator(BaseOperator):
             ((self.gke_cluster,), lambda: check_gke_cluster(self.gke_cluster)),
             ((self.poll_interval,), lambda: check_seconds("poll_interval", self.poll_interval)),
             ((self.wait_timeout,), lambda: check_seconds("wait_timeout", self.wait_timeout)),
+            ((self.log_lines,), lambda: check_count("log_lines", self.log_lines, minimum=0)),
+            ((self.namespace,), lambda: self.namespace is None or check_namespace(self.namespace)),
         ]
 
     def validate_arguments(self, *, static_only: bool = False) -> None:
@@ -235,7 +241,11 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         self._owned: OwnedObject | None = None  # what on_kill deletes: set only while waiting in this worker
 
     def argument_checks(self) -> list[ArgumentCheck]:
-        return [*super().argument_checks(), ((self.address_mode,), lambda: check_address_mode(self.address_mode))]
+        return [
+            *super().argument_checks(),
+            ((self.address_mode,), lambda: check_address_mode(self.address_mode)),
+            ((self.name,), lambda: self.name is None or check_name("name", self.name)),
+        ]
 
     # --- what a subclass defines ---
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:

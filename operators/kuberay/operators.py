@@ -179,7 +179,8 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         try:
             raw = yaml.safe_load(self.manifest) if isinstance(self.manifest, str) else self.manifest
         except yaml.YAMLError as err:
-            raise UserInputError("manifest", str(self.manifest)[:80], f"not valid YAML: {err}") from err
+            problem = " ".join(str(err).split())  # one line: YAML errors span several
+            raise UserInputError("manifest", str(self.manifest)[:80], f"not valid YAML: {problem}") from err
         if not isinstance(raw, Mapping) or raw.get("kind") != "RayCluster" or raw.get("apiVersion") != "ray.io/v1":
             raise UserInputError("manifest", str(raw)[:80], "give a ray.io/v1 RayCluster manifest")
         return dict(raw)
@@ -536,6 +537,10 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
     def _check_target(self) -> None:
         if not self.name and not self.owner_task_id:
             raise UserInputError("name", self.name, "give the object's name, or the task id that created it")
+        if self.name:
+            from tpuflow.kuberay.k8s_values import check_name
+
+            check_name("name", self.name)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.validate_arguments()

@@ -30,7 +30,8 @@ def serve_config_dict(serve_config: object) -> dict[str, Any]:
         try:
             raw = yaml.safe_load(raw)
         except yaml.YAMLError as err:
-            raise UserInputError("serve_config", serve_config, f"not valid YAML/JSON: {err}") from err
+            problem = " ".join(str(err).split())  # one line: YAML errors span several
+            raise UserInputError("serve_config", str(serve_config)[:80], f"not valid YAML/JSON: {problem}") from err
     if not isinstance(raw, Mapping):
         raise UserInputError("serve_config", serve_config, 'give a Serve config dict {"applications": [...]}')
     config = copy.deepcopy(dict(raw))

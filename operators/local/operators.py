@@ -95,6 +95,11 @@ class LocalRayClusterCreateOperator(BaseOperator):
 
     def _check_static_arguments(self) -> None:
         """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
+        from tpuflow.validation import check_count, check_seconds
+
+        check_count("head_cpus", self.head_cpus, minimum=1)
+        check_count("host_cpus", self.host_cpus, minimum=1)
+        check_seconds("start_timeout", self.start_timeout)
         if not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
             self._check_arguments()
 

@@ -1,18 +1,21 @@
 """The pipeline's Params (the trigger form in the Airflow UI) and their cross-field check.
 
-Each Param carries a JSON schema, so the UI form rejects a bad single value at trigger time;
+Each Param carries a JSON schema (``param_specs``: plain data, no Airflow import), so the UI form rejects
+a bad single value at trigger time and `tpuflow demo` its flags before anything starts;
 the accelerator/topology pair is checked by `validate_params` in the first task, before any
 cluster or node pool exists.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Param
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
 from tpuflow.errors import UserInputError
 from tpuflow.tpu.generations import GENERATIONS
+
+if TYPE_CHECKING:
+    from airflow.sdk import Param
 
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
 TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
@@ -21,9 +24,30 @@ FRAMEWORKS = ["jax", "torch"]
 SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
 
 
+class ParamSpec:
+    """One Param's default and JSON schema keywords (type, enum, bounds, title, description)."""
+
+    def __init__(self, default: Any, **schema: Any) -> None:
+        self.value = default
+        self.schema = schema  # what Param(default, **schema).schema holds
+
+    def param(self) -> Param:
+        from airflow.sdk import Param
+
+        return Param(self.value, **self.schema)
+
+
 def serve_topology_param() -> Param:
+    return _serve_topology_spec().param()
+
+
+def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
+    return {name: spec.param() for name, spec in param_specs(accelerator=accelerator, topology=topology).items()}
+
+
+def _serve_topology_spec() -> ParamSpec:
     # None, not "": the trigger form treats an empty-string default as a missing required value.
-    return Param(
+    return ParamSpec(
         None,
         type=["null", "string"],
         enum=[None, *SERVE_TOPOLOGIES],
@@ -40,7 +64,7 @@ MAX_RUN_DURATION_PARAM = "max_run_duration_seconds"
 
 def max_run_duration_param() -> Param:
     """The GKE pipeline's maxRunDurationSeconds for queued capacity (tpuflow.gke.provisioning_request)."""
-    return Param(
+    return ParamSpec(
         None,
         type=["null", "integer"],
         minimum=1,
@@ -48,40 +72,42 @@ def max_run_duration_param() -> Param:
         title="Queued capacity: max run duration, seconds (optional)",
         description="With tpuflow_tpu_capacity=queued: the ProvisioningRequest's maxRunDurationSeconds, after "
         "which GKE takes the nodes back (1 to 604800). Empty: GKE's default, seven days.",
-    )
+    ).param()
 
 
-def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
+def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, ParamSpec]:
+    """Each Param's default and JSON schema, as plain data: `tpuflow demo` checks its flags with them
+    without loading Airflow."""
     return {
-        "accelerator": Param(
+        "accelerator": ParamSpec(
             accelerator,
             type="string",
             enum=ACCELERATORS,
             title="TPU accelerator",
             description="Ray accelerator type of the training slice (TPU-V5LITEPOD is v5e).",
         ),
-        "topology": Param(
+        "topology": ParamSpec(
             topology,
             type="string",
             enum=TOPOLOGIES,
             title="Slice topology",
             description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e.",
         ),
-        "machine_type": Param(
+        "machine_type": ParamSpec(
             None,
             type=["null", "string"],
             title="Machine type (optional)",
             description="Only to pick the two-VM form of v5e/v6e 2x4: ct6e-standard-4t.",
         ),
-        "framework": Param(
+        "framework": ParamSpec(
             "jax",
             type="string",
             enum=FRAMEWORKS,
             title="Framework",
             description="JaxTrainer (ray.train.v2.jax) or TorchTrainer.",
         ),
-        "train_steps": Param(1500, type="integer", minimum=1, maximum=100_000, title="Training steps"),
-        "accuracy_threshold": Param(
+        "train_steps": ParamSpec(1500, type="integer", minimum=1, maximum=100_000, title="Training steps"),
+        "accuracy_threshold": ParamSpec(
             0.9,
             type="number",
             minimum=0,
@@ -89,15 +115,15 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
             title="Accuracy threshold",
             description="Quality gate: the model is not deployed below this held-out accuracy.",
         ),
-        "keep_endpoint": Param(
+        "keep_endpoint": ParamSpec(
             False,
             type="boolean",
             title="Keep the endpoint running",
             description="Leave the cluster and Serve endpoint up after the run "
             "(local: `tpuflow local down` removes them).",
         ),
-        "num_train": Param(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
-        "num_eval": Param(
+        "num_train": ParamSpec(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
+        "num_eval": ParamSpec(
             200,
             type="integer",
             minimum=10,
@@ -105,7 +131,7 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
             title="Held-out examples",
             description="Size of the held-out set the evaluation step scores (on every host of the slice).",
         ),
-        MAX_CHIP_HOURS_PARAM: Param(
+        MAX_CHIP_HOURS_PARAM: ParamSpec(
             None,
             type=["null", "number"],
             exclusiveMinimum=0,
@@ -113,8 +139,57 @@ def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> d
             description="Refuse to provision when the estimate (the previous run's durations) exceeds it; "
             "training is stopped at its last checkpoint when the ledger reaches it. Empty: no budget.",
         ),
-        "serve_topology": serve_topology_param(),
+        "serve_topology": _serve_topology_spec(),
     }
+
+
+def schema_fix(schema: dict[str, Any]) -> str:
+    """What a Param's JSON schema accepts, in words (the fix of a rejected value)."""
+    if "enum" in schema:
+        names = dict.fromkeys("(empty)" if v in (None, "") else str(v) for v in schema["enum"])
+        return "use one of " + ", ".join(names)
+    types = schema.get("type")
+    kinds = set(types) if isinstance(types, list) else {types}
+    noun = {"integer": "a whole number", "number": "a number", "boolean": "true or false"}.get(
+        next((k for k in ("integer", "number", "boolean") if k in kinds), ""), "a string"
+    )
+    bounds = [f"> {schema['exclusiveMinimum']:g}"] if "exclusiveMinimum" in schema else []
+    bounds += [f">= {schema['minimum']:g}"] if "minimum" in schema else []
+    bounds += [f"<= {schema['maximum']:g}"] if "maximum" in schema else []
+    return (
+        f"give {noun}"
+        + (f" {' and '.join(bounds)}" if bounds else "")
+        + (", or leave it empty" if "null" in kinds else "")
+    )
+
+
+def check_param(name: str, value: Any, params: dict[str, ParamSpec] | None = None) -> Any:
+    """One Param's value against its JSON schema (what the trigger form and ``dags trigger`` enforce),
+    finite where it is a number; UserInputError ``params.NAME`` otherwise. Returns the value."""
+    import math
+
+    from jsonschema import ValidationError, validate
+
+    schema = (params or param_specs())[name].schema
+    try:
+        validate(value, schema)
+    except ValidationError:
+        raise UserInputError(f"params.{name}", value, schema_fix(schema)) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserInputError(f"params.{name}", value, schema_fix(schema) + " (a finite number)")
+    return value
+
+
+def check_conf(conf: dict[str, Any]) -> dict[str, Any]:
+    """A run's conf as ``airflow dags test/trigger -c`` hands it over: each key a Param, each value
+    valid for its schema. Returns every Param's value (the defaults where conf has none); the
+    cross-field check (validate_params, or the GKE pipeline's) is the caller's next step."""
+    params = param_specs()
+    for name, value in conf.items():
+        if name not in params:
+            raise UserInputError("params", name, f"the pipeline's Params are {', '.join(params)}")
+        check_param(name, value, params)
+    return {name: param.value for name, param in params.items()} | conf
 
 
 def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict[str, Any]:

@@ -135,6 +135,10 @@ class RaySubmitJobOperator(BaseOperator):
     def _check_job_arguments(self, *, rendered: bool) -> None:
         """The job's arguments: all of them once rendered; at parse time (``rendered=False``, the end
         of ``__init__``) only those that are not templates."""
+        import math
+
+        from tpuflow.validation import check_number, check_seconds
+
         if (
             (rendered or is_static(self.entrypoint))
             and self.entrypoint is not None
@@ -155,6 +159,13 @@ class RaySubmitJobOperator(BaseOperator):
                     float(minimum)
                 except (TypeError, ValueError):
                     raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable number") from None
+                if not math.isfinite(float(minimum)):
+                    raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable (finite) number")
+        # Never templated: checked at parse time whatever the others are.
+        check_seconds("poll_interval", self.poll_interval)
+        check_seconds("job_timeout", self.job_timeout, optional=True)
+        if self.entrypoint_num_cpus is not None:
+            check_number("entrypoint_num_cpus", self.entrypoint_num_cpus, minimum=0)
         # Whether a local folder exists is a fact of the machine the task runs on, not of the DAG file.
         if rendered and self.working_dir and "://" not in self.working_dir and not Path(self.working_dir).is_dir():
             raise UserInputError("working_dir", self.working_dir, "give an existing folder or a remote URI")

@@ -188,6 +188,15 @@ class RayTrainOperator(RaySubmitJobOperator):
                 raise UserInputError(field, value, "give a dict (or leave it unset)")
         if rendered or not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
             self._tpu_slice()
+        from tpuflow.validation import check_count, check_mapping, check_train_loop_config
+
+        # What the driver would reject on the cluster, once the slice is up: rejected before submitting.
+        if (rendered or is_static(self.train_loop_config)) and isinstance(self.train_loop_config, dict):
+            check_train_loop_config("train_loop_config", self.train_loop_config)
+        check_count("max_failures", self.max_failures, minimum=-1, what="a whole number (-1: no limit)")
+        if self.checkpoint_num_to_keep is not None:  # None: keep every checkpoint
+            check_count("checkpoint_num_to_keep", self.checkpoint_num_to_keep, minimum=1)
+        check_mapping("worker_env", self.worker_env)
 
     def _tpu_slice(self) -> Any:
         """The slice the arguments name (raises UserInputError naming the bad one)."""

@@ -13,6 +13,7 @@ is checked here and a mistake names the field and the fix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -52,7 +53,8 @@ USER_CONFIG_KEYS = ("request_timeout_s", "max_inflight_requests", "max_concurren
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite real number (NaN and infinity pass every comparison Serve's checks make)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _positive_int(name: str, value: object, *, minimum: int = 1, fix: str = "") -> None:
@@ -64,7 +66,7 @@ def _positive_int(name: str, value: object, *, minimum: int = 1, fix: str = "") 
 
 def _positive_seconds(name: str, value: object) -> None:
     if value is not None and (not _is_number(value) or value <= 0):  # type: ignore[operator]
-        raise UserInputError(f"{FIELD}.{name}", value, "give a positive number of seconds")
+        raise UserInputError(f"{FIELD}.{name}", value, "give a positive, finite number of seconds")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ _RAY_SINGLE_HOST_MAX = {"TPU-V5LITEPOD": 8, "TPU-V6E": 8}
 _ENGINE_SLICE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size")
 _MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,16 @@ class LlmServe:
     def hf_secret_ref(self) -> tuple[str, str] | None:
         if not self.hf_secret:
             return None
-        name, _, key = self.hf_secret.partition(":")
-        return name, key or "hf_api_token"
+        name, _, key = str(self.hf_secret).partition(":")
+        key = key or "hf_api_token"
+        if not (_SECRET_NAME_RE.match(name) and len(name) <= 253 and _SECRET_KEY_RE.match(key)):
+            raise UserInputError(
+                "hf_secret",
+                self.hf_secret,
+                'give the Secret as NAME or NAME:KEY, e.g. "hf-secret:hf_api_token" (NAME: lowercase letters, '
+                "digits, '-' and '.'; KEY: letters, digits, '-', '_' and '.')",
+            )
+        return name, key
 
     def options(self) -> DeploymentOptions:
         return DeploymentOptions.from_value(self.deployment_options)

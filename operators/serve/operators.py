@@ -90,8 +90,12 @@ class RayServeDeployOperator(BaseOperator):
 
     def _check_deploy_arguments(self, *, rendered: bool) -> None:
         """All arguments once rendered (the start of execute); at parse time only plain values."""
+        from tpuflow.validation import check_seconds
+
         if self.on_kill_action not in ON_KILL_ACTIONS:
             raise UserInputError("on_kill_action", self.on_kill_action, f"use one of {', '.join(ON_KILL_ACTIONS)}")
+        check_seconds("deploy_timeout", self.deploy_timeout)
+        check_seconds("poll_interval", self.poll_interval)
         if rendered or is_static(self.cluster):
             check_cluster(self.cluster, self.ray_conn_id)
         if (rendered or is_static(self.serve_config)) and not (
@@ -239,6 +243,9 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
 
     def _check_smoke_arguments(self, *, rendered: bool) -> None:
         """All arguments once rendered (the start of execute); at parse time only plain values."""
+        from tpuflow.validation import check_seconds
+
+        check_seconds("timeout", self.timeout)
         if (rendered or is_static(self.url)) and not (
             isinstance(self.url, str) and self.url.startswith(("http://", "https://"))
         ):

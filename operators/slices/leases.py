@@ -186,6 +186,10 @@ def check_lease_root(root: object) -> str | None:
         raise UserInputError("lease_root", root, "give a local folder or a gs://bucket/prefix")
     if root.startswith("gs://") and not root[len("gs://") :].split("/", 1)[0]:
         raise UserInputError("lease_root", root, "name the bucket: gs://BUCKET/PREFIX")
+    if root.startswith("gs://"):
+        from tpuflow.storage import split_gs_uri
+
+        split_gs_uri(root, "lease_root")
     return root
 
 

@@ -71,6 +71,10 @@ class AcquireSliceOperator(BaseOperator):
 
     def _check_static_arguments(self) -> None:
         """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
+        from tpuflow.validation import check_seconds
+
+        check_seconds("poll_interval", self.poll_interval)
+        check_seconds("wait_timeout", self.wait_timeout, optional=True)
         if not is_templated(self.max_slices, self.lease_root):
             self._check_arguments()
 

@@ -35,7 +35,11 @@ class SliceSpecError(UserInputError):
 
 def resolve_generation(accelerator: str) -> Generation:
     """Accept a Ray accelerator type, a GKE accelerator label or a generation name."""
-    key = (accelerator or "").strip().lower()
+    if not isinstance(accelerator, str):
+        raise SliceSpecError(
+            "accelerator", accelerator, "give one name as a string: " + ", ".join(accepted_accelerator_names())
+        )
+    key = accelerator.strip().lower()
     if key in ALIASES:
         return ALIASES[key]
     if key in MISLEADING_NAMES:
@@ -58,7 +62,13 @@ def _shape_key(topology: str) -> tuple[int, ...]:
 
 
 def _check_topology(gen: Generation, topology: str) -> str:
-    topo = (topology or "").strip().lower()
+    if isinstance(topology, int) and not isinstance(topology, bool):
+        topology = str(topology)  # a chip count: the message below says what to give instead
+    if not isinstance(topology, str):
+        raise SliceSpecError(
+            "topology", topology, f"give the shape as a string, e.g. {'4x4' if gen.dims == 2 else '2x2x2'}"
+        )
+    topo = topology.strip().lower()
     if topo.isdigit():
         shapes = _shapes_with(gen, int(topo))
         hint = (
@@ -98,6 +108,10 @@ def _chips_per_host(gen: Generation, topo: str, machine_type: str | None) -> int
     default = chips if fits_one_vm and chips in gen.machine_chip_options else 4
     if machine_type is None:
         return default
+    if not isinstance(machine_type, str):
+        raise SliceSpecError(
+            "machine_type", machine_type, f"give a string; {gen.name} machine types are {', '.join(gen.machine_types)}"
+        )
     m = _MACHINE_RE.match(machine_type.strip())
     if not m or m.group("family") != gen.machine_family or int(m.group("chips")) not in gen.machine_chip_options:
         raise SliceSpecError(

@@ -123,5 +123,8 @@ def test_torch_pipeline_end_to_end_leaves_nothing_running(tmp_path):
 def test_bad_params_fail_before_any_cluster_starts(tmp_path):
     out = run_demo(tmp_path, "--accelerator", "TPU-V5P", "--topology", "4x4", timeout=600)
     assert out.returncode != 0
-    assert "params.topology='4x4' is invalid" in out.stdout + out.stderr
+    # The demo checks its flags with the Params' own checks before Airflow starts: the flag, one line.
+    assert "--topology='4x4' is invalid" in out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "airflow").exists()
     assert not (tmp_path / "home" / "clusters").exists() or cluster_states(tmp_path) == []

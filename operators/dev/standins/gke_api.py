@@ -840,6 +840,8 @@ class _Handler(LoopbackHandler):
         gke = self.server.standin
         method = self.command
         body = body or {}
+        if not isinstance(body, dict):
+            raise ValueError(f"the request body must be a JSON object, not {type(body).__name__}")
         if path == "/_standin/health":
             return {"status": "ok"}
         if path == "/_standin/faults":
@@ -862,7 +864,10 @@ class _Handler(LoopbackHandler):
         if path == "/_standin/config" and method == "POST":
             with gke._lock:
                 if "operationSeconds" in body:
-                    gke.operation_seconds = float(body["operationSeconds"])
+                    seconds = float(body["operationSeconds"])
+                    if not 0 <= seconds < float("inf"):
+                        raise ValueError(f"operationSeconds must be a finite number >= 0, not {seconds}")
+                    gke.operation_seconds = seconds
                 if "maxConcurrentOperations" in body:
                     gke.max_concurrent_operations = int(body["maxConcurrentOperations"])
             return {"operationSeconds": gke.operation_seconds, "maxConcurrentOperations": gke.max_concurrent_operations}

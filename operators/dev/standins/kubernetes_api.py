@@ -159,6 +159,34 @@ WATCH_HISTORY = 10000  # events kept for watches that resume from a resourceVers
 
 # --- selectors and patches ---------------------------------------------------------------------------
 
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _check_object_names(rtype: ResourceType, meta: Mapping[str, Any]) -> None:
+    """What the API server's object-meta validation rejects: a name that is not an RFC 1123 subdomain,
+    a namespace that is not an RFC 1123 label."""
+    what = f"{rtype.kind}.{rtype.group or 'core'}"
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{what} "{name}" is invalid: metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain '
+            "must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an "
+            "alphanumeric character",
+        )
+    if rtype.namespaced and (
+        not isinstance(namespace, str) or len(namespace) > 63 or not _DNS1123_LABEL.match(namespace)
+    ):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{what} "{name}" is invalid: metadata.namespace: Invalid value: "{namespace}": a lowercase RFC 1123 '
+            "label must consist of lower case alphanumeric characters or '-'",
+        )
+
+
 _SET_TERM = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
 
 
@@ -429,6 +457,7 @@ class ObjectStore:
                     "the namespace of the provided object does not match the namespace sent on the request",
                 )
             meta["namespace"] = namespace or meta.get("namespace") or "default"
+        _check_object_names(rtype, meta)
         obj.setdefault("apiVersion", rtype.api_version)
         obj.setdefault("kind", rtype.kind)
         if rtype.has_status and rtype.group:

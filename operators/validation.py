@@ -1,0 +1,164 @@
+"""Checks of plain values every door shares: durations, counts, numbers, names of things.
+
+Each check raises ``UserInputError(field, value, fix)`` (one line: the field, the bad value, what is
+valid) and returns the value in its normal form. Operators call them from their one validation
+function; CLI flags call the same ones, so a value means the same thing whichever door it came in by.
+Pure module: no Airflow, no clients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from tpuflow.errors import UserInputError
+
+# Nothing here waits longer than a year; a bigger number is a unit mistake (ms for s, say).
+MAX_SECONDS = 366 * 24 * 3600.0
+
+
+def _range_text(minimum: float | None, maximum: float | None, *, above: bool) -> str:
+    low = "" if minimum is None else (f"> {minimum:g}" if above else f">= {minimum:g}")
+    high = "" if maximum is None else f"<= {maximum:g}"
+    return " and ".join(p for p in (low, high) if p)
+
+
+def check_number(
+    field: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: bool = False,
+    what: str = "a number",
+) -> float:
+    """A finite real number (not a bool, not text) within [minimum, maximum]; ``above``: > minimum."""
+    bounds = _range_text(minimum, maximum, above=above)
+    fix = f"give {what}" + (f" {bounds}" if bounds else "")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserInputError(field, value, fix)
+    number = float(value)
+    if not math.isfinite(number):
+        raise UserInputError(field, value, fix + " (a finite number)")
+    if minimum is not None and (number <= minimum if above else number < minimum):
+        raise UserInputError(field, value, fix)
+    if maximum is not None and number > maximum:
+        raise UserInputError(field, value, fix)
+    return number
+
+
+def check_seconds(
+    field: str,
+    value: Any,
+    *,
+    allow_zero: bool = False,
+    optional: bool = False,
+    maximum: float = MAX_SECONDS,
+) -> float | None:
+    """A duration in seconds (a number or a timedelta): finite, > 0 (``allow_zero``: >= 0), at most
+    ``maximum``; ``optional``: None means "no limit" and is returned as None."""
+    if value is None and optional:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    fix = f"give a number of seconds {'>= 0' if allow_zero else '> 0'} and <= {maximum:g}" + (
+        ", or None for no limit" if optional else ""
+    )
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or (seconds < 0 if allow_zero else seconds <= 0)
+        or seconds > maximum
+    ):
+        raise UserInputError(field, value, fix)
+    return float(seconds)
+
+
+def check_count(
+    field: str, value: Any, *, minimum: int = 1, maximum: int | None = None, what: str = "a whole number"
+) -> int:
+    """A whole number (an int, or a float with no fraction; not a bool, not text) in [minimum, maximum]."""
+    bounds = _range_text(minimum, maximum, above=False)
+    fix = f"give {what} {bounds}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserInputError(field, value, fix)
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise UserInputError(field, value, fix)
+    number = int(value)
+    if number < minimum or (maximum is not None and number > maximum):
+        raise UserInputError(field, value, fix)
+    return number
+
+
+def check_port(field: str, value: Any) -> int:
+    """A TCP port a server can listen on (1-65535)."""
+    return check_count(field, value, minimum=1, maximum=65535, what="a TCP port")
+
+
+def check_folder(field: str, path: str | Path | None) -> Path | None:
+    """A folder to keep state in: it may be missing (it is created) but must not be a file."""
+    if path is None:
+        return None
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserInputError(field, str(path), "give a folder (it is created if missing), not a file")
+    return folder
+
+
+def check_text(field: str, value: Any, *, optional: bool = False, fix: str = "give a non-empty string") -> str | None:
+    """A non-empty string (``optional``: or None)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise UserInputError(field, value, fix + (" (or leave it unset)" if optional else ""))
+    return value
+
+
+def check_mapping(field: str, value: Any, *, optional: bool = True) -> Mapping[str, Any] | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, Mapping):
+        raise UserInputError(field, value, "give a dict" + (" (or leave it unset)" if optional else ""))
+    return value
+
+
+# Training options a train loop's config conventionally carries (addition.training.DEFAULTS among
+# them): what the driver would reject on the cluster, after the slice is up, is rejected here.
+_TRAIN_COUNTS = {"num_steps": 1, "global_batch_size": 1, "checkpoint_every": 1, "log_every": 1, "warmup_steps": 0}
+_TRAIN_NUMBERS: dict[str, tuple[float, float | None, bool]] = {
+    # key: (minimum, maximum, minimum excluded)
+    "learning_rate": (0.0, None, True),
+    "weight_decay": (0.0, None, False),
+    "grad_clip": (0.0, None, True),
+    "final_lr_fraction": (0.0, 1.0, False),
+}
+
+
+def _parsed(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_train_loop_config(field: str, config: Mapping[str, Any] | None) -> None:
+    """The conventional training options in a train_loop_config, where present; any number in it finite."""
+    for key, raw in (config or {}).items():
+        name = f"{field}[{key}]"
+        # A template rendered as text ("1500") is parsed by the driver too.
+        value = _parsed(raw) if isinstance(raw, str) and (key in _TRAIN_COUNTS or key in _TRAIN_NUMBERS) else raw
+        try:
+            if key in _TRAIN_COUNTS:
+                check_count(name, value, minimum=_TRAIN_COUNTS[key])
+            elif key in _TRAIN_NUMBERS:
+                low, high, above = _TRAIN_NUMBERS[key]
+                check_number(name, value, minimum=low, maximum=high, above=above)
+        except UserInputError as err:
+            raise UserInputError(name, raw, err.fix) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserInputError(name, value, "give a finite number")
