@@ -1,4 +1,4 @@
-"""Shared fixtures: a real embedded Ray cluster simulating two v6e 4x4 slices (started once), and
+"""Shared fixtures: a real embedded Ray cluster simulating two v6e 2x4 slices (started once), and
 task contexts for running operators without a scheduler. Helpers live in the package tests/support."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,24 @@ def cluster_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def slice_cluster(cluster_base_dir: Path) -> Iterator:
-    """Two simulated v6e 4x4 slices (8 TPU hosts) plus a head, shared by the Ray-facing tests."""
-    with running_cluster("pytest-v6e", cluster_base_dir, "TPU-V6E", "4x4", num_slices=2) as cluster:
-        yield cluster
+    """Two simulated v6e 2x4 slices (two 4-chip hosts each) plus a head, shared by the Ray-facing tests:
+    the smallest shape with several slices of several hosts. On a loaded 2-core machine a node's raylet
+    can abort every try (Ray 2.60 waits a fixed 15 s for its dashboard agent), so the whole start is
+    tried a second time before failing."""
+    from tpuflow.local.cluster import LocalClusterError
+
+    for attempt in range(2):
+        with ExitStack() as stack:
+            try:
+                cluster = stack.enter_context(
+                    running_cluster("pytest-v6e", cluster_base_dir, "TPU-V6E", "2x4", "ct6e-standard-4t", num_slices=2)
+                )
+            except LocalClusterError:
+                if attempt:
+                    raise
+                continue
+            yield cluster
+            return
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ Cheap to import (DAG files import this): the GKE hook, storage and the local clu
 
 from __future__ import annotations
 
+import abc
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -71,6 +72,7 @@ class ChipLedgerOperator(BaseOperator):
         self.gcp_conn_id = gcp_conn_id
         _check_slices(self.slices, rendered=False)
 
+    @abc.abstractmethod
     def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
         """(created_at, deleted_at, pool names) for each of ``slices``."""
         raise NotImplementedError

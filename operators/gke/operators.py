@@ -8,6 +8,7 @@ worker. Validation happens before any API call and raises UserInputError naming 
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -68,6 +69,7 @@ class _NodePoolOperatorBase(BaseOperator):
         self._kill_with: tuple[GKENodePoolHook, dict[str, Any]] | None = None
 
     # --- argument checks ---------------------------------------------------------------------------------
+    @abc.abstractmethod
     def _check_arguments(self) -> Any:
         raise NotImplementedError
 
@@ -101,6 +103,7 @@ class _NodePoolOperatorBase(BaseOperator):
             gcp_conn_id=self.gcp_conn_id, location=location, impersonation_chain=self.impersonation_chain
         )
 
+    @abc.abstractmethod
     def _loop(self, context: Context, progress: Progress) -> _Loop:
         raise NotImplementedError
 

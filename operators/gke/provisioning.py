@@ -9,6 +9,7 @@ names, adopts matching ones and waits for operations still running.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import time
@@ -96,7 +97,7 @@ class Done:
 Step = WaitForOperation | Sleep | Done
 
 
-class _Loop:
+class _Loop(abc.ABC):
     def __init__(self, hook: GKENodePoolHook, project_id: str, cluster_name: str, policy: RetryPolicy) -> None:
         self.hook = hook
         self.project_id = project_id
@@ -176,9 +177,11 @@ class _Loop:
             if outcome is not None:
                 return outcome
 
+    @abc.abstractmethod
     def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _pass(self, progress: Progress) -> Step | None:
         raise NotImplementedError
 

@@ -16,6 +16,7 @@ is first checked (at parse time only for static arguments).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -248,17 +249,21 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         ]
 
     # --- what a subclass defines ---
+    @abc.abstractmethod
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def reconcile_existing(
         self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any], namespace: str
     ) -> dict[str, Any]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -13,6 +13,7 @@ carrying its run-key label). ``cleanup()`` is not overridden: it also runs on tr
 
 from __future__ import annotations
 
+import abc
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
@@ -45,6 +46,7 @@ class _KubeRayTrigger(TpuflowTrigger):
     def hook(self) -> AsyncKubeRayHook:
         return AsyncKubeRayHook.for_target(KubeTarget.from_dict(self.target))
 
+    @abc.abstractmethod
     def wait(self) -> Awaitable[KubeRayEvent]:
         raise NotImplementedError
 

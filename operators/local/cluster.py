@@ -216,22 +216,27 @@ class LocalRayCluster:
         return node.pid
 
     def preempt_host(self, slice_index: int, worker_id: int, restart_after: float = 5.0, timeout: float = 180.0) -> int:
-        """Kill a host, then bring a replacement up in its place, as GKE recreates a preempted TPU VM.
+        """Kill a host, then bring a replacement up in its place, as GKE recreates a preempted TPU VM."""
+        pid = self.kill_host(slice_index, worker_id)
+        time.sleep(restart_after)
+        self.replace_host(slice_index, worker_id, timeout)
+        return pid
+
+    def replace_host(self, slice_index: int, worker_id: int, timeout: float = 180.0) -> None:
+        """Start a new Ray node in place of a (killed) host.
 
         The replacement carries the same slice name and worker id, so a slice placement group
         (and Ray Train restarting its workers from the last checkpoint) can be satisfied again.
         """
+        if self.slice is None:
+            raise LocalClusterError("this cluster simulates no TPU slice")
         old = self._host(slice_index, worker_id)
         _signal_group(old.pid, signal.SIGKILL)
         self.nodes.remove(old)
         self.save()
-        time.sleep(restart_after)
-        if self.slice is None:
-            raise LocalClusterError("this cluster simulates no TPU slice")
         tpu = TpuSlice.from_dict(self.slice)
         self._start_host(tpu, old.slice_name, worker_id, self._base_env(tpu, None), self.host_cpus, timeout)
         self.save()
-        return old.pid
 
     def _host(self, slice_index: int, worker_id: int) -> NodeProcess:
         for node in self.nodes:

@@ -15,6 +15,7 @@ read once) instead of paying a new session, connection and token read per reques
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 ClientT = TypeVar("ClientT")
 
 
-class RayDashboardHook(BaseHook, Generic[ClientT]):
+class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
     """Addressing and authentication of one Ray cluster's dashboard (port 8265 on KubeRay), and the
     product's Ray client (``create_client``), made once per hook.
 
@@ -53,6 +54,7 @@ class RayDashboardHook(BaseHook, Generic[ClientT]):
         self._session: aiohttp.ClientSession | None = None
         self._opened = 0
 
+    @abc.abstractmethod
     def create_client(self) -> ClientT:
         """The product's synchronous Ray client for ``dashboard_url`` with ``headers()``."""
         raise NotImplementedError

@@ -16,27 +16,28 @@ from tpuflow.tpu import TpuSlice
 
 DRIVERS = Path(__file__).parent / "drivers"
 pytestmark = pytest.mark.slow
+SLICE = TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t")  # one slice of the session's slice_cluster
 
 
 def test_hosts_carry_the_labels_ray_derives_on_real_slices(slice_cluster):
     tpu_nodes = [n for n in slice_cluster.nodes_summary() if n["resources_total"].get("TPU")]
-    assert len(tpu_nodes) == 8
+    assert len(tpu_nodes) == 4
     by_slice: dict[str, set[str]] = {}
     for node in tpu_nodes:
         labels = node["labels"]
-        assert labels["ray.io/tpu-pod-type"] == "v6e-16"
-        assert labels["ray.io/tpu-topology"] == "4x4"
+        assert labels["ray.io/tpu-pod-type"] == "v6e-8"
+        assert labels["ray.io/tpu-topology"] == "2x4"
         assert labels["ray.io/accelerator-type"] == "TPU-V6E"
         assert node["resources_total"]["TPU"] == 4
         by_slice.setdefault(labels["ray.io/tpu-slice-name"], set()).add(labels["ray.io/tpu-worker-id"])
         # Ray gives worker 0 of each slice the head resource slice_placement_group reserves first.
-        assert ("TPU-v6e-16-head" in node["resources_total"]) == (labels["ray.io/tpu-worker-id"] == "0")
-    assert by_slice == {f"pytest-v6e-slice-{i}": {"0", "1", "2", "3"} for i in range(2)}
+        assert ("TPU-v6e-8-head" in node["resources_total"]) == (labels["ray.io/tpu-worker-id"] == "0")
+    assert by_slice == {f"pytest-v6e-slice-{i}": {"0", "1"} for i in range(2)}
 
 
 def _run_probe(cluster: LocalRayCluster, reservations: int) -> dict:
     hook = RayJobHook(cluster=cluster.connection_info())
-    kwargs = TpuSlice.from_spec("TPU-V6E", "4x4").slice_placement_group_kwargs()
+    kwargs = SLICE.slice_placement_group_kwargs()
     sid = hook.submit_job(
         entrypoint=f"python placement_probe.py '{json.dumps(kwargs)}' {reservations}",
         submission_id=f"probe-{reservations}-{cluster.started_at:.0f}",
@@ -55,17 +56,19 @@ def _run_probe(cluster: LocalRayCluster, reservations: int) -> dict:
 
 def test_slice_placement_group_reserves_whole_slices_without_mixing(slice_cluster):
     result = _run_probe(slice_cluster, reservations=2)
-    assert result["num_hosts"] == [4, 4]
+    assert result["num_hosts"] == [2, 2]
     first, second = result["reservations"]
     for hosts in (first, second):
-        assert len({h["node"] for h in hosts}) == 4, "one task per host"
+        assert len({h["node"] for h in hosts}) == 2, "one task per host"
         assert len({h["slice"] for h in hosts}) == 1, "every host of a reservation is in one slice"
-        assert sorted(h["worker"] for h in hosts) == ["0", "1", "2", "3"]
+        assert sorted(h["worker"] for h in hosts) == ["0", "1"]
     assert first[0]["slice"] != second[0]["slice"], "the second reservation got the other slice"
 
 
 def test_start_adopts_a_live_cluster_and_rejects_a_different_slice(slice_cluster, cluster_base_dir):
-    same = LocalRayCluster.start(TpuSlice.from_spec("TPU-V6E", "4x4", num_slices=2), "pytest-v6e", cluster_base_dir)
+    same = LocalRayCluster.start(
+        TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t", num_slices=2), "pytest-v6e", cluster_base_dir
+    )
     assert same.dashboard_url == slice_cluster.dashboard_url
     with pytest.raises(UserInputError, match="different slice"):
         LocalRayCluster.start(TpuSlice.from_spec("TPU-V6E", "2x2"), "pytest-v6e", cluster_base_dir)

@@ -13,10 +13,12 @@ import pytest
 pytestmark = pytest.mark.slow
 TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
 DATE = "2026-11-03"
+DAG_ID = "tpu_llm_pipeline_local"
+MULTI_HOST = ("--topology", "2x4", "--machine-type", "ct6e-standard-4t")  # two 4-chip hosts
 
 
-def run_demo(work: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TPUFLOW_HOME": str(work / "home")}
+def run_demo(work: Path, *args: str, timeout: float = 1500, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TPUFLOW_HOME": str(work / "home"), **env_vars}
     return subprocess.run(
         [*TPUFLOW, "demo", "--work-dir", str(work), "--date", DATE, *args],
         capture_output=True,
@@ -63,14 +65,18 @@ def slice_host_placement(state_dir: Path) -> list[tuple[str, str]]:
     return sorted((lab.get("ray.io/tpu-slice-name", ""), lab.get("ray.io/tpu-worker-id", "")) for lab in node_labels)
 
 
+@pytest.mark.timeout(1800)  # the demo's own 1500 s wait, not the suite's 900 s default
 def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters):
-    # The endpoint serves one model from all 4 hosts of the (simulated) v6e 4x4 training slice.
-    out = run_demo(tmp_path, "--framework", "jax", "--serve-topology", "4x4", "--keep-endpoint")
+    # The endpoint serves one model from both hosts of the (simulated) v6e 2x4 training slice, the
+    # smallest multi-host shape (the demo's default 4x4 has the same code path with twice the hosts).
+    out = run_demo(
+        tmp_path, "--framework", "jax", *MULTI_HOST, "--serve-topology", "2x4", "--keep-endpoint"
+    )  # fmt: skip
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert "pipeline succeeded" in out.stdout
     report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
     assert report["accuracy"] >= 0.9 and report["heldout_examples"] == 200
-    assert report["eval_hosts"] == 4, "the evaluation runs on every host of the 4x4 slice"
+    assert report["eval_hosts"] == 2, "the evaluation runs on every host of the 2x4 slice"
     assert report["sample_completion"].strip().startswith("42")
     run_dir = Path(report["output_dir"])
     assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir() and (run_dir / "eval" / "jax.json").exists()
@@ -87,8 +93,8 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
         assert completion.choices[0].text == answer, (prompt, completion.choices[0].text)
     (state,) = cluster_states(tmp_path)
     placement = slice_host_placement(state.parent)
-    assert len(placement) == 4 and len({name for name, _ in placement}) == 1, placement
-    assert sorted(worker for _, worker in placement) == ["0", "1", "2", "3"], placement
+    assert len(placement) == 2 and len({name for name, _ in placement}) == 1, placement
+    assert sorted(worker for _, worker in placement) == ["0", "1"], placement
     down = subprocess.run(
         [*TPUFLOW, "local", "down", "--base-dir", str(tmp_path / "home" / "clusters")],
         capture_output=True,
@@ -99,24 +105,47 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     assert cluster_states(tmp_path) == []
 
 
-def test_torch_pipeline_end_to_end_leaves_nothing_running(tmp_path):
+@pytest.mark.timeout(1800)  # the demo's own 1500 s wait, not the suite's 900 s default
+def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, gcs_emulator):
+    """TorchTrainer on a two-host slice with a gs:// output root (an emulator the demo did not start):
+    data, checkpoints, evaluation, report and logs land in the bucket; nothing is left running."""
+    from support.gcs_bucket import list_bucket
+    from tpuflow.dev.gcs_emulator import EMULATOR_ENV
+    from tpuflow.storage import read_text
+
+    bucket, run = "tpuflow-demo", f"run/{DAG_ID}/{DATE}"
     out = run_demo(
         tmp_path,
         "--framework",
         "torch",
-        "--topology",
-        "2x4",
-        "--machine-type",
-        "ct6e-standard-4t",
+        *MULTI_HOST,
         "--train-steps",
         "1200",
         "--accuracy-threshold",
         "0.5",
+        "--output-root",
+        f"gs://{bucket}/run",
+        **{EMULATOR_ENV: gcs_emulator.url},
     )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
-    report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
+    assert "pipeline succeeded" in out.stdout and f"gs://{bucket}/{run}" in out.stdout
+
+    relative = [n[len(run) + 1 :] for n in list_bucket(bucket, run + "/")]
+    assert "data/_SUCCESS" in relative
+    assert any(n.startswith("data/train/") and n.endswith(".parquet") for n in relative)
+    assert any(n.startswith("data/heldout/") and n.endswith(".parquet") for n in relative)
+    checkpoints = {n.rsplit("/", 1)[0] for n in relative if n.startswith("train/") and n.endswith("/meta.json")}
+    assert len(checkpoints) >= 1 and all("/checkpoint_" in c for c in checkpoints)
+    assert "eval/torch.json" in relative and "report.json" in relative
+    assert {"logs/prep.log", "logs/train-torch.log", "logs/evaluate-torch.log"} <= set(relative)
+
+    report = json.loads(read_text(f"gs://{bucket}/{run}/report.json"))
+    assert report["output_dir"] == f"gs://{bucket}/{run}" and report["heldout_examples"] == 200
     assert report["accuracy"] >= 0.5
-    assert (Path(report["output_dir"]) / "eval" / "torch.json").exists()
+    assert "[train_torch]" in read_text(f"gs://{bucket}/{run}/logs/train-torch.log")
+    evaluation = json.loads(read_text(f"gs://{bucket}/{run}/eval/torch.json"))
+    # the Serve replica and the evaluation loaded the checkpoint from the bucket
+    assert evaluation["checkpoint"].startswith(f"gs://{bucket}/{run}/train/") and evaluation["n"] == 200
     assert cluster_states(tmp_path) == [], "the teardown task must stop the cluster"
 
 

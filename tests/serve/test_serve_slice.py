@@ -1,4 +1,4 @@
-"""The addition endpoint served FROM simulated TPU slices: one module-scoped cluster of two v6e 2x4 slices
+"""The addition endpoint served FROM simulated TPU slices: the session's cluster of two v6e 2x4 slices
 (two ct6e-standard-4t hosts each, the smallest multi-host shape), deployed through RayServeDeployOperator.
 
 Each completion is checked against the numpy forward pass of the same checkpoint in this process, so
@@ -11,15 +11,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from support.airflow_context import new_run_id, task_context
-from support.ray_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -31,30 +28,9 @@ SLICE_LABEL = "ray.io/tpu-slice-name"
 
 
 @pytest.fixture(scope="module")
-def cluster(cluster_base_dir: Path) -> Iterator[Any]:
-    """Five Ray nodes: on a loaded 2-core machine a node's raylet can abort every try (Ray 2.60 waits a
-    fixed 15 s for its dashboard agent), so the whole start is tried a second time before failing."""
-    from tpuflow.local.cluster import LocalClusterError
-
-    for attempt in range(2):
-        with ExitStack() as stack:
-            try:
-                c = stack.enter_context(
-                    running_cluster(
-                        "pytest-serve-2x4",
-                        cluster_base_dir,
-                        "TPU-V6E",
-                        "2x4",
-                        machine_type="ct6e-standard-4t",
-                        num_slices=2,
-                    )  # fmt: skip
-                )
-            except LocalClusterError:
-                if attempt:
-                    raise
-                continue
-            yield c
-            return
+def cluster(slice_cluster: Any) -> Any:
+    """The session's two v6e 2x4 slices (tests/conftest.py); the last test here kills a host of it."""
+    return slice_cluster
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +210,7 @@ def test_without_the_topology_the_replica_straddles_and_the_deploy_fails_naming_
 
 
 def test_a_lost_host_makes_serve_replace_the_replica_on_an_intact_slice(
-    cluster: Any, checkpoint: dict[str, Any]
+    cluster: Any, checkpoint: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:
     tpu = _slice()
     _deploy(cluster, _config(cluster, checkpoint, tpu, "heal"), tpu)
@@ -246,6 +222,7 @@ def test_a_lost_host_makes_serve_replace_the_replica_on_an_intact_slice(
     deployed_at = details.json()["applications"]["heal"]["last_deployed_time_s"]
     lost = sorted({s for s in _slice_of(cluster).values() if s}).index(before[0])
     cluster.kill_host(lost, 1)
+    request.addfinalizer(lambda: cluster.replace_host(lost, 1))  # the session's cluster stays whole
     started, after = time.time(), before
     while after == before:  # Serve's health check fails the replica; its successor reserves the other slice
         assert time.time() < started + 300, f"the replica was not replaced: {_workers_by_replica(cluster)}"

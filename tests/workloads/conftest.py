@@ -1,5 +1,6 @@
 """Fixtures for the workload tests: workloads/ on sys.path (as the Ray job's working_dir puts
-it), one in-process local Ray cluster per session, prepared data, one trained model."""
+it), one in-process local Ray cluster per session, prepared data, one trained model, and one
+simulated v6e 2x4 slice (two 4-chip hosts) for the tests that need a real multi-host slice."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,3 +101,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "spec": spec,
         "date": DATE,
     }
+
+
+@pytest.fixture(scope="session")
+def v6e_2x4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The smallest multi-host slice: v6e 2x4 as two 4-chip simulated hosts (a LocalRayCluster)."""
+    from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.tpu import TpuSlice
+
+    tpu = TpuSlice.from_spec("TPU-V6E", "2x4", machine_type="ct6e-standard-4t").require(ray=True)
+    base = tmp_path_factory.mktemp("clusters")
+    cluster = LocalRayCluster.start(tpu, f"wl-{uuid.uuid4().hex[:6]}", base, head_cpus=2, host_cpus=1, adopt=False)
+    try:
+        yield cluster, tpu
+    finally:
+        cluster.stop()

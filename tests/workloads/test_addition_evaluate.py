@@ -95,28 +95,10 @@ def test_evaluation_splits_over_several_actors_and_reports_its_rate(
     )
 
 
-@pytest.fixture(scope="module")
-def v6e_2x4_hosts(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The smallest multi-host slice: v6e 2x4 as two 4-chip simulated hosts."""
-    import uuid
-
-    from tpuflow.local.cluster import LocalRayCluster
-    from tpuflow.tpu import TpuSlice
-
-    tpu = TpuSlice.from_spec("TPU-V6E", "2x4", machine_type="ct6e-standard-4t").require(ray=True)
-    cluster = LocalRayCluster.start(
-        tpu, f"ev-{uuid.uuid4().hex[:6]}", tmp_path_factory.mktemp("clusters"), head_cpus=2, host_cpus=1, adopt=False
-    )
-    try:
-        yield cluster, tpu
-    finally:
-        cluster.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.long  # its own 2-host cluster and model; make test's jax demo checks eval_hosts on 4 hosts
 def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
-    v6e_2x4_hosts: Any, trained: dict[str, Any], tmp_path: Path
+    v6e_2x4: Any, trained: dict[str, Any], tmp_path: Path
 ) -> None:
     import shlex
     import sys
@@ -127,7 +109,7 @@ def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
     from ray.job_submission import JobStatus, JobSubmissionClient
     from tpuflow import workloads_dir
 
-    cluster, tpu = v6e_2x4_hosts
+    cluster, tpu = v6e_2x4
     # The prep step's held-out rows, written without a second (in-process) Ray cluster.
     rows = data.generate(trained["date"], "heldout", 200, num_heldout=200)
     heldout = tmp_path / "heldout"

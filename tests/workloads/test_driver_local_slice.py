@@ -7,8 +7,6 @@ import json
 import shlex
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +15,6 @@ from tpuflow_driver.result import parse_result
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def v6e_2x4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tpuflow.local.cluster import LocalRayCluster
-    from tpuflow.tpu import TpuSlice
-
-    tpu = TpuSlice.from_spec("TPU-V6E", "2x4", machine_type="ct6e-standard-4t").require(ray=True)
-    base = tmp_path_factory.mktemp("clusters")
-    cluster = LocalRayCluster.start(tpu, f"wl-{uuid.uuid4().hex[:6]}", base, head_cpus=2, host_cpus=1, adopt=False)
-    try:
-        yield cluster, tpu
-    finally:
-        cluster.stop()
 
 
 def test_driver_job_on_simulated_v6e_2x4(v6e_2x4: Any, prepared: dict[str, Any], tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import time
@@ -37,16 +38,18 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     )
 
 
-class RayServiceReconciler:
+class RayServiceReconciler(abc.ABC):
     """Mixin of KubeRayController: everything RayService."""
 
     store: ObjectStore
     serve_poll_interval: float
     _services: dict[tuple[str, str], ServiceState]
 
+    @abc.abstractmethod
     def handle_for(self, namespace: str, name: str) -> RayClusterHandle | None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _event(
         self, obj: Mapping[str, Any], kind: str, reason: str, message: str, component: str = "kuberay-operator"
     ) -> None:
