@@ -134,3 +134,43 @@ def test_gke_places_tpu7x_pools_only_by_a_high_throughput_policy_of_their_region
         policies.delete_unary(project=PROJECT, region=REGION, resource_policy="wp-here")
     state = standin.state()
     assert {p["name"] for p in state["resourcePolicies"]} == {"wp-far", "wp-ha", "wp-here"}
+
+
+@pytest.mark.long  # four gcloud runs (about 30 s on CI's two cores); the client tests above cover the API
+def test_gcloud_makes_the_policy_and_a_pool_placed_by_it_as_xpk_does(standin, tmp_path):
+    """The seeds' tpu7x pool the way the GKE Ironwood page writes it: the workload policy first (gcloud
+    compute, through the stand-in's /compute/v1), then the pool with --placement-policy."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("gcloud") is None:
+        pytest.skip("gcloud is not installed on this machine")
+    env = {
+        **os.environ,
+        "CLOUDSDK_CONFIG": str(tmp_path),
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{standin.url}/compute/v1/",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER": f"{standin.url}/",
+        "CLOUDSDK_AUTH_ACCESS_TOKEN": "standin",
+        "CLOUDSDK_CORE_PROJECT": PROJECT,
+        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+    }
+
+    def gcloud(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["gcloud", *args], env=env, capture_output=True, text=True, timeout=300)
+
+    made = gcloud(
+        "compute", "resource-policies", "create", "workload-policy", "wp-seed",
+        "--type=HIGH_THROUGHPUT", "--accelerator-topology=2x2x2", f"--region={REGION}",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    pool = gcloud(
+        "container", "node-pools", "create", "tpu-multi-host-pool", "--cluster=c1", f"--zone={REGION}-b",
+        "--machine-type=tpu7x-standard-4t", "--placement-policy=wp-seed", "--num-nodes=2",
+    )  # fmt: skip
+    assert pool.returncode == 0, pool.stderr
+    [created] = standin.node_pools()
+    assert created["placementPolicy"] == {"policyName": "wp-seed"} and created["status"] == "RUNNING"
+    refused = gcloud("compute", "resource-policies", "delete", "wp-seed", f"--region={REGION}", "--quiet")
+    assert refused.returncode != 0 and "already being used by 'tpu-multi-host-pool'" in refused.stderr
