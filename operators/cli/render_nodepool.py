@@ -5,6 +5,11 @@ by name, as in the GKE reference; the Python client sends the same message with 
 A multi-host request with --num-slices N > 1 needs N pools (GKE cannot grow a multi-host pool), so
 then it prints a JSON list of N bodies. Pass --dag-id/--run-id/--task-id to get the node pool name
 and ownership labels GKECreateTPUNodePoolOperator would use for that task instance.
+
+A multi-host tpu7x slice without --workload-policy is placed by the HIGH_THROUGHPUT workload policy the
+operator makes for its topology (Compute API, before the pools): then --json prints
+``{"resourcePolicy": {...}, "nodePool": {...}}`` (``"nodePools": [...]`` for several slices), the
+ResourcePolicy insert body first.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 
 from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args
 from tpuflow.gke.nodepool_spec import plan_node_pools
+from tpuflow.gke.workload_policy import COMPUTE_API
 from tpuflow.kuberay.k8s_values import parse_key_values
 from tpuflow.validation import check_number
 
@@ -41,10 +47,18 @@ def _run(args: argparse.Namespace) -> int:
         expires_at=int(time.time() + hours * 3600) if identity else None,
     )
     bodies = [{"nodePool": body} for body in plan.bodies()]
+    made = plan.made_workload_policy
     if args.json:
-        print(json.dumps(bodies[0] if len(bodies) == 1 else bodies, indent=2))
+        if made is None:
+            print(json.dumps(bodies[0] if len(bodies) == 1 else bodies, indent=2))
+        else:
+            pools = bodies[0] if len(bodies) == 1 else {"nodePools": bodies}
+            print(json.dumps({"resourcePolicy": made.body(), **pools}, indent=2))
         return 0
     tpu = plan.tpu
+    if made is not None:
+        print(f"POST {COMPUTE_API}/{made.parent}/resourcePolicies: {json.dumps(made.body())}")
+        print(f"  (made by the create task before its pools, deleted after them; by hand: {made.gcloud()})")
     for body in plan.bodies():
         placement = body.get("placementPolicy") or "none (single-host)"
         print(

@@ -9,11 +9,15 @@ Connection extras honoured besides the google_cloud_platform ones (``is_anonymou
 ``container_api_transport``
     ``rest`` or ``grpc``. Defaults to ``rest`` when the endpoint starts with ``http://`` or
     ``https://``, otherwise to the client library's default (gRPC).
+``compute_api_endpoint`` / ``compute_api_transport``
+    The same for the Compute API (workload policies, ComputeResourcePolicyHook); the GKE stand-in
+    serves both on one URL.
 
 A connection for the stand-in, as an environment variable::
 
     AIRFLOW_CONN_GKE_STANDIN='{"conn_type": "google_cloud_platform",
-        "extra": {"is_anonymous": true, "container_api_endpoint": "http://127.0.0.1:8123"}}'
+        "extra": {"is_anonymous": true, "container_api_endpoint": "http://127.0.0.1:8123",
+                  "compute_api_endpoint": "http://127.0.0.1:8123"}}'
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any
 
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
 from airflow.providers.google.common.consts import CLIENT_INFO
-from airflow.providers.google.common.hooks.base_google import PROVIDE_PROJECT_ID
+from airflow.providers.google.common.hooks.base_google import PROVIDE_PROJECT_ID, GoogleBaseHook
 from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import NotFound
+from google.cloud import compute_v1
 from google.cloud.container_v1 import ClusterManagerAsyncClient, ClusterManagerClient
 from google.cloud.container_v1.types import NodePool, Operation
 
@@ -198,3 +203,80 @@ class GKENodePoolAsyncHook(GKEAsyncHook):
             # connection configured for REST (e.g. the local stand-in) polls with the sync client in a thread.
             return await asyncio.to_thread(sync_hook.get_operation, operation_name, project_id)
         return await super().get_operation(operation_name=operation_name, project_id=project_id)
+
+
+def _transport_for(endpoint: str | None, named: Any) -> str | None:
+    if named:
+        return str(named).lower()
+    return "rest" if (endpoint or "").startswith(("http://", "https://")) else None
+
+
+class ComputeResourcePolicyHook(GoogleBaseHook):
+    """Regional Compute resource policies (the workload policies of multi-host tpu7x pools) and their
+    operations, on the google provider's credentials path (GoogleBaseHook's constructor: ``gcp_conn_id``,
+    ``impersonation_chain``). Inserts and deletes return the raw regional Operation (``*_unary``): the
+    provisioning loop polls it, never a blocking ``result()``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._policies_client: compute_v1.ResourcePoliciesClient | None = None
+        self._operations_client: compute_v1.RegionOperationsClient | None = None
+
+    @property
+    def compute_api_endpoint(self) -> str | None:
+        return self._get_field("compute_api_endpoint", None) or None
+
+    @property
+    def compute_api_transport(self) -> str | None:
+        return _transport_for(self.compute_api_endpoint, self._get_field("compute_api_transport", None))
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        return {
+            "credentials": self.get_credentials(),
+            "client_info": CLIENT_INFO,
+            "client_options": self.get_client_options(api_endpoint_override=self.compute_api_endpoint),
+            "transport": self.compute_api_transport,
+        }
+
+    def get_resource_policies_client(self) -> compute_v1.ResourcePoliciesClient:
+        if self._policies_client is None:
+            self._policies_client = compute_v1.ResourcePoliciesClient(**self._client_kwargs())
+        return self._policies_client
+
+    def get_region_operations_client(self) -> compute_v1.RegionOperationsClient:
+        # Its own client: the one ExtendedOperation builds ignores the endpoint override.
+        if self._operations_client is None:
+            self._operations_client = compute_v1.RegionOperationsClient(**self._client_kwargs())
+        return self._operations_client
+
+    def get_resource_policy(self, *, project_id: str, region: str, name: str) -> compute_v1.ResourcePolicy | None:
+        try:
+            return self.get_resource_policies_client().get(project=project_id, region=region, resource_policy=name)
+        except NotFound:
+            return None
+
+    def insert_resource_policy(
+        self, *, project_id: str, region: str, resource_policy: dict[str, Any]
+    ) -> compute_v1.Operation:
+        """Send one ResourcePolicy (REST JSON form, as built by tpuflow.gke.workload_policy)."""
+        self.log.info(
+            "Creating resource policy %s in projects/%s/regions/%s", resource_policy["name"], project_id, region
+        )
+        return self.get_resource_policies_client().insert_unary(
+            project=project_id,
+            region=region,
+            resource_policy_resource=compute_v1.ResourcePolicy.from_json(json.dumps(resource_policy)),
+        )
+
+    def delete_resource_policy(self, *, project_id: str, region: str, name: str) -> compute_v1.Operation | None:
+        """Start deleting a resource policy; None when it does not exist."""
+        self.log.info("Deleting resource policy %s in projects/%s/regions/%s", name, project_id, region)
+        try:
+            return self.get_resource_policies_client().delete_unary(
+                project=project_id, region=region, resource_policy=name
+            )
+        except NotFound:
+            return None
+
+    def get_region_operation(self, *, project_id: str, region: str, name: str) -> compute_v1.Operation:
+        return self.get_region_operations_client().get(project=project_id, region=region, operation=name)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuflow.errors import UserInputError
+from tpuflow.gke.workload_policy import WorkloadPolicyPlan, plan_workload_policy
 from tpuflow.labels import check_label_key, check_label_value, check_labels, gce_ownership_labels
 from tpuflow.naming import (
     NODE_POOL_NAME_MAX,
@@ -250,6 +251,7 @@ class NodePoolPlan:
     service_account: str | None = None
     workload_policy: str | None = None
     resource_labels: dict[str, str] = field(default_factory=dict)
+    made_workload_policy: WorkloadPolicyPlan | None = None  # the task makes it: no workload_policy was given
 
     @property
     def parent(self) -> str:
@@ -328,6 +330,8 @@ class NodePoolPlan:
             "nodes_per_pool": self.nodes_per_pool,
             "node_selector": self.tpu.node_selector,
             "capacity_order": [str(c) for c in self.capacities],
+            **({"workload_policy": self.workload_policy} if self.workload_policy else {}),
+            **({"made_workload_policy": self.made_workload_policy.describe()} if self.made_workload_policy else {}),
         }
 
 
@@ -357,24 +361,27 @@ def plan_node_pools(
     check_cluster_name(cluster_name)
     tpu = TpuSlice.from_spec(accelerator, topology, machine_type, num_slices).require(gke=True)
     capacities = parse_capacity_order(capacity, fallback_capacity)
+    labels = gce_ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
+    made_policy = None
     if tpu.multi_host and tpu.generation.multi_host_uses_workload_policy:
         if not workload_policy:
-            region = zone.rsplit("-", 1)[0]
-            raise UserInputError(
-                "workload_policy",
-                workload_policy,
-                f"multi-host {tpu.generation.name} pools are placed by a workload "
-                f"policy, not a topology: create one with `gcloud compute resource-policies create workload-policy "
-                f"NAME --type=HIGH_THROUGHPUT --accelerator-topology={tpu.topology} --region={region}` and pass its name",
+            # Placed by a workload policy, not a topology: the create task makes one (tpuflow.gke.workload_policy).
+            made_policy = plan_workload_policy(
+                project_id=project_id,
+                zone=zone,
+                generation=tpu.generation.name,
+                topology=tpu.topology,
+                identity=identity,
+                resource_labels=labels,
             )
-        if not _GCE_NAME_RE.match(workload_policy):
+            workload_policy = made_policy.name
+        elif not _GCE_NAME_RE.match(workload_policy):
             raise UserInputError("workload_policy", workload_policy, "give the workload policy's name (not its URL)")
     elif workload_policy:
         raise UserInputError(
             "workload_policy", workload_policy, "only multi-host tpu7x pools take a workload policy; drop it"
         )
     names = node_pool_names(tpu, identity=identity, explicit=node_pool_name or None)
-    labels = gce_ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
     return NodePoolPlan(
         project_id=project_id,
         location=location,
@@ -388,6 +395,7 @@ def plan_node_pools(
         service_account=check_service_account(service_account),
         workload_policy=workload_policy or None,
         resource_labels=labels,
+        made_workload_policy=made_policy,
     )
 
 

@@ -23,7 +23,7 @@ from tpuflow.templating import is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from tpuflow.gke.hooks import GKENodePoolHook
+    from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
     from tpuflow.gke.nodepool_spec import NodePoolPlan
     from tpuflow.gke.provisioning import Progress, RetryPolicy, _Loop
 
@@ -102,6 +102,12 @@ class _NodePoolOperatorBase(BaseOperator):
         return GKENodePoolHook(
             gcp_conn_id=self.gcp_conn_id, location=location, impersonation_chain=self.impersonation_chain
         )
+
+    def get_compute_hook(self) -> ComputeResourcePolicyHook:
+        """Compute resource policies (the workload policies of multi-host tpu7x pools)."""
+        from tpuflow.gke.hooks import ComputeResourcePolicyHook
+
+        return ComputeResourcePolicyHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
 
     @abc.abstractmethod
     def _loop(self, context: Context, progress: Progress) -> _Loop:
@@ -215,7 +221,10 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         prefixes such as ``cloud.google.com/``).
     :param node_taints: taints as ``KEY=VALUE:EFFECT`` strings or ``{key, value, effect}`` dicts.
     :param service_account: the nodes' service account email (default: the cluster's).
-    :param workload_policy: name of a HIGH_THROUGHPUT workload policy (multi-host tpu7x only).
+    :param workload_policy: name of a HIGH_THROUGHPUT workload policy (multi-host tpu7x only). Unset for
+        multi-host tpu7x: the task makes one for the topology through the Compute API (named from the task
+        instance; an identical one of that name is adopted, a different one is an error) and the delete
+        operator removes it after the pools (tpuflow.gke.workload_policy). A given one is never deleted.
     :param expires_after: recorded on the VMs as the ``tpuflow-expires`` label (unix time), with
         ``tpuflow-dag/-run/-task/-key`` labels, so an orphaned pool can be found and removed.
     :param stockout_retries: extra tries of the last capacity choice after a stockout.
@@ -354,6 +363,10 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
 
         plan = self.plan(TaskIdentity.from_context(context), progress.expires_at)
         policy = self._policy(stockout_retries=self.stockout_retries)
+        if plan.made_workload_policy is not None:
+            from tpuflow.gke.policy_provisioning import WorkloadPolicyFirstProvisioner
+
+            return WorkloadPolicyFirstProvisioner(self.get_hook(plan.location), plan, policy, self.get_compute_hook())
         return NodePoolProvisioner(self.get_hook(plan.location), plan, policy)
 
     def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
@@ -441,6 +454,9 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     :param node_pool_name: a pool name or a list of them, e.g. the create task's ``node_pool_names`` XCom.
     :param created_by_task_id: the create task whose pools to delete (instead of ``node_pool_name``).
 
+    After the pools, the workload policies the create task made for them are deleted (never a policy the
+    user gave: only one whose description names the pools' ``tpuflow-key``).
+
     Returns ``{"deleted": [...], "absent": [...]}`` with the cluster's coordinates.
     """
 
@@ -486,13 +502,24 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
             check_node_pool_name(name)
 
     def _loop(self, context: Context, progress: Progress) -> _Loop:
-        from tpuflow.gke.provisioning import NodePoolRemover
+        from tpuflow.gke.policy_provisioning import NodePoolThenPolicyRemover, policies_to_delete
 
         hook = self.get_hook(self.location)
         if progress.pools is None:
-            # Resolved once: a resumed task keeps deleting the same pools.
+            # Resolved once: a resumed task keeps deleting the same pools (then the workload policies made for them).
             progress.pools = self._names(context, hook)
-        return NodePoolRemover(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
+            creator = TaskIdentity.from_context(context, self.created_by_task_id) if self.created_by_task_id else None
+            progress.workload_policy["policies"] = policies_to_delete(
+                hook,
+                project_id=self.project_id,
+                cluster_name=self.cluster_name,
+                location=self.location,
+                names=progress.pools,
+                created_by=creator,
+            )
+        return NodePoolThenPolicyRemover(
+            hook, self.project_id, self.cluster_name, progress.pools, self._policy(), self.get_compute_hook()
+        )
 
     def execute(self, context: Context) -> Any:
         from tpuflow.gke.provisioning import Progress

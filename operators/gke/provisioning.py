@@ -63,6 +63,7 @@ class Progress:
     failure: str | None = None  # set: delete what we made, then raise this
     failure_retryable: bool = False
     expires_at: int | None = None
+    workload_policy: dict[str, Any] = field(default_factory=dict)  # tpuflow.gke.policy_provisioning's state
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

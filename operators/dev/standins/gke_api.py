@@ -6,7 +6,8 @@ pointing here) and so the tpuflow hooks and operators talk to it unchanged. It s
 - ``POST/GET .../clusters/C/nodePools``, ``GET/DELETE .../nodePools/NP``, ``GET .../clusters/C``
 - ``GET .../locations/L/operations/OP`` and ``GET .../locations/L/operations``
 
-under ``/v1/projects/P/locations/L``. Creates and deletes return a RUNNING Operation that is DONE
+under ``/v1/projects/P/locations/L``, and Compute's regional resource policies (workload policies) under
+``/compute/v1`` (``tpuflow.dev.standins.compute_api``; the connection's ``compute_api_endpoint``). Creates and deletes return a RUNNING Operation that is DONE
 after ``operation_seconds``; a pool is PROVISIONING, then RUNNING (or ERROR when the operation
 failed), STOPPING, then gone. Errors look like GKE's: ``{"error": {"code", "message", "status"}}``
 for rejected requests, ``Operation.error`` plus ``nodepoolConditions`` for failed operations, with
@@ -16,7 +17,9 @@ operations quota", "[GCE_STOCKOUT]", "Quota '...' exceeded", 403 "Required ... p
 Validation follows GKE for TPU pools: machine type vs topology, a tpuTopology (with or without
 ``type: COMPACT``: gcloud's ``--tpu-topology`` sends the topology alone, as in the GKE tutorials) only for
 multi-host slices (never on single-host ones), multi-host tpu7x placed by a workload policy or by its
-tpuTopology alone (never COMPACT), node count = hosts of the slice, unknown JSON fields rejected.
+tpuTopology alone (never COMPACT), node count = hosts of the slice, unknown JSON fields rejected. A
+placementPolicy.policyName must name a HIGH_THROUGHPUT workload policy of the pool's region (made through
+the Compute stand-in, or given to the stand-in up front with ``workload_policies``: those exist everywhere).
 
 Stand-in only paths (not GKE):
 
@@ -58,6 +61,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tpuflow.dev.standins.capacity import CapacitySettings
+from tpuflow.dev.standins.compute_api import COMPUTE_PREFIX, ComputeResourcePolicies
 from tpuflow.dev.standins.gke_tpu import (
     GKE_ACCELERATOR_LABEL,
     GKE_TOPOLOGY_LABEL,
@@ -342,6 +346,7 @@ class GKEApiStandin:
         if clusters is not None:
             self._clusters = {self._parse_cluster(c) for c in clusters}
         self.workload_policies: dict[str, str] = dict(workload_policies or {})
+        self.compute = ComputeResourcePolicies(operation_seconds=self.operation_seconds, in_use=self._pools_using)
         self._pools: dict[tuple[str, str, str, str], _Pool] = {}
         self._operations: dict[str, _Operation] = {}
         self._faults: list[dict[str, Any]] = []
@@ -368,7 +373,11 @@ class GKEApiStandin:
 
     def airflow_connection(self, project_id: str | None = None) -> dict[str, Any]:
         """A google_cloud_platform connection (as AIRFLOW_CONN_* JSON) that reaches this stand-in."""
-        extra: dict[str, Any] = {"is_anonymous": True, "container_api_endpoint": self.url}
+        extra: dict[str, Any] = {
+            "is_anonymous": True,
+            "container_api_endpoint": self.url,
+            "compute_api_endpoint": self.url,
+        }
         if project_id:
             extra["project"] = project_id
         return {"conn_type": "google_cloud_platform", "extra": extra}
@@ -441,6 +450,31 @@ class GKEApiStandin:
             self._operations.clear()
             self._faults.clear()
             self.requests.clear()
+        self.compute.reset()
+
+    @staticmethod
+    def _region(zone: str) -> str:
+        return zone.rsplit("-", 1)[0] if zone.count("-") == 2 else zone
+
+    def _workload_policies_for(self, project: str, location: str, pool: Mapping[str, Any]) -> dict[str, str]:
+        """Workload policy name -> topology that a pool in this project and region may name."""
+        region = self._region((pool.get("locations") or [location])[0])
+        policies = dict(self.workload_policies)
+        name = (pool.get("placementPolicy") or {}).get("policyName")
+        topology = self.compute.workload_topology(project, region, name) if name else None
+        if topology:
+            policies[name] = topology
+        return policies
+
+    def _pools_using(self, project: str, region: str, policy: str) -> list[str]:
+        with self._lock:
+            return [
+                p.body["name"]
+                for p in self._pools.values()
+                if p.cluster[0] == project
+                and self._region(p.zone) == region
+                and (p.body.get("placementPolicy") or {}).get("policyName") == policy
+            ]
 
     def _take_fault(self, on: str, capacity: str) -> dict[str, Any] | None:
         for fault in self._faults:
@@ -524,6 +558,7 @@ class GKEApiStandin:
                 "operations": [op.to_json() for op in self._operations.values()],
                 "faults": copy.deepcopy(self._faults),
                 "workloadPolicies": dict(self.workload_policies),
+                "resourcePolicies": self.compute.policies(),
                 "operationSeconds": self.operation_seconds,
                 "maxConcurrentOperations": self.max_concurrent_operations,
             }
@@ -671,7 +706,7 @@ class GKEApiStandin:
                     "ALREADY_EXISTS",
                     (f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
                 )
-            topology = validate_node_pool(pool, self.workload_policies)
+            topology = validate_node_pool(pool, self._workload_policies_for(project, location, pool))
             failure = self._operation_failure(fault, key, pool) if fault is not None else None
             self._pools[(*key, name)] = _Pool(key, pool, topology)
             return self._new_operation("CREATE_NODE_POOL", key, name, failure).to_json()
@@ -800,7 +835,13 @@ class _Handler(LoopbackHandler):
             if not path.startswith("/_standin/"):
                 with standin._lock:
                     standin.requests.append({"method": self.command, "path": path, "body": body})
-            code, payload = 200, (self._control(path, body) if path.startswith("/_standin/") else self._api(path, body))
+            if path.startswith(COMPUTE_PREFIX):
+                code, payload = standin.compute.handle(self.command, path, body)
+            else:
+                code, payload = (
+                    200,
+                    (self._control(path, body) if path.startswith("/_standin/") else self._api(path, body)),
+                )
         except ApiError as err:
             code, payload = err.code, err.body()
         except (ValueError, KeyError, TypeError) as err:
@@ -867,7 +908,7 @@ class _Handler(LoopbackHandler):
                     seconds = float(body["operationSeconds"])
                     if not 0 <= seconds < float("inf"):
                         raise ValueError(f"operationSeconds must be a finite number >= 0, not {seconds}")
-                    gke.operation_seconds = seconds
+                    gke.operation_seconds = gke.compute.operation_seconds = seconds
                 if "maxConcurrentOperations" in body:
                     gke.max_concurrent_operations = int(body["maxConcurrentOperations"])
             return {"operationSeconds": gke.operation_seconds, "maxConcurrentOperations": gke.max_concurrent_operations}

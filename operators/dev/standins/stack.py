@@ -5,7 +5,7 @@
 GKE stand-in's node pools of the one cluster it plays. It writes, in its work directory:
 
 - ``kubeconfig``: the Kubernetes stand-in's address, CA and token;
-- ``env.sh``: KUBECONFIG, the CLOUDSDK_* variables gcloud needs (endpoint override, access token,
+- ``env.sh``: KUBECONFIG, the CLOUDSDK_* variables gcloud needs (container and compute endpoint overrides, access token,
   project, zone, a private CLOUDSDK_CONFIG so the user's gcloud configuration is left alone) and the
   seeds' PROJECT_ID / CLUSTER_NAME / ZONE / REGION, so the seeds' commands run as written;
 - ``state.json``: addresses, token and the serving process's pid (``tpuflow standins down`` reads it).
@@ -116,6 +116,7 @@ class StandinStack:
             "KUBECACHEDIR": str(self.workdir / "kube-cache"),
             "CLOUDSDK_CONFIG": str(self.workdir / "gcloud"),
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER": f"{self.gke.url}/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.gke.url}/compute/v1/",
             "CLOUDSDK_AUTH_ACCESS_TOKEN": ACCESS_TOKEN,
             "CLOUDSDK_CORE_PROJECT": self.project,
             "CLOUDSDK_COMPUTE_ZONE": self.zone,
