@@ -241,7 +241,8 @@ def run(spec: PreflightSpec) -> dict[str, Any]:
         probe = ray.remote(num_cpus=0)(HostProbe)
         actors = [
             probe.options(
-                resources=dict(handle.bundle_resources),
+                # the host's TPU devices, so on a real slice the actor's JAX sees that host's chips
+                resources={"TPU": handle.devices_per_host},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=handle.placement_group, placement_group_bundle_index=i
                 ),
@@ -293,7 +294,7 @@ def run(spec: PreflightSpec) -> dict[str, Any]:
                     + (f"; {detail}" if detail else "")
                 )
             devices = answers[0]["devices"]
-            expected_sum = sum((i + 1) * answers[i]["local_devices"] for i in range(world))
+            expected_sum = float(sum((i + 1) * answers[i]["local_devices"] for i in range(world)))
             sums = {i: a["sum"] for i, a in answers.items()}
             result.update(
                 {
