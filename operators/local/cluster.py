@@ -468,7 +468,9 @@ class LocalRayCluster:
         deadline = time.time() + timeout
         alive = 0
         while time.time() < deadline:
-            dead = [n for n in self.nodes if not _group_alive(n.pid)]
+            # a raylet that aborted while its `ray start` lingers: the node will never join, retry it now
+            failed = _exited_raylets([n.pid for n in self.nodes])
+            dead = [n for n in self.nodes if n.pid in failed or not _group_alive(n.pid)]
             if dead:
                 raise LocalClusterError(f"Ray node {dead[0].role} exited during start:\n{_tail(dead[0].log)}")
             try:
@@ -510,6 +512,20 @@ def _pgrp_of(pid: int) -> int | None:
     except (OSError, IndexError):
         return None
     return int(fields[2]) if fields[0] != "Z" else None
+
+
+def _exited_raylets(groups: list[int]) -> set[int]:
+    """The process groups of `groups` whose raylet has exited unreaped (a zombie: its `ray start` lingers)."""
+    found = set()
+    for pid in _all_pids():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z" and stat[stat.find("(") + 1 : stat.rfind(")")] == "raylet" and int(fields[2]) in groups:
+            found.add(int(fields[2]))
+    return found
 
 
 def _all_pids() -> list[int]:
