@@ -25,6 +25,7 @@ MODULES = (
     "bench.clusters",
     "bench.ray_jobs",
     "bench.workload",
+    "bench.preflight",
     "bench.serving",
     "bench.pipeline",
     "bench.chip_hours",

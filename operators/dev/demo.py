@@ -71,6 +71,8 @@ FLAG_PARAMS = {
     "accelerator": "--accelerator",
     "topology": "--topology",
     "machine_type": "--machine-type",
+    "num_slices": "--num-slices",
+    "preflight": "--no-preflight",
     "train_steps": "--train-steps",
     "keep_endpoint": "--keep-endpoint",
     "accuracy_threshold": "--accuracy-threshold",
@@ -90,6 +92,8 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
         "accelerator": args.accelerator,
         "topology": args.topology,
         "machine_type": args.machine_type or "",
+        "num_slices": args.num_slices,
+        "preflight": args.preflight,
         "train_steps": args.train_steps,
         "keep_endpoint": args.keep_endpoint,
         "accuracy_threshold": args.accuracy_threshold,
@@ -143,6 +147,8 @@ def _run_pipeline(
     from tpuflow.storage import read_text
 
     env = {**demo_env(home, output_root), **storage_env}
+    if args.num_slices > 1:  # the demo's own lease limit (the Variable tpuflow_max_slices, default 1)
+        env["AIRFLOW_VAR_TPUFLOW_MAX_SLICES"] = str(args.num_slices)
     airflow = str(Path(sys.executable).with_name("airflow"))
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     run_date = args.date or date.today().isoformat()
@@ -170,6 +176,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--accelerator", default="TPU-V6E")
     parser.add_argument("--topology", default="4x4")
     parser.add_argument("--machine-type", default="")
+    parser.add_argument("--num-slices", type=int, default=1, help="identical slices to train across (one lease each)")
+    parser.add_argument(
+        "--no-preflight", dest="preflight", action="store_false", help="skip the slice preflight before training"
+    )
     parser.add_argument("--train-steps", type=int, default=1500)
     parser.add_argument("--num-train", type=int, default=20000, help="training examples")
     parser.add_argument("--accuracy-threshold", type=float, default=0.9, help="quality gate on held-out accuracy")

@@ -42,6 +42,9 @@ _HEAD_MEMORY_BYTES = 1500 * 1024 * 1024
 # Every node binds this loopback address. Not 127.0.0.1: Ray rewrites "localhost" addresses
 # to the machine's network address when nodes join, which would expose (and break) the cluster.
 NODE_IP = "127.0.0.2"
+# A simulated host's actors read this variable: while the file it names exists, that host answers Ray
+# but never joins a collective (tpuflow_driver.preflight), as a TPU VM whose data network is down.
+UNREACHABLE_FLAG_ENV = "TPUFLOW_SIM_UNREACHABLE_FLAG"
 
 
 def default_base_dir() -> Path:
@@ -238,6 +241,23 @@ class LocalRayCluster:
         self._start_host(tpu, old.slice_name, worker_id, self._base_env(tpu, None), self.host_cpus, timeout)
         self.save()
 
+    def set_unreachable(self, slice_index: int, worker_id: int, unreachable: bool = True) -> str:
+        """Make one simulated host unreachable for collectives (or reachable again); returns its name.
+
+        Ray still reaches it (actors start, calls answer), but its actors never join a collective,
+        so the slice preflight must find and name it."""
+        node = self._host(slice_index, worker_id)
+        flag = self._unreachable_flag(node.slice_name, worker_id)
+        if unreachable:
+            flag.parent.mkdir(parents=True, exist_ok=True)
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+        return f"{node.slice_name}/worker-{worker_id}"
+
+    def _unreachable_flag(self, slice_name: str, worker_id: int) -> Path:
+        return Path(self.state_dir) / "unreachable" / f"{slice_name}-w{worker_id}"
+
     def _host(self, slice_index: int, worker_id: int) -> NodeProcess:
         for node in self.nodes:
             if (
@@ -395,7 +415,11 @@ class LocalRayCluster:
             f"--num-cpus={cpus}",
             f"--resources={json.dumps(tpu.ray_worker_resources)}",
         ]
-        host_env = {**env, **tpu.simulated_host_env(slice_name, worker_id)}
+        host_env = {
+            **env,
+            **tpu.simulated_host_env(slice_name, worker_id),
+            UNREACHABLE_FLAG_ENV: str(self._unreachable_flag(slice_name, worker_id)),
+        }
 
         def spawn() -> None:
             self._spawn("tpu-host", args, host_env, slice_name=slice_name, worker_id=worker_id)
@@ -449,7 +473,9 @@ class LocalRayCluster:
         deadline = time.time() + timeout
         alive = 0
         while time.time() < deadline:
-            dead = [n for n in self.nodes if not _group_alive(n.pid)]
+            # a raylet that aborted while its `ray start` lingers: the node will never join, retry it now
+            failed = _exited_raylets([n.pid for n in self.nodes])
+            dead = [n for n in self.nodes if n.pid in failed or not _group_alive(n.pid)]
             if dead:
                 raise LocalClusterError(f"Ray node {dead[0].role} exited during start:\n{_tail(dead[0].log)}")
             try:
@@ -491,6 +517,20 @@ def _pgrp_of(pid: int) -> int | None:
     except (OSError, IndexError):
         return None
     return int(fields[2]) if fields[0] != "Z" else None
+
+
+def _exited_raylets(groups: list[int]) -> set[int]:
+    """The process groups of `groups` whose raylet has exited unreaped (a zombie: its `ray start` lingers)."""
+    found = set()
+    for pid in _all_pids():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z" and stat[stat.find("(") + 1 : stat.rfind(")")] == "raylet" and int(fields[2]) in groups:
+            found.add(int(fields[2]))
+    return found
 
 
 def _all_pids() -> list[int]:

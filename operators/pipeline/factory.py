@@ -22,6 +22,7 @@ from tpuflow.pipeline.steps import (
     WriteReportOperator,
 )
 from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
 
@@ -95,7 +96,9 @@ def training_steps(
     train_class: type[RayTrainOperator] = RayTrainOperator,
     **train_kwargs: Any,
 ) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
-    """prep -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info): backend-independent.
+    """prep and preflight -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info):
+    backend-independent. The preflight checks the training slice(s) right before training (Param
+    ``preflight`` turns it off).
 
     ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one: the
     evaluation then runs in one CPU actor, since the training slice is deleted once its checkpoint
@@ -117,14 +120,21 @@ def training_steps(
         },
         log_uri=f"{run_dir}/logs/prep.log",
     )
+    slice_args = {
+        "cluster": cluster if train_cluster is None else train_cluster,
+        "accelerator": "{{ params.accelerator }}",
+        "topology": "{{ params.topology }}",
+        "machine_type": "{{ params.machine_type }}",
+        "num_slices": "{{ params.num_slices }}",
+    }
+    preflight = RaySlicePreflightOperator(
+        task_id="preflight", enabled="{{ params.preflight }}", log_uri=f"{run_dir}/logs/preflight.log", **slice_args
+    )
     train = train_class(
         task_id="train",
-        cluster=cluster if train_cluster is None else train_cluster,
         framework="{{ params.framework }}",
         train_loop="addition.train_{{ params.framework }}:train_loop_per_worker",
-        accelerator="{{ params.accelerator }}",
-        topology="{{ params.topology }}",
-        machine_type="{{ params.machine_type }}",
+        **slice_args,
         storage_path=f"{run_dir}/train",
         run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
         datasets={"train": f"{run_dir}/data/train"},
@@ -144,7 +154,8 @@ def training_steps(
         min_result={"accuracy": "{{ params.accuracy_threshold }}"},
         log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
     )
-    prep >> train >> evaluate
+    # The preflight needs only the training cluster: it runs beside prep, and training waits for both.
+    [prep, preflight] >> train >> evaluate
     return prep, train, evaluate
 
 
@@ -196,12 +207,13 @@ def build_pipeline_dag(
         dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs, **dag_kwargs
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir)
-        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES)
+        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, num_slices="{{ params.num_slices }}")
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
             accelerator="{{ params.accelerator }}",
             topology="{{ params.topology }}",
             machine_type="{{ params.machine_type }}",
+            num_slices="{{ params.num_slices }}",
             retries=0,
         )
         cluster = start.output

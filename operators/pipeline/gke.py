@@ -149,11 +149,12 @@ def _checked(key: str, serve: bool = False) -> str:
 
 
 def _checked_slice(serve: bool = False) -> dict[str, str]:
-    """accelerator, topology and machine_type of check_params' training (or serve) slice, as templates."""
+    """accelerator, topology, machine_type and num_slices of check_params' training (or serve) slice, as templates."""
     return {
         "accelerator": _checked("ray_accelerator_type", serve),
         "topology": _checked("topology", serve),
         "machine_type": _checked("machine_type", serve),
+        "num_slices": _checked("num_slices", serve),
     }
 
 

@@ -99,6 +99,21 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             title="Machine type (optional)",
             description="Only to pick the two-VM form of v5e/v6e 2x4: ct6e-standard-4t.",
         ),
+        "num_slices": ParamSpec(
+            1,
+            type="integer",
+            minimum=1,
+            maximum=64,
+            title="Slices",
+            description="Identical slices trained on together (data parallel across them over DCN); "
+            "each takes one slice lease.",
+        ),
+        "preflight": ParamSpec(
+            True,
+            type="boolean",
+            title="Slice preflight",
+            description="Before training, check every host of the slice(s) with one all-reduce (seconds).",
+        ),
         "framework": ParamSpec(
             "jax",
             type="string",
@@ -195,6 +210,7 @@ def check_conf(conf: dict[str, Any]) -> dict[str, Any]:
 def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict[str, Any]:
     """Cross-field validation; returns the training slice's description, with the local serve slice
     under ``serve`` (``local_serve``; the GKE pipeline derives its own)."""
+    from tpuflow.rayjob.workload_operators import check_multislice
     from tpuflow.tpu import TpuSlice
 
     framework = params.get("framework")
@@ -206,9 +222,13 @@ def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict
     check_max_chip_hours(params.get(MAX_CHIP_HOURS_PARAM))
     try:
         tpu = TpuSlice.from_spec(
-            params.get("accelerator", ""), params.get("topology", ""), params.get("machine_type") or None
+            params.get("accelerator", ""),
+            params.get("topology", ""),
+            params.get("machine_type") or None,
+            params.get("num_slices", 1),
         )
         tpu.require(ray=True)
+        check_multislice(tpu, framework, simulated=local_serve)
     except UserInputError as err:
         raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
     if not local_serve:

@@ -36,6 +36,22 @@ def module_entrypoint(module: str, arguments: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def check_multislice(tpu: Any, framework: Any, *, simulated: bool) -> None:
+    """Reject a multi-slice run Ray 2.60 cannot train (a topology Ray cannot place is rejected for any
+    num_slices by TpuSlice.require(ray=True)).
+
+    Ray Train sets the multi-slice environment (MEGASCALE_*) for JaxTrainer with use_tpu, and for
+    TorchTrainer only with the tpu_dist backend on TPU chips; simulated hosts run torch on gloo.
+    """
+    if tpu.num_slices > 1 and framework == "torch" and simulated:
+        raise UserInputError(
+            "num_slices",
+            tpu.num_slices,
+            "Ray 2.60 trains torch across slices only with TorchConfig(backend='tpu_dist') on TPU chips (it sets "
+            "MEGASCALE_* for tpu_dist alone); simulated hosts run torch on gloo: use framework jax or one slice",
+        )
+
+
 class RayDataPrepOperator(RaySubmitJobOperator):
     """Run a Ray Data preparation module (``python -m <module> --arg value ...``) as a Ray job.
 
@@ -165,6 +181,7 @@ class RayTrainOperator(RaySubmitJobOperator):
     def validate_arguments(self) -> None:
         super().validate_arguments()
         self._check_train_arguments(rendered=True)
+        check_multislice(self._tpu_slice(), self.framework, simulated=self._cluster_info().get("backend") == "local")
 
     def _check_train_arguments(self, *, rendered: bool) -> None:
         """The training arguments: all once rendered; at parse time only those that are not templates."""
@@ -232,11 +249,10 @@ class RayTrainOperator(RaySubmitJobOperator):
             spec["torch_backend"] = "gloo" if simulated else "tpu_dist"
             spec["scaling_config"] = tpu.torch_scaling_config()
             if simulated:
-                pin = {f"{self._cluster_info().get('name')}-slice-0": 1} if tpu.num_slices == 1 else {}
                 spec["scaling_config"] = {
                     "use_tpu": False,
                     "num_workers": tpu.total_hosts,
-                    "resources_per_worker": {"CPU": 1, **pin},
+                    "resources_per_worker": {"CPU": 1, f"{self._cluster_info().get('name')}-slice-0": 1},
                 }
         return spec
 

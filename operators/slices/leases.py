@@ -7,6 +7,9 @@ max_active_runs (10 unless `--max-active-runs` is given) and its runs are counte
 from scheduled and manual runs. A lease is taken before the cluster starts and given back
 by a teardown, so every way of starting runs shares one limit.
 
+A lease is one slice: a multi-slice run (num_slices: 2) holds two slots, taken together or not at
+all (a run holding one of two slots while waiting for the other could deadlock with another).
+
 Stores: a local folder (O_EXCL file create; the embedded default, one machine) or a gs://
 prefix (object create with if_generation_match=0; Composer / Airflow on GKE with many workers).
 """
@@ -34,7 +37,7 @@ class Lease:
 class LeaseStore(Protocol):
     def holders(self, slots: int) -> dict[int, Lease]: ...
 
-    def try_acquire(self, holder: str, slots: int) -> Lease | None: ...
+    def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None: ...
 
     def describe(self) -> str: ...
 
@@ -70,23 +73,31 @@ class LocalLeaseStore:
                 found[slot] = Lease(slot, "?", 0.0)  # half-written: taken
         return found
 
-    def try_acquire(self, holder: str, slots: int) -> Lease | None:
+    def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None:
+        """Have ``holder`` hold ``count`` of the ``slots`` slots; returns its first lease, or None
+        (holding nothing new) when not enough are free. A retry of the same run keeps its slots."""
         self.root.mkdir(parents=True, exist_ok=True)
         held = self.holders(slots)
-        for lease in held.values():
-            if lease.holder == holder:  # a retry of the same run keeps its slot
-                return lease
-        for slot in range(slots):
-            if slot in held:
-                continue
+        mine = sorted(slot for slot, lease in held.items() if lease.holder == holder)
+        free = [slot for slot in range(slots) if slot not in held]
+        if len(mine) + len(free) < count:
+            return None
+        taken: list[int] = []
+        for slot in free:
+            if len(mine) + len(taken) >= count:
+                break
             try:
                 fd = os.open(self._path(slot), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(_record(holder))
-            return self.holders(slots).get(slot)
-        return None
+            taken.append(slot)
+        if len(mine) + len(taken) < count:  # lost a race for one: give back what this call took
+            for slot in taken:
+                self._path(slot).unlink(missing_ok=True)
+            return None
+        return self.holders(slots).get(min(mine + taken))
 
     def release(self, holder: str) -> list[int]:
         """Free every slot this holder has, whatever the limit is now (it may have been lowered)."""
@@ -134,17 +145,20 @@ class GcsLeaseStore:
                 continue
         return found
 
-    def try_acquire(self, holder: str, slots: int) -> Lease | None:
+    def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None:
+        """As LocalLeaseStore.try_acquire: ``count`` slots for ``holder``, all or none."""
         from google.api_core.exceptions import PreconditionFailed
 
         held = self.holders(slots)
-        for lease in held.values():
-            if lease.holder == holder:
-                return lease
+        mine = sorted(slot for slot, lease in held.items() if lease.holder == holder)
+        free = [slot for slot in range(slots) if slot not in held]
+        if len(mine) + len(free) < count:
+            return None
         bucket = self._bucket()
-        for slot in range(slots):
-            if slot in held:
-                continue
+        taken: list[int] = []
+        for slot in free:
+            if len(mine) + len(taken) >= count:
+                break
             try:
                 # With a generation precondition the client retries transient errors by itself
                 # (DEFAULT_RETRY_IF_GENERATION_SPECIFIED).
@@ -153,12 +167,17 @@ class GcsLeaseStore:
                 )
             except PreconditionFailed:
                 # Taken -- possibly by this very call, when a retried create had already succeeded.
-                mine = self.holders(slot + 1).get(slot)
-                if mine is not None and mine.holder == holder:
-                    return mine
+                again = self.holders(slot + 1).get(slot)
+                if again is not None and again.holder == holder:
+                    taken.append(slot)
                 continue
-            return Lease(slot, holder, time.time())
-        return None
+            taken.append(slot)
+        if len(mine) + len(taken) < count:
+            for slot in taken:
+                bucket.blob(self._name(slot)).delete()
+            return None
+        first = min(mine + taken)
+        return held[first] if first in held else Lease(first, holder, time.time())
 
     def release(self, holder: str) -> list[int]:
         bucket, freed = self._bucket(), []
@@ -198,6 +217,24 @@ def lease_store(root: str | None, gcp_conn_id: str = "google_cloud_default") -> 
     if root.startswith("gs://"):
         return GcsLeaseStore(root, gcp_conn_id)
     return LocalLeaseStore(root)
+
+
+def parse_count(value: int | str, slots: int) -> int:
+    """How many slices one run needs (its num_slices): 1 to ``slots``; more can never be granted."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1:
+        raise UserInputError("num_slices", value, "give a whole number of slices >= 1")
+    if count > slots:
+        raise UserInputError(
+            "num_slices",
+            value,
+            f"the slice leases allow {slots} slice(s) at once (max_slices, e.g. the Variable tpuflow_max_slices); "
+            f"ask for at most {slots} or raise the limit",
+        )
+    return count
 
 
 def parse_slots(value: int | str) -> int:

@@ -35,6 +35,8 @@ class AcquireSliceOperator(BaseOperator):
 
     :param max_slices: how many slices may be in use at once across every run sharing ``lease_root``
         (a whole number >= 1; templated, e.g. from an Airflow Variable).
+    :param num_slices: slices this run needs (one lease each, taken together); above ``max_slices`` the
+        task fails at once (templated).
     :param lease_root: local folder or ``gs://BUCKET/PREFIX`` (templated); default
         ``$TPUFLOW_SLICE_LEASES``, else ``slice-leases/`` under ``$TPUFLOW_HOME`` (``~/.tpuflow``).
     :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
@@ -42,13 +44,14 @@ class AcquireSliceOperator(BaseOperator):
     :param wait_timeout: seconds to wait for a lease before failing (default: wait as long as it takes).
     """
 
-    template_fields: Sequence[str] = ("max_slices", "lease_root")
+    template_fields: Sequence[str] = ("max_slices", "lease_root", "num_slices")
     ui_color = "#f3e5f5"
 
     def __init__(
         self,
         *,
         max_slices: int | str = 1,
+        num_slices: int | str = 1,
         lease_root: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         poll_interval: float = 5.0,
@@ -57,17 +60,19 @@ class AcquireSliceOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.max_slices = max_slices
+        self.num_slices = num_slices
         self.lease_root = lease_root
         self.gcp_conn_id = gcp_conn_id
         self.poll_interval = poll_interval
         self.wait_timeout = wait_timeout
         self._check_static_arguments()
 
-    def _check_arguments(self) -> tuple[int, str | None]:
-        """The slot count and lease root (None: the default), or UserInputError naming the field."""
-        from tpuflow.slices.leases import check_lease_root, parse_slots
+    def _check_arguments(self) -> tuple[int, str | None, int]:
+        """The slot count, lease root (None: the default) and slices wanted, or UserInputError naming the field."""
+        from tpuflow.slices.leases import check_lease_root, parse_count, parse_slots
 
-        return parse_slots(self.max_slices), check_lease_root(self.lease_root)
+        slots = parse_slots(self.max_slices)
+        return slots, check_lease_root(self.lease_root), parse_count(self.num_slices, slots)
 
     def _check_static_arguments(self) -> None:
         """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
@@ -75,7 +80,7 @@ class AcquireSliceOperator(BaseOperator):
 
         check_seconds("poll_interval", self.poll_interval)
         check_seconds("wait_timeout", self.wait_timeout, optional=True)
-        if not is_templated(self.max_slices, self.lease_root):
+        if not is_templated(self.max_slices, self.lease_root, self.num_slices):
             self._check_arguments()
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -85,14 +90,16 @@ class AcquireSliceOperator(BaseOperator):
         from tpuflow.slices.leases import default_lease_root, lease_store
         from tpuflow.slices.triggers import SliceLeaseTrigger
 
-        slots, root = self._check_arguments()
+        slots, root, count = self._check_arguments()
         root = root or default_lease_root()
         store = lease_store(root, self.gcp_conn_id)
         holder = lease_holder(context)
-        lease = store.try_acquire(holder, slots)
+        lease = store.try_acquire(holder, slots, count)
         if lease is not None:
-            self.log.info("Slice lease %d of %d taken for %s (%s)", lease.slot + 1, slots, holder, store.describe())
-            return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots}
+            self.log.info(
+                "Slice lease(s) for %d slice(s) of %d taken for %s (%s)", count, slots, holder, store.describe()
+            )
+            return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots, "num_slices": count}
         held = sorted(x.holder for x in store.holders(slots).values())
         self.log.info(
             "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted or "
@@ -106,6 +113,7 @@ class AcquireSliceOperator(BaseOperator):
                 lease_root=root,
                 slots=slots,
                 holder=holder,
+                count=count,
                 gcp_conn_id=self.gcp_conn_id,
                 poll_interval=self.poll_interval,
                 timeout=self.wait_timeout,

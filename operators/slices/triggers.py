@@ -13,9 +13,16 @@ from tpuflow.triggers import TpuflowTrigger
 
 
 async def wait_for_free_slot(
-    store: Any, *, slots: int, holder: str, deadline: float | None, poll_interval: float, log: Any
+    store: Any,
+    *,
+    slots: int,
+    holder: str,
+    deadline: float | None,
+    poll_interval: float,
+    log: Any,
+    count: int = 1,
 ) -> dict[str, Any]:
-    """Poll until fewer than ``slots`` leases are held (or ``holder`` holds one), or ``deadline``
+    """Poll until ``count`` of the ``slots`` leases are free or held by ``holder``, or ``deadline``
     (epoch seconds; None: no deadline). Returns a tpuflow.events event with the holders (``held``)."""
     last: list[str] = []
     while True:
@@ -27,7 +34,7 @@ async def wait_for_free_slot(
             await asyncio.sleep(poll_interval)
             continue
         holders = sorted(lease.holder for lease in held.values())
-        if holder in holders or len(held) < slots:
+        if slots - len(held) + holders.count(holder) >= count:
             return make_event("success", f"a slice lease is free for {holder}", held=holders)
         if holders != last:
             log.info("all %d slice lease(s) held by %s; waiting", slots, ", ".join(holders))
@@ -43,11 +50,20 @@ async def wait_for_free_slot(
 
 
 class SliceLeaseTrigger(TpuflowTrigger):
-    """Fires when fewer than `slots` leases are held (or `holder` already holds one), or at `timeout`
+    """Fires when `count` of the `slots` leases are free or held by `holder`, or at `timeout`
     seconds after `started_at`. The operator then claims a slot itself; a run that loses the race
     defers again."""
 
-    serialize_fields = ("lease_root", "slots", "holder", "gcp_conn_id", "poll_interval", "timeout", "started_at")
+    serialize_fields = (
+        "lease_root",
+        "slots",
+        "holder",
+        "gcp_conn_id",
+        "poll_interval",
+        "timeout",
+        "started_at",
+        "count",
+    )
 
     def __init__(
         self,
@@ -58,6 +74,7 @@ class SliceLeaseTrigger(TpuflowTrigger):
         poll_interval: float = 5.0,
         timeout: float | None = None,
         started_at: float | None = None,
+        count: int = 1,
     ) -> None:
         super().__init__()
         self.lease_root = lease_root
@@ -67,6 +84,7 @@ class SliceLeaseTrigger(TpuflowTrigger):
         self.poll_interval = float(poll_interval)
         self.timeout = timeout
         self.started_at = started_at if started_at is not None else time.time()
+        self.count = int(count)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from tpuflow.slices.leases import lease_store
@@ -78,5 +96,6 @@ class SliceLeaseTrigger(TpuflowTrigger):
             deadline=None if self.timeout is None else self.started_at + float(self.timeout),
             poll_interval=self.poll_interval,
             log=self.log,
+            count=self.count,
         )
         yield TriggerEvent(event)

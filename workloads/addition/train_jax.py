@@ -10,6 +10,7 @@ quick experiments, no Ray).
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 import time
@@ -162,6 +163,69 @@ def min_across_processes(value: int) -> int:
     return int(np.asarray(process_allgather(np.array([value], dtype=np.int64))).min())
 
 
+_NAME_BYTES = 64
+
+
+def worker_identity() -> dict[str, Any]:
+    """This worker's slice (what GKE's TPU webhook, or the simulated host, set) and the multi-slice
+    environment Ray Train set for it (ray.train.v2.jax: MEGASCALE_* when num_slices > 1)."""
+    return {
+        "slice_name": os.environ.get("TPU_NAME", ""),
+        "tpu_worker_id": int(os.environ.get("TPU_WORKER_ID") or -1),
+        "megascale_slice_id": int(os.environ.get("MEGASCALE_SLICE_ID") or -1),
+        "megascale_num_slices": int(os.environ.get("MEGASCALE_NUM_SLICES") or 0),
+        "megascale_coordinator": os.environ.get("MEGASCALE_COORDINATOR_ADDRESS", ""),
+    }
+
+
+def slice_layout(identity: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every worker's identity, by world rank (a collective: all processes must call it)."""
+    import jax
+    from jax.experimental.multihost_utils import process_allgather
+
+    name = np.frombuffer(identity["slice_name"].encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0"), dtype=np.uint8)
+    ints = np.array(
+        [identity["tpu_worker_id"], identity["megascale_slice_id"], identity["megascale_num_slices"]], dtype=np.int64
+    )
+    if jax.process_count() == 1:
+        names, numbers = name[None], ints[None]
+    else:
+        names, numbers = np.asarray(process_allgather(name)), np.asarray(process_allgather(ints))
+    return [
+        {
+            "rank": r,
+            "slice_name": bytes(names[r]).rstrip(b"\0").decode(),
+            "tpu_worker_id": int(numbers[r][0]),
+            "megascale_slice_id": int(numbers[r][1]),
+            "megascale_num_slices": int(numbers[r][2]),
+        }
+        for r in range(len(names))
+    ]
+
+
+def check_slice_layout(layout: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Ranks by slice name; raises when the workers of one slice are not one multi-slice group
+    (a slice id shared by two slices, a slice split across ids, uneven slices, a wrong slice count)."""
+    by_name: dict[str, list[int]] = {}
+    ids_of: dict[str, set[int]] = {}
+    for w in layout:
+        by_name.setdefault(w["slice_name"], []).append(w["rank"])
+        ids_of.setdefault(w["slice_name"], set()).add(w["megascale_slice_id"])
+    declared = {w["megascale_num_slices"] for w in layout}
+    if declared - {0, 1} or len(by_name) > 1:
+        problems = []
+        if declared != {len(by_name)}:
+            problems.append(f"MEGASCALE_NUM_SLICES {sorted(declared)} for {len(by_name)} slice(s)")
+        ids = [next(iter(v)) for v in ids_of.values() if len(v) == 1]
+        if any(len(v) != 1 for v in ids_of.values()) or len(set(ids)) != len(ids):
+            problems.append(f"MEGASCALE_SLICE_ID per slice: { {k: sorted(v) for k, v in ids_of.items()} }")
+        if len({len(r) for r in by_name.values()}) != 1:
+            problems.append(f"uneven slices: { {k: len(v) for k, v in by_name.items()} }")
+        if problems:
+            raise RuntimeError("the workers are not one multi-slice group: " + "; ".join(problems))
+    return by_name
+
+
 def ensure_jax_distributed(world: int, rank: int) -> bool:
     """Join all workers into one JAX job when JaxTrainer did not (it only does for TPU/GPU).
 
@@ -212,6 +276,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             f"{world} worker(s), {jax.device_count()} JAX device(s) ({jax.devices()[0].platform}), "
             f"global batch {bsz} ({per_host} per worker)"
         )
+        layout = slice_layout(worker_identity())
+        slices = check_slice_layout(layout)
+        if len(slices) > 1:
+            log(f"data parallel across {len(slices)} slices, one mesh over all {jax.device_count()} devices:")
+            for w in layout:
+                log(
+                    f"  rank {w['rank']}: slice {w['slice_name']} worker {w['tpu_worker_id']}, "
+                    f"MEGASCALE_SLICE_ID={w['megascale_slice_id']} of {w['megascale_num_slices']}"
+                )
 
         step = epoch = 0
         resumed_from: str | None = None
@@ -259,7 +332,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 if rank == 0:
                     state.save(tmp, at_step, at_epoch)
                 ray.train.report(
-                    metrics(at_step, at_epoch, loss, in_sync),
+                    {**metrics(at_step, at_epoch, loss, in_sync), "num_slices": len(slices), "workers": layout},
                     checkpoint=Checkpoint.from_directory(tmp) if rank == 0 else None,
                 )
 

@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,6 +188,60 @@ def build_trainer(spec: TrainSpec) -> Any:
     return TorchTrainer(loop, torch_config=TorchConfig(backend=spec.torch_backend), **kwargs)
 
 
+SLICE_LABEL, WORKER_LABEL = "ray.io/tpu-slice-name", "ray.io/tpu-worker-id"
+
+
+class HostWatch:
+    """Say in the driver log which slice lost which host while the trainer runs.
+
+    A slice cannot run short of a host: Ray Train restarts the whole worker group (every slice) from
+    the latest checkpoint. Its own error names a node id; this names the slice and TPU worker.
+    """
+
+    def __init__(self, nodes: Callable[[], list[dict[str, Any]]], interval: float = 1.0) -> None:
+        self._nodes, self._interval = nodes, interval
+        self._stop = threading.Event()
+        self._alive = self._tpu_hosts()
+        self.lost: list[tuple[str, str]] = []
+        self._thread = threading.Thread(target=self._run, name="tpuflow-host-watch", daemon=True)
+
+    def _tpu_hosts(self) -> dict[str, tuple[str, str]]:
+        try:
+            nodes = self._nodes()
+        except Exception:  # a GCS hiccup: look again next time
+            return getattr(self, "_alive", {})
+        return {
+            n["NodeID"]: (n["Labels"][SLICE_LABEL], n["Labels"].get(WORKER_LABEL, "?"))
+            for n in nodes
+            if n.get("Alive") and SLICE_LABEL in (n.get("Labels") or {})
+        }
+
+    def check(self) -> None:
+        now = self._tpu_hosts()
+        for node_id, (slice_name, worker) in self._alive.items():
+            if node_id not in now:
+                self.lost.append((slice_name, worker))
+                print(f"[driver] slice {slice_name} lost its host worker {worker} (Ray node {node_id[:12]}); "
+                      "Ray Train restarts every slice's workers from the latest checkpoint", flush=True)  # fmt: skip
+        for node_id, (slice_name, worker) in now.items():
+            if node_id not in self._alive:
+                print(f"[driver] slice {slice_name} has a host worker {worker} again (Ray node {node_id[:12]})",
+                      flush=True)  # fmt: skip
+        self._alive = now
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.check()
+
+    def __enter__(self) -> HostWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def run(spec: TrainSpec) -> dict[str, Any]:
     for key, value in DRIVER_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -196,8 +251,13 @@ def run(spec: TrainSpec) -> dict[str, Any]:
               flush=True)  # fmt: skip
     trainer = build_trainer(spec)
     print(f"[driver] fitting {spec.framework} run {spec.run_name} with {spec.scaling_config}", flush=True)
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
     t0 = time.perf_counter()
-    result = trainer.fit()
+    with HostWatch(ray.nodes) as watch:
+        result = trainer.fit()
     fit_s = time.perf_counter() - t0
     if result.error is not None:
         raise result.error
@@ -214,6 +274,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         "resumed": bool(metrics.get("resumed")) or previous,
         "previous_run_found": previous,
         "fit_s": round(fit_s, 2),
+        "hosts_lost": [{"slice": s, "worker": w} for s, w in watch.lost],
     }
 
 

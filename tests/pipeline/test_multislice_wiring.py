@@ -1,0 +1,72 @@
+"""num_slices and the slice preflight, wired through both pipelines (DAG structure and Params; no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+from tpuflow.errors import UserInputError
+from tpuflow.pipeline.params import pipeline_params, validate_params
+
+NUM_SLICES = "{{ params.num_slices }}"
+
+
+def defaults() -> dict:
+    return {k: p.value for k, p in pipeline_params().items()}
+
+
+def test_local_pipeline_preflights_the_slices_it_trains_on(tmp_path):
+    from tpuflow.pipeline.factory import build_pipeline_dag
+
+    dag = build_pipeline_dag("ms_local", output_root=str(tmp_path))
+    preflight = dag.get_task("preflight")
+    # beside prep, on the training cluster, and training waits for it
+    assert preflight.upstream_task_ids == {"start_cluster"} and "train" in preflight.downstream_task_ids
+    assert "train" in dag.get_task("prep").downstream_task_ids
+    assert preflight.enabled == "{{ params.preflight }}"
+    for task_id in ("acquire_slice", "start_cluster", "preflight", "train"):
+        assert dag.get_task(task_id).num_slices == NUM_SLICES, task_id
+        assert "num_slices" in dag.get_task(task_id).template_fields, task_id
+
+
+def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tmp_path):
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag
+
+    dag = build_gke_pipeline_dag(
+        "ms_gke", project_id="tpu-proj-123", location="us-east5-b", cluster_name="tpu-cluster", image="img", output_root=str(tmp_path)
+    )
+    checked = "{{ ti.xcom_pull(task_ids='check_params')['num_slices'] }}"
+    assert dag.get_task("create_node_pool").num_slices == checked  # one pool per slice
+    assert dag.get_task("create_ray_cluster").num_slices == checked  # replicas = slices
+    assert dag.get_task("train").num_slices == NUM_SLICES
+    preflight = dag.get_task("preflight")
+    assert preflight.cluster.operator.task_id == "create_ray_cluster"
+    assert "train" in preflight.downstream_task_ids
+
+
+def test_both_pipelines_default_to_one_slice_with_the_preflight_on():
+    from tpuflow.pipeline.gke import gke_pipeline_params
+
+    for params in (pipeline_params(), gke_pipeline_params()):
+        assert params["num_slices"].value == 1 and params["preflight"].value is True
+
+
+def test_two_slices_double_the_hosts():
+    checked = validate_params({**defaults(), "topology": "2x4", "machine_type": "ct6e-standard-4t", "num_slices": 2})
+    assert (checked["num_slices"], checked["num_hosts"], checked["total_hosts"]) == (2, 2, 4)
+    assert checked["scaling_config"]["num_workers"] == 4
+
+
+def test_torch_across_simulated_slices_is_refused_by_check_params_with_the_reason():
+    from tpuflow.pipeline.gke import check_gke_params
+
+    params = {**defaults(), "framework": "torch", "topology": "2x4", "machine_type": "ct6e-standard-4t"}
+    with pytest.raises(UserInputError, match="tpu_dist") as err:
+        validate_params({**params, "num_slices": 2})
+    assert err.value.field == "params.num_slices"
+    assert check_gke_params({**params, "num_slices": 2})["num_slices"] == 2  # TorchTPU on chips: Ray supports it
+
+
+@pytest.mark.parametrize("bad", [0, "two"])
+def test_bad_num_slices_names_the_param(bad):
+    with pytest.raises(UserInputError) as err:
+        validate_params({**defaults(), "num_slices": bad})
+    assert err.value.field == "params.num_slices"
