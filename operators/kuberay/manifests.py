@@ -116,7 +116,7 @@ class RayClusterTemplate:
             raise UserInputError(
                 "ray_version",
                 self.ray_version,
-                "Ray token authentication needs Ray 2.52.0 or newer; use a newer image or ray_auth='disabled'",
+                "Ray token authentication needs Ray 2.52.0 or newer; use a newer image, or turn it off (ray_auth='disabled')",
             )
         return self
 
