@@ -32,8 +32,11 @@ def tpu_slice(shape: SliceShape | None) -> TpuSlice | None:
 class LocalRayLauncher:
     """Launches the embedded LocalRayCluster: a head plus one simulated TPU host per worker pod.
 
-    auth_mode "disabled" mirrors a KubeRay cluster without authOptions (dashboard and Serve REST without
-    a token), so downstream tasks use the addresses from XCom as they would on GKE.
+    The Ray processes get the RayCluster's authentication as KubeRay's containers do: RAY_AUTH_MODE and
+    RAY_AUTH_TOKEN from the head container's env (the stand-in resolves the token from the cluster's
+    Secret), so a token-mode cluster refuses dashboard, Jobs and Serve REST calls without that token.
+    ``auth_mode`` applies to a cluster whose manifest sets no RAY_AUTH_MODE ("disabled" mirrors a KubeRay
+    cluster without authOptions: no token needed).
     """
 
     def __init__(
@@ -54,7 +57,10 @@ class LocalRayLauncher:
     def launch(self, spec: LaunchSpec) -> RayClusterHandle:
         from tpuflow.local.cluster import LocalRayCluster
 
-        env = {**spec.env, **self.env, "RAY_AUTH_MODE": self.auth_mode}
+        env = {**spec.env, **self.env}
+        env.setdefault("RAY_AUTH_MODE", self.auth_mode)
+        # The token goes to the cluster's 0600 token file (RAY_AUTH_TOKEN_PATH), not into process environments.
+        token = env.pop("RAY_AUTH_TOKEN", None) if env["RAY_AUTH_MODE"] == "token" else None
         cluster = LocalRayCluster.start(
             tpu_slice(spec.tpu),
             spec.key,
@@ -64,6 +70,7 @@ class LocalRayLauncher:
             env=env,
             timeout=self.timeout,
             adopt=False,
+            auth_token=token,
         )
         return LocalRayHandle(cluster)
 

@@ -14,6 +14,16 @@ Address modes (operator argument ``address_mode``):
 - ``auto`` (default): ``in_cluster_dns`` when the Kubernetes hook runs in-cluster, else ``head_service``.
 
 Every payload also carries ``in_cluster_dns`` so a task inside the cluster can always use DNS.
+
+Services stay ClusterIP (KubeRay's default; the manifests set no serviceType), so the dashboard, the
+Jobs API and the Serve endpoint are reached through the head Service (``<name>-head-svc``, or a
+RayService's ``<name>-serve-svc``) from inside the cluster network, or through a port-forward.
+
+A token-authenticated cluster (authOptions mode ``token``, the default) adds ``ray_auth``: a
+*reference* to the Secret holding its Ray token (``secret_name``, ``namespace``, ``key``) and the
+Kubernetes target to read it through (``kube_target``: KubeTarget.to_dict(), a connection id or a GKE
+endpoint with its public CA certificate). The token itself never enters XCom; the Ray hooks read it
+from the Secret when they call the dashboard (tpuflow.rayjob.connection).
 """
 
 from __future__ import annotations
@@ -83,10 +93,31 @@ def _urls(host: str, ports: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def auth_reference(cluster: Mapping[str, Any], target: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Where a token-authenticated RayCluster's Ray token is (never the token): None when auth is disabled."""
+    from tpuflow.kuberay.manifests import AUTH_TOKEN_SECRET_KEY, auth_secret_name
+
+    meta = cluster.get("metadata") or {}
+    secret = auth_secret_name(str(meta.get("name", "")), cluster.get("spec") or {})
+    if secret is None:
+        return None
+    return {
+        "secret_name": secret,
+        "namespace": meta.get("namespace", "default"),
+        "key": AUTH_TOKEN_SECRET_KEY,
+        "kube_target": dict(target or {}),
+    }
+
+
 def cluster_payload(
-    cluster: Mapping[str, Any], head_service: Mapping[str, Any] | None, *, mode: str, in_cluster: bool
+    cluster: Mapping[str, Any],
+    head_service: Mapping[str, Any] | None,
+    *,
+    mode: str,
+    in_cluster: bool,
+    target: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The XCom value of a ready RayCluster."""
+    """The XCom value of a ready RayCluster; ``target`` (KubeTarget.to_dict()) is where its token Secret is read."""
     meta, status = cluster.get("metadata") or {}, cluster.get("status") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "default")
     svc_name = ((status.get("head") or {}).get("serviceName")) or f"{name}-head-svc"
@@ -117,6 +148,7 @@ def cluster_payload(
         "head_service": svc_name,
         "head_pod": (status.get("head") or {}).get("podName", ""),
         "in_cluster_dns": dns,
+        **({"ray_auth": auth} if (auth := auth_reference(cluster, target)) else {}),
     }
 
 
@@ -159,4 +191,5 @@ def service_payload(
         "applications": apps,
         "address_mode": resolved,
         "in_cluster_dns": {**dict(cluster_payload_.get("in_cluster_dns") or {}), "serve_url": dns_serve},
+        **({"ray_auth": dict(cluster_payload_["ray_auth"])} if cluster_payload_.get("ray_auth") else {}),
     }

@@ -157,6 +157,14 @@ def _involving(events: Iterable[Mapping[str, Any]], names: Sequence[str]) -> lis
     return [dict(e) for e in events if (e.get("involvedObject") or {}).get("name") in wanted]
 
 
+def _secret_value(data: Mapping[str, Any] | None, key: str) -> str | None:
+    """One key of a Secret's data (base64, as the API returns it), decoded; None when absent."""
+    import base64
+
+    value = (data or {}).get(key)
+    return base64.b64decode(value).decode().strip() if value else None
+
+
 def _log_kwargs(lines: int, container: str | None) -> dict[str, Any]:
     return {"tail_lines": lines, **({"container": container} if container else {})}
 
@@ -226,6 +234,11 @@ class KubeRayHook(KubernetesHook):
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
         found = _unless_missing(lambda: self.core_v1_client.read_namespaced_service(name, namespace), None)
         return None if found is None else self._plain(found)
+
+    def secret_value(self, name: str, namespace: str, key: str) -> str | None:
+        """One value of a Secret (a Ray token): for an Authorization header only, never for a log."""
+        found = _unless_missing(lambda: self.core_v1_client.read_namespaced_secret(name, namespace), None)
+        return None if found is None else _secret_value(found.data, key)
 
     def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
         """The last `lines` log lines; an explanation line when the container has none yet."""
@@ -298,6 +311,14 @@ class AsyncKubeRayHook(AsyncKubernetesHook):
         async with self.get_conn() as api:
             found = await async_client.CoreV1Api(api).list_namespaced_event(namespace)
             return _involving(_items(api.sanitize_for_serialization(found)), names)
+
+    @generic_api_retry
+    async def secret_value(self, name: str, namespace: str, key: str) -> str | None:
+        """``KubeRayHook.secret_value`` from an event loop."""
+        async with self.get_conn() as api:
+            reading = async_client.CoreV1Api(api).read_namespaced_secret(name, namespace)
+            found = await _await_unless_missing(reading, None)
+            return None if found is None else _secret_value(found.data, key)
 
     async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
         if lines <= 0:

@@ -38,6 +38,14 @@ UPGRADE_STRATEGIES = ("None", "NewCluster", "NewClusterWithIncrementalUpgrade")
 
 _RAY_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 
+# Ray token authentication through KubeRay's spec.authOptions (KubeRay >= 1.5.1, Ray >= 2.52): "token" makes
+# KubeRay create a Secret named like the RayCluster holding AUTH_TOKEN_SECRET_KEY, and set RAY_AUTH_MODE and
+# RAY_AUTH_TOKEN (secretKeyRef) on every Ray container; "disabled" leaves the dashboard and Jobs API open to
+# anything that reaches the head Service.
+AUTH_MODES = ("token", "disabled")
+AUTH_TOKEN_SECRET_KEY = "auth_token"
+MIN_TOKEN_AUTH_RAY = (2, 52, 0)
+
 
 def resource_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
     """The RayCluster/RayService name for one task instance: the same on every try."""
@@ -72,6 +80,7 @@ class RayClusterTemplate:
     image_pull_policy: str = "IfNotPresent"
     # queued capacity: the TPU worker pods consume this ProvisioningRequest's nodes (tpuflow.gke.provisioning_request)
     provisioning_request: str | None = None
+    auth_mode: str = "token"
 
     def validated(self) -> RayClusterTemplate:
         if not isinstance(self.tpu, TpuSlice):
@@ -103,6 +112,16 @@ class RayClusterTemplate:
             raise UserInputError("image_pull_policy", self.image_pull_policy, "use Always, IfNotPresent or Never")
         if self.provisioning_request is not None:
             check_name("provisioning_request", self.provisioning_request, max_len=63)
+        if self.auth_mode not in AUTH_MODES:
+            raise UserInputError(
+                "ray_auth", self.auth_mode, "use 'token' (Ray token authentication, the default) or 'disabled'"
+            )
+        if self.auth_mode == "token" and tuple(int(p) for p in self.ray_version.split(".")) < MIN_TOKEN_AUTH_RAY:
+            raise UserInputError(
+                "ray_version",
+                self.ray_version,
+                "Ray token authentication needs Ray 2.52.0 or newer; use a newer image, or turn it off (ray_auth='disabled')",
+            )
         return self
 
     # --- pieces ----------------------------------------------------------------
@@ -183,10 +202,26 @@ class RayClusterTemplate:
         labels = dict(pod_labels or {})
         return {
             "rayVersion": self.ray_version,
+            "authOptions": {"mode": self.auth_mode},
             "enableInTreeAutoscaling": False,
             "headGroupSpec": self.head_group(labels),
             "workerGroupSpecs": [self.worker_group(labels)],
         }
+
+
+def auth_secret_name(cluster_name: str, spec: Mapping[str, Any]) -> str | None:
+    """The Secret holding a token-authenticated RayCluster's Ray token (None: authentication disabled).
+
+    authOptions.secretName when given, else the one KubeRay creates: the RayCluster's name through
+    KubeRay's utils.CheckName (the last 50 characters; a leading digit or punctuation becomes "r").
+    """
+    auth = spec.get("authOptions") or {}
+    if auth.get("mode") != "token":
+        return None
+    if auth.get("secretName"):
+        return str(auth["secretName"])
+    name = cluster_name[-50:]
+    return f"r{name[1:]}" if name and not name[0].isalpha() else name
 
 
 def _pod_metadata(labels: Mapping[str, str]) -> dict[str, Any]:

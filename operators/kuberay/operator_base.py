@@ -393,6 +393,7 @@ class SliceArgumentsMixin:
         worker_resources: Mapping[str, str] | None = None,
         service_account: str | None = None,
         shm_size: str | None = None,
+        ray_auth: str = "token",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -408,6 +409,7 @@ class SliceArgumentsMixin:
         self.worker_resources = worker_resources
         self.service_account = service_account
         self.shm_size = shm_size
+        self.ray_auth = ray_auth
 
     def slice_values(self) -> tuple[Any, ...]:
         """What the cluster shape is built from (the check runs at parse time only when all are static)."""
@@ -423,6 +425,7 @@ class SliceArgumentsMixin:
             self.worker_resources,
             self.service_account,
             self.shm_size,
+            self.ray_auth,
         )
 
     def resolved_slice(self) -> TpuSlice:
@@ -459,6 +462,7 @@ class SliceArgumentsMixin:
             worker_resources=dict(self.worker_resources or {}),
             service_account=self.service_account,
             shm_size=self.shm_size,
+            auth_mode=self.ray_auth,
             **kwargs,
         ).validated()
 

@@ -81,12 +81,18 @@ def _rejection(err: Exception, kind: str, namespace: str, name: str, cluster_spe
     return text
 
 
-def _cluster_addresses(hook: KubeRayHook, cluster: Mapping[str, Any], namespace: str, mode: str) -> dict[str, Any]:
+def _cluster_addresses(
+    hook: KubeRayHook, cluster: Mapping[str, Any], namespace: str, mode: str, target: Mapping[str, Any]
+) -> dict[str, Any]:
     from tpuflow.kuberay.addresses import cluster_payload
     from tpuflow.kuberay.status import head_service_name
 
     return cluster_payload(
-        cluster, hook.get_service(head_service_name(cluster), namespace), mode=mode, in_cluster=bool(hook.is_in_cluster)
+        cluster,
+        hook.get_service(head_service_name(cluster), namespace),
+        mode=mode,
+        in_cluster=bool(hook.is_in_cluster),
+        target=target,
     )
 
 
@@ -109,6 +115,9 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
         always comes from the slice.
     :param service_account: Kubernetes service account of the Ray pods.
+    :param ray_auth: ``"token"`` (default): KubeRay's authOptions turn on Ray token authentication, the
+        token lives in the Secret KubeRay creates and downstream hooks read it from there (XCom carries
+        only a reference to it); ``"disabled"`` leaves the dashboard and Jobs API open on the head Service.
     :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param manifest: instead of the slice arguments, a complete RayCluster (dict or YAML), e.g. an edited
         ``tpuflow render raycluster``; name/namespace/ownership labels are set by the operator; templated.
@@ -261,7 +270,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         cluster = hook.get(RAYCLUSTERS, name, namespace)
         if cluster is None:
             raise AirflowFailException(f"RayCluster {namespace}/{name} disappeared right after becoming ready")
-        payload = _cluster_addresses(hook, cluster, namespace, self.address_mode)
+        payload = _cluster_addresses(hook, cluster, namespace, self.address_mode, self.kube_target().to_dict())
         payload["slice"] = _slice_dict(cluster.get("spec") or {})
         RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, payload["head_pod"])
@@ -303,6 +312,9 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
         always comes from the slice.
     :param service_account: Kubernetes service account of the Ray pods.
+    :param ray_auth: ``"token"`` (default): KubeRay's authOptions turn on Ray token authentication, the
+        token lives in the Secret KubeRay creates and downstream hooks read it from there (XCom carries
+        only a reference to it); ``"disabled"`` leaves the dashboard and Jobs API open on the head Service.
     :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param name: a stable name makes the task update one long-lived endpoint across runs; default: per
         task instance; templated.
@@ -493,7 +505,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             raise AirflowFailException(f"RayService {namespace}/{name} disappeared right after becoming ready")
         cluster_name = service_cluster_name(service)
         cluster = hook.get(RAYCLUSTERS, cluster_name, namespace) if cluster_name else None
-        cluster_info = _cluster_addresses(hook, cluster, namespace, self.address_mode) if cluster else {}
+        target = self.kube_target().to_dict()
+        cluster_info = _cluster_addresses(hook, cluster, namespace, self.address_mode, target) if cluster else {}
         payload = service_payload(
             service,
             cluster_info,

@@ -110,8 +110,12 @@ class LocalRayCluster:
         env: dict[str, str] | None = None,
         timeout: float = 120.0,
         adopt: bool = True,
+        auth_token: str | None = None,
     ) -> LocalRayCluster:
-        """Start a head plus one Ray node per simulated TPU host, or adopt a live cluster of that name."""
+        """Start a head plus one Ray node per simulated TPU host, or adopt a live cluster of that name.
+
+        auth_token: the Ray token to use (default: a fresh random one), e.g. one a KubeRay Secret holds.
+        """
         state_dir = Path(base_dir or default_base_dir()) / name
         if adopt and (state_dir / STATE_FILE).exists():
             existing = cls.load(state_dir)
@@ -137,7 +141,7 @@ class LocalRayCluster:
             )
         state_dir.mkdir(parents=True, exist_ok=True)
         token_path = state_dir / TOKEN_FILE
-        token_path.write_text(secrets.token_hex(32))
+        token_path.write_text(auth_token or secrets.token_hex(32))
         token_path.chmod(0o600)
         # Ray's unix socket paths must stay under ~107 bytes: keep the temp dir short.
         temp_dir = tempfile.mkdtemp(prefix="tpf-", dir="/tmp")

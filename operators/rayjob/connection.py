@@ -1,9 +1,11 @@
 """Where a Ray cluster's dashboard is and how to authenticate to it: shared by every Ray hook.
 
 A cluster is named either by ``cluster`` (the connection info a cluster-start task pushed to
-XCom: ``dashboard_url``, ``serve_url`` and, for the local backend, ``auth_token_path``) or by an
-Airflow connection of type ``ray`` (``ray_conn_id``: host = dashboard URL, port, password = Ray
-auth token if any, extra ``serve_url``).
+XCom: ``dashboard_url``, ``serve_url`` and, for the local backend, ``auth_token_path``; for a
+token-authenticated KubeRay cluster, ``ray_auth``: the Secret holding its token and the Kubernetes
+target to read it through) or by an Airflow connection of type ``ray`` (``ray_conn_id``: host =
+dashboard URL, port, password = Ray auth token if any, extra ``serve_url``). The token is read when
+needed, sent only as the bearer header, and never logged or returned in XCom.
 
 The product hooks (``RayJobHook`` for jobs, ``RayServeHook`` for Serve) use Ray's own
 synchronous clients in the worker. Ray's clients block (requests), and the triggerer must not
@@ -38,7 +40,7 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
     :param ray_conn_id: Airflow connection (type ``ray``) naming the dashboard, when ``cluster``
         does not.
     :param cluster: the cluster-start task's connection info (``dashboard_url``, ``serve_url``,
-        ``auth_token_path``).
+        ``auth_token_path`` or ``ray_auth``).
     """
 
     conn_name_attr = "ray_conn_id"
@@ -53,6 +55,7 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
         self._client: ClientT | None = None
         self._session: aiohttp.ClientSession | None = None
         self._opened = 0
+        self._token: str | None = None
 
     @abc.abstractmethod
     def create_client(self) -> ClientT:
@@ -93,13 +96,57 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
 
         Ray's clients add their own Authorization header only when none is given, so this one wins.
         """
-        token = None
+        if self._token is None:
+            ref = self._secret_reference()
+            if ref is not None:
+                from tpuflow.kuberay.hooks import KubeRayHook, KubeTarget
+
+                hook = KubeRayHook.for_target(KubeTarget.from_dict(ref["kube_target"]))
+                self._token = self._require_token(hook.secret_value(ref["secret_name"], ref["namespace"], ref["key"]))
+            else:
+                self._token = self._local_token() or ""
+        return _bearer(self._token)
+
+    async def aheaders(self) -> dict[str, str]:
+        """``headers()`` from an event loop: the Secret is read with the async Kubernetes client."""
+        if self._token is None:
+            ref = self._secret_reference()
+            if ref is not None:
+                from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeTarget
+
+                hook = AsyncKubeRayHook.for_target(KubeTarget.from_dict(ref["kube_target"]))
+                value = await hook.secret_value(ref["secret_name"], ref["namespace"], ref["key"])
+                self._token = self._require_token(value)
+            else:
+                self._token = self._local_token() or ""
+        return _bearer(self._token)
+
+    def _secret_reference(self) -> dict[str, Any] | None:
+        ref = self.cluster.get("ray_auth")
+        if not ref:
+            return None
+        if not isinstance(ref, dict) or not all(ref.get(k) for k in ("secret_name", "namespace", "key")):
+            raise UserInputError(
+                "cluster['ray_auth']", ref, "pass the cluster-start task's XCom unchanged (secret_name, namespace, key)"
+            )
+        return {**ref, "kube_target": dict(ref.get("kube_target") or {})}
+
+    def _require_token(self, value: str | None) -> str:
+        if not value:
+            ref = self.cluster["ray_auth"]
+            raise RuntimeError(
+                f"Ray token Secret {ref['namespace']}/{ref['secret_name']} (key {ref['key']}) is missing or empty; "
+                "KubeRay creates it with the RayCluster (authOptions mode token)"
+            )
+        return value
+
+    def _local_token(self) -> str | None:
         token_path = self.cluster.get("auth_token_path")
         if token_path and Path(token_path).exists():
-            token = Path(token_path).read_text().strip()
-        elif self.ray_conn_id:
-            token = self.get_connection(self.ray_conn_id).password
-        return {"Authorization": f"Bearer {token}"} if token else {}
+            return Path(token_path).read_text().strip()
+        if self.ray_conn_id:
+            return self.get_connection(self.ray_conn_id).password
+        return None
 
     async def __aenter__(self) -> Self:
         """Open the hook for a wait: its async calls share one HTTP session until the wait ends."""
@@ -123,10 +170,10 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
 
         if self._opened:
             if self._session is None or self._session.closed:
-                self._session = aiohttp.ClientSession(headers=self.headers())
+                self._session = aiohttp.ClientSession(headers=await self.aheaders())
             yield self._session
             return
-        async with aiohttp.ClientSession(headers=self.headers()) as session:
+        async with aiohttp.ClientSession(headers=await self.aheaders()) as session:
             yield session
 
     async def arequest(self, method: str, path: str, *, body: Any = None, timeout: float = 30.0) -> Any:
@@ -144,6 +191,10 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
                 resp.raise_for_status()
                 text = await resp.text()
                 return json.loads(text) if text.strip() else None
+
+
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def check_cluster(cluster: Any, ray_conn_id: str | None) -> None:

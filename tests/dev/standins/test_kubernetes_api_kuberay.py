@@ -126,7 +126,7 @@ def test_the_tpu_webhook_injects_the_tpu_worker_environment(kube: KubeRayStandin
         lambda: kube.store.list(PODS, NS, "ray.io/cluster=rc,ray.io/node-type=worker"), lambda pods: len(pods) == 4
     )
     envs = {
-        p["metadata"]["name"]: {e["name"]: e["value"] for e in p["spec"]["containers"][0].get("env") or []}
+        p["metadata"]["name"]: {e["name"]: e.get("value") for e in p["spec"]["containers"][0].get("env") or []}
         for p in workers
     }
     assert sorted(env["TPU_WORKER_ID"] for env in envs.values()) == ["0", "1", "2", "3"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from tpuflow.dev.standins.capacity import CONSUME_ANNOTATION
 from tpuflow.dev.standins.gke_tpu import SliceShape
+from tpuflow.dev.standins.kuberay_controller import auth
 from tpuflow.dev.standins.kuberay_controller.seams import (
     ClusterLauncher,
     LaunchSpec,
@@ -188,7 +189,10 @@ class KubeRayController(RayServiceReconciler):
         if len(tpu_groups) > 1:
             self._event(obj, "Warning", "StandinLimitation", "the stand-in simulates only the first TPU worker group")
         state.visible = state.handle
-        pods = self._ensure_pods(obj, groups)
+        if (spec.get("authOptions") or {}).get("enableK8sTokenAuth"):
+            self._event(obj, "Warning", "StandinLimitation", "the stand-in does not simulate enableK8sTokenAuth")
+        secret = auth.ensure_secret(self.store, obj)
+        pods = self._ensure_pods(obj, groups, secret)
         self._ensure_head_service(obj, state)
         schedulable = self._schedule(obj, pods, tpu_groups)
         retry = state.error is not None and time.monotonic() >= state.retry_at
@@ -210,7 +214,7 @@ class KubeRayController(RayServiceReconciler):
                 with contextlib.suppress(Exception):
                     state.handle.stop()
                 state.handle = None
-            for rtype in (PODS, SERVICES):
+            for rtype in (PODS, SERVICES, auth.SECRETS):
                 for dep in self.store.list(rtype, ns, f"ray.io/cluster={name}"):
                     with contextlib.suppress(ApiError):
                         self.store.delete(rtype, ns, dep["metadata"]["name"])
@@ -234,7 +238,9 @@ class KubeRayController(RayServiceReconciler):
         )
         return labels
 
-    def _ensure_pods(self, obj: dict[str, Any], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _ensure_pods(
+        self, obj: dict[str, Any], groups: list[dict[str, Any]], auth_secret: str | None = None
+    ) -> list[dict[str, Any]]:
         ns, name, uid = obj["metadata"]["namespace"], obj["metadata"]["name"], obj["metadata"]["uid"]
         existing = {p["metadata"]["name"]: p for p in self.store.list(PODS, ns, f"ray.io/cluster={name}")}
         # (pod name, template, labels, webhook env, webhook spec fields)
@@ -271,6 +277,8 @@ class KubeRayController(RayServiceReconciler):
             for c in containers:
                 c.setdefault("name", "ray")
                 c.setdefault("image", "unknown")
+                if auth_secret:
+                    c["env"] = auth.with_auth_env(c.get("env") or [], auth_secret)
             if extra_env:
                 containers[0]["env"] = [
                     *containers[0].get("env", []),
@@ -352,7 +360,11 @@ class KubeRayController(RayServiceReconciler):
         head_containers = (((obj.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get(
             "spec", {}
         ).get("containers") or [{}]
-        env = {e["name"]: e["value"] for e in head_containers[0].get("env") or [] if "value" in e}
+        head_env = head_containers[0].get("env") or []
+        secret = auth.ensure_secret(self.store, obj)
+        if secret:
+            head_env = auth.with_auth_env(head_env, secret)
+        env = auth.resolve_env(self.store, meta["namespace"], head_env)
         spec = LaunchSpec(
             f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}", meta["namespace"], meta["name"], tpu, env
         )
