@@ -26,6 +26,18 @@ def lease_holder(context: Context) -> str:
     return f"{ti.dag_id}/{ti.run_id}"
 
 
+def run_is_over(ti: Any, dag_id: str, run_id: str) -> str | None:
+    """Why the run ``dag_id/run_id`` can no longer use a slice ("failed", "gone from the metadata DB"),
+    or None while it may (running, queued) or when its state cannot be read."""
+    try:
+        state = ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+    except Exception as err:  # the Task SDK answers a deleted run with the API server's 404
+        text = str(err).lower()
+        return "gone from the metadata DB" if "404" in text or "not found" in text or "not_found" in text else None
+    state = str(getattr(state, "value", state))
+    return state if state in ("success", "failed") else None
+
+
 class AcquireSliceOperator(BaseOperator):
     """Claim one of ``max_slices`` slice leases; wait deferred (on the triggerer) while all are taken.
 
@@ -95,6 +107,8 @@ class AcquireSliceOperator(BaseOperator):
         store = lease_store(root, self.gcp_conn_id)
         holder = lease_holder(context)
         lease = store.try_acquire(holder, slots, count)
+        if lease is None and self._reclaim_from_runs_that_are_over(context, store, slots, holder):
+            lease = store.try_acquire(holder, slots, count)
         if lease is not None:
             self.log.info(
                 "Slice lease(s) for %d slice(s) of %d taken for %s (%s)", count, slots, holder, store.describe()
@@ -120,6 +134,20 @@ class AcquireSliceOperator(BaseOperator):
             ),
             method_name="execute_complete",
         )
+
+    def _reclaim_from_runs_that_are_over(self, context: Context, store: Any, slots: int, holder: str) -> list[str]:
+        """Give back the leases of runs that are over (finished, or deleted from the metadata DB) whose
+        teardown never ran: a killed run must not block the next one. Asked through the Task SDK; a run
+        whose state cannot be read keeps its lease (`tpuflow reap` or `tpuflow leases free` then decide)."""
+        freed = []
+        for other in sorted({lease.holder for lease in store.holders(slots).values()} - {holder}):
+            dag_id, _, run_id = other.partition("/")
+            reason = run_is_over(context["ti"], dag_id, run_id) if run_id else None
+            if reason is not None:
+                store.release(other)
+                freed.append(other)
+                self.log.warning("Slice lease of %s given back: the run is over (%s)", other, reason)
+        return freed
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         raise_for_event(event, f"waiting for a slice lease (wait_timeout={self.wait_timeout}s)")

@@ -148,3 +148,38 @@ def test_lease_arguments_are_checked_at_parse_time_when_static_and_at_run_time_w
     with pytest.raises(UserInputError, match="max_slices='none'"):
         op.execute(task_context(dag_id="dag", run_id="a"))  # type: ignore[arg-type]
     assert not list(tmp_path.iterdir())  # failed before claiming anything
+
+
+@pytest.mark.parametrize(
+    ("state", "reclaimed"), [("failed", True), ("success", True), (None, True), ("running", False)]
+)
+def test_a_lease_left_by_a_run_that_is_over_does_not_block_the_next_run(
+    tmp_path: Path, state: str | None, reclaimed: bool
+) -> None:
+    """A run killed before its teardown (marked failed, or deleted from the metadata DB: state None) keeps
+    its lease file; the next run's acquire gives it back and takes the slice. A live run's lease is kept."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from support.airflow_context import FakeTaskInstance
+    from tpuflow.slices.operators import AcquireSliceOperator
+
+    store = LocalLeaseStore(tmp_path)
+    assert store.try_acquire("dag/killed", 1) is not None
+    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
+    ctx = task_context(FakeTaskInstance(dag_id="dag", run_id="next", run_states={"dag/killed": state}))
+    if reclaimed:
+        assert op.execute(ctx)["holder"] == "dag/next"  # type: ignore[arg-type]
+        assert [lease.holder for lease in store.holders(1).values()] == ["dag/next"]
+    else:
+        with pytest.raises(TaskDeferred):
+            op.execute(ctx)  # type: ignore[arg-type]
+        assert [lease.holder for lease in store.holders(1).values()] == ["dag/killed"]
+
+
+def test_a_run_whose_state_cannot_be_read_keeps_its_lease(tmp_path: Path) -> None:
+    from tpuflow.slices.operators import run_is_over
+
+    class Unreachable:
+        def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+            raise ConnectionError("execution API unreachable")
+
+    assert run_is_over(Unreachable(), "dag", "r") is None

@@ -28,6 +28,14 @@ class FakeTaskInstance:
     map_index: int = -1
     try_number: int = 1
     xcoms: dict[str, Any] = field(default_factory=dict)
+    # Other runs' states as the Task SDK reports them ("DAG_ID/RUN_ID" -> state; None: deleted from the DB).
+    run_states: dict[str, str | None] = field(default_factory=dict)
+
+    def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+        state = self.run_states.get(f"{dag_id}/{run_id}", "running")
+        if state is None:  # what the Task SDK raises for a run the API server does not know
+            raise RuntimeError(f"API_SERVER_ERROR: {{'status_code': 404, 'message': 'DagRun {run_id} not found'}}")
+        return state
 
     def xcom_push(self, key: str, value: Any) -> None:
         json.dumps(value)  # raises TypeError for what XCom could not store
