@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ SLICE_LABEL = "ray.io/tpu-slice-name"
 
 
 @pytest.fixture(scope="module")
-def cluster(slice_cluster: Any) -> Any:
-    """The session's two v6e 2x4 slices (tests/conftest.py); the last test here kills a host of it."""
-    return slice_cluster
+def cluster(slice_cluster: Any) -> Iterator[Any]:
+    """The session's two v6e 2x4 slices (tests/conftest.py), handed back with no Serve app holding them."""
+    yield slice_cluster
+    _clear(slice_cluster)
 
 
 @pytest.fixture(scope="module")

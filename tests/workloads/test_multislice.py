@@ -1,4 +1,4 @@
-"""Two simulated v6e 2x4 slices (two 4-chip hosts each), one cluster for the module: the slice preflight
+"""Two simulated v6e 2x4 slices (two 4-chip hosts each; the session's slice_cluster): the slice preflight
 through its operator (passing, then failing on a host made unreachable for collectives, naming it), and
 JaxTrainer across both slices (one worker per host of every slice, the slice identity and multi-slice
 environment Ray Train set on each worker)."""
@@ -9,8 +9,6 @@ import json
 import shlex
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def two_slices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from support.ray_cluster import running_cluster
-
-    base = tmp_path_factory.mktemp("clusters")
-    with running_cluster(
-        f"ms-{uuid.uuid4().hex[:6]}", base, topology="2x4", machine_type="ct6e-standard-4t", num_slices=2, adopt=False
-    ) as cluster:
-        yield cluster
+def two_slices(slice_cluster: Any) -> Any:
+    """The session's cluster of two v6e 2x4 slices (tests/conftest.py)."""
+    return slice_cluster
 
 
 def _preflight(cluster: Any, **kw: Any) -> Any:
