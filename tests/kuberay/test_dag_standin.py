@@ -4,19 +4,17 @@ the Kubernetes stand-in over a kubernetes connection from AIRFLOW_CONN_KUBE_STAN
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support.standin_dag_run import dagtest_command, standin_airflow_home
 from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.tpu import TpuSlice
 
 REPO = Path(__file__).resolve().parents[2]
-DAGTEST_RUNNER = REPO / "tests" / "support" / "dagtest_runner.py"
 
 DAG = textwrap.dedent("""
     from airflow.sdk import DAG
@@ -64,24 +62,9 @@ def test_operators_in_a_dag_run(tmp_path: Path) -> None:
     with KubeRayStandin(
         tmp_path / "kube", launcher=launcher, node_pools=StaticNodePools([(tpu.node_selector, 4)]), interval=0.1
     ) as kube:
-        home = tmp_path / "airflow"
-        (home / "dags").mkdir(parents=True)
-        dag_file = home / "dags" / "kuberay_standin_smoke.py"
-        dag_file.write_text(DAG)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        env.update(kube.connection_env("kube_standin"))
-        env.update(
-            {
-                "AIRFLOW_HOME": str(home),
-                "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "PYTHONPATH": str(REPO),
-            }
-        )
-        airflow = str(Path(sys.executable).with_name("airflow"))
-        subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+        dag_file, env = standin_airflow_home(tmp_path / "airflow", kube, "kuberay_standin_smoke", DAG)
         proc = subprocess.run(
-            [sys.executable, str(DAGTEST_RUNNER), str(dag_file), "kuberay_standin_smoke"],
+            dagtest_command(dag_file, "kuberay_standin_smoke"),
             env=env,
             capture_output=True,
             text=True,

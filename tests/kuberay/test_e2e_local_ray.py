@@ -47,14 +47,14 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
         assert payload["applications"] == {"echo": "RUNNING"}
 
         from ray.job_submission import JobStatus, JobSubmissionClient
-        from tpuflow.rayjob.connection import RayDashboardHook
+        from tpuflow.rayjob.hooks import RayJobHook
 
         # Token auth is on by default: real Ray refuses the dashboard, Jobs and Serve REST without the token,
         # which the hook reads from the Secret the simulated KubeRay created.
         for path in ("/api/jobs/", "/api/serve/applications/", "/api/v0/nodes"):
             refused = requests.get(f"{payload['dashboard_url']}{path}", timeout=30)
             assert refused.status_code in (401, 403), (path, refused.status_code)
-        headers = RayDashboardHook(cluster=payload).headers()
+        headers = RayJobHook(cluster=payload).headers()
         assert requests.get(f"{payload['dashboard_url']}/api/jobs/", headers=headers, timeout=30).ok
 
         jobs = JobSubmissionClient(payload["dashboard_url"], headers=headers)

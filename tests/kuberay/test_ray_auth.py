@@ -20,7 +20,7 @@ from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
 from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
-from tpuflow.rayjob.connection import RayDashboardHook
+from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.tpu import TpuSlice
 
 V6E = TpuSlice.from_spec("v6e", "2x2")
@@ -101,25 +101,23 @@ def test_hooks_read_the_token_from_the_secret_and_never_log_it(
     assert token not in json.dumps(payload)
     assert payload["ray_auth"]["kube_target"]["kubernetes_conn_id"] == "kube_standin"
 
-    hook = RayDashboardHook(cluster=payload)
+    hook = RayJobHook(cluster=payload)
     assert hook.headers() == {"Authorization": f"Bearer {token}"}
-    assert asyncio.run(RayDashboardHook(cluster=payload).aheaders()) == {"Authorization": f"Bearer {token}"}
+    assert asyncio.run(RayJobHook(cluster=payload).aheaders()) == {"Authorization": f"Bearer {token}"}
     assert token not in caplog.text and kube.api.token not in caplog.text
 
     kube.store.delete(SECRETS, "default", payload["ray_auth"]["secret_name"])
     with pytest.raises(RuntimeError, match="is missing or empty"):
-        RayDashboardHook(cluster=payload).headers()
+        RayJobHook(cluster=payload).headers()
 
 
 def test_local_clusters_keep_their_token_file(tmp_path: Path) -> None:
     token_file = tmp_path / "auth_token"
     token_file.write_text("local-token\n")
-    assert RayDashboardHook(cluster={"auth_token_path": str(token_file)}).headers() == {
-        "Authorization": "Bearer local-token"
-    }
-    assert RayDashboardHook(cluster={"dashboard_url": "http://x"}).headers() == {}
+    assert RayJobHook(cluster={"auth_token_path": str(token_file)}).headers() == {"Authorization": "Bearer local-token"}
+    assert RayJobHook(cluster={"dashboard_url": "http://x"}).headers() == {}
 
 
 def test_a_mangled_reference_is_one_line_naming_it() -> None:
     with pytest.raises(UserInputError, match="ray_auth"):
-        RayDashboardHook(cluster={"ray_auth": {"secret_name": "rc"}}).headers()
+        RayJobHook(cluster={"ray_auth": {"secret_name": "rc"}}).headers()

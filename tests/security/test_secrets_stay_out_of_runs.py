@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support.standin_dag_run import dagtest_command, standin_airflow_home
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
 from tpuflow.tpu import TpuSlice
 
 REPO = Path(__file__).resolve().parents[2]
-DAGTEST_RUNNER = REPO / "tests" / "support" / "dagtest_runner.py"
 SECRETS = CORE_TYPES["secrets"]
 
 DAG = textwrap.dedent("""
@@ -35,9 +33,9 @@ DAG = textwrap.dedent("""
 
         @task
         def authenticate(cluster):
-            from tpuflow.rayjob.connection import RayDashboardHook
+            from tpuflow.rayjob.hooks import RayJobHook
 
-            headers = RayDashboardHook(cluster=cluster).headers()
+            headers = RayJobHook(cluster=cluster).headers()
             assert headers["Authorization"].startswith("Bearer ") and len(headers["Authorization"]) > 40
             print("bearer header ready for", cluster["dashboard_url"])
             return sorted(headers)
@@ -65,27 +63,13 @@ def test_no_token_in_logs_xcom_or_rendered_templates(tmp_path: Path) -> None:
                 tokens.update(base64.b64decode(v).decode() for v in (secret.get("data") or {}).values())
 
         home = tmp_path / "airflow"
-        (home / "dags").mkdir(parents=True)
-        dag_file = home / "dags" / "secrets_standin.py"
-        dag_file.write_text(DAG)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        env.update(kube.connection_env("kube_standin"))
-        env.update(
-            {
-                "AIRFLOW_HOME": str(home),
-                "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "PYTHONPATH": str(REPO),
-            }
-        )
-        airflow = str(Path(sys.executable).with_name("airflow"))
-        subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+        dag_file, env = standin_airflow_home(home, kube, "secrets_standin", DAG)
         # The Secret goes with its RayCluster: catch its token while the run is going.
         out_path = tmp_path / "run.out"
         with (
             out_path.open("w") as out,
             subprocess.Popen(
-                [sys.executable, str(DAGTEST_RUNNER), str(dag_file), "secrets_standin"],
+                dagtest_command(dag_file, "secrets_standin"),
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
