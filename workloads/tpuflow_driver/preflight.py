@@ -41,6 +41,8 @@ UNREACHABLE_FLAG_ENV = "TPUFLOW_SIM_UNREACHABLE_FLAG"
 COLLECTIVES = ("jax", "tcp")
 _PG_KEYS = ("topology", "accelerator_version", "num_slices", "chips_per_vm", "tpu_resource_per_chip")
 
+ACTOR_START_S = 120.0  # how long the probe actors may take to start (at least the per-step deadline)
+
 
 class PreflightFailed(RuntimeError):
     """The slice failed its preflight; the message names the hosts."""
@@ -249,9 +251,12 @@ def run(spec: PreflightSpec) -> dict[str, Any]:
             ).remote(i, world, i // per_slice, handle.num_slices)
             for i in range(world)
         ]
-        ids, silent = _wait([a.identity.remote() for a in actors], deadline)
+        # Starting an actor is a worker-process spawn (slow on a busy host), not a test of the interconnect:
+        # it gets its own allowance, so the per-step deadline measures the roll call and the all-reduce.
+        start_s = max(deadline, ACTOR_START_S)
+        ids, silent = _wait([a.identity.remote() for a in actors], start_s)
         if silent:
-            raise PreflightFailed(f"bundles {silent} of {where} never started their actor within {deadline:.0f}s")
+            raise PreflightFailed(f"bundles {silent} of {where} never started their actor within {start_s:.0f}s")
         hosts = [ids[i]["host"] for i in range(world)]
         print(
             f"[preflight] reserved {where} in {reserve_s:.1f}s: "
