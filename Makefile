@@ -28,7 +28,7 @@ demo: install
 test: install test-deps
 	$(BIN)/python -m pytest -q -m "not long" tests
 
-# What `make test` leaves out for CI's size: GCS fault injection during training, the gs:// preemption drill.
+# What `make test` leaves out for CI's size (tests marked `long`; the README's Tests section lists them).
 test-long: install test-deps
 	$(BIN)/python -m pytest -q -m long tests
 

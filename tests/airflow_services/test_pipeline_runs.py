@@ -91,6 +91,7 @@ def _task_page_shows_links(services: Any, run_id: str) -> None:
         assert "checkpoint" in listing.lower() or "jax-tpu-v6e-2x2" in listing, listing[:1000]
 
 
+@pytest.mark.long  # two pipeline runs; make test checks the lease across a backfill with the probe DAG (test_real_airflow)
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 300)  # two pipeline runs, one after the other
 def test_backfill_two_dates_one_slice_at_a_time(services: Any, api: Any, unpaused: None) -> None:
     """`airflow backfill create` as a user types it (no --max-active-runs): both dates succeed, each

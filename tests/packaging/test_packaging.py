@@ -285,6 +285,7 @@ def test_installed_wheel_imports_as_tpuflow_from_site_packages(installed: dict) 
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test imports the installed wheel; this runs its Ray steps (make test-long)
 def test_installed_wheel_runs_the_local_pipelines_ray_steps(installed: dict) -> None:
     """Prep (Ray Data) and train (Ray Train, JAX) from the installed wheel on a simulated v6e 2x2 slice."""
     venv, cwd, env = installed["venv"], installed["cwd"], installed["env"]

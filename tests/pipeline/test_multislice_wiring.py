@@ -31,7 +31,12 @@ def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tm
     from tpuflow.pipeline.gke import build_gke_pipeline_dag
 
     dag = build_gke_pipeline_dag(
-        "ms_gke", project_id="tpu-proj-123", location="us-east5-b", cluster_name="tpu-cluster", image="img", output_root=str(tmp_path)
+        "ms_gke",
+        project_id="tpu-proj-123",
+        location="us-east5-b",
+        cluster_name="tpu-cluster",
+        image="img",
+        output_root=str(tmp_path),
     )
     checked = "{{ ti.xcom_pull(task_ids='check_params')['num_slices'] }}"
     assert dag.get_task("create_node_pool").num_slices == checked  # one pool per slice

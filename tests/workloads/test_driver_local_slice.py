@@ -17,6 +17,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long  # make test trains on simulated slices in tests/workloads/test_multislice.py and the demo runs
 def test_driver_job_on_simulated_v6e_2x4(v6e_2x4: Any, prepared: dict[str, Any], tmp_path: Path) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
