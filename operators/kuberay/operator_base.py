@@ -135,7 +135,8 @@ class KubeRayBaseOperator(BaseOperator):
             ((self.poll_interval,), lambda: check_seconds("poll_interval", self.poll_interval)),
             ((self.wait_timeout,), lambda: check_seconds("wait_timeout", self.wait_timeout)),
             ((self.log_lines,), lambda: check_count("log_lines", self.log_lines, minimum=0)),
-            ((self.namespace,), lambda: self.namespace is None or check_namespace(self.namespace)),
+            # empty (a Variable left unset) means the connection's namespace, as resolve_namespace() reads it
+            ((self.namespace,), lambda: not self.namespace or check_namespace(self.namespace)),
         ]
 
     def validate_arguments(self, *, static_only: bool = False) -> None:

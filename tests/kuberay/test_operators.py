@@ -557,3 +557,12 @@ def test_a_natively_rendered_manifest_keeps_the_strings_kubernetes_requires(kube
     bad["spec"]["headGroupSpec"]["rayStartParams"] = {"num-cpus": {"nested": 1}}
     with pytest.raises(UserInputError, match="headGroupSpec.rayStartParams.num-cpus"):
         KubeRayCreateClusterOperator(task_id="ray_cluster", kubernetes_conn_id=CONN, manifest=bad)
+
+
+def test_an_empty_namespace_means_the_connections_and_a_bad_one_is_refused_at_parse_time() -> None:
+    """The GKE DAG renders an unset tpuflow_kuberay_namespace Variable as "": the connection's namespace."""
+    from tpuflow.errors import UserInputError
+
+    KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="2x2", image=IMAGE, namespace="")
+    with pytest.raises(UserInputError, match="namespace='Bad_NS'"):
+        KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="2x2", image=IMAGE, namespace="Bad_NS")
