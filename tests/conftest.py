@@ -44,6 +44,19 @@ def migrated_airflow_db() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One fake-gcs-server on a free loopback port for the session (tests/gcs and the gs:// demo run)."""
+    from tpuflow.dev.gcs_emulator import GcsEmulator
+
+    emulator = GcsEmulator.start(state_dir=tmp_path_factory.mktemp("gcs-emulator"))
+    try:
+        yield emulator
+    finally:
+        assert emulator.stop(), "the emulator died during the session"
+        assert not emulator.is_alive()
+
+
+@pytest.fixture(scope="session")
 def cluster_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("clusters")
 

@@ -15,16 +15,6 @@ from support.ray_cluster import running_cluster
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
-    emulator = GcsEmulator.start(state_dir=tmp_path_factory.mktemp("gcs-emulator"))
-    try:
-        yield emulator
-    finally:
-        assert emulator.stop(), "the emulator died during the session"
-        assert not emulator.is_alive()
-
-
 @pytest.fixture(autouse=True)
 def emulator_env(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)

@@ -106,9 +106,10 @@ def test_hooks_read_the_token_from_the_secret_and_never_log_it(
     assert asyncio.run(RayJobHook(cluster=payload).aheaders()) == {"Authorization": f"Bearer {token}"}
     assert token not in caplog.text and kube.api.token not in caplog.text
 
-    kube.store.delete(SECRETS, "default", payload["ray_auth"]["secret_name"])
+    # (deleting the real Secret races the simulated KubeRay, which recreates it as KubeRay would)
+    gone = {**payload, "ray_auth": {**payload["ray_auth"], "secret_name": "no-such-secret"}}
     with pytest.raises(RuntimeError, match="is missing or empty"):
-        RayJobHook(cluster=payload).headers()
+        RayJobHook(cluster=gone).headers()
 
 
 def test_local_clusters_keep_their_token_file(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ class CheckpointPredictor:
         }
 
 
+ACTORS_READY_S = 600  # how long the evaluation waits for its actor on every host
+
+
 def host_resources(tpu_per_host: int, accelerator_type: str | None) -> dict[str, Any]:
     """Ray options of one evaluation actor: one host's TPU chips and its accelerator type.
 
@@ -92,7 +95,12 @@ def evaluate(
     with local_copy(checkpoint) as d:
         meta = load_meta(d)  # fail here, in the driver, on a path that is not a checkpoint
     storage.quiet_ray_data()
-    DataContext.get_current().execution_options.preserve_order = True
+    context = DataContext.get_current()
+    context.execution_options.preserve_order = True
+    if num_hosts > 1:
+        # Ray Data hands blocks to whichever pool actor is ready first; a slow host start would leave
+        # the others idle (or unused) while the slice bills. Wait for one actor on every host.
+        context.wait_for_min_actors_s = ACTORS_READY_S
     data_fs, data_path = storage.resolve(data)
     held = ray.data.read_parquet(data_path, filesystem=data_fs, columns=["problem_id", "prompt", "answer"])
     total = held.count()
