@@ -120,6 +120,7 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
+@pytest.mark.long  # make test: the preemption drill (tests/rayjob) resumes JaxTrainer from its checkpoint
 def test_driver_jax_trains_checkpoints_and_resumes(
     ray_local: dict[str, Any], prepared: dict[str, Any], runs_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
