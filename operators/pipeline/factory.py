@@ -207,7 +207,9 @@ def build_pipeline_dag(
         dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs, **dag_kwargs
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir)
-        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, num_slices="{{ params.num_slices }}")
+        lease = AcquireSliceOperator(
+            task_id="acquire_slice", max_slices=MAX_SLICES, num_slices="{{ params.num_slices }}"
+        )
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
             accelerator="{{ params.accelerator }}",
