@@ -106,7 +106,7 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
 
 
 @pytest.mark.timeout(1800)  # the demo's own 1500 s wait, not the suite's 900 s default
-def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, gcs_emulator):
+def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, gcs_emulator, monkeypatch):
     """TorchTrainer on a two-host slice with a gs:// output root (an emulator the demo did not start):
     data, checkpoints, evaluation, report and logs land in the bucket; nothing is left running."""
     from support.gcs_bucket import list_bucket
@@ -114,6 +114,7 @@ def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, g
     from tpuflow.storage import read_text
 
     bucket, run = "tpuflow-demo", f"run/{DAG_ID}/{DATE}"
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # this process lists the bucket too
     out = run_demo(
         tmp_path,
         "--framework",
