@@ -75,7 +75,7 @@ class ChipLedgerOperator(BaseOperator):
     @abc.abstractmethod
     def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
         """(created_at, deleted_at, pool names) for each of ``slices``."""
-        raise NotImplementedError
+        ...
 
     def execute(self, context: Context) -> dict[str, Any]:
         from tpuflow.cost.ledger import build_ledger, check_prices, slice_entry

@@ -70,8 +70,7 @@ class _NodePoolOperatorBase(BaseOperator):
 
     # --- argument checks ---------------------------------------------------------------------------------
     @abc.abstractmethod
-    def _check_arguments(self) -> Any:
-        raise NotImplementedError
+    def _check_arguments(self) -> Any: ...
 
     def _check_static_arguments(self) -> None:
         """Parse time: bad static values become a DAG import error; templated ones are checked once rendered."""
@@ -110,8 +109,7 @@ class _NodePoolOperatorBase(BaseOperator):
         return ComputeResourcePolicyHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
 
     @abc.abstractmethod
-    def _loop(self, context: Context, progress: Progress) -> _Loop:
-        raise NotImplementedError
+    def _loop(self, context: Context, progress: Progress) -> _Loop: ...
 
     def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
         """The pools this task owns (see triggers.delete_owned_node_pools); None: it owns none."""

@@ -179,12 +179,10 @@ class _Loop(abc.ABC):
                 return outcome
 
     @abc.abstractmethod
-    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
-        raise NotImplementedError
+    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None: ...
 
     @abc.abstractmethod
-    def _pass(self, progress: Progress) -> Step | None:
-        raise NotImplementedError
+    def _pass(self, progress: Progress) -> Step | None: ...
 
 
 class NodePoolProvisioner(_Loop):

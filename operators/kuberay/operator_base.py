@@ -251,22 +251,18 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
 
     # --- what a subclass defines ---
     @abc.abstractmethod
-    def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
-        raise NotImplementedError
+    def build_body(self, context: Context, namespace: str) -> dict[str, Any]: ...
 
     @abc.abstractmethod
     def reconcile_existing(
         self, hook: KubeRayHook, existing: dict[str, Any], body: Mapping[str, Any], namespace: str
-    ) -> dict[str, Any]:
-        raise NotImplementedError
+    ) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
-        raise NotImplementedError
+    def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str: ...
 
     @abc.abstractmethod
-    def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
-        raise NotImplementedError
+    def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]: ...
 
     def deletes_on_kill(self) -> bool:
         """Whether killing the waiting task deletes the object it created."""

@@ -47,8 +47,7 @@ class _KubeRayTrigger(TpuflowTrigger):
         return AsyncKubeRayHook.for_target(KubeTarget.from_dict(self.target))
 
     @abc.abstractmethod
-    def wait(self) -> Awaitable[KubeRayEvent]:
-        raise NotImplementedError
+    def wait(self) -> Awaitable[KubeRayEvent]: ...
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:

@@ -60,7 +60,7 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
     @abc.abstractmethod
     def create_client(self) -> ClientT:
         """The product's synchronous Ray client for ``dashboard_url`` with ``headers()``."""
-        raise NotImplementedError
+        ...
 
     def get_client(self) -> ClientT:
         if self._client is None:

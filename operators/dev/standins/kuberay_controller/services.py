@@ -46,14 +46,12 @@ class RayServiceReconciler(abc.ABC):
     _services: dict[tuple[str, str], ServiceState]
 
     @abc.abstractmethod
-    def handle_for(self, namespace: str, name: str) -> RayClusterHandle | None:
-        raise NotImplementedError
+    def handle_for(self, namespace: str, name: str) -> RayClusterHandle | None: ...
 
     @abc.abstractmethod
     def _event(
         self, obj: Mapping[str, Any], kind: str, reason: str, message: str, component: str = "kuberay-operator"
-    ) -> None:
-        raise NotImplementedError
+    ) -> None: ...
 
     def _reconcile_service(self, svc: dict[str, Any]) -> None:
         meta = svc["metadata"]
