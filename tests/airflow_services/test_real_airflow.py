@@ -93,6 +93,8 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "accelerator": "TPU-V6E",
             "topology": "4x4",
             "machine_type": "",
+            "num_slices": "1",
+            "preflight": True,
             "framework": "jax",
             "train_steps": "1500",
             "accuracy_threshold": "0.9",

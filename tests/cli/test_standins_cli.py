@@ -7,6 +7,8 @@ where its binary is absent.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import shlex
@@ -14,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,8 +123,24 @@ def envsubst(text: str, env: dict[str, str]) -> str:
     return text.replace("${IMAGE_URI}", env["IMAGE_URI"])
 
 
+@pytest.fixture
+def kubectl_pools(standins: tuple[Path, dict[str, str]]) -> Iterator[None]:
+    """The slices the kubectl test's clusters need (two 4x4 slices and a single-host one), deleted afterwards."""
+    _, env = standins
+    pools = {"seed-pool": ("ct6e-standard-4t", 4, "4x4"), "rendered-pool": ("ct6e-standard-4t", 4, "4x4")}
+    pools["serve-pool"] = ("ct6e-standard-1t", 1, None)
+    try:
+        for name, (machine, nodes, topology) in pools.items():
+            gke_pool(env, name, machine, nodes, topology)
+        yield
+    finally:
+        for name in pools:
+            with contextlib.suppress(urllib.error.HTTPError):
+                delete_gke_pool(env, name)
+
+
 @pytest.mark.slow
-def test_kubectl_against_tpuflow_standins_up(standins: tuple[Path, dict[str, str]]) -> None:
+def test_kubectl_against_tpuflow_standins_up(standins: tuple[Path, dict[str, str]], kubectl_pools: None) -> None:
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed on this machine")
     work, env = standins
@@ -129,13 +148,22 @@ def test_kubectl_against_tpuflow_standins_up(standins: tuple[Path, dict[str, str
     resources = kubectl(env, "api-resources")
     assert any(line.split()[:2] == ["services", "svc"] for line in resources.splitlines())
     assert any(line.split()[:2] == ["pods", "po"] for line in resources.splitlines())
-    # The slices the clusters need (two 4x4 slices and a single-host one), then the manifests.
-    gke_pool(env, "seed-pool", "ct6e-standard-4t", 4, "4x4")
-    gke_pool(env, "rendered-pool", "ct6e-standard-4t", 4, "4x4")
-    gke_pool(env, "serve-pool", "ct6e-standard-1t", 1)
-
     seed = envsubst(seed_manifest("Trillium (v6e)"), env)
     assert "raycluster.ray.io/ray-torchtpu-cluster created" in kubectl(env, "apply", "-f", "-", stdin=seed)
+    # Applied before seed 004's step 3 (the hf-secret its pods read HF_TOKEN from): the kubelet cannot create the
+    # containers, and says why; the cluster starts once the Secret exists.
+    deadline = time.monotonic() + 60
+    while "CreateContainerConfigError" not in (
+        pods := kubectl(env, "get", "pods", "-l", "ray.io/cluster=ray-torchtpu-cluster")
+    ):
+        assert time.monotonic() < deadline, pods
+        time.sleep(0.2)
+    assert 'Error: secret "hf-secret" not found' in kubectl(env, "get", "events")
+    assert "secret/hf-secret created" in kubectl(
+        env, "create", "secret", "generic", "hf-secret", "--from-literal=hf_api_token=hf_not_a_real_token"
+    )  # kubectl sends this one as protobuf
+    token = kubectl(env, "get", "secret", "hf-secret", "-o", "jsonpath={.data.hf_api_token}")
+    assert base64.b64decode(token) == b"hf_not_a_real_token"
     assert "raycluster.ray.io/ray-torchtpu-cluster" in kubectl(env, "apply", "-f", "-", stdin=seed)
     assert "serverside-applied" in kubectl(env, "apply", "--server-side", "-f", "-", stdin=seed)
     rendered = tpuflow("render", "raycluster", "--accelerator", "v6e", "--topology", "4x4", "--name", "rendered").stdout
@@ -223,8 +251,7 @@ def test_kubectl_against_tpuflow_standins_up(standins: tuple[Path, dict[str, str
     assert kubectl(env, "get", "pods", "-l", "ray.io/cluster=ray-torchtpu-cluster", "-o", "name") == ""
     kubectl(env, "delete", "rayservice/endpoint", "raycluster/rendered", "--wait", "--timeout=60s")
     assert kubectl(env, "get", "rayclusters,rayservices,pods", "-o", "name") == ""
-    for pool in ("seed-pool", "rendered-pool", "serve-pool"):
-        delete_gke_pool(env, pool)
+    assert 'secret "hf-secret" deleted' in kubectl(env, "delete", "secret", "hf-secret", "--ignore-not-found")
 
 
 @pytest.mark.slow

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from tpuflow.local import cluster as cluster_mod
 
-# A "ray start" stand-in: starts a child named raylet that exits at once and is never reaped.
+# A "ray start" stand-in: starts a child named raylet that exits at once and is never reaped. The Popen is kept
+# referenced: a dropped one polls its child as it is collected, reaping a child that already exited.
 NODE = """
 import subprocess, sys, time
-subprocess.Popen([sys.argv[1]])
+raylet = subprocess.Popen([sys.argv[1]])
 time.sleep(300)
 """
 

@@ -1,17 +1,18 @@
 """A simulated TPU host is preempted mid-training: training resumes from its latest checkpoint,
-loses at most one checkpoint interval, and the model still passes the accuracy gate."""
+loses at most one checkpoint interval, and the model still passes the accuracy gate.
+
+It runs on the session's two v6e 2x4 slices (tests/conftest.py): the host preempted is a host of the slice
+the trainer reserved, and it comes back, so the session's cluster stays whole."""
 
 from __future__ import annotations
 
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.ray_cluster import running_cluster
-from tpuflow.local.cluster import LocalRayCluster
+from support.ray_cluster import alive_actors, slice_index, slice_of_node
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 
@@ -20,15 +21,8 @@ CHECKPOINT_EVERY = 200
 NUM_STEPS = 1500
 
 
-@pytest.fixture(scope="module")
-def two_host_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
-    base = tmp_path_factory.mktemp("preempt")
-    with running_cluster("pytest-preempt", base, "TPU-V6E", "2x4", "ct6e-standard-4t") as cluster:  # two 4-chip hosts
-        yield cluster
-
-
-def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_cluster, fresh_context, tmp_path: Path):
-    info = two_host_cluster.connection_info()
+def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluster, fresh_context, tmp_path: Path):
+    info = slice_cluster.connection_info()
     RayDataPrepOperator(
         task_id="prep",
         cluster=info,
@@ -66,7 +60,10 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(two_host_clu
         steps = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", _logs(hook, sid))]
         if steps and max(steps) >= 2 * CHECKPOINT_EVERY + 100:
             preempted_at = max(steps)
-            two_host_cluster.preempt_host(0, 1, restart_after=2)
+            (training,) = {
+                slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
+            }
+            slice_cluster.preempt_host(slice_index(slice_cluster, training), 1, restart_after=2)
             break
         time.sleep(1)
     assert preempted_at is not None, "training never got past two checkpoints"

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 from support.airflow_context import new_run_id, task_context
+from support.ray_cluster import alive_actors, slice_index, slice_of_node
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "workloads"
 DRIVERS = Path(__file__).parent / "drivers"
 PROMPTS = ["17+25=", "3+4=", "99+99="]
-SLICE_LABEL = "ray.io/tpu-slice-name"
 
 
 @pytest.fixture(scope="module")
@@ -105,38 +105,22 @@ def _complete(cluster: Any, name: str, timeout: float = 60.0) -> list[str]:
     raise AssertionError(f"{url} did not answer within {timeout:.0f}s: {last}")
 
 
-def _actors(cluster: Any, class_name: str) -> list[dict[str, Any]]:
-    resp = requests.get(
-        f"{cluster.dashboard_url}/api/v0/actors",
-        params={"detail": "1", "limit": "1000"},
-        headers=cluster.auth_headers(),
-        timeout=30,
-    )
-    resp.raise_for_status()
-    actors = resp.json()["data"]["result"]["result"]
-    return [a for a in actors if a.get("state") == "ALIVE" and class_name in str(a.get("class_name"))]
-
-
 def _clear(cluster: Any, timeout: float = 180.0) -> None:
     """Delete every Serve application and wait until their replicas (and the slices they hold) are gone."""
     from tpuflow.serve.hooks import RayServeHook
 
     RayServeHook(cluster=cluster.connection_info()).delete_applications()
     deadline = time.time() + timeout
-    while _actors(cluster, "AdditionCompletions") or _actors(cluster, "SliceHost"):
+    while alive_actors(cluster, "AdditionCompletions") or alive_actors(cluster, "SliceHost"):
         assert time.time() < deadline, "the Serve replicas outlived their applications' deletion"
         time.sleep(1)
 
 
-def _slice_of(cluster: Any) -> dict[str, str]:
-    return {n["node_id"]: (n.get("labels") or {}).get(SLICE_LABEL, "") for n in cluster.nodes_summary()}
-
-
 def _workers_by_replica(cluster: Any) -> dict[str, list[str]]:
     """Each replica's slice placement group -> the slices of its SliceHost workers' nodes."""
-    slices = _slice_of(cluster)
+    slices = slice_of_node(cluster)
     groups: dict[str, list[str]] = {}
-    for actor in _actors(cluster, "SliceHost"):
+    for actor in alive_actors(cluster, "SliceHost"):
         groups.setdefault(str(actor.get("placement_group_id")), []).append(slices.get(actor["node_id"], "?"))
     return groups
 
@@ -148,7 +132,7 @@ def test_single_host_replica_holds_its_hosts_tpu(cluster: Any, checkpoint: dict[
     assert config["applications"][0]["runtime_env"]["env_vars"]["JAX_PLATFORMS"] == "cpu"
     _deploy(cluster, config, tpu)
     assert _complete(cluster, "single") == checkpoint["expected"]
-    (replica,) = _actors(cluster, "AdditionCompletions")
+    (replica,) = alive_actors(cluster, "AdditionCompletions")
     held = replica.get("required_resources") or {}
     assert held.get("TPU") == 4 and held.get("accelerator_type:TPU-V6E") == pytest.approx(0.001), held
 
@@ -168,7 +152,7 @@ def test_two_multi_host_replicas_each_span_one_whole_slice(cluster: Any, checkpo
     for hosts in groups.values():
         assert len(hosts) == 2 and len(set(hosts)) == 1, f"a replica's workers mix slices: {groups}"
     assert len({hosts[0] for hosts in groups.values()}) == 2, f"two replicas share a slice: {groups}"
-    for replica in _actors(cluster, "AdditionCompletions"):
+    for replica in alive_actors(cluster, "AdditionCompletions"):
         assert not (replica.get("required_resources") or {}).get("TPU"), "the replica itself holds no TPU"
 
 
@@ -180,7 +164,7 @@ def test_without_the_topology_the_replica_straddles_and_the_deploy_fails_naming_
 
     _clear(cluster)  # the earlier tests' replicas hold both slices
     # Another workload holds one host of each slice; the per-chip bundles then take one host of each.
-    names = sorted({s for s in _slice_of(cluster).values() if s})
+    names = sorted({s for s in slice_of_node(cluster).values() if s})
     hook = RayJobHook(cluster=cluster.connection_info())
     sid = hook.submit_job(
         entrypoint=f"python hold_hosts.py 4 {names[0]}/1 {names[1]}/0",
@@ -222,7 +206,7 @@ def test_a_lost_host_makes_serve_replace_the_replica_on_an_intact_slice(
         f"{cluster.dashboard_url}/api/serve/applications/", headers=cluster.auth_headers(), timeout=30
     )
     deployed_at = details.json()["applications"]["heal"]["last_deployed_time_s"]
-    lost = sorted({s for s in _slice_of(cluster).values() if s}).index(before[0])
+    lost = slice_index(cluster, before[0])
     cluster.kill_host(lost, 1)
     request.addfinalizer(lambda: cluster.replace_host(lost, 1))  # the session's cluster stays whole
     started, after = time.time(), before

@@ -31,3 +31,31 @@ def running_cluster(
     finally:
         cluster.stop()
         assert _pids_referencing(cluster.temp_dir) == [], f"processes of the test cluster {name} outlived stop()"
+
+
+SLICE_LABEL = "ray.io/tpu-slice-name"
+
+
+def alive_actors(cluster: Any, class_name: str) -> list[dict[str, Any]]:
+    """The cluster's live actors whose class name contains ``class_name`` (the dashboard's state API)."""
+    import requests
+
+    resp = requests.get(
+        f"{cluster.dashboard_url}/api/v0/actors",
+        params={"detail": "1", "limit": "1000"},
+        headers=cluster.auth_headers(),
+        timeout=30,
+    )
+    resp.raise_for_status()
+    actors = resp.json()["data"]["result"]["result"]
+    return [a for a in actors if a.get("state") == "ALIVE" and class_name in str(a.get("class_name"))]
+
+
+def slice_of_node(cluster: Any) -> dict[str, str]:
+    """Node id -> the name of the slice the node is a host of ("" for the head)."""
+    return {n["node_id"]: (n.get("labels") or {}).get(SLICE_LABEL, "") for n in cluster.nodes_summary()}
+
+
+def slice_index(cluster: Any, slice_name: str) -> int:
+    """The index ``kill_host`` / ``preempt_host`` take for the slice named ``slice_name``."""
+    return sorted({s for s in slice_of_node(cluster).values() if s}).index(slice_name)

@@ -45,6 +45,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+from google.protobuf.message import DecodeError
+from tpuflow.dev.standins import kube_protobuf
 from tpuflow.dev.standins import kubernetes_catalog as catalog
 from tpuflow.dev.standins.loopback_http import LoopbackHandler, LoopbackServer
 from tpuflow.dev.standins.tls import LoopbackTls
@@ -864,6 +866,11 @@ def _resource_list(group_version: str, types: Iterable[ResourceType]) -> dict[st
 
 
 def _yaml_body(raw: bytes, err: ValueError) -> Any:
+    if raw.startswith(kube_protobuf.MAGIC):
+        try:
+            return kube_protobuf.decode(raw)
+        except (kube_protobuf.ProtobufBodyError, DecodeError) as proto_err:
+            raise ApiError(415, "UnsupportedMediaType", f"request body is not readable protobuf: {proto_err}") from err
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError as yaml_err:

@@ -77,8 +77,16 @@ def with_auth_env(env: list[dict[str, Any]], secret: str) -> list[dict[str, Any]
     return [*(e for e in env if e.get("name") not in (MODE_ENV, TOKEN_ENV)), *container_env(secret)]
 
 
+class ContainerConfigError(Exception):
+    """The kubelet cannot build a container's env (CreateContainerConfigError); its message is the kubelet's."""
+
+
 def resolve_env(store: ObjectStore, namespace: str, env: list[dict[str, Any]]) -> dict[str, str]:
-    """A container's env as the kubelet hands it to the process: secretKeyRef values read from the Secret."""
+    """A container's env as the kubelet hands it to the process: secretKeyRef values read from the Secret.
+
+    A reference to a missing Secret or key (not marked optional) keeps the container from being created,
+    with the kubelet's message, until the Secret appears.
+    """
     out: dict[str, str] = {}
     for item in env:
         if "value" in item:
@@ -86,8 +94,14 @@ def resolve_env(store: ObjectStore, namespace: str, env: list[dict[str, Any]]) -
             continue
         ref = (item.get("valueFrom") or {}).get("secretKeyRef") or {}
         if ref.get("name") and ref.get("key"):
-            data = store.get(SECRETS, namespace, ref["name"]).get("data") or {}
-            if ref["key"] not in data:
-                raise KeyError(f"Secret {namespace}/{ref['name']} has no key {ref['key']}")
-            out[item["name"]] = base64.b64decode(data[ref["key"]]).decode()
+            secret = store.find(SECRETS, namespace, ref["name"])
+            data = (secret or {}).get("data") or {}
+            if ref["key"] in data:
+                out[item["name"]] = base64.b64decode(data[ref["key"]]).decode()
+            elif ref.get("optional"):
+                continue
+            elif secret is None:
+                raise ContainerConfigError(f'secret "{ref["name"]}" not found')
+            else:
+                raise ContainerConfigError(f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}")
     return out

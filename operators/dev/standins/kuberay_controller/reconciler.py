@@ -195,10 +195,17 @@ class KubeRayController(RayServiceReconciler):
         pods = self._ensure_pods(obj, groups, secret)
         self._ensure_head_service(obj, state)
         schedulable = self._schedule(obj, pods, tpu_groups)
+        config_errors = self._container_config_errors(pods)
         retry = state.error is not None and time.monotonic() >= state.retry_at
-        if schedulable and state.handle is None and state.launching is None and (state.error is None or retry):
+        if (
+            schedulable
+            and not config_errors
+            and state.handle is None
+            and state.launching is None
+            and (state.error is None or retry)
+        ):
             self._launch(obj, state, tpu)
-        self._update_pods(obj, state, pods, schedulable)
+        self._update_pods(obj, state, pods, schedulable, config_errors)
         self._update_cluster_status(obj, state)
 
     def _finalize_cluster(self, obj: dict[str, Any], state: ClusterState) -> None:
@@ -355,6 +362,21 @@ class KubeRayController(RayServiceReconciler):
                 used += 1
         return used
 
+    def _container_config_errors(self, pods: list[dict[str, Any]]) -> dict[str, str]:
+        """Pod name -> the kubelet's CreateContainerConfigError message, for pods whose env cannot be built.
+
+        The simulated Ray cluster starts as a whole, so it waits until every pod's env resolves.
+        """
+        errors = {}
+        for pod in pods:
+            for container in (pod.get("spec") or {}).get("containers") or []:
+                try:
+                    auth.resolve_env(self.store, pod["metadata"]["namespace"], container.get("env") or [])
+                except auth.ContainerConfigError as err:
+                    errors[pod["metadata"]["name"]] = str(err)
+                    break
+        return errors
+
     def _launch(self, obj: dict[str, Any], state: ClusterState, tpu: SliceShape | None) -> None:
         meta = obj["metadata"]
         head_containers = (((obj.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get(
@@ -364,7 +386,10 @@ class KubeRayController(RayServiceReconciler):
         secret = auth.ensure_secret(self.store, obj)
         if secret:
             head_env = auth.with_auth_env(head_env, secret)
-        env = auth.resolve_env(self.store, meta["namespace"], head_env)
+        try:
+            env = auth.resolve_env(self.store, meta["namespace"], head_env)
+        except auth.ContainerConfigError:
+            return  # the Secret went away since this pass checked: the next pass reports it on the pod
         spec = LaunchSpec(
             f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}", meta["namespace"], meta["name"], tpu, env
         )
@@ -392,14 +417,25 @@ class KubeRayController(RayServiceReconciler):
         state.launching.start()
 
     def _update_pods(
-        self, obj: dict[str, Any], state: ClusterState, pods: list[dict[str, Any]], schedulable: bool
+        self,
+        obj: dict[str, Any],
+        state: ClusterState,
+        pods: list[dict[str, Any]],
+        schedulable: bool,
+        config_errors: Mapping[str, str],
     ) -> None:
         ns = obj["metadata"]["namespace"]
         for pod in pods:
             is_head = pod["metadata"]["labels"].get("ray.io/node-type") == "head"
             running = is_head or schedulable
-            ready = (is_head and state.error is None) or (state.visible is not None and running)
-            if state.error is not None and is_head:
+            config_error = config_errors.get(pod["metadata"]["name"]) if running else None
+            ready = config_error is None and (
+                (is_head and state.error is None) or (state.visible is not None and running)
+            )
+            if config_error is not None:
+                waiting = {"reason": "CreateContainerConfigError", "message": config_error}
+                self._event(pod, "Warning", "Failed", f"Error: {config_error}", component="kubelet")
+            elif state.error is not None and is_head:
                 waiting = {"reason": "CrashLoopBackOff", "message": f"ray start failed: {state.error}"}
             elif not running:
                 waiting = {"reason": "Unschedulable"}
