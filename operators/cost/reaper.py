@@ -59,7 +59,7 @@ class RunStates(Protocol):
 
 @dataclass
 class Orphan:
-    kind: str  # node_pool | raycluster | rayservice | local_cluster | lease
+    kind: str  # node_pool | workload_policy | raycluster | rayservice | local_cluster | lease
     name: str
     where: str
     reason: str
@@ -105,6 +105,30 @@ def kube_orphan_reason(labels: Mapping[str, str], running: Mapping[str, list[str
     return f"no running run of DAG {labels.get(DAG_ID_LABEL)} made it (run key {key})"
 
 
+def policy_orphan_reason(
+    description: str | None, users: Iterable[str], orphan_pools: set[str], running: Mapping[str, list[str]]
+) -> str | None:
+    """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it, or its run
+    is running (the create task makes the policy before its pools)."""
+    from tpuflow.gke.workload_policy import owner_of, owner_run_of
+    from tpuflow.labels import gce_label_value
+
+    if owner_of(description) is None:
+        return None
+    users = sorted(users)
+    if any(pool not in orphan_pools for pool in users):
+        return None
+    owner = owner_run_of(description)
+    if owner is not None:
+        dag = next((d for d in running if gce_label_value(d) == owner[0]), None)
+        if dag is not None and any(gce_label_value(r) == owner[1] for r in running[dag]):
+            return None
+    run = f"its run {owner[0]}/{owner[1]} is not running" if owner else "its run is unknown"
+    if users:
+        return f"{run}; used only by orphan node pools ({', '.join(users)}): deleted after them"
+    return f"{run} and no node pool uses it"
+
+
 def local_orphan_reason(name: str, alive: bool, running: Mapping[str, list[str]]) -> str | None:
     """Why a local cluster is an orphan; None: a running run started it, or no run did (``tpuflow local up``)."""
     from tpuflow.local.operators import local_cluster_name
@@ -121,9 +145,8 @@ def local_orphan_reason(name: str, alive: bool, running: Mapping[str, list[str]]
 
 
 # --- finding ----------------------------------------------------------------------------------------------
-def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, running: Mapping[str, list[str]],
-                      older_than: float, now: float, wait_timeout: float = 1800.0) -> list[Orphan]:  # fmt: skip
-    from tpuflow.cost.ledger import pool_span
+def list_pools(hook: Any, project_id: str, cluster_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cluster's node pools and the location's operations (REST JSON)."""
     from tpuflow.gke.hooks import to_rest_json
 
     try:
@@ -136,6 +159,14 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, running: Ma
         ]
     except Exception as err:
         raise ReaperListError(f"listing node pools of cluster {cluster_name}: {_first_line(err)}") from err
+    return pools, operations
+
+
+def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list[dict[str, Any]],
+                      operations: list[dict[str, Any]], running: Mapping[str, list[str]], older_than: float,
+                      now: float, wait_timeout: float = 1800.0) -> list[Orphan]:  # fmt: skip
+    from tpuflow.cost.ledger import pool_span
+
     where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
     found = []
     for pool in pools:
@@ -154,6 +185,55 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, running: Ma
 
         found.append(Orphan("node_pool", pool["name"], where, reason, delete))
     return found
+
+
+def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[dict[str, Any]],
+                        orphan_pools: set[str], running: Mapping[str, list[str]], older_than: float, now: float,
+                        wait_timeout: float = 600.0) -> list[Orphan]:  # fmt: skip
+    """The workload policies tpuflow made in ``region`` that nothing live needs (``pools``: the cluster's, REST JSON)."""
+    from tpuflow.cost.ledger import rfc3339_to_unix
+    from tpuflow.gke.hooks import to_rest_json
+
+    try:
+        policies = [to_rest_json(p) for p in compute.list_resource_policies(project_id=project_id, region=region)]
+    except Exception as err:
+        raise ReaperListError(f"listing resource policies in {region}: {_first_line(err)}") from err
+    users: dict[str, list[str]] = {}
+    for pool in pools:
+        policy = ((pool.get("placementPolicy") or {}).get("policyName") or "").rsplit("/", 1)[-1]
+        if policy:
+            users.setdefault(policy, []).append(pool["name"])
+    found = []
+    for policy in policies:
+        if not policy.get("workloadPolicy"):
+            continue
+        name = policy["name"]
+        reason = policy_orphan_reason(policy.get("description"), users.get(name, []), orphan_pools, running)
+        stamp = policy.get("creationTimestamp")
+        if reason is None or (stamp and now - rfc3339_to_unix(stamp) < older_than):
+            continue
+
+        def delete(name: str = name) -> Any:
+            return delete_policy(compute, project_id, region, name, wait_timeout)
+
+        found.append(Orphan("workload_policy", name, f"projects/{project_id}/regions/{region}", reason, delete))
+    return found
+
+
+def delete_policy(compute: Any, project_id: str, region: str, name: str, timeout: float) -> None:
+    """Delete one resource policy and wait for its regional operation."""
+    from tpuflow.gke.policy_provisioning import COMPUTE_DONE, compute_operation_error
+
+    operation = compute.delete_resource_policy(project_id=project_id, region=region, name=name)
+    deadline = time.monotonic() + timeout
+    while operation is not None and operation.status != COMPUTE_DONE:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"deleting resource policy {name}: operation {operation.name} still running")
+        time.sleep(1.0)
+        operation = compute.get_region_operation(project_id=project_id, region=region, name=operation.name)
+    error = compute_operation_error(operation) if operation is not None else None
+    if error:
+        raise RuntimeError(f"deleting resource policy {name}: {error}")
 
 
 def delete_pool(hook: Any, project_id: str, cluster_name: str, name: str, timeout: float) -> None:
@@ -341,10 +421,19 @@ def collect_orphans(
     running = states.running()
     orphans: list[Orphan] = []
     if scope.gke:
-        from tpuflow.gke.hooks import GKENodePoolHook
+        from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
+        from tpuflow.gke.workload_policy import region_of
 
-        pools = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
-        orphans += find_pool_orphans(pools, scope.project_id or "", scope.cluster_name or "", running, older_than, now)
+        project, cluster = scope.project_id or "", scope.cluster_name or ""
+        hook = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
+        pools, operations = list_pools(hook, project, cluster)
+        pool_orphans = find_pool_orphans(hook, project, cluster, pools, operations, running, older_than, now)
+        compute = ComputeResourcePolicyHook(gcp_conn_id=scope.gcp_conn_id)
+        region = region_of(scope.location or "")
+        orphan_pools = {o.name for o in pool_orphans}
+        # after their pools: GKE refuses to delete a policy a pool still uses
+        orphans += pool_orphans
+        orphans += find_policy_orphans(compute, project, region, pools, orphan_pools, running, older_than, now)
     if scope.kube and (scope.gke or scope.kubernetes_conn_id):
         try:
             hook = _kube_hook(scope)
@@ -373,6 +462,8 @@ class TaskSdkRunStates:
         self.dag_ids = list(dag_ids)
 
     def running(self) -> dict[str, list[str]]:
+        from tpuflow.slices.operators import run_is_over
+
         out: dict[str, list[str]] = {}
         for dag_id in self.dag_ids:
             try:
@@ -380,7 +471,7 @@ class TaskSdkRunStates:
                 for run_id, tasks in by_run.items():
                     if all(str(state) in _FINISHED_TASK_STATES for state in (tasks or {}).values()) and tasks:
                         continue
-                    if str(self.ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)) in ("running", "queued"):
+                    if run_is_over(self.ti, dag_id, run_id) is None:  # running, queued, or unreadable: kept
                         out.setdefault(dag_id, []).append(run_id)
             except Exception as err:
                 raise ReaperListError(f"asking Airflow for the running runs of {dag_id}: {_first_line(err)}") from err

@@ -255,6 +255,9 @@ class ComputeResourcePolicyHook(GoogleBaseHook):
         except NotFound:
             return None
 
+    def list_resource_policies(self, *, project_id: str, region: str) -> list[compute_v1.ResourcePolicy]:
+        return list(self.get_resource_policies_client().list(project=project_id, region=region))
+
     def insert_resource_policy(
         self, *, project_id: str, region: str, resource_policy: dict[str, Any]
     ) -> compute_v1.Operation:

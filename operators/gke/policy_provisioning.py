@@ -35,10 +35,10 @@ from tpuflow.naming import TaskIdentity
 log = logging.getLogger(__name__)
 
 _RETRY_CODES = (429, 500, 502, 503, 504)
-_DONE = ComputeOperation.Status.DONE
+COMPUTE_DONE = ComputeOperation.Status.DONE
 
 
-def _operation_error(operation: ComputeOperation) -> str | None:
+def compute_operation_error(operation: ComputeOperation) -> str | None:
     errors = list(operation.error.errors) if operation.error else []
     if errors:
         return "; ".join(f"{e.code}: {e.message}" if e.code else e.message for e in errors)
@@ -58,10 +58,10 @@ def _remove_policy(
     name, region = entry["name"], entry["region"]
     if entry.get("operation"):
         current = compute.get_region_operation(project_id=project_id, region=region, name=entry["operation"])
-        if current.status != _DONE:
+        if current.status != COMPUTE_DONE:
             return Sleep(poll_interval, f"deleting workload policy {name} (Compute operation {current.name})")
         entry["operation"] = None
-        error = _operation_error(current)
+        error = compute_operation_error(current)
         if error:
             raise NodePoolFailed(
                 f"Deleting workload policy {name} in {region} failed ({error}): delete it with "
@@ -162,10 +162,10 @@ class WorkloadPolicyFirstProvisioner(NodePoolProvisioner):
         wp, where = self.wp, {"project_id": self.wp.project_id, "region": self.wp.region}
         if state.get("operation"):
             current = self.compute.get_region_operation(**where, name=state["operation"])
-            if current.status != _DONE:
+            if current.status != COMPUTE_DONE:
                 return Sleep(self.policy.poll_interval, f"creating workload policy {wp.name} ({current.name})")
             state["operation"] = None
-            error = _operation_error(current)
+            error = compute_operation_error(current)
             if error:
                 raise NodePoolFailed(
                     f"Creating workload policy {wp.name} in {wp.region} failed ({error}); no node pool was created.",

@@ -26,6 +26,7 @@ POLICY_TYPE = "HIGH_THROUGHPUT"
 POLICY_NAME_MAX = 63  # a Compute resource name
 COMPUTE_API = "https://compute.googleapis.com/compute/v1"
 _OWNER_RE = re.compile(rf"\b{OWNER_KEY_LABEL}=([a-z0-9]+)\b")
+_OWNER_RUN_RE = re.compile(r"\(dag ([a-z0-9_-]+), run ([a-z0-9_-]+)(?=[,)])")
 
 
 def region_of(location: str) -> str:
@@ -45,6 +46,12 @@ def owner_of(description: str | None) -> str | None:
     """The ``tpuflow-key`` a policy's description names as its owner (None: not made by tpuflow)."""
     found = _OWNER_RE.search(description or "")
     return found.group(1) if found else None
+
+
+def owner_run_of(description: str | None) -> tuple[str, str] | None:
+    """The (dag, run) label values a policy's description names ("... (dag D, run R, task T)"), or None."""
+    found = _OWNER_RUN_RE.search(description or "")
+    return (found.group(1), found.group(2)) if found else None
 
 
 @dataclass(frozen=True)

@@ -445,7 +445,11 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
             manifest = llm_rayservice_manifest(template, self._llm(), **common)
         else:
-            manifest = rayservice_manifest(template, self._serve_config(), **common)
+            from tpuflow.serve.config import check_tpu_placement
+
+            serve_config = self._serve_config()
+            check_tpu_placement(serve_config, template.tpu)  # a multi-host app without its topology would hang
+            manifest = rayservice_manifest(template, serve_config, **common)
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
         return manifest
 

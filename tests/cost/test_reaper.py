@@ -18,6 +18,7 @@ from tpuflow.cost.reaper import (
     collect_orphans,
     kube_orphan_reason,
     parse_duration,
+    policy_orphan_reason,
     pool_orphan_reason,
     reap,
 )
@@ -40,6 +41,24 @@ def pool_body(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
 
 def owned_pool_labels(run_id: str, expires_in: float = 3600) -> dict[str, str]:
     return gce_ownership_labels(TaskIdentity(DAG, run_id, "create_node_pool"), int(time.time() + expires_in))
+
+
+def make_policy(gke: Any, run_id: str | None, name: str) -> None:
+    """A HIGH_THROUGHPUT workload policy as the create task makes it for ``run_id`` (None: made by hand)."""
+    from tpuflow.gke.workload_policy import plan_workload_policy, region_of
+
+    if run_id is None:
+        body = {"name": name, "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}}
+    else:
+        identity = TaskIdentity(DAG, run_id, "create_node_pool")
+        plan = plan_workload_policy(project_id=PROJECT, zone=ZONE, generation="tpu7x", topology="2x2x2",
+                                    identity=identity, resource_labels=owned_pool_labels(run_id))  # fmt: skip
+        body = {**plan.body(), "name": name}
+    gke.compute.insert(PROJECT, region_of(ZONE), body)
+
+
+def policy_names(gke: Any) -> list[str]:
+    return sorted(p["name"] for p in gke.compute.policies())
 
 
 def raycluster(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
@@ -88,6 +107,32 @@ def test_decisions_follow_the_labels() -> None:
     assert kube_orphan_reason(live, running) is None
     assert "no running run" in kube_orphan_reason(killed, running)
     assert kube_orphan_reason({"app": "x"}, running) is None
+    from tpuflow.gke.workload_policy import plan_workload_policy
+
+    def described(run_id: str) -> str:
+        identity = TaskIdentity(DAG, run_id, "create_node_pool")
+        plan = plan_workload_policy(project_id=PROJECT, zone=ZONE, generation="tpu7x", topology="2x2x2",
+                                    identity=identity, resource_labels=owned_pool_labels(run_id))  # fmt: skip
+        return plan.description
+
+    assert policy_orphan_reason(described(LIVE_RUN), [], set(), running) is None  # its pool is coming
+    assert "no node pool uses it" in policy_orphan_reason(described(KILLED_RUN), [], set(), running)
+    assert policy_orphan_reason(described(KILLED_RUN), ["p1"], set(), running) is None  # a live pool uses it
+    assert "deleted after them" in policy_orphan_reason(described(KILLED_RUN), ["p1"], {"p1"}, running)
+    assert policy_orphan_reason("made by hand", [], set(), running) is None
+
+
+def test_the_reaper_task_counts_only_runs_still_running() -> None:
+    """Inside a task (no metadata DB): a run with unfinished tasks is running unless its run is over."""
+    from support.airflow_context import FakeTaskInstance
+    from tpuflow.cost.reaper import TaskSdkRunStates
+
+    unfinished = {"create_node_pool": "success", "train": "deferred"}
+    ti = FakeTaskInstance(
+        task_states={DAG: {"live": unfinished, "done": {"train": "success"}, "failed": unfinished, "gone": unfinished}},
+        run_states={f"{DAG}/failed": "failed", f"{DAG}/gone": None},  # "gone": deleted from the metadata DB
+    )
+    assert TaskSdkRunStates(ti, [DAG]).running() == {DAG: ["live"]}
 
 
 def test_one_reaper_run_removes_every_orphan_and_nothing_else(gke: Any, tmp_path: Path, monkeypatch: Any) -> None:
@@ -103,6 +148,10 @@ def test_one_reaper_run_removes_every_orphan_and_nothing_else(gke: Any, tmp_path
         gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("expired", owned_pool_labels(LIVE_RUN, -60)))
         gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("live", owned_pool_labels(LIVE_RUN)))
         gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("unlabelled", None))
+        # Compute: the workload policy of the killed run's tpu7x pool (the pool is gone), the live run's (made
+        # before its pool), and one made by hand
+        for name, run in (("wp-killed", KILLED_RUN), ("wp-live", LIVE_RUN), ("wp-by-hand", None)):
+            make_policy(gke, run, name)
         # Kubernetes: a RayCluster left by the killed run, one of the live run, one without labels
         store = kube.store
         for name, identity in (("killed-run", KILLED_RUN), ("live-run", LIVE_RUN)):
@@ -128,15 +177,17 @@ def test_one_reaper_run_removes_every_orphan_and_nothing_else(gke: Any, tmp_path
         # a dry run lists them, with why, and deletes nothing
         said: list[str] = []
         dry = reap(collect_orphans(scope, states, older_than=0), dry_run=True, say=said.append)
-        assert dry["deleted"] == [] and len(dry["found"]) == 5, said
+        assert dry["deleted"] == [] and len(dry["found"]) == 6, said
+        assert any(line.startswith("would delete workload_policy wp-killed") for line in said), said
         assert any("killed-mid-create" in line and "PROVISIONING" in line for line in said), said
         assert {p["name"]: p["status"] for p in gke.node_pools()}["killed-mid-create"] == "PROVISIONING"
         assert any("expired" in line and "tpuflow-expires" in line for line in said), said
         assert len(gke.node_pools()) == 4
 
         outcome = reap(collect_orphans(scope, states, older_than=0), dry_run=False, say=said.append)
-        assert outcome["failed"] == [] and len(outcome["deleted"]) == 5, said
+        assert outcome["failed"] == [] and len(outcome["deleted"]) == 6, said
         assert sorted(p["name"] for p in gke.node_pools()) == ["live", "unlabelled"]
+        assert policy_names(gke) == ["wp-by-hand", "wp-live"]
         deadline = time.time() + 30
         while time.time() < deadline and len(store.list(RAYCLUSTERS)) > 2:
             time.sleep(0.1)

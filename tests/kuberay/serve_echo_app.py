@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray import serve
+from ray.serve import Application
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1})
@@ -11,4 +14,6 @@ class Echo:
         return "tpuflow-serve-ok"
 
 
-app = Echo.bind()
+def app(args: dict[str, Any]) -> Application:
+    """An application builder: a multi-host slice's apps carry its accelerator_type and accelerator_config."""
+    return Echo.bind()

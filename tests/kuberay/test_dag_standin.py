@@ -26,7 +26,7 @@ DAG = textwrap.dedent("""
     SLICE = TpuSlice.from_spec("v6e", "4x4")
     COMMON = dict(kubernetes_conn_id="kube_standin", deferrable=True, poll_interval=0.2)
     SERVE = {"applications": [{"name": "llm", "import_path": "workloads.serve:app",
-                               "deployments": [{"name": "LLMServer"}]}]}
+                               "args": SLICE.serve_accelerator_config(), "deployments": [{"name": "LLMServer"}]}]}
 
     with DAG("kuberay_standin_smoke", schedule=None) as dag:
         create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu=SLICE, image="rayproject/ray:2.60.0-py311",

@@ -32,7 +32,8 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
     ) as kube:
         for key, value in kube.connection_env("kube_standin").items():
             monkeypatch.setenv(key, value)
-        serve_config = {"applications": [{"name": "echo", "import_path": "serve_echo_app:app", "route_prefix": "/"}]}
+        echo = {"name": "echo", "import_path": "serve_echo_app:app", "route_prefix": "/"}
+        serve_config = {"applications": [{**echo, "args": tpu.serve_accelerator_config()}]}
         op = KubeRayDeployServiceOperator(
             task_id="serve",
             tpu=tpu,

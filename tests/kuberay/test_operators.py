@@ -37,6 +37,7 @@ SERVE = {
             "name": "llm",
             "import_path": "workloads.serve:app",
             "route_prefix": "/",
+            "args": V6E.serve_accelerator_config(),  # a multi-host model names its slice's topology
             "deployments": [{"name": "LLMServer"}],
         }
     ]

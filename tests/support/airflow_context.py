@@ -30,6 +30,11 @@ class FakeTaskInstance:
     xcoms: dict[str, Any] = field(default_factory=dict)
     # Other runs' states as the Task SDK reports them ("DAG_ID/RUN_ID" -> state; None: deleted from the DB).
     run_states: dict[str, str | None] = field(default_factory=dict)
+    # A DAG's task states by run, as the Task SDK's get_task_states answers (DAG_ID -> RUN_ID -> task -> state).
+    task_states: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+
+    def get_task_states(self, dag_id: str) -> dict[str, dict[str, str]]:
+        return self.task_states.get(dag_id, {})
 
     def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
         state = self.run_states.get(f"{dag_id}/{run_id}", "running")
