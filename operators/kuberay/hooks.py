@@ -25,18 +25,46 @@ in the operators module.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+import tenacity
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import (
+    API_RETRIES,
+    TRANSIENT_CONNECTION_ERRORS,
+    TRANSIENT_STATUS_CODES,
+    WaitRetryAfterOrExponential,
+    generic_api_retry,
+)
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
 from kubernetes.client import ApiException
 from kubernetes_asyncio import client as async_client
 from tpuflow.kuberay import GROUP, VERSION
 
 NOT_FOUND = 404
+CONFLICT = 409
+log = logging.getLogger(__name__)
+
+
+def _transient_for_create(exc: BaseException) -> bool:
+    """The provider's transient errors, less 409: a create answered AlreadyExists is final (the caller adopts)."""
+    if isinstance(exc, ApiException):
+        return exc.status in TRANSIENT_STATUS_CODES and exc.status != CONFLICT
+    return isinstance(exc, TRANSIENT_CONNECTION_ERRORS)
+
+
+# The provider leaves creates unretried (a create sent twice can make two objects). Ours carry deterministic
+# names, so a second send is answered 409 and adopted: a 429/5xx or a dropped connection is worth retrying.
+create_api_retry = tenacity.retry(
+    stop=tenacity.stop_after_attempt(API_RETRIES),
+    wait=WaitRetryAfterOrExponential(),
+    retry=tenacity.retry_if_exception(_transient_for_create),
+    reraise=True,
+    before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
+)
 
 
 def api_error_parts(exc: BaseException) -> tuple[int, str, str]:
@@ -203,11 +231,15 @@ class KubeRayHook(KubernetesHook):
     def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
         return _as_dict(_unless_missing(lambda: self.get_custom_object(GROUP, VERSION, plural, name, namespace), None))
 
+    @create_api_retry
     def create(self, plural: str, body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """Create a named object; a 409 (it exists, perhaps from a retried send) is the caller's to adopt."""
         return dict(self.create_custom_object(GROUP, VERSION, plural, dict(body), namespace))
 
+    @generic_api_retry
     def patch(self, plural: str, name: str, patch: Mapping[str, Any], namespace: str) -> dict[str, Any]:
-        """A merge patch (the provider has no custom-object patch: its client's, without retry)."""
+        """A merge patch through the client (the provider has no custom-object patch), retried on transient
+        API errors as the provider's own calls are (a merge patch can be sent twice)."""
         return dict(
             self.custom_object_client.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, plural, name, dict(patch)

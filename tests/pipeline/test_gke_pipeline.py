@@ -73,7 +73,9 @@ class RecordingLauncher(LocalRayLauncher):
         return handle
 
 
-def _point_airflow_at(monkeypatch: pytest.MonkeyPatch, gke: GKEApiStandin, kube: KubeRayStandin, outputs: Path) -> None:
+def _point_airflow_at(
+    monkeypatch: pytest.MonkeyPatch, gke: GKEApiStandin, kube: KubeRayStandin, outputs: Path | str
+) -> None:
     """Configuration only: connections to the stand-ins and the Variables the DAG reads."""
     monkeypatch.setenv("AIRFLOW_CONN_GKE_STANDIN", json.dumps(gke.airflow_connection(PROJECT)))
     for key, value in kube.connection_env("kube_standin").items():
@@ -363,14 +365,22 @@ def test_endpoint_teardowns_delete_unless_kept(
 # --- end to end on the stand-ins ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_gke_pipeline_end_to_end_on_the_standins(
-    dags_folder: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dags_folder: Path, gke: GKEApiStandin, gcs_emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every output in Cloud Storage, as on GKE: the output root is a bucket of the GCS emulator."""
+    from support.gcs_bucket import list_bucket
+    from tpuflow.dev.gcs_emulator import ensure_buckets
+    from tpuflow.storage import EMULATOR_ENV, read_text
+
+    bucket = "tpuflow-gke-outputs"
+    ensure_buckets(gcs_emulator.url, [bucket])
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # the Airflow side, and the stand-in's Ray processes
     launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=600)
     kube = KubeRayStandin(
         tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.2
     )
     with kube:
-        _point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        _point_airflow_at(monkeypatch, gke, kube, f"gs://{bucket}/runs")
         dag = _load_dag(dags_folder, poll=0.5)
         conf = {
             "accelerator": "TPU-V6E",
@@ -393,9 +403,14 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert cluster["dashboard_url"].startswith("http://127.0.0.1:") and cluster["slice"]["topology"] == "2x2"
         deployed = tis["deploy"].xcom_pull(task_ids="deploy")
         assert deployed["applications"] == {"addition": "RUNNING"}
-        report_files = list((tmp_path / "outputs" / DAG_ID).glob("*/report.json"))
-        assert len(report_files) == 1
-        report = json.loads(report_files[0].read_text())
+        objects = list_bucket(bucket, f"runs/{DAG_ID}/")
+        (run_dir,) = {n.rsplit("/", 1)[0] for n in objects if n.endswith("/report.json")}
+        relative = [n[len(run_dir) + 1 :] for n in objects if n.startswith(run_dir + "/")]
+        assert "data/_SUCCESS" in relative and any(n.startswith("data/train/") for n in relative), relative
+        assert any(n.startswith("train/") and n.endswith("/meta.json") for n in relative), relative  # checkpoints
+        assert "eval/jax.json" in relative and any(n.startswith("logs/") for n in relative), relative
+        report = json.loads(read_text(f"gs://{bucket}/{run_dir}/report.json") or "{}")
+        assert report["output_dir"] == f"gs://{bucket}/{run_dir}"
         assert report["accuracy"] >= 0.8 and report["sample_completion"].strip().startswith("42")
         assert report["endpoint"] == f"{deployed['serve_url']}/addition/v1"
 

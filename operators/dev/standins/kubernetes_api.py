@@ -885,6 +885,11 @@ _GROUP_VERSIONS = {
 _STREAMED = (0, None, "")  # _route's answer when the handler already streamed the response (watch)
 
 
+def _true(value: str | None) -> bool:
+    """A boolean query parameter as the apiserver parses it (Go's strconv.ParseBool: the Python client sends "True")."""
+    return value in ("1", "t", "T", "true", "True", "TRUE")
+
+
 def _partial(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata") or {}}
 
@@ -898,6 +903,8 @@ class _Handler(LoopbackHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for key, value in getattr(self, "_extra_headers", {}).items():
+            self.send_header(key, value)
         for warning in getattr(self, "_warnings", []):
             quoted = warning.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
             self.send_header("Warning", f'299 - "{quoted}"')
@@ -911,6 +918,7 @@ class _Handler(LoopbackHandler):
         started = time.monotonic()
         code = 500
         self._warnings: list[str] = []
+        self._extra_headers: dict[str, str] = {}
         try:
             split = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
@@ -922,6 +930,12 @@ class _Handler(LoopbackHandler):
                 and split.path not in ("/healthz", "/readyz", "/livez")
             ):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
+            fault = self.server.standin.take_fault(self.command, split.path)
+            if fault is not None:
+                if fault.code == 429:
+                    self._extra_headers = {"Retry-After": str(fault.retry_after)}
+                reason, message = _FAULT_STATUS[fault.code]
+                raise ApiError(fault.code, reason, message)
             code, payload, ctype = self._route(split.path.rstrip("/") or "/", query, body)
             if code:
                 self._send(code, payload, ctype)
@@ -1100,7 +1114,7 @@ class _Handler(LoopbackHandler):
         method = self.command
         if sub not in (None, "status", "log") or (sub == "log" and rtype.plural != "pods"):
             raise ApiError(404, "NotFound", f"no subresource {sub!r} on {rtype.plural}")
-        if method == "GET" and query.get("watch") in ("true", "1"):
+        if method == "GET" and _true(query.get("watch")):
             self._watch(store, rtype, ns, name, query)
             return _STREAMED
         dry_run = query.get("dryRun") == "All"
@@ -1193,7 +1207,7 @@ class _Handler(LoopbackHandler):
         if rv_text not in ("", "0") and not rv_text.isdigit():
             raise ApiError(400, "BadRequest", f'invalid resource version "{rv_text}"')
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds", "").isdigit() else 1800.0
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = _true(query.get("allowWatchBookmarks"))
         table = self._wants_table()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -1220,8 +1234,9 @@ class _Handler(LoopbackHandler):
                     emit("ADDED", obj)
         deadline = time.monotonic() + timeout
         last_bookmark = time.monotonic()
-        stopping = self.server.standin.stopping
-        while time.monotonic() < deadline and not stopping.is_set():
+        standin = self.server.standin
+        stopping, generation = standin.stopping, standin.watch_generation
+        while time.monotonic() < deadline and not stopping.is_set() and standin.watch_generation == generation:
             events = store.events_since(rtype, ns, since)
             if events is None:
                 gone()
@@ -1262,8 +1277,35 @@ class _Handler(LoopbackHandler):
         return 200, "".join(f"{line}\n" for line in lines), "text/plain"
 
 
+_FAULT_STATUS = {
+    429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),
+    500: ("InternalError", "Internal error occurred: injected by the stand-in"),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+}
+
+
+@dataclass
+class ApiFault:
+    """One injected API failure: the next ``times`` requests matching ``method`` and ``plural`` (None: any;
+    watches included) are answered with ``code`` as the apiserver answers it (429 with Retry-After)."""
+
+    code: int
+    method: str | None = None
+    plural: str | None = None
+    times: int = 1
+    retry_after: int = 1
+
+    def matches(self, method: str, path: str) -> bool:
+        parts = path.strip("/").split("/")
+        return (self.method is None or self.method == method) and (self.plural is None or self.plural in parts)
+
+
 class KubernetesApiStandin:
     """The loopback API server. `with KubernetesApiStandin() as api: api.write_kubeconfig(path)`.
+
+    Faults (tests and the fault matrix): ``add_fault(429, "GET", "rayclusters", times=2)`` answers the next
+    matching requests as an overloaded or failing apiserver would; ``drop_watches()`` ends every open watch
+    stream at once, as a restarted apiserver or a dropped connection does.
 
     HTTPS with a CA generated at start (``tls=False``: plain HTTP, for callers that want it); ``crds``: a
     directory of KubeRay's ``ray.io_<plural>.yaml`` CRDs for OpenAPI schemas and field validation.
@@ -1286,9 +1328,48 @@ class KubernetesApiStandin:
         self.requests: list[tuple[str, str, int, float]] = []
         self.tls = LoopbackTls.generate() if tls else None
         self.stopping = threading.Event()
+        self.watch_generation = 0  # bumped by drop_watches(): every open watch with an older one ends
+        self._faults: list[ApiFault] = []
+        self._faults_lock = threading.Lock()
         self._http = LoopbackServer(
             _Handler, self, port=port, name="k8s-standin", tls=self.tls.server_context() if self.tls else None
         )
+
+    # --- faults ---
+    def add_fault(
+        self, code: int, method: str | None = None, plural: str | None = None, times: int = 1, retry_after: int = 1
+    ) -> ApiFault:
+        if code not in _FAULT_STATUS:
+            raise ValueError(f"fault code {code}: use one of {sorted(_FAULT_STATUS)}")
+        if times < 1:
+            raise ValueError(f"fault times {times}: use 1 or more")
+        fault = ApiFault(code, method.upper() if method else None, plural, times, retry_after)
+        with self._faults_lock:
+            self._faults.append(fault)
+        return fault
+
+    def faults(self) -> list[ApiFault]:
+        with self._faults_lock:
+            return list(self._faults)
+
+    def clear_faults(self) -> None:
+        with self._faults_lock:
+            self._faults.clear()
+
+    def take_fault(self, method: str, path: str) -> ApiFault | None:
+        with self._faults_lock:
+            for fault in self._faults:
+                if fault.matches(method, path):
+                    fault.times -= 1
+                    if fault.times == 0:
+                        self._faults.remove(fault)
+                    return fault
+        return None
+
+    def drop_watches(self) -> None:
+        self.watch_generation += 1
+        with self.store.changed:
+            self.store.changed.notify_all()
 
     def start(self) -> KubernetesApiStandin:
         self.stopping.clear()
