@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test test-long lint clean-local airflow airflow-down test-deps bench bench-quick
+.PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test-long: install test-deps
 lint: install
 	$(BIN)/ruff check dags operators plugins workloads tests bench
 	$(BIN)/ruff format --check dags operators plugins workloads tests bench
+
+# The fault matrix in full (tests/faults: every stage x fault of the GKE pipeline on the stand-ins, and the
+# table of what each run left behind); make test runs its CI slice.
+faults: install
+	$(BIN)/python -m pytest -q -rN tests/faults
 
 # Every performance claim against its baseline, side by side (bench/README.md): writes
 # bench/results/latest.json, latest.md and PNG charts. bench-quick is the CI-sized set.

@@ -17,8 +17,9 @@ from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 
 pytestmark = pytest.mark.slow
-CHECKPOINT_EVERY = 200
-NUM_STEPS = 1500
+# The model's loss is near zero by step 500 (the demo's logs): 900 steps still meet the gate after a resume.
+CHECKPOINT_EVERY = 150
+NUM_STEPS = 900
 
 
 def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluster, fresh_context, tmp_path: Path):

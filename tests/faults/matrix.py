@@ -1,0 +1,184 @@
+"""The fault matrix: one run of `tpu_llm_pipeline_gke` on the stand-ins per (stage, fault), and the bill of
+what each run left behind.
+
+A case queues its fault in the stand-ins before the run (a GKE API error, a Kubernetes API error, a Ray
+head that cannot start); the run goes through dag.test() like `airflow dags test`. The simulated KubeRay
+runs no Ray (FakeRayLauncher), so every run fails at the first Ray job: what a case measures is its
+stage (did it finish despite the fault: recovered) and, after the teardowns, what is still there.
+
+Counted after each run: node pools, workload policies, RayClusters, RayServices, pods, ProvisioningRequests
+and simulated Ray clusters never stopped (leaked), and node pools or RayClusters created twice
+(duplicated). The table and the final line ``fault matrix: N cases, L leaked, D duplicated, R recovered``
+print at the end of the session (tests/faults/conftest.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.gke_pipeline import CLUSTER_PATH, load_dag, point_airflow_at, task_states
+from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
+from tpuflow.dev.standins.gke_api import GKEApiStandin
+from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
+from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+
+CONF = {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"}
+CLUSTER_DEADLINE = 20.0  # create_ray_cluster's wait, test-sized
+
+
+@dataclass(frozen=True)
+class FaultCase:
+    stage: str  # the task the fault hits
+    fault: str
+    inject: Callable[[GKEApiStandin, KubeRayStandin], None]
+    recovers: bool  # whether the stage is expected to finish despite the fault
+    launcher: Callable[[], FakeRayLauncher] = FakeRayLauncher
+    ci: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.stage}-{self.fault}"
+
+
+@dataclass
+class Outcome:
+    case: FaultCase
+    stage_state: str
+    leftovers: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def recovered(self) -> bool:
+        return self.stage_state == "success"
+
+    @property
+    def leaked(self) -> bool:
+        return any(self.leftovers.values())
+
+    @property
+    def duplicated(self) -> bool:
+        return any(self.duplicates.values())
+
+    def row(self) -> str:
+        left = ", ".join(f"{k} {v}" for k, v in self.leftovers.items() if v) or "-"
+        dup = ", ".join(f"{k} {v}" for k, v in self.duplicates.items() if v) or "-"
+        verdict = "recovered" if self.recovered else f"failed ({self.stage_state}), cleaned up"
+        return f"{self.case.stage:<20} {self.case.fault:<28} {verdict:<34} leaked: {left:<16} duplicated: {dup}"
+
+
+OUTCOMES: list[Outcome] = []  # every case run in this session, for the report
+
+
+def run_case(case: FaultCase, dags_folder: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: Any) -> Outcome:
+    launcher = case.launcher()
+    kube = KubeRayStandin(
+        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
+    )
+    with kube:
+        point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        dag = load_dag(dags_folder, poll=0.3)
+        dag.get_task("create_ray_cluster").wait_timeout = CLUSTER_DEADLINE
+        case.inject(gke, kube)
+        started = time.monotonic()
+        run = dag.test(run_conf=CONF)
+        print(f"fault case {case.id}: the run took {time.monotonic() - started:.0f}s")
+        states = task_states(run)
+        leftovers = _leftovers(gke, kube, launcher)
+        return Outcome(case, states.get(case.stage, "absent"), leftovers, _duplicates(gke, kube))
+
+
+def _leftovers(gke: GKEApiStandin, kube: KubeRayStandin, launcher: FakeRayLauncher) -> dict[str, int]:
+    """What is still there once the teardowns ran (owned objects are garbage-collected within seconds)."""
+
+    def count() -> dict[str, int]:
+        return {
+            "node_pools": len(gke.node_pools()),
+            "workload_policies": len(gke.compute.policies()),
+            "rayclusters": len(kube.store.list(RAYCLUSTERS)),
+            "rayservices": len(kube.store.list(RAYSERVICES)),
+            "pods": len(kube.store.list(PODS)),
+            "provisioning_requests": len(kube.store.list(PROVISIONING_REQUESTS)),
+            "ray_clusters_running": sum(1 for handle in launcher.launched if not handle.stopped),
+        }
+
+    deadline = time.monotonic() + 30
+    left = count()
+    while any(left.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = count()
+    return left
+
+
+def _duplicates(gke: GKEApiStandin, kube: KubeRayStandin) -> dict[str, int]:
+    """Objects one task made more than once: node pools created (operation done) twice or under two names,
+    RayClusters added twice (a second name for the same task, or re-created after a delete)."""
+    from tpuflow.labels import GCE_TASK_LABEL, TASK_ID_LABEL
+
+    done = collections.Counter(
+        o["targetLink"].rsplit("/", 1)[-1]
+        for o in gke.state()["operations"]
+        if o["operationType"] == "CREATE_NODE_POOL" and o["status"] == "DONE" and not o.get("error")
+    )
+    pools_by_task: dict[str, set[str]] = collections.defaultdict(set)
+    for request in gke.requests:
+        pool = ((request.get("body") or {}).get("nodePool")) or {}
+        if request["method"] == "POST" and done.get(pool.get("name", "")):
+            task = ((pool.get("config") or {}).get("resourceLabels") or {}).get(GCE_TASK_LABEL, "")
+            pools_by_task[task].add(pool["name"])
+    events = kube.store.events_since(RAYCLUSTERS, None, 0)
+    assert events is not None, "the stand-in no longer keeps this run's RayCluster events"
+    added = collections.Counter(
+        (obj["metadata"].get("labels") or {}).get(TASK_ID_LABEL, obj["metadata"]["name"])
+        for _, event, obj in events
+        if event == "ADDED"
+    )
+    return {
+        "node_pools": sum(n - 1 for n in done.values()) + sum(len(names) - 1 for names in pools_by_task.values()),
+        "rayclusters": sum(n - 1 for n in added.values()),
+    }
+
+
+def gke_fault(kind: str, **kwargs: Any) -> Callable[[GKEApiStandin, KubeRayStandin], None]:
+    def inject(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
+        gke.add_fault(kind, **kwargs)
+
+    return inject
+
+
+def kube_fault(code: int, method: str, plural: str, times: int = 1) -> Callable[[GKEApiStandin, KubeRayStandin], None]:
+    def inject(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
+        kube.api.add_fault(code, method, plural, times=times, retry_after=0)
+
+    return inject
+
+
+def crash_looping_head() -> FakeRayLauncher:
+    return FakeRayLauncher(fail_with="ray start failed: the head's raylet exited (simulated)")
+
+
+def no_fault(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
+    return None
+
+
+# One row per stage; `ci` marks the slice make test runs (one quick case per kind of API), make faults runs all.
+CASES: list[FaultCase] = [
+    FaultCase("create_node_pool", "gke-too-many-operations", gke_fault("too_many_operations"), True, ci=True),
+    FaultCase("create_node_pool", "gke-stockout", gke_fault("stockout", times=10), recovers=False),
+    FaultCase("create_node_pool", "gke-5xx-mid-create", gke_fault("internal", stage="operation"), recovers=True),
+    FaultCase("create_node_pool", "gke-quota", gke_fault("quota", times=10), recovers=False),
+    FaultCase("create_ray_cluster", "k8s-429-on-create", kube_fault(429, "POST", "rayclusters", 2), True, ci=True),
+    FaultCase("create_ray_cluster", "k8s-500-on-read", kube_fault(500, "GET", "rayclusters", 2), recovers=True),
+    FaultCase("create_ray_cluster", "head-crash-looping", no_fault, recovers=False, launcher=crash_looping_head),
+    FaultCase("delete_node_pool", "gke-5xx-on-delete", gke_fault("internal", on="delete"), recovers=True),
+    FaultCase("delete_ray_cluster", "k8s-503-on-delete", kube_fault(503, "DELETE", "rayclusters"), recovers=True),
+]
+
+
+def case_params() -> list[Any]:
+    return [pytest.param(case, id=case.id, marks=() if case.ci else pytest.mark.long) for case in CASES]
