@@ -93,3 +93,21 @@ def fresh_context(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any
         return task_context(dag_id=dag_id, run_id=run_id or new_run_id(), task_id=task_id, **identity)
 
     return make
+
+
+@pytest.fixture
+def dags_folder(migrated_airflow_db: Path) -> Iterator[Path]:
+    """The session's DAGs folder with the shipped GKE pipeline DAG file in it (tests/support/gke_pipeline.py)."""
+    from support.gke_pipeline import dag_in_folder
+
+    with dag_in_folder(migrated_airflow_db) as folder:
+        yield folder
+
+
+@pytest.fixture
+def gke() -> Iterator[Any]:
+    """The GKE stand-in with only the pipeline's cluster (tests/gke and tests/cost have their own)."""
+    from support.gke_pipeline import gke_standin
+
+    with gke_standin() as standin:
+        yield standin

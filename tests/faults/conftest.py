@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from support.gke_pipeline import dag_in_folder, gke_standin
-
 from faults.matrix import OUTCOMES
-
-
-@pytest.fixture
-def dags_folder(migrated_airflow_db: Path) -> Iterator[Path]:
-    with dag_in_folder(migrated_airflow_db) as folder:
-        yield folder
-
-
-@pytest.fixture
-def gke() -> Iterator[Any]:
-    with gke_standin() as standin:
-        yield standin
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ from support.gke_pipeline import (
     DAG_ID,
     PROJECT,
     ZONE,
-    dag_in_folder,
-    gke_standin,
     load_dag,
     point_airflow_at,
     task_states,
@@ -81,18 +78,6 @@ class RecordingLauncher(LocalRayLauncher):
         handle = super().launch(spec)
         self.clusters.append(handle.cluster)  # type: ignore[attr-defined]
         return handle
-
-
-@pytest.fixture
-def dags_folder(migrated_airflow_db: Path) -> Iterator[Path]:
-    with dag_in_folder(migrated_airflow_db) as folder:
-        yield folder
-
-
-@pytest.fixture
-def gke() -> Iterator[GKEApiStandin]:
-    with gke_standin() as standin:
-        yield standin
 
 
 # --- the DAG's shape and its checks (no stand-ins) -------------------------------------------------------

@@ -44,24 +44,12 @@ def stop_kept_clusters(tmp_path):
 
 def slice_host_placement(state_dir: Path) -> list[tuple[str, str]]:
     """(slice name, TPU worker id) of the node of each live SliceHost actor (a multi-host replica's workers)."""
-    import requests
+    from support.ray_cluster import alive_actors
     from tpuflow.local.cluster import LocalRayCluster
 
     cluster = LocalRayCluster.load(state_dir)
     labels = {n["node_id"]: n.get("labels") or {} for n in cluster.nodes_summary()}
-    resp = requests.get(
-        f"{cluster.dashboard_url}/api/v0/actors",
-        params={"detail": "1", "limit": "1000"},
-        headers=cluster.auth_headers(),
-        timeout=30,
-    )
-    resp.raise_for_status()
-    actors = [
-        a
-        for a in resp.json()["data"]["result"]["result"]
-        if a.get("state") == "ALIVE" and "SliceHost" in str(a.get("class_name"))
-    ]
-    node_labels = [labels.get(a["node_id"], {}) for a in actors]
+    node_labels = [labels.get(a["node_id"], {}) for a in alive_actors(cluster, "SliceHost")]
     return sorted((lab.get("ray.io/tpu-slice-name", ""), lab.get("ray.io/tpu-worker-id", "")) for lab in node_labels)
 
 
