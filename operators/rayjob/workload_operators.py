@@ -241,6 +241,13 @@ class RayTrainOperator(RaySubmitJobOperator):
             "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
             "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **(self.worker_env or {})},
         }
+        scaling = spec["scaling_config"]
+        if simulated and tpu.multi_host and tpu.num_slices == 1 and "TPU" in scaling.get("resources_per_worker", {}):
+            # A v5e/v6e topology of <= 8 chips on smaller VMs (2x4 as two 4-chip hosts): Ray reads it as one VM
+            # and then reserves no slice by name (ray.util.tpu.get_chips_per_host), so on a cluster of several
+            # such slices the workers could straddle two. Each simulated host carries its slice's name as a
+            # unit resource: pin the workers to one slice.
+            scaling["resources_per_worker"] = {**scaling["resources_per_worker"], self._slice_resource(0): 1}
         if self.framework == "torch":
             # On real chips TorchTPU wants one worker per TPU device (seed tutorial, FSDP2 on TPU).
             # Simulated hosts have no chips (Ray Train's TPU device manager needs torch_tpu), so torch
@@ -252,9 +259,13 @@ class RayTrainOperator(RaySubmitJobOperator):
                 spec["scaling_config"] = {
                     "use_tpu": False,
                     "num_workers": tpu.total_hosts,
-                    "resources_per_worker": {"CPU": 1, f"{self._cluster_info().get('name')}-slice-0": 1},
+                    "resources_per_worker": {"CPU": 1, self._slice_resource(0): 1},
                 }
         return spec
+
+    def _slice_resource(self, index: int) -> str:
+        """The unit resource each simulated host of slice ``index`` carries (tpuflow.local.cluster)."""
+        return f"{self._cluster_info().get('name')}-slice-{index}"
 
     def build_entrypoint(self, context: Context) -> str:
         spec = self.build_spec(getattr(context["ti"], "try_number", 1))

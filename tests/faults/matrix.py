@@ -29,7 +29,7 @@ from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePool
 from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
 
 CONF = {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"}
-CLUSTER_DEADLINE = 20.0  # create_ray_cluster's wait, test-sized
+CLUSTER_DEADLINE = 20.0  # the Ray clusters' ready wait, test-sized
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ def run_case(case: FaultCase, dags_folder: Path, gke: GKEApiStandin, tmp_path: P
     with kube:
         point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
         dag = load_dag(dags_folder, poll=0.3)
-        dag.get_task("create_ray_cluster").wait_timeout = CLUSTER_DEADLINE
+        for task_id in ("create_prep_cluster", "create_ray_cluster"):
+            dag.get_task(task_id).wait_timeout = CLUSTER_DEADLINE
         case.inject(gke, kube)
         started = time.monotonic()
         run = dag.test(run_conf=CONF)

@@ -1,22 +1,18 @@
 """Ray jobs with gs:// storage against the emulator, on one simulated v6e 2x2 slice: prep's parquet
-and Ray Train's checkpoints under injected transient faults, and the preemption drill resuming
-from the bucket's latest checkpoint."""
+and Ray Train's checkpoints under injected transient faults. (The preemption drill resuming from the
+bucket's latest checkpoint is tests/rayjob/test_preemption.py, in make test.)"""
 
 from __future__ import annotations
 
 import json
-import re
-import threading
-import time
 
 import pytest
 from support.fault_proxy import FaultProxy, Rule, writes_to
 from support.gcs_bucket import list_bucket
-from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import read_text
 
-# Fault-injected training and the preemption drill on gs:// (about 10 minutes on 2 cores): `make test-long`.
+# Fault-injected training on gs:// (about 5 minutes on 2 cores): `make test-long`.
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 SLICE = {"accelerator": "TPU-V6E", "topology": "2x2"}
 
@@ -94,49 +90,3 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(
     for folder in steps:
         assert f"{folder}/params.npz" in list_bucket(bucket, folder)
     assert steps[result["checkpoint"][len(f"gs://{bucket}/") :]] == 150
-
-
-def test_preempted_host_resumes_from_the_buckets_latest_checkpoint(small_cluster, fresh_context, bucket):
-    info = small_cluster.connection_info()
-    data, every, num_steps = f"gs://{bucket}/drill/data", 100, 500
-    _prep(info, fresh_context, data, num_train=4000)
-    log_uri = f"gs://{bucket}/drill/logs/train-jax.log"
-    train = _train(info, f"gs://{bucket}/drill/train", data, "preempt", num_steps, every, log_uri=log_uri)
-    ctx = fresh_context("train")
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
-    worker.start()
-    hook, sid = train.hook(), train.base_submission_id(ctx)
-    deadline, preempted_at = time.time() + 600, None
-    while time.time() < deadline and worker.is_alive():
-        try:
-            log = hook.get_job_logs(sid)
-        except Exception:  # noqa: BLE001 -- the job may not be up yet
-            log = ""
-        steps = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", log)]
-        if steps and max(steps) >= 2 * every + 50 and len(_checkpoints(bucket, "drill/train/preempt/")) >= 2:
-            preempted_at = max(steps)
-            small_cluster.preempt_host(0, 0, restart_after=2)
-            break
-        time.sleep(1)
-    assert preempted_at is not None, "training never got past two checkpoints"
-    worker.join(timeout=900)
-    assert "result" in outcome, "training did not finish after the preemption"
-    assert outcome["result"]["resumed"] is True
-    kept = read_text(log_uri)
-    resumed = [int(s) for s in re.findall(r"resumed from checkpoint \S+ at step (\d+)", kept)]
-    assert resumed, "the kept log (in the bucket) must say which checkpoint training resumed from"
-    assert re.search(rf"resumed from checkpoint {bucket}/drill/train/preempt/checkpoint_\S+ at step", kept)
-    assert preempted_at - resumed[-1] <= every + 50  # lost at most one interval (+ log granularity)
-    assert max(_checkpoints(bucket, "drill/train/preempt/").values()) == num_steps
-
-    evaluation = RaySubmitJobOperator(
-        task_id="evaluate",
-        cluster=info,
-        deferrable=False,
-        poll_interval=0.5,
-        entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {outcome['result']['checkpoint']} "
-        f"--data {data}/heldout --output gs://{bucket}/drill/eval/jax.json",
-    ).execute(fresh_context("evaluate"))
-    assert evaluation["n"] == 200 and evaluation["step"] == num_steps
-    assert json.loads(read_text(f"gs://{bucket}/drill/eval/jax.json"))["n"] == 200

@@ -1,20 +1,25 @@
-"""A simulated TPU host is preempted mid-training: training resumes from its latest checkpoint,
-loses at most one checkpoint interval, and the model still passes the accuracy gate.
+"""A simulated TPU host is preempted mid-training with every output in Cloud Storage (the GCS emulator), as
+on GKE: training resumes from the bucket's latest checkpoint, loses at most one checkpoint interval, and
+the model still passes the accuracy gate.
 
 It runs on the session's two v6e 2x4 slices (tests/conftest.py): the host preempted is a host of the slice
 the trainer reserved, and it comes back, so the session's cluster stays whole."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
-from pathlib import Path
+import uuid
 
 import pytest
+from support.gcs_bucket import list_bucket
 from support.ray_cluster import alive_actors, slice_index, slice_of_node
+from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from tpuflow.storage import EMULATOR_ENV, read_text
 
 pytestmark = pytest.mark.slow
 # The model's loss is near zero by step 500 (the demo's logs): 900 steps still meet the gate after a resume.
@@ -22,7 +27,22 @@ CHECKPOINT_EVERY = 150
 NUM_STEPS = 900
 
 
-def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluster, fresh_context, tmp_path: Path):
+def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
+    """checkpoint folder -> step, from each checkpoint's meta.json in the bucket."""
+    return {
+        name.rsplit("/", 1)[0]: json.loads(read_text(f"gs://{bucket}/{name}") or "{}")["step"]
+        for name in list_bucket(bucket, prefix)
+        if name.endswith("/meta.json")
+    }
+
+
+def test_preempted_host_resumes_from_the_buckets_checkpoint_and_passes_the_gate(
+    slice_cluster, gcs_emulator, fresh_context, monkeypatch
+):
+    bucket = f"tpuflow-drill-{uuid.uuid4().hex[:8]}"
+    ensure_buckets(gcs_emulator.url, [bucket])
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # gs:// here, and in the jobs the operators submit
+    root = f"gs://{bucket}/drill"
     info = slice_cluster.connection_info()
     RayDataPrepOperator(
         task_id="prep",
@@ -30,8 +50,9 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluste
         module="addition.prep",
         deferrable=False,
         poll_interval=0.5,
-        arguments={"output_dir": str(tmp_path / "data"), "date": "2026-11-02", "num_train": 20000},
+        arguments={"output_dir": f"{root}/data", "date": "2026-11-02", "num_train": 20000},
     ).execute(fresh_context("prep"))
+    log_uri = f"{root}/logs/train-jax.log"
     train = RayTrainOperator(
         task_id="train",
         cluster=info,
@@ -42,11 +63,12 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluste
         accelerator="TPU-V6E",
         topology="2x4",
         machine_type="ct6e-standard-4t",
-        storage_path=str(tmp_path / "train"),
+        storage_path=f"{root}/train",
         run_name="preempt",
-        datasets={"train": str(tmp_path / "data" / "train")},
+        datasets={"train": f"{root}/data/train"},
         train_loop_config={"num_steps": NUM_STEPS, "checkpoint_every": CHECKPOINT_EVERY},
-        log_uri=str(tmp_path / "train.log"),
+        checkpoint_num_to_keep=None,
+        log_uri=log_uri,
     )
     ctx = fresh_context("train")
     outcome: dict = {}
@@ -59,7 +81,11 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluste
     preempted_at = None
     while time.time() < deadline and worker.is_alive():
         steps = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", _logs(hook, sid))]
-        if steps and max(steps) >= 2 * CHECKPOINT_EVERY + 100:
+        if (
+            steps
+            and max(steps) >= 2 * CHECKPOINT_EVERY + 100
+            and len(_checkpoints(bucket, "drill/train/preempt/")) >= 2
+        ):
             preempted_at = max(steps)
             (training,) = {
                 slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
@@ -73,10 +99,12 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluste
     result = outcome["result"]
     assert result["resumed"] is True
 
-    log = (tmp_path / "train.log").read_text()
-    resumed = [int(s) for s in re.findall(r"resumed from checkpoint \S+ at step (\d+)", log)]
-    assert resumed, "the log must say which checkpoint training resumed from"
+    kept = read_text(log_uri) or ""  # the driver log, kept in the bucket
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint \S+ at step (\d+)", kept)]
+    assert resumed, "the kept log must say which checkpoint training resumed from"
+    assert re.search(rf"resumed from checkpoint {bucket}/drill/train/preempt/checkpoint_\S+ at step", kept)
     assert preempted_at - resumed[-1] <= CHECKPOINT_EVERY + 100  # lost at most one interval (+ log granularity)
+    assert max(_checkpoints(bucket, "drill/train/preempt/").values()) == NUM_STEPS
 
     evaluation = RaySubmitJobOperator(
         task_id="evaluate",
@@ -84,10 +112,11 @@ def test_preempted_host_resumes_from_checkpoint_and_passes_the_gate(slice_cluste
         deferrable=False,
         poll_interval=0.5,
         entrypoint=f"python -m addition.evaluate --framework jax --checkpoint {result['checkpoint']} "
-        f"--data {tmp_path / 'data' / 'heldout'}",
+        f"--data {root}/data/heldout --output {root}/eval/jax.json",
         min_result={"accuracy": 0.9},
     ).execute(fresh_context("evaluate"))
     assert evaluation["accuracy"] >= 0.9
+    assert json.loads(read_text(f"{root}/eval/jax.json") or "{}")["accuracy"] == evaluation["accuracy"]
 
 
 def _logs(hook, sid: str) -> str:

@@ -5,13 +5,13 @@ from tpuflow.errors import UserInputError
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 
-def op(framework="jax", backend="local", **kw):
+def op(framework="jax", backend="local", topology="4x4", **kw):
     return RayTrainOperator(
         task_id="train",
         framework=framework,
         train_loop=f"addition.train_{framework}:train_loop_per_worker",
         accelerator="TPU-V6E",
-        topology="4x4",
+        topology=topology,
         storage_path="/tmp/s",
         run_name="r",
         cluster={"backend": backend, "name": "c1", "dashboard_url": "http://x"},
@@ -29,6 +29,17 @@ def test_jax_spec_uses_the_catalog_scaling_config():
     }
     assert spec["worker_env"]["JAX_PLATFORMS"] == "cpu"
     assert "JAX_PLATFORMS" not in op(backend="kuberay").build_spec()["worker_env"]
+
+
+def test_jax_on_a_2x4_of_two_hosts_is_pinned_to_one_simulated_slice():
+    """Ray reads v6e 2x4 as one 8-chip VM and reserves no slice by name; as two 4-chip hosts the workers could
+    straddle two slices, so on simulated slices they are pinned to one (on GKE the spec is Ray's own)."""
+    two_hosts = {"topology": "2x4", "machine_type": "ct6e-standard-4t"}
+    spec = op(**two_hosts).build_spec()
+    assert spec["scaling_config"]["resources_per_worker"] == {"TPU": 4, "c1-slice-0": 1}
+    assert spec["scaling_config"]["num_workers"] == 2
+    assert op(backend="kuberay", **two_hosts).build_spec()["scaling_config"]["resources_per_worker"] == {"TPU": 4}
+    assert "resources_per_worker" not in op().build_spec()["scaling_config"]  # 4x4: Ray gang-reserves the slice
 
 
 def test_torch_on_real_chips_is_one_worker_per_device_with_tpu_dist():
