@@ -59,3 +59,24 @@ def slice_of_node(cluster: Any) -> dict[str, str]:
 def slice_index(cluster: Any, slice_name: str) -> int:
     """The index ``kill_host`` / ``preempt_host`` take for the slice named ``slice_name``."""
     return sorted({s for s in slice_of_node(cluster).values() if s}).index(slice_name)
+
+
+def run_job(cluster: Any, args: str, runtime_env: dict[str, Any], timeout: float = 600.0) -> str:
+    """Submit ``python ARGS`` to the cluster through Ray's JobSubmissionClient, wait for it to succeed, return its logs.
+
+    The interpreter is this one: the cluster inherits the PATH of whoever started it, which need not lead here."""
+    import shlex
+    import sys
+    import time
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.auth_headers())
+    job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} {args}", runtime_env=runtime_env)
+    deadline = time.time() + timeout
+    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.time() < deadline, f"job {job} still {status}"
+        time.sleep(1)
+    logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-4000:]
+    return logs

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ray_cluster import run_job
 from tpuflow_driver.result import parse_result
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
@@ -19,8 +18,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.long  # make test trains on simulated slices in tests/workloads/test_multislice.py and the demo runs
 def test_driver_job_on_simulated_v6e_2x4(v6e_2x4: Any, prepared: dict[str, Any], tmp_path: Path) -> None:
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
     cluster, tpu = v6e_2x4
     spec = {
         "framework": "jax",
@@ -32,18 +29,12 @@ def test_driver_job_on_simulated_v6e_2x4(v6e_2x4: Any, prepared: dict[str, Any],
         "datasets": {"train": prepared["train_path"]},
         "worker_env": {"JAX_PLATFORMS": "cpu"},
     }
-    client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.auth_headers())
-    job = client.submit_job(
-        # the cluster inherits the PATH of whoever started it, which need not lead to this venv
-        entrypoint=f"{shlex.quote(sys.executable)} -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}",
-        runtime_env={"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}},
+    logs = run_job(
+        cluster,
+        f"-m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}",
+        {"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}},
+        timeout=420,
     )
-    deadline = time.time() + 420
-    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
-        assert time.time() < deadline, f"job {job} still {status}"
-        time.sleep(2)
-    logs = client.get_job_logs(job)
-    assert status == JobStatus.SUCCEEDED, logs[-4000:]
     result = parse_result(logs)
     assert result is not None, logs[-4000:]
     m = result["metrics"]

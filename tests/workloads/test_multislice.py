@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from support.airflow_context import task_context
+from support.ray_cluster import run_job
 from tpuflow_driver.result import parse_result
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
@@ -73,22 +73,13 @@ def test_preflight_fails_naming_the_host_that_cannot_reach_the_others(two_slices
 
 
 def test_jax_trains_across_two_slices_one_worker_per_host(two_slices: Any, tmp_path: Path) -> None:
-    from ray.job_submission import JobStatus, JobSubmissionClient
     from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t", num_slices=2)
-    client = JobSubmissionClient(two_slices.dashboard_url, headers=two_slices.auth_headers())
     env = {"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}}
 
     def run(entrypoint: str) -> str:
-        job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} {entrypoint}", runtime_env=env)
-        deadline = time.time() + 600
-        while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
-            assert time.time() < deadline, f"job {job} still {status}"
-            time.sleep(1)
-        logs = client.get_job_logs(job)
-        assert status == JobStatus.SUCCEEDED, logs[-4000:]
-        return logs
+        return run_job(two_slices, entrypoint, env)
 
     data = tmp_path / "data"
     run(f"-m addition.prep --output-dir {data} --date 2026-01-01 --num-train 2000")
