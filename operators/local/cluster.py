@@ -47,6 +47,11 @@ NODE_IP = "127.0.0.2"
 UNREACHABLE_FLAG_ENV = "TPUFLOW_SIM_UNREACHABLE_FLAG"
 
 
+def slice_name(cluster_name: str, index: int) -> str:
+    """The name of simulated slice ``index``: its hosts' TPU_NAME, so also the unit resource each host carries."""
+    return f"{cluster_name}-slice-{index}"
+
+
 def default_base_dir() -> Path:
     """Where local cluster state lives unless a base_dir is given: clusters/ under tpuflow_home()."""
     return tpuflow_home() / "clusters"
@@ -162,7 +167,7 @@ class LocalRayCluster:
             if tpu is not None:
                 for s in range(tpu.num_slices):
                     for w in range(tpu.num_hosts):
-                        cluster._start_host(tpu, f"{name}-slice-{s}", w, base_env, host_cpus, timeout)
+                        cluster._start_host(tpu, slice_name(name, s), w, base_env, host_cpus, timeout)
             cluster._wait_for_nodes(1 + hosts, timeout)
         except BaseException:
             cluster.stop()
@@ -267,7 +272,7 @@ class LocalRayCluster:
             if (
                 node.role == "tpu-host"
                 and node.worker_id == worker_id
-                and node.slice_name.endswith(f"-slice-{slice_index}")
+                and node.slice_name == slice_name(self.name, slice_index)
             ):
                 return node
         raise UserInputError(

@@ -264,8 +264,10 @@ class RayTrainOperator(RaySubmitJobOperator):
         return spec
 
     def _slice_resource(self, index: int) -> str:
-        """The unit resource each simulated host of slice ``index`` carries (tpuflow.local.cluster)."""
-        return f"{self._cluster_info().get('name')}-slice-{index}"
+        """The unit resource each simulated host of slice ``index`` carries."""
+        from tpuflow.local.cluster import slice_name
+
+        return slice_name(str(self._cluster_info().get("name")), index)
 
     def build_entrypoint(self, context: Context) -> str:
         spec = self.build_spec(getattr(context["ti"], "try_number", 1))
