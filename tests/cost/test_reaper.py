@@ -152,6 +152,12 @@ def test_one_reaper_run_removes_every_orphan_and_nothing_else(gke: Any, tmp_path
         # before its pool), and one made by hand
         for name, run in (("wp-killed", KILLED_RUN), ("wp-live", LIVE_RUN), ("wp-by-hand", None)):
             make_policy(gke, run, name)
+        # an insert is an operation: the policies exist once it is done (on an idle machine the dry run below
+        # came before that, and missed wp-killed)
+        deadline = time.time() + 30
+        while time.time() < deadline and len(policy_names(gke)) < 3:
+            time.sleep(0.05)
+        assert policy_names(gke) == ["wp-by-hand", "wp-killed", "wp-live"]
         # Kubernetes: a RayCluster left by the killed run, one of the live run, one without labels
         store = kube.store
         for name, identity in (("killed-run", KILLED_RUN), ("live-run", LIVE_RUN)):
