@@ -76,6 +76,8 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(one_host: Any,
     assert list((tmp_path / "train").glob("**/checkpoint_*")), "Ray Train's checkpoints are kept for a resume"
     # a retry finds the budget spent: it fails before submitting a second job
     time.sleep(1)
-    with pytest.raises(AirflowFailException, match="budget spent before training; nothing submitted"):
+    with pytest.raises(
+        AirflowFailException, match=r"budget spent before training \(.*max_chip_hours=.*\); nothing submitted"
+    ):
         train_op().execute(context(2))
     assert len(hook.find_jobs(jobs[0].submission_id)) == 1

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
@@ -323,3 +324,29 @@ def test_ray_side_resolver_uses_the_emulator(bucket: str, ray_storage, gcs_emula
     ray_storage.delete(f"gs://{bucket}/a")
     assert list_bucket(bucket) == []
     assert ray_storage.uri(fs, f"{bucket}/ckpt") == f"gs://{bucket}/ckpt"
+
+
+@pytest.mark.parametrize(
+    ("root", "said"),
+    [
+        ("gs://tpuflow-no-such-bucket/run", "roles/storage.objectUser"),
+        ("gs://Bad_Bucket!/run", "gs://BUCKET/PREFIX"),
+    ],
+)
+def test_the_shipped_pipeline_fails_at_its_first_task_on_a_bad_output_root(
+    root: str, said: str, migrated_airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: Any
+) -> None:
+    """tpu_llm_pipeline_local with a missing bucket or a malformed URI: check_params fails naming it, no
+    lease is taken and no cluster starts (the teardown tasks find nothing to stop)."""
+    from tpuflow.pipeline.factory import build_pipeline_dag
+
+    monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
+    dag = build_pipeline_dag("tpu_llm_pipeline_local", schedule=None, output_root=root)
+    run = dag.test()
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states["check_params"] == "failed", states
+    assert all(states[t] in ("upstream_failed", "skipped", None) for t in ("acquire_slice", "start_cluster"))
+    assert not list((tmp_path / "home").glob("clusters/*/state.json")), "no cluster may start"
+    assert not list((tmp_path / "home").glob("slice-leases/**/*.json")), "no lease may be taken"
+    out = "".join(capfd.readouterr())
+    assert any(root in line and said in line for line in out.splitlines()), out[-3000:]

@@ -93,31 +93,38 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     assert cluster_states(tmp_path) == []
 
 
-@pytest.mark.timeout(1800)  # the demo's own 1500 s wait, not the suite's 900 s default
-def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, gcs_emulator, monkeypatch):
-    """TorchTrainer on a two-host slice with a gs:// output root (an emulator the demo did not start):
-    data, checkpoints, evaluation, report and logs land in the bucket; nothing is left running."""
+@pytest.mark.timeout(2700)  # two demo runs
+def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_bucket(
+    tmp_path, gcs_emulator, monkeypatch
+):
+    """TorchTrainer on a two-host slice with a gs:// output root (an emulator the demo did not start), behind a
+    proxy that fails parquet and checkpoint uploads now and then (503, 429, connection reset): the clients'
+    own retries carry every write, and data, checkpoints, evaluation, report and logs land in the bucket;
+    nothing is left running. The same date again from a new Airflow home reuses what the bucket holds."""
+    from support.fault_proxy import FaultProxy, Rule, writes_to
     from support.gcs_bucket import list_bucket
     from tpuflow.dev.gcs_emulator import EMULATOR_ENV
     from tpuflow.storage import read_text
 
     bucket, run = "tpuflow-demo", f"run/{DAG_ID}/{DATE}"
-    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # this process lists the bucket too
-    out = run_demo(
-        tmp_path,
-        "--framework",
-        "torch",
-        *MULTI_HOST,
-        "--train-steps",
-        "1200",
-        "--accuracy-threshold",
-        "0.5",
-        "--output-root",
-        f"gs://{bucket}/run",
-        **{EMULATOR_ENV: gcs_emulator.url},
-    )
+    proxy = FaultProxy(gcs_emulator.url).start()
+    proxy.add(Rule(503, writes_to(".parquet"), every=2, limit=2))
+    proxy.add(Rule("reset", writes_to(".parquet"), every=3, limit=1))
+    proxy.add(Rule(503, writes_to("checkpoint_"), every=3, limit=3))
+    proxy.add(Rule(429, writes_to("checkpoint_"), every=5, limit=1))
+    proxy.add(Rule("reset", writes_to("checkpoint_"), every=7, limit=1))
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # this process lists the bucket too, past the proxy
+    args = ("--framework", "torch", *MULTI_HOST, "--output-root", f"gs://{bucket}/run")
+    try:
+        out = run_demo(
+            tmp_path, *args, "--train-steps", "1200", "--accuracy-threshold", "0.5", **{EMULATOR_ENV: proxy.url}
+        )
+    finally:
+        proxy.stop()
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
     assert "pipeline succeeded" in out.stdout and f"gs://{bucket}/{run}" in out.stdout
+    injected = [target for _, target, _ in proxy.injected]
+    assert sum(".parquet" in t for t in injected) >= 2 and sum("checkpoint_" in t for t in injected) >= 3, injected
 
     relative = [n[len(run) + 1 :] for n in list_bucket(bucket, run + "/")]
     assert "data/_SUCCESS" in relative
@@ -125,6 +132,8 @@ def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, g
     assert any(n.startswith("data/heldout/") and n.endswith(".parquet") for n in relative)
     checkpoints = {n.rsplit("/", 1)[0] for n in relative if n.startswith("train/") and n.endswith("/meta.json")}
     assert len(checkpoints) >= 1 and all("/checkpoint_" in c for c in checkpoints)
+    # no checkpoint lost to a failed upload: each one is whole (its weights next to its meta.json)
+    assert all(any(n.startswith(c + "/") and not n.endswith("meta.json") for n in relative) for c in checkpoints)
     assert "eval/torch.json" in relative and "report.json" in relative
     assert {"logs/prep.log", "logs/train-torch.log", "logs/evaluate-torch.log"} <= set(relative)
 
@@ -136,6 +145,22 @@ def test_torch_pipeline_end_to_end_writes_every_output_to_the_bucket(tmp_path, g
     # the Serve replica and the evaluation loaded the checkpoint from the bucket
     assert evaluation["checkpoint"].startswith(f"gs://{bucket}/{run}/train/") and evaluation["n"] == 200
     assert cluster_states(tmp_path) == [], "the teardown task must stop the cluster"
+
+    # a rerun of the date (a redeployed scheduler, a cleared run): prep is skipped, training stops at the
+    # bucket's last checkpoint, the evaluation scores the same one
+    again = run_demo(
+        tmp_path / "rerun", *args, "--train-steps", "1200", "--accuracy-threshold", "0.5",
+        **{EMULATOR_ENV: gcs_emulator.url},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-5000:]
+    assert "exists with the same parameters; skipping" in read_text(f"gs://{bucket}/{run}/logs/prep.log")
+    assert "nothing to train" in read_text(f"gs://{bucket}/{run}/logs/train-torch.log")
+    after = [n[len(run) + 1 :] for n in list_bucket(bucket, run + "/")]
+    assert {n for n in after if n.startswith("data/")} == {n for n in relative if n.startswith("data/")}
+    assert {n.rsplit("/", 1)[0] for n in after if n.startswith("train/") and n.endswith("/meta.json")} == checkpoints
+    rerun = json.loads(read_text(f"gs://{bucket}/{run}/eval/torch.json"))
+    assert rerun["checkpoint"] == evaluation["checkpoint"] and rerun["accuracy"] == evaluation["accuracy"]
+    assert cluster_states(tmp_path / "rerun") == []
 
 
 def test_bad_params_fail_before_any_cluster_starts(tmp_path):
