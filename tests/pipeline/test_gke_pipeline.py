@@ -304,12 +304,25 @@ def test_endpoint_teardowns_delete_unless_kept(
 
 # --- end to end on the stand-ins ------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "capacity",
+    # make test runs the queued run (its capacity tasks are no-ops on demand); make test-long the plain one
+    [pytest.param("queued"), pytest.param("on-demand", marks=pytest.mark.long)],
+)
 def test_gke_pipeline_end_to_end_on_the_standins(
-    dags_folder: Path, gke: GKEApiStandin, gcs_emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capacity: str,
+    dags_folder: Path,
+    gke: GKEApiStandin,
+    gcs_emulator: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every output in Cloud Storage, as on GKE: the output root is a bucket of the GCS emulator."""
+    """Every output in Cloud Storage, as on GKE: the output root is a bucket of the GCS emulator. With queued
+    capacity the slice's ProvisioningRequest is Provisioned (after the stand-in's delay), the TPU pods consume
+    it, the run completes and the teardown deletes the request with the pools."""
     from support.gcs_bucket import list_bucket
     from tpuflow.dev.gcs_emulator import ensure_buckets
+    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
     from tpuflow.storage import EMULATOR_ENV, read_text
 
     bucket = "tpuflow-gke-outputs"
@@ -321,6 +334,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
     )
     with kube:
         point_airflow_at(monkeypatch, gke, kube, f"gs://{bucket}/runs")
+        monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_TPU_CAPACITY", capacity)
         dag = load_dag(dags_folder, poll=0.5)
         # The orchestration on GKE is what this run checks; the demo runs train the defaults behind the gate.
         conf = {
@@ -378,8 +392,21 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             if r["method"] == "POST" and r["path"].endswith("/nodePools")
         ]
         assert sorted(created) == ["ct6e-standard-1t", "ct6e-standard-4t"], gke.requests
+        queued = [
+            (r["body"] or {}).get("nodePool", {}).get("queuedProvisioning")
+            for r in gke.requests
+            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+        ]
+        assert queued == [{"enabled": True}] * 2 if capacity == "queued" else not any(queued), queued
+        requested = tis["request_capacity"].xcom_pull(task_ids="request_capacity")
+        if capacity == "queued":
+            # the slice's request, named for the run, was Provisioned before the RayCluster was made
+            assert requested["name"] and "skipped" not in requested, requested
+        else:
+            assert requested["skipped"], requested
         wait_until_empty(gke, kube)
         assert gke.node_pools() == []
+        assert kube.store.list(PROVISIONING_REQUESTS) == [] and kube.store.list(POD_TEMPLATES) == []
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
         # Three Ray clusters were started (CPU prep, TPU training, then the RayService's); none is left.
         from tpuflow.local.cluster import _pids_referencing
