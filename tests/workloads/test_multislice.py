@@ -1,11 +1,12 @@
 """Two simulated v6e 2x4 slices (two 4-chip hosts each; the session's slice_cluster): the slice preflight
 through its operator (passing, then failing on a host made unreachable for collectives, naming it), and
 JaxTrainer across both slices (one worker per host of every slice, the slice identity and multi-slice
-environment Ray Train set on each worker)."""
+environment Ray Train set on each worker), through a host of one slice preempted mid-training."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -72,30 +73,68 @@ def test_preflight_fails_naming_the_host_that_cannot_reach_the_others(two_slices
     assert message.endswith(f"{host} (127.0.0.2)")
 
 
-def test_jax_trains_across_two_slices_one_worker_per_host(two_slices: Any, tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)
+def test_jax_trains_across_two_slices_and_a_host_lost_in_one_restarts_both_from_a_checkpoint(
+    two_slices: Any, tmp_path: Path
+) -> None:
+    """JaxTrainer across both slices, one worker per host of every slice, each with its slice identity and the
+    multi-slice environment Ray Train set; one host of slice 1 is preempted (and comes back): the whole group,
+    both slices, restarts from the latest checkpoint (a slice cannot run short of a host), the driver log
+    names the slice and host lost, and training finishes with 4 workers, 2 per slice, never mixed."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    from support.ray_cluster import alive_actors, slice_of_node
     from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t", num_slices=2)
-    env = {"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}}
-
-    def run(entrypoint: str) -> str:
-        return run_job(two_slices, entrypoint, env)
-
+    # Ray Train gives a restarting worker group 60 s to start; on a busy 2-core machine the replaced host's
+    # four new workers can take longer, which Ray counts as one more failure
+    env_vars = {"JAX_PLATFORMS": "cpu", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300"}
+    env = {"working_dir": str(WORKLOADS), "env_vars": env_vars}
     data = tmp_path / "data"
-    run(f"-m addition.prep --output-dir {data} --date 2026-01-01 --num-train 2000")
+    run_job(two_slices, f"-m addition.prep --output-dir {data} --date 2026-01-01 --num-train 2000", env)
+    every, steps = 50, 400
     spec = {
         "framework": "jax",
         "train_loop": "addition.train_jax:train_loop_per_worker",
-        "train_loop_config": {"num_steps": 40, "checkpoint_every": 40, "log_every": 20},
+        "train_loop_config": {"num_steps": steps, "checkpoint_every": every, "log_every": 10},
         "scaling_config": tpu.scaling_config(),
-        "run_name": "two-slices",
+        "run_name": "two-slices-preempted",
         "storage_path": str(tmp_path / "runs"),
         "datasets": {"train": str(data / "train")},
         "worker_env": {"JAX_PLATFORMS": "cpu"},
+        "max_failures": 2,
     }
-    logs = run(f"-m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}")
-    metrics = parse_result(logs)["metrics"]
-    assert (metrics["step"], metrics["world_size"], metrics["replicas_in_sync"]) == (40, 4, True)
+    import sys
+
+    client = JobSubmissionClient(two_slices.dashboard_url, headers=two_slices.auth_headers())
+    args = f"-m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
+    job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} {args}", runtime_env=env)
+    lost = None
+    deadline = time.time() + 900
+    try:
+        while time.time() < deadline and client.get_job_status(job) not in {JobStatus.SUCCEEDED, JobStatus.FAILED}:
+            done = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", client.get_job_logs(job))]
+            if lost is None and done and max(done) >= every + 20:
+                nodes = slice_of_node(two_slices)
+                slices = {nodes[a["node_id"]] for a in alive_actors(two_slices, "RayTrainWorker")}
+                assert len(slices) == 2, "the trainer runs on both slices"
+                lost = two_slices.preempt_host(1, 1, restart_after=2)
+            time.sleep(1)
+    finally:  # the session's slices must not stay reserved by a job this test gave up on
+        if client.get_job_status(job) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+            client.stop_job(job)
+    logs = client.get_job_logs(job)
+    assert client.get_job_status(job) == JobStatus.SUCCEEDED, logs[-4000:]
+    assert lost is not None, "training ended before a host could be preempted"
+    result = parse_result(logs)
+    assert f"[driver] slice {two_slices.name}-slice-1 lost its host worker 1" in logs, logs[-4000:]
+    assert {"slice": f"{two_slices.name}-slice-1", "worker": "1"} in result["hosts_lost"], result["hosts_lost"]
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint \S+ at step (\d+)", logs)]
+    # the group (both slices: one mesh, one world of 4) went on from a checkpoint, not from step 0
+    assert resumed and min(resumed) >= every, logs[-4000:]
+    metrics = result["metrics"]
+    assert result["resumed"] is True and metrics["resumed_from"], metrics
+    assert (metrics["step"], metrics["world_size"], metrics["replicas_in_sync"]) == (steps, 4, True)
     assert metrics["num_slices"] == 2
     workers = metrics["workers"]
     by_slice: dict[str, list[dict[str, Any]]] = {}
