@@ -909,13 +909,21 @@ class _Handler(LoopbackHandler):
             quoted = warning.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
             self.send_header("Warning", f'299 - "{quoted}"')
         self.end_headers()
+        self._record(code)  # before the body goes out: a client that has its answer finds the request logged
         self.wfile.write(data)
+
+    def _record(self, code: int) -> None:
+        if getattr(self, "_recorded", True):
+            return
+        self._recorded = True
+        elapsed = round(time.monotonic() - self._started, 4)
+        self.server.standin.requests.append((self.command, self.path, code, elapsed))
 
     def _body(self) -> Any:
         return self.parse_body(_yaml_body)
 
     def _handle(self) -> None:
-        started = time.monotonic()
+        self._started, self._recorded = time.monotonic(), False
         code = 500
         self._warnings: list[str] = []
         self._extra_headers: dict[str, str] = {}
@@ -950,7 +958,7 @@ class _Handler(LoopbackHandler):
             code = 500
             self._send(500, ApiError(500, "InternalError", f"stand-in error: {type(err).__name__}: {err}").body())
         finally:
-            self.server.standin.requests.append((self.command, self.path, code, round(time.monotonic() - started, 4)))
+            self._record(code)  # streamed answers (watches, logs) and clients that went away
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
