@@ -61,18 +61,26 @@ def slice_index(cluster: Any, slice_name: str) -> int:
     return sorted({s for s in slice_of_node(cluster).values() if s}).index(slice_name)
 
 
-def run_job(cluster: Any, args: str, runtime_env: dict[str, Any], timeout: float = 600.0) -> str:
-    """Submit ``python ARGS`` to the cluster through Ray's JobSubmissionClient, wait for it to succeed, return its logs.
+def submit_job(cluster: Any, args: str, runtime_env: dict[str, Any]) -> tuple[Any, str]:
+    """Submit ``python ARGS`` to the cluster through Ray's JobSubmissionClient; returns (client, submission id).
 
     The interpreter is this one: the cluster inherits the PATH of whoever started it, which need not lead here."""
     import shlex
     import sys
-    import time
 
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(cluster.dashboard_url, headers=cluster.auth_headers())
-    job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} {args}", runtime_env=runtime_env)
+    return client, client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} {args}", runtime_env=runtime_env)
+
+
+def run_job(cluster: Any, args: str, runtime_env: dict[str, Any], timeout: float = 600.0) -> str:
+    """``submit_job``, then wait for the job to succeed; returns its logs."""
+    import time
+
+    from ray.job_submission import JobStatus
+
+    client, job = submit_job(cluster, args, runtime_env)
     deadline = time.time() + timeout
     while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
         assert time.time() < deadline, f"job {job} still {status}"

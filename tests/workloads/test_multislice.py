@@ -81,8 +81,8 @@ def test_jax_trains_across_two_slices_and_a_host_lost_in_one_restarts_both_from_
     multi-slice environment Ray Train set; one host of slice 1 is preempted (and comes back): the whole group,
     both slices, restarts from the latest checkpoint (a slice cannot run short of a host), the driver log
     names the slice and host lost, and training finishes with 4 workers, 2 per slice, never mixed."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
-    from support.ray_cluster import alive_actors, slice_of_node
+    from ray.job_submission import JobStatus
+    from support.ray_cluster import alive_actors, slice_of_node, submit_job
     from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t", num_slices=2)
@@ -104,11 +104,7 @@ def test_jax_trains_across_two_slices_and_a_host_lost_in_one_restarts_both_from_
         "worker_env": {"JAX_PLATFORMS": "cpu"},
         "max_failures": 2,
     }
-    import sys
-
-    client = JobSubmissionClient(two_slices.dashboard_url, headers=two_slices.auth_headers())
-    args = f"-m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
-    job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} {args}", runtime_env=env)
+    client, job = submit_job(two_slices, f"-m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}", env)
     lost = None
     deadline = time.time() + 900
     try:
