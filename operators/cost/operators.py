@@ -237,6 +237,8 @@ class ReapOrphansOperator(BaseOperator):
     of ``dag_ids`` left behind is deleted; a failed list deletes nothing and fails the task.
 
     :param dag_ids: templated; the DAGs whose runs own resources (their running runs are asked through the Task SDK).
+        Another DAG's resources are never judged by its runs (still deleted: a node pool past its expiry, a
+        local cluster whose processes are gone).
     :param older_than: templated; e.g. "2h": only resources at least this old.
     :param dry_run: templated; only list them.
     :param gcp_conn_id, project_id, location, cluster_name: the GKE cluster (empty project: no GKE); templated.

@@ -12,6 +12,10 @@ touched:
   run of any DAG named it, or when its processes are gone.
 - slice leases: a lease whose holder run is not running is given back.
 
+"Not running" is only said of the DAGs the run states cover (RunStates.dag_ids; the metadata DB covers
+every DAG, the reaper task only its ``dag_ids``): a resource of another DAG is never an orphan by its
+run state, only past its ``tpuflow-expires`` label (node pools) or with its Ray processes gone (local).
+
 Only resources older than ``older_than`` seconds are taken (a run that just started may not be in
 the list of running runs yet). A failed list stops the reaper before it deletes anything.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,9 +56,28 @@ def _first_line(err: Exception) -> str:
 
 
 class RunStates(Protocol):
+    @property
+    def dag_ids(self) -> Collection[str] | None:
+        """The DAGs running() answers for (None: every DAG). Another DAG's runs are unknown, not finished."""
+        ...
+
     def running(self) -> dict[str, list[str]]:
         """dag_id -> run ids of its running (and queued) runs."""
         ...
+
+
+def _covers(covered: Collection[str] | None, owner: str | None, form: Callable[[str], str] = str) -> bool:
+    """Whether ``owner`` (a DAG id as ``form`` writes it into a label or name) is a covered DAG's; None
+    covers every DAG. An owner that is not covered is kept whatever running() says."""
+    return covered is None or (owner is not None and any(form(dag) == owner for dag in covered))
+
+
+def _local_name_prefix(dag_id: str) -> str:
+    """The part of a local cluster's name its DAG fixes (the name less its digest)."""
+    from tpuflow.local.operators import local_cluster_name
+    from tpuflow.naming import TaskIdentity
+
+    return local_cluster_name(TaskIdentity(dag_id, "", "start_cluster")).rsplit("-", 1)[0]
 
 
 @dataclass
@@ -71,9 +94,10 @@ class Orphan:
 
 # --- deciding ---------------------------------------------------------------------------------------------
 def pool_orphan_reason(
-    labels: Mapping[str, str], running: Mapping[str, list[str]], now: float, dag_ids: Iterable[str]
+    labels: Mapping[str, str], running: Mapping[str, list[str]], now: float, covered: Collection[str] | None = None
 ) -> str | None:
-    """Why a node pool with these resourceLabels is an orphan; None: a running run owns it (or it is not ours)."""
+    """Why a node pool with these resourceLabels is an orphan; None: a running run owns it, its DAG is not
+    ``covered`` (and it is not past its expiry), or it is not ours."""
     from tpuflow.labels import EXPIRES_LABEL, GCE_DAG_LABEL, GCE_MANAGED_LABEL, GCE_RUN_LABEL, gce_label_value
 
     if labels.get(GCE_MANAGED_LABEL) != "true" or GCE_DAG_LABEL not in labels:
@@ -81,7 +105,9 @@ def pool_orphan_reason(
     expires = labels.get(EXPIRES_LABEL, "")
     if expires.isdigit() and int(expires) < now:
         return f"past its {EXPIRES_LABEL} label ({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(int(expires)))} UTC)"
-    dag = next((d for d in dag_ids if gce_label_value(d) == labels[GCE_DAG_LABEL]), None)
+    if not _covers(covered, labels[GCE_DAG_LABEL], gce_label_value):
+        return None
+    dag = next((d for d in running if gce_label_value(d) == labels[GCE_DAG_LABEL]), None)
     if dag is None:
         return f"its DAG ({labels[GCE_DAG_LABEL]}) has no running run"
     if any(gce_label_value(r) == labels.get(GCE_RUN_LABEL) for r in running.get(dag, [])):
@@ -89,12 +115,17 @@ def pool_orphan_reason(
     return f"its run {dag}/{labels.get(GCE_RUN_LABEL)} is not running (finished, or gone from the metadata DB)"
 
 
-def kube_orphan_reason(labels: Mapping[str, str], running: Mapping[str, list[str]]) -> str | None:
-    """Why a RayCluster/RayService with these labels is an orphan; None: a running run owns it (or not ours)."""
+def kube_orphan_reason(
+    labels: Mapping[str, str], running: Mapping[str, list[str]], covered: Collection[str] | None = None
+) -> str | None:
+    """Why a RayCluster/RayService with these labels is an orphan; None: a running run owns it, its DAG is
+    not ``covered``, or it is not ours."""
     from tpuflow.labels import DAG_ID_LABEL, MANAGED_BY, MANAGED_BY_VALUE, RUN_KEY_LABEL, TASK_ID_LABEL, label_safe
     from tpuflow.naming import run_key
 
     if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or RUN_KEY_LABEL not in labels:
+        return None
+    if not _covers(covered, labels.get(DAG_ID_LABEL), label_safe):
         return None
     key, task = labels[RUN_KEY_LABEL], labels.get(TASK_ID_LABEL, "")
     for dag, runs in running.items():
@@ -106,10 +137,14 @@ def kube_orphan_reason(labels: Mapping[str, str], running: Mapping[str, list[str
 
 
 def policy_orphan_reason(
-    description: str | None, users: Iterable[str], orphan_pools: set[str], running: Mapping[str, list[str]]
+    description: str | None,
+    users: Iterable[str],
+    orphan_pools: set[str],
+    running: Mapping[str, list[str]],
+    covered: Collection[str] | None = None,
 ) -> str | None:
-    """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it, or its run
-    is running (the create task makes the policy before its pools)."""
+    """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it, its run is
+    running (the create task makes the policy before its pools) or its DAG is not ``covered``."""
     from tpuflow.gke.workload_policy import owner_of, owner_run_of
     from tpuflow.labels import gce_label_value
 
@@ -119,6 +154,8 @@ def policy_orphan_reason(
     if any(pool not in orphan_pools for pool in users):
         return None
     owner = owner_run_of(description)
+    if not _covers(covered, owner[0] if owner else None, gce_label_value):
+        return None
     if owner is not None:
         dag = next((d for d in running if gce_label_value(d) == owner[0]), None)
         if dag is not None and any(gce_label_value(r) == owner[1] for r in running[dag]):
@@ -129,8 +166,11 @@ def policy_orphan_reason(
     return f"{run} and no node pool uses it"
 
 
-def local_orphan_reason(name: str, alive: bool, running: Mapping[str, list[str]]) -> str | None:
-    """Why a local cluster is an orphan; None: a running run started it, or no run did (``tpuflow local up``)."""
+def local_orphan_reason(
+    name: str, alive: bool, running: Mapping[str, list[str]], covered: Collection[str] | None = None
+) -> str | None:
+    """Why a local cluster is an orphan; None: a running run started it, no run did (``tpuflow local up``),
+    or (its processes alive) its DAG is not ``covered``."""
     from tpuflow.local.operators import local_cluster_name
     from tpuflow.naming import TaskIdentity
 
@@ -138,6 +178,8 @@ def local_orphan_reason(name: str, alive: bool, running: Mapping[str, list[str]]
         return None  # started by `tpuflow local up` or by hand: not a run's
     if not alive:
         return "its Ray processes are gone (the run was killed; its state was left behind)"
+    if not _covers(covered, name.rsplit("-", 1)[0], _local_name_prefix):
+        return None
     for dag, runs in running.items():
         if any(local_cluster_name(TaskIdentity(dag, run, "start_cluster")) == name for run in runs):
             return None
@@ -164,14 +206,15 @@ def list_pools(hook: Any, project_id: str, cluster_name: str) -> tuple[list[dict
 
 def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list[dict[str, Any]],
                       operations: list[dict[str, Any]], running: Mapping[str, list[str]], older_than: float,
-                      now: float, wait_timeout: float = 1800.0) -> list[Orphan]:  # fmt: skip
+                      now: float, wait_timeout: float = 1800.0,
+                      covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
     from tpuflow.cost.ledger import pool_span
 
     where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
     found = []
     for pool in pools:
         labels = (pool.get("config") or {}).get("resourceLabels") or {}
-        reason = pool_orphan_reason(labels, running, now, running.keys())
+        reason = pool_orphan_reason(labels, running, now, covered)
         if reason is None:
             continue
         created, _ = pool_span(operations, pool["name"])
@@ -189,7 +232,8 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
 
 def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[dict[str, Any]],
                         orphan_pools: set[str], running: Mapping[str, list[str]], older_than: float, now: float,
-                        wait_timeout: float = 600.0) -> list[Orphan]:  # fmt: skip
+                        wait_timeout: float = 600.0,
+                        covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
     """The workload policies tpuflow made in ``region`` that nothing live needs (``pools``: the cluster's, REST JSON)."""
     from tpuflow.cost.ledger import rfc3339_to_unix
     from tpuflow.gke.hooks import to_rest_json
@@ -208,7 +252,7 @@ def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[
         if not policy.get("workloadPolicy"):
             continue
         name = policy["name"]
-        reason = policy_orphan_reason(policy.get("description"), users.get(name, []), orphan_pools, running)
+        reason = policy_orphan_reason(policy.get("description"), users.get(name, []), orphan_pools, running, covered)
         stamp = policy.get("creationTimestamp")
         if reason is None or (stamp and now - rfc3339_to_unix(stamp) < older_than):
             continue
@@ -253,7 +297,7 @@ def delete_pool(hook: Any, project_id: str, cluster_name: str, name: str, timeou
 
 
 def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]], older_than: float,
-                      now: float) -> list[Orphan]:  # fmt: skip
+                      now: float, covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
     from tpuflow.cost.ledger import rfc3339_to_unix
     from tpuflow.kuberay import GROUP, KIND_BY_PLURAL, RAYCLUSTERS, RAYSERVICES, VERSION
     from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE
@@ -271,7 +315,7 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
             meta = item.get("metadata") or {}
             if any(ref.get("kind") == "RayService" for ref in meta.get("ownerReferences") or []):
                 continue  # a RayService's own cluster goes with it
-            reason = kube_orphan_reason(meta.get("labels") or {}, running)
+            reason = kube_orphan_reason(meta.get("labels") or {}, running, covered)
             if reason is None:
                 continue
             stamp = meta.get("creationTimestamp")
@@ -287,7 +331,7 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
 
 
 def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now: float,
-                       base_dir: Any = None) -> list[Orphan]:  # fmt: skip
+                       base_dir: Any = None, covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
     from pathlib import Path
 
     from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
@@ -299,14 +343,16 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
             cluster = LocalRayCluster.load(state.parent)
         except (OSError, ValueError, TypeError) as err:
             raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
-        reason = local_orphan_reason(cluster.name, cluster.is_alive(), running)
+        reason = local_orphan_reason(cluster.name, cluster.is_alive(), running, covered)
         if reason is None or now - (cluster.started_at or now) < older_than:
             continue
         found.append(Orphan("local_cluster", cluster.name, str(state.parent), reason, cluster.stop))
     return found
 
 
-def find_lease_orphans(store: Any, running: Mapping[str, list[str]], slots: int = 16) -> list[Orphan]:
+def find_lease_orphans(
+    store: Any, running: Mapping[str, list[str]], slots: int = 16, covered: Collection[str] | None = None
+) -> list[Orphan]:
     try:
         held = store.holders(slots)
     except Exception as err:
@@ -314,8 +360,8 @@ def find_lease_orphans(store: Any, running: Mapping[str, list[str]], slots: int 
     found = []
     for slot, lease in sorted(held.items()):
         dag, _, run = lease.holder.partition("/")
-        if run and run in running.get(dag, []):
-            continue
+        if not _covers(covered, dag) or (run and run in running.get(dag, [])):
+            continue  # a DAG not covered: its run may well be running
 
         def release(holder: str = lease.holder) -> Any:
             return store.release(holder)
@@ -348,7 +394,10 @@ def reap(orphans: list[Orphan], *, dry_run: bool, say: Callable[[str], None] = p
 
 # --- run states -----------------------------------------------------------------------------------------
 class MetadataDbRunStates:
-    """Running and queued runs, from the Airflow metadata DB (the CLI; it runs where Airflow is configured)."""
+    """Running and queued runs, from the Airflow metadata DB (the CLI; it runs where Airflow is configured).
+    Covers every DAG: one with no run in the DB has none running."""
+
+    dag_ids: Collection[str] | None = None
 
     def running(self) -> dict[str, list[str]]:
         from airflow.models.dagrun import DagRun
@@ -372,10 +421,12 @@ class MetadataDbRunStates:
 
 
 class FixedRunStates:
-    """Run states given up front (tests, and callers that asked the Airflow API themselves)."""
+    """Run states given up front (tests, and callers that asked the Airflow API themselves), of
+    ``dag_ids`` (None: every DAG)."""
 
-    def __init__(self, running: Mapping[str, list[str]]) -> None:
+    def __init__(self, running: Mapping[str, list[str]], dag_ids: Iterable[str] | None = None) -> None:
         self._running = {k: list(v) for k, v in running.items()}
+        self.dag_ids: list[str] | None = None if dag_ids is None else list(dag_ids)
 
     def running(self) -> dict[str, list[str]]:
         return dict(self._running)
@@ -418,7 +469,7 @@ def collect_orphans(
 ) -> list[Orphan]:
     """Every orphan in the scope, or ReaperListError before anything is deleted."""
     now = time.time() if now is None else now
-    running = states.running()
+    running, covered = states.running(), states.dag_ids
     orphans: list[Orphan] = []
     if scope.gke:
         from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
@@ -427,26 +478,30 @@ def collect_orphans(
         project, cluster = scope.project_id or "", scope.cluster_name or ""
         hook = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
         pools, operations = list_pools(hook, project, cluster)
-        pool_orphans = find_pool_orphans(hook, project, cluster, pools, operations, running, older_than, now)
+        pool_orphans = find_pool_orphans(
+            hook, project, cluster, pools, operations, running, older_than, now, covered=covered
+        )
         compute = ComputeResourcePolicyHook(gcp_conn_id=scope.gcp_conn_id)
         region = region_of(scope.location or "")
         orphan_pools = {o.name for o in pool_orphans}
         # after their pools: GKE refuses to delete a policy a pool still uses
         orphans += pool_orphans
-        orphans += find_policy_orphans(compute, project, region, pools, orphan_pools, running, older_than, now)
+        orphans += find_policy_orphans(
+            compute, project, region, pools, orphan_pools, running, older_than, now, covered=covered
+        )
     if scope.kube and (scope.gke or scope.kubernetes_conn_id):
         try:
             hook = _kube_hook(scope)
             namespace = scope.namespace or hook.default_namespace()
         except Exception as err:
             raise ReaperListError(f"reaching the Kubernetes API: {_first_line(err)}") from err
-        orphans += find_kube_orphans(hook, namespace, running, older_than, now)
+        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered)
     if scope.local:
-        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir)
+        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir, covered)
     if scope.leases:
         from tpuflow.slices.leases import lease_store
 
-        orphans += find_lease_orphans(lease_store(scope.lease_root, scope.gcp_conn_id), running)
+        orphans += find_lease_orphans(lease_store(scope.lease_root, scope.gcp_conn_id), running, covered=covered)
     return orphans
 
 
@@ -455,11 +510,12 @@ _FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_fai
 
 class TaskSdkRunStates:
     """Running runs of ``dag_ids``, asked from inside a task through the Task SDK (Airflow 3 tasks have
-    no metadata DB access): the runs with an unfinished task, confirmed by their run state."""
+    no metadata DB access): the runs with an unfinished task, confirmed by their run state. Covers only
+    ``dag_ids``: another DAG's resources are not its to judge."""
 
     def __init__(self, ti: Any, dag_ids: Iterable[str]) -> None:
         self.ti = ti
-        self.dag_ids = list(dag_ids)
+        self.dag_ids: list[str] = list(dag_ids)
 
     def running(self) -> dict[str, list[str]]:
         from tpuflow.slices.operators import run_is_over

@@ -12,12 +12,15 @@ Connection extras honoured besides the google_cloud_platform ones (``is_anonymou
 ``compute_api_endpoint`` / ``compute_api_transport``
     The same for the Compute API (workload policies, ComputeResourcePolicyHook); the GKE stand-in
     serves both on one URL.
+``quotas_api_endpoint`` / ``quotas_api_transport``
+    The same for the Cloud Quotas API (TPU quotas, CloudQuotasHook); the GKE stand-in serves it too.
 
 A connection for the stand-in, as an environment variable::
 
     AIRFLOW_CONN_GKE_STANDIN='{"conn_type": "google_cloud_platform",
         "extra": {"is_anonymous": true, "container_api_endpoint": "http://127.0.0.1:8123",
-                  "compute_api_endpoint": "http://127.0.0.1:8123"}}'
+                  "compute_api_endpoint": "http://127.0.0.1:8123",
+                  "quotas_api_endpoint": "http://127.0.0.1:8123"}}'
 """
 
 from __future__ import annotations
@@ -283,3 +286,34 @@ class ComputeResourcePolicyHook(GoogleBaseHook):
 
     def get_region_operation(self, *, project_id: str, region: str, name: str) -> compute_v1.Operation:
         return self.get_region_operations_client().get(project=project_id, region=region, operation=name)
+
+
+class CloudQuotasHook(GoogleBaseHook):
+    """Quota limits from the Cloud Quotas API (``cloudquotas.googleapis.com``): the TPU chip quotas of
+    current generations are only there, not in Compute's regional quota view. GoogleBaseHook's
+    constructor (``gcp_conn_id``, ``impersonation_chain``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._client: Any = None
+
+    def get_quotas_client(self) -> Any:
+        from google.cloud import cloudquotas_v1
+
+        if self._client is None:
+            endpoint = self._get_field("quotas_api_endpoint", None) or None
+            self._client = cloudquotas_v1.CloudQuotasClient(
+                credentials=self.get_credentials(),
+                client_info=CLIENT_INFO,
+                client_options=self.get_client_options(api_endpoint_override=endpoint),
+                transport=_transport_for(endpoint, self._get_field("quotas_api_transport", None)),
+            )
+        return self._client
+
+    def get_quota_info(self, *, project_id: str, quota_id: str, service: str = "compute.googleapis.com") -> Any:
+        """One QuotaInfo; None when the service has no quota of that id."""
+        name = f"projects/{project_id}/locations/global/services/{service}/quotaInfos/{quota_id}"
+        try:
+            return self.get_quotas_client().get_quota_info(name=name)
+        except NotFound:
+            return None

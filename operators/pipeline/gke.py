@@ -115,13 +115,77 @@ def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
 
 class CheckGkeParamsOperator(CheckParamsOperator):
     """Check the run's Params: the training slice (as the local pipeline checks it, plus GKE's shapes)
-    and the serve slice; returns both slices (``serve`` holds the serve slice).
+    and the serve slice; returns both slices (``serve`` holds the serve slice). With a project, the
+    project's TPU quota must hold the slices (tpuflow.gke.quota), for at least one capacity the pools
+    may fall back to.
+
+    :param project_id: the GKE cluster's project; templated; empty: quota not checked.
+    :param location: the cluster's zone or region; templated.
+    :param node_zone: the slices' zone when ``location`` is a region; templated.
+    :param capacity: ``fallback_capacity``: the node pools' capacities (GKECreateTPUNodePoolOperator); templated.
 
     Takes CheckParamsOperator's arguments (BaseOperator's: ``task_id`` and the like).
     """
 
+    template_fields: Sequence[str] = (
+        *CheckParamsOperator.template_fields,
+        "project_id",
+        "location",
+        "node_zone",
+        "capacity",
+        "fallback_capacity",
+    )
+
+    def __init__(
+        self,
+        *,
+        project_id: str = "",
+        location: str = "",
+        node_zone: str = "",
+        capacity: str = "on-demand",
+        fallback_capacity: Any = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.project_id = project_id
+        self.location = location
+        self.node_zone = node_zone
+        self.capacity = capacity
+        self.fallback_capacity = fallback_capacity
+
     def check(self, params: dict[str, Any]) -> dict[str, Any]:
         return check_gke_params(params)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        checked = super().execute(context)
+        if self.project_id:
+            self._check_quota(checked)
+        return checked
+
+    def _check_quota(self, checked: dict[str, Any]) -> None:
+        from google.api_core.exceptions import GoogleAPIError
+        from tpuflow.gke.hooks import CloudQuotasHook
+        from tpuflow.gke.nodepool_spec import parse_capacity_order
+        from tpuflow.gke.quota import check_tpu_quota, run_quota_needs
+        from tpuflow.gke.workload_policy import region_of
+
+        capacities = parse_capacity_order(self.capacity, self.fallback_capacity)
+        hook = CloudQuotasHook(gcp_conn_id=self.gcp_conn_id)
+
+        def info(quota_id: str) -> Any:
+            try:
+                return hook.get_quota_info(project_id=self.project_id, quota_id=quota_id)
+            except GoogleAPIError as err:  # no permission to read quotas: GKE still enforces them
+                self.log.warning("Could not read quota %s: %s", quota_id, str(err).splitlines()[0])
+                return None
+
+        check_tpu_quota(
+            info,
+            region=region_of(self.node_zone or self.location),
+            needs=run_quota_needs(checked, checked.get("serve")),
+            capacities=capacities,
+            say=self.log.info,
+        )
 
 
 def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -457,7 +521,16 @@ def build_gke_pipeline_dag(
         params=gke_pipeline_params(),
         **dag_kwargs,
     ) as dag:
-        checked = CheckGkeParamsOperator(task_id="check_params", output_dir=run_dir, gcp_conn_id=gcp_conn_id)
+        checked = CheckGkeParamsOperator(
+            task_id="check_params",
+            output_dir=run_dir,
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+            node_zone=node_zone,
+            capacity=capacity,
+            fallback_capacity=fallback_capacity,
+        )
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
         serve_slice_ = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
         guard = ChipBudgetGuardOperator(

@@ -31,10 +31,10 @@ class CheckParamsOperator(BaseOperator):
     anything is started.
 
     :param output_dir: the run's output folder (local or gs://BUCKET/PREFIX); None: not checked.
-    :param gcp_conn_id: Airflow connection whose credentials write a gs:// output folder.
+    :param gcp_conn_id: Airflow connection whose credentials write a gs:// output folder; templated.
     """
 
-    template_fields: Sequence[str] = ("output_dir",)
+    template_fields: Sequence[str] = ("output_dir", "gcp_conn_id")
     ui_color = "#e8f5e9"
 
     def __init__(

@@ -13,10 +13,14 @@ import pytest
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from tpuflow.cost.reaper import (
     FixedRunStates,
+    MetadataDbRunStates,
     ReaperListError,
     ReaperScope,
+    TaskSdkRunStates,
     collect_orphans,
+    find_lease_orphans,
     kube_orphan_reason,
+    local_orphan_reason,
     parse_duration,
     policy_orphan_reason,
     pool_orphan_reason,
@@ -29,6 +33,8 @@ from tpuflow.labels import gce_ownership_labels, kubernetes_ownership_labels
 from tpuflow.naming import TaskIdentity
 
 DAG = "tpu_llm_pipeline_gke"
+# a user's own DAG built with the pipeline factory (named after the shipped one): not in the reaper's dag_ids
+OTHER_DAG = "tpu_llm_pipeline_gke_mine"
 LIVE_RUN, KILLED_RUN = "manual__2026-12-01T10:00:00+00:00", "scheduled__2026-11-30T00:00:00+00:00"
 
 
@@ -39,8 +45,8 @@ def pool_body(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
     return {"nodePool": {"name": name, "config": config, "initialNodeCount": 1, "locations": [ZONE]}}
 
 
-def owned_pool_labels(run_id: str, expires_in: float = 3600) -> dict[str, str]:
-    return gce_ownership_labels(TaskIdentity(DAG, run_id, "create_node_pool"), int(time.time() + expires_in))
+def owned_pool_labels(run_id: str, expires_in: float = 3600, dag: str = DAG) -> dict[str, str]:
+    return gce_ownership_labels(TaskIdentity(dag, run_id, "create_node_pool"), int(time.time() + expires_in))
 
 
 def make_policy(gke: Any, run_id: str | None, name: str) -> None:
@@ -122,10 +128,66 @@ def test_decisions_follow_the_labels() -> None:
     assert policy_orphan_reason("made by hand", [], set(), running) is None
 
 
+def test_a_dag_the_run_states_do_not_cover_keeps_its_resources(tmp_path: Path) -> None:
+    """The reaper task asks only about its dag_ids: another DAG's resource is not known to be unowned, so
+    its run state never makes it an orphan (its expiry still does); a covered DAG's with no running run is."""
+    from tpuflow.gke.workload_policy import plan_workload_policy
+    from tpuflow.local.operators import local_cluster_name
+    from tpuflow.slices.leases import LocalLeaseStore
+
+    covered, running, now = [DAG], {DAG: [LIVE_RUN]}, time.time()
+
+    def description(dag: str) -> str:
+        identity, labels = TaskIdentity(dag, KILLED_RUN, "create_node_pool"), owned_pool_labels(KILLED_RUN, dag=dag)
+        plan = plan_workload_policy(project_id=PROJECT, zone=ZONE, generation="tpu7x", topology="2x2x2",
+                                    identity=identity, resource_labels=labels)  # fmt: skip
+        return plan.description
+
+    def ray_labels(dag: str) -> dict[str, str]:
+        return kubernetes_ownership_labels(TaskIdentity(dag, KILLED_RUN, "create_ray_cluster"))
+
+    def local_name(dag: str) -> str:
+        return local_cluster_name(TaskIdentity(dag, KILLED_RUN, "start_cluster"))
+
+    # another DAG's: kept, whatever running() says
+    assert pool_orphan_reason(owned_pool_labels(KILLED_RUN, dag=OTHER_DAG), running, now, covered) is None
+    assert kube_orphan_reason(ray_labels(OTHER_DAG), running, covered) is None
+    assert policy_orphan_reason(description(OTHER_DAG), [], set(), running, covered) is None
+    assert local_orphan_reason(local_name(OTHER_DAG), True, running, covered) is None
+    # ... unless past its expiry, or its processes are gone: neither is its run state
+    expired = owned_pool_labels(KILLED_RUN, -10, dag=OTHER_DAG)
+    assert "tpuflow-expires" in pool_orphan_reason(expired, running, now, covered)
+    assert "processes are gone" in local_orphan_reason(local_name(OTHER_DAG), False, running, covered)
+    # the same resources of a covered DAG whose run is not running: orphans
+    assert "not running" in pool_orphan_reason(owned_pool_labels(KILLED_RUN), running, now, covered)
+    assert "has no running run" in pool_orphan_reason(owned_pool_labels(KILLED_RUN), {}, now, covered)
+    assert "no running run" in kube_orphan_reason(ray_labels(DAG), running, covered)
+    assert "no node pool uses it" in policy_orphan_reason(description(DAG), [], set(), running, covered)
+    assert "no running run" in local_orphan_reason(local_name(DAG), True, running, covered)
+    # run states that cover every DAG (the metadata DB: None) judge the other DAG's too
+    assert "has no running run" in pool_orphan_reason(owned_pool_labels(KILLED_RUN, dag=OTHER_DAG), running, now)
+    assert "no running run" in kube_orphan_reason(ray_labels(OTHER_DAG), running)
+    assert "no node pool uses it" in policy_orphan_reason(description(OTHER_DAG), [], set(), running)
+    assert "no running run" in local_orphan_reason(local_name(OTHER_DAG), True, running)
+    # leases: only a covered DAG's run's is given back
+    leases = LocalLeaseStore(tmp_path / "leases")
+    for dag in (DAG, OTHER_DAG):
+        assert leases.try_acquire(f"{dag}/{KILLED_RUN}", 16) is not None
+    assert [o.reason for o in find_lease_orphans(leases, running, covered=covered)] == [
+        f"held by {DAG}/{KILLED_RUN}, which is not running"
+    ]
+    assert len(find_lease_orphans(leases, running)) == 2
+    # what says which DAGs are covered: the reaper task its dag_ids, the CLI's metadata DB every DAG
+    from support.airflow_context import FakeTaskInstance
+
+    assert TaskSdkRunStates(FakeTaskInstance(), covered).dag_ids == covered
+    assert MetadataDbRunStates().dag_ids is None and FixedRunStates({}).dag_ids is None
+    assert FixedRunStates({}, covered).dag_ids == covered
+
+
 def test_the_reaper_task_counts_only_runs_still_running() -> None:
     """Inside a task (no metadata DB): a run with unfinished tasks is running unless its run is over."""
     from support.airflow_context import FakeTaskInstance
-    from tpuflow.cost.reaper import TaskSdkRunStates
 
     unfinished = {"create_node_pool": "success", "train": "deferred"}
     ti = FakeTaskInstance(
@@ -215,6 +277,93 @@ def test_a_failed_list_deletes_nothing(gke: Any, tmp_path: Path) -> None:
     with pytest.raises(ReaperListError, match="no-such-cluster"):
         collect_orphans(scope, FixedRunStates({}), older_than=0)
     assert (local_dir / "state.json").exists() and len(gke.node_pools()) == 1
+
+
+def reaper_task_context() -> dict[str, Any]:
+    """The reaper task's context: its Task SDK answers that LIVE_RUN of DAG runs and KILLED_RUN finished."""
+    from support.airflow_context import FakeTaskInstance, task_context
+
+    states = {DAG: {LIVE_RUN: {"create_node_pool": "success", "train": "running"}, KILLED_RUN: {"train": "success"}}}
+    return task_context(FakeTaskInstance(dag_id="tpuflow_reaper", task_id="reap", task_states=states))
+
+
+def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
+    gke: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """ReapOrphansOperator.execute as Airflow runs it: the run states come through the Task SDK for its
+    dag_ids only, and a labelled resource of another DAG is left alone (unless past its expiry)."""
+    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.local.cluster import default_base_dir
+    from tpuflow.slices.leases import LocalLeaseStore, default_lease_root
+
+    monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))  # the task's local clusters and leases
+    monkeypatch.delenv("TPUFLOW_SLICE_LEASES", raising=False)
+    kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), interval=0.05)
+    with kube:
+        for key, value in kube.connection_env("kube_standin").items():
+            monkeypatch.setenv(key, value)
+        for name, labels in (
+            ("finished", owned_pool_labels(KILLED_RUN)),
+            ("live", owned_pool_labels(LIVE_RUN)),
+            ("theirs", owned_pool_labels(KILLED_RUN, dag=OTHER_DAG)),
+            ("theirs-expired", owned_pool_labels(KILLED_RUN, -60, dag=OTHER_DAG)),
+            ("unlabelled", None),
+        ):
+            gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body(name, labels))
+        store = kube.store
+        for name, dag in (("finished-run", DAG), ("their-run", OTHER_DAG)):
+            labels = kubernetes_ownership_labels(TaskIdentity(dag, KILLED_RUN, "create_ray_cluster"))
+            store.create(RAYCLUSTERS, "default", raycluster(name, labels), admit=False)
+        leases = LocalLeaseStore(default_lease_root())
+        for dag in (DAG, OTHER_DAG):
+            assert leases.try_acquire(f"{dag}/{KILLED_RUN}", 16) is not None
+        assert not default_base_dir().exists()  # no local cluster: nothing of the machine's own is looked at
+
+        def reaper(dry_run: bool) -> ReapOrphansOperator:
+            return ReapOrphansOperator(
+                task_id="reap", dag_ids=[DAG, "tpu_llm_pipeline_local"], older_than="0s", dry_run=dry_run,
+                gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+                kubernetes_conn_id="kube_standin", namespace="default",
+            )  # fmt: skip
+
+        found = [
+            f"node_pool finished (projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER})",
+            f"node_pool theirs-expired (projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER})",
+            "raycluster finished-run (namespace default)",
+            f"lease slot 0 ({leases.describe()})",
+        ]
+        dry = reaper(dry_run=True).execute(reaper_task_context())
+        assert set(dry) == {"dry_run", "found", "deleted", "failed"}
+        assert dry["dry_run"] is True and dry["deleted"] == [] and dry["failed"] == []
+        assert [line.split(": ", 1)[0] for line in dry["found"]] == found, dry["found"]
+        assert len(gke.node_pools()) == 5 and len(store.list(RAYCLUSTERS)) == 2 and len(leases.holders(16)) == 2
+
+        outcome = reaper(dry_run=False).execute(reaper_task_context())
+        assert outcome["dry_run"] is False and outcome["failed"] == []
+        assert [line.split(": ", 1)[0] for line in outcome["found"]] == found, outcome["found"]
+        assert outcome["deleted"] == outcome["found"]
+        assert sorted(p["name"] for p in gke.node_pools()) == ["live", "theirs", "unlabelled"]
+        deadline = time.time() + 30
+        while time.time() < deadline and len(store.list(RAYCLUSTERS)) > 1:
+            time.sleep(0.1)
+        assert [c["metadata"]["name"] for c in store.list(RAYCLUSTERS)] == ["their-run"]
+        assert [lease.holder for lease in leases.holders(16).values()] == [f"{OTHER_DAG}/{KILLED_RUN}"]
+
+
+def test_the_reaper_task_fails_on_a_failed_list_and_deletes_nothing(gke: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from tpuflow.cost.operators import ReapOrphansOperator
+
+    monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
+    gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("finished", owned_pool_labels(KILLED_RUN)))
+    op = ReapOrphansOperator(
+        task_id="reap", dag_ids=[DAG], older_than="0s", gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE,
+        cluster_name="no-such-cluster", kubernetes_conn_id="kube_standin",
+    )  # fmt: skip
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(reaper_task_context())
+    assert str(err.value).startswith("Nothing deleted:") and "no-such-cluster" in str(err.value), err.value
+    assert [p["name"] for p in gke.node_pools()] == ["finished"]
 
 
 def test_older_than_spares_young_resources(gke: Any, tmp_path: Path) -> None:

@@ -7,13 +7,15 @@ through the real hooks and clients (the Airflow connections point at the stand-i
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from support.airflow_context import FakeTaskInstance, task_context
 from support.gke_standin import CLUSTER, CLUSTER_PATH, CONN_ID, PROJECT, ZONE
 from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
@@ -279,6 +281,183 @@ def test_the_wait_runs_deferred_in_a_trigger(gke, stack):
     assert stack.store.list(PROVISIONING_REQUESTS) and stack.store.list(POD_TEMPLATES)
     asyncio.run(revived.on_kill())
     assert stack.store.list(PROVISIONING_REQUESTS) == [] and stack.store.list(POD_TEMPLATES) == []
+
+
+def first_event(trigger: Any) -> dict[str, Any]:
+    """What the triggerer would hand back: the trigger's first event, run under asyncio."""
+
+    async def first() -> Any:
+        return await anext(trigger.run())
+
+    return asyncio.run(first()).payload
+
+
+def defer_flex_start(gke: GKEApiStandin, stack: KubeRayStandin, **kwargs: Any) -> tuple[Run, Any, dict[str, Any]]:
+    """A flex-start pool, the RayCluster's pending TPU pods, and the flex-start wait deferred: (run, op, kwargs)."""
+    from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+
+    run = Run()
+    run.execute(pool_op(capacity="flex-start"))
+    assert gke.node_pools()[0]["nodeCount"] == 0
+    stack.store.create(
+        RAYCLUSTERS,
+        "default",
+        cluster_op().build_body(task_context(RunTI(**RUN, task_id="create_ray_cluster")), "default"),
+    )
+    op = flex_op(deferrable=True, **kwargs)
+    with pytest.raises(TaskDeferred) as deferred:
+        run.execute(op)
+    assert deferred.value.method_name == "execute_complete"
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, FlexStartCapacityTrigger)
+    classpath, trigger_kwargs = trigger.serialize()
+    assert classpath == "tpuflow.gke.capacity_triggers.FlexStartCapacityTrigger"
+    # what the triggerer stores and rebuilds from: plain JSON
+    assert json.loads(json.dumps(trigger_kwargs)) == trigger_kwargs
+    assert trigger_kwargs["expected_pods"] == 4 and "ray.io/node-type=worker" in trigger_kwargs["label_selector"]
+    return run, op, trigger_kwargs
+
+
+def assert_nothing_left(gke: GKEApiStandin, stack: KubeRayStandin) -> None:
+    assert gke.node_pools() == [] and stack.store.list(RAYCLUSTERS) == []
+    assert stack.store.list(PROVISIONING_REQUESTS) == [] and stack.store.list(POD_TEMPLATES) == []
+
+
+def test_the_flex_start_wait_runs_deferred_in_a_trigger(gke, stack):
+    from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+
+    run, op, kwargs = defer_flex_start(gke, stack)
+    event = first_event(FlexStartCapacityTrigger(**kwargs))
+    assert event["status"] == "success" and "flex-start capacity arrived" in event["message"]
+    assert "4 TPU pod(s) scheduled" in event["message"]
+    assert gke.node_pools()[0]["nodeCount"] == 4  # the autoscaler grew the pool for the pending pods
+    assert any(e["reason"] == "TriggeredScaleUp" for e in stack.store.list(EVENTS, "default"))
+    result = op.execute_complete(task_context(RunTI(**RUN, task_id="wait_for_flex_start")), event)
+    assert result == {"message": event["message"]}
+
+    teardown(run)
+    assert_nothing_left(gke, stack)
+
+
+def test_the_deferred_flex_start_wait_without_capacity_fails_with_the_autoscalers_reason(gke, stack):
+    from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+
+    gke.capacity.update({"flex-start": {"available": False}})
+    run, op, kwargs = defer_flex_start(gke, stack, wait_timeout=1.5, poll_interval=0.1)
+    event = first_event(FlexStartCapacityTrigger(**kwargs))
+    assert event["status"] == "timeout"
+    assert "no flex-start capacity after" in event["message"] and "0/4 TPU pod(s) scheduled" in event["message"]
+    with pytest.raises(AirflowException, match="Waiting for flex-start TPU capacity: timeout: no flex-start") as err:
+        op.execute_complete(task_context(RunTI(**RUN, task_id="wait_for_flex_start")), event)
+    assert "NotTriggerScaleUp" in str(err.value) and "GCE_STOCKOUT" in str(err.value)
+    assert not isinstance(err.value, AirflowFailException)  # a retry may find capacity
+    assert gke.node_pools()[0]["nodeCount"] == 0
+
+    teardown(run)
+    assert_nothing_left(gke, stack)
+
+
+def test_capacity_revoked_before_the_trigger_looks_fails_the_task_with_gkes_reason_and_withdraws_it(gke, stack):
+    """The stand-in revokes a request's nodes maxRunDurationSeconds after provisioning them. The wait
+    returns at Provisioned=True, so only a trigger that first polls after that (a busy triggerer) sees
+    CapacityRevoked: the final condition wins over Provisioned=True and the task fails with GKE's reason."""
+    from tpuflow.gke.capacity_triggers import ProvisioningRequestTrigger
+
+    run = Run()
+    run.execute(pool_op(capacity="queued"))
+    op = request_op(deferrable=True, max_run_duration_seconds="1")
+    with pytest.raises(TaskDeferred) as deferred:
+        run.execute(op)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert classpath == "tpuflow.gke.capacity_triggers.ProvisioningRequestTrigger"
+    name = kwargs["name"]
+
+    def conditions() -> dict[str, dict[str, Any]]:
+        pr = stack.store.find(PROVISIONING_REQUESTS, "default", name) or {}
+        return {c["type"]: c for c in (pr.get("status") or {}).get("conditions") or []}
+
+    deadline = time.monotonic() + 10
+    while "CapacityRevoked" not in conditions() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert conditions()["Provisioned"]["status"] == "True" and conditions()["CapacityRevoked"]["status"] == "True"
+    assert gke.node_pools()[0]["nodeCount"] == 0  # the nodes went back
+
+    event = first_event(ProvisioningRequestTrigger(**kwargs))
+    reason = "CapacityRevoked: MaxRunDurationReached: The nodes ran for maxRunDurationSeconds (1) and were removed"
+    assert event["status"] == "failed" and event["message"] == f"ProvisioningRequest default/{name}: {reason}"
+    assert event["retryable"] is True
+    with pytest.raises(AirflowException) as err:
+        op.execute_complete(task_context(RunTI(**RUN, task_id="request_capacity")), event)
+    assert str(err.value) == f"Waiting for queued TPU capacity: failed: ProvisioningRequest default/{name}: {reason}"
+    assert not isinstance(err.value, AirflowFailException)  # capacity may come back: a retry asks again
+    # the failed task withdrew its request and PodTemplate
+    assert stack.store.list(PROVISIONING_REQUESTS) == [] and stack.store.list(POD_TEMPLATES) == []
+
+    teardown(run)
+    assert_nothing_left(gke, stack)
+
+
+class ScriptedRequests:
+    """A capacity reader whose ProvisioningRequest goes through the given states (the last one stays)."""
+
+    def __init__(self, *states: dict[str, Any]) -> None:
+        self.states, self.reads = list(states), 0
+
+    async def get_provisioning_request(self, name: str, namespace: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return self.states[min(self.reads, len(self.states)) - 1]
+
+
+def request_with(*conditions: tuple[str, str, str, str]) -> dict[str, Any]:
+    keys = ("type", "status", "reason", "message")
+    return {
+        "metadata": {"name": "req"},
+        "status": {"conditions": [dict(zip(keys, c, strict=True)) for c in conditions]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "message"),
+    [
+        ("CapacityRevoked", "MaxRunDurationReached", "The nodes ran for maxRunDurationSeconds (3600) and were removed"),
+        ("BookingExpired", "BookingExpired", "Capacity booking expired: no pods consumed the nodes in time"),
+    ],
+)
+def test_a_request_revoked_or_expired_while_waiting_fails_with_gkes_reason(kind, reason, message):
+    import logging
+
+    from tpuflow.gke.capacity_triggers import wait_provisioned
+
+    accepted = ("Accepted", "True", "Accepted", "ProvisioningRequest is accepted")
+    waiting = ("Provisioned", "False", "CapacityIsNotFound", "Capacity is not found, CA will try to find it later.")
+    reader = ScriptedRequests(
+        request_with(accepted, waiting), request_with(accepted, waiting, (kind, "True", reason, message))
+    )
+    event = asyncio.run(
+        wait_provisioned(
+            reader,
+            name="req",
+            namespace="ml",
+            deadline=time.time() + 10,
+            poll_interval=0.01,
+            started_at=time.time(),
+            log=logging.getLogger("test"),
+        )
+    )
+    assert reader.reads == 2  # it kept waiting through Provisioned=False, and stopped at the final condition
+    assert event == {
+        "status": "failed",
+        "message": f"ProvisioningRequest ml/req: {kind}: {reason}: {message}",
+        "name": "req",
+        "retryable": True,
+    }
+    op = request_op(deferrable=True)
+    with pytest.raises(AirflowException) as err:  # nothing described in the event: nothing to delete
+        op.execute_complete(task_context(RunTI(**RUN, task_id="request_capacity")), event)
+    assert (
+        str(err.value)
+        == f"Waiting for queued TPU capacity: failed: ProvisioningRequest ml/req: {kind}: {reason}: {message}"
+    )
 
 
 # --- the pure parts: request bodies, the annotations, the pipeline's Param check ------------------------

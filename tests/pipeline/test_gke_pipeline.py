@@ -502,3 +502,38 @@ def test_queued_capacity_that_never_arrives_fails_at_the_deadline_and_teardown_l
         assert kube.store.list(PROVISIONING_REQUESTS) == [] and kube.store.list(POD_TEMPLATES) == []
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
         assert kube.capacity is not None and kube.capacity.errors == [] and kube.controller.errors == []
+
+
+@pytest.mark.slow
+def test_slices_above_the_projects_quota_fail_the_first_task_and_nothing_is_created(
+    dags_folder: Path,
+    gke: GKEApiStandin,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Two v6e 2x4 slices on spot need 16 preemptible chips; the project has 8 in the cluster's region.
+    gke.quotas.set("PREEMPTIBLE-TPU-V6E-per-project-region", 8, region=ZONE.rsplit("-", 1)[0])
+    launcher = FakeRayLauncher()
+    kube = KubeRayStandin(
+        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
+    )
+    with kube:
+        point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_TPU_CAPACITY", "spot")
+        dag = load_dag(dags_folder, poll=0.3)
+        run = dag.test(
+            run_conf={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t", "num_slices": 2}
+        )
+        states = task_states(run)
+        assert run.state == "failed", states
+        assert states["check_params"] == "failed", states
+        assert not [t for t, s in states.items() if s == "success"], states
+        text = "".join(capfd.readouterr())
+        assert (
+            "params.num_slices=2 is invalid: the run needs 16 v6e chips at once (2 slices of 8 chips, v6e 2x4) "
+            "in us-east5, but PREEMPTIBLE-TPU-V6E-per-project-region allows 8 (spot)"
+        ) in text, text[-5000:]
+        assert [r for r in gke.requests if r["method"] != "GET"] == []  # not one pool or policy create
+        assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
+        assert launcher.launched == []

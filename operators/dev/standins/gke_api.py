@@ -7,7 +7,9 @@ pointing here) and so the tpuflow hooks and operators talk to it unchanged. It s
 - ``GET .../locations/L/operations/OP`` and ``GET .../locations/L/operations``
 
 under ``/v1/projects/P/locations/L``, and Compute's regional resource policies (workload policies) under
-``/compute/v1`` (``tpuflow.dev.standins.compute_api``; the connection's ``compute_api_endpoint``). Creates and deletes return a RUNNING Operation that is DONE
+``/compute/v1`` (``tpuflow.dev.standins.compute_api``; the connection's ``compute_api_endpoint``), and the
+Cloud Quotas API's TPU QuotaInfos under ``/v1/projects/P/locations/global/services/S/quotaInfos``
+(``tpuflow.dev.standins.cloud_quotas``; ``quotas_api_endpoint``). Creates and deletes return a RUNNING Operation that is DONE
 after ``operation_seconds``; a pool is PROVISIONING, then RUNNING (or ERROR when the operation
 failed), STOPPING, then gone. Errors look like GKE's: ``{"error": {"code", "message", "status"}}``
 for rejected requests, ``Operation.error`` plus ``nodepoolConditions`` for failed operations, with
@@ -35,6 +37,8 @@ Stand-in only paths (not GKE):
 - ``POST /_standin/clusters`` ``{"name": "projects/P/locations/L/clusters/C"}`` (when the stand-in
   was started with a fixed cluster list; by default every cluster exists)
 - ``POST /_standin/config`` ``{"operationSeconds": 0.2, "maxConcurrentOperations": 5}``
+- ``POST /_standin/quotas`` ``{"quotaId": "PREEMPTIBLE-TPU-V6E-per-project-region", "value": 16,
+  "dimensions": {"region": "us-east5"}}``: the project's quota (no dimensions: every region's default)
 - ``POST /_standin/capacity`` ``{"queued": {"available": false}, "flex-start": {"delaySeconds": 2}}``: the
   simulated autoscaler's knobs (tpuflow.dev.standins.capacity); ``POST /_standin/nodes`` is its hand
 - ``GET /_standin/state``, ``GET /_standin/requests``, ``POST /_standin/reset``, ``GET /_standin/health``
@@ -61,6 +65,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tpuflow.dev.standins.capacity import CapacitySettings
+from tpuflow.dev.standins.cloud_quotas import CloudQuotas
 from tpuflow.dev.standins.compute_api import COMPUTE_PREFIX, ComputeResourcePolicies
 from tpuflow.dev.standins.gke_tpu import (
     GKE_ACCELERATOR_LABEL,
@@ -347,6 +352,7 @@ class GKEApiStandin:
             self._clusters = {self._parse_cluster(c) for c in clusters}
         self.workload_policies: dict[str, str] = dict(workload_policies or {})
         self.compute = ComputeResourcePolicies(operation_seconds=self.operation_seconds, in_use=self._pools_using)
+        self.quotas = CloudQuotas()
         self._pools: dict[tuple[str, str, str, str], _Pool] = {}
         self._operations: dict[str, _Operation] = {}
         self._faults: list[dict[str, Any]] = []
@@ -377,6 +383,7 @@ class GKEApiStandin:
             "is_anonymous": True,
             "container_api_endpoint": self.url,
             "compute_api_endpoint": self.url,
+            "quotas_api_endpoint": self.url,
         }
         if project_id:
             extra["project"] = project_id
@@ -451,6 +458,7 @@ class GKEApiStandin:
             self._faults.clear()
             self.requests.clear()
         self.compute.reset()
+        self.quotas.reset()
 
     @staticmethod
     def _region(zone: str) -> str:
@@ -835,7 +843,10 @@ class _Handler(LoopbackHandler):
             if not path.startswith("/_standin/"):
                 with standin._lock:
                     standin.requests.append({"method": self.command, "path": path, "body": body})
-            if path.startswith(COMPUTE_PREFIX):
+            quota_answer = standin.quotas.handle(self.command, path)
+            if quota_answer is not None:
+                code, payload = quota_answer
+            elif path.startswith(COMPUTE_PREFIX):
                 code, payload = standin.compute.handle(self.command, path, body)
             else:
                 code, payload = (
@@ -912,6 +923,9 @@ class _Handler(LoopbackHandler):
                 if "maxConcurrentOperations" in body:
                     gke.max_concurrent_operations = int(body["maxConcurrentOperations"])
             return {"operationSeconds": gke.operation_seconds, "maxConcurrentOperations": gke.max_concurrent_operations}
+        if path == "/_standin/quotas" and method == "POST":
+            gke.quotas.set(body["quotaId"], int(body["value"]), **(body.get("dimensions") or {}))
+            return {"quotaInfo": gke.quotas.info("-", "compute.googleapis.com", body["quotaId"])}
         if path == "/_standin/capacity":
             with gke._lock:
                 return gke.capacity.update(body) if method == "POST" else gke.capacity.to_dict()
