@@ -2,7 +2,9 @@
 what each run left behind.
 
 A case queues its fault in the stand-ins before the run (a GKE API error, a Kubernetes API error, a Ray
-head that cannot start); the run goes through dag.test() like `airflow dags test`. The simulated KubeRay
+head that cannot start, a quota too small for the slices) or makes a task raise once its work is done
+(the create happened, then the task failed: its retry must adopt it and its teardown must find it);
+the run goes through dag.test() like `airflow dags test`. The simulated KubeRay
 runs no Ray (FakeRayLauncher), so every run fails at the first Ray job: what a case measures is its
 stage (did it finish despite the fault: recovered) and, after the teardowns, what is still there.
 
@@ -40,6 +42,7 @@ class FaultCase:
     recovers: bool  # whether the stage is expected to finish despite the fault
     launcher: Callable[[], FakeRayLauncher] = FakeRayLauncher
     ci: bool = False
+    patch_dag: Callable[[Any], None] | None = None  # changes a task of the loaded DAG
 
     @property
     def id(self) -> str:
@@ -52,6 +55,7 @@ class Outcome:
     stage_state: str
     leftovers: dict[str, int] = field(default_factory=dict)
     duplicates: dict[str, int] = field(default_factory=dict)
+    made: dict[str, int] = field(default_factory=dict)  # node pools and RayClusters the run created
 
     @property
     def recovered(self) -> bool:
@@ -86,10 +90,12 @@ def run_case(case: FaultCase, dags_folder: Path, gke: GKEApiStandin, tmp_path: P
         for task_id in ("create_prep_cluster", "create_ray_cluster"):
             dag.get_task(task_id).wait_timeout = CLUSTER_DEADLINE
         case.inject(gke, kube)
+        if case.patch_dag is not None:
+            case.patch_dag(dag)
         run = dag.test(run_conf=CONF)
         states = task_states(run)
         leftovers = _leftovers(gke, kube, launcher)
-        return Outcome(case, states.get(case.stage, "absent"), leftovers, _duplicates(gke, kube))
+        return Outcome(case, states.get(case.stage, "absent"), leftovers, _duplicates(gke, kube), _made(gke, kube))
 
 
 def _leftovers(gke: GKEApiStandin, kube: KubeRayStandin, launcher: FakeRayLauncher) -> dict[str, int]:
@@ -112,6 +118,21 @@ def _leftovers(gke: GKEApiStandin, kube: KubeRayStandin, launcher: FakeRayLaunch
         time.sleep(0.5)
         left = count()
     return left
+
+
+def _made(gke: GKEApiStandin, kube: KubeRayStandin) -> dict[str, int]:
+    from tpuflow.labels import TASK_ID_LABEL
+
+    pools = {
+        o["targetLink"].rsplit("/", 1)[-1]
+        for o in gke.state()["operations"]
+        if o["operationType"] == "CREATE_NODE_POOL"
+    }
+    events = kube.store.events_since(RAYCLUSTERS, None, 0) or []
+    clusters = {
+        (obj["metadata"].get("labels") or {}).get(TASK_ID_LABEL, "") for _, event, obj in events if event == "ADDED"
+    }
+    return {"node_pools": len(pools), **{f"raycluster:{task}": 1 for task in sorted(clusters)}}
 
 
 def _duplicates(gke: GKEApiStandin, kube: KubeRayStandin) -> dict[str, int]:
@@ -165,6 +186,31 @@ def no_fault(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
     return None
 
 
+def quota_below_the_slice(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
+    gke.quotas.set("TPUS-PER-TPU-FAMILY-per-project-region", 4)  # the 2x4 slice needs 8 on-demand v6e chips
+
+
+def raises_after_its_work(task_id: str) -> Callable[[Any], None]:
+    """The task does its work (its create happened), then raises: every try, so the run fails there."""
+
+    def patch(dag: Any) -> None:
+        task = dag.get_task(task_id)
+        base = type(task)
+
+        def after(name: str) -> Callable[..., Any]:
+            def raising(self: Any, *args: Any, **kwargs: Any) -> Any:
+                getattr(base, name)(self, *args, **kwargs)  # a deferral (TaskDeferred) passes through untouched
+                raise RuntimeError(f"injected: {task_id} raised after its work was done")
+
+            return raising
+
+        methods = {name: after(name) for name in ("execute", "execute_complete") if hasattr(base, name)}
+        # a subclass, not instance attributes: the task runner executes a rendered copy of the task
+        task.__class__ = type(base.__name__, (base,), methods)
+
+    return patch
+
+
 # One row per stage; `ci` marks the slice make test runs (one quick case per kind of API), make faults runs all.
 CASES: list[FaultCase] = [
     FaultCase("create_node_pool", "gke-too-many-operations", gke_fault("too_many_operations"), recovers=True),
@@ -176,6 +222,29 @@ CASES: list[FaultCase] = [
     FaultCase("create_ray_cluster", "head-crash-looping", no_fault, recovers=False, launcher=crash_looping_head),
     FaultCase("delete_node_pool", "gke-5xx-on-delete", gke_fault("internal", on="delete"), recovers=True),
     FaultCase("delete_ray_cluster", "k8s-503-on-delete", kube_fault(503, "DELETE", "rayclusters"), recovers=True),
+    FaultCase("check_params", "quota-below-the-slice", quota_below_the_slice, recovers=False),
+    FaultCase(
+        "create_node_pool",
+        "exception-after-create",
+        no_fault,
+        recovers=False,
+        patch_dag=raises_after_its_work("create_node_pool"),
+        ci=True,
+    ),
+    FaultCase(
+        "create_ray_cluster",
+        "exception-after-create",
+        no_fault,
+        False,
+        patch_dag=raises_after_its_work("create_ray_cluster"),
+    ),
+    FaultCase(
+        "create_prep_cluster",
+        "exception-after-create",
+        no_fault,
+        recovers=False,
+        patch_dag=raises_after_its_work("create_prep_cluster"),
+    ),
 ]
 
 

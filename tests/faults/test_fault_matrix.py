@@ -24,3 +24,10 @@ def test_fault_leaves_nothing_behind(
     assert not outcome.leaked, outcome.row()
     assert not outcome.duplicated, outcome.row()
     assert outcome.recovered == case.recovers, outcome.row()
+    if case.patch_dag is not None:  # the task raised after its create: there was something to clean up
+        made = (
+            outcome.made.get("node_pools", 0)
+            if case.stage.endswith("node_pool")
+            else outcome.made.get(f"raycluster:{case.stage}", 0)
+        )
+        assert made == 1, (outcome.row(), outcome.made)
