@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from tpuflow.errors import UserInputError
@@ -42,7 +43,11 @@ GCE_RUN_LABEL = "tpuflow-run"
 GCE_TASK_LABEL = "tpuflow-task"
 # the exact identity (a digest of dag, run, task and map index); the readable labels may be cut short
 OWNER_KEY_LABEL = "tpuflow-key"
+# until when (unix seconds) a resource is wanted, whatever its run's state: on a node pool's VMs, and (a valid
+# Kubernetes label key too) on RayClusters and RayServices; the reaper takes what is past it
 EXPIRES_LABEL = "tpuflow-expires"
+# the operators' default ``expires_after``: node pools, RayClusters, RayServices, local clusters
+DEFAULT_EXPIRES_AFTER = timedelta(hours=24)
 
 MAX_NAME = 63
 MAX_PREFIX = 253
@@ -127,14 +132,18 @@ def check_gce_labels(field: str, labels: Mapping[str, str]) -> dict[str, str]:
 
 
 # --- ownership ------------------------------------------------------------------------------------------
-def kubernetes_ownership_labels(identity: TaskIdentity) -> dict[str, str]:
-    """Kubernetes labels naming the task instance that created an object; RUN_KEY_LABEL is exact."""
-    return {
+def kubernetes_ownership_labels(identity: TaskIdentity, expires_at: int | None = None) -> dict[str, str]:
+    """Kubernetes labels naming the task instance that created an object; RUN_KEY_LABEL is exact. With
+    ``expires_at`` (unix time) also EXPIRES_LABEL, as on a node pool's VMs."""
+    labels = {
         MANAGED_BY: MANAGED_BY_VALUE,
         DAG_ID_LABEL: label_safe(identity.dag_id),
         TASK_ID_LABEL: label_safe(identity.task_id),
         RUN_KEY_LABEL: identity.key,
     }
+    if expires_at is not None:
+        labels[EXPIRES_LABEL] = str(int(expires_at))
+    return labels
 
 
 def gce_ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, str]:

@@ -6,15 +6,18 @@ touched:
 - GKE node pools (``tpuflow-managed=true``): an orphan when past its ``tpuflow-expires`` label, or
   when no running run of its DAG has its run label. A pool still being created is waited for, then
   deleted (GKE refuses the delete before).
-- RayClusters and RayServices (``app.kubernetes.io/managed-by=tpuflow``): an orphan when no running
-  run of its DAG has its run key (a digest of dag, run, task and map index).
+- RayClusters and RayServices (``app.kubernetes.io/managed-by=tpuflow``): an orphan when past its
+  ``tpuflow-expires`` label, or when no running run of its DAG has its run key (a digest of dag, run,
+  task and map index).
 - local Ray clusters (state under tpuflow.local.cluster.default_base_dir()): an orphan when no running
-  run of any DAG named it, or when its processes are gone.
+  run of any DAG named it, when its processes are gone, or when past the ``expires_at`` its state
+  records (the create operator's ``expires_after``).
 - slice leases: a lease whose holder run is not running is given back.
 
 "Not running" is only said of the DAGs the run states cover (RunStates.dag_ids; the metadata DB covers
 every DAG, the reaper task only its ``dag_ids``): a resource of another DAG is never an orphan by its
-run state, only past its ``tpuflow-expires`` label (node pools) or with its Ray processes gone (local).
+run state, only past its ``tpuflow-expires`` label (or a local cluster's ``expires_at``) or with its Ray
+processes gone (local).
 
 Only resources older than ``older_than`` seconds are taken (a run that just started may not be in
 the list of running runs yet). A failed list stops the reaper before it deletes anything.
@@ -93,6 +96,18 @@ class Orphan:
 
 
 # --- deciding ---------------------------------------------------------------------------------------------
+def expiry_reason(expires: object, now: float, what: str = "label") -> str | None:
+    """Why a resource is past its expiry (unix seconds: a label's digits, or a number); None: it is not,
+    or it has none. Applies whatever its run's state, and to DAGs the run states do not cover."""
+    from tpuflow.labels import EXPIRES_LABEL
+
+    if isinstance(expires, str):
+        expires = int(expires) if expires.isdigit() else None
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)) or expires >= now:
+        return None
+    return f"past its {EXPIRES_LABEL} {what} ({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(expires))} UTC)"
+
+
 def pool_orphan_reason(
     labels: Mapping[str, str], running: Mapping[str, list[str]], now: float, covered: Collection[str] | None = None
 ) -> str | None:
@@ -102,9 +117,9 @@ def pool_orphan_reason(
 
     if labels.get(GCE_MANAGED_LABEL) != "true" or GCE_DAG_LABEL not in labels:
         return None
-    expires = labels.get(EXPIRES_LABEL, "")
-    if expires.isdigit() and int(expires) < now:
-        return f"past its {EXPIRES_LABEL} label ({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(int(expires)))} UTC)"
+    expired = expiry_reason(labels.get(EXPIRES_LABEL), now)
+    if expired is not None:
+        return expired
     if not _covers(covered, labels[GCE_DAG_LABEL], gce_label_value):
         return None
     dag = next((d for d in running if gce_label_value(d) == labels[GCE_DAG_LABEL]), None)
@@ -116,15 +131,29 @@ def pool_orphan_reason(
 
 
 def kube_orphan_reason(
-    labels: Mapping[str, str], running: Mapping[str, list[str]], covered: Collection[str] | None = None
+    labels: Mapping[str, str],
+    running: Mapping[str, list[str]],
+    covered: Collection[str] | None = None,
+    now: float | None = None,
 ) -> str | None:
     """Why a RayCluster/RayService with these labels is an orphan; None: a running run owns it, its DAG is
-    not ``covered``, or it is not ours."""
-    from tpuflow.labels import DAG_ID_LABEL, MANAGED_BY, MANAGED_BY_VALUE, RUN_KEY_LABEL, TASK_ID_LABEL, label_safe
+    not ``covered`` (and it is not past its expiry at ``now``, default the current time), or it is not ours."""
+    from tpuflow.labels import (
+        DAG_ID_LABEL,
+        EXPIRES_LABEL,
+        MANAGED_BY,
+        MANAGED_BY_VALUE,
+        RUN_KEY_LABEL,
+        TASK_ID_LABEL,
+        label_safe,
+    )
     from tpuflow.naming import run_key
 
     if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or RUN_KEY_LABEL not in labels:
         return None
+    expired = expiry_reason(labels.get(EXPIRES_LABEL), time.time() if now is None else now)
+    if expired is not None:
+        return expired
     if not _covers(covered, labels.get(DAG_ID_LABEL), label_safe):
         return None
     key, task = labels[RUN_KEY_LABEL], labels.get(TASK_ID_LABEL, "")
@@ -167,10 +196,16 @@ def policy_orphan_reason(
 
 
 def local_orphan_reason(
-    name: str, alive: bool, running: Mapping[str, list[str]], covered: Collection[str] | None = None
+    name: str,
+    alive: bool,
+    running: Mapping[str, list[str]],
+    covered: Collection[str] | None = None,
+    expires_at: float | None = None,
+    now: float | None = None,
 ) -> str | None:
     """Why a local cluster is an orphan; None: a running run started it, no run did (``tpuflow local up``),
-    or (its processes alive) its DAG is not ``covered``."""
+    or (its processes alive, not past ``expires_at`` at ``now``, default the current time) its DAG is not
+    ``covered``."""
     from tpuflow.local.operators import local_cluster_name
     from tpuflow.naming import TaskIdentity
 
@@ -178,6 +213,9 @@ def local_orphan_reason(
         return None  # started by `tpuflow local up` or by hand: not a run's
     if not alive:
         return "its Ray processes are gone (the run was killed; its state was left behind)"
+    expired = expiry_reason(expires_at, time.time() if now is None else now, "time")
+    if expired is not None:
+        return expired
     if not _covers(covered, name.rsplit("-", 1)[0], _local_name_prefix):
         return None
     for dag, runs in running.items():
@@ -315,7 +353,7 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
             meta = item.get("metadata") or {}
             if any(ref.get("kind") == "RayService" for ref in meta.get("ownerReferences") or []):
                 continue  # a RayService's own cluster goes with it
-            reason = kube_orphan_reason(meta.get("labels") or {}, running, covered)
+            reason = kube_orphan_reason(meta.get("labels") or {}, running, covered, now)
             if reason is None:
                 continue
             stamp = meta.get("creationTimestamp")
@@ -343,7 +381,7 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
             cluster = LocalRayCluster.load(state.parent)
         except (OSError, ValueError, TypeError) as err:
             raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
-        reason = local_orphan_reason(cluster.name, cluster.is_alive(), running, covered)
+        reason = local_orphan_reason(cluster.name, cluster.is_alive(), running, covered, cluster.expires_at, now)
         if reason is None or now - (cluster.started_at or now) < older_than:
             continue
         found.append(Orphan("local_cluster", cluster.name, str(state.parent), reason, cluster.stop))

@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator, conf
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
 from tpuflow.templating import is_templated
 
@@ -272,7 +273,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         node_taints: Sequence[Any] | str | None = None,
         service_account: str | None = None,
         workload_policy: str | None = None,
-        expires_after: timedelta | float = timedelta(hours=24),
+        expires_after: timedelta | float = DEFAULT_EXPIRES_AFTER,
         stockout_retries: int = 2,
         on_kill_action: str = "delete",
         **kwargs: Any,

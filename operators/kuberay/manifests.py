@@ -18,7 +18,13 @@ from tpuflow.errors import UserInputError
 from tpuflow.kuberay import API_VERSION, DEFAULT_RAY_VERSION, DEFAULT_UPGRADE_STRATEGY
 from tpuflow.kuberay.k8s_values import check_env, check_name, check_namespace, check_quantities
 from tpuflow.kuberay.serve_config import SERVE_PORT, serve_config_v2
-from tpuflow.labels import SLICE_ANNOTATION, SPEC_HASH_ANNOTATION, check_labels, kubernetes_ownership_labels
+from tpuflow.labels import (
+    EXPIRES_LABEL,
+    SLICE_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+    check_labels,
+    kubernetes_ownership_labels,
+)
 from tpuflow.naming import TaskIdentity, dns_name, run_key
 from tpuflow.tpu import TpuSlice
 from tpuflow.tpu.slice import TPU_RESOURCE
@@ -52,9 +58,12 @@ def resource_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
     return dns_name(dag_id, task_id, key=run_key(dag_id, run_id, task_id, map_index))
 
 
-def ownership_labels(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, str]:
-    """The Kubernetes ownership labels of one task instance (tpuflow.labels.kubernetes_ownership_labels)."""
-    return kubernetes_ownership_labels(TaskIdentity(dag_id, run_id, task_id, map_index))
+def ownership_labels(
+    dag_id: str, run_id: str, task_id: str, map_index: int = -1, expires_at: int | None = None
+) -> dict[str, str]:
+    """The Kubernetes ownership labels of one task instance (tpuflow.labels.kubernetes_ownership_labels),
+    with ``expires_at`` (unix time) its ``tpuflow-expires`` label too."""
+    return kubernetes_ownership_labels(TaskIdentity(dag_id, run_id, task_id, map_index), expires_at)
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -224,6 +233,12 @@ def auth_secret_name(cluster_name: str, spec: Mapping[str, Any]) -> str | None:
     return f"r{name[1:]}" if name and not name[0].isalpha() else name
 
 
+def _pod_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The object's labels for its Ray pods, less EXPIRES_LABEL: the expiry is the object's, and a retry's
+    later one must not change the spec (its spec-hash would refuse adopting the earlier try's object)."""
+    return {key: value for key, value in labels.items() if key != EXPIRES_LABEL}
+
+
 def _pod_metadata(labels: Mapping[str, str]) -> dict[str, Any]:
     return {"metadata": {"labels": dict(labels)}} if labels else {}
 
@@ -257,9 +272,12 @@ def raycluster_manifest(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A KubeRay v1 RayCluster: CPU head (num-cpus 0) plus one TPU worker group of the slice's shape."""
+    """A KubeRay v1 RayCluster: CPU head (num-cpus 0) plus one TPU worker group of the slice's shape.
+
+    labels go on the RayCluster and its pods (``tpuflow-expires`` on the RayCluster only).
+    """
     labels = check_labels("labels", labels)
-    spec = template.cluster_spec(labels)
+    spec = template.cluster_spec(_pod_labels(labels))
     return {
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
@@ -281,8 +299,8 @@ def rayservice_manifest(
 ) -> dict[str, Any]:
     """A KubeRay v1 RayService whose serveConfigV2 is the same Serve config the local deploy uses.
 
-    pod_labels (default: labels) go on the Ray pods; keep per-run labels out of them, or every run would
-    change rayClusterConfig and ask KubeRay for a new cluster.
+    pod_labels (default: labels, less ``tpuflow-expires``) go on the Ray pods; keep per-run labels out of
+    them, or every run would change rayClusterConfig and ask KubeRay for a new cluster.
     """
     if upgrade_strategy not in UPGRADE_STRATEGIES:
         raise UserInputError(
@@ -295,7 +313,7 @@ def rayservice_manifest(
         "serveConfigV2": serve_config_v2(serve_config),
         "upgradeStrategy": {"type": upgrade_strategy},
         "rayClusterConfig": template.cluster_spec(
-            labels if pod_labels is None else check_labels("pod_labels", pod_labels)
+            _pod_labels(labels) if pod_labels is None else check_labels("pod_labels", pod_labels)
         ),
     }
     return {

@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
@@ -31,6 +32,7 @@ from tpuflow.kuberay import DEFAULT_RAY_VERSION
 from tpuflow.kuberay.addresses import check_address_mode
 from tpuflow.kuberay.k8s_values import check_name, check_namespace
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
 from tpuflow.templating import is_templated
 from tpuflow.validation import check_count
@@ -61,6 +63,13 @@ def check_seconds(field: str, value: object) -> None:
     from tpuflow.validation import check_seconds as _check_seconds
 
     _check_seconds(field, value)
+
+
+def check_expires_after(value: object) -> float | None:
+    """``expires_after`` in seconds: positive and finite, or None (no ``tpuflow-expires`` label)."""
+    from tpuflow.validation import check_seconds as _check_seconds
+
+    return _check_seconds("expires_after", value, optional=True)
 
 
 def check_choice(field: str, value: object, choices: Sequence[str]) -> None:
@@ -218,9 +227,9 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
     """The one create/deploy flow: apply (create, or adopt/update), wait until ready, finish.
 
     A subclass says what it applies: ``kind`` / ``plural``, ``build_body`` (the manifest, with the
-    task's ownership labels), ``reconcile_existing`` (adopt or update an object of that name, or refuse
-    it), ``rejection`` (the error text when the API refuses the create) and ``finish`` (the XCom payload
-    of the ready object).
+    task's ownership labels and ``expires_after`` as its ``tpuflow-expires`` label), ``reconcile_existing``
+    (adopt or update an object of that name, or refuse it), ``rejection`` (the error text when the API
+    refuses the create) and ``finish`` (the XCom payload of the ready object).
     """
 
     kind: ClassVar[str]
@@ -233,6 +242,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         address_mode: str = "auto",
+        expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -240,6 +250,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         self.labels = labels
         self.annotations = annotations
         self.address_mode = address_mode
+        self.expires_after = expires_after
         self._owned: OwnedObject | None = None  # what on_kill deletes: set only while waiting in this worker
 
     def argument_checks(self) -> list[ArgumentCheck]:
@@ -247,6 +258,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
             *super().argument_checks(),
             ((self.address_mode,), lambda: check_address_mode(self.address_mode)),
             ((self.name,), lambda: self.name is None or check_name("name", self.name)),
+            ((self.expires_after,), lambda: check_expires_after(self.expires_after)),
         ]
 
     # --- what a subclass defines ---
@@ -475,8 +487,15 @@ def object_name(context: Context, explicit: str | None, task_id: str | None = No
     return resource_name(who.dag_id, who.run_id, who.task_id, who.map_index)
 
 
-def owner_labels(context: Context, extra: Mapping[str, str] | None) -> dict[str, str]:
+def owner_labels(
+    context: Context, extra: Mapping[str, str] | None, expires_after: timedelta | float | None = None
+) -> dict[str, str]:
+    """``extra`` plus the task instance's ownership labels; with ``expires_after`` (from now) the
+    ``tpuflow-expires`` label too, so the reaper takes the object past it whatever its run's state."""
     from tpuflow.kuberay.manifests import ownership_labels
 
     who = TaskIdentity.from_context(context)
-    return {**dict(extra or {}), **ownership_labels(who.dag_id, who.run_id, who.task_id, who.map_index)}
+    seconds = check_expires_after(expires_after)
+    expires_at = None if seconds is None else int(time.time() + seconds)
+    owned = ownership_labels(who.dag_id, who.run_id, who.task_id, who.map_index, expires_at)
+    return {**dict(extra or {}), **owned}

@@ -125,6 +125,9 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param labels: extra labels on the RayCluster and its pods; templated.
     :param annotations: extra annotations on the RayCluster.
     :param address_mode: auto | in_cluster_dns | head_service | port_forward (tpuflow.kuberay.addresses).
+    :param expires_after: (seconds or timedelta) the RayCluster's ``tpuflow-expires`` label is the unix time
+        this long after the task creates it (default 24 hours, as for node pools): past it the orphan reaper
+        deletes it whatever its run's state. None: no label. A retry that adopts the cluster keeps the first.
     :param tpu_preflight: check TPU worker groups against the GKE TPU webhook's numOfHosts rule before
         sending (turn off only for features the check does not model, such as TPU sub-slicing).
     :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
@@ -225,7 +228,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
         from tpuflow.kuberay.manifests import raycluster_manifest
 
-        labels = owner_labels(context, self.labels)
+        labels = owner_labels(context, self.labels, self.expires_after)
         if self.manifest is not None:
             manifest_name = (self._parsed_manifest().get("metadata") or {}).get("name")
             return self._manifest_from_user(object_name(context, self.name or manifest_name), namespace, labels)
@@ -324,6 +327,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param upgrade_strategy: KubeRay's upgradeStrategy: "None" (update in place), "NewCluster" or
         "NewClusterWithIncrementalUpgrade" (both need capacity for a second slice).
     :param address_mode: auto | in_cluster_dns | head_service | port_forward (tpuflow.kuberay.addresses).
+    :param expires_after: (seconds or timedelta) the RayService's ``tpuflow-expires`` label is the unix time
+        this long after the task creates it (default 24 hours, as for node pools): past it the orphan reaper
+        deletes it whatever its run's state. None: no label. Adopting or updating the RayService keeps the
+        first: give a long-lived endpoint (a stable ``name``) None or a lifetime that covers it.
     :param on_kill_action: "delete" (default): killing the task while it waits deletes the RayService it
         created (never one it only updated); "keep": leave it for inspection.
     :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
@@ -454,7 +461,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return manifest
 
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
-        return self.build_manifest_for(object_name(context, self.name), namespace, owner_labels(context, self.labels))
+        labels = owner_labels(context, self.labels, self.expires_after)
+        return self.build_manifest_for(object_name(context, self.name), namespace, labels)
 
     # --- the flow's steps ---
     def reconcile_existing(

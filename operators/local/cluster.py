@@ -101,6 +101,8 @@ class LocalRayCluster:
     nodes: list[NodeProcess] = field(default_factory=list)
     started_at: float = 0.0
     host_cpus: int = 1
+    # unix time past which the orphan reaper stops it whatever its run's state (a node pool's tpuflow-expires)
+    expires_at: float | None = None
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -116,10 +118,12 @@ class LocalRayCluster:
         timeout: float = 120.0,
         adopt: bool = True,
         auth_token: str | None = None,
+        expires_at: float | None = None,
     ) -> LocalRayCluster:
         """Start a head plus one Ray node per simulated TPU host, or adopt a live cluster of that name.
 
         auth_token: the Ray token to use (default: a fresh random one), e.g. one a KubeRay Secret holds.
+        expires_at: recorded in the state (an adopted cluster keeps its own); None: it never expires.
         """
         state_dir = Path(base_dir or default_base_dir()) / name
         if adopt and (state_dir / STATE_FILE).exists():
@@ -160,6 +164,7 @@ class LocalRayCluster:
             slice=tpu.to_dict() if tpu else None,
             started_at=time.time(),
             host_cpus=host_cpus,
+            expires_at=expires_at,
         )
         base_env = cluster._base_env(tpu, env)
         try:

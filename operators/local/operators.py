@@ -8,9 +8,11 @@ seconds Ray needs to boot its nodes, and the operator does it directly. Everythi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
 from tpuflow.rayjob.links import RayDashboardLink
 from tpuflow.templating import is_templated, is_true
@@ -55,6 +57,10 @@ class LocalRayClusterCreateOperator(BaseOperator):
     :param head_cpus: CPUs the head node offers to Ray.
     :param host_cpus: CPUs each simulated TPU host offers to Ray.
     :param start_timeout: seconds to wait for every node to join.
+    :param expires_after: (seconds or timedelta) recorded in the cluster's state as ``expires_at``, this
+        long after the start (default 24 hours, as a node pool's ``tpuflow-expires`` label): past it the
+        orphan reaper stops the cluster whatever its run's state. None: it never expires. A retry that
+        adopts the cluster keeps the first.
     """
 
     template_fields: Sequence[str] = ("accelerator", "topology", "machine_type", "num_slices", "base_dir")
@@ -72,6 +78,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
         head_cpus: int = 2,
         host_cpus: int = 1,
         start_timeout: float = 300.0,
+        expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -83,6 +90,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
         self.head_cpus = head_cpus
         self.host_cpus = host_cpus
         self.start_timeout = start_timeout
+        self.expires_after = expires_after
         self._starting: Path | None = None  # what on_kill stops: the state dir of the cluster being started
         self._check_static_arguments()
 
@@ -100,14 +108,19 @@ class LocalRayClusterCreateOperator(BaseOperator):
         check_count("head_cpus", self.head_cpus, minimum=1)
         check_count("host_cpus", self.host_cpus, minimum=1)
         check_seconds("start_timeout", self.start_timeout)
+        check_seconds("expires_after", self.expires_after, optional=True)
         if not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
             self._check_arguments()
 
     def execute(self, context: Context) -> dict[str, Any]:
+        import time
+
         from airflow.sdk.exceptions import AirflowTaskTerminated
         from tpuflow.local.cluster import LocalRayCluster
+        from tpuflow.validation import check_seconds
 
         tpu = self._check_arguments()
+        lifetime = check_seconds("expires_after", self.expires_after, optional=True)
         identity = TaskIdentity.from_context(context)
         name = local_cluster_name(identity)
         self.log.info("Starting local Ray cluster %s simulating %s", name, tpu.summary())
@@ -120,6 +133,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
                 head_cpus=self.head_cpus,
                 host_cpus=self.host_cpus,
                 timeout=self.start_timeout,
+                expires_at=None if lifetime is None else time.time() + lifetime,
             )
         except AirflowTaskTerminated:  # raised by on_kill; start() stopped the nodes it spawned
             _stop_recorded(state_dir)  # and an adopted cluster, which start() leaves alone

@@ -185,6 +185,105 @@ def test_a_dag_the_run_states_do_not_cover_keeps_its_resources(tmp_path: Path) -
     assert FixedRunStates({}, covered).dag_ids == covered
 
 
+def test_past_its_expiry_a_ray_object_or_local_cluster_is_an_orphan_whatever_its_run_state() -> None:
+    """As a node pool: past its tpuflow-expires (label, or a local cluster's recorded expires_at) it is an orphan
+    even while its run is running, and for a DAG the run states do not cover; before it, a running run's is
+    kept; a resource without the ownership labels never is, expired or not."""
+    from tpuflow.labels import EXPIRES_LABEL
+    from tpuflow.local.operators import local_cluster_name
+
+    running, now = {DAG: [LIVE_RUN]}, time.time()
+    past, future = int(now - 10), int(now + 3600)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(past))
+
+    def ray_labels(dag: str, run: str, task: str, expires_at: int | None) -> dict[str, str]:
+        return kubernetes_ownership_labels(TaskIdentity(dag, run, task), expires_at)
+
+    # a RayCluster's and a RayService's labels differ only by the task that made them
+    for task in ("create_ray_cluster", "deploy_rayservice"):
+        for covered in ([DAG], None):
+            assert kube_orphan_reason(ray_labels(DAG, LIVE_RUN, task, future), running, covered, now) is None
+            expired = kube_orphan_reason(ray_labels(DAG, LIVE_RUN, task, past), running, covered, now)
+            assert expired == f"past its tpuflow-expires label ({stamp} UTC)"
+        # the same words as a node pool's
+        pool_labels = gce_ownership_labels(TaskIdentity(DAG, LIVE_RUN, "create_node_pool"), past)
+        pool = pool_orphan_reason(pool_labels, running, now, [DAG])
+        assert pool == kube_orphan_reason(ray_labels(DAG, LIVE_RUN, task, past), running, [DAG], now)
+        # another DAG's: its run state says nothing (not covered), its expiry still does
+        assert kube_orphan_reason(ray_labels(OTHER_DAG, KILLED_RUN, task, future), running, [DAG], now) is None
+        assert "tpuflow-expires" in kube_orphan_reason(
+            ray_labels(OTHER_DAG, KILLED_RUN, task, past), running, [DAG], now
+        )
+        # no expiry label (made before it existed, or expires_after=None): the run state alone
+        assert kube_orphan_reason(ray_labels(DAG, LIVE_RUN, task, None), running, [DAG], now) is None
+    # not ours: never, whatever its expiry label says
+    assert kube_orphan_reason({EXPIRES_LABEL: str(past)}, running, None, now) is None
+    assert kube_orphan_reason({"app.kubernetes.io/managed-by": "someone", EXPIRES_LABEL: "1"}, {}, None, now) is None
+
+    live = local_cluster_name(TaskIdentity(DAG, LIVE_RUN, "start_cluster"))
+    theirs = local_cluster_name(TaskIdentity(OTHER_DAG, KILLED_RUN, "start_cluster"))
+    assert local_orphan_reason(live, True, running, [DAG], future, now) is None
+    assert local_orphan_reason(live, True, running, [DAG], None, now) is None
+    assert local_orphan_reason(live, True, running, [DAG], past, now) == f"past its tpuflow-expires time ({stamp} UTC)"
+    assert local_orphan_reason(theirs, True, running, [DAG], future, now) is None
+    assert "tpuflow-expires" in local_orphan_reason(theirs, True, running, [DAG], past, now)
+    # started by `tpuflow local up` (no run's name): never
+    assert local_orphan_reason("tpuflow-v6e-2x2", True, {}, None, past, now) is None
+
+
+def test_the_finders_read_the_expiry_of_ray_objects_and_local_clusters(tmp_path: Path) -> None:
+    """find_kube_orphans reads the label off the listed objects, find_local_orphans the expires_at the state
+    file records; both for a running run's resources."""
+    import os
+
+    from tpuflow.cost.reaper import find_kube_orphans, find_local_orphans
+    from tpuflow.kuberay import RAYCLUSTERS as CLUSTERS
+    from tpuflow.kuberay import RAYSERVICES
+    from tpuflow.local.cluster import LocalRayCluster, NodeProcess
+    from tpuflow.local.operators import local_cluster_name
+
+    other_live_run = "manual__2026-12-01T11:00:00+00:00"
+    running, now = {DAG: [LIVE_RUN, other_live_run]}, time.time()
+
+    def listed(task: str, expires_in: float, **extra: str) -> dict[str, Any]:
+        labels = kubernetes_ownership_labels(TaskIdentity(DAG, LIVE_RUN, task), int(now + expires_in))
+        return {"metadata": {"name": f"{task}-{expires_in:+.0f}".replace("_", "-"), "labels": {**labels, **extra}}}
+
+    objects = {
+        RAYSERVICES: [listed("deploy_rayservice", -60), listed("deploy_rayservice", 3600)],
+        CLUSTERS: [listed("create_ray_cluster", -60), listed("create_ray_cluster", 3600)],
+    }
+
+    class Objects:
+        def list_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                          label_selector: str) -> dict[str, Any]:  # fmt: skip
+            assert label_selector == "app.kubernetes.io/managed-by=tpuflow"
+            return {"items": objects[plural]}
+
+    class Hook:
+        custom_object_client = Objects()
+
+    found = find_kube_orphans(Hook(), "default", running, older_than=0, now=now)
+    assert [(o.kind, o.name) for o in found] == [
+        ("rayservice", "deploy-rayservice--60"),
+        ("raycluster", "create-ray-cluster--60"),
+    ]
+    assert all(o.reason.startswith("past its tpuflow-expires label (") for o in found)
+
+    # a running run's local cluster, alive (its head's process group: this one), past what its state records
+    for run, expires_in in ((LIVE_RUN, -60), (other_live_run, 3600)):
+        name = local_cluster_name(TaskIdentity(DAG, run, "start_cluster"))
+        (tmp_path / name).mkdir()
+        LocalRayCluster(
+            name=name, state_dir=str(tmp_path / name), temp_dir=str(tmp_path / "tmp"), gcs_address="127.0.0.1:1",
+            dashboard_url="http://127.0.0.1:1", serve_port=1, slice=None, started_at=now - 7200,
+            nodes=[NodeProcess(role="head", pid=os.getpgrp(), log="")], expires_at=now + expires_in,
+        ).save()  # fmt: skip
+    [orphan] = find_local_orphans(running, older_than=0, now=now, base_dir=tmp_path)
+    assert orphan.name == local_cluster_name(TaskIdentity(DAG, LIVE_RUN, "start_cluster"))
+    assert orphan.reason.startswith("past its tpuflow-expires time (")
+
+
 def test_the_reaper_task_counts_only_runs_still_running() -> None:
     """Inside a task (no metadata DB): a run with unfinished tasks is running unless its run is over."""
     from support.airflow_context import FakeTaskInstance

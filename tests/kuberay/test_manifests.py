@@ -265,3 +265,29 @@ def test_names_are_deterministic_per_task_instance_and_fit_kubernetes() -> None:
     )
     assert manifest["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tpuflow"
     assert all(len(v) <= 63 for v in labels.values())
+
+
+@pytest.mark.parametrize("kind", ["RayCluster", "RayService"])
+def test_the_expiry_label_is_on_the_object_not_its_pods(kind: str) -> None:
+    """tpuflow-expires (what the orphan reaper reads) goes on the RayCluster/RayService only: a retry's later
+    expiry leaves the spec, and its spec-hash annotation, alone (the retry adopts the earlier try's object)."""
+    template = RayClusterTemplate(TpuSlice.from_spec("v6e", "4x4"), image=IMAGE)
+    dag, run, task = "tpu_llm_pipeline_gke", "manual__2026-11-29T10:00:00+00:00", "ray_cluster"
+    first, retry = (ownership_labels(dag, run, task, expires_at=at) for at in (1_900_000_000, 1_900_000_060))
+
+    def build(labels: dict[str, str]) -> dict[str, Any]:
+        if kind == "RayCluster":
+            return raycluster_manifest(template, name="rc-test", namespace="ml", labels=labels)
+        return rayservice_manifest(template, SERVE, name="rs-test", namespace="ml", labels=labels)
+
+    manifest, again = build(first), build(retry)
+    assert manifest["metadata"]["labels"]["tpuflow-expires"] == "1900000000"
+    assert manifest["metadata"]["labels"]["tpuflow.dev/run-key"] == first["tpuflow.dev/run-key"]
+    assert manifest["spec"] == again["spec"] and manifest["metadata"]["annotations"] == again["metadata"]["annotations"]
+    spec = manifest["spec"].get("rayClusterConfig", manifest["spec"])
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        pod = group["template"]["metadata"]["labels"]
+        assert "tpuflow-expires" not in pod and pod["tpuflow.dev/run-key"] == first["tpuflow.dev/run-key"]
+    assert schema_errors(f"{kind.lower()}s", manifest) == []
+    # without expires_at (the render CLI, expires_after=None): no label
+    assert "tpuflow-expires" not in build(ownership_labels(dag, run, task))["metadata"]["labels"]

@@ -567,3 +567,22 @@ def test_an_empty_namespace_means_the_connections_and_a_bad_one_is_refused_at_pa
     KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="2x2", image=IMAGE, namespace="")
     with pytest.raises(UserInputError, match="namespace='Bad_NS'"):
         KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="2x2", image=IMAGE, namespace="Bad_NS")
+
+
+@pytest.mark.parametrize("factory", [create_op, deploy_op])
+def test_the_object_carries_its_tpuflow_expires_label(factory: Any) -> None:
+    """expires_after (default 24 hours, as for node pools) from the task's start is the object's tpuflow-expires
+    label, which the orphan reaper reads; None: no label."""
+    from datetime import timedelta
+
+    def labels(**kw: Any) -> dict[str, str]:
+        op = factory(**kw)
+        return op.build_body(task_context(task_id=op.task_id), "default")["metadata"]["labels"]  # type: ignore[no-any-return]
+
+    before = time.time()
+    default = int(labels()["tpuflow-expires"])
+    assert before + 24 * 3600 - 1 <= default <= time.time() + 24 * 3600
+    assert abs(int(labels(expires_after=timedelta(minutes=90))["tpuflow-expires"]) - (time.time() + 5400)) <= 2
+    assert abs(int(labels(expires_after=600)["tpuflow-expires"]) - (time.time() + 600)) <= 2
+    assert "tpuflow-expires" not in labels(expires_after=None)
+    assert labels(expires_after=None)["app.kubernetes.io/managed-by"] == "tpuflow"

@@ -3,6 +3,7 @@ that only sleeps, in its own session like a Ray node, so the test sees exactly w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -135,3 +136,36 @@ def test_the_slice_is_checked_at_parse_time_when_static_and_once_rendered_when_t
     with pytest.raises(UserInputError, match="topology='16'"):
         op.execute(task_context(**START_TASK))
     assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_the_cluster_records_when_it_expires(tmp_path, monkeypatch):
+    """expires_after (default 24 hours, as a node pool's tpuflow-expires) from the start is recorded in the
+    cluster's state as expires_at, which the orphan reaper reads; None: never expires."""
+    from datetime import timedelta
+
+    asked: list[Any] = []
+
+    def start(cls: type, tpu: Any, name: str, base_dir: Any, **kwargs: Any) -> LocalRayCluster:
+        asked.append(kwargs.get("expires_at", "missing"))
+        raise cluster_mod.LocalClusterError("not starting Ray in this test")
+
+    monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
+    for expires_after in ((), (timedelta(hours=2),), (None,)):
+        kw = {"expires_after": expires_after[0]} if expires_after else {}
+        op = LocalRayClusterCreateOperator(
+            task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path), **kw
+        )
+        with pytest.raises(cluster_mod.LocalClusterError):
+            op.execute(task_context(**START_TASK))
+    now = time.time()
+    assert abs(asked[0] - (now + 24 * 3600)) < 5 and abs(asked[1] - (now + 7200)) < 5 and asked[2] is None
+    # the state file keeps it (and a state written before the field existed loads as "never")
+    state = tmp_path / "state"
+    state.mkdir()
+    cluster = LocalRayCluster(name="local-x", state_dir=str(state), temp_dir="", gcs_address="", dashboard_url="",
+                              serve_port=1, slice=None, expires_at=now)  # fmt: skip
+    cluster.save()
+    assert LocalRayCluster.load(state).expires_at == now
+    data = {k: v for k, v in json.loads((state / STATE_FILE).read_text()).items() if k != "expires_at"}
+    (state / STATE_FILE).write_text(json.dumps(data))
+    assert LocalRayCluster.load(state).expires_at is None
