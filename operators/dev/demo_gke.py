@@ -4,7 +4,8 @@ Starts the stand-ins (tpuflow.dev.standins.stack: the GKE API, the Kubernetes AP
 operator with real local Ray clusters behind it), points the Airflow connections and Variables of a
 throw-away Airflow home at them, runs ``tpu_llm_pipeline_gke`` with ``airflow dags test``, prints the
 result, waits for the teardown tasks' deletions to finish, stops everything and says what, if anything,
-was left behind (node pools, Kubernetes objects, Ray processes).
+was left behind (``leftovers``): node pools, workload policies, RayClusters, RayServices, ProvisioningRequests,
+pods, the Ray processes its launcher started, and slice leases the run took. Anything left fails the command.
 """
 
 from __future__ import annotations
@@ -15,16 +16,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuflow.errors import UserInputError
+
+if TYPE_CHECKING:
+    from tpuflow.dev.standins.stack import StandinStack
+    from tpuflow.local.cluster import LocalRayCluster
 
 DAG_ID = "tpu_llm_pipeline_gke"
 GCP_CONN_ID = "gke_standin"
 KUBERNETES_CONN_ID = "kube_standin"
 TEARDOWN_WAIT_S = 180.0
+LEASE_SLOTS = 16  # slots looked at for leases, as `tpuflow leases list`
+CHECKED = (
+    "node pools, workload policies, RayClusters, RayServices, ProvisioningRequests, pods, Ray processes, slice leases"
+)
 
 
 def pipeline_variables(stack: Any, output_root: str) -> dict[str, str]:
@@ -43,13 +53,48 @@ def pipeline_variables(stack: Any, output_root: str) -> dict[str, str]:
     return {f"AIRFLOW_VAR_{name.upper()}": value for name, value in variables.items()}
 
 
-def _leftovers(stack: Any) -> list[str]:
+def standin_leftovers(stack: StandinStack) -> list[str]:
+    """What the teardowns delete, still in the stand-ins: node pools, workload policies, Kubernetes objects."""
+    from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
     from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
 
     out = [f"node pool {p['name']}" for p in stack.gke.node_pools()]
-    for rtype in (RAYSERVICES, RAYCLUSTERS, PODS):
+    out += [f"workload policy {p['name']}" for p in stack.gke.compute.policies()]
+    for rtype in (RAYSERVICES, RAYCLUSTERS, PROVISIONING_REQUESTS, PODS):
         out += [f"{rtype.kind} {o['metadata']['name']}" for o in stack.kube.store.list(rtype)]
     return out
+
+
+def ray_process_leftovers(clusters: Sequence[LocalRayCluster]) -> list[str]:
+    """Live processes of the Ray clusters the demo's launcher started: their nodes' process groups (by pid)
+    and any process naming a cluster's temp dir (Ray processes that left the groups)."""
+    from tpuflow.local.cluster import _group_alive, _pids_referencing
+
+    out = []
+    for cluster in clusters:
+        pids = sorted({n.pid for n in cluster.nodes if _group_alive(n.pid)} | set(_pids_referencing(cluster.temp_dir)))
+        if pids:
+            out.append(f"Ray cluster {cluster.name} processes {pids}")
+    return out
+
+
+def held_leases() -> dict[int, str]:
+    """Slot -> holder of the slice leases held now in the default lease root (as `tpuflow leases list`)."""
+    from tpuflow.slices.leases import lease_store
+
+    return {slot: lease.holder for slot, lease in lease_store(None).holders(LEASE_SLOTS).items()}
+
+
+def lease_leftovers(before: Mapping[int, str]) -> list[str]:
+    """Slice leases held now that were not held before the run (``before``: held_leases() then)."""
+    return [
+        f"slice lease slot {slot} ({holder})" for slot, holder in held_leases().items() if before.get(slot) != holder
+    ]
+
+
+def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_before: Mapping[int, str]) -> list[str]:
+    """Everything the run left behind (empty: nothing)."""
+    return standin_leftovers(stack) + ray_process_leftovers(clusters) + lease_leftovers(leases_before)
 
 
 def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
@@ -72,7 +117,7 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     if "://" not in output_root and not output_root.startswith("gs:"):
         output_root = str(Path(output_root).resolve())
 
-    started_clusters: list[Any] = []
+    started_clusters: list[LocalRayCluster] = []
 
     class RecordingLauncher(LocalRayLauncher):
         def launch(self, spec: LaunchSpec) -> RayClusterHandle:
@@ -107,33 +152,39 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         if not conf.get("serve_topology"):
             conf.pop("serve_topology", None)
         run_date = args.date or date.today().isoformat()
+        leases_before = held_leases()
         print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
         proc = subprocess.run([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
         elapsed = time.time() - started
         report = _report(output_root, run_date) if proc.returncode == 0 else None
         deadline = time.monotonic() + TEARDOWN_WAIT_S
-        while _leftovers(stack) and time.monotonic() < deadline:
-            time.sleep(0.5)  # the RayService's own RayCluster is collected after the RayService
-        left = _leftovers(stack)
-    left += [f"Ray cluster {c.name} (processes still alive)" for c in started_clusters if c.is_alive()]
+        # the RayService's own RayCluster is collected after the RayService, a workload policy after its pool
+        while leftovers(stack, started_clusters, leases_before) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = leftovers(stack, started_clusters, leases_before)
+    # stopping the stand-ins stops every Ray cluster they still run: none may outlive them
+    left += [item for item in ray_process_leftovers(started_clusters) if item not in left]
     total = time.time() - started
-    leftover = ", ".join(left) if left else "nothing (node pools, RayClusters, RayServices, pods, Ray processes)"
     if report is None:
         print(
             f"\ntpuflow demo: the GKE pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr
         )
-        print(f"left behind when the stand-ins stopped: {leftover}", file=sys.stderr)
+    else:
+        print(
+            f"\n=== tpuflow demo --backend gke: pipeline succeeded in {elapsed:.0f}s ({total:.0f}s with stand-ins) ==="
+        )
+        print(f"outputs:            {report['output_dir']}")
+        print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
+        print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
+        for key in ("chip_hours", "ledger"):
+            if key in report:
+                print(f"{key.replace('_', ' ') + ':':<20}{json.dumps(report[key])}")
+        print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
+    if left:
+        print(f"tpuflow demo: FAILED: left behind after the run: {', '.join(left)}", file=sys.stderr)
         return 1
-    print(f"\n=== tpuflow demo --backend gke: pipeline succeeded in {elapsed:.0f}s ({total:.0f}s with stand-ins) ===")
-    print(f"outputs:            {report['output_dir']}")
-    print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
-    print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
-    for key in ("chip_hours", "ledger"):
-        if key in report:
-            print(f"{key.replace('_', ' ') + ':':<20}{json.dumps(report[key])}")
-    print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
-    print(f"left behind:        {leftover}")
-    return 0 if not left else 1
+    print(f"left behind:        nothing ({CHECKED})")
+    return 0 if report is not None else 1
 
 
 def _report(output_root: str, run_date: str) -> dict[str, Any] | None:

@@ -1,5 +1,7 @@
 """The budget guard during training: the job is stopped when the ledger reaches max_chip_hours, with a
-clear task failure and Ray Train's checkpoints kept; a retry after that submits nothing."""
+clear task failure naming the budget and Ray Train's checkpoints kept; nothing of the job runs on after the
+stop (no job, no actor of it), it holds no slice lease, and the DAG's teardown then leaves no node pool
+(the ledger closes); a retry after that submits nothing."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from airflow.sdk.exceptions import AirflowFailException
 from cost_support import RunTaskInstance
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
-from support.ray_cluster import running_cluster
+from support.ray_cluster import alive_actors, running_cluster
 from tpuflow.cost.training import BudgetedRayTrainOperator
+from tpuflow.gke.operators import GKEDeleteNodePoolOperator
 from tpuflow.naming import TaskIdentity
+from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator
 
 # Minutes of training on purpose (the stop must come mid-training): `make test-long`. make test keeps the
@@ -31,8 +35,13 @@ def one_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield cluster
 
 
-def test_training_stops_at_the_budget_and_a_retry_submits_nothing(one_host: Any, gke: Any, tmp_path: Path) -> None:
+def test_training_stops_at_the_budget_and_a_retry_submits_nothing(
+    one_host: Any, gke: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tpuflow.rayjob.hooks import RayJobHook
+    from tpuflow.slices.leases import lease_store
+
+    monkeypatch.setenv("TPUFLOW_SLICE_LEASES", str(tmp_path / "leases"))  # where a lease of the run would be
 
     info = one_host.connection_info()
     run = {"dag_id": "budget_dag", "run_id": "manual__budget"}
@@ -63,9 +72,10 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(one_host: Any,
         return task_context(ti)
 
     started = time.time()
-    with pytest.raises(AirflowFailException, match="Training stopped: the run reached its chip-hour budget"):
+    with pytest.raises(AirflowFailException, match="Training stopped: the run reached its chip-hour budget") as stop:
         train_op().execute(context(1))
     print(f"training stopped by the budget after {time.time() - started:.0f}s")
+    assert f"max_chip_hours={budget}" in str(stop.value), stop.value  # the failure names the budget it hit
     hook = RayJobHook(cluster=info)
     sid = TaskIdentity(**run, task_id="train").submission_id
     deadline = time.time() + 120  # the stop is asynchronous: Ray moves the job to STOPPED shortly after
@@ -74,6 +84,18 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(one_host: Any,
     jobs = hook.find_jobs(sid)
     assert [str(j.status.value if hasattr(j.status, "value") else j.status) for j in jobs] == ["STOPPED"]
     assert list((tmp_path / "train").glob("**/checkpoint_*")), "Ray Train's checkpoints are kept for a resume"
+    # Nothing of the job runs on: no job on the cluster is pending or running, no actor of the stopped job
+    # (the Ray Train workers that held the slice's TPU hosts) or of its supervisor is alive.
+    assert [
+        j.submission_id for j in hook.get_client().list_jobs() if str(j.status.value) not in TERMINAL_JOB_STATES
+    ] == []
+    deadline = time.time() + 60  # actors die shortly after their driver
+    left = alive_of_job(one_host, jobs[0].job_id, sid)
+    while left and time.time() < deadline:
+        time.sleep(1)
+        left = alive_of_job(one_host, jobs[0].job_id, sid)
+    assert left == [], f"actors of the stopped job still alive: {left}"
+    assert lease_store(None).holders(16) == {}, "a budget stop holds no slice lease"
     # a retry finds the budget spent: it fails before submitting a second job
     time.sleep(1)
     with pytest.raises(
@@ -81,3 +103,21 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(one_host: Any,
     ):
         train_op().execute(context(2))
     assert len(hook.find_jobs(jobs[0].submission_id)) == 1
+    # The stop leaves the slice to the teardowns (it deletes nothing itself); the DAG's delete_node_pool then
+    # leaves no pool and no workload policy, and the ledger closes (no chip billed any more).
+    assert [p["name"] for p in gke.node_pools()] == ["train-pool"]
+    GKEDeleteNodePoolOperator(
+        task_id="delete_node_pool", node_pool_name="train-pool", project_id=PROJECT, location=ZONE,
+        cluster_name=CLUSTER, gcp_conn_id=CONN_ID, poll_interval=0.1, retry_backoff=0.1,
+    ).execute(task_context(**run, task_id="delete_node_pool"))  # fmt: skip
+    assert gke.node_pools() == [] and gke.compute.policies() == []
+    assert train_op().budget_left(context(2))[1].endswith("used by 0 chips held")
+
+
+def alive_of_job(cluster: Any, job_id: str | None, submission_id: str) -> list[str]:
+    """Class names of the cluster's live actors of Ray job ``job_id``, and its job supervisor's."""
+    return [
+        str(a.get("class_name"))
+        for a in alive_actors(cluster, "")
+        if (job_id and a.get("job_id") == job_id) or submission_id in str(a.get("name"))
+    ]
