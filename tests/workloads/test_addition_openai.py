@@ -293,6 +293,15 @@ def test_real_serve_deployment_streams_chats_and_applies_deployment_options(
         assert "".join(c.choices[0].text for c in chunks) == "42"
         chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "17+25"}])
         assert chat.choices[0].message.content == "42"
+        # the replica streams decode steps through Serve's proxy: the same answers, stop strings and usage
+        ask: Any = {"model": MODEL, "messages": [{"role": "user", "content": "17+25"}], "n": 2, "stop": "2"}
+        plain = client.chat.completions.create(**ask)
+        streamed = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+        for c in plain.choices:
+            mine = [ch.choices[0] for ch in streamed if ch.choices and ch.choices[0].index == c.index]
+            assert "".join(m.delta.content or "" for m in mine) == c.message.content == "4"
+            assert mine[-1].finish_reason == c.finish_reason == "stop"
+        assert streamed[-1].usage == plain.usage
         with pytest.raises(openai.BadRequestError, match="max_tokens"):
             client.completions.create(model=MODEL, prompt="1+1=", max_tokens=-1)
         status = serve.status().applications["addition-openai"].deployments["AdditionCompletions"]

@@ -7,8 +7,12 @@ tested in-process (FastAPI's TestClient against `build_app`) without Ray. It cal
 Wire format, as the official `openai` client consumes it:
 - `stream=true`: `text/event-stream`, one `data: {json}\\n\\n` event per chunk, then `data: [DONE]\\n\\n`;
   with `stream_options.include_usage` every chunk carries `"usage": null` and one last chunk with
-  `"choices": []` carries the usage. The forward pass decodes the whole (short) answer at once, so
-  the chunks (one per token) are sent once it is done.
+  `"choices": []` carries the usage. Given a `stream` function (the Predictor's: one decode step at a
+  time, `addition.inference.generate_stream`), each step runs in a thread and its tokens are sent (one
+  chunk per token) as soon as it returns; text that may be the start of a stop string is held back
+  until the next tokens decide it. Choices' chunks interleave, step by step. Refusals before the
+  stream starts are HTTP errors; a deadline passed (or the model failing) mid-stream ends the stream
+  with an error event `data: {"error": {...}}` (what the official client raises), then `[DONE]`.
 - `/v1/chat/completions`: the prompt is the last user message (a missing trailing "=" is added);
   earlier messages are ignored, as the model has no context beyond one sum.
 - Errors: `{"error": {"message", "type", "param", "code"}}` for every refused request: unknown model
@@ -21,23 +25,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
 from addition.data import TokenizeError
+from addition.inference import Step
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 Complete = Callable[..., Sequence[Any]]
+StreamSteps = Callable[..., Iterator[Step]]
 MAX_PROMPTS = 1024  # prompts x n in one request
+logger = logging.getLogger(__name__)
 
 
 class StreamOptions(BaseModel):
@@ -107,9 +116,16 @@ class APIError(Exception):
         self.status, self.message, self.err_type, self.param, self.code = status, message, err_type, param, code
         self.retry_after = retry_after
 
+    def body(self) -> dict[str, Any]:
+        return _error_body(self.message, self.err_type, self.param, self.code)
+
     def response(self) -> JSONResponse:
         headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else None
-        return error_response(self.status, self.message, self.err_type, self.param, self.code, headers=headers)
+        return JSONResponse(status_code=self.status, content=self.body(), headers=headers)
+
+
+def _error_body(message: str, err_type: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
 def error_response(
@@ -121,8 +137,7 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The error body OpenAI clients parse into APIError subclasses."""
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-    return JSONResponse(status_code=status, content=body, headers=headers)
+    return JSONResponse(status_code=status, content=_error_body(message, err_type, param, code), headers=headers)
 
 
 # pydantic puts the union member or model tried into an error's location ("prompt.list[str].0"); OpenAI's
@@ -205,10 +220,18 @@ class _Choice:
     finish_reason: str
 
 
+def _stops(stop: str | list[str] | None) -> list[str]:
+    return [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first stop string in `text` begins (None: none there)."""
+    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+
+
 def apply_stop(text: str, stop: str | list[str] | None) -> tuple[str, bool]:
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+    cut = _first_stop(text, _stops(stop))
+    return (text[:cut], True) if cut is not None else (text, False)
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> str:
@@ -221,10 +244,23 @@ def chat_prompt(messages: Sequence[ChatMessage]) -> str:
 
 
 class OpenAIService:
-    """The routes' logic for one model: validate, run `complete` under the limits, shape the answer."""
+    """The routes' logic for one model: validate, run `complete` under the limits, shape the answer.
 
-    def __init__(self, complete: Complete, model_name: str, created: int, limits: Limits | None = None) -> None:
+    `stream(prompts, <complete's keywords>) -> Iterator[Step]` (the Predictor's) makes `stream=true`
+    send each token as soon as the decode step that wrote it returns. Without it a stream is the whole
+    completion from `complete`, then sent as one chunk per token.
+    """
+
+    def __init__(
+        self,
+        complete: Complete,
+        model_name: str,
+        created: int,
+        limits: Limits | None = None,
+        stream: StreamSteps | None = None,
+    ) -> None:
         self.complete, self.model_name, self.created = complete, model_name, created
+        self.stream: StreamSteps = stream or (lambda prompts, **kwargs: iter([Step.of(complete(prompts, **kwargs))]))
         self.limits = limits or Limits()
         self._inflight = 0
         self._slots = asyncio.Semaphore(self.limits.max_concurrent_forward or 1)
@@ -252,6 +288,9 @@ class OpenAIService:
             if not prompts:
                 raise APIError(400, "prompt must not be empty", param="prompt")
             job = self._job(req, prompts, req.max_tokens, "prompt")
+            if req.stream:
+                chunks = _CompletionChunks(self._head("cmpl", "text_completion"), job, _include_usage(req), req.echo)
+                return await self._stream(job, "prompt", chunks)
             choices, usage = await self._run(job, "prompt")
         except APIError as err:
             return err.response()
@@ -263,10 +302,13 @@ class OpenAIService:
             assert isinstance(req, ChatCompletionRequest)
             limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
             job = self._job(req, [chat_prompt(req.messages)], limit, "messages")
+            if req.stream:
+                chunks = _ChatChunks(self._head("chatcmpl", "chat.completion.chunk"), job, _include_usage(req))
+                return await self._stream(job, "messages", chunks)
             choices, usage = await self._run(job, "messages")
         except APIError as err:
             return err.response()
-        return self._chat_response(req, choices, usage)
+        return self._chat_response(choices, usage)
 
     async def _parse(self, request: Request, model: type[_Request]) -> _Request:
         try:
@@ -295,8 +337,9 @@ class OpenAIService:
             )
         return _Job(prompts, req.n, max_tokens, req.temperature or 0.0, req.seed, req.stop)
 
-    async def _run(self, job: _Job, param: str) -> tuple[list[_Choice], dict[str, int]]:
-        """The forward pass in a thread, within this replica's limits and the request's deadline."""
+    # --- the replica's limits ---
+    def _admit(self) -> float | None:
+        """Count the request in flight (429 at the limit); returns its deadline on the loop's clock."""
         limits = self.limits
         if limits.max_inflight_requests is not None and self._inflight >= limits.max_inflight_requests:
             raise APIError(
@@ -306,39 +349,54 @@ class OpenAIService:
                 code="rate_limit_exceeded",
                 retry_after=limits.retry_after_s,
             )
-        loop = asyncio.get_running_loop()
-        deadline = None if limits.request_timeout_s is None else loop.time() + limits.request_timeout_s
         self._inflight += 1
+        timeout = limits.request_timeout_s
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+    def _leave(self) -> None:
+        self._inflight -= 1
+
+    async def _take_slot(self, deadline: float | None) -> Callable[[], None]:
+        """Wait for a forward slot (503 if the deadline passes first); returns what gives it back."""
+        limits = self.limits
+        if limits.max_concurrent_forward is None:
+            return lambda: None
         try:
-            if limits.max_concurrent_forward is not None:
-                try:
-                    await asyncio.wait_for(self._slots.acquire(), _remaining(loop, deadline))
-                except TimeoutError:
-                    raise APIError(
-                        503,
-                        f"the model stayed busy for the whole request timeout ({limits.request_timeout_s}s); "
-                        "retry shortly",
-                        err_type="server_error",
-                        code="overloaded",
-                        retry_after=limits.retry_after_s,
-                    ) from None
+            await asyncio.wait_for(self._slots.acquire(), _remaining(deadline))
+        except TimeoutError:
+            raise APIError(
+                503,
+                f"the model stayed busy for the whole request timeout ({limits.request_timeout_s}s); retry shortly",
+                err_type="server_error",
+                code="overloaded",
+                retry_after=limits.retry_after_s,
+            ) from None
+        return self._slots.release
+
+    def _timed_out(self) -> APIError:
+        return APIError(
+            504,
+            f"the request did not finish within its timeout of {self.limits.request_timeout_s}s",
+            err_type="timeout_error",
+            code="request_timeout",
+        )
+
+    async def _run(self, job: _Job, param: str) -> tuple[list[_Choice], dict[str, int]]:
+        """The forward pass in a thread, within this replica's limits and the request's deadline."""
+        deadline = self._admit()
+        try:
+            release = await self._take_slot(deadline)
             work = asyncio.ensure_future(asyncio.to_thread(self._forward, job))
-            if limits.max_concurrent_forward is not None:
-                # The slot is free when the thread is done, not when a timed-out request gives up on it.
-                work.add_done_callback(lambda _: self._slots.release())
+            # The slot is free when the thread is done, not when a timed-out request gives up on it.
+            work.add_done_callback(lambda _: release())
             try:
-                outs = await asyncio.wait_for(asyncio.shield(work), _remaining(loop, deadline))
+                outs = await asyncio.wait_for(asyncio.shield(work), _remaining(deadline))
             except TimeoutError:
-                raise APIError(
-                    504,
-                    f"the request did not finish within its timeout of {limits.request_timeout_s}s",
-                    err_type="timeout_error",
-                    code="request_timeout",
-                ) from None
+                raise self._timed_out() from None
             except TokenizeError as err:
                 raise APIError(400, str(err), param=param, code="invalid_prompt") from None
         finally:
-            self._inflight -= 1
+            self._leave()
         choices = []
         for i, out in enumerate(outs):
             text, stopped = apply_stop(out.text, job.stop)
@@ -347,21 +405,60 @@ class OpenAIService:
         return choices, _usage(job.prompts, outs)
 
     def _forward(self, job: _Job) -> Sequence[Any]:
-        return self.complete(
-            [p for p in job.prompts for _ in range(job.n)],
-            max_new_tokens=job.max_tokens,
-            temperature=job.temperature,
-            rng=np.random.default_rng(job.seed),
-        )
+        return self.complete(_expanded(job), **_decode_kwargs(job))
+
+    async def _stream(self, job: _Job, param: str, chunks: _Chunks) -> Response:
+        """Admit the request and open its decode (refusals are still HTTP errors), then answer with an
+        event stream whose chunks are sent as each decode step returns; past the deadline, the stream
+        ends with an error event."""
+        deadline = self._admit()
+        decode = _Decode(on_close=self._leave)
+        try:
+            decode.release = await self._take_slot(deadline)
+            try:
+                await decode.open(lambda: self.stream(_expanded(job), **_decode_kwargs(job)), _remaining(deadline))
+            except TimeoutError:
+                raise self._timed_out() from None
+            except TokenizeError as err:
+                raise APIError(400, str(err), param=param, code="invalid_prompt") from None
+        except BaseException:
+            decode.close()
+            raise
+        return _EventStream(self._events(decode, deadline, chunks), on_close=decode.close)
+
+    async def _events(self, decode: _Decode, deadline: float | None, chunks: _Chunks) -> AsyncIterator[bytes]:
+        try:
+            for chunk in chunks.start():
+                yield _event(chunk)
+            while True:
+                try:
+                    step = await decode.next(_remaining(deadline))
+                except TimeoutError:
+                    yield _event(self._timed_out().body())
+                    break
+                except Exception as err:  # the model failed after the response started: tell the client
+                    logger.exception("decode step failed mid-stream")
+                    failed = APIError(500, f"the model failed mid-stream: {err}", "server_error", code="internal_error")
+                    yield _event(failed.body())
+                    break
+                if step is None:
+                    for chunk in chunks.end():
+                        yield _event(chunk)
+                    break
+                for chunk in chunks.step(step):
+                    yield _event(chunk)
+            yield b"data: [DONE]\n\n"
+        finally:
+            decode.close()
 
     # --- responses ---
+    def _head(self, prefix: str, obj: str) -> dict[str, Any]:
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
+                "model": self.model_name}  # fmt: skip
+
     def _completion_response(self, req: CompletionRequest, choices: list[_Choice], usage: dict[str, int]) -> Response:
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": cid, "object": "text_completion", "created": created, "model": self.model_name}
-        if req.stream:
-            return sse(_completion_chunks(head, choices, req.echo, usage, _include_usage(req)))
         body = {
-            **head,
+            **self._head("cmpl", "text_completion"),
             "choices": [
                 {
                     "text": c.prompt + c.text if req.echo else c.text,
@@ -375,16 +472,9 @@ class OpenAIService:
         }
         return JSONResponse(body)
 
-    def _chat_response(self, req: ChatCompletionRequest, choices: list[_Choice], usage: dict[str, int]) -> Response:
-        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if req.stream:
-            head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
-            return sse(_chat_chunks(head, choices, usage, _include_usage(req)))
+    def _chat_response(self, choices: list[_Choice], usage: dict[str, int]) -> Response:
         body = {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": self.model_name,
+            **self._head("chatcmpl", "chat.completion"),
             "choices": [
                 {
                     "index": c.index,
@@ -399,6 +489,14 @@ class OpenAIService:
         return JSONResponse(body)
 
 
+def _expanded(job: _Job) -> list[str]:
+    return [p for p in job.prompts for _ in range(job.n)]
+
+
+def _decode_kwargs(job: _Job) -> dict[str, Any]:
+    return {"max_new_tokens": job.max_tokens, "temperature": job.temperature, "rng": np.random.default_rng(job.seed)}
+
+
 def _usage(prompts: Sequence[str], outs: Sequence[Any]) -> dict[str, int]:
     prompt_tokens = sum(len(p) for p in prompts)  # one token per character, counted once however large n is
     completion_tokens = sum(int(o.num_tokens) for o in outs)
@@ -406,8 +504,8 @@ def _usage(prompts: Sequence[str], outs: Sequence[Any]) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
 
 
-def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - loop.time())
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
 
 
 def _include_usage(req: _Request) -> bool:
@@ -418,52 +516,195 @@ def _tokens(text: str) -> list[str]:
     return list(text)  # one token per character, as the model reads and writes
 
 
-def _completion_chunks(
-    head: dict[str, Any], choices: list[_Choice], echo: bool, usage: dict[str, int], include_usage: bool
-) -> Iterable[dict[str, Any]]:
-    extra = {"usage": None} if include_usage else {}
-    for c in choices:
-        pieces = _tokens(c.text)
-        if echo:
-            pieces = [c.prompt + (pieces[0] if pieces else ""), *pieces[1:]]
-        for piece in pieces:
-            yield {**head, "choices": [{"text": piece, "index": c.index, "finish_reason": None, "logprobs": None}],
-                   **extra}  # fmt: skip
-        yield {**head, "choices": [{"text": "", "index": c.index, "finish_reason": c.finish_reason, "logprobs": None}],
-               **extra}  # fmt: skip
-    if include_usage:
-        yield {**head, "choices": [], "usage": usage}
+class _Decode:
+    """One stream's decode: opening it and each of its steps run in a thread, one at a time.
+
+    Closing it (idempotent; `on_close` runs then) closes the step iterator and gives the forward slot
+    back (`release`) once no thread is running a step: a request that stopped waiting (timeout, client
+    gone) does not free the model while its last step still runs.
+    """
+
+    def __init__(self, on_close: Callable[[], None]) -> None:
+        self.release: Callable[[], None] = lambda: None
+        self._on_close = on_close
+        self._steps: Iterator[Step] | None = None
+        self._work: asyncio.Future[Any] | None = None
+        self._closed = False
+
+    async def open(self, start: Callable[[], Iterator[Step]], timeout: float | None) -> None:
+        def run() -> None:
+            self._steps = start()  # kept even if the request stopped waiting, so that close closes it
+
+        await self._call(run, timeout=timeout)
+
+    async def next(self, timeout: float | None) -> Step | None:
+        """The next decode step, None after the last; TimeoutError when `timeout` passes first."""
+        assert self._steps is not None
+        return await self._call(next, self._steps, None, timeout=timeout)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, timeout: float | None) -> Any:
+        self._work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        return await asyncio.wait_for(asyncio.shield(self._work), timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close()
+        if self._work is not None and not self._work.done():
+            self._work.add_done_callback(lambda _: self._finish())
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        try:
+            if self._work is not None and not self._work.cancelled():
+                self._work.exception()  # retrieved: an abandoned step's error is not worth a warning
+            close = getattr(self._steps, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.release()
 
 
-def _chat_chunks(
-    head: dict[str, Any], choices: list[_Choice], usage: dict[str, int], include_usage: bool
-) -> Iterable[dict[str, Any]]:
-    extra = {"usage": None} if include_usage else {}
+class _StopText:
+    """One choice's text as it streams in, cut where `apply_stop` cuts the whole text: what could still
+    turn out to be (the start of) a stop string is held back until the next tokens decide it."""
 
-    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-        return {**head, "choices": [choice], **extra}
+    def __init__(self, stop: str | list[str] | None) -> None:
+        self.stops = _stops(stop)
+        self.text, self.sent, self.stopped = "", 0, False
 
-    for c in choices:
-        yield chunk(c.index, {"role": "assistant", "content": ""}, None)
-        for piece in _tokens(c.text):
-            yield chunk(c.index, {"content": piece}, None)
-        yield chunk(c.index, {}, c.finish_reason)
-    if include_usage:
-        yield {**head, "choices": [], "usage": usage}
+    def feed(self, delta: str) -> str:
+        """The text that can be sent now; sets `stopped` once a stop string has ended the choice."""
+        self.text += delta
+        if not self.stops:
+            return self._send(len(self.text))
+        cut = _first_stop(self.text, self.stops)
+        # A stop string may still complete at the first position whose rest of the text begins one.
+        held = next((q for q in range(self.sent, len(self.text)) if self._opens_stop(self.text[q:])), None)
+        if cut is not None and (held is None or held >= cut):
+            self.stopped = True  # no stop string can complete at an earlier position any more
+            return self._send(cut)
+        return self._send(min(x for x in (cut, held, len(self.text)) if x is not None))
+
+    def finish(self) -> tuple[str, bool]:
+        """What is left to send once the model finished the choice, and whether a stop string cut it."""
+        text, stopped = apply_stop(self.text, self.stops)
+        return self._send(len(text)), stopped
+
+    def _opens_stop(self, rest: str) -> bool:
+        return any(len(s) > len(rest) and s.startswith(rest) for s in self.stops)
+
+    def _send(self, upto: int) -> str:
+        out, self.sent = self.text[self.sent : upto], max(self.sent, upto)
+        return out
 
 
-def sse(chunks: Iterable[dict[str, Any]]) -> StreamingResponse:
-    """Server-sent events as OpenAI sends them: `data: {json}` events, then `data: [DONE]`."""
+class _Chunks:
+    """A stream's chunks: each choice's text as the decode steps bring it (after its stop strings),
+    one chunk per token, then its finish chunk; the usage chunk last when asked for."""
 
-    async def events() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+    def __init__(self, head: dict[str, Any], job: _Job, include_usage: bool) -> None:
+        self.head, self.job, self.include_usage = head, job, include_usage
+        self.extra: dict[str, Any] = {"usage": None} if include_usage else {}
+        count = len(job.prompts) * job.n
+        self.texts = [_StopText(job.stop) for _ in range(count)]
+        self.outs: list[Any] = [None] * count
+        self.open = [True] * count
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    def start(self) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def finish_chunk(self, index: int, reason: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def step(self, step: Step) -> Iterator[dict[str, Any]]:
+        for i, (delta, out) in enumerate(zip(step.text, step.finished, strict=True)):
+            if out is not None:
+                self.outs[i] = out  # kept for the usage even when a stop string ended the choice before
+            if not self.open[i]:
+                continue
+            text = self.texts[i]
+            send = text.feed(delta)
+            reason = "stop" if text.stopped else None
+            if reason is None and out is not None:
+                rest, stopped = text.finish()
+                send += rest
+                reason = "stop" if stopped else out.finish_reason
+            for piece in _tokens(send):
+                yield self.text_chunk(i, piece)
+            if reason is not None:
+                self.open[i] = False
+                yield self.finish_chunk(i, reason)
+
+    def end(self) -> Iterator[dict[str, Any]]:
+        if self.include_usage:
+            yield {**self.head, "choices": [], "usage": _usage(self.job.prompts, self.outs)}
+
+
+class _CompletionChunks(_Chunks):
+    def __init__(self, head: dict[str, Any], job: _Job, include_usage: bool, echo: bool) -> None:
+        super().__init__(head, job, include_usage)
+        self.echo = echo
+
+    def start(self) -> Iterator[dict[str, Any]]:
+        if self.echo:
+            for i in range(len(self.texts)):
+                yield self.text_chunk(i, self.job.prompts[i // self.job.n])
+
+    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, text, None)
+
+    def finish_chunk(self, index: int, reason: str) -> dict[str, Any]:
+        return self._chunk(index, "", reason)
+
+    def _chunk(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
+        return {**self.head, "choices": [{"text": text, "index": index, "finish_reason": reason, "logprobs": None}],
+                **self.extra}  # fmt: skip
+
+
+class _ChatChunks(_Chunks):
+    def start(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self.texts)):
+            yield self._chunk(i, {"role": "assistant", "content": ""}, None)
+
+    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, {"content": text}, None)
+
+    def finish_chunk(self, index: int, reason: str) -> dict[str, Any]:
+        return self._chunk(index, {}, reason)
+
+    def _chunk(self, index: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return {**self.head, "choices": [choice], **self.extra}
+
+
+def _event(chunk: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events as OpenAI sends them: `data: {json}` events, then `data: [DONE]`.
+
+    `on_close` runs however the response ends: a client that goes away before the body starts leaves
+    the body's own cleanup unrun.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 def build_app(service: OpenAIService) -> FastAPI:

@@ -16,8 +16,9 @@ Ray Serve LLM's fallback, which can straddle two slices and hang: tpuflow's depl
 
 Routes (under the application's route_prefix): GET /v1/models, GET /v1/models/{id},
 POST /v1/completions, POST /v1/chat/completions (streaming, usage and errors: addition.openai_api;
-request limits from the deployment's user_config). Temperature defaults to 0 (greedy), not OpenAI's 1:
-an addition has one right answer.
+request limits from the deployment's user_config). `stream=true` sends each token as the decode step
+that wrote it returns, on a single-host replica and on a multi-host one alike (addition.slice_serving).
+Temperature defaults to 0 (greedy), not OpenAI's 1: an addition has one right answer.
 """
 
 from __future__ import annotations
@@ -94,14 +95,18 @@ class AdditionCompletions:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve's user_config: this replica's request limits (openai_api.Limits)."""
-        self._openai_service = OpenAIService(
-            self.predictor.complete, self.model_name, self.created, Limits.from_user_config(user_config)
-        )
+        self._openai_service = self._service(Limits.from_user_config(user_config))
 
     def _openai(self) -> OpenAIService:
         if getattr(self, "_openai_service", None) is None:
-            self._openai_service = OpenAIService(self.predictor.complete, self.model_name, self.created)
+            self._openai_service = self._service(None)
         return self._openai_service
+
+    def _service(self, limits: Limits | None) -> OpenAIService:
+        # stream: one decode step at a time, so a streamed answer leaves this replica token by token
+        # (the FastAPI StreamingResponse goes through Serve's proxy as it is produced).
+        p = self.predictor
+        return OpenAIService(p.complete, self.model_name, self.created, limits, stream=p.stream)
 
     def check_health(self) -> None:
         """Serve calls this periodically: a multi-host replica is unhealthy once a host's worker is gone."""

@@ -8,8 +8,12 @@ answers each request with one SPMD program over that mesh. Without a topology (t
 kept only so tests can show it) Serve hands the replica per-chip bundles of its own placement group,
 which may cover hosts of two slices.
 
-``SlicePredictor.complete`` has the same signature as ``addition.inference.Predictor.complete``, so
-the OpenAI routes call either one.
+``SlicePredictor.complete`` and ``SlicePredictor.stream`` have the signatures of
+``addition.inference.Predictor``'s, so the OpenAI routes call either one. Every host runs the same
+decode loop (``addition.inference.generate_stream``, same prompts, same rng state), each step one SPMD
+program over the mesh: ``complete`` runs a whole decode per call, ``stream`` one step per call on every
+host, so a streamed token leaves the replica as soon as the step that wrote it returns. Calls are sent
+to the hosts under one lock, so every host runs the requests' programs in the same order.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
-from addition.inference import Completion
+from addition.data import encode_prompt
+from addition.inference import Completion, Step, generate, generate_stream
 
 logger = logging.getLogger("ray.serve")
 
@@ -86,6 +93,7 @@ class SliceHost:
         self.params_np, self.meta = params, meta
         self._logits: Any = None
         self._joined = False
+        self._streams: dict[str, Iterator[Step]] = {}  # decodes streamed one step per call, by request id
 
     def identity(self) -> dict[str, Any]:
         """Where this worker runs: its node and, on a TPU host, the slice and worker id Ray labelled it with."""
@@ -136,14 +144,37 @@ class SliceHost:
     def complete(
         self, prompts: list[str], max_new_tokens: int | None, temperature: float, rng: np.random.Generator | None
     ) -> list[Completion]:
-        """Every host runs the same decode (same prompts, same rng state): one SPMD program per request."""
-        from addition.data import encode_prompt
-        from addition.inference import generate
+        """Every host runs the same decode (same prompts, same rng state): one SPMD program per step."""
+        return generate(self._logits, *self._decode_args(prompts, max_new_tokens), temperature, rng)
 
+    def start(
+        self,
+        request_id: str,
+        prompts: list[str],
+        max_new_tokens: int | None,
+        temperature: float,
+        rng: np.random.Generator | None,
+    ) -> None:
+        """Set up a decode that `step` advances one step per call (the same on every host)."""
+        args = self._decode_args(prompts, max_new_tokens)
+        self._streams[request_id] = generate_stream(self._logits, *args, temperature, rng)
+
+    def step(self, request_id: str) -> Step | None:
+        """The decode's next step; None once it is over (or was dropped)."""
+        steps = self._streams.get(request_id)
+        step = None if steps is None else next(steps, None)
+        if step is None:
+            self._streams.pop(request_id, None)
+        return step
+
+    def drop(self, request_id: str) -> None:
+        """Forget a decode its request stopped reading (timed out, client gone)."""
+        self._streams.pop(request_id, None)
+
+    def _decode_args(self, prompts: list[str], max_new_tokens: int | None) -> tuple[np.ndarray, Any, int]:
         spec = self.meta.task
         ids = np.stack([encode_prompt(p, spec) for p in prompts])
-        budget = spec.answer_len if max_new_tokens is None else max_new_tokens
-        return generate(self._logits, ids, spec, budget, temperature, rng)
+        return ids, spec, spec.answer_len if max_new_tokens is None else max_new_tokens
 
     def ping(self) -> bool:
         return self._joined
@@ -194,6 +225,7 @@ class SlicePredictor:
         self.meta, self.spec, self.shape, self.backend = meta, meta.task, shape, "jax-slice"
         self._slice: Any = None  # the SlicePlacementGroup this replica owns (released on shutdown)
         self.workers: list[Any] = []
+        self._send = threading.Lock()  # calls reach every host in one order (requests run in threads)
         try:
             pg, bundles = self._placement(reserve_timeout_s)
             self._start_workers(pg, bundles, params, meta)
@@ -322,8 +354,51 @@ class SlicePredictor:
     ) -> list[Completion]:
         if not prompts:
             return []
-        refs = [w.complete.remote(list(prompts), max_new_tokens, temperature, rng) for w in self.workers]
+        with self._send:
+            refs = [w.complete.remote(list(prompts), max_new_tokens, temperature, rng) for w in self.workers]
         return ray.get(refs)[0]  # every host decoded the same completions
+
+    def stream(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        rng: np.random.Generator | None = None,
+    ) -> Iterator[Step]:
+        """`complete` one decode step at a time: each step is one call on every host, so its tokens are
+        here as soon as the mesh has computed them. Prompts are checked here (TokenizeError); the hosts
+        start the decode at the first step."""
+        if not prompts:
+            return iter(())
+        for p in prompts:
+            encode_prompt(p, self.spec)
+        return self._steps(uuid.uuid4().hex, list(prompts), max_new_tokens, temperature, rng)
+
+    def _steps(
+        self,
+        request_id: str,
+        prompts: list[str],
+        max_new_tokens: int | None,
+        temperature: float,
+        rng: np.random.Generator | None,
+    ) -> Iterator[Step]:
+        over = False
+        try:
+            with self._send:
+                started = [w.start.remote(request_id, prompts, max_new_tokens, temperature, rng) for w in self.workers]
+            ray.get(started)
+            while True:
+                with self._send:
+                    refs = [w.step.remote(request_id) for w in self.workers]
+                step = ray.get(refs)[0]  # every host computed the same step
+                if step is None:
+                    over = True
+                    return
+                yield step
+        finally:
+            if not over:  # closed early: the hosts drop the decode (no SPMD program: any order will do)
+                for w in self.workers:
+                    w.drop.remote(request_id)
 
     def check_health(self) -> None:
         """Raise when a host's worker is gone: Serve then replaces the whole replica (and its slice)."""
