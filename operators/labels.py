@@ -48,6 +48,11 @@ OWNER_KEY_LABEL = "tpuflow-key"
 EXPIRES_LABEL = "tpuflow-expires"
 # the operators' default ``expires_after``: node pools, RayClusters, RayServices, local clusters
 DEFAULT_EXPIRES_AFTER = timedelta(hours=24)
+# on what a ``keep_endpoint`` teardown left running on purpose (the RayService, its ProvisioningRequest, the serve
+# node pool's VMs; a valid GCE and Kubernetes label key, as EXPIRES_LABEL, which the mark replaces): the reaper
+# never takes it, whatever its run's state. A local cluster records ``kept`` in its state instead.
+KEPT_LABEL = "tpuflow-kept"
+KEPT_VALUE = "true"
 
 MAX_NAME = 63
 MAX_PREFIX = 253
@@ -160,3 +165,20 @@ def gce_ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, s
             EXPIRES_LABEL: str(int(expires_at)),
         },
     )
+
+
+def is_kept(labels: Mapping[str, str] | None) -> bool:
+    """Whether labels (Kubernetes or GCE) carry the kept mark a ``keep_endpoint`` teardown sets."""
+    return (labels or {}).get(KEPT_LABEL) == KEPT_VALUE
+
+
+def kept_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """``labels`` marked kept: KEPT_LABEL added, EXPIRES_LABEL gone (a kept resource has no expiry)."""
+    out = {k: v for k, v in (labels or {}).items() if k != EXPIRES_LABEL}
+    out[KEPT_LABEL] = KEPT_VALUE
+    return out
+
+
+def kept_metadata_patch() -> dict[str, Any]:
+    """A merge patch (RFC 7386: null removes a key) that marks a Kubernetes object kept, as kept_labels does."""
+    return {"metadata": {"labels": {KEPT_LABEL: KEPT_VALUE, EXPIRES_LABEL: None}}}

@@ -60,6 +60,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no local clusters under {_base_dir(args)}")
     for c in clusters:
         state = "running" if c.is_alive() else "dead (state left behind; `tpuflow local down` cleans it)"
+        if c.kept and c.is_alive():
+            state += " (kept by its run's keep_endpoint: the reaper leaves it; `tpuflow local down` stops it)"
         shape = f"{c.slice['generation']} {c.slice['topology']}" if c.slice else "no slice"
         print(f"{c.name}: {state}; {shape}; {len(c.nodes)} Ray nodes; dashboard {c.dashboard_url}; serve {c.serve_url}")
     return 0

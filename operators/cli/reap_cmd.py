@@ -1,4 +1,9 @@
-"""`tpuflow reap [--dry-run] [--older-than 2h]`: delete what finished, killed or expired runs left behind."""
+"""`tpuflow reap [--dry-run] [--older-than 2h]`: delete what finished, killed or expired runs left behind.
+
+What a keep_endpoint run kept (labelled tpuflow-kept=true; a local cluster's state "kept") is never deleted:
+each run says how many it skipped. Delete a kept endpoint with kubectl / gcloud / `tpuflow local down` (the
+commands: the tpuflow.cost.reaper docstring, or the README's orphan reaper section).
+"""
 
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "reap",
         help="delete node pools, RayClusters, RayServices, local clusters and leases of runs that no longer run",
         description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dry-run", action="store_true", help="list what would be deleted, and why; delete nothing")
     parser.add_argument("--older-than", default="2h", help="only resources at least this old (default 2h; 30m, 1d, 0s)")

@@ -245,7 +245,9 @@ class ReapOrphansOperator(BaseOperator):
     :param kubernetes_conn_id: templated; a kubernetes connection (default: through GKE).
     :param namespace: templated; the RayClusters' namespace.
 
-    Returns ``{"dry_run", "found", "deleted", "failed"}``.
+    Resources a ``keep_endpoint`` run kept (the kept mark) are never deleted; the log says how many were skipped.
+
+    Returns ``{"dry_run", "found", "deleted", "failed", "kept"}``.
     """
 
     template_fields: Sequence[str] = (

@@ -14,6 +14,24 @@ touched:
   records (the create operator's ``expires_after``).
 - slice leases: a lease whose holder run is not running is given back.
 
+Kept endpoints are never taken. A ``keep_endpoint`` run whose endpoint answered leaves it running on purpose,
+and its teardowns mark what they keep: the RayService (the RayCluster it owns goes with it), its
+ProvisioningRequest and PodTemplates, and the serve node pool's VMs get the ``tpuflow-kept=true`` label
+(tpuflow.labels.KEPT_LABEL) in place of their ``tpuflow-expires``; a local cluster records ``"kept": true`` in
+its state.json. Whatever its run's state or expiry, a marked resource is no orphan (a kept local cluster whose
+processes are gone still is: nothing is left to keep). Each reaper run, dry or not, says how many it skipped:
+they are still running, and billed. Delete a kept endpoint yourself when you are done with it::
+
+    kubectl get rayservices,provisioningrequests,podtemplates -l tpuflow-kept=true   # what is kept
+    kubectl delete rayservice NAME                  # its RayCluster goes with it
+    kubectl delete provisioningrequest,podtemplate -l tpuflow-kept=true             # every kept request
+    gcloud container node-pools list --cluster=C --location=L --format="yaml(name,config.resourceLabels)"
+    gcloud container node-pools delete POOL --cluster=C --location=L                 # a pool labelled kept
+    tpuflow local down --name NAME                  # a kept local cluster (`tpuflow local status` says kept)
+
+(or remove the mark, ``kubectl label rayservice NAME tpuflow-kept-``, and let the next reaper run take it once
+its run is over).
+
 "Not running" is only said of the DAGs the run states cover (RunStates.dag_ids; the metadata DB covers
 every DAG, the reaper task only its ``dag_ids``): a resource of another DAG is never an orphan by its
 run state, only past its ``tpuflow-expires`` label (or a local cluster's ``expires_at``) or with its Ray
@@ -95,6 +113,21 @@ class Orphan:
         return f"{self.kind} {self.name} ({self.where}): {self.reason}"
 
 
+class Orphans(list[Orphan]):
+    """collect_orphans' answer: the orphans, and in ``kept`` the resources the kept mark spared (Orphan records
+    that are never deleted), so a reaper run can say what is still running, and billed."""
+
+    def __init__(self, orphans: Iterable[Orphan] = (), kept: Iterable[Orphan] = ()) -> None:
+        super().__init__(orphans)
+        self.kept: list[Orphan] = list(kept)
+
+
+def _kept_reason() -> str:
+    from tpuflow.labels import KEPT_LABEL
+
+    return f"kept by its run's keep_endpoint ({KEPT_LABEL}): still running, and billed"
+
+
 # --- deciding ---------------------------------------------------------------------------------------------
 def expiry_reason(expires: object, now: float, what: str = "label") -> str | None:
     """Why a resource is past its expiry (unix seconds: a label's digits, or a number); None: it is not,
@@ -112,10 +145,18 @@ def pool_orphan_reason(
     labels: Mapping[str, str], running: Mapping[str, list[str]], now: float, covered: Collection[str] | None = None
 ) -> str | None:
     """Why a node pool with these resourceLabels is an orphan; None: a running run owns it, its DAG is not
-    ``covered`` (and it is not past its expiry), or it is not ours."""
-    from tpuflow.labels import EXPIRES_LABEL, GCE_DAG_LABEL, GCE_MANAGED_LABEL, GCE_RUN_LABEL, gce_label_value
+    ``covered`` (and it is not past its expiry), it is kept (keep_endpoint; whatever its run and expiry), or it
+    is not ours."""
+    from tpuflow.labels import (
+        EXPIRES_LABEL,
+        GCE_DAG_LABEL,
+        GCE_MANAGED_LABEL,
+        GCE_RUN_LABEL,
+        gce_label_value,
+        is_kept,
+    )
 
-    if labels.get(GCE_MANAGED_LABEL) != "true" or GCE_DAG_LABEL not in labels:
+    if labels.get(GCE_MANAGED_LABEL) != "true" or GCE_DAG_LABEL not in labels or is_kept(labels):
         return None
     expired = expiry_reason(labels.get(EXPIRES_LABEL), now)
     if expired is not None:
@@ -137,7 +178,8 @@ def kube_orphan_reason(
     now: float | None = None,
 ) -> str | None:
     """Why a RayCluster/RayService with these labels is an orphan; None: a running run owns it, its DAG is
-    not ``covered`` (and it is not past its expiry at ``now``, default the current time), or it is not ours."""
+    not ``covered`` (and it is not past its expiry at ``now``, default the current time), it is kept
+    (keep_endpoint; whatever its run and expiry), or it is not ours."""
     from tpuflow.labels import (
         DAG_ID_LABEL,
         EXPIRES_LABEL,
@@ -145,11 +187,12 @@ def kube_orphan_reason(
         MANAGED_BY_VALUE,
         RUN_KEY_LABEL,
         TASK_ID_LABEL,
+        is_kept,
         label_safe,
     )
     from tpuflow.naming import run_key
 
-    if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or RUN_KEY_LABEL not in labels:
+    if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or RUN_KEY_LABEL not in labels or is_kept(labels):
         return None
     expired = expiry_reason(labels.get(EXPIRES_LABEL), time.time() if now is None else now)
     if expired is not None:
@@ -172,8 +215,9 @@ def policy_orphan_reason(
     running: Mapping[str, list[str]],
     covered: Collection[str] | None = None,
 ) -> str | None:
-    """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it, its run is
-    running (the create task makes the policy before its pools) or its DAG is not ``covered``."""
+    """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it (a kept pool is
+    never an orphan, so its policy stays with it), its run is running (the create task makes the policy before
+    its pools) or its DAG is not ``covered``."""
     from tpuflow.gke.workload_policy import owner_of, owner_run_of
     from tpuflow.labels import gce_label_value
 
@@ -202,10 +246,11 @@ def local_orphan_reason(
     covered: Collection[str] | None = None,
     expires_at: float | None = None,
     now: float | None = None,
+    kept: bool = False,
 ) -> str | None:
     """Why a local cluster is an orphan; None: a running run started it, no run did (``tpuflow local up``),
-    or (its processes alive, not past ``expires_at`` at ``now``, default the current time) its DAG is not
-    ``covered``."""
+    or (its processes alive) it is ``kept`` (keep_endpoint; whatever its run and expiry), or (not past
+    ``expires_at`` at ``now``, default the current time) its DAG is not ``covered``."""
     from tpuflow.local.operators import local_cluster_name
     from tpuflow.naming import TaskIdentity
 
@@ -213,6 +258,8 @@ def local_orphan_reason(
         return None  # started by `tpuflow local up` or by hand: not a run's
     if not alive:
         return "its Ray processes are gone (the run was killed; its state was left behind)"
+    if kept:
+        return None
     expired = expiry_reason(expires_at, time.time() if now is None else now, "time")
     if expired is not None:
         return expired
@@ -244,9 +291,11 @@ def list_pools(hook: Any, project_id: str, cluster_name: str) -> tuple[list[dict
 
 def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list[dict[str, Any]],
                       operations: list[dict[str, Any]], running: Mapping[str, list[str]], older_than: float,
-                      now: float, wait_timeout: float = 1800.0,
-                      covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
+                      now: float, wait_timeout: float = 1800.0, covered: Collection[str] | None = None,
+                      kept: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+    """The orphan pools; the kept ones (ours, with the kept mark) are added to ``kept``."""
     from tpuflow.cost.ledger import pool_span
+    from tpuflow.labels import GCE_MANAGED_LABEL, is_kept
 
     where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
     found = []
@@ -254,6 +303,8 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
         labels = (pool.get("config") or {}).get("resourceLabels") or {}
         reason = pool_orphan_reason(labels, running, now, covered)
         if reason is None:
+            if kept is not None and labels.get(GCE_MANAGED_LABEL) == "true" and is_kept(labels):
+                kept.append(Orphan("node_pool", pool["name"], where, _kept_reason()))
             continue
         created, _ = pool_span(operations, pool["name"])
         if created is not None and now - created < older_than:
@@ -335,10 +386,13 @@ def delete_pool(hook: Any, project_id: str, cluster_name: str, name: str, timeou
 
 
 def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]], older_than: float,
-                      now: float, covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
+                      now: float, covered: Collection[str] | None = None,
+                      kept: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+    """The orphan RayServices and RayClusters (a RayService's own RayCluster is judged with it, never alone);
+    the kept ones (with the kept mark) are added to ``kept``."""
     from tpuflow.cost.ledger import rfc3339_to_unix
     from tpuflow.kuberay import GROUP, KIND_BY_PLURAL, RAYCLUSTERS, RAYSERVICES, VERSION
-    from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE
+    from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE, is_kept
 
     found = []
     # services first: deleting a RayService removes its own RayCluster
@@ -355,6 +409,9 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
                 continue  # a RayService's own cluster goes with it
             reason = kube_orphan_reason(meta.get("labels") or {}, running, covered, now)
             if reason is None:
+                if kept is not None and is_kept(meta.get("labels")):
+                    kept.append(Orphan(KIND_BY_PLURAL[plural].lower(), meta["name"], f"namespace {namespace}",
+                                       _kept_reason()))  # fmt: skip
                 continue
             stamp = meta.get("creationTimestamp")
             if stamp and now - rfc3339_to_unix(stamp) < older_than:
@@ -368,8 +425,10 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
     return found
 
 
-def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now: float,
-                       base_dir: Any = None, covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
+def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now: float, base_dir: Any = None,
+                       covered: Collection[str] | None = None,
+                       kept: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+    """The orphan local clusters; the kept ones still running are added to ``kept``."""
     from pathlib import Path
 
     from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
@@ -381,7 +440,10 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
             cluster = LocalRayCluster.load(state.parent)
         except (OSError, ValueError, TypeError) as err:
             raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
-        reason = local_orphan_reason(cluster.name, cluster.is_alive(), running, covered, cluster.expires_at, now)
+        alive = cluster.is_alive()
+        reason = local_orphan_reason(cluster.name, alive, running, covered, cluster.expires_at, now, cluster.kept)
+        if reason is None and kept is not None and cluster.kept and alive and cluster.name.startswith("local-"):
+            kept.append(Orphan("local_cluster", cluster.name, str(state.parent), _kept_reason()))
         if reason is None or now - (cluster.started_at or now) < older_than:
             continue
         found.append(Orphan("local_cluster", cluster.name, str(state.parent), reason, cluster.stop))
@@ -410,8 +472,23 @@ def find_lease_orphans(
     return found
 
 
-def reap(orphans: list[Orphan], *, dry_run: bool, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Delete each orphan (dry run: only list them). Returns {"deleted": [...], "failed": [...], "dry_run"}."""
+def reap(
+    orphans: list[Orphan],
+    *,
+    dry_run: bool,
+    say: Callable[[str], None] = print,
+    kept: Iterable[Orphan] | None = None,
+) -> dict[str, Any]:
+    """Delete each orphan (dry run: only list them), and say which kept resources were skipped (``kept``, default
+    the ``kept`` of collect_orphans' answer). Returns {"dry_run", "found", "deleted", "failed", "kept"}."""
+    spared = list(getattr(orphans, "kept", []) if kept is None else kept)
+    if spared:
+        say(
+            f"skipped {len(spared)} kept endpoint resource(s) (keep_endpoint): still running, and billed until you "
+            "delete them (how: the tpuflow.cost.reaper docstring, or the README's orphan reaper section)"
+        )
+        for entry in spared:
+            say(f"kept {entry.line()}")
     deleted, failed = [], []
     for orphan in orphans:
         if dry_run:
@@ -427,7 +504,13 @@ def reap(orphans: list[Orphan], *, dry_run: bool, say: Callable[[str], None] = p
         deleted.append(orphan.line())
     if not orphans:
         say("no orphans found")
-    return {"dry_run": dry_run, "found": [o.line() for o in orphans], "deleted": deleted, "failed": failed}
+    return {
+        "dry_run": dry_run,
+        "found": [o.line() for o in orphans],
+        "deleted": deleted,
+        "failed": failed,
+        "kept": [entry.line() for entry in spared],
+    }
 
 
 # --- run states -----------------------------------------------------------------------------------------
@@ -502,13 +585,13 @@ def _kube_hook(scope: ReaperScope) -> Any:
     return GKEKubeRayHook(**target.gke_hook_kwargs())
 
 
-def collect_orphans(
-    scope: ReaperScope, states: RunStates, *, older_than: float, now: float | None = None
-) -> list[Orphan]:
-    """Every orphan in the scope, or ReaperListError before anything is deleted."""
+def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float, now: float | None = None) -> Orphans:
+    """Every orphan in the scope (and, in the answer's ``kept``, what the kept mark spared), or ReaperListError
+    before anything is deleted."""
     now = time.time() if now is None else now
     running, covered = states.running(), states.dag_ids
-    orphans: list[Orphan] = []
+    orphans = Orphans()
+    kept = orphans.kept
     if scope.gke:
         from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
         from tpuflow.gke.workload_policy import region_of
@@ -517,7 +600,7 @@ def collect_orphans(
         hook = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
         pools, operations = list_pools(hook, project, cluster)
         pool_orphans = find_pool_orphans(
-            hook, project, cluster, pools, operations, running, older_than, now, covered=covered
+            hook, project, cluster, pools, operations, running, older_than, now, covered=covered, kept=kept
         )
         compute = ComputeResourcePolicyHook(gcp_conn_id=scope.gcp_conn_id)
         region = region_of(scope.location or "")
@@ -533,9 +616,9 @@ def collect_orphans(
             namespace = scope.namespace or hook.default_namespace()
         except Exception as err:
             raise ReaperListError(f"reaching the Kubernetes API: {_first_line(err)}") from err
-        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered)
+        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered, kept)
     if scope.local:
-        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir, covered)
+        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir, covered, kept)
     if scope.leases:
         from tpuflow.slices.leases import lease_store
 

@@ -63,6 +63,25 @@ class CapacityHook(KubeRayHook):
         answer = _unless_missing(lambda: self.core_v1_client.delete_namespaced_pod_template(name, namespace), _DELETED)
         return answer is not _DELETED
 
+    # --- the kept mark (a keep_endpoint teardown; tpuflow.labels.kept_metadata_patch): False when it does not exist
+    @generic_api_retry
+    def mark_provisioning_request_kept(self, name: str, namespace: str) -> bool:
+        from tpuflow.labels import kept_metadata_patch
+
+        client, patch = self.custom_object_client, kept_metadata_patch()
+        found = _unless_missing(
+            lambda: client.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch), None
+        )
+        return found is not None
+
+    @generic_api_retry
+    def mark_pod_template_kept(self, name: str, namespace: str) -> bool:
+        from tpuflow.labels import kept_metadata_patch
+
+        patch = kept_metadata_patch()
+        found = _unless_missing(lambda: self.core_v1_client.patch_namespaced_pod_template(name, namespace, patch), None)
+        return found is not None
+
 
 class GKECapacityHook(CapacityHook, GKEKubeRayHook):
     """CapacityHook authenticated to a GKE endpoint (GKEKubeRayHook's arguments)."""

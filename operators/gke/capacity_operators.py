@@ -333,12 +333,11 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
         if self.name:
             check_name("name", self.name, max_len=63)
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def request_and_templates(self, context: Context, namespace: str) -> tuple[str, list[str]]:
+        """The request's name and its PodTemplates' (those it names, and those carrying its creator's run key)."""
         from tpuflow.gke.provisioning_request import request_name
         from tpuflow.kuberay import RUN_KEY_LABEL
 
-        self.validate_arguments()
-        namespace = self.resolve_namespace()
         hook = self.kube_hook()
         templates: list[str] = []
         if self.created_by_task_id:
@@ -352,6 +351,13 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
             ref = (item.get("podTemplateRef") or {}).get("name")
             if ref and ref not in templates:
                 templates.append(ref)
+        return name, templates
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        self.validate_arguments()
+        namespace = self.resolve_namespace()
+        hook = self.kube_hook()
+        name, templates = self.request_and_templates(context, namespace)
         deleted, absent = [], []
         for what, gone in [
             (f"provisioningrequest/{name}", hook.delete_provisioning_request(name, namespace)),

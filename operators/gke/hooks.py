@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
@@ -37,7 +38,7 @@ from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import NotFound
 from google.cloud import compute_v1
 from google.cloud.container_v1 import ClusterManagerAsyncClient, ClusterManagerClient
-from google.cloud.container_v1.types import NodePool, Operation
+from google.cloud.container_v1.types import NodePool, Operation, ResourceLabels, UpdateNodePoolRequest
 
 ACTIVE_OPERATION = (Operation.Status.PENDING, Operation.Status.RUNNING)
 
@@ -61,7 +62,7 @@ class GKEOperationError(Exception):
 
 
 class GKENodePoolHook(GKEHook):
-    """Create, read, list and delete GKE node pools and follow their operations (GKEHook's constructor:
+    """Create, read, list, relabel and delete GKE node pools and follow their operations (GKEHook's constructor:
     ``gcp_conn_id``, ``location``, ``impersonation_chain``)."""
 
     # --- connection-driven client set-up ----------------------------------------------------------------
@@ -132,6 +133,17 @@ class GKENodePoolHook(GKEHook):
         except NotFound:
             self.log.info("Node pool %s does not exist", node_pool_name)
             return None
+
+    def set_node_pool_resource_labels(
+        self, *, project_id: str, cluster_name: str, node_pool_name: str, labels: Mapping[str, str]
+    ) -> Operation:
+        """Replace the pool's GCE resourceLabels with ``labels`` (nodePools.update; GKE relabels the pool's VMs
+        in place) and return the Operation. The whole set: a label left out is removed."""
+        name = self.node_pool_path(project_id, cluster_name, node_pool_name)
+        self.log.info("Setting the resource labels of node pool %s", name)
+        return self.get_cluster_manager_client().update_node_pool(
+            request=UpdateNodePoolRequest(name=name, resource_labels=ResourceLabels(labels=dict(labels)))
+        )
 
     # --- operations ---------------------------------------------------------------------------------
     def get_operation(self, operation_name: str, project_id: str = PROVIDE_PROJECT_ID) -> Operation:

@@ -64,6 +64,7 @@ class Progress:
     failure_retryable: bool = False
     expires_at: int | None = None
     workload_policy: dict[str, Any] = field(default_factory=dict)  # tpuflow.gke.policy_provisioning's state
+    labelled: list[str] = field(default_factory=list)  # NodePoolKeeper: pools whose kept-label update is done
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +77,7 @@ class Progress:
 @dataclass(frozen=True)
 class WaitForOperation:
     operation: str
-    action: str  # create | delete
+    action: str  # create | delete | label
     pool: str
     choice: int | None = None
 
@@ -357,6 +358,90 @@ class NodePoolRemover(_Loop):
                 "cluster_name": self.cluster_name,
                 "deleted": [n for n in self.names if n in progress.deleted],
                 "absent": [n for n in self.names if n not in progress.deleted],
+            }
+        )
+
+
+class NodePoolKeeper(_Loop):
+    """Mark node pools kept (a ``keep_endpoint`` teardown): GKE replaces their resourceLabels with the same ones
+    plus ``tpuflow-kept=true`` and without ``tpuflow-expires`` (nodePools.update, waited for like a delete), so
+    the orphan reaper leaves them. A pool that does not exist is absent; one already marked is left as it is."""
+
+    def __init__(
+        self, hook: GKENodePoolHook, project_id: str, cluster_name: str, names: list[str], policy: RetryPolicy
+    ) -> None:
+        super().__init__(hook, project_id, cluster_name, policy)
+        self.names = names
+
+    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
+        if wait.action != "label" or (failure is not None and failure.kind is FailureKind.NOT_FOUND):
+            return  # another operation on the pool (or the pool is gone): the next pass looks again
+        if failure is None:
+            progress.labelled.append(wait.pool)
+            return
+        if failure.kind.wait_and_retry and progress.busy_retries < self.policy.max_busy_retries:
+            progress.busy_retries += 1
+            return
+        why = self._explain(failure, "update", f"node pool {wait.pool}")
+        raise NodePoolFailed(self._unmarked(wait.pool, why), retryable=True)
+
+    def _unmarked(self, name: str, why: str) -> str:
+        return (
+            f"Node pool {name} was kept but could not be marked kept, so the orphan reaper may delete it once its "
+            f"run is over: {why}"
+        )
+
+    def _label(self, progress: Progress, name: str, labels: dict[str, str]) -> Step | None:
+        try:
+            operation = self.hook.set_node_pool_resource_labels(
+                project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name, labels=labels
+            )
+        except GoogleAPICallError as exc:
+            failure = classify_exception(exc)
+            if failure.kind is FailureKind.NOT_FOUND:
+                return None
+            if failure.kind.wait_and_retry:
+                return self._busy(progress, failure, "update", f"node pool {name}")
+            raise NodePoolFailed(
+                self._unmarked(name, self._explain(failure, "update", f"node pool {name}")), retryable=False
+            ) from exc
+        log.info("Marking node pool %s kept: operation %s", name, operation.name)
+        return WaitForOperation(operation.name, "label", name)
+
+    def _pass(self, progress: Progress) -> Step | None:
+        from tpuflow.labels import EXPIRES_LABEL, is_kept, kept_labels
+
+        kept, absent = [], []
+        for name in self.names:
+            pool = self._get(name)
+            if pool is None:
+                absent.append(name)
+                continue
+            labels = (pool.get("config") or {}).get("resourceLabels") or {}
+            if is_kept(labels) and EXPIRES_LABEL not in labels:
+                kept.append(name)
+                continue
+            status = pool.get("status", "")
+            if status in _BUSY_STATES:
+                return self._wait_on_busy_pool(name, status, None)
+            if name in progress.labelled:
+                raise NodePoolFailed(
+                    self._unmarked(name, "GKE finished the update, but the pool's resourceLabels do not show it"),
+                    retryable=True,
+                )
+            outcome = self._label(progress, name, kept_labels(labels))
+            if outcome is not None:
+                return outcome
+            absent.append(name)  # gone since we read it
+        return Done(
+            {
+                "project_id": self.project_id,
+                "location": self.hook.location,
+                "cluster_name": self.cluster_name,
+                "kept": True,
+                "deleted": [],
+                "marked_kept": kept,
+                "absent": absent,
             }
         )
 

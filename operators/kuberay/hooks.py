@@ -246,6 +246,13 @@ class KubeRayHook(KubernetesHook):
             )
         )
 
+    def mark_kept(self, plural: str, name: str, namespace: str) -> bool:
+        """Label an object kept (a ``keep_endpoint`` teardown: tpuflow.labels.kept_metadata_patch, so the orphan
+        reaper leaves it); False when it does not exist."""
+        from tpuflow.labels import kept_metadata_patch
+
+        return _unless_missing(lambda: self.patch(plural, name, kept_metadata_patch(), namespace), None) is not None
+
     def delete(self, plural: str, name: str, namespace: str) -> bool:
         """Request deletion (background propagation); False when it was already gone."""
         answer = _unless_missing(

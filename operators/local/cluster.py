@@ -103,6 +103,9 @@ class LocalRayCluster:
     host_cpus: int = 1
     # unix time past which the orphan reaper stops it whatever its run's state (a node pool's tpuflow-expires)
     expires_at: float | None = None
+    # left running on purpose (keep_endpoint; a kept RayService's tpuflow-kept label): the reaper leaves it
+    # while its processes live, whatever its run's state; `tpuflow local down` stops it
+    kept: bool = False
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -285,6 +288,11 @@ class LocalRayCluster:
         )
 
     # --- state -------------------------------------------------------------
+    def mark_kept(self) -> None:
+        """Record that it is kept on purpose (keep_endpoint): the reaper leaves it, and it no longer expires."""
+        self.kept, self.expires_at = True, None
+        self.save()
+
     def save(self) -> None:
         path = Path(self.state_dir) / STATE_FILE
         tmp = path.with_suffix(".tmp")

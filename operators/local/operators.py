@@ -178,8 +178,9 @@ class LocalRayClusterDeleteOperator(BaseOperator):
 
     :param cluster: the create task's XCom; when empty (the create task failed early) the cluster
         is found by its deterministic name, so a half-started cluster is still stopped.
-    :param keep: leave the cluster running (e.g. to keep a Serve endpoint up); `tpuflow local down`
-        stops it later. True, or a string "true"/"True"/"1" once rendered.
+    :param keep: leave the cluster running (e.g. to keep a Serve endpoint up), its state marked ``kept`` so
+        the orphan reaper leaves it; `tpuflow local down` stops it later. True, or a string "true"/"True"/"1"
+        once rendered.
     :param base_dir: where cluster state lives; the same as the create task's.
     :param create_task_id: the create task (same DAG run and map index), to find its cluster by name.
     """
@@ -206,16 +207,24 @@ class LocalRayClusterDeleteOperator(BaseOperator):
 
         from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
-        if is_true(self.keep):
-            self.log.info("keep_endpoint is set: leaving the cluster running; `tpuflow local down` stops it")
-            return
         if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
             state_dir = Path(self.cluster["state_dir"])
         else:
             state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
         if not (state_dir / STATE_FILE).exists():
-            self.log.info("No local cluster state at %s: nothing to stop", state_dir)
+            self.log.info(
+                "No local cluster state at %s: nothing to %s", state_dir, "keep" if is_true(self.keep) else "stop"
+            )
             return
         cluster = LocalRayCluster.load(state_dir)
+        if is_true(self.keep):
+            cluster.mark_kept()  # the orphan reaper leaves it
+            self.log.info(
+                "keep_endpoint is set: leaving local cluster %s running (marked kept); `tpuflow local down --name %s` "
+                "stops it",
+                cluster.name,
+                cluster.name,
+            )
+            return
         stopped = cluster.stop()
         self.log.info("Stopped local Ray cluster %s (%d process groups/pids signalled)", cluster.name, len(stopped))

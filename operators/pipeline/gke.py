@@ -12,7 +12,8 @@ slice::
       train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> request_serve_capacity
         -> deploy (RayService) -> smoke_test -> write_report
         -> delete_service -> delete_serve_provisioning_request -> delete_serve_node_pool
-                                                     (kept when keep_endpoint and the endpoint answered)
+                                  (kept when keep_endpoint and the endpoint answered: labelled tpuflow-kept,
+                                   which the orphan reaper honours)
         -> delete_prep_cluster                        (always)
       every delete -> chip_ledger  (chips x (delete - create) per slice from the GKE operations; report.json)
 
@@ -268,11 +269,15 @@ class QueuedCapacityDeployServiceOperator(_ConsumesProvisioningRequest, KubeRayD
 
 
 # --- teardowns that can keep the endpoint -------------------------------------------------------------
+# Keeping marks what is kept (tpuflow.labels.KEPT_LABEL added, EXPIRES_LABEL removed): the orphan reaper
+# (tpuflow.cost.reaper) never deletes a marked resource, so the endpoint outlives its run and its expiry.
 class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
-    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true.
+    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true, marked kept.
 
-    :param keep: templated; true (True, "true", "1", "yes") leaves the RayService in place and returns
-        ``{"kind", "kept": True, "deleted": False}``.
+    :param keep: templated; true (True, "true", "1", "yes") leaves the RayService in place, labels it
+        ``tpuflow-kept=true`` without its ``tpuflow-expires`` label (a merge patch; the orphan reaper leaves
+        it, and the RayCluster it owns goes with it) and returns ``{"kind", "name", "namespace", "kept": True,
+        "existed", "deleted": False}``.
 
     Every other argument is KubeRayDeleteServiceOperator's.
     """
@@ -284,16 +289,32 @@ class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
         self.keep = keep
 
     def execute(self, context: Context) -> dict[str, Any]:
-        if is_true(self.keep):
-            self.log.info("keep_endpoint: leaving the RayService of task %s running", self.owner_task_id)
-            return {"kind": self.kind, "kept": True, "deleted": False}
-        return super().execute(context)
+        if not is_true(self.keep):
+            return super().execute(context)
+        from tpuflow.kuberay.operator_base import object_name
+
+        self.validate_arguments()
+        namespace = self.resolve_namespace()
+        name = object_name(context, self.name, self.owner_task_id)
+        existed = self.kube_hook().mark_kept(self.plural, name, namespace)
+        what = "running (marked kept)" if existed else "alone (it does not exist)"
+        self.log.info("keep_endpoint: leaving RayService %s/%s %s", namespace, name, what)
+        return {
+            "kind": self.kind,
+            "name": name,
+            "namespace": namespace,
+            "kept": True,
+            "existed": existed,
+            "deleted": False,
+        }
 
 
 class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOperator):
     """GKEDeleteProvisioningRequestOperator that leaves the request (and so its nodes) when ``keep`` renders true.
 
-    :param keep: templated; true leaves it in place and returns ``{"kept": True, "deleted": []}``.
+    :param keep: templated; true leaves the request and its PodTemplates in place, each labelled
+        ``tpuflow-kept=true`` (as the kept RayService), and returns ``{"kept": True, "deleted": [],
+        "marked_kept": [...], "absent": [...]}``.
 
     Every other argument is GKEDeleteProvisioningRequestOperator's.
     """
@@ -305,17 +326,29 @@ class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOper
         self.keep = keep
 
     def execute(self, context: Context) -> Any:
-        if is_true(self.keep):
-            self.log.info("keep_endpoint: leaving the ProvisioningRequest of task %s", self.created_by_task_id)
-            return {"kept": True, "deleted": []}
-        return super().execute(context)
+        if not is_true(self.keep):
+            return super().execute(context)
+        self.validate_arguments()
+        namespace = self.resolve_namespace()
+        name, templates = self.request_and_templates(context, namespace)
+        hook = self.kube_hook()
+        marked, absent = [], []
+        for what, existed in [
+            (f"provisioningrequest/{name}", hook.mark_provisioning_request_kept(name, namespace)),
+            *((f"podtemplate/{t}", hook.mark_pod_template_kept(t, namespace)) for t in templates),
+        ]:
+            (marked if existed else absent).append(what)
+        self.log.info("keep_endpoint: leaving %s (marked kept); already gone: %s", marked or "nothing", absent or "-")
+        return {"namespace": namespace, "kept": True, "deleted": [], "marked_kept": marked, "absent": absent}
 
 
 class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
-    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true.
+    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true, marked kept.
 
-    :param keep: templated; true (True, "true", "1", "yes") leaves the node pools in place and returns
-        ``{"kept": True, "deleted": []}``.
+    :param keep: templated; true (True, "true", "1", "yes") leaves the node pools in place, their GCE
+        resourceLabels given ``tpuflow-kept=true`` and rid of ``tpuflow-expires`` (GKE nodePools.update, waited
+        for as deletes are: in the worker, or deferred), so the orphan reaper leaves them; returns ``{"kept": True,
+        "deleted": [], "marked_kept": [...], "absent": [...]}`` with the cluster's coordinates.
 
     Every other argument is GKEDeleteNodePoolOperator's.
     """
@@ -326,10 +359,20 @@ class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
         super().__init__(**kwargs)
         self.keep = keep
 
+    def _loop(self, context: Context, progress: Any) -> Any:
+        if not is_true(self.keep):
+            return super()._loop(context, progress)
+        from tpuflow.gke.provisioning import NodePoolKeeper
+
+        hook = self.get_hook(self.location)
+        if progress.pools is None:  # resolved once, as the delete does
+            progress.pools = self._names(context, hook)
+        return NodePoolKeeper(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
+
     def execute(self, context: Context) -> Any:
         if is_true(self.keep):
-            self.log.info("keep_endpoint: leaving the node pools of task %s in place", self.created_by_task_id)
-            return {"kept": True, "deleted": []}
+            which = self.created_by_task_id or self.node_pool_name
+            self.log.info("keep_endpoint: leaving the node pools of %s in place, marked kept", which)
         return super().execute(context)
 
 

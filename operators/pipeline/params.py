@@ -134,8 +134,8 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             False,
             type="boolean",
             title="Keep the endpoint running",
-            description="Leave the cluster and Serve endpoint up after the run "
-            "(local: `tpuflow local down` removes them).",
+            description="Leave the cluster and Serve endpoint up after the run, marked kept so the orphan reaper "
+            "leaves them (local: `tpuflow local down` removes them; GKE: see the README's orphan reaper section).",
         ),
         "num_train": ParamSpec(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
         "num_eval": ParamSpec(

@@ -284,6 +284,106 @@ def test_the_finders_read_the_expiry_of_ray_objects_and_local_clusters(tmp_path:
     assert orphan.reason.startswith("past its tpuflow-expires time (")
 
 
+def test_a_kept_resource_is_never_an_orphan_whatever_its_run_and_expiry() -> None:
+    """The kept mark (a keep_endpoint teardown's tpuflow-kept=true) spares a node pool, a RayService or
+    RayCluster, and so the workload policy of a kept pool, however finished its run or past its expiry, for
+    run states that cover its DAG or not; another value of the label, or a resource not ours, is no mark."""
+    from tpuflow.gke.workload_policy import plan_workload_policy
+    from tpuflow.labels import KEPT_LABEL, is_kept, kept_labels, kept_metadata_patch
+
+    running, now = {DAG: [LIVE_RUN]}, time.time()
+    expired_pool = owned_pool_labels(KILLED_RUN, -60)
+    expired_ray = kubernetes_ownership_labels(TaskIdentity(DAG, KILLED_RUN, "deploy"), int(now - 60))
+    assert "tpuflow-expires" in pool_orphan_reason(expired_pool, running, now, [DAG])
+    assert "tpuflow-expires" in kube_orphan_reason(expired_ray, running, [DAG], now)
+    for covered in ([DAG], None, [OTHER_DAG]):
+        # as the teardowns mark them (the expiry removed), and with an expiry label still there
+        for pool in (kept_labels(expired_pool), {**expired_pool, KEPT_LABEL: "true"}):
+            assert pool_orphan_reason(pool, running, now, covered) is None
+            assert pool_orphan_reason(pool, {}, now, covered) is None
+        for ray in (kept_labels(expired_ray), {**expired_ray, KEPT_LABEL: "true"}):
+            assert kube_orphan_reason(ray, running, covered, now) is None
+            assert kube_orphan_reason(ray, {}, covered, now) is None
+    assert "tpuflow-expires" not in kept_labels(expired_pool) and is_kept(kept_labels(expired_pool))
+    assert kept_metadata_patch() == {"metadata": {"labels": {KEPT_LABEL: "true", "tpuflow-expires": None}}}
+    # only "true" marks it
+    assert "tpuflow-expires" in pool_orphan_reason({**expired_pool, KEPT_LABEL: "false"}, running, now, [DAG])
+    assert "tpuflow-expires" in kube_orphan_reason({**expired_ray, KEPT_LABEL: "yes"}, running, [DAG], now)
+    # the mark does not make someone else's resource ours
+    assert pool_orphan_reason({KEPT_LABEL: "true"}, {}, now) is None
+    assert kube_orphan_reason({KEPT_LABEL: "true"}, {}, None, now) is None
+    # a workload policy whose pool is kept: the pool is no orphan, so the policy stays with it
+    identity = TaskIdentity(DAG, KILLED_RUN, "create_serve_node_pool")
+    plan = plan_workload_policy(project_id=PROJECT, zone=ZONE, generation="tpu7x", topology="2x2x2",
+                                identity=identity, resource_labels=expired_pool)  # fmt: skip
+    assert policy_orphan_reason(plan.description, ["kept-pool"], set(), {}) is None
+    assert "deleted after them" in policy_orphan_reason(plan.description, ["kept-pool"], {"kept-pool"}, {})
+
+
+def test_the_finders_count_kept_resources_and_a_reaper_run_says_so() -> None:
+    """The finders hand what the mark spared to ``kept`` (a RayService's own RayCluster is judged with it, never
+    alone); collect_orphans' answer carries them, and reap (dry or not) says how many it skipped and never
+    deletes them."""
+    from tpuflow.cost.reaper import Orphan, Orphans, find_kube_orphans, find_pool_orphans
+    from tpuflow.kuberay import RAYCLUSTERS as CLUSTERS
+    from tpuflow.kuberay import RAYSERVICES
+    from tpuflow.labels import kept_labels
+
+    now = time.time()
+
+    def listed(name: str, task: str, kept: bool, **meta: Any) -> dict[str, Any]:
+        labels = kubernetes_ownership_labels(TaskIdentity(DAG, KILLED_RUN, task), int(now + 3600))
+        return {"metadata": {"name": name, "labels": kept_labels(labels) if kept else labels, **meta}}
+
+    owned_by_service = {"ownerReferences": [{"kind": "RayService", "name": "kept-svc"}]}
+    objects = {
+        RAYSERVICES: [listed("kept-svc", "deploy", True), listed("left-svc", "deploy", False)],
+        CLUSTERS: [listed("kept-svc-raycluster-x", "deploy", False, **owned_by_service),
+                   listed("left-cluster", "create_ray_cluster", False)],
+    }  # fmt: skip
+
+    class Objects:
+        def list_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                          label_selector: str) -> dict[str, Any]:  # fmt: skip
+            return {"items": objects[plural]}
+
+    class Hook:
+        custom_object_client = Objects()
+        location = ZONE
+
+    kept: list[Orphan] = []
+    found = find_kube_orphans(Hook(), "default", {}, older_than=0, now=now, kept=kept)
+    assert [(o.kind, o.name) for o in found] == [("rayservice", "left-svc"), ("raycluster", "left-cluster")]
+    assert [(k.kind, k.name, k.where) for k in kept] == [("rayservice", "kept-svc", "namespace default")]
+
+    pools = [
+        {"name": "serve", "config": {"resourceLabels": kept_labels(owned_pool_labels(KILLED_RUN, -60))}},
+        {"name": "train", "config": {"resourceLabels": owned_pool_labels(KILLED_RUN)}},
+        {"name": "theirs", "config": {"resourceLabels": {"tpuflow-kept": "true"}}},  # not ours: not counted
+    ]
+    orphans = find_pool_orphans(Hook(), PROJECT, CLUSTER, pools, [], {}, 0, now, kept=kept)
+    assert [o.name for o in orphans] == ["train"]
+    assert [k.name for k in kept] == ["kept-svc", "serve"]
+    assert kept[1].line() == (
+        f"node_pool serve (projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER}): kept by its run's keep_endpoint "
+        "(tpuflow-kept): still running, and billed"
+    )
+
+    deleted: list[str] = []
+    answer = Orphans([Orphan("raycluster", "left-cluster", "namespace default", "gone", lambda: deleted.append("x"))],
+                     kept)  # fmt: skip
+    assert answer == [answer[0]] and answer.kept == kept  # still the list of orphans callers compare
+    for dry_run in (True, False):
+        said: list[str] = []
+        outcome = reap(answer, dry_run=dry_run, say=said.append)
+        assert said[0].startswith("skipped 2 kept endpoint resource(s) (keep_endpoint): still running, and billed")
+        assert said[1:3] == [f"kept {k.line()}" for k in kept]
+        assert outcome["kept"] == [k.line() for k in kept] and len(outcome["found"]) == 1
+    assert deleted == ["x"]  # the orphan, once; the kept never
+    said = []
+    assert reap([], dry_run=True, say=said.append)["kept"] == [] and said == ["no orphans found"]
+
+
 def test_the_reaper_task_counts_only_runs_still_running() -> None:
     """Inside a task (no metadata DB): a run with unfinished tasks is running unless its run is over."""
     from support.airflow_context import FakeTaskInstance
@@ -432,7 +532,7 @@ def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
             f"lease slot 0 ({leases.describe()})",
         ]
         dry = reaper(dry_run=True).execute(reaper_task_context())
-        assert set(dry) == {"dry_run", "found", "deleted", "failed"}
+        assert set(dry) == {"dry_run", "found", "deleted", "failed", "kept"}
         assert dry["dry_run"] is True and dry["deleted"] == [] and dry["failed"] == []
         assert [line.split(": ", 1)[0] for line in dry["found"]] == found, dry["found"]
         assert len(gke.node_pools()) == 5 and len(store.list(RAYCLUSTERS)) == 2 and len(leases.holders(16)) == 2

@@ -169,3 +169,50 @@ def test_the_cluster_records_when_it_expires(tmp_path, monkeypatch):
     data = {k: v for k, v in json.loads((state / STATE_FILE).read_text()).items() if k != "expires_at"}
     (state / STATE_FILE).write_text(json.dumps(data))
     assert LocalRayCluster.load(state).expires_at is None
+
+
+def test_keeping_the_cluster_marks_it_kept_and_the_reaper_leaves_it_while_it_runs(tmp_path):
+    """keep (keep_endpoint): the delete task stops nothing and records ``kept`` in state.json (its expiry dropped);
+    the reaper then leaves the cluster whatever its run's state or expiry, and counts it as kept; once its
+    processes are gone it is cleaned like any dead cluster. A state written before the field loads as not kept."""
+    from tpuflow.cost.reaper import find_local_orphans, local_orphan_reason, reap
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the head's process group
+    try:
+        name = local_cluster_name(TaskIdentity.from_context(task_context(**START_TASK)))
+        state_dir = tmp_path / name
+        state_dir.mkdir()
+        now = time.time()
+        LocalRayCluster(name=name, state_dir=str(state_dir), temp_dir="", gcs_address="", dashboard_url="",
+                        serve_port=1, slice=None, nodes=[NodeProcess(role="head", pid=sleeper.pid, log="")],
+                        started_at=now - 7200, expires_at=now - 60).save()  # fmt: skip
+        assert LocalRayCluster.load(state_dir).kept is False
+        # past its expiry and its run over: an orphan, until it is kept
+        assert [o.name for o in find_local_orphans({}, older_than=0, now=now, base_dir=tmp_path)] == [name]
+
+        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", keep="True", base_dir=str(tmp_path))
+        stop.execute(task_context(**{**START_TASK, "task_id": "stop_cluster"}))
+        assert _alive(sleeper.pid)  # nothing stopped
+        state = json.loads((state_dir / STATE_FILE).read_text())
+        assert state["kept"] is True and state["expires_at"] is None
+
+        kept: list[Any] = []
+        assert find_local_orphans({}, older_than=0, now=now, base_dir=tmp_path, kept=kept) == []
+        assert [(k.kind, k.name) for k in kept] == [("local_cluster", name)]
+        said: list[str] = []
+        outcome = reap([], dry_run=True, say=said.append, kept=kept)
+        assert said[0].startswith("skipped 1 kept endpoint resource(s) (keep_endpoint): still running, and billed")
+        assert outcome["kept"] == [kept[0].line()] and outcome["found"] == []
+        # whatever the expiry it may still carry, and for a reaper that covers only other DAGs
+        assert local_orphan_reason(name, True, {}, None, now - 60, now, kept=True) is None
+        assert local_orphan_reason(name, True, {}, ["other_dag"], None, now, kept=True) is None
+        # its processes gone: nothing is left to keep, so it is cleaned
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        sleeper.wait()
+        kept.clear()
+        [orphan] = find_local_orphans({}, older_than=0, now=now, base_dir=tmp_path, kept=kept)
+        assert orphan.name == name and "processes are gone" in orphan.reason and kept == []
+    finally:
+        if sleeper.poll() is None:
+            os.killpg(sleeper.pid, signal.SIGKILL)
+            sleeper.wait()

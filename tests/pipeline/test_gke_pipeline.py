@@ -222,24 +222,171 @@ def run_context(task_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("keep", [True, "True"])
-def test_endpoint_teardowns_keep_without_touching_the_apis(keep: Any) -> None:
-    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
+def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_reaper_then_leaves(
+    keep: Any, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_endpoint: the three endpoint teardowns delete nothing; their only writes label the RayService, its
+    ProvisioningRequest and PodTemplate (merge patches) and the serve pool (nodePools.update) kept, without their
+    expiry. A reaper run after the run is over then takes the run's other leftovers and leaves the endpoint."""
+    from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans, reap
+    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+    from tpuflow.gke.provisioning_request import plan_provisioning_request, request_name
+    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
+    from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels, kubernetes_ownership_labels
+    from tpuflow.naming import TaskIdentity
+    from tpuflow.pipeline.gke import (
+        KeepableDeleteNodePoolOperator,
+        KeepableDeleteProvisioningRequestOperator,
+        KeepableDeleteServiceOperator,
+    )
+    from tpuflow.tpu import TpuSlice
 
-    # Connections that do not exist: keeping must not call anything.
-    svc = KeepableDeleteServiceOperator(
-        task_id="delete_service", service_task_id="deploy", keep=keep, kubernetes_conn_id="no_such_connection"
-    )
-    assert svc.execute(run_context("delete_service"))["kept"] is True
-    pool = KeepableDeleteNodePoolOperator(
-        task_id="delete_serve_node_pool",
-        created_by_task_id="create_serve_node_pool",
-        keep=keep,
-        project_id=PROJECT,
-        location=ZONE,
-        cluster_name=CLUSTER,
-        gcp_conn_id="no_such_connection",
-    )
-    assert pool.execute(run_context("delete_serve_node_pool"))["kept"] is True
+    run_id, expires = "manual__keep", int(time.time() + 3600)
+    kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke), interval=0.05)
+    with kube:
+        point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        # the serve pool as create_serve_node_pool makes it, and the training pool of the same run
+        for pool, task in (("serve-pool", "create_serve_node_pool"), ("train-pool", "create_node_pool")):
+            labels = gce_ownership_labels(TaskIdentity(DAG_ID, run_id, task), expires)
+            config = {"machineType": "ct6e-standard-1t", "resourceLabels": {**labels, "team": "ml"}}
+            body = {"name": pool, "config": config, "initialNodeCount": 1, "locations": [ZONE]}
+            gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": body})
+        # the serve slice's ProvisioningRequest and PodTemplate as request_serve_capacity makes them
+        requester = TaskIdentity(DAG_ID, run_id, "request_serve_capacity")
+        plan = plan_provisioning_request(tpu=TpuSlice.from_spec("v6e", "1x1"), node_pools=["serve-pool"],
+                                         name=request_name(requester), namespace="default",
+                                         labels=kubernetes_ownership_labels(requester))  # fmt: skip
+        kube.store.create(POD_TEMPLATES, "default", plan.pod_template(0))
+        kube.store.create(PROVISIONING_REQUESTS, "default", plan.provisioning_request())
+        deploy = KubeRayDeployServiceOperator(
+            task_id="deploy",
+            accelerator="TPU-V6E",
+            topology="1x1",
+            image="rayproject/ray:2.60.0-py311",
+            serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
+            kubernetes_conn_id="kube_standin",
+            poll_interval=0.1,
+            wait_timeout=60,
+        )
+        service = deploy.execute(run_context("deploy"))["name"]
+        assert EXPIRES_LABEL in kube.store.get(RAYSERVICES, "default", service)["metadata"]["labels"]
+        gke_seen, kube_seen = len(gke.requests), len(kube.api.requests)
+
+        svc = KeepableDeleteServiceOperator(
+            task_id="delete_service", service_task_id="deploy", keep=keep, kubernetes_conn_id="kube_standin"
+        )
+        assert svc.execute(run_context("delete_service")) == {
+            "kind": "RayService", "name": service, "namespace": "default", "kept": True, "existed": True,
+            "deleted": False,
+        }  # fmt: skip
+        request = KeepableDeleteProvisioningRequestOperator(
+            task_id="delete_serve_provisioning_request", created_by_task_id="request_serve_capacity", keep=keep,
+            kubernetes_conn_id="kube_standin",
+        )  # fmt: skip
+        kept_request = request.execute(run_context("delete_serve_provisioning_request"))
+        assert kept_request["kept"] is True and kept_request["deleted"] == [] and kept_request["absent"] == []
+        assert sorted(kept_request["marked_kept"]) == [f"podtemplate/{plan.name}", f"provisioningrequest/{plan.name}"]
+        pool = KeepableDeleteNodePoolOperator(
+            task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep,
+            project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, gcp_conn_id="gke_standin", poll_interval=0.1,
+            retry_backoff=0.1,
+        )  # fmt: skip
+        kept_pool = pool.execute(run_context("delete_serve_node_pool"))
+        assert kept_pool["kept"] is True and kept_pool["deleted"] == [] and kept_pool["marked_kept"] == ["serve-pool"]
+
+        # what keeping wrote: label updates of the kept objects, nothing else
+        gke_writes = [(r["method"], r["path"].rsplit("/", 1)[-1]) for r in gke.requests[gke_seen:]
+                      if r["method"] != "GET"]  # fmt: skip
+        assert gke_writes == [("PUT", "serve-pool")]
+        kube_writes = sorted((m, path.split("?")[0].rsplit("/", 2)[-2]) for m, path, _, _ in kube.api.requests[kube_seen:]
+                             if m != "GET")  # fmt: skip
+        assert kube_writes == [("PATCH", "podtemplates"), ("PATCH", "provisioningrequests"), ("PATCH", "rayservices")]
+        labelled = [
+            kube.store.get(RAYSERVICES, "default", service)["metadata"]["labels"],
+            kube.store.get(PROVISIONING_REQUESTS, "default", plan.name)["metadata"]["labels"],
+            kube.store.get(POD_TEMPLATES, "default", plan.name)["metadata"]["labels"],
+        ]
+        pools = {p["name"]: p["config"]["resourceLabels"] for p in gke.node_pools()}
+        for labels in (*labelled, pools["serve-pool"]):
+            assert labels[KEPT_LABEL] == "true" and EXPIRES_LABEL not in labels, labels
+        assert pools["serve-pool"]["team"] == "ml" and pools["serve-pool"]["tpuflow-key"]  # the others stay
+        assert KEPT_LABEL not in pools["train-pool"]
+
+        # the run is over: one reaper run takes the training pool, and leaves the kept endpoint
+        scope = ReaperScope(gcp_conn_id="gke_standin", project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+                            kubernetes_conn_id="kube_standin", namespace="default", local=False, leases=False)  # fmt: skip
+        orphans = collect_orphans(scope, FixedRunStates({}), older_than=0)
+        assert [(o.kind, o.name) for o in orphans] == [("node_pool", "train-pool")]
+        assert sorted((k.kind, k.name) for k in orphans.kept) == [("node_pool", "serve-pool"), ("rayservice", service)]
+        said: list[str] = []
+        outcome = reap(orphans, dry_run=False, say=said.append)
+        assert outcome["failed"] == [] and len(outcome["deleted"]) == 1, said
+        assert said[0].startswith("skipped 2 kept endpoint resource(s)"), said
+        assert [p["name"] for p in gke.node_pools()] == ["serve-pool"]
+        assert [s["metadata"]["name"] for s in kube.store.list(RAYSERVICES)] == [service]
+        assert kube.store.list(RAYCLUSTERS)  # the kept RayService's own cluster, judged with it
+        assert kube.store.get(PROVISIONING_REQUESTS, "default", plan.name) is not None
+
+
+def test_keeping_the_serve_pool_waits_like_the_delete_deferred_through_a_busy_cluster_and_once(
+    gke: GKEApiStandin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's label update is waited for as a delete is: deferred, its operation in the triggerer, GKE's
+    "too many operations" backed off; a retry of the teardown finds the pool marked and sends nothing."""
+    import asyncio
+    import importlib
+
+    from airflow.sdk.exceptions import TaskDeferred
+    from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels
+    from tpuflow.naming import TaskIdentity
+    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_GKE_STANDIN", json.dumps(gke.airflow_connection(PROJECT)))
+    labels = gce_ownership_labels(TaskIdentity(DAG_ID, "manual__keep", "create_serve_node_pool"), int(time.time()))
+    for name, seconds, config in (
+        ("serve-pool", 0.2, {"machineType": "ct6e-standard-1t", "resourceLabels": labels}),
+        ("busy-pool", 60.0, {"machineType": "ct6e-standard-1t"}),
+    ):
+        gke.operation_seconds = seconds
+        body = {"name": name, "config": config, "initialNodeCount": 1, "locations": [ZONE]}
+        gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": body})
+        time.sleep(0.3 if name == "serve-pool" else 0)
+    # busy-pool's create fills the cluster's operations quota until the first backoff is over
+    gke.operation_seconds, gke.max_concurrent_operations = 0.2, 1
+
+    def keeper(**kwargs: Any) -> KeepableDeleteNodePoolOperator:
+        return KeepableDeleteNodePoolOperator(
+            task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep="True",
+            project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, gcp_conn_id="gke_standin", poll_interval=0.1,
+            retry_backoff=0.3, **kwargs,
+        )  # fmt: skip
+
+    op, ctx, triggers = keeper(deferrable=True), run_context("delete_serve_node_pool"), []
+    step = lambda: op.execute(ctx)  # noqa: E731
+    while True:
+        try:
+            result = step()
+            break
+        except TaskDeferred as deferred:  # each trigger rebuilt from its JSON form, as the triggerer does
+            classpath, kwargs = deferred.trigger.serialize()
+            module, _, name = classpath.rpartition(".")
+            trigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+            triggers.append(type(trigger).__name__)
+            gke.max_concurrent_operations = 5
+            event = asyncio.run(trigger.run().__anext__()).payload
+            method = getattr(op, deferred.method_name)
+            step = lambda method=method, event=event: method(ctx, event)  # noqa: E731
+    assert result["marked_kept"] == ["serve-pool"] and result["kept"] is True, result
+    assert triggers[0] == "NodePoolBackoffTrigger" and triggers[-1] == "GKENodePoolOperationTrigger", triggers
+    pools = {p["name"]: p for p in gke.node_pools()}
+    assert pools["serve-pool"]["config"]["resourceLabels"][KEPT_LABEL] == "true"
+    assert EXPIRES_LABEL not in pools["serve-pool"]["config"]["resourceLabels"]
+    assert "resourceLabels" not in pools["busy-pool"]["config"]  # only the kept pool is touched
+    puts = [r for r in gke.requests if r["method"] == "PUT"]
+    assert len(puts) >= 2 and {r["path"].rsplit("/", 1)[-1] for r in puts} == {"serve-pool"}  # refused, then sent
+    # a retry of the teardown: already marked, nothing sent
+    assert keeper().execute(run_context("delete_serve_node_pool"))["marked_kept"] == ["serve-pool"]
+    assert len([r for r in gke.requests if r["method"] == "PUT"]) == len(puts)
 
 
 @pytest.mark.parametrize("keep", [False, "False", None])

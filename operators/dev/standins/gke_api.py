@@ -4,6 +4,9 @@ The real google-cloud-container client (REST transport, anonymous credentials, `
 pointing here) and so the tpuflow hooks and operators talk to it unchanged. It serves:
 
 - ``POST/GET .../clusters/C/nodePools``, ``GET/DELETE .../nodePools/NP``, ``GET .../clusters/C``
+- ``PUT .../nodePools/NP`` (nodePools.update), resourceLabels only: the pool's GCE labels are replaced by the
+  request's when its UPGRADE_NODES operation is done (the pool stays RUNNING: GKE relabels the VMs in place);
+  any other update field is a 400
 - ``GET .../locations/L/operations/OP`` and ``GET .../locations/L/operations``
 
 under ``/v1/projects/P/locations/L``, and Compute's regional resource policies (workload policies) under
@@ -82,6 +85,12 @@ _API = "https://container.googleapis.com/v1"
 _POOL_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 _MACHINE_RE = re.compile(r"^(?P<family>.+)-(?P<chips>\d+)t$")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# GCE label rules (GKE checks resourceLabels against them)
+_GCE_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_GCE_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_MAX_GCE_LABELS = 64
+# what nodePools.update names the pool by, besides its path: accepted, not updates
+_UPDATE_IDENTITY_FIELDS = frozenset({"name", "projectId", "zone", "clusterId", "nodePoolId"})
 FAULT_KINDS = (
     "stockout",
     "quota",
@@ -287,11 +296,12 @@ class _Pool:
 @dataclass
 class _Operation:
     id: str
-    kind: str  # CREATE_NODE_POOL | DELETE_NODE_POOL
+    kind: str  # CREATE_NODE_POOL | DELETE_NODE_POOL | UPGRADE_NODES (nodePools.update)
     cluster: tuple[str, str, str]
     pool: str
     done_at: float
     failure: dict[str, Any] | None = None  # error, detail, conditions
+    resource_labels: dict[str, str] | None = None  # an update's new resourceLabels, set when it is done
     start_time: str = field(default_factory=_now_iso)
     end_time: str | None = None
 
@@ -582,6 +592,12 @@ class GKEApiStandin:
             pool = self._pools.get(key)
             if op.kind == "DELETE_NODE_POOL":
                 self._pools.pop(key, None)
+            elif op.kind == "UPGRADE_NODES":
+                if pool is not None and op.resource_labels is not None:
+                    config = pool.body.setdefault("config", {})
+                    config["resourceLabels"] = dict(op.resource_labels)
+                    if not op.resource_labels:
+                        config.pop("resourceLabels")
             elif pool is not None and op.failure:
                 pool.status, pool.status_message, pool.nodes = "ERROR", op.failure["detail"], 0
             elif pool is not None:
@@ -733,22 +749,53 @@ class GKEApiStandin:
                     "NOT_FOUND",
                     (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
                 )
-            running = next(
-                (op for op in self._operations.values() if op.cluster == key and op.pool == name and not op.done), None
-            )
-            if running is not None:
-                verb = "creating" if running.kind == "CREATE_NODE_POOL" else "deleting"
-                raise ApiError(
-                    400,
-                    "FAILED_PRECONDITION",
-                    (
-                        f"Operation {running.id} is currently {verb} node pool {name} for cluster {cluster}. "
-                        "Please wait and try again once it is done."
-                    ),
-                )
+            self._refuse_while_running(key, name)
             self._busy_check(key)
             pool.status = "STOPPING"
             return self._new_operation("DELETE_NODE_POOL", key, name).to_json()
+
+    def _refuse_while_running(self, key: tuple[str, str, str], name: str) -> None:
+        """GKE runs one operation at a time on a node pool."""
+        running = next(
+            (op for op in self._operations.values() if op.cluster == key and op.pool == name and not op.done), None
+        )
+        if running is not None:
+            verb = {"CREATE_NODE_POOL": "creating", "DELETE_NODE_POOL": "deleting"}.get(running.kind, "updating")
+            raise ApiError(
+                400,
+                "FAILED_PRECONDITION",
+                (
+                    f"Operation {running.id} is currently {verb} node pool {name} for cluster {key[2]}. "
+                    "Please wait and try again once it is done."
+                ),
+            )
+
+    def update_node_pool(
+        self, project: str, location: str, cluster: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """nodePools.update with resourceLabels (the whole new set); other update fields are refused."""
+        labels = _parse_resource_labels_update(body)
+        with self._lock:
+            self._tick()
+            key = self._cluster(project, location, cluster)
+            pool = self._pools.get((*key, name))
+            if pool is None:
+                raise ApiError(
+                    404,
+                    "NOT_FOUND",
+                    (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
+                )
+            self._refuse_while_running(key, name)
+            if pool.status != "RUNNING":
+                raise ApiError(
+                    400,
+                    "FAILED_PRECONDITION",
+                    f"Node pool {name} is {pool.status}; it can be updated only when it is RUNNING.",
+                )
+            self._busy_check(key)
+            op = self._new_operation("UPGRADE_NODES", key, name)
+            op.resource_labels = labels
+            return op.to_json()
 
     def get_node_pool(self, project: str, location: str, cluster: str, name: str) -> dict[str, Any]:
         with self._lock:
@@ -820,6 +867,36 @@ def _parse_node_pool(body: Any) -> dict[str, Any]:
     return parsed
 
 
+def _parse_resource_labels_update(body: Any) -> dict[str, str]:
+    """Read an UpdateNodePoolRequest body the way GKE does (unknown fields and bad values are 400s); the
+    stand-in serves only resourceLabels, so any other update field is a 400 too."""
+    from google.cloud.container_v1.types import UpdateNodePoolRequest
+
+    if not isinstance(body, Mapping):
+        raise _invalid("Invalid JSON payload: the request needs an UpdateNodePoolRequest object.")
+    try:
+        UpdateNodePoolRequest.from_json(json.dumps(body))
+    except Exception as err:  # json_format.ParseError and friends
+        raise _invalid(f"Invalid JSON payload received. {err}") from err
+    others = sorted(k for k, v in body.items() if k not in _UPDATE_IDENTITY_FIELDS | {"resourceLabels"} and v)
+    if others:
+        raise _invalid(
+            f"The GKE stand-in updates only resourceLabels of a node pool; this request also sets {', '.join(others)}."
+        )
+    if "resourceLabels" not in body:
+        raise _invalid("At least one field must be updated: the stand-in serves resourceLabels updates.")
+    labels = (body.get("resourceLabels") or {}).get("labels") or {}
+    if len(labels) > _MAX_GCE_LABELS:
+        raise _invalid(f"Invalid resourceLabels: at most {_MAX_GCE_LABELS} labels, got {len(labels)}.")
+    for key, value in labels.items():
+        if not _GCE_LABEL_KEY_RE.match(key) or not _GCE_LABEL_VALUE_RE.match(str(value)):
+            raise _invalid(
+                f'Invalid resourceLabels entry "{key}": "{value}": keys start with a lowercase letter, keys and '
+                "values are at most 63 lowercase letters, digits, underscores and dashes."
+            )
+    return {str(k): str(v) for k, v in labels.items()}
+
+
 # --- HTTP --------------------------------------------------------------------------------------------
 _PREFIX = r"^/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
 _ROUTES = [
@@ -861,7 +938,7 @@ class _Handler(LoopbackHandler):
             code, payload = 500, {"error": {"code": 500, "message": f"stand-in error: {err!r}", "status": "INTERNAL"}}
         self.send_body(code, payload, "application/json; charset=UTF-8")
 
-    do_GET = do_POST = do_DELETE = _handle
+    do_GET = do_POST = do_PUT = do_DELETE = _handle
 
     def _api(self, path: str, body: Any) -> Any:
         gke = self.server.standin
@@ -875,6 +952,8 @@ class _Handler(LoopbackHandler):
                 return gke.get_node_pool(p["project"], p["location"], p["cluster"], p["pool"])
             if what == "pool" and method == "DELETE":
                 return gke.delete_node_pool(p["project"], p["location"], p["cluster"], p["pool"])
+            if what == "pool" and method == "PUT":
+                return gke.update_node_pool(p["project"], p["location"], p["cluster"], p["pool"], body)
             if what == "pools" and method == "GET":
                 return gke.list_node_pools(p["project"], p["location"], p["cluster"])
             if what == "pools" and method == "POST":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -129,6 +130,55 @@ def test_duplicates_missing_pools_and_busy_pools_answer_like_gke(client):
         client.delete_node_pool(name=f"{PARENT}/nodePools/np")
     with pytest.raises(exceptions.NotFound, match="Not found"):
         client.delete_node_pool(name=f"{PARENT}/nodePools/other")
+
+
+def test_update_replaces_the_resource_labels_when_its_operation_is_done(client, standin):
+    """nodePools.update with resourceLabels, as the client sends it (PUT, an UpdateNodePoolRequest body): an
+    UPGRADE_NODES operation; the whole new set replaces the old one once it is done; the pool keeps serving."""
+    from google.cloud.container_v1.types import ResourceLabels, UpdateNodePoolRequest
+
+    name = f"{PARENT}/nodePools/np"
+    labels = {"team": "ml", "tpuflow-expires": "1700000000"}
+    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool(nodes=1, config={
+        "machineType": "ct6e-standard-1t", "resourceLabels": labels})))  # fmt: skip
+    op = client.update_node_pool(
+        request=UpdateNodePoolRequest(name=name, resource_labels=ResourceLabels(labels={"team": "ml", "kept": "true"}))
+    )
+    assert op.status.name == "RUNNING" and op.operation_type.name == "UPGRADE_NODES"
+    assert op.target_link.endswith("/clusters/c1/nodePools/np")
+    assert client.get_node_pool(name=name).status.name == "RUNNING"  # relabelled in place
+    assert dict(client.get_node_pool(name=name).config.resource_labels) == labels
+    # one operation at a time on a pool, as for deletes
+    with pytest.raises(exceptions.BadRequest, match="is currently updating node pool np.*Please wait"):
+        client.delete_node_pool(name=name)
+    assert wait_done(client, op).error.code == 0
+    assert dict(client.get_node_pool(name=name).config.resource_labels) == {"team": "ml", "kept": "true"}
+    [sent] = [r for r in standin.requests if r["method"] == "PUT"]
+    assert sent["path"] == f"/v1/{name}"
+    assert sent["body"]["resourceLabels"] == {"labels": {"team": "ml", "kept": "true"}}
+    with pytest.raises(exceptions.NotFound, match="Not found"):
+        client.update_node_pool(
+            request=UpdateNodePoolRequest(name=f"{PARENT}/nodePools/other", resource_labels=ResourceLabels(labels={}))
+        )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"resourceLabels": {"labels": {"Team": "ml"}}}, 'Invalid resourceLabels entry "Team"'),
+        ({"resourceLabels": {"labels": {"team": "ML"}}}, 'Invalid resourceLabels entry "team"'),
+        ({"resourceLabels": {"labels": {}}, "nodeVersion": "1.34"}, "updates only resourceLabels.*nodeVersion"),
+        ({"labels": {"labels": {"a": "b"}}}, "updates only resourceLabels.*labels"),
+        ({"resourceLabel": {"labels": {}}}, "Invalid JSON payload"),  # unknown field
+        ({}, "At least one field must be updated"),
+    ],
+)
+def test_updates_gke_or_the_standin_would_not_serve_are_400s(client, standin, body, message):
+    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool(nodes=1, machine="ct6e-standard-1t")))
+    with pytest.raises(urllib.error.HTTPError) as err:
+        call(standin, "PUT", f"/v1/{PARENT}/nodePools/np", body)
+    assert err.value.code == 400
+    assert re.search(message, json.load(err.value)["error"]["message"]), message
 
 
 def test_the_cluster_concurrency_limit_answers_429(client, standin):
