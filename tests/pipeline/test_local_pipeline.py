@@ -66,6 +66,10 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     assert report["accuracy"] >= 0.9 and report["heldout_examples"] == 200
     assert report["eval_hosts"] == 2, "the evaluation runs on every host of the 2x4 slice"
     assert report["sample_completion"].strip().startswith("42")
+    # the ledger: the simulated 2x4 slice (8 chips) is still held, since the endpoint was kept
+    (held,) = report["ledger"]["slices"]
+    assert held["role"] == "train" and held["chips"] == 8 and held["open"] and held["deleted_at"] is None
+    assert report["ledger"]["open"] and 0 < report["ledger"]["training_chip_hours"] < report["ledger"]["chip_hours"]
     run_dir = Path(report["output_dir"])
     assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir() and (run_dir / "eval" / "jax.json").exists()
     train_log = (run_dir / "logs" / "train-jax.log").read_text()
@@ -140,6 +144,12 @@ def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_b
     report = json.loads(read_text(f"gs://{bucket}/{run}/report.json"))
     assert report["output_dir"] == f"gs://{bucket}/{run}" and report["heldout_examples"] == 200
     assert report["accuracy"] >= 0.5
+    # the ledger: the cluster's whole span, closed when it stopped, of which training was a part
+    (held,) = report["ledger"]["slices"]
+    assert not held["open"] and held["deleted_at"] > held["created_at"]
+    assert held["chip_hours"] == pytest.approx(held["chips"] * held["seconds"] / 3600, abs=1e-5)
+    assert 0 < report["ledger"]["training_chip_hours"] < report["ledger"]["chip_hours"] == held["chip_hours"]
+    assert json.loads(read_text(f"gs://{bucket}/{run}/ledger.json")) == report["ledger"]
     assert "[train_torch]" in read_text(f"gs://{bucket}/{run}/logs/train-torch.log")
     evaluation = json.loads(read_text(f"gs://{bucket}/{run}/eval/torch.json"))
     # the Serve replica and the evaluation loaded the checkpoint from the bucket
