@@ -453,7 +453,8 @@ def test_endpoint_teardowns_delete_unless_kept(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "capacity",
-    # make test runs the queued run (its capacity tasks are no-ops on demand); make test-long the plain one
+    # make test runs the queued run (its capacity tasks are no-ops on demand); make test-long the plain one,
+    # which serves from a multi-host slice (v6e 2x4: one replica over both hosts of its own serve slice)
     [pytest.param("queued"), pytest.param("on-demand", marks=pytest.mark.long)],
 )
 def test_gke_pipeline_end_to_end_on_the_standins(
@@ -492,6 +493,10 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             "accuracy_threshold": 0,
             "num_train": 3000,
         }
+        multi_host_serve = capacity == "on-demand"
+        if multi_host_serve:
+            conf["serve_topology"] = "2x4"
+        serve_chips, serve_machine = (8, "ct6e-standard-4t") if multi_host_serve else (1, "ct6e-standard-1t")
         started = time.time()
         run = dag.test(run_conf=conf)
         elapsed = time.time() - started
@@ -505,6 +510,11 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert cluster["dashboard_url"].startswith("http://127.0.0.1:") and cluster["slice"]["topology"] == "2x2"
         deployed = tis["deploy"].xcom_pull(task_ids="deploy")
         assert deployed["applications"] == {"addition": "RUNNING"}
+        # the replica's placement (a multi-host one reserves its whole slice: the topology is in its config)
+        (app,) = tis["build_serve_config"].xcom_pull(task_ids="build_serve_config")["applications"]
+        assert app["args"]["accelerator_type"] == "TPU-V6E"
+        assert app["args"]["accelerator_config"] == {"kind": "tpu", "topology": "2x4" if multi_host_serve else "1x1"}
+        assert app["args"]["chips_per_host"] == (4 if multi_host_serve else 1), app["args"]
         objects = list_bucket(bucket, f"runs/{DAG_ID}/")
         (run_dir,) = {n.rsplit("/", 1)[0] for n in objects if n.endswith("/report.json")}
         relative = [n[len(run_dir) + 1 :] for n in objects if n.startswith(run_dir + "/")]
@@ -520,7 +530,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         ledger = tis["chip_ledger"].xcom_pull(task_ids="chip_ledger")
         assert report["ledger"] == ledger
         operations = gke.state()["operations"]
-        for entry, chips in zip(ledger["slices"], (4, 1), strict=True):
+        for entry, chips in zip(ledger["slices"], (4, serve_chips), strict=True):
             (pool,) = entry["pools"]
             ops = {o["operationType"]: o for o in operations if o["targetLink"].endswith(f"/nodePools/{pool}")}
             start = rfc3339_to_unix(ops["CREATE_NODE_POOL"]["startTime"])
@@ -538,7 +548,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             for r in gke.requests
             if r["method"] == "POST" and r["path"].endswith("/nodePools")
         ]
-        assert sorted(created) == ["ct6e-standard-1t", "ct6e-standard-4t"], gke.requests
+        assert sorted(created) == sorted(["ct6e-standard-4t", serve_machine]), gke.requests
         queued = [
             (r["body"] or {}).get("nodePool", {}).get("queuedProvisioning")
             for r in gke.requests
