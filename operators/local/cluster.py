@@ -13,6 +13,7 @@ touches only its own processes, so we track process groups ourselves.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -47,9 +48,20 @@ NODE_IP = "127.0.0.2"
 UNREACHABLE_FLAG_ENV = "TPUFLOW_SIM_UNREACHABLE_FLAG"
 
 
+_MAX_LABEL_VALUE = 63  # Ray's label values (ray.io/tpu-slice-name), as Kubernetes': 63 characters at most
+
+
 def slice_name(cluster_name: str, index: int) -> str:
-    """The name of simulated slice ``index``: its hosts' TPU_NAME, so also the unit resource each host carries."""
-    return f"{cluster_name}-slice-{index}"
+    """The name of simulated slice ``index``: its hosts' TPU_NAME, so also the unit resource each host carries.
+
+    Ray turns TPU_NAME into the ``ray.io/tpu-slice-name`` label that ``slice_placement_group`` selects on, and
+    refuses a selector value over 63 characters: a longer name keeps its start and a digest of the whole.
+    """
+    name = f"{cluster_name}-slice-{index}"
+    if len(name) <= _MAX_LABEL_VALUE:
+        return name
+    suffix = f"-{hashlib.sha256(cluster_name.encode()).hexdigest()[:8]}-slice-{index}"
+    return cluster_name[: _MAX_LABEL_VALUE - len(suffix)].rstrip("-._") + suffix
 
 
 def default_base_dir() -> Path:

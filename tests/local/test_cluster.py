@@ -98,3 +98,20 @@ def test_cli_up_status_down_leaves_no_process(tmp_path):
     assert down.returncode == 0 and "stopped cli-test" in down.stdout
     assert _pids_referencing(state.temp_dir) == []
     assert not any(cluster_mod._group_alive(n.pid) for n in state.nodes)
+
+
+def test_a_long_cluster_names_slices_stay_valid_ray_label_values() -> None:
+    """Ray refuses a slice_placement_group selector over 63 characters; a RayService's cluster on the
+    stand-ins (namespace-service-raycluster-suffix-uid) is that long, and its multi-host replica could not
+    reserve its slice."""
+    import re
+
+    from tpuflow.local.cluster import slice_name
+
+    assert slice_name("bench-2x4", 0) == "bench-2x4-slice-0"  # short names unchanged
+    long = "default-tpu-llm-pipeline-gke-deploy-d4ad7b5bd7-raycluster-fb5a3-7e1bebd9"
+    names = [slice_name(long, i) for i in range(3)]
+    other = slice_name(long.replace("7e1bebd9", "00000000"), 0)
+    for name in [*names, other]:
+        assert len(name) <= 63 and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", name), name
+    assert len({*names, other}) == 4 and all(n.startswith("default-tpu-llm-pipeline") for n in names)

@@ -454,7 +454,7 @@ def test_endpoint_teardowns_delete_unless_kept(
 @pytest.mark.parametrize(
     "capacity",
     # make test runs the queued run (its capacity tasks are no-ops on demand); make test-long the plain one,
-    # which serves from a multi-host slice (v6e 2x4: one replica over both hosts of its own serve slice)
+    # which serves from a multi-host slice (v6e 4x4: one replica over the 4 hosts of its own serve slice)
     [pytest.param("queued"), pytest.param("on-demand", marks=pytest.mark.long)],
 )
 def test_gke_pipeline_end_to_end_on_the_standins(
@@ -495,8 +495,8 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         }
         multi_host_serve = capacity == "on-demand"
         if multi_host_serve:
-            conf["serve_topology"] = "2x4"
-        serve_chips, serve_machine = (8, "ct6e-standard-4t") if multi_host_serve else (1, "ct6e-standard-1t")
+            conf["serve_topology"] = "4x4"  # v6e 2x4 would be one 8-chip host (ct6e-standard-8t)
+        serve_chips, serve_machine = (16, "ct6e-standard-4t") if multi_host_serve else (1, "ct6e-standard-1t")
         started = time.time()
         run = dag.test(run_conf=conf)
         elapsed = time.time() - started
@@ -513,7 +513,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         # the replica's placement (a multi-host one reserves its whole slice: the topology is in its config)
         (app,) = tis["build_serve_config"].xcom_pull(task_ids="build_serve_config")["applications"]
         assert app["args"]["accelerator_type"] == "TPU-V6E"
-        assert app["args"]["accelerator_config"] == {"kind": "tpu", "topology": "2x4" if multi_host_serve else "1x1"}
+        assert app["args"]["accelerator_config"] == {"kind": "tpu", "topology": "4x4" if multi_host_serve else "1x1"}
         assert app["args"]["chips_per_host"] == (4 if multi_host_serve else 1), app["args"]
         objects = list_bucket(bucket, f"runs/{DAG_ID}/")
         (run_dir,) = {n.rsplit("/", 1)[0] for n in objects if n.endswith("/report.json")}
