@@ -209,17 +209,23 @@ class RayServeDeployOperator(BaseOperator):
             hook.delete_applications()
 
 
+# Answers of an endpoint that is not serving the route yet (besides 5xx): asked again until the timeout.
+_NOT_READY = (404, 408, 425, 429)
+
+
 class ServeEndpointSmokeTestOperator(BaseOperator):
     """POST a request to a deployed endpoint and check the answer contains what it should.
 
-    Retries for ``timeout`` seconds: proxies can accept traffic a moment after the app is RUNNING.
-    Returns the endpoint's JSON answer.
+    An endpoint that is not answering yet (connection refused, a timeout, 404 before the route is
+    published, 429, 5xx) is asked again for ``timeout`` seconds: proxies can accept traffic a moment
+    after the app is RUNNING, and a replica's first request compiles its forward. An answer (200) without
+    the expected text fails at once: asking again would only repeat it. Returns the endpoint's JSON answer.
 
     :param url: the endpoint, e.g. "{{ ti.xcom_pull(task_ids='deploy')['serve_url'] }}/app/v1/completions";
         templated.
     :param payload: the JSON body to POST; templated.
     :param expect: text the answer must contain; templated.
-    :param timeout: seconds to keep trying before the task fails with the last answer.
+    :param timeout: seconds to keep asking an endpoint that does not answer yet.
     """
 
     template_fields: Sequence[str] = ("url", "payload", "expect")
@@ -231,7 +237,7 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
         url: str,
         payload: dict[str, Any],
         expect: str,
-        timeout: float = 60.0,
+        timeout: float = 180.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -266,13 +272,19 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
         last = ""
         while True:
             try:
-                resp = requests.post(self.url, json=self.payload, timeout=30)
+                resp = requests.post(self.url, json=self.payload, timeout=60)
                 last = f"{resp.status_code}: {resp.text[:1000]}"
                 if resp.ok and str(self.expect) in resp.text:
                     self.log.info("Smoke test passed: %s -> %s", json.dumps(self.payload), resp.text[:500])
                     return resp.json()
+                if resp.ok or (resp.status_code not in _NOT_READY and resp.status_code < 500):
+                    raise RayServeDeploymentFailedError(
+                        f"endpoint {self.url} answered {json.dumps(self.payload)} without {self.expect!r}: {last}"
+                    )
+                self.log.info("Endpoint not answering yet (%s); asking again", last[:200])
             except requests.RequestException as err:
                 last = str(err)
+                self.log.info("Endpoint not answering yet (%s); asking again", last[:200])
             if time.time() > deadline:
                 raise RayServeDeploymentFailedError(
                     f"endpoint {self.url} did not answer with {self.expect!r} within {self.timeout:.0f}s; last: {last}"

@@ -30,6 +30,18 @@ def task_instances(api: Any, dag_id: str, run_id: str) -> list[dict[str, Any]]:
     return list(api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"])
 
 
+def _log_line(entry: Any) -> str:
+    """A structured task-log entry as the UI shows it: the event, and an exception's type, message and place."""
+    if not isinstance(entry, dict):
+        return str(entry)
+    text = str(entry.get("event", entry))
+    for detail in entry.get("error_detail") or []:
+        frames = detail.get("frames") or [{}]
+        where = f"{frames[-1].get('filename')}:{frames[-1].get('lineno')}"
+        text += f"\n{detail.get('exc_type')}: {detail.get('exc_value')} (at {where})"
+    return text
+
+
 def explain(api: Any, dag_id: str, run: dict[str, Any]) -> str:
     """What a user would look at when a run did not succeed: task states and the failed tasks' log tails."""
     lines = [f"run {run.get('dag_run_id')} is {run.get('state')}"]
@@ -41,7 +53,7 @@ def explain(api: Any, dag_id: str, run: dict[str, Any]) -> str:
                 headers={"Accept": "application/json"},
             )
             content = resp.json().get("content", []) if resp.ok else resp.text
-            text = "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c) for c in content)
+            text = "\n".join(_log_line(c) for c in content)
             lines.append("    " + text[-3000:].replace("\n", "\n    "))
     return "\n".join(lines)
 
