@@ -3,7 +3,7 @@
 One `DeploymentOptions` becomes, for a Serve config:
 - a `deployments:` entry (`deployment_entry`): replicas or autoscaling_config, max_ongoing_requests,
   max_queued_requests, health checks, graceful shutdown, and (for the addition app) a user_config
-  carrying the replica's own request limits (addition.openai_api.Limits);
+  carrying the replica's own request limits and request batching (addition.openai_api.Limits);
 - `http_options.request_timeout_s` (`http_options`): the proxy's deadline for every request;
 - an LLMConfig `deployment_config` (`llm_deployment_config`) for Ray Serve LLM.
 
@@ -48,8 +48,15 @@ _SERVE_KEYS = (
     "health_check_timeout_s",
     "graceful_shutdown_timeout_s",
 )
-# The replica's own limits (user_config); the keys of addition.openai_api.Limits.
-USER_CONFIG_KEYS = ("request_timeout_s", "max_inflight_requests", "max_concurrent_forward", "retry_after_s")
+# The replica's own limits and batching (user_config); the keys of addition.openai_api.Limits.
+USER_CONFIG_KEYS = (
+    "request_timeout_s",
+    "max_inflight_requests",
+    "max_concurrent_forward",
+    "retry_after_s",
+    "max_batch_size",
+    "batch_wait_timeout_s",
+)
 
 
 def _is_number(value: object) -> bool:
@@ -84,6 +91,11 @@ class DeploymentOptions:
     :param max_inflight_requests: requests admitted at once by the replica; more get 429 with Retry-After.
     :param max_concurrent_forward: forward passes at once per replica (the others wait, up to the timeout).
     :param retry_after_s: the Retry-After of 429/503 answers.
+    :param max_batch_size: request batching: up to this many concurrent non-streaming greedy completions
+        share one forward call (Ray Serve's ``@serve.batch``); 1: off; None: the app's default (the
+        addition app: on, 32, for a multi-host replica, off otherwise, as measured in bench/README.md).
+    :param batch_wait_timeout_s: how long a batch waits for more requests after its first (default 0:
+        it takes the requests that arrived while the previous batch ran); needs max_batch_size.
     :param health_check_period_s: / health_check_timeout_s / graceful_shutdown_timeout_s: Serve's.
     """
 
@@ -95,6 +107,8 @@ class DeploymentOptions:
     max_inflight_requests: int | None = None
     max_concurrent_forward: int | None = None
     retry_after_s: float | None = None
+    max_batch_size: int | None = None
+    batch_wait_timeout_s: float | None = None
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
     graceful_shutdown_timeout_s: float | None = None
@@ -125,8 +139,9 @@ class DeploymentOptions:
         _positive_int("max_ongoing_requests", self.max_ongoing_requests)
         if self.max_queued_requests is not None and self.max_queued_requests != -1:
             _positive_int("max_queued_requests", self.max_queued_requests, fix="give a whole number >= 1, or -1")
-        for name in ("max_inflight_requests", "max_concurrent_forward"):
+        for name in ("max_inflight_requests", "max_concurrent_forward", "max_batch_size"):
             _positive_int(name, getattr(self, name))
+        self._check_batching()
         for name in (
             "request_timeout_s",
             "retry_after_s",
@@ -147,6 +162,27 @@ class DeploymentOptions:
                 "lower it or raise max_ongoing_requests",
             )
         return self
+
+    def _check_batching(self) -> None:
+        wait = self.batch_wait_timeout_s
+        if wait is not None:
+            if not _is_number(wait) or wait < 0:  # type: ignore[operator]
+                raise UserInputError(f"{FIELD}.batch_wait_timeout_s", wait, "give a finite number of seconds >= 0")
+            if self.max_batch_size is None:
+                raise UserInputError(
+                    f"{FIELD}.batch_wait_timeout_s", wait, "batching is off without max_batch_size; set it too"
+                )
+        if (
+            self.max_batch_size is not None
+            and self.max_ongoing_requests is not None
+            and self.max_batch_size > self.max_ongoing_requests
+        ):
+            raise UserInputError(
+                f"{FIELD}.max_batch_size",
+                self.max_batch_size,
+                f"a replica never sees more than max_ongoing_requests ({self.max_ongoing_requests}) at once, "
+                "so no batch could fill; lower it or raise max_ongoing_requests",
+            )
 
     def _check_autoscaling(self) -> None:
         cfg = self.autoscaling_config
@@ -199,7 +235,12 @@ class DeploymentOptions:
 
     def llm_deployment_config(self) -> dict[str, Any]:
         """LLMConfig.deployment_config (Ray Serve LLM's server deployment; it has no user_config limits)."""
-        app_only = [k for k in ("max_inflight_requests", "max_concurrent_forward", "retry_after_s") if getattr(self, k)]
+        app_only = [
+            k
+            for k in ("max_inflight_requests", "max_concurrent_forward", "retry_after_s", "max_batch_size")
+            if getattr(self, k)
+        ]
+        app_only += ["batch_wait_timeout_s"] if self.batch_wait_timeout_s is not None else []
         if app_only:
             raise UserInputError(
                 f"{FIELD}.{app_only[0]}",

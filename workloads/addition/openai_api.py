@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -45,7 +46,9 @@ from starlette.types import Receive, Scope, Send
 
 Complete = Callable[..., Sequence[Any]]
 StreamSteps = Callable[..., Iterator[Step]]
+BatchFn = Callable[[list[Any]], Awaitable[list[Any]]]  # jobs -> a result (or its error) per job
 MAX_PROMPTS = 1024  # prompts x n in one request
+DEFAULT_BATCH_WAIT_S = 0.0  # Limits.batch_wait_timeout_s when batching is on and it is not given
 logger = logging.getLogger(__name__)
 
 
@@ -175,12 +178,25 @@ class Limits:
     request_timeout_s: a request not answered by then fails (503 if its forward pass never started,
     504 if it did). max_inflight_requests: requests admitted at once on this replica, more get 429.
     max_concurrent_forward: forward passes at once (the others wait their turn). None: no limit.
+    max_batch_size / batch_wait_timeout_s: request batching (None or 1: off; addition.serve_app turns
+    None into its default for the replica's kind). Concurrent non-streaming greedy requests are
+    combined, up to max_batch_size requests, into one forward call by the service's `batch` decorator
+    (Ray Serve's `@serve.batch` in the replica): the requests that arrive while a batch runs form the
+    next batch together, and a batch waits batch_wait_timeout_s (default 0: no wait) after its first
+    request for more; with max_concurrent_forward, each request holds its slot while it waits in or
+    runs a batch.
     """
 
     request_timeout_s: float | None = None
     max_inflight_requests: int | None = None
     max_concurrent_forward: int | None = None
     retry_after_s: float = 1.0
+    max_batch_size: int | None = None
+    batch_wait_timeout_s: float | None = None
+
+    @property
+    def batching(self) -> bool:
+        return (self.max_batch_size or 1) > 1
 
     @classmethod
     def from_user_config(cls, config: dict[str, Any] | None) -> Limits:
@@ -193,10 +209,16 @@ class Limits:
             value = config.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
                 raise ValueError(f"user_config.{key} must be a positive number of seconds, got {value!r}")
-        for key in ("max_inflight_requests", "max_concurrent_forward"):
+        for key in ("max_inflight_requests", "max_concurrent_forward", "max_batch_size"):
             value = config.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"user_config.{key} must be a whole number >= 1, got {value!r}")
+        wait = config.get("batch_wait_timeout_s")
+        if wait is not None:
+            if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
+                raise ValueError(f"user_config.batch_wait_timeout_s must be a number of seconds >= 0, got {wait!r}")
+            if config.get("max_batch_size") is None:
+                raise ValueError("user_config.batch_wait_timeout_s needs max_batch_size (batching is off without it)")
         return cls(**config)
 
 
@@ -249,6 +271,11 @@ class OpenAIService:
     `stream(prompts, <complete's keywords>) -> Iterator[Step]` (the Predictor's) makes `stream=true`
     send each token as soon as the decode step that wrote it returns. Without it a stream is the whole
     completion from `complete`, then sent as one chunk per token.
+
+    `batch` is a batching decorator with `ray.serve.batch`'s signature (`batch(max_batch_size=...,
+    batch_wait_timeout_s=...)(async fn(list) -> list)`): with it and `limits.max_batch_size` > 1,
+    concurrent non-streaming greedy requests share one `complete` call (`forward_batch`). Streams and
+    sampled requests (temperature > 0: their rng draws depend on the batch) always run alone.
     """
 
     def __init__(
@@ -258,12 +285,25 @@ class OpenAIService:
         created: int,
         limits: Limits | None = None,
         stream: StreamSteps | None = None,
+        batch: Callable[..., Callable[[BatchFn], Callable[[_Job], Awaitable[Any]]]] | None = None,
     ) -> None:
         self.complete, self.model_name, self.created = complete, model_name, created
         self.stream: StreamSteps = stream or (lambda prompts, **kwargs: iter([Step.of(complete(prompts, **kwargs))]))
         self.limits = limits or Limits()
         self._inflight = 0
         self._slots = asyncio.Semaphore(self.limits.max_concurrent_forward or 1)
+        self._batched: Callable[[_Job], Awaitable[Any]] | None = None
+        # Batching (see _batched_forward): batches in their forward, requests waiting for them to end,
+        # and whether none is.
+        self._running = self._waiting = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        if batch is not None and self.limits.batching:
+            wait = self.limits.batch_wait_timeout_s
+            self._batched = batch(
+                max_batch_size=self.limits.max_batch_size,
+                batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S if wait is None else wait,
+            )(self._forward_batch)
 
     # --- models ---
     def model_card(self) -> dict[str, Any]:
@@ -386,7 +426,10 @@ class OpenAIService:
         deadline = self._admit()
         try:
             release = await self._take_slot(deadline)
-            work = asyncio.ensure_future(asyncio.to_thread(self._forward, job))
+            if self._batched is not None and job.temperature == 0:
+                work = asyncio.ensure_future(self._batched_forward(job))
+            else:
+                work = asyncio.ensure_future(asyncio.to_thread(self._forward, job))
             # The slot is free when the thread is done, not when a timed-out request gives up on it.
             work.add_done_callback(lambda _: release())
             try:
@@ -406,6 +449,38 @@ class OpenAIService:
 
     def _forward(self, job: _Job) -> Sequence[Any]:
         return self.complete(_expanded(job), **_decode_kwargs(job))
+
+    async def _batched_forward(self, job: _Job) -> Sequence[Any]:
+        """This job's completions, from the batch it joins; its own error (only its own) raised here.
+
+        A request that arrives while a batch's forward runs waits for it to end; then all such requests
+        join the batcher's queue in the same turn of the event loop and form the next batch together.
+        (Serve's batcher forms a batch from what is queued whether or not the previous one still runs:
+        requests trickling in during a forward would otherwise each make a batch of one and queue
+        behind it.) With the model idle, a request joins the queue at once.
+        """
+        assert self._batched is not None
+        if not self._idle.is_set():
+            self._waiting += 1
+            try:
+                await self._idle.wait()
+            finally:
+                self._waiting -= 1
+        out = await self._batched(job)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    async def _forward_batch(self, jobs: list[_Job]) -> list[Sequence[Any] | Exception]:
+        """One batch's forward in a thread, a result per job (what the batching decorator wraps)."""
+        self._running += 1
+        self._idle.clear()
+        try:
+            return await asyncio.to_thread(forward_batch, self.complete, jobs)
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
 
     async def _stream(self, job: _Job, param: str, chunks: _Chunks) -> Response:
         """Admit the request and open its decode (refusals are still HTTP errors), then answer with an
@@ -487,6 +562,52 @@ class OpenAIService:
             "usage": usage,
         }
         return JSONResponse(body)
+
+
+def forward_batch(complete: Complete, jobs: Sequence[_Job]) -> list[Sequence[Any] | Exception]:
+    """Greedy jobs' completions from one `complete` call, each job's as it would get them alone.
+
+    Every job's prompts (times n) go in one batch, padded with copies of the last prompt to a power of
+    two rows (a jitted forward compiles once per batch size: this bounds the sizes a replica compiles),
+    decoded greedily to the largest token budget among the jobs (None, the model's whole answer, if
+    any job has none), then each completion is cut to its own job's budget as `generate` cuts it (text
+    only grows; eos counts as a token). Greedy rows do not depend on one another, so batching changes
+    no answer. If the call fails (e.g. one prompt the tokenizer refuses), every job runs alone: each
+    entry is then the job's completions or the exception that job alone raised.
+    """
+    if len(jobs) == 1:
+        return [_forward_alone(complete, jobs[0])]
+    budgets = [j.max_tokens for j in jobs]
+    budget = None if any(b is None for b in budgets) else max(b for b in budgets if b is not None)
+    prompts = [p for j in jobs for p in _expanded(j)]
+    rows = len(prompts)
+    padded = prompts + prompts[-1:] * ((1 << (rows - 1).bit_length()) - rows)
+    try:
+        outs = complete(padded, max_new_tokens=budget, temperature=0.0)
+    except Exception:
+        logger.info("a batch of %d requests failed; running each alone", len(jobs), exc_info=True)
+        return [_forward_alone(complete, j) for j in jobs]
+    results: list[Sequence[Any] | Exception] = []
+    start = 0
+    for job in jobs:
+        count = len(job.prompts) * job.n
+        results.append([_cut(o, job.max_tokens) for o in outs[start : start + count]])
+        start += count
+    return results
+
+
+def _forward_alone(complete: Complete, job: _Job) -> Sequence[Any] | Exception:
+    try:
+        return complete(_expanded(job), **_decode_kwargs(job))
+    except Exception as err:  # returned, not raised: it is this job's answer, not the batch's
+        return err
+
+
+def _cut(out: Any, limit: int | None) -> Any:
+    """A completion decoded with a larger budget, as a decode with `limit` tokens would have ended it."""
+    if limit is None or len(out.text) < limit:
+        return out  # it ended (eos or the sequence's end) within the budget: the same either way
+    return replace(out, text=out.text[:limit], finish_reason="length", num_tokens=limit)
 
 
 def _expanded(job: _Job) -> list[str]:

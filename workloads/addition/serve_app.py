@@ -18,6 +18,11 @@ Routes (under the application's route_prefix): GET /v1/models, GET /v1/models/{i
 POST /v1/completions, POST /v1/chat/completions (streaming, usage and errors: addition.openai_api;
 request limits from the deployment's user_config). `stream=true` sends each token as the decode step
 that wrote it returns, on a single-host replica and on a multi-host one alike (addition.slice_serving).
+Request batching (the same user_config's `max_batch_size`, `batch_wait_timeout_s`; tpuflow's
+deployment_options): concurrent non-streaming greedy completions share one forward call through Ray
+Serve's `@serve.batch` (openai_api.forward_batch). Without `max_batch_size` it is on (32) for a
+multi-host replica and off otherwise, as measured (MULTI_HOST_MAX_BATCH_SIZE); `max_batch_size: 1`
+switches it off. Off, every request runs its own forward.
 Temperature defaults to 0 (greedy), not OpenAI's 1: an addition has one right answer.
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from addition.inference import BACKENDS
@@ -51,6 +57,11 @@ __all__ = ["ChatCompletionRequest", "CompletionRequest", "app_builder"]
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
 # A lost host must fail the multi-host replica's health check quickly, so Serve replaces it.
 SLICE_HEALTH_CHECK = {"health_check_period_s": 2.0, "health_check_timeout_s": 30.0}
+# Request batching where the user_config does not set max_batch_size, as measured side by side
+# (bench/README.md, serve_batched_rps_32): on for a multi-host replica, whose slice runs one request at
+# a time (1.5-1.7x the requests/s at 8 clients, 2.4-2.7x at 32, one-client p50 within noise); off for
+# CPU and single-host replicas (no gain at 8 clients on a CPU replica, a possible one-client cost).
+MULTI_HOST_MAX_BATCH_SIZE = 32
 
 
 app = FastAPI(title="tpuflow addition completions")
@@ -61,6 +72,17 @@ def _multi_host(tpu: dict[str, Any]) -> bool:
     topology = tpu.get("topology")
     chips = math.prod(int(d) for d in topology.split("x")) if topology else int(tpu.get("num_devices") or 0)
     return chips > int(tpu["chips_per_host"])
+
+
+def _warm_batch_sizes(complete: Any, max_batch_size: int) -> list[int]:
+    """Run each batch size batching can bring (openai_api.forward_batch pads a batch to a power of two
+    rows) once, so that a jitted forward compiles them now rather than stalling live requests."""
+    sizes, size = [], 2
+    while size < 2 * max_batch_size:
+        complete(["0+0="] * size, max_new_tokens=1)  # one decode step: the forward of that shape
+        sizes.append(size)
+        size *= 2
+    return sizes
 
 
 # Above the deployment: @serve.deployment pickles the class (with the globals its methods use) when
@@ -80,6 +102,7 @@ class AdditionCompletions:
         from addition.inference import Predictor
 
         self.predictor: Any = None
+        self.default_max_batch_size = MULTI_HOST_MAX_BATCH_SIZE if tpu and _multi_host(tpu) else None
         with local_copy(checkpoint) as d:
             meta = load_meta(d)
             if meta.framework != framework:
@@ -92,21 +115,33 @@ class AdditionCompletions:
                 self.predictor = Predictor.from_checkpoint(d, backend=backend or framework)
         self.model_name = model_name
         self.created = int(time.time())
+        self._openai_service = self._service(self._limits(None))  # now: batching's warm-up before any request
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Serve's user_config: this replica's request limits (openai_api.Limits)."""
-        self._openai_service = self._service(Limits.from_user_config(user_config))
+        """Serve's user_config: this replica's request limits and batching (openai_api.Limits)."""
+        self._openai_service = self._service(self._limits(user_config))
+
+    def _limits(self, user_config: dict[str, Any] | None) -> Limits:
+        limits = Limits.from_user_config(user_config)
+        if limits.max_batch_size is None and self.default_max_batch_size:
+            limits = replace(limits, max_batch_size=self.default_max_batch_size)
+        return limits
 
     def _openai(self) -> OpenAIService:
         if getattr(self, "_openai_service", None) is None:
-            self._openai_service = self._service(None)
+            self._openai_service = self._service(self._limits(None))
         return self._openai_service
 
-    def _service(self, limits: Limits | None) -> OpenAIService:
+    def _service(self, limits: Limits) -> OpenAIService:
+        # With batching on, the batch sizes it brings are compiled first (the replica is ready after).
         # stream: one decode step at a time, so a streamed answer leaves this replica token by token
         # (the FastAPI StreamingResponse goes through Serve's proxy as it is produced).
+        # batch: Ray Serve's own batching decorator, used only when the limits switch batching on.
+        if limits.batching:
+            assert limits.max_batch_size is not None
+            _warm_batch_sizes(self.predictor.complete, limits.max_batch_size)
         p = self.predictor
-        return OpenAIService(p.complete, self.model_name, self.created, limits, stream=p.stream)
+        return OpenAIService(p.complete, self.model_name, self.created, limits, stream=p.stream, batch=serve.batch)
 
     def check_health(self) -> None:
         """Serve calls this periodically: a multi-host replica is unhealthy once a host's worker is gone."""
