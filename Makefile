@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick
+.PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick bench-serving
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/tpuflow demo
 
 test: install test-deps
-	$(BIN)/python -m pytest -q -m "not long" tests
+	$(BIN)/python -m pytest -q -m "not long" --durations=25 tests
 
 # What `make test` leaves out for CI's size (tests marked `long`; the README's Tests section lists them).
 test-long: install test-deps
@@ -48,6 +48,10 @@ bench: install
 
 bench-quick: install
 	$(BIN)/python -m bench --quick
+
+# Every serve_* measure, the slice replicas (multi-host and single-host TPU) included (~13 min).
+bench-serving: install
+	$(BIN)/python -m bench --serving
 
 # A real local Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor; 127.0.0.1):
 # prints the UI URL and the admin login. `make airflow-down` stops exactly what it started.

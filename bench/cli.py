@@ -175,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", action="append", default=[], metavar="NAME", help="run only this measure (repeatable)"
     )
+    parser.add_argument(
+        "--serving",
+        action="store_true",
+        help="the serving set: every serve_* measure, the slice replicas (multi-host, single-host TPU) included",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
     parser.add_argument("--list", action="store_true", help="list the measures and exit")
     args = parser.parse_args(argv)
@@ -184,22 +189,24 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(mod)
     if args.list:
         for m in MEASURES.values():
-            print(f"{m.name}{'' if m.in_quick else '  (full set only)'}: rows {', '.join(m.produces)}")
+            where = "" if m.in_quick else "  (full set only)" if m.in_full else "  (--serving / --only only)"
+            print(f"{m.name}{where}: rows {', '.join(m.produces)}")
         return 0
     unknown = [n for n in args.only if not any(n in m.produces for m in MEASURES.values())]
     if unknown:
         parser.error(
             f"unknown measure(s) {unknown}; known: {sorted({p for m in MEASURES.values() for p in m.produces})}"
         )
+    only = [*args.only, *(m.name for m in MEASURES.values() if args.serving and m.name.startswith("serve_"))]
     chosen = [m for m in MEASURES.values()
-              if (any(n in m.produces for n in args.only) if args.only else (m.in_quick or not args.quick))]  # fmt: skip
+              if (any(n in m.produces for n in only) if only else m.in_quick if args.quick else m.in_full)]  # fmt: skip
     args.results.mkdir(parents=True, exist_ok=True)
     for old in args.results.glob("*.png"):
         old.unlink()
     started = time.perf_counter()
     data: dict[str, Any] = {
         "machine": machine(),
-        "mode": "quick" if args.quick else "full",
+        "mode": "quick" if args.quick else "serving" if args.serving and not args.only else "full",
         "measures": [],
         "errors": [],
     }

@@ -91,16 +91,18 @@ class Measure:
     fn: Callable[[Context], list[Result]]
     in_quick: bool
     produces: tuple[str, ...]
+    in_full: bool = True  # False: only with --only or --serving (make bench-serving)
 
 
 MEASURES: dict[str, Measure] = {}
 
 
-def measure(name: str, *, quick: bool = True, produces: tuple[str, ...] = ()) -> Callable:
-    """Register a measure; `produces` names extra result rows it writes (selectable with --only too)."""
+def measure(name: str, *, quick: bool = True, full: bool = True, produces: tuple[str, ...] = ()) -> Callable:
+    """Register a measure; `produces` names extra result rows it writes (selectable with --only too).
+    quick: in the --quick set; full: in the default (make bench) set, else only in --serving / --only."""
 
     def wrap(fn: Callable[[Context], list[Result]]) -> Callable[[Context], list[Result]]:
-        MEASURES[name] = Measure(name, fn, quick, (name, *produces))
+        MEASURES[name] = Measure(name, fn, quick and full, (name, *produces), full)
         return fn
 
     return wrap

@@ -35,8 +35,10 @@ def _stop_clusters(base: Path) -> None:
 def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
     """The demo's Ray work as a plain script: same cluster kind, entrypoints, spec and Serve config."""
     from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow.pipeline.params import local_serve_slice
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.hooks import RayJobHook, parse_result
+    from tpuflow.serve.hooks import RayServeHook
     from tpuflow.tpu import TpuSlice
 
     phases: dict[str, float] = {}
@@ -70,14 +72,17 @@ def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
         job("evaluate", f"python -m addition.evaluate --framework jax --checkpoint {trained['checkpoint']} "
                         f"--data {run_dir}/data/heldout --output {run_dir}/eval/jax.json")  # fmt: skip
         t = time.perf_counter()
-        config = serve_config_for(info, trained, f"local://{WORKLOADS}", "jax")
-        hook.put_serve_config(config)
+        # the demo's replicas hold one host of the training slice (tpuflow.pipeline.params.local_serve_slice)
+        serve_slice = local_serve_slice(tpu, None).to_dict()
+        config = serve_config_for(info, trained, f"local://{WORKLOADS}", "jax", serve_slice)
+        serve = RayServeHook(cluster=info)
+        serve.deploy_applications(config)
         app = config["applications"][0]
         import requests
 
         deadline = time.time() + 300
         while time.time() < deadline:
-            status = hook.get_serve_applications().get("applications", {}).get(app["name"], {}).get("status")
+            status = serve.get_serve_details().get("applications", {}).get(app["name"], {}).get("status")
             if status == "RUNNING":
                 break
             time.sleep(1)

@@ -12,8 +12,8 @@ replica and on (max_batch_size 32) on a multi-host one (addition.serve_app.MULTI
 - serve_overhead_p50_ms / serve_rps_32 / serve_batched_rps_32 (CPU replica): on the bench's shared
   head-only cluster (replicas are CPU actors): the demo app, the same app batched (`BATCHING`, a second
   app) and the plain app, all deployed at once.
-- serve_*_multi_host / serve_*_single_host_tpu / serve_batched_rps_32 (full set only; `--only` selects
-  them): a separate LocalRayCluster with one simulated v6e 2x4 slice (2 hosts of 4 chips). First the demo
+- serve_*_multi_host / serve_*_single_host_tpu / serve_batched_rps_32 (the serving set only: `--serving`,
+  make bench-serving, or `--only`): a separate LocalRayCluster with one simulated v6e 2x4 slice (2 hosts of 4 chips). First the demo
   app with serve_slice = that slice (one replica spanning both hosts, addition.slice_serving), batched by
   default, then with batching off (the same replica, reconfigured through its user_config); then with the
   pipeline's single-host serve slice (v6e 2x2: a replica holding one host's TPU, jax in process), the demo
@@ -349,9 +349,10 @@ def serve(ctx: Context) -> list[Result]:
                       extra={"load_1min_before_after": load})  # fmt: skip
 
 
+# Nine minutes on 2 cores (three deployments, 1/8/32 clients each): make bench-serving, not make bench.
 @measure(
     "serve_rps_32_multi_host",
-    quick=False,
+    full=False,
     produces=("serve_overhead_p50_ms_multi_host", "serve_overhead_p50_ms_single_host_tpu", "serve_rps_32_single_host_tpu"),
 )  # fmt: skip
 def serve_on_slices(ctx: Context) -> list[Result]:

@@ -134,10 +134,10 @@ def test_where_the_demo_app_batches_by_default_the_baseline_is_batching_off() ->
     assert rows[2].details["p50_ms"] == {"batched": 8.0, "unbatched": 8.5}
 
 
-def test_the_measures_are_registered_with_the_multi_host_part_full_set_only() -> None:
+def test_the_measures_are_registered_with_the_slice_part_in_the_serving_set_only() -> None:
     quick = MEASURES["serve_overhead_p50_ms"]
     assert quick.in_quick and {"serve_rps_32", "serve_batched_rps_32"} <= set(quick.produces)
     slices: Any = MEASURES["serve_rps_32_multi_host"]
-    assert not slices.in_quick
+    assert not slices.in_quick and not slices.in_full  # make bench-serving, not make bench
     assert {"serve_overhead_p50_ms_multi_host", "serve_rps_32_single_host_tpu"} <= set(slices.produces)
     assert isinstance(Result("x", 1.0, "s", 1.0, 1.0, "g", True), Result)

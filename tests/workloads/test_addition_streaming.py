@@ -13,28 +13,15 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
-from addition import checkpoint as ckpt
 from addition import data
 from addition.inference import Completion, Predictor, Step, generate, generate_stream
 from addition.model_jax import ModelConfig, init_params
 from addition.openai_api import Limits, OpenAIService, build_app
 from fastapi.testclient import TestClient
+from support.exact_addition import META, SPEC, exact_sums
 
 MODEL = "addition-demo"
-SPEC = data.TaskSpec()
-META = ckpt.Meta("jax", 0, 0, ModelConfig(), SPEC)
 WATCHDOG_S = 60.0  # only keeps a broken stream from hanging the test; never part of an assertion
-
-
-def exact_sums(ids: np.ndarray) -> np.ndarray:
-    """Logits of a perfect model: each row writes its sum zero-padded ("042"), then eos."""
-    out = np.zeros((*ids.shape, data.VOCAB_SIZE))
-    for r, row in enumerate(ids):
-        prompt = data.decode(row[: SPEC.prompt_len])
-        a, b = prompt.rstrip("=").split("+")
-        target = data.encode_example(prompt, str(int(a) + int(b)), SPEC)
-        out[r, np.arange(SPEC.seq_len), np.roll(target, -1)] = 1.0
-    return out
 
 
 class Gated:

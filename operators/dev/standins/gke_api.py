@@ -743,16 +743,23 @@ class GKEApiStandin:
             fault = self._take_fault("delete", _capacity_kind(pool.body) if pool else "on-demand")
             if fault is not None:
                 raise self._request_fault(fault, key, pool.body if pool else {"name": name})
-            if pool is None:
-                raise ApiError(
-                    404,
-                    "NOT_FOUND",
-                    (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
-                )
+            pool = self._existing_pool(key, name, pool)
             self._refuse_while_running(key, name)
             self._busy_check(key)
             pool.status = "STOPPING"
             return self._new_operation("DELETE_NODE_POOL", key, name).to_json()
+
+    def _existing_pool(self, key: tuple[str, str, str], name: str, pool: _Pool | None = None) -> _Pool:
+        """The pool `name` of cluster `key` (`pool`: already looked up), or GKE's 404."""
+        pool = pool or self._pools.get((*key, name))
+        if pool is None:
+            project, location, cluster = key
+            raise ApiError(
+                404,
+                "NOT_FOUND",
+                f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}.",
+            )
+        return pool
 
     def _refuse_while_running(self, key: tuple[str, str, str], name: str) -> None:
         """GKE runs one operation at a time on a node pool."""
@@ -778,13 +785,7 @@ class GKEApiStandin:
         with self._lock:
             self._tick()
             key = self._cluster(project, location, cluster)
-            pool = self._pools.get((*key, name))
-            if pool is None:
-                raise ApiError(
-                    404,
-                    "NOT_FOUND",
-                    (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
-                )
+            pool = self._existing_pool(key, name)
             self._refuse_while_running(key, name)
             if pool.status != "RUNNING":
                 raise ApiError(
@@ -801,14 +802,7 @@ class GKEApiStandin:
         with self._lock:
             self._tick()
             key = self._cluster(project, location, cluster)
-            pool = self._pools.get((*key, name))
-            if pool is None:
-                raise ApiError(
-                    404,
-                    "NOT_FOUND",
-                    (f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
-                )
-            return pool.to_json()
+            return self._existing_pool(key, name).to_json()
 
     def list_node_pools(self, project: str, location: str, cluster: str) -> dict[str, Any]:
         with self._lock:
