@@ -226,7 +226,11 @@ def build_pipeline_dag(
             task_id="deploy", cluster=cluster, serve_config=serve_cfg, serve_slice=SERVE_SLICE
         )
         _, report = smoke_test_and_report(run_dir, evaluate, deploy)
-        stop = LocalStopRecordingSpanOperator(task_id="stop_cluster", cluster=cluster, keep=KEEP_ENDPOINT)
+        # Not start.output: a start task that failed after its cluster came up pushed no XCom, and the
+        # teardown must still find that cluster (by its deterministic name when the pull is empty).
+        stop = LocalStopRecordingSpanOperator(
+            task_id="stop_cluster", cluster="{{ ti.xcom_pull(task_ids='start_cluster') }}", keep=KEEP_ENDPOINT
+        )
         release = ReleaseSliceOperator(task_id="release_slice")
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
         guard = ChipBudgetGuardOperator(
@@ -245,7 +249,9 @@ def build_pipeline_dag(
         [lease, guard] >> start >> prep
         evaluate >> serve_cfg >> deploy
         report >> stop >> [release, ledger]
-        stop.as_teardown(setups=start)
-        release.as_teardown(setups=lease)
-        ledger.as_teardown(setups=start)
+        # check_params is a setup of each teardown too, as in the GKE DAG: a teardown runs when one of its
+        # setups succeeded, and a start (or lease) task that failed after its work still left something.
+        stop.as_teardown(setups=[checked, start])
+        release.as_teardown(setups=[checked, lease])
+        ledger.as_teardown(setups=[checked, start])
     return dag

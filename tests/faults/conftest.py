@@ -10,7 +10,7 @@ from faults.matrix import OUTCOMES
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not OUTCOMES:
         return
-    terminalreporter.section("fault matrix (tpu_llm_pipeline_gke on the stand-ins)")
+    terminalreporter.section("fault matrix (tpu_llm_pipeline_gke on the stand-ins, tpu_llm_pipeline_local)")
     for outcome in OUTCOMES:
         terminalreporter.write_line(outcome.row())
     leaked = sum(o.leaked for o in OUTCOMES)

@@ -43,6 +43,7 @@ class FaultCase:
     launcher: Callable[[], FakeRayLauncher] = FakeRayLauncher
     ci: bool = False
     patch_dag: Callable[[Any], None] | None = None  # changes a task of the loaded DAG
+    pipeline = "gke"
 
     @property
     def id(self) -> str:
@@ -51,7 +52,7 @@ class FaultCase:
 
 @dataclass
 class Outcome:
-    case: FaultCase
+    case: Any  # a FaultCase here, a LocalFaultCase (tests/faults/local_matrix.py)
     stage_state: str
     leftovers: dict[str, int] = field(default_factory=dict)
     duplicates: dict[str, int] = field(default_factory=dict)
@@ -73,7 +74,8 @@ class Outcome:
         left = ", ".join(f"{k} {v}" for k, v in self.leftovers.items() if v) or "-"
         dup = ", ".join(f"{k} {v}" for k, v in self.duplicates.items() if v) or "-"
         verdict = "recovered" if self.recovered else f"stage {self.stage_state}"
-        return f"{self.case.stage:<20} {self.case.fault:<28} {verdict:<20} leaked: {left:<16} duplicated: {dup}"
+        stage = f"{self.case.pipeline}: {self.case.stage}"
+        return f"{stage:<25} {self.case.fault:<28} {verdict:<20} leaked: {left:<16} duplicated: {dup}"
 
 
 OUTCOMES: list[Outcome] = []  # every case run in this session, for the report
@@ -112,7 +114,12 @@ def _leftovers(gke: GKEApiStandin, kube: KubeRayStandin, launcher: FakeRayLaunch
             "ray_clusters_running": sum(1 for handle in launcher.launched if not handle.stopped),
         }
 
-    deadline = time.monotonic() + 30
+    return settled(count)
+
+
+def settled(count: Callable[[], dict[str, int]], timeout: float = 30.0) -> dict[str, int]:
+    """What `count` says once nothing is left, or after `timeout` (teardowns finish asynchronously)."""
+    deadline = time.monotonic() + timeout
     left = count()
     while any(left.values()) and time.monotonic() < deadline:
         time.sleep(0.5)
