@@ -68,7 +68,11 @@ def test_tokenizer_vocab_and_errors() -> None:
     with pytest.raises(data.TokenizeError, match="outside"):
         data.encode_prompt("1-2=", spec)
     with pytest.raises(data.TokenizeError, match="longer"):
-        data.encode_prompt("100+100=", spec)
+        data.encode_prompt("1+2+3+4=", spec)
+    # a problem this model never saw, even one that fits the prompt's length, is refused, not answered
+    for prompt in ("100+100=", "120+7="):
+        with pytest.raises(data.TokenizeError, match="at most 2 digits"):
+            data.encode_prompt(prompt, spec)
     with pytest.raises(ValueError):
         data.TaskSpec(4)
     with pytest.raises(ValueError):

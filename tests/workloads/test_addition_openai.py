@@ -142,6 +142,7 @@ def test_streamed_chat_chunks(client: openai.OpenAI, http: TestClient) -> None:
             "does not exist",
         ),
         ("/v1/completions", {"model": MODEL, "prompt": "1-1="}, 400, "prompt", "outside"),
+        ("/v1/completions", {"model": MODEL, "prompt": "120+7="}, 400, "prompt", "at most 2 digits"),
         ("/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt", "empty"),
         ("/v1/completions", {"model": MODEL, "prompt": "1+1=", "max_tokens": -1}, 400, "max_tokens", "greater"),
         ("/v1/completions", {"model": MODEL, "prompt": "1+1=", "n": 17}, 400, "n", "less than"),

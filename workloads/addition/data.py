@@ -114,6 +114,11 @@ def answer_text(ids: np.ndarray | list[int]) -> str:
 
 def encode_prompt(prompt: str, spec: TaskSpec) -> np.ndarray:
     """Token ids of a prompt such as "17+25=" (or "3+4=", encoded as "03+04=")."""
+    m = _PROBLEM.fullmatch(prompt)
+    if m is not None and max(len(m[1]), len(m[2])) > spec.digits:
+        # It would fit the prompt's length ("120+7=") but the model never saw such a problem: refuse it
+        # rather than answer it wrongly.
+        raise TokenizeError(f"prompt {prompt!r}: this model adds numbers of at most {spec.digits} digits")
     prompt = canonical_prompt(prompt, spec)
     if len(prompt) > spec.prompt_len:
         raise TokenizeError(f"prompt {prompt!r} is longer than {spec.prompt_len} characters")
