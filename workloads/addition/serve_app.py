@@ -74,15 +74,13 @@ def _multi_host(tpu: dict[str, Any]) -> bool:
     return chips > int(tpu["chips_per_host"])
 
 
-def _warm_batch_sizes(complete: Any, max_batch_size: int) -> list[int]:
+def _warm_batch_sizes(complete: Any, max_batch_size: int) -> None:
     """Run each batch size batching can bring (openai_api.forward_batch pads a batch to a power of two
     rows) once, so that a jitted forward compiles them now rather than stalling live requests."""
-    sizes, size = [], 2
+    size = 2
     while size < 2 * max_batch_size:
         complete(["0+0="] * size, max_new_tokens=1)  # one decode step: the forward of that shape
-        sizes.append(size)
         size *= 2
-    return sizes
 
 
 # Above the deployment: @serve.deployment pickles the class (with the globals its methods use) when
