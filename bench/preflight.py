@@ -79,7 +79,7 @@ def _measure_on(ctx: Context, num_slices: int, repeats: int) -> list[Result]:
 
 @measure("preflight_seconds")
 def preflight_seconds(ctx: Context) -> list[Result]:
-    rows = _measure_on(ctx, 1, 1 if ctx.quick else 3)
+    rows = _measure_on(ctx, 1, 1 if ctx.quick else 2)
     if not ctx.quick:
-        rows += _measure_on(ctx, 2, 3)
+        rows += _measure_on(ctx, 2, 2)
     return rows

@@ -101,7 +101,7 @@ def _quiet_trigger(trigger: Any, log_path: str) -> Any:
 def log_stream_cost(ctx: Context) -> list[Result]:
     from tpuflow.rayjob.triggers import RayJobTrigger
 
-    mb, tail_s = 50, (8 if ctx.quick else 20)
+    mb, tail_s = 50, (8 if ctx.quick else 12)
     hook = ctx.hook()
     sid = f"bench-loud-{time.time_ns() % 10**12}"
     hook.submit_job(f"python loud.py {mb} {tail_s}", sid, runtime_env={"working_dir": str(JOBS)})
@@ -163,7 +163,7 @@ def triggerer_lag_p99_ms(ctx: Context) -> list[Result]:
     from tpuflow.rayjob.triggers import RayJobTrigger
 
     waits, n_jobs = 200, (4 if ctx.quick else 8)
-    base_s, load_s = (8, 20) if ctx.quick else (15, 45)
+    base_s, load_s = (8, 20) if ctx.quick else (10, 30)
     hook = ctx.hook()
     sids = []
     for i in range(n_jobs):

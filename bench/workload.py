@@ -104,7 +104,7 @@ def _steady(ms: list[float]) -> float | None:
 @measure("train_step_ratio")
 def train_step_ratio(ctx: Context) -> list[Result]:
     data = ctx.data()
-    workers, steps, log_every = 2, (150 if ctx.quick else 400), 25
+    workers, steps, log_every = 2, (150 if ctx.quick else 300), 25
     rows = []
     for fw in ("jax", "torch"):
         spec = {
@@ -151,7 +151,7 @@ def input_feed_overhead(ctx: Context) -> list[Result]:
     from tpuflow.rayjob.hooks import parse_result
 
     data = ctx.data()
-    steps = 150 if ctx.quick else 400
+    steps = 150 if ctx.quick else 300
     _, logs = ctx.run_job(f"python {JOBS / 'feed.py'} {data['train']} {steps}", name="feed")
     res = parse_result(logs)
     ray_ms, pre_ms = median(res["ray_data_ms"][3:]), median(res["preloaded_ms"][3:])

@@ -1,5 +1,6 @@
-"""Shared fixtures: a real embedded Ray cluster simulating two v6e 2x4 slices (started once), and
-task contexts for running operators without a scheduler. Helpers live in the package tests/support."""
+"""Shared fixtures: a real embedded Ray cluster simulating two v6e 2x4 slices (started once), a real local
+Airflow (started once, for tests/airflow_services and the fault matrix's Airflow rows), and task contexts for
+running operators without a scheduler. Helpers live in the package tests/support."""
 
 from __future__ import annotations
 
@@ -54,6 +55,24 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     finally:
         assert emulator.stop(), "the emulator died during the session"
         assert not emulator.is_alive()
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real local Airflow (api-server, scheduler, dag-processor, triggerer), as `tpuflow airflow up` starts it,
+    with the project's DAGs and tests/airflow_services/dags; the session fails if any of its processes outlive
+    its stop (support.real_airflow.running_airflow)."""
+    from support.real_airflow import running_airflow
+
+    base = tmp_path_factory.mktemp("real-airflow")
+    extra = sorted((Path(__file__).parent / "airflow_services" / "dags").glob("*.py"))
+    with running_airflow(base, extra, ["tpu_llm_pipeline_local", "tpuflow_slice_lease_probe"]) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="session")
+def api(services: Any) -> Any:
+    return services.api()
 
 
 @pytest.fixture(scope="session")

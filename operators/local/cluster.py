@@ -13,6 +13,7 @@ touches only its own processes, so we track process groups ourselves.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ from tpuflow.tpu import TpuSlice
 
 STATE_FILE = "state.json"
 TOKEN_FILE = "auth_token"
+CLUSTER_ENV = "TPUFLOW_LOCAL_CLUSTER"  # in every cluster process's environment: the cluster's temp dir
 # Memory a simulated host needs (raylet, agents, one JAX/torch worker); refuse to start
 # a slice the machine cannot hold instead of letting the OOM killer pick processes.
 _HOST_MEMORY_BYTES = 700 * 1024 * 1024
@@ -118,6 +120,9 @@ class LocalRayCluster:
     # left running on purpose (keep_endpoint; a kept RayService's tpuflow-kept label): the reaper leaves it
     # while its processes live, whatever its run's state; `tpuflow local down` stops it
     kept: bool = False
+    # False while start() is still bringing nodes up (the state is saved as each node spawns, so what a
+    # start killed half-way spawned stays findable): a retry stops such a cluster rather than adopting it
+    complete: bool = True
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -144,7 +149,7 @@ class LocalRayCluster:
         if adopt and (state_dir / STATE_FILE).exists():
             existing = cls.load(state_dir)
             wanted = tpu.to_dict() if tpu else None
-            if existing.is_alive():
+            if existing.complete and existing.is_alive():
                 if existing.slice != wanted:
                     raise UserInputError(
                         "name",
@@ -180,7 +185,9 @@ class LocalRayCluster:
             started_at=time.time(),
             host_cpus=host_cpus,
             expires_at=expires_at,
+            complete=False,
         )
+        cluster.save()
         base_env = cluster._base_env(tpu, env)
         try:
             cluster._start_head(head_cpus, base_env, timeout)
@@ -192,6 +199,7 @@ class LocalRayCluster:
         except BaseException:
             cluster.stop()
             raise
+        cluster.complete = True
         cluster.save()
         return cluster
 
@@ -371,6 +379,10 @@ class LocalRayCluster:
                 "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
                 "RAY_USAGE_STATS_ENABLED": "0",
+                # Every process of the cluster inherits it, Ray's workers too (they leave the nodes' process
+                # groups and rename themselves ray::..., so no command line names the temp dir): stop() finds
+                # them by it rather than returning while they still exit.
+                CLUSTER_ENV: self.temp_dir,
                 # Several nodes booting at once on 2 cores can exceed the default 30 s registration wait,
                 # and on a loaded machine (load 20 on 2 cores) a head needs about 3 minutes.
                 "RAY_raylet_start_wait_time_s": str(int(120 * _load_factor())),
@@ -636,10 +648,12 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _pids_referencing(marker: str) -> list[int]:
-    """Pids whose command line names the path `marker` (our unique temp dir) or a path under it."""
+    """Pids whose command line names the path `marker` (our unique temp dir) or a path under it, or whose
+    environment has CLUSTER_ENV=`marker` (a cluster's Ray workers)."""
     found = []
     me = os.getpid()
     want = marker.rstrip("/").encode()
+    env_entry = f"{CLUSTER_ENV}={marker}".encode()
     for pid in _all_pids():
         if pid == me:
             continue
@@ -647,6 +661,10 @@ def _pids_referencing(marker: str) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
+        with contextlib.suppress(OSError):  # another user's process: its environment is not ours to read
+            if env_entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+                continue
         at = cmdline.find(want)
         while at >= 0:
             after = cmdline[at + len(want) : at + len(want) + 1]

@@ -57,9 +57,15 @@ class Outcome:
     leftovers: dict[str, int] = field(default_factory=dict)
     duplicates: dict[str, int] = field(default_factory=dict)
     made: dict[str, int] = field(default_factory=dict)  # node pools and RayClusters the run created
+    # the run's end state where the case is judged by the whole run (the real-Airflow rows: a task marked
+    # success is not a recovery), or "reaped" where `tpuflow reap` cleaned up after a deleted run
+    run_state: str | None = None
+    explanation: str = ""  # task states and failed tasks' logs, for an assertion message
 
     @property
     def recovered(self) -> bool:
+        if self.run_state is not None:
+            return self.run_state == "success"
         return self.stage_state == "success"
 
     @property
@@ -73,9 +79,14 @@ class Outcome:
     def row(self) -> str:
         left = ", ".join(f"{k} {v}" for k, v in self.leftovers.items() if v) or "-"
         dup = ", ".join(f"{k} {v}" for k, v in self.duplicates.items() if v) or "-"
-        verdict = "recovered" if self.recovered else f"stage {self.stage_state}"
+        if self.recovered:
+            verdict = "recovered"
+        elif self.run_state == "reaped":
+            verdict = "reaped (tpuflow reap)"
+        else:
+            verdict = f"run {self.run_state}" if self.run_state else f"stage {self.stage_state}"
         stage = f"{self.case.pipeline}: {self.case.stage}"
-        return f"{stage:<25} {self.case.fault:<28} {verdict:<20} leaked: {left:<16} duplicated: {dup}"
+        return f"{stage:<25} {self.case.fault:<28} {verdict:<22} leaked: {left:<16} duplicated: {dup}"
 
 
 OUTCOMES: list[Outcome] = []  # every case run in this session, for the report

@@ -1,9 +1,10 @@
-"""Each (stage, fault) of the GKE pipeline on the stand-ins, and of the local pipeline on real local Ray
-clusters: the stage recovers where the fault is transient, fails with a reason where it is not, and
-either way the run leaves nothing behind and makes nothing twice.
+"""Each (stage, fault) of the GKE pipeline on the stand-ins, of the local pipeline on real local Ray
+clusters, and of the local pipeline in a running Airflow (REST API, triggerer, scheduler): the stage recovers
+where the fault is transient, fails with a reason where it is not, and either way the run leaves nothing
+behind and makes nothing twice (a deleted run: once `tpuflow reap` ran).
 
 `make test` runs one case of each kind; `make faults` runs them all (tests/faults/matrix.py,
-tests/faults/local_matrix.py)."""
+tests/faults/local_matrix.py, tests/faults/airflow_matrix.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from faults.airflow_matrix import RUN_TIMEOUT, AirflowFaultCase, airflow_case_params, run_airflow_case
 from faults.local_matrix import LocalFaultCase, local_case_params, run_local_case
 from faults.matrix import OUTCOMES, FaultCase, case_params, run_case
 
@@ -46,3 +48,22 @@ def test_local_fault_leaves_nothing_behind(
     assert not outcome.duplicated, outcome.row()
     assert outcome.recovered == case.recovers, outcome.row()
     assert outcome.made["local_clusters"] == 1, (outcome.row(), outcome.made)  # it ran: the fault hit real work
+
+
+@pytest.fixture(scope="module")
+def unpaused_pipeline(api: Any) -> None:
+    from support.real_airflow import PIPELINE
+
+    api.patch(f"/dags/{PIPELINE}", json={"is_paused": False}).raise_for_status()
+
+
+@pytest.mark.parametrize("case", airflow_case_params())
+@pytest.mark.timeout(RUN_TIMEOUT + 900)  # one pipeline run, a service restart or the reaper
+def test_airflow_fault_leaves_nothing_behind(
+    case: AirflowFaultCase, services: Any, api: Any, unpaused_pipeline: None
+) -> None:
+    outcome = run_airflow_case(case, services, api)
+    OUTCOMES.append(outcome)
+    assert not outcome.leaked, f"{outcome.row()}\n{outcome.explanation}"
+    assert not outcome.duplicated, f"{outcome.row()}\n{outcome.explanation}"
+    assert outcome.recovered == case.recovers, f"{outcome.row()}\n{outcome.explanation}"

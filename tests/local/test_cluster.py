@@ -115,3 +115,69 @@ def test_a_long_cluster_names_slices_stay_valid_ray_label_values() -> None:
     for name in [*names, other]:
         assert len(name) <= 63 and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", name), name
     assert len({*names, other}) == 4 and all(n.startswith("default-tpu-llm-pipeline") for n in names)
+
+
+def test_a_start_killed_half_way_is_stopped_by_the_next_start_not_adopted(tmp_path: Path) -> None:
+    """A task SIGKILLed while its cluster was starting (head up, hosts not yet): its retry must not adopt the
+    half-started cluster, and nothing the killed start spawned may outlive the retry's cluster."""
+    import os
+    import signal
+    import time
+
+    starter = (
+        "import sys; from tpuflow.local.cluster import LocalRayCluster; from tpuflow.tpu import TpuSlice; "
+        "LocalRayCluster.start(TpuSlice.from_spec('TPU-V6E', '2x4', 'ct6e-standard-4t'), 'half', sys.argv[1], timeout=300)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", starter, str(tmp_path)])
+    state_file = tmp_path / "half" / cluster_mod.STATE_FILE
+    deadline = time.time() + 300
+    while time.time() < deadline:  # the head is up and the first host is starting: kill the starter there
+        if state_file.exists() and sum(n["role"] == "tpu-host" for n in json.loads(state_file.read_text())["nodes"]):
+            break
+        assert proc.poll() is None, "the start ended before it could be killed"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    half = LocalRayCluster.load(tmp_path / "half")
+    assert not half.complete and half.is_alive(), "the killed start left a live, incomplete cluster behind"
+
+    retry = LocalRayCluster.start(SLICE, "half", tmp_path, timeout=300)  # two 4-chip hosts
+    try:
+        assert retry.complete and retry.temp_dir != half.temp_dir
+        assert len(retry.nodes) == 3 and all(cluster_mod._group_alive(n.pid) for n in retry.nodes)
+        assert not any(cluster_mod._group_alive(n.pid) for n in half.nodes)
+        assert _pids_referencing(half.temp_dir) == [], "processes of the killed start outlived the retry"
+    finally:
+        retry.stop()
+    assert _pids_referencing(retry.temp_dir) == []
+
+
+def test_stop_returns_only_once_every_ray_worker_is_gone(tmp_path: Path) -> None:
+    """Ray's workers (actors, idle workers) leave the nodes' process groups and name themselves ray::...; stop()
+    used to return while they were still exiting. It finds them by the cluster's marker in their environment."""
+    cluster = LocalRayCluster.start(TpuSlice.from_spec("TPU-V6E", "2x2"), "workers", tmp_path, timeout=300)
+    try:
+        hook = RayJobHook(cluster=cluster.connection_info())
+        sid = hook.submit_job(
+            entrypoint="python detached_actors.py 3",
+            submission_id="detached",
+            runtime_env={"working_dir": str(DRIVERS)},
+        )
+        import time
+
+        deadline = time.time() + 300
+        while hook.get_job_status(sid) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
+            time.sleep(1)
+        assert hook.get_job_status(sid) == "SUCCEEDED", hook.get_job_logs(sid)[-2000:]
+        workers = [p for p in _pids_referencing(cluster.temp_dir) if "ray::" in _cmdline(p)]
+        assert len([p for p in workers if "ray::Pinger" in _cmdline(p)]) == 3, workers
+    finally:
+        cluster.stop()
+    assert _pids_referencing(cluster.temp_dir) == [], "Ray workers outlived stop()"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

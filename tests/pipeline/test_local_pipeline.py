@@ -97,7 +97,8 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     assert cluster_states(tmp_path) == []
 
 
-@pytest.mark.timeout(2700)  # two demo runs
+@pytest.mark.long  # two demo runs (6 min on 2 cores); make test writes to a bucket in tests/gcs and tests/rayjob
+@pytest.mark.timeout(2700)
 def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_bucket(
     tmp_path, gcs_emulator, monkeypatch
 ):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,62 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 PIPELINE = "tpu_llm_pipeline_local"
 TERMINAL_RUN_STATES = {"success", "failed"}
+
+
+@contextmanager
+def running_airflow(base: Path, extra_dags: list[Path], wait_for: list[str]) -> Iterator[Any]:
+    """A real local Airflow (api-server, scheduler, dag-processor, triggerer) started through the same code as
+    `tpuflow airflow up`, in `base` with its own TPUFLOW_HOME (local Ray clusters, slice leases) and output root,
+    the project's DAGs and `extra_dags` in its DAGs folder. Stopped by process group at the end, with the local
+    clusters its runs left; the caller fails if any of its processes outlive that."""
+    from tpuflow.dev.airflow_services import AirflowServices
+
+    dags = base / "dags"
+    dags.mkdir()
+    for dag_file in [*(REPO / "dags").glob("*.py"), *extra_dags]:
+        (dags / dag_file.name).symlink_to(dag_file)
+    tpuflow_home = base / "tpuflow-home"
+    extra = {
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "TPUFLOW_HOME": str(tpuflow_home),
+        "TPUFLOW_OUTPUT_ROOT": str(base / "outputs"),
+        "TPUFLOW_PROBE_LEASES": str(base / "probe" / "leases"),
+        "JAX_PLATFORMS": "cpu",
+    }
+    started = time.time()
+    svc = AirflowServices.start(base / "airflow", use_schedule=False, extra_env=extra, timeout=300)
+    try:
+        svc.wait_for_dags(wait_for)
+        print(f"\nreal Airflow up, DAGs parsed, in {time.time() - started:.0f}s at {svc.url}")
+        yield svc
+    finally:
+        svc.stop()
+        stop_local_clusters(tpuflow_home / "clusters")
+        leftovers = processes_with_env("AIRFLOW_HOME", str(svc.home))
+        assert leftovers == [], f"processes of the test Airflow outlived stop(): {leftovers}"
+
+
+def stop_local_clusters(base: Path) -> None:
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
+
+    for state in base.glob(f"*/{STATE_FILE}"):
+        LocalRayCluster.load(state.parent).stop()
+
+
+def processes_with_env(key: str, value: str) -> list[str]:
+    """'pid: command line' of each process (not this one) whose environment has key=value."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name}: {cmdline[:200]}")
+        except OSError:
+            continue
+    return found
 
 
 def wait_for_runs(api: Any, dag_id: str, run_ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
