@@ -172,8 +172,9 @@ class Context:
     Everything started here is stopped by `close()` (the cluster by its own pids, never `ray stop`).
     """
 
-    def __init__(self, quick: bool, results_dir: Path) -> None:
+    def __init__(self, quick: bool, results_dir: Path, *, profile: bool = False) -> None:
         self.quick = quick
+        self.profile = profile  # the measures' optional profiles (--profile)
         self.results_dir = results_dir
         # short: Ray's unix socket paths under temp dirs are length-limited
         self.work = Path(tempfile.mkdtemp(prefix="tpb-", dir="/tmp"))

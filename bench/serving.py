@@ -320,7 +320,7 @@ def serve_rows(
 def _sizes(quick: bool) -> tuple[int, float, float, int]:
     """(sequential requests per endpoint, seconds per requests/s window, warm-up seconds, windows per client
     count and endpoint)."""
-    return (100, 3.0, 2.0, 2) if quick else (300, 4.0, 3.0, 2)
+    return (100, 3.0, 2.0, 2) if quick else (200, 3.0, 2.0, 2)
 
 
 @measure("serve_overhead_p50_ms", produces=("serve_rps_32", "serve_batched_rps_32"))

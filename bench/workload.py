@@ -51,9 +51,9 @@ def eval_examples_per_s(ctx: Context) -> list[Result]:
     result = parse_result(logs)
     job_s = (info["end_time"] - info["start_time"]) / 1000
     n = int(result["n"])
-    # where the job's time goes: the same entrypoint under cProfile (driver side), full set only
+    # where the job's time goes: the same entrypoint under cProfile (driver side), with --profile
     where: dict[str, float] = {}
-    if not ctx.quick:
+    if ctx.profile:
         prof = ctx.work / "eval.prof"
         ctx.run_job(f"python -m cProfile -o {prof} -m addition.evaluate --checkpoint {ckpt} --framework jax "
                     f"--data {data['heldout']}", name="eval-prof")  # fmt: skip
@@ -104,7 +104,7 @@ def _steady(ms: list[float]) -> float | None:
 @measure("train_step_ratio")
 def train_step_ratio(ctx: Context) -> list[Result]:
     data = ctx.data()
-    workers, steps, log_every = 2, (150 if ctx.quick else 300), 25
+    workers, steps, log_every = 2, (150 if ctx.quick else 400), 25
     rows = []
     for fw in ("jax", "torch"):
         spec = {
