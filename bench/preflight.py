@@ -81,4 +81,4 @@ def _measure_on(ctx: Context, slice_counts: tuple[int, ...], repeats: int) -> li
 
 @measure("preflight_seconds")
 def preflight_seconds(ctx: Context) -> list[Result]:
-    return _measure_on(ctx, (1,) if ctx.quick else (1, 2), 1 if ctx.quick else 2)
+    return _measure_on(ctx, (1,) if ctx.quick else (1, 2), 1)

@@ -163,7 +163,7 @@ def triggerer_lag_p99_ms(ctx: Context) -> list[Result]:
     from tpuflow.rayjob.triggers import RayJobTrigger
 
     waits, n_jobs = 200, (4 if ctx.quick else 8)
-    base_s, load_s = (8, 20) if ctx.quick else (10, 30)
+    base_s, load_s = (6, 20) if ctx.quick else (6, 30)
     hook = ctx.hook()
     sids = []
     for i in range(n_jobs):
