@@ -64,6 +64,8 @@ def test_airflow_fault_leaves_nothing_behind(
 ) -> None:
     outcome = run_airflow_case(case, services, api)
     OUTCOMES.append(outcome)
+    if case.reaped:  # nothing of the run tore down: the reaper found its cluster and its lease
+        assert outcome.made == {"local_cluster": 1, "lease": 1}, f"{outcome.row()}\n{outcome.explanation}"
     assert not outcome.leaked, f"{outcome.row()}\n{outcome.explanation}"
     assert not outcome.duplicated, f"{outcome.row()}\n{outcome.explanation}"
     assert outcome.recovered == case.recovers, f"{outcome.row()}\n{outcome.explanation}"
