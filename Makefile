@@ -9,12 +9,13 @@ STAMP := $(VENV)/.tpuflow-installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The lock pins every transitive version; torch is installed with pip, which takes the
-# CPU wheel from the machine's find-links folder where there is one.
+# The lock pins every transitive version. torch: the CPU wheel from the machine's find-links folder
+# where pip's config names one (uv, seconds; pip took about a minute to unpack it), else pip with
+# pip's own config (uv alone would take PyPI's CUDA build).
 $(STAMP): $(BIN)/python requirements.lock pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/uv pip install --python $(BIN)/python --compile-bytecode $(UV_FIND_LINKS) -r requirements.lock
-	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(if $(UV_FIND_LINKS),$(BIN)/uv pip install --python $(BIN)/python $(UV_FIND_LINKS) "torch==2.13.0",$(BIN)/python -m pip install -q "torch==2.13.0")
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
 	touch $(STAMP)
 
