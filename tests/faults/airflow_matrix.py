@@ -27,17 +27,9 @@ from typing import Any
 import pytest
 from support.real_airflow import PIPELINE, TERMINAL_RUN_STATES, explain, task_instances
 
+from faults.local_matrix import CONF  # a one-host slice, a short training, no accuracy gate
 from faults.matrix import Outcome, settled
 
-# A one-host slice and a short training without the accuracy gate: what a case measures is the fault's bill.
-CONF = {
-    "topology": "2x2",
-    "accelerator": "TPU-V6E",
-    "framework": "jax",
-    "train_steps": 300,
-    "num_train": 3000,
-    "accuracy_threshold": 0,
-}
 RUN_TIMEOUT = 900.0
 FROZEN_S = 30.0  # how long the dashboard stays unreachable
 
