@@ -53,6 +53,7 @@ class _NodePoolOperatorBase(BaseOperator):
         retry_backoff: float = 30.0,
         max_backoff: float = 600.0,
         max_busy_retries: int = 30,
+        operation_timeout: float = 3600.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -66,6 +67,7 @@ class _NodePoolOperatorBase(BaseOperator):
         self.retry_backoff = retry_backoff
         self.max_backoff = max_backoff
         self.max_busy_retries = max_busy_retries
+        self.operation_timeout = operation_timeout
         # What on_kill cleans up, set once the loop knows it: (hook, owned pools as in _owned_pools).
         self._kill_with: tuple[GKENodePoolHook, dict[str, Any]] | None = None
 
@@ -78,7 +80,7 @@ class _NodePoolOperatorBase(BaseOperator):
         from tpuflow.validation import check_count, check_seconds
 
         # Never templated: checked whatever the other arguments are.
-        for field in ("poll_interval", "retry_backoff", "max_backoff"):
+        for field in ("poll_interval", "retry_backoff", "max_backoff", "operation_timeout"):
             check_seconds(field, getattr(self, field))
         check_count("max_busy_retries", self.max_busy_retries, minimum=0)
         if not is_templated(*(getattr(self, name) for name in self._checked_fields)):
@@ -93,6 +95,7 @@ class _NodePoolOperatorBase(BaseOperator):
             backoff=float(self.retry_backoff),
             max_backoff=float(self.max_backoff),
             max_busy_retries=int(self.max_busy_retries),
+            operation_timeout=float(self.operation_timeout),
             **extra,
         )
 
@@ -168,6 +171,7 @@ class _NodePoolOperatorBase(BaseOperator):
                 poll_interval=self.poll_interval,
                 resume=resume,
                 delete_on_kill=delete_on_kill,
+                operation_timeout=float(self.operation_timeout),
             )
         self.defer(trigger=trigger, method_name="execute_complete")
 
@@ -204,6 +208,8 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
     :param max_backoff: longest wait (seconds) between retries.
     :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
+    :param operation_timeout: seconds a GKE operation on the pool may run (counted from its start) before the
+        task stops waiting and fails, naming the operation (default one hour; a TPU pool create takes minutes).
     :param accelerator: TPU generation, in any of its names (``v6e``, ``TPU-V6E``, ``tpu-v6e-slice``).
     :param topology: the slice's shape, e.g. ``4x4`` or ``2x2x2`` (not a chip count).
     :param machine_type: only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``.
@@ -450,6 +456,8 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
     :param max_backoff: longest wait (seconds) between retries.
     :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
+    :param operation_timeout: seconds a GKE operation on the pool may run (counted from its start) before the
+        task stops waiting and fails, naming the operation (default one hour; a TPU pool create takes minutes).
     :param node_pool_name: a pool name or a list of them, e.g. the create task's ``node_pool_names`` XCom.
     :param created_by_task_id: the create task whose pools to delete (instead of ``node_pool_name``).
 

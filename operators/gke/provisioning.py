@@ -44,6 +44,7 @@ class RetryPolicy:
     max_backoff: float = 600.0
     stockout_retries: int = 2  # extra tries of the last capacity choice after a stockout
     max_busy_retries: int = 30  # waits on "too many operations" / transient errors
+    operation_timeout: float | None = None  # seconds an operation may run before its wait gives up
 
     def delay(self, attempt: int) -> float:
         return float(min(self.backoff * 2 ** max(attempt - 1, 0), self.max_backoff))
@@ -465,7 +466,15 @@ def run_to_completion(loop: _Loop, progress: Progress) -> dict[str, Any]:
         async def get_operation(name: str = name) -> Any:
             return loop.hook.get_operation(name, project_id=loop.project_id)
 
-        event = asyncio.run(wait_for_operation(get_operation, name, poll_interval=loop.policy.poll_interval, log=log))
+        event = asyncio.run(
+            wait_for_operation(
+                get_operation,
+                name,
+                poll_interval=loop.policy.poll_interval,
+                log=log,
+                timeout=loop.policy.operation_timeout,
+            )
+        )
         raise_for_event(event, f"waiting to {step.action} node pool {step.pool}")
         finished = (step, loop.hook.get_operation(name, project_id=loop.project_id))
 

@@ -1,6 +1,6 @@
 """Deferral triggers for the node pool operators (tpuflow.triggers.TpuflowTrigger; tpuflow.events shape).
 
-``GKENodePoolOperationTrigger`` polls a GKE operation until DONE, like the google provider's
+``GKENodePoolOperationTrigger`` polls a GKE operation until DONE (or its ``operation_timeout``), like the google provider's
 GKEOperationTrigger, through our async hook, which honours the connection's endpoint/transport
 extras. It reports success on DONE without looking at ``operation.error``; the operator's
 execute_complete fetches the finished operation and checks it. The waits themselves are the
@@ -104,6 +104,8 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
 
     The event carries ``resume`` (the operator's progress) and, on success, ``operation_name``.
     ``delete_on_kill``: what on_kill deletes (None: nothing, e.g. ``on_kill_action="keep"``).
+    ``operation_timeout``: seconds the operation may run (from its startTime) before the event is a timeout;
+    None (triggers serialised by earlier versions): no deadline.
     ``use_dns_endpoint`` is accepted from triggers serialised by earlier versions and not used.
     """
 
@@ -116,6 +118,7 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
         "poll_interval",
         "resume",
         "delete_on_kill",
+        "operation_timeout",
     )
 
     def __init__(
@@ -128,6 +131,7 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
         poll_interval: float = 10.0,
         resume: dict[str, Any] | None = None,
         delete_on_kill: dict[str, Any] | None = None,
+        operation_timeout: float | None = None,
         use_dns_endpoint: bool = False,
     ) -> None:
         super().__init__()
@@ -141,6 +145,7 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
         self.poll_interval = float(poll_interval)
         self.resume = resume or {}
         self.delete_on_kill = delete_on_kill
+        self.operation_timeout = None if operation_timeout is None else float(operation_timeout)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = GKENodePoolAsyncHook(
@@ -151,6 +156,7 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
             self.operation_name,
             poll_interval=self.poll_interval,
             log=self.log,
+            timeout=self.operation_timeout,
         )
         yield TriggerEvent({**event, "resume": self.resume})
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import cmdline
 from support.real_airflow import PIPELINE, TERMINAL_RUN_STATES, explain, task_instances
 
 from faults.local_matrix import CONF  # a one-host slice, a short training, no accuracy gate
@@ -123,7 +124,7 @@ def _freeze_dashboard(d: Drill) -> None:
     from tpuflow.local.cluster import _pids_referencing
 
     cluster = d.cluster()
-    pids = [p for p in _pids_referencing(cluster.temp_dir) if b"dashboard/dashboard.py" in _cmdline(p)]
+    pids = [p for p in _pids_referencing(cluster.temp_dir) if "dashboard/dashboard.py" in cmdline(p)]
     assert pids, "no dashboard process found for the run's cluster"
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -132,13 +133,6 @@ def _freeze_dashboard(d: Drill) -> None:
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 AIRFLOW_CASES: list[AirflowFaultCase] = [
@@ -233,7 +227,7 @@ def _duplicated_jobs(d: Drill, run: dict[str, Any]) -> int:
 
 
 def _leftovers(home: Path) -> dict[str, int]:
-    from support.real_airflow import processes_with_env
+    from support.processes import processes_with_env
 
     def count() -> dict[str, int]:
         ray = [p for p in processes_with_env("TPUFLOW_HOME", str(home)) if re.search(r"ray|gcs_server|raylet", p)]

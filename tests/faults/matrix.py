@@ -1,8 +1,8 @@
 """The fault matrix: one run of `tpu_llm_pipeline_gke` on the stand-ins per (stage, fault), and the bill of
 what each run left behind.
 
-A case queues its fault in the stand-ins before the run (a GKE API error, a Kubernetes API error, a Ray
-head that cannot start, a quota too small for the slices) or makes a task raise once its work is done
+A case queues its fault in the stand-ins before the run (a GKE API error, a GKE operation that runs past
+its deadline, a Kubernetes API error, a Ray head that cannot start, a quota too small for the slices) or makes a task raise once its work is done
 (the create happened, then the task failed: its retry must adopt it and its teardown must find it);
 the run goes through dag.test() like `airflow dags test`. The simulated KubeRay
 runs no Ray (FakeRayLauncher), so every run fails at the first Ray job: what a case measures is its
@@ -208,6 +208,15 @@ def quota_below_the_slice(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
     gke.quotas.set("TPUS-PER-TPU-FAMILY-per-project-region", 4)  # the 2x4 slice needs 8 on-demand v6e chips
 
 
+def operation_timeout(task_id: str, seconds: float) -> Callable[[Any], None]:
+    """The task's GKE operation deadline, test-sized (the default is an hour)."""
+
+    def patch(dag: Any) -> None:
+        dag.get_task(task_id).operation_timeout = seconds
+
+    return patch
+
+
 def raises_after_its_work(task_id: str) -> Callable[[Any], None]:
     """The task does its work (its create happened), then raises: every try, so the run fails there."""
 
@@ -235,6 +244,24 @@ CASES: list[FaultCase] = [
     FaultCase("create_node_pool", "gke-stockout", gke_fault("stockout", times=10), recovers=False),
     FaultCase("create_node_pool", "gke-5xx-mid-create", gke_fault("internal", stage="operation"), True, ci=True),
     FaultCase("create_node_pool", "gke-quota", gke_fault("quota", times=10), recovers=False),
+    # A create running past the task's 2 s operation deadline: the try fails naming the operation (GKE cannot
+    # cancel a create). Ending within the retry's 10 s delay, the retry adopts the pool; running on past both
+    # tries, the run fails and the teardown deletes the pool once GKE ends the create.
+    FaultCase(
+        "create_node_pool",
+        "gke-operation-slow",
+        gke_fault("stuck", seconds=8.0),
+        recovers=True,
+        patch_dag=operation_timeout("create_node_pool", 2.0),
+    ),
+    FaultCase(
+        "create_node_pool",
+        "gke-operation-stuck",
+        gke_fault("stuck", seconds=30.0),
+        recovers=False,
+        patch_dag=operation_timeout("create_node_pool", 2.0),
+        ci=True,
+    ),
     FaultCase("create_ray_cluster", "k8s-429-on-create", kube_fault(429, "POST", "rayclusters", 2), True, ci=True),
     FaultCase("create_ray_cluster", "k8s-500-on-read", kube_fault(500, "GET", "rayclusters", 2), recovers=True),
     FaultCase("create_ray_cluster", "head-crash-looping", no_fault, recovers=False, launcher=crash_looping_head),

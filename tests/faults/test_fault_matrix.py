@@ -1,7 +1,9 @@
 """Each (stage, fault) of the GKE pipeline on the stand-ins, of the local pipeline on real local Ray
 clusters, and of the local pipeline in a running Airflow (REST API, triggerer, scheduler): the stage recovers
 where the fault is transient, fails with a reason where it is not, and either way the run leaves nothing
-behind and makes nothing twice (a deleted run: once `tpuflow reap` ran).
+behind and makes nothing twice (a deleted run: once `tpuflow reap` ran). In the local rows each task submits
+its Ray job once (a retry re-attaches), and the infrastructure faults (a TPU host preempted mid-training, GCS
+503/429 on the outputs' writes) must recover, a row whose fault never fired failing.
 
 `make test` runs one case of each kind; `make faults` runs them all (tests/faults/matrix.py,
 tests/faults/local_matrix.py, tests/faults/airflow_matrix.py)."""
@@ -29,7 +31,7 @@ def test_fault_leaves_nothing_behind(
     assert not outcome.leaked, outcome.row()
     assert not outcome.duplicated, outcome.row()
     assert outcome.recovered == case.recovers, outcome.row()
-    if case.patch_dag is not None:  # the task raised after its create: there was something to clean up
+    if case.patch_dag is not None:  # the task failed after its create (raised, or timed out): it made one
         made = (
             outcome.made.get("node_pools", 0)
             if case.stage.endswith("node_pool")
@@ -46,8 +48,13 @@ def test_local_fault_leaves_nothing_behind(
     OUTCOMES.append(outcome)
     assert not outcome.leaked, outcome.row()
     assert not outcome.duplicated, outcome.row()
-    assert outcome.recovered == case.recovers, outcome.row()
+    assert outcome.recovered == case.recovers, f"{outcome.row()}\n{outcome.explanation}"
     assert outcome.made["local_clusters"] == 1, (outcome.row(), outcome.made)  # it ran: the fault hit real work
+    # a retry re-attaches to its task's job, and Ray Train recovers a lost host inside its job: one job per task
+    jobs = {task: n for task, n in outcome.made.items() if task.startswith("ray_jobs:")}
+    assert set(jobs.values()) <= {1}, (outcome.row(), jobs)
+    if case.during is not None:  # a fault that never fired proves nothing
+        assert outcome.made["faults_fired"], f"{outcome.row()}\n{outcome.explanation}"
 
 
 @pytest.fixture(scope="module")

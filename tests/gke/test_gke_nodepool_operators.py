@@ -488,3 +488,45 @@ def test_a_broken_wait_fails_the_task_through_raise_for_event_and_a_good_one_res
     result = create_op(deferrable=True).execute_complete(context(), event)
     assert [p["status"] for p in gke.node_pools()] == ["RUNNING"]
     assert result["created"] == [result["node_pool_name"]]  # the progress came back in the event
+
+
+# --- a stuck operation: the wait has a deadline, counted from the operation's start ---------------------------
+def test_a_stuck_create_fails_at_operation_timeout_and_the_teardown_deletes_the_pool_once_gke_lets_it(gke):
+    queue_faults(gke, {"kind": "stuck", "seconds": 10.0})
+
+    def create_operation() -> dict[str, Any]:
+        [operation] = [o for o in gke.state()["operations"] if o["operationType"] == "CREATE_NODE_POOL"]
+        return operation
+
+    with pytest.raises(AirflowException) as err:
+        create_op(operation_timeout=1.0).execute(context())
+    operation = create_operation()
+    assert operation["status"] == "RUNNING"  # the task stopped waiting; it did not wait the create out
+    message = str(err.value)
+    assert operation["name"] in message and "longer than operation_timeout (1 s)" in message
+    assert "GKE cannot cancel it" in message
+    # A retry keeps the deadline (the operation's start), so it fails at once too, without a second create.
+    with pytest.raises(AirflowException, match="longer than operation_timeout"):
+        create_op(operation_timeout=1.0).execute(context(try_number=2))
+    assert create_operation()["status"] == "RUNNING"
+    assert len(posts(gke)) == 1 and [p["status"] for p in gke.node_pools()] == ["PROVISIONING"]
+    # The teardown waits for GKE to end the create, then deletes the pool.
+    name = operation["targetLink"].rsplit("/", 1)[-1]
+    result = delete_op(node_pool_name=name).execute(context(task_id="delete_pool"))
+    assert result["deleted"] == [name] and gke.node_pools() == []
+
+
+def test_a_deferred_wait_times_out_from_the_operations_start_and_the_task_fails_with_retries(gke):
+    import asyncio
+
+    queue_faults(gke, {"kind": "stuck", "seconds": 5.0})
+    trigger = _deferred_trigger(create_op(deferrable=True, operation_timeout=0.5), context())
+    assert trigger.operation_timeout == 0.5  # serialised with the trigger
+    event = asyncio.run(trigger.run().__anext__()).payload
+    assert event["status"] == "timeout" and "longer than operation_timeout (0.5 s)" in event["message"]
+    assert [p["status"] for p in gke.node_pools()] == ["PROVISIONING"]  # it did not wait the create out
+    with pytest.raises(AirflowException, match="waiting on GKE: timeout") as err:
+        create_op(deferrable=True, operation_timeout=0.5).execute_complete(context(), event)
+    assert not isinstance(err.value, AirflowFailException)  # a retry may find the create finished
+    [name] = _statuses(gke)
+    assert delete_op(node_pool_name=name).execute(context(task_id="delete_pool"))["deleted"] == [name]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.processes import cmdline
 from tpuflow.errors import UserInputError
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import LocalRayCluster, _pids_referencing
@@ -169,15 +170,8 @@ def test_stop_returns_only_once_every_ray_worker_is_gone(tmp_path: Path) -> None
         while hook.get_job_status(sid) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
             time.sleep(1)
         assert hook.get_job_status(sid) == "SUCCEEDED", hook.get_job_logs(sid)[-2000:]
-        workers = [p for p in _pids_referencing(cluster.temp_dir) if "ray::" in _cmdline(p)]
-        assert len([p for p in workers if "ray::Pinger" in _cmdline(p)]) == 3, workers
+        workers = [p for p in _pids_referencing(cluster.temp_dir) if "ray::" in cmdline(p)]
+        assert len([p for p in workers if "ray::Pinger" in cmdline(p)]) == 3, workers
     finally:
         cluster.stop()
     assert _pids_referencing(cluster.temp_dir) == [], "Ray workers outlived stop()"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from support.processes import processes_with_env
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -53,22 +54,6 @@ def stop_local_clusters(base: Path) -> None:
 
     for state in base.glob(f"*/{STATE_FILE}"):
         LocalRayCluster.load(state.parent).stop()
-
-
-def processes_with_env(key: str, value: str) -> list[str]:
-    """'pid: command line' of each process (not this one) whose environment has key=value."""
-    needle = f"{key}={value}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                found.append(f"{proc.name}: {cmdline[:200]}")
-        except OSError:
-            continue
-    return found
 
 
 def wait_for_runs(api: Any, dag_id: str, run_ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:

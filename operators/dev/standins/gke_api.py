@@ -30,9 +30,12 @@ Stand-in only paths (not GKE):
 
 - ``POST /_standin/faults`` ``{"faults": [{"kind": "stockout", "capacity": "spot", "times": 1}]}``
   queues errors for the next create (or ``"on": "delete"``) calls. Kinds: stockout, quota,
-  too_many_operations, permission, invalid_argument, already_exists, internal. ``stage``:
+  too_many_operations, permission, invalid_argument, already_exists, internal, stuck. ``stage``:
   ``request`` (the call is refused) or ``operation`` (the operation fails; default for stockout and
-  quota, as on GKE). ``capacity``: on-demand | spot | reservation | flex-start | queued.
+  quota, as on GKE). ``stuck`` (creates only, stage operation): the create's operation stays RUNNING for
+  ``seconds`` (default 3600), then succeeds; GKE refuses other operations on the pool meanwhile and cannot
+  cancel it (operations.cancel is for node pool upgrades only, and is not served here).
+  ``capacity``: on-demand | spot | reservation | flex-start | queued.
   ``GET`` lists pending faults, ``DELETE`` clears them.
 - ``POST /_standin/match`` ``{"nodeSelector": {...}, "nodes": 4}``: RUNNING pools whose simulated
   node labels include the selector and that have (or can scale to) that many nodes.
@@ -99,6 +102,7 @@ FAULT_KINDS = (
     "invalid_argument",
     "already_exists",
     "internal",
+    "stuck",
 )
 CAPACITY_KINDS = ("on-demand", "spot", "reservation", "flex-start", "queued")
 
@@ -427,6 +431,7 @@ class GKEApiStandin:
         times: int = 1,
         message: str | None = None,
         quota_metric: str | None = None,
+        seconds: float | None = None,
     ) -> dict[str, Any]:
         if kind not in FAULT_KINDS:
             raise ValueError(f"fault kind {kind!r}: use one of {', '.join(FAULT_KINDS)}")
@@ -434,12 +439,16 @@ class GKEApiStandin:
             raise ValueError(f"fault capacity {capacity!r}: use one of {', '.join(CAPACITY_KINDS)}")
         if on not in ("create", "delete"):
             raise ValueError(f"fault on {on!r}: use create or delete")
-        default_stage = "operation" if kind in ("stockout", "quota") and on == "create" else "request"
+        default_stage = "operation" if kind in ("stockout", "quota", "stuck") and on == "create" else "request"
         stage = stage or default_stage
         if stage not in ("request", "operation"):
             raise ValueError(f"fault stage {stage!r}: use request or operation")
         if on == "delete" and stage == "operation":
             raise ValueError("delete faults refuse the request (stage request); deletes do not fail mid-operation here")
+        if kind == "stuck" and (on, stage) != ("create", "operation"):
+            raise ValueError("a stuck fault holds a create's operation: use on create, stage operation")
+        if seconds is not None and (kind != "stuck" or not 0 <= float(seconds) < float("inf")):
+            raise ValueError(f"fault seconds {seconds!r}: only a stuck fault takes seconds, a finite number >= 0")
         fault = {
             "kind": kind,
             "capacity": capacity,
@@ -449,6 +458,8 @@ class GKEApiStandin:
             "message": message,
             "quota_metric": quota_metric,
         }
+        if kind == "stuck":
+            fault["seconds"] = 3600.0 if seconds is None else float(seconds)
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -731,9 +742,13 @@ class GKEApiStandin:
                     (f"Already exists: projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}."),
                 )
             topology = validate_node_pool(pool, self._workload_policies_for(project, location, pool))
-            failure = self._operation_failure(fault, key, pool) if fault is not None else None
+            stuck_for = fault["seconds"] if fault is not None and fault["kind"] == "stuck" else None
+            failure = self._operation_failure(fault, key, pool) if fault is not None and stuck_for is None else None
             self._pools[(*key, name)] = _Pool(key, pool, topology)
-            return self._new_operation("CREATE_NODE_POOL", key, name, failure).to_json()
+            op = self._new_operation("CREATE_NODE_POOL", key, name, failure)
+            if stuck_for is not None:
+                op.done_at = time.monotonic() + stuck_for
+            return op.to_json()
 
     def delete_node_pool(self, project: str, location: str, cluster: str, name: str) -> dict[str, Any]:
         with self._lock:
@@ -1021,7 +1036,7 @@ def _not_json(raw: bytes, err: ValueError) -> Any:
 
 
 def _fault_kwargs(item: Mapping[str, Any]) -> dict[str, Any]:
-    allowed = {"kind", "capacity", "stage", "on", "times", "message", "quota_metric"}
+    allowed = {"kind", "capacity", "stage", "on", "times", "message", "quota_metric", "seconds"}
     unknown = set(item) - allowed - {"quotaMetric"}
     if unknown:
         raise ValueError(f"unknown fault fields {sorted(unknown)}; use {sorted(allowed)}")

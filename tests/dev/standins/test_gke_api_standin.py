@@ -215,6 +215,34 @@ def test_faults_queued_over_http_fail_the_next_matching_creates(client, standin)
     wait_done(client, client.create_node_pool(parent=PARENT, node_pool=pool("od", nodes=1)))
 
 
+def test_a_stuck_create_holds_its_pool_busy_for_its_seconds_then_succeeds(client, standin):
+    call(standin, "POST", "/_standin/faults", {"kind": "stuck", "seconds": 1.0})
+    op = client.create_node_pool(parent=PARENT, node_pool=pool("slow", nodes=1))
+    time.sleep(0.5)  # longer than the stand-in's operation_seconds: an unstuck create would be done
+    assert (
+        client.get_operation(name=f"projects/p-123456/locations/us-east5-b/operations/{op.name}").status.name
+        == "RUNNING"
+    )
+    with pytest.raises(exceptions.BadRequest, match=f"Operation {op.name} is currently creating node pool slow"):
+        client.delete_node_pool(name=f"{PARENT}/nodePools/slow")
+    done = wait_done(client, op)
+    assert not done.error.message and client.get_node_pool(name=f"{PARENT}/nodePools/slow").status.name == "RUNNING"
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ({"kind": "stuck", "on": "delete"}, "use on create, stage operation"),
+        ({"kind": "stuck", "stage": "request"}, "use on create, stage operation"),
+        ({"kind": "internal", "seconds": 5}, "only a stuck fault takes seconds"),
+        ({"kind": "stuck", "seconds": -1}, "a finite number >= 0"),
+    ],
+)
+def test_a_stuck_fault_is_refused_where_it_means_nothing(standin, fault, message):
+    with pytest.raises(ValueError, match=message):
+        standin.add_fault(**fault)
+
+
 def test_node_labels_and_the_match_query(client, standin):
     wait_done(
         client,
