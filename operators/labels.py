@@ -15,6 +15,7 @@ built here. Pure module (no Kubernetes or google imports).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -35,6 +36,11 @@ SPEC_HASH_ANNOTATION = f"{LABEL_PREFIX}/spec-hash"
 # on a RayService: the hash of its rayClusterConfig (a changed shape needs a new cluster)
 CLUSTER_SPEC_HASH_ANNOTATION = f"{LABEL_PREFIX}/cluster-spec-hash"
 SLICE_ANNOTATION = f"{LABEL_PREFIX}/slice"
+# the exact owner, read by the orphan reaper: the run's and the DAG's digests (tpuflow.naming.owner_run_digest,
+# owner_dag_digest; label values, so selectable) and the full record (JSON of TaskIdentity.record())
+OWNER_RUN_LABEL = f"{LABEL_PREFIX}/owner-run"
+OWNER_DAG_LABEL = f"{LABEL_PREFIX}/owner-dag"
+OWNER_ANNOTATION = f"{LABEL_PREFIX}/owner"
 
 # --- GCE label keys (a node pool's VMs) ----------------------------------------------------------------
 GCE_MANAGED_LABEL = "tpuflow-managed"
@@ -43,6 +49,10 @@ GCE_RUN_LABEL = "tpuflow-run"
 GCE_TASK_LABEL = "tpuflow-task"
 # the exact identity (a digest of dag, run, task and map index); the readable labels may be cut short
 OWNER_KEY_LABEL = "tpuflow-key"
+# the exact run and DAG (digests of the full ids, as OWNER_RUN_LABEL / OWNER_DAG_LABEL): what the reaper judges a
+# pool by; GCE has no annotations, so a pool carries no full record
+GCE_OWNER_RUN_LABEL = "tpuflow-owner-run"
+GCE_OWNER_DAG_LABEL = "tpuflow-owner-dag"
 # until when (unix seconds) a resource is wanted, whatever its run's state: on a node pool's VMs, and (a valid
 # Kubernetes label key too) on RayClusters and RayServices; the reaper takes what is past it
 EXPIRES_LABEL = "tpuflow-expires"
@@ -138,22 +148,36 @@ def check_gce_labels(field: str, labels: Mapping[str, str]) -> dict[str, str]:
 
 # --- ownership ------------------------------------------------------------------------------------------
 def kubernetes_ownership_labels(identity: TaskIdentity, expires_at: int | None = None) -> dict[str, str]:
-    """Kubernetes labels naming the task instance that created an object; RUN_KEY_LABEL is exact. With
-    ``expires_at`` (unix time) also EXPIRES_LABEL, as on a node pool's VMs."""
+    """Kubernetes labels naming the task instance that created an object; RUN_KEY_LABEL, OWNER_RUN_LABEL and
+    OWNER_DAG_LABEL are exact (digests), the readable ones may be cut short. With ``expires_at`` (unix time)
+    also EXPIRES_LABEL, as on a node pool's VMs. The full owner goes in kubernetes_ownership_annotations."""
     labels = {
         MANAGED_BY: MANAGED_BY_VALUE,
         DAG_ID_LABEL: label_safe(identity.dag_id),
         TASK_ID_LABEL: label_safe(identity.task_id),
         RUN_KEY_LABEL: identity.key,
+        OWNER_RUN_LABEL: identity.run_digest,
+        OWNER_DAG_LABEL: identity.dag_digest,
     }
     if expires_at is not None:
         labels[EXPIRES_LABEL] = str(int(expires_at))
     return labels
 
 
+def kubernetes_ownership_annotations(identity: TaskIdentity) -> dict[str, str]:
+    """The annotation recording an object's full owner (dag, run, task, map index): what the reaper reads."""
+    return {OWNER_ANNOTATION: owner_record_text(identity)}
+
+
+def owner_record_text(identity: TaskIdentity) -> str:
+    """The owner record as text (compact JSON, keys sorted): the same bytes on every try."""
+    return json.dumps(identity.record(), sort_keys=True, separators=(",", ":"))
+
+
 def gce_ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, str]:
     """GCE labels on a node pool's VMs: who created it and until when (unix time) it is wanted, so an
-    orphan can be found and billed. OWNER_KEY_LABEL is exact; the readable ones may be cut short."""
+    orphan can be found and billed. OWNER_KEY_LABEL, GCE_OWNER_RUN_LABEL and GCE_OWNER_DAG_LABEL are exact
+    (digests); the readable ones may be cut short."""
     return check_gce_labels(
         "resource_labels",
         {
@@ -162,6 +186,8 @@ def gce_ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, s
             GCE_RUN_LABEL: gce_label_value(identity.run_id),
             GCE_TASK_LABEL: gce_label_value(identity.task_id),
             OWNER_KEY_LABEL: identity.key,
+            GCE_OWNER_RUN_LABEL: identity.run_digest,
+            GCE_OWNER_DAG_LABEL: identity.dag_digest,
             EXPIRES_LABEL: str(int(expires_at)),
         },
     )

@@ -7,6 +7,7 @@ from (dag id, run id, task id, map index) and never from the try number.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,23 @@ def run_key(dag_id: str, run_id: str, task_id: str = "", map_index: int = -1) ->
     """A short stable digest of the task instance's identity (without the try number)."""
     raw = "\x1f".join((dag_id, run_id, task_id, str(map_index)))
     return hashlib.sha256(raw.encode()).hexdigest()[:10]
+
+
+OWNER_DIGEST_LEN = 32  # hex characters of an owner digest: fits a label value (63) with room to spare
+_RECORD_FIELDS = ("dag_id", "run_id", "task_id", "map_index")
+
+
+def owner_run_digest(dag_id: str, run_id: str) -> str:
+    """A digest of one DAG run (exact ids, nothing shortened or sanitised): a valid Kubernetes and GCE
+    label value, so a resource can carry its run where only labels fit (node pools, label selectors)."""
+    raw = "\x1f".join(("run", dag_id, run_id))
+    return hashlib.sha256(raw.encode()).hexdigest()[:OWNER_DIGEST_LEN]
+
+
+def owner_dag_digest(dag_id: str) -> str:
+    """A digest of one exact DAG id, as owner_run_digest: ``team.a`` and ``team_a`` never share one."""
+    raw = "\x1f".join(("dag", dag_id))
+    return hashlib.sha256(raw.encode()).hexdigest()[:OWNER_DIGEST_LEN]
 
 
 def dns_name(*parts: str, key: str, max_len: int = 40) -> str:
@@ -65,6 +83,36 @@ class TaskIdentity:
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         return cls(ti.dag_id, ti.run_id, task_id or ti.task_id, -1 if map_index is None else int(map_index))
+
+    @classmethod
+    def from_record(cls, record: object) -> TaskIdentity | None:
+        """The identity ``record()`` wrote (a mapping, or its JSON text); None when it is not one (absent,
+        not JSON, a field missing or of the wrong type): an owner that cannot be read."""
+        if isinstance(record, (str, bytes)):
+            try:
+                record = json.loads(record)
+            except ValueError:
+                return None
+        if not isinstance(record, Mapping) or set(record) != set(_RECORD_FIELDS):
+            return None
+        dag_id, run_id, task_id, map_index = (record[name] for name in _RECORD_FIELDS)
+        if not all(isinstance(text, str) and text for text in (dag_id, run_id, task_id)):
+            return None
+        if isinstance(map_index, bool) or not isinstance(map_index, int) or map_index < -1:
+            return None
+        return cls(dag_id, run_id, task_id, map_index)
+
+    def record(self) -> dict[str, Any]:
+        """The full owner, recorded once where a resource lives (an annotation, a local cluster's state)."""
+        return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id, "map_index": self.map_index}
+
+    @property
+    def run_digest(self) -> str:
+        return owner_run_digest(self.dag_id, self.run_id)
+
+    @property
+    def dag_digest(self) -> str:
+        return owner_dag_digest(self.dag_id)
 
     @property
     def key(self) -> str:

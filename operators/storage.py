@@ -2,6 +2,11 @@
 
 gs:// goes through the google provider's GCSHook (its connection's credentials), except when
 STORAGE_EMULATOR_HOST names a GCS emulator: see `gcs_client`.
+
+Every request has a deadline (`request_timeout()`, $TPUFLOW_GCS_REQUEST_TIMEOUT_S, default 60 s): a
+server that accepts the connection and never answers fails the call with StorageTimeout naming the path,
+instead of holding the task (and its slice). Transient errors (429, 5xx, resets) are retried; a request
+that got no answer is not, so the task's own retries decide.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +23,30 @@ from tpuflow.errors import UserInputError
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 WRITER_ROLE = "roles/storage.objectUser"
+REQUEST_TIMEOUT_ENV = "TPUFLOW_GCS_REQUEST_TIMEOUT_S"
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+# what the Ray side reads too (tpuflow_driver.storage and .deadline_fs): a value set here reaches the jobs
+_SHARED_SETTINGS = (REQUEST_TIMEOUT_ENV, "TPUFLOW_GCS_RETRY_LIMIT_S")
 # Bucket names: 3-63 lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+
+
+class StorageTimeout(TimeoutError):
+    """A storage request got no answer within its deadline (the message names the path and the server)."""
+
+
+def request_timeout() -> float:
+    """Seconds one storage request may wait for an answer: $TPUFLOW_GCS_REQUEST_TIMEOUT_S, default 60."""
+    raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_REQUEST_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise UserInputError(REQUEST_TIMEOUT_ENV, raw, "give a positive number of seconds, e.g. 60")
+    return value
 
 
 def emulator_host() -> str | None:
@@ -26,10 +55,12 @@ def emulator_host() -> str | None:
 
 
 def emulator_env() -> dict[str, str]:
-    """{"STORAGE_EMULATOR_HOST": ...} when an emulator is configured here, for Ray jobs' and Serve
-    replicas' runtime_env env_vars (their pyarrow and google-cloud-storage clients read it); else {}."""
+    """The storage settings of this side that Ray jobs' and Serve replicas' runtime_env env_vars carry (their
+    pyarrow and google-cloud-storage clients read them): {"STORAGE_EMULATOR_HOST": ...} when an emulator is
+    configured here, and TPUFLOW_GCS_REQUEST_TIMEOUT_S / TPUFLOW_GCS_RETRY_LIMIT_S where set; else {}."""
     host = emulator_host()
-    return {EMULATOR_ENV: host} if host else {}
+    settings = {name: os.environ[name].strip() for name in _SHARED_SETTINGS if os.environ.get(name, "").strip()}
+    return {EMULATOR_ENV: host, **settings} if host else settings
 
 
 def split_gs_uri(uri: str, field: str = "uri") -> tuple[str, str]:
@@ -69,12 +100,45 @@ def gcs_client(gcp_conn_id: str = "google_cloud_default") -> Any:
     return GCSHook(gcp_conn_id=gcp_conn_id).get_conn()
 
 
+def _stalled(err: BaseException | None) -> bool:
+    """Whether `err` (or what it wraps) is a request that got no answer in time."""
+    import requests
+    import urllib3
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, requests.exceptions.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
+            return True
+        wrapped = err.args[0] if err.args and isinstance(err.args[0], BaseException) else None
+        err = err.__cause__ or wrapped
+    return False
+
+
 def _retry() -> Any:
     """The client's own retry for transient errors (429, 5xx, connection resets), with backoff.
-    Overwriting an artifact with the same bytes is idempotent, so uploads may retry too."""
-    from google.cloud.storage.retry import DEFAULT_RETRY
+    Overwriting an artifact with the same bytes is idempotent, so uploads may retry too. A request
+    that got no answer within request_timeout() is not retried: it fails as StorageTimeout."""
+    from google.cloud.storage.retry import DEFAULT_RETRY, _should_retry
 
-    return DEFAULT_RETRY.with_timeout(120.0)
+    return DEFAULT_RETRY.with_predicate(lambda err: not _stalled(err) and _should_retry(err)).with_timeout(120.0)
+
+
+@contextmanager
+def deadline(uri: str, what: str) -> Iterator[float]:
+    """Yields request_timeout() for the calls' timeout=; a request that got no answer in time becomes
+    StorageTimeout naming `what`, `uri` and the server."""
+    seconds = request_timeout()
+    try:
+        yield seconds
+    except Exception as err:
+        if not _stalled(err):
+            raise
+        server = f"the GCS emulator at {emulator_host()}" if emulator_host() else "Cloud Storage"
+        raise StorageTimeout(
+            f"{what} {uri}: {server} sent no answer within {seconds:g} s ({REQUEST_TIMEOUT_ENV}); "
+            "the server accepts connections but does not answer (a broken connection or proxy)"
+        ) from err
 
 
 def write_text(uri: str, text: str, gcp_conn_id: str = "google_cloud_default") -> str:
@@ -82,7 +146,8 @@ def write_text(uri: str, text: str, gcp_conn_id: str = "google_cloud_default") -
         bucket, name = split_gs_uri(uri)
         blob = gcs_client(gcp_conn_id).bucket(bucket).blob(name)
         content_type = "application/json" if name.endswith(".json") else "text/plain"
-        blob.upload_from_string(text, content_type=content_type, retry=_retry())
+        with deadline(uri, "writing") as timeout:
+            blob.upload_from_string(text, content_type=content_type, retry=_retry(), timeout=timeout)
     else:
         path = Path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +162,10 @@ def read_text(uri: str, gcp_conn_id: str = "google_cloud_default") -> str | None
 
         bucket, name = split_gs_uri(uri)
         try:
-            return gcs_client(gcp_conn_id).bucket(bucket).blob(name).download_as_text(retry=_retry())
+            with deadline(uri, "reading") as timeout:
+                return (
+                    gcs_client(gcp_conn_id).bucket(bucket).blob(name).download_as_text(retry=_retry(), timeout=timeout)
+                )
         except NotFound:
             return None
     path = Path(uri)
@@ -118,9 +186,10 @@ def check_writable(uri: str, field: str = "output_root", gcp_conn_id: str = "goo
     probe = f"{prefix}/.tpuflow-write-check-{uuid.uuid4().hex[:12]}".lstrip("/")
     where = f"emulator {emulator_host()}" if emulator_host() else f"connection {gcp_conn_id!r}"
     try:
-        blob = gcs_client(gcp_conn_id).bucket(bucket).blob(probe)
-        blob.upload_from_string(b"", if_generation_match=0, retry=_retry())
-        blob.delete(retry=_retry())
+        with deadline(f"gs://{bucket}/{probe}", f"{field}: writing the probe object") as timeout:
+            blob = gcs_client(gcp_conn_id).bucket(bucket).blob(probe)
+            blob.upload_from_string(b"", if_generation_match=0, retry=_retry(), timeout=timeout)
+            blob.delete(retry=_retry(), timeout=timeout)
     except NotFound:
         raise UserInputError(
             field,

@@ -9,8 +9,9 @@ Pure module: no Airflow, no clients.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,22 @@ def check_count(
 def check_port(field: str, value: Any) -> int:
     """A TCP port a server can listen on (1-65535)."""
     return check_count(field, value, minimum=1, maximum=65535, what="a TCP port")
+
+
+def check_date(field: str, value: Any) -> str:
+    """A calendar date written YYYY-MM-DD (a run's logical date, an output folder's name).
+
+    Strict: Python 3.11's date.fromisoformat also takes 20261203 and 2026-W49-4, which name the same day
+    by another spelling; the run's folders are keyed by the YYYY-MM-DD spelling, so any other one would
+    look for outputs under a folder no task wrote."""
+    fix = "give the date as YYYY-MM-DD, e.g. 2026-01-31"
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value):
+        raise UserInputError(field, value, fix)
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        raise UserInputError(field, value, fix + " (a day that exists)") from None
+    return value
 
 
 def check_folder(field: str, path: str | Path | None) -> Path | None:

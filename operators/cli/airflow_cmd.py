@@ -24,7 +24,30 @@ def _load(args: argparse.Namespace):  # -> AirflowServices | None
     return AirflowServices.load(work) if (work / STATE_FILE).exists() else None
 
 
+def _stop_if_ours(work: Path, before: str | None) -> list[str]:
+    """Teardown of an interrupted `up`: stop the services of the deployment this `up` recorded (its state file
+    changed), never one that was running before it."""
+    from tpuflow.dev.airflow_services import STATE_FILE, AirflowServices
+
+    path = work / STATE_FILE
+    if not path.exists() or path.read_text() == before:
+        return []
+    stopped = AirflowServices.load(work).stop()
+    return [f"stopped the Airflow services it started ({', '.join(stopped)})"] if stopped else []
+
+
 def _up(args: argparse.Namespace) -> int:
+    from tpuflow.dev.airflow_services import STATE_FILE
+    from tpuflow.dev.supervise import Supervisor
+
+    work = _work_dir(args)
+    before = (work / STATE_FILE).read_text() if (work / STATE_FILE).exists() else None
+    with Supervisor("tpuflow airflow up") as sup:  # SIGINT/SIGTERM while starting: stop what started, exit 130/143
+        sup.add_teardown(lambda: _stop_if_ours(work, before))
+        return _start(args)
+
+
+def _start(args: argparse.Namespace) -> int:
     from tpuflow.dev.airflow_services import ADMIN_USER, DEFAULT_WORK_DIR, AirflowServices, AirflowServicesError
     from tpuflow.validation import check_count, check_port
 

@@ -13,16 +13,22 @@ def _store(args: argparse.Namespace):  # -> LeaseStore
 
 
 def _list(args: argparse.Namespace) -> int:
+    from tpuflow.slices.leases import MAX_LEASE_SLOTS
     from tpuflow.validation import check_count
 
-    check_count("--max-slices", args.max_slices, minimum=1, maximum=10_000)
     store = _store(args)
-    held = store.holders(args.max_slices)
+    if args.max_slices is None:
+        held = store.all_holders()
+    else:
+        check_count("--max-slices", args.max_slices, minimum=1, maximum=MAX_LEASE_SLOTS)
+        held = store.holders(args.max_slices)
     if not held:
         print(f"no slice leases held in {store.describe()}")
     for slot, lease in sorted(held.items()):
         age = (time.time() - lease.acquired_at) / 60 if lease.acquired_at else float("nan")
-        print(f"slot {slot}: {lease.holder} (for {age:.0f} min)")
+        dead = lease.dead_reason()
+        state = f"; free to take over: {dead}" if dead else ""
+        print(f"slot {slot}: {lease.holder_line()} (for {age:.0f} min{state})")
     return 0
 
 
@@ -47,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     listing = verbs.add_parser("list", help="who holds which lease")
     common(listing)
-    listing.add_argument("--max-slices", type=int, default=16, help="slots to look at (default 16)")
+    listing.add_argument(
+        "--max-slices", type=int, default=None, help="only the first N slots (default: every lease in the folder)"
+    )
     listing.set_defaults(func=_list)
     free = verbs.add_parser("free", help="give back the lease of a run that will not (a deleted or killed run)")
     common(free)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def _down(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     (cluster,) = _clusters(args)  # --name always names one (its default: tpuflow-local)
     for key, value in cluster.client_env().items():
-        print(f"export {key}={value}")
+        # Quoted: a state folder (the token file's path) may hold a space, a quote or $(...).
+        print(f"export {key}={shlex.quote(str(value))}")
     return 0
 
 
@@ -128,7 +130,7 @@ def _gcs_up(args: argparse.Namespace) -> int:
         "stop it: tpuflow local gcs down",
         file=sys.stderr,
     )
-    print(f"export STORAGE_EMULATOR_HOST={emulator.url}")
+    print(f"export STORAGE_EMULATOR_HOST={shlex.quote(emulator.url)}")
     return 0
 
 

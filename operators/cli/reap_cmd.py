@@ -3,6 +3,11 @@
 What a keep_endpoint run kept (labelled tpuflow-kept=true; a local cluster's state "kept") is never deleted:
 each run says how many it skipped. Delete a kept endpoint with kubectl / gcloud / `tpuflow local down` (the
 commands: the tpuflow.cost.reaper docstring, or the README's orphan reaper section).
+
+Without an Airflow metadata DB (a plain shell after `tpuflow demo`; or --without-db) no run state can be read:
+local clusters and slice leases are then judged by the process that supervised their run (a `tpuflow demo`,
+an `airflow dags test`): one provably dead (exited, its pid reused, its host rebooted) is reaped at once, whatever
+its age. With a DB, such a resource is reaped too even while the DB still lists its run as running.
 """
 
 from __future__ import annotations
@@ -11,15 +16,26 @@ import argparse
 import sys
 
 
+def _run_states(without_db: bool):  # -> RunStates
+    """The metadata DB's running runs; without one, run states that cover no DAG (only what is provably
+    over is reaped: a dead supervisor, an expiry, processes gone)."""
+    from tpuflow.cost.reaper import FixedRunStates, MetadataDbRunStates
+
+    if not without_db:
+        try:
+            return FixedRunStates(MetadataDbRunStates().running())
+        except Exception as err:  # no DB configured, not migrated, unreachable
+            text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            print(
+                f"tpuflow reap: no Airflow metadata DB to read ({text}); judging local clusters and slice leases "
+                "by the process that supervised their run",
+                file=sys.stderr,
+            )
+    return FixedRunStates({}, dag_ids=[])
+
+
 def _reap(args: argparse.Namespace) -> int:
-    from tpuflow.cost.reaper import (
-        MetadataDbRunStates,
-        ReaperListError,
-        ReaperScope,
-        collect_orphans,
-        parse_duration,
-        reap,
-    )
+    from tpuflow.cost.reaper import ReaperListError, ReaperScope, collect_orphans, parse_duration, reap
 
     older_than = parse_duration(args.older_than)
     scope = ReaperScope(
@@ -33,7 +49,7 @@ def _reap(args: argparse.Namespace) -> int:
         lease_root=args.lease_root,
     )
     try:
-        orphans = collect_orphans(scope, MetadataDbRunStates(), older_than=older_than)
+        orphans = collect_orphans(scope, _run_states(args.without_db), older_than=older_than)
     except ReaperListError as err:
         print(f"tpuflow reap: nothing deleted: {err}", file=sys.stderr)
         return 1
@@ -57,5 +73,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--kubernetes-conn-id", default=None, help="a kubernetes connection (default: via GKE)")
     parser.add_argument("--namespace", default=None, help="namespace of the RayClusters (default: the connection's)")
     parser.add_argument("--base-dir", default=None, help="local cluster state (default $TPUFLOW_HOME/clusters)")
+    parser.add_argument(
+        "--without-db",
+        action="store_true",
+        help="do not read the Airflow metadata DB: reap only what is provably over (a dead supervising process)",
+    )
     parser.add_argument("--lease-root", default=None, help="slice leases (default $TPUFLOW_SLICE_LEASES)")
     parser.set_defaults(func=_reap)

@@ -14,7 +14,12 @@ def add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool = Tru
     parser.add_argument("--accelerator", required=required, help="TPU-V6E, tpu-v6e-slice or v6e")
     parser.add_argument("--topology", required=required, help="slice shape, e.g. 4x4 or 2x2x2 (not a chip count)")
     parser.add_argument("--machine-type", default=None, help="e.g. ct6e-standard-4t (default: derived)")
-    parser.add_argument("--num-slices", default="1", help="number of identical slices (default 1)")
+    parser.add_argument(
+        "--num-slices",
+        default="1",
+        help="number of identical slices (default 1); at most 15,000 hosts in all (GKE's nodes per cluster), "
+        "1,000 single-host slices on GKE (nodes per node pool)",
+    )
 
 
 def slice_from_args(args: argparse.Namespace) -> TpuSlice:

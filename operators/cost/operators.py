@@ -246,8 +246,10 @@ class ReapOrphansOperator(BaseOperator):
     :param namespace: templated; the RayClusters' namespace.
 
     Resources a ``keep_endpoint`` run kept (the kept mark) are never deleted; the log says how many were skipped.
+    Each resource is judged by the owner it records (exact dag and run); one whose owner cannot be read is never
+    deleted, and the log names it (the answer's ``unreadable``).
 
-    Returns ``{"dry_run", "found", "deleted", "failed", "kept"}``.
+    Returns ``{"dry_run", "found", "deleted", "failed", "kept", "unreadable"}``.
     """
 
     template_fields: Sequence[str] = (

@@ -1,18 +1,28 @@
 """The orphan reaper: find what tpuflow created whose run no longer needs it, and delete it.
 
-What it looks at, always by the ownership labels (tpuflow.labels); a resource without them is never
-touched:
+Every resource a run creates records its full owner (dag id, run id, task id, map index:
+tpuflow.naming.TaskIdentity.record()) once where it lives, and every judgement reads that record, never a name
+rebuilt from ids or a label value two ids may share. A resource tpuflow made whose owner cannot be read (no
+record, a malformed one) is never deleted, only reported (``Orphans.unreadable``; reap() says so); a resource
+without the ownership marks is never touched:
 
-- GKE node pools (``tpuflow-managed=true``): an orphan when past its ``tpuflow-expires`` label, or
-  when no running run of its DAG has its run label. A pool still being created is waited for, then
-  deleted (GKE refuses the delete before).
+- GKE node pools (``tpuflow-managed=true``): an orphan when past its ``tpuflow-expires`` label, or when its
+  ``tpuflow-owner-run`` label (a digest of the exact dag and run ids; GCE has no annotations) is no running
+  run's digest, whatever its DAG. A pool still being created is waited for, then deleted (GKE refuses the
+  delete before).
+- workload policies tpuflow made (their description names ``tpuflow-key``, ``tpuflow-owner-run`` and
+  ``tpuflow-owner-dag``): an orphan when no live pool uses it and its run is not running.
 - RayClusters and RayServices (``app.kubernetes.io/managed-by=tpuflow``): an orphan when past its
-  ``tpuflow-expires`` label, or when no running run of its DAG has its run key (a digest of dag, run,
-  task and map index).
-- local Ray clusters (state under tpuflow.local.cluster.default_base_dir()): an orphan when no running
-  run of any DAG named it, when its processes are gone, or when past the ``expires_at`` its state
-  records (the create operator's ``expires_after``).
-- slice leases: a lease whose holder run is not running is given back.
+  ``tpuflow-expires`` label, or when the run of its ``tpuflow.dev/owner`` annotation (the full record; without
+  it, the ``tpuflow.dev/owner-run`` digest label) is not running, whatever task (mapped or not) made it.
+- local Ray clusters (state under tpuflow.local.cluster.default_base_dir()): an orphan when the run its
+  state.json's ``owner`` record names is not running, when its processes are gone, or when past the
+  ``expires_at`` its state records (the create operator's ``expires_after``). A cluster with neither an owner
+  record nor a run's name (``tpuflow local up``) is not a run's and never looked at.
+- slice leases: a lease whose holder run (its exact dag and run) is not running is given back.
+- by liveness (tpuflow.liveness): a run's local cluster or lease whose supervising process (`tpuflow demo`,
+  `airflow dags test`) is provably dead, or a lease past its expiry, is an orphan whatever its run state and
+  age (every lease file present is looked at).
 
 Kept endpoints are never taken. A ``keep_endpoint`` run whose endpoint answered leaves it running on purpose,
 and its teardowns mark what they keep: the RayService (the RayCluster it owns goes with it), its
@@ -33,7 +43,8 @@ they are still running, and billed. Delete a kept endpoint yourself when you are
 its run is over).
 
 "Not running" is only said of the DAGs the run states cover (RunStates.dag_ids; the metadata DB covers
-every DAG, the reaper task only its ``dag_ids``): a resource of another DAG is never an orphan by its
+every DAG, the reaper task only its ``dag_ids``, compared with the owner's exact DAG id or its
+``owner-dag`` digest, never a name prefix): a resource of another DAG is never an orphan by its
 run state, only past its ``tpuflow-expires`` label (or a local cluster's ``expires_at``) or with its Ray
 processes gone (local).
 
@@ -48,6 +59,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from tpuflow.errors import UserInputError
@@ -87,18 +99,39 @@ class RunStates(Protocol):
         ...
 
 
-def _covers(covered: Collection[str] | None, owner: str | None, form: Callable[[str], str] = str) -> bool:
-    """Whether ``owner`` (a DAG id as ``form`` writes it into a label or name) is a covered DAG's; None
-    covers every DAG. An owner that is not covered is kept whatever running() says."""
-    return covered is None or (owner is not None and any(form(dag) == owner for dag in covered))
+def _covers(covered: Collection[str] | None, dag_id: str | None) -> bool:
+    """Whether the exact DAG id ``dag_id`` is a covered DAG's; None covers every DAG. An owner that is not
+    covered is kept whatever running() says."""
+    return covered is None or (dag_id is not None and dag_id in covered)
 
 
-def _local_name_prefix(dag_id: str) -> str:
-    """The part of a local cluster's name its DAG fixes (the name less its digest)."""
-    from tpuflow.local.operators import local_cluster_name
-    from tpuflow.naming import TaskIdentity
+def _covers_digest(covered: Collection[str] | None, dag_digest: str) -> bool:
+    """_covers for a resource that carries only its DAG's digest (tpuflow.naming.owner_dag_digest)."""
+    from tpuflow.naming import owner_dag_digest
 
-    return local_cluster_name(TaskIdentity(dag_id, "", "start_cluster")).rsplit("-", 1)[0]
+    return covered is None or any(owner_dag_digest(dag) == dag_digest for dag in covered)
+
+
+def _running_digests(running: Mapping[str, list[str]]) -> set[str]:
+    """The owner-run digests (tpuflow.naming.owner_run_digest) of every running run, whatever its DAG."""
+    from tpuflow.naming import owner_run_digest
+
+    return {owner_run_digest(dag, run) for dag, runs in running.items() for run in runs}
+
+
+def _is_digest(value: object) -> bool:
+    from tpuflow.naming import OWNER_DIGEST_LEN
+
+    return isinstance(value, str) and len(value) == OWNER_DIGEST_LEN and all(c in "0123456789abcdef" for c in value)
+
+
+class OwnerUnreadable(str):
+    """A decision's answer for a resource tpuflow made whose owner cannot be read (no owner record, or a
+    malformed one): never deleted, only reported (collect_orphans' ``unreadable``)."""
+
+
+def _unreadable(what: str) -> OwnerUnreadable:
+    return OwnerUnreadable(f"owner unreadable: {what}; left alone (delete it yourself if no run needs it)")
 
 
 @dataclass
@@ -114,12 +147,15 @@ class Orphan:
 
 
 class Orphans(list[Orphan]):
-    """collect_orphans' answer: the orphans, and in ``kept`` the resources the kept mark spared (Orphan records
-    that are never deleted), so a reaper run can say what is still running, and billed."""
+    """collect_orphans' answer: the orphans; in ``kept`` the resources the kept mark spared, and in ``unreadable``
+    the resources tpuflow made whose owner cannot be read (Orphan records that are never deleted), so a reaper
+    run can say what is still running, and billed."""
 
-    def __init__(self, orphans: Iterable[Orphan] = (), kept: Iterable[Orphan] = ()) -> None:
+    def __init__(self, orphans: Iterable[Orphan] = (), kept: Iterable[Orphan] = (),
+                 unreadable: Iterable[Orphan] = ()) -> None:  # fmt: skip
         super().__init__(orphans)
         self.kept: list[Orphan] = list(kept)
+        self.unreadable: list[Orphan] = list(unreadable)
 
 
 def _kept_reason() -> str:
@@ -146,29 +182,36 @@ def pool_orphan_reason(
 ) -> str | None:
     """Why a node pool with these resourceLabels is an orphan; None: a running run owns it, its DAG is not
     ``covered`` (and it is not past its expiry), it is kept (keep_endpoint; whatever its run and expiry), or it
-    is not ours."""
+    is not ours; an OwnerUnreadable: ours, without a readable owner (never deleted). The owner is the exact run
+    (the ``tpuflow-owner-run`` digest, compared with the digests of every DAG's running runs) and DAG
+    (``tpuflow-owner-dag``, compared with the covered DAGs' digests), never a label value two ids may share."""
     from tpuflow.labels import (
         EXPIRES_LABEL,
         GCE_DAG_LABEL,
         GCE_MANAGED_LABEL,
+        GCE_OWNER_DAG_LABEL,
+        GCE_OWNER_RUN_LABEL,
         GCE_RUN_LABEL,
-        gce_label_value,
         is_kept,
     )
+    from tpuflow.naming import owner_dag_digest
 
-    if labels.get(GCE_MANAGED_LABEL) != "true" or GCE_DAG_LABEL not in labels or is_kept(labels):
+    if labels.get(GCE_MANAGED_LABEL) != "true" or is_kept(labels):
         return None
+    run_digest, dag_digest = labels.get(GCE_OWNER_RUN_LABEL), labels.get(GCE_OWNER_DAG_LABEL)
+    if not (_is_digest(run_digest) and _is_digest(dag_digest)):
+        return _unreadable(f"no valid {GCE_OWNER_RUN_LABEL} and {GCE_OWNER_DAG_LABEL} labels")
     expired = expiry_reason(labels.get(EXPIRES_LABEL), now)
     if expired is not None:
         return expired
-    if not _covers(covered, labels[GCE_DAG_LABEL], gce_label_value):
+    if not _covers_digest(covered, str(dag_digest)):
         return None
-    dag = next((d for d in running if gce_label_value(d) == labels[GCE_DAG_LABEL]), None)
-    if dag is None:
-        return f"its DAG ({labels[GCE_DAG_LABEL]}) has no running run"
-    if any(gce_label_value(r) == labels.get(GCE_RUN_LABEL) for r in running.get(dag, [])):
+    if run_digest in _running_digests(running):
         return None
-    return f"its run {dag}/{labels.get(GCE_RUN_LABEL)} is not running (finished, or gone from the metadata DB)"
+    dag = labels.get(GCE_DAG_LABEL, "?")
+    if not any(owner_dag_digest(d) == dag_digest for d, runs in running.items() if runs):
+        return f"its DAG ({dag}) has no running run"
+    return f"its run {dag}/{labels.get(GCE_RUN_LABEL, '?')} is not running (finished, or gone from the metadata DB)"
 
 
 def kube_orphan_reason(
@@ -176,36 +219,49 @@ def kube_orphan_reason(
     running: Mapping[str, list[str]],
     covered: Collection[str] | None = None,
     now: float | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> str | None:
-    """Why a RayCluster/RayService with these labels is an orphan; None: a running run owns it, its DAG is
-    not ``covered`` (and it is not past its expiry at ``now``, default the current time), it is kept
-    (keep_endpoint; whatever its run and expiry), or it is not ours."""
+    """Why a RayCluster/RayService with these labels and ``annotations`` is an orphan; None: a running run owns
+    it, its DAG is not ``covered`` (and it is not past its expiry at ``now``, default the current time), it is
+    kept (keep_endpoint; whatever its run and expiry), or it is not ours; an OwnerUnreadable: ours, without a
+    readable owner (never deleted). The owner is the full record of the ``tpuflow.dev/owner`` annotation (exact
+    dag and run, whatever the task or map index); without it, the ``tpuflow.dev/owner-run`` and ``owner-dag``
+    digest labels."""
     from tpuflow.labels import (
         DAG_ID_LABEL,
         EXPIRES_LABEL,
         MANAGED_BY,
         MANAGED_BY_VALUE,
-        RUN_KEY_LABEL,
-        TASK_ID_LABEL,
+        OWNER_ANNOTATION,
+        OWNER_DAG_LABEL,
+        OWNER_RUN_LABEL,
         is_kept,
-        label_safe,
     )
-    from tpuflow.naming import run_key
+    from tpuflow.naming import TaskIdentity
 
-    if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or RUN_KEY_LABEL not in labels or is_kept(labels):
+    if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or is_kept(labels):
         return None
+    run_digest, dag_digest = labels.get(OWNER_RUN_LABEL), labels.get(OWNER_DAG_LABEL)
+    record = (annotations or {}).get(OWNER_ANNOTATION)
+    owner = None if record is None else TaskIdentity.from_record(record)
+    if record is not None and owner is None:
+        return _unreadable(f"its {OWNER_ANNOTATION} annotation is not an owner record")
+    if owner is not None and run_digest is not None and run_digest != owner.run_digest:
+        return _unreadable(f"its {OWNER_ANNOTATION} annotation and {OWNER_RUN_LABEL} label disagree")
+    if owner is None and not (_is_digest(run_digest) and _is_digest(dag_digest)):
+        return _unreadable(
+            f"no {OWNER_ANNOTATION} annotation and no valid {OWNER_RUN_LABEL} and {OWNER_DAG_LABEL} labels"
+        )
     expired = expiry_reason(labels.get(EXPIRES_LABEL), time.time() if now is None else now)
     if expired is not None:
         return expired
-    if not _covers(covered, labels.get(DAG_ID_LABEL), label_safe):
-        return None
-    key, task = labels[RUN_KEY_LABEL], labels.get(TASK_ID_LABEL, "")
-    for dag, runs in running.items():
-        if label_safe(dag) != labels.get(DAG_ID_LABEL):
-            continue
-        if any(run_key(dag, r, task) == key for r in runs):
+    if owner is not None:
+        if not _covers(covered, owner.dag_id) or owner.run_id in running.get(owner.dag_id, []):
             return None
-    return f"no running run of DAG {labels.get(DAG_ID_LABEL)} made it (run key {key})"
+        return f"no running run of DAG {owner.dag_id} made it (run {owner.run_id}, task {owner.task_id})"
+    if not _covers_digest(covered, str(dag_digest)) or run_digest in _running_digests(running):
+        return None
+    return f"no running run of DAG {labels.get(DAG_ID_LABEL, '?')} made it ({OWNER_RUN_LABEL} {run_digest})"
 
 
 def policy_orphan_reason(
@@ -217,26 +273,32 @@ def policy_orphan_reason(
 ) -> str | None:
     """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it (a kept pool is
     never an orphan, so its policy stays with it), its run is running (the create task makes the policy before
-    its pools) or its DAG is not ``covered``."""
-    from tpuflow.gke.workload_policy import owner_of, owner_run_of
-    from tpuflow.labels import gce_label_value
+    its pools) or its DAG is not ``covered``; an OwnerUnreadable: ours, its description naming no owner digests
+    (never deleted)."""
+    from tpuflow.gke.workload_policy import owner_digests_of, owner_of
 
     if owner_of(description) is None:
         return None
     users = sorted(users)
     if any(pool not in orphan_pools for pool in users):
         return None
-    owner = owner_run_of(description)
-    if not _covers(covered, owner[0] if owner else None, gce_label_value):
+    owner = owner_digests_of(description)
+    if owner is None:
+        return _unreadable("its description names no tpuflow-owner-run and tpuflow-owner-dag")
+    run_digest, dag_digest = owner
+    if not _covers_digest(covered, dag_digest) or run_digest in _running_digests(running):
         return None
-    if owner is not None:
-        dag = next((d for d in running if gce_label_value(d) == owner[0]), None)
-        if dag is not None and any(gce_label_value(r) == owner[1] for r in running[dag]):
-            return None
-    run = f"its run {owner[0]}/{owner[1]} is not running" if owner else "its run is unknown"
+    run = f"its run (tpuflow-owner-run {run_digest}) is not running"
     if users:
         return f"{run}; used only by orphan node pools ({', '.join(users)}): deleted after them"
     return f"{run} and no node pool uses it"
+
+
+def _is_run_cluster(name: str, owner: object) -> bool:
+    """Whether a local cluster is a run's (the reaper's to judge): one with an owner record, or named as the
+    create operator names them (an owner record lost or never written: reported, never deleted). A cluster
+    of `tpuflow local up` has neither."""
+    return owner is not None or name.startswith("local-")
 
 
 def local_orphan_reason(
@@ -247,28 +309,32 @@ def local_orphan_reason(
     expires_at: float | None = None,
     now: float | None = None,
     kept: bool = False,
+    owner: object = None,
 ) -> str | None:
     """Why a local cluster is an orphan; None: a running run started it, no run did (``tpuflow local up``),
     or (its processes alive) it is ``kept`` (keep_endpoint; whatever its run and expiry), or (not past
-    ``expires_at`` at ``now``, default the current time) its DAG is not ``covered``."""
-    from tpuflow.local.operators import local_cluster_name
+    ``expires_at`` at ``now``, default the current time) its DAG is not ``covered``; an OwnerUnreadable: a run's
+    cluster whose ``owner`` record (its state.json's, TaskIdentity.record()) is missing or malformed (never
+    deleted). The run is the record's exact dag and run, whatever task started it and its map index."""
     from tpuflow.naming import TaskIdentity
 
-    if not name.startswith("local-"):
+    if not _is_run_cluster(name, owner):
         return None  # started by `tpuflow local up` or by hand: not a run's
+    if alive and kept:
+        return None
+    identity = TaskIdentity.from_record(owner)
+    if identity is None:
+        return _unreadable(
+            "its state.json has no owner record" if owner is None else "its state.json's owner is malformed"
+        )
     if not alive:
         return "its Ray processes are gone (the run was killed; its state was left behind)"
-    if kept:
-        return None
     expired = expiry_reason(expires_at, time.time() if now is None else now, "time")
     if expired is not None:
         return expired
-    if not _covers(covered, name.rsplit("-", 1)[0], _local_name_prefix):
+    if not _covers(covered, identity.dag_id) or identity.run_id in running.get(identity.dag_id, []):
         return None
-    for dag, runs in running.items():
-        if any(local_cluster_name(TaskIdentity(dag, run, "start_cluster")) == name for run in runs):
-            return None
-    return "no running run started it"
+    return f"no running run started it (run {identity.dag_id}/{identity.run_id})"
 
 
 # --- finding ----------------------------------------------------------------------------------------------
@@ -292,8 +358,10 @@ def list_pools(hook: Any, project_id: str, cluster_name: str) -> tuple[list[dict
 def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list[dict[str, Any]],
                       operations: list[dict[str, Any]], running: Mapping[str, list[str]], older_than: float,
                       now: float, wait_timeout: float = 1800.0, covered: Collection[str] | None = None,
-                      kept: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
-    """The orphan pools; the kept ones (ours, with the kept mark) are added to ``kept``."""
+                      kept: list[Orphan] | None = None,
+                      unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+    """The orphan pools; the kept ones (ours, with the kept mark) are added to ``kept``, ours whose owner cannot
+    be read to ``unreadable``."""
     from tpuflow.cost.ledger import pool_span
     from tpuflow.labels import GCE_MANAGED_LABEL, is_kept
 
@@ -302,6 +370,9 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
     for pool in pools:
         labels = (pool.get("config") or {}).get("resourceLabels") or {}
         reason = pool_orphan_reason(labels, running, now, covered)
+        if isinstance(reason, OwnerUnreadable):
+            _note(unreadable, Orphan("node_pool", pool["name"], where, reason))
+            continue
         if reason is None:
             if kept is not None and labels.get(GCE_MANAGED_LABEL) == "true" and is_kept(labels):
                 kept.append(Orphan("node_pool", pool["name"], where, _kept_reason()))
@@ -321,8 +392,8 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
 
 def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[dict[str, Any]],
                         orphan_pools: set[str], running: Mapping[str, list[str]], older_than: float, now: float,
-                        wait_timeout: float = 600.0,
-                        covered: Collection[str] | None = None) -> list[Orphan]:  # fmt: skip
+                        wait_timeout: float = 600.0, covered: Collection[str] | None = None,
+                        unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The workload policies tpuflow made in ``region`` that nothing live needs (``pools``: the cluster's, REST JSON)."""
     from tpuflow.cost.ledger import rfc3339_to_unix
     from tpuflow.gke.hooks import to_rest_json
@@ -342,6 +413,9 @@ def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[
             continue
         name = policy["name"]
         reason = policy_orphan_reason(policy.get("description"), users.get(name, []), orphan_pools, running, covered)
+        if isinstance(reason, OwnerUnreadable):
+            _note(unreadable, Orphan("workload_policy", name, f"projects/{project_id}/regions/{region}", reason))
+            continue
         stamp = policy.get("creationTimestamp")
         if reason is None or (stamp and now - rfc3339_to_unix(stamp) < older_than):
             continue
@@ -386,10 +460,10 @@ def delete_pool(hook: Any, project_id: str, cluster_name: str, name: str, timeou
 
 
 def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]], older_than: float,
-                      now: float, covered: Collection[str] | None = None,
-                      kept: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+                      now: float, covered: Collection[str] | None = None, kept: list[Orphan] | None = None,
+                      unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan RayServices and RayClusters (a RayService's own RayCluster is judged with it, never alone);
-    the kept ones (with the kept mark) are added to ``kept``."""
+    the kept ones (with the kept mark) are added to ``kept``, ours whose owner cannot be read to ``unreadable``."""
     from tpuflow.cost.ledger import rfc3339_to_unix
     from tpuflow.kuberay import GROUP, KIND_BY_PLURAL, RAYCLUSTERS, RAYSERVICES, VERSION
     from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE, is_kept
@@ -407,7 +481,11 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
             meta = item.get("metadata") or {}
             if any(ref.get("kind") == "RayService" for ref in meta.get("ownerReferences") or []):
                 continue  # a RayService's own cluster goes with it
-            reason = kube_orphan_reason(meta.get("labels") or {}, running, covered, now)
+            reason = kube_orphan_reason(meta.get("labels") or {}, running, covered, now, meta.get("annotations"))
+            if isinstance(reason, OwnerUnreadable):
+                kind = KIND_BY_PLURAL[plural].lower()
+                _note(unreadable, Orphan(kind, meta["name"], f"namespace {namespace}", reason))
+                continue
             if reason is None:
                 if kept is not None and is_kept(meta.get("labels")):
                     kept.append(Orphan(KIND_BY_PLURAL[plural].lower(), meta["name"], f"namespace {namespace}",
@@ -426,9 +504,10 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
 
 
 def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now: float, base_dir: Any = None,
-                       covered: Collection[str] | None = None,
-                       kept: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
-    """The orphan local clusters; the kept ones still running are added to ``kept``."""
+                       covered: Collection[str] | None = None, kept: list[Orphan] | None = None,
+                       unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+    """The orphan local clusters; the kept ones still running are added to ``kept``, a run's whose owner record
+    cannot be read to ``unreadable``."""
     from pathlib import Path
 
     from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
@@ -441,8 +520,24 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
         except (OSError, ValueError, TypeError) as err:
             raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
         alive = cluster.is_alive()
-        reason = local_orphan_reason(cluster.name, alive, running, covered, cluster.expires_at, now, cluster.kept)
-        if reason is None and kept is not None and cluster.kept and alive and cluster.name.startswith("local-"):
+        dead = _supervisor_dead(cluster)
+        if dead is not None:  # proof its run is over: no minimum age
+            stop = partial(_stop_and_remove, cluster)
+            found.append(Orphan("local_cluster", cluster.name, str(state.parent), dead, stop))
+            continue
+        reason = local_orphan_reason(
+            cluster.name, alive, running, covered, cluster.expires_at, now, cluster.kept, cluster.owner
+        )
+        if isinstance(reason, OwnerUnreadable):
+            _note(unreadable, Orphan("local_cluster", cluster.name, str(state.parent), reason))
+            continue
+        if (
+            reason is None
+            and kept is not None
+            and cluster.kept
+            and alive
+            and _is_run_cluster(cluster.name, cluster.owner)
+        ):
             kept.append(Orphan("local_cluster", cluster.name, str(state.parent), _kept_reason()))
         if reason is None or now - (cluster.started_at or now) < older_than:
             continue
@@ -450,26 +545,58 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
     return found
 
 
+def _note(unreadable: list[Orphan] | None, entry: Orphan) -> None:
+    """Record a resource whose owner cannot be read (never deleted), and log it whoever asked."""
+    log.warning("not deleting %s", entry.line())
+    if unreadable is not None:
+        unreadable.append(entry)
+
+
 def find_lease_orphans(
-    store: Any, running: Mapping[str, list[str]], slots: int = 16, covered: Collection[str] | None = None
+    store: Any, running: Mapping[str, list[str]], slots: int | None = None, covered: Collection[str] | None = None
 ) -> list[Orphan]:
+    """The leases (every one in the store; ``slots``: only the first ``slots``) whose holder is provably dead
+    (its supervising process gone, or past its expiry: whatever its run's state says) or whose run is not
+    running."""
     try:
-        held = store.holders(slots)
+        held = store.all_holders() if slots is None else store.holders(slots)
     except Exception as err:
         raise ReaperListError(f"listing slice leases in {store.describe()}: {_first_line(err)}") from err
     found = []
     for slot, lease in sorted(held.items()):
         dag, _, run = lease.holder.partition("/")
-        if not _covers(covered, dag) or (run and run in running.get(dag, [])):
+        dead = lease.dead_reason(now=None)
+        if dead is not None:
+            reason = f"held by {lease.holder_line()}: {dead}"
+        elif not _covers(covered, dag) or (run and run in running.get(dag, [])):
             continue  # a DAG not covered: its run may well be running
+        else:
+            reason = f"held by {lease.holder}, which is not running"
 
         def release(holder: str = lease.holder) -> Any:
             return store.release(holder)
 
-        found.append(
-            Orphan("lease", f"slot {slot}", store.describe(), f"held by {lease.holder}, which is not running", release)
-        )
+        found.append(Orphan("lease", f"slot {slot}", store.describe(), reason, release))
     return found
+
+
+def _supervisor_dead(cluster: Any) -> str | None:
+    """Why a run's local cluster is an orphan by its supervising process (tpuflow.liveness: provably dead),
+    whatever its run's state says; None: alive, not provable, kept on purpose, or not a run's cluster."""
+    from tpuflow.liveness import dead_reason
+
+    if cluster.kept or not _is_run_cluster(cluster.name, cluster.owner):
+        return None
+    reason = dead_reason(getattr(cluster, "supervisor", None))
+    return None if reason is None else f"the process that supervised its run is gone ({reason})"
+
+
+def _stop_and_remove(cluster: Any) -> None:
+    """Stop the cluster's processes and remove its state folder (nothing of a dead run is left)."""
+    import shutil
+
+    cluster.stop()
+    shutil.rmtree(cluster.state_dir, ignore_errors=True)
 
 
 def reap(
@@ -478,10 +605,21 @@ def reap(
     dry_run: bool,
     say: Callable[[str], None] = print,
     kept: Iterable[Orphan] | None = None,
+    unreadable: Iterable[Orphan] | None = None,
 ) -> dict[str, Any]:
     """Delete each orphan (dry run: only list them), and say which kept resources were skipped (``kept``, default
-    the ``kept`` of collect_orphans' answer). Returns {"dry_run", "found", "deleted", "failed", "kept"}."""
+    the ``kept`` of collect_orphans' answer) and which were left because their owner cannot be read
+    (``unreadable``, default the answer's). Returns {"dry_run", "found", "deleted", "failed", "kept",
+    "unreadable"}."""
     spared = list(getattr(orphans, "kept", []) if kept is None else kept)
+    unread = list(getattr(orphans, "unreadable", []) if unreadable is None else unreadable)
+    if unread:
+        say(
+            f"left {len(unread)} resource(s) tpuflow made whose owner cannot be read (no owner record, or a "
+            "malformed one): never deleted by the reaper; check each and delete it yourself if no run needs it"
+        )
+        for entry in unread:
+            say(f"owner unreadable {entry.line()}")
     if spared:
         say(
             f"skipped {len(spared)} kept endpoint resource(s) (keep_endpoint): still running, and billed until you "
@@ -510,6 +648,7 @@ def reap(
         "deleted": deleted,
         "failed": failed,
         "kept": [entry.line() for entry in spared],
+        "unreadable": [entry.line() for entry in unread],
     }
 
 
@@ -591,7 +730,7 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
     now = time.time() if now is None else now
     running, covered = states.running(), states.dag_ids
     orphans = Orphans()
-    kept = orphans.kept
+    kept, unreadable = orphans.kept, orphans.unreadable
     if scope.gke:
         from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
         from tpuflow.gke.workload_policy import region_of
@@ -600,7 +739,17 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
         hook = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
         pools, operations = list_pools(hook, project, cluster)
         pool_orphans = find_pool_orphans(
-            hook, project, cluster, pools, operations, running, older_than, now, covered=covered, kept=kept
+            hook,
+            project,
+            cluster,
+            pools,
+            operations,
+            running,
+            older_than,
+            now,
+            covered=covered,
+            kept=kept,
+            unreadable=unreadable,
         )
         compute = ComputeResourcePolicyHook(gcp_conn_id=scope.gcp_conn_id)
         region = region_of(scope.location or "")
@@ -608,7 +757,16 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
         # after their pools: GKE refuses to delete a policy a pool still uses
         orphans += pool_orphans
         orphans += find_policy_orphans(
-            compute, project, region, pools, orphan_pools, running, older_than, now, covered=covered
+            compute,
+            project,
+            region,
+            pools,
+            orphan_pools,
+            running,
+            older_than,
+            now,
+            covered=covered,
+            unreadable=unreadable,
         )
     if scope.kube and (scope.gke or scope.kubernetes_conn_id):
         try:
@@ -616,9 +774,9 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
             namespace = scope.namespace or hook.default_namespace()
         except Exception as err:
             raise ReaperListError(f"reaching the Kubernetes API: {_first_line(err)}") from err
-        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered, kept)
+        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered, kept, unreadable)
     if scope.local:
-        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir, covered, kept)
+        orphans += find_local_orphans(running, older_than, now, scope.local_base_dir, covered, kept, unreadable)
     if scope.leases:
         from tpuflow.slices.leases import lease_store
 

@@ -16,6 +16,7 @@ deployment uses PostgreSQL (Cloud Composer, the Helm chart); `database_url` take
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -23,16 +24,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
 from tpuflow.local.cluster import (  # one process-group logic for all local services
-    _group_alive,
-    _signal_group,
+    _has_env,
+    _owned_alive,
+    _owned_targets,
+    _signal_owned,
     free_port,
 )
+from tpuflow.secret_files import write_secret_file
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_WORK_DIR = REPO / ".tpuflow" / "airflow-services"
@@ -46,6 +51,7 @@ ADMIN_USER = "admin"
 # 2 cores: a few task slots is plenty -- the pipeline's tasks mostly defer to the triggerer
 # while Ray does the work in its own processes.
 DEFAULT_PARALLELISM = 4
+logger = logging.getLogger(__name__)
 
 
 # SQLite allows one writer at a time (Airflow turns on WAL, so readers never wait). Python's
@@ -121,7 +127,7 @@ class AirflowServices:
             env={},
         )
         services.home.mkdir()
-        (services.home / "passwords.json").write_text(json.dumps({ADMIN_USER: services.password}) + "\n")
+        write_secret_file(services.home / "passwords.json", json.dumps({ADMIN_USER: services.password}) + "\n")
         services.env = services.build_env(parallelism, use_schedule, unpause, database_url, extra_env or {})
         services.save()
         services.airflow("db", "migrate", timeout=timeout)
@@ -211,7 +217,7 @@ class AirflowServices:
         deadline = time.time() + timeout
         last: Any = "no answer"
         while time.time() < deadline:
-            dead = [s for s, pid in self.pids.items() if not _group_alive(pid)]
+            dead = [s for s, pid in self.pids.items() if not _owned_alive([pid], self._owned)]
             if dead:
                 raise AirflowServicesError(f"airflow {dead[0]} exited while starting:\n{_tail(self.log_path(dead[0]))}")
             try:
@@ -246,11 +252,17 @@ class AirflowServices:
             time.sleep(2)
 
     def alive_services(self) -> list[str]:
-        return [name for name, pid in self.pids.items() if _group_alive(pid)]
+        return [name for name, pid in self.pids.items() if _owned_alive([pid], self._owned)]
+
+    def _owned(self, pid: int) -> bool:
+        """Whether `pid` is one of this deployment's processes: started with its AIRFLOW_HOME (every service
+        and what it starts inherits it). A pid from services.json may be anyone's after a reboot or pid wrap."""
+        return _has_env(pid, "AIRFLOW_HOME", self.env.get("AIRFLOW_HOME") or str(self.home))
 
     def stop(self, timeout: float = 30.0) -> list[str]:
-        """SIGTERM each service's process group, SIGKILL what is left after `timeout`."""
-        stopped = _stop_groups(self.pids, timeout)
+        """SIGTERM each service's process group, SIGKILL what is left after `timeout`; only processes of this
+        deployment (_owned) are signalled, a recorded pid that is now another process's counts as gone."""
+        stopped = _stop_groups(self.pids, self._owned, timeout)
         self.pids = {}
         self.save()
         return stopped
@@ -259,18 +271,15 @@ class AirflowServices:
         """Stop one service and start it again (what a pod or VM restart does to it); waits for health."""
         if service not in SERVICES:
             raise AirflowServicesError(f"unknown service {service!r}; one of {', '.join(SERVICES)}")
-        _stop_groups({service: self.pids.pop(service)} if service in self.pids else {}, 30.0)
+        _stop_groups({service: self.pids.pop(service)} if service in self.pids else {}, self._owned, 30.0)
         self.pids[service] = self._spawn(service)
         self.save()
         self.wait_healthy(timeout)
 
     # --- state ---------------------------------------------------------------------
     def save(self) -> None:
-        path = Path(self.work_dir) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.chmod(0o600)  # holds the admin password
-        tmp.replace(path)
+        # Holds the admin password and the services' secrets: 0600 from its first byte, replaced atomically.
+        write_secret_file(Path(self.work_dir) / STATE_FILE, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, work_dir: Path | str | None = None) -> AirflowServices:
@@ -309,19 +318,19 @@ class _BaseUrlSession(requests.Session):
         return super().request(method, url, *args, **kwargs)
 
 
-def _stop_groups(pids: dict[str, int], timeout: float) -> list[str]:
-    """SIGTERM the process groups, SIGKILL what is left after `timeout`; returns the names signalled."""
-    stopped = []
-    for name, pgid in pids.items():
-        if _group_alive(pgid):
-            _signal_group(pgid, signal.SIGTERM)
-            stopped.append(name)
+def _stop_groups(pids: dict[str, int], owned: Callable[[int], bool], timeout: float) -> list[str]:
+    """SIGTERM the process groups, SIGKILL what is left after `timeout`; returns the names signalled.
+    Only what `owned` proves ours is signalled (tpuflow.local.cluster._signal_owned)."""
+    groups = list(pids.values())
+    for pid in _owned_targets(groups, owned)[2]:
+        logger.info(
+            "pid %d of services.json is no longer this Airflow's (not its AIRFLOW_HOME): not signalling it", pid
+        )
+    stopped = [name for name, pgid in pids.items() if _signal_owned([pgid], owned, signal.SIGTERM)]
     deadline = time.time() + timeout
-    while time.time() < deadline and any(_group_alive(p) for p in pids.values()):
+    while time.time() < deadline and _owned_alive(groups, owned):
         time.sleep(0.5)
-    for pgid in pids.values():
-        if _group_alive(pgid):
-            _signal_group(pgid, signal.SIGKILL)
+    _signal_owned(groups, owned, signal.SIGKILL)
     return stopped
 
 

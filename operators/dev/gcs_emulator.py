@@ -162,27 +162,38 @@ class GcsEmulator:
             return None
 
     def is_alive(self) -> bool:
-        """Whether our emulator process still runs: the pid, with our data folder on its command line
-        (a recycled pid belongs to someone else)."""
+        """Whether our emulator process still runs: the pid, a fake-gcs-server serving our data folder
+        (``-filesystem-root <data_dir>`` on its command line, as start() runs it); a recycled pid belongs to
+        someone else and is never signalled."""
         try:
-            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = self._argv()
             stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        except (OSError, IndexError):
             return False
-        return self.data_dir in cmdline and stat[0] != "Z"
+        serves_ours = any(a == "-filesystem-root" and b == self.data_dir for a, b in zip(argv, argv[1:], strict=False))
+        return bool(self.data_dir) and serves_ours and stat[0] != "Z"
+
+    def _argv(self, wait: float = 0.2) -> list[str]:
+        """The pid's command line; right after Popen (exec still under way) it reads empty for a moment."""
+        deadline = time.monotonic() + wait
+        while not (raw := Path(f"/proc/{self.pid}/cmdline").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return raw.decode(errors="replace").split("\0")
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the process by its pid (SIGTERM, then SIGKILL); remove the state file. Returns whether it ran."""
         was_alive = self.is_alive()
         if was_alive:
-            os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
             while self.is_alive() and time.monotonic() < deadline:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(self.pid, os.WNOHANG)
                 time.sleep(0.1)
             if self.is_alive():
-                os.kill(self.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(self.pid, os.WNOHANG)
         (Path(self.state_dir) / STATE_FILE).unlink(missing_ok=True)

@@ -4,8 +4,9 @@ GKE places multi-host Ironwood (tpu7x) pools with ``placementPolicy.policyName``
 resource policy of type HIGH_THROUGHPUT for the slice's topology (what ``gcloud compute resource-policies
 create workload-policy NAME --type=HIGH_THROUGHPUT --accelerator-topology=2x2x2`` makes). When no
 ``workload_policy`` is given, GKECreateTPUNodePoolOperator makes one itself, named from the task instance
-(so a retry adopts it) and with a description naming its owner's ``tpuflow-key`` (resource policies have
-no labels), and the delete operator removes it once the pools are gone. A policy the user gave is never
+(so a retry adopts it) and with a description naming its owner's ``tpuflow-key`` and the digests of its exact
+run and DAG (``tpuflow-owner-run``, ``tpuflow-owner-dag``: what the orphan reaper judges it by; resource policies
+have no labels), and the delete operator removes it once the pools are gone. A policy the user gave is never
 touched.
 
 Pure module (no google-cloud imports), like tpuflow.gke.nodepool_spec: the render command shows the same
@@ -19,14 +20,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuflow.labels import GCE_DAG_LABEL, GCE_RUN_LABEL, GCE_TASK_LABEL, OWNER_KEY_LABEL
+from tpuflow.labels import (
+    GCE_DAG_LABEL,
+    GCE_OWNER_DAG_LABEL,
+    GCE_OWNER_RUN_LABEL,
+    GCE_RUN_LABEL,
+    GCE_TASK_LABEL,
+    OWNER_KEY_LABEL,
+)
 from tpuflow.naming import TaskIdentity, dns_name, run_key
 
 POLICY_TYPE = "HIGH_THROUGHPUT"
 POLICY_NAME_MAX = 63  # a Compute resource name
 COMPUTE_API = "https://compute.googleapis.com/compute/v1"
 _OWNER_RE = re.compile(rf"\b{OWNER_KEY_LABEL}=([a-z0-9]+)\b")
-_OWNER_RUN_RE = re.compile(r"\(dag ([a-z0-9_-]+), run ([a-z0-9_-]+)(?=[,)])")
+_OWNER_RUN_RE = re.compile(rf"\b{GCE_OWNER_RUN_LABEL}=([0-9a-f]+)\b")
+_OWNER_DAG_RE = re.compile(rf"\b{GCE_OWNER_DAG_LABEL}=([0-9a-f]+)\b")
 
 
 def region_of(location: str) -> str:
@@ -48,10 +57,11 @@ def owner_of(description: str | None) -> str | None:
     return found.group(1) if found else None
 
 
-def owner_run_of(description: str | None) -> tuple[str, str] | None:
-    """The (dag, run) label values a policy's description names ("... (dag D, run R, task T)"), or None."""
-    found = _OWNER_RUN_RE.search(description or "")
-    return (found.group(1), found.group(2)) if found else None
+def owner_digests_of(description: str | None) -> tuple[str, str] | None:
+    """The (run digest, DAG digest) a policy's description names (``tpuflow-owner-run=R tpuflow-owner-dag=D``),
+    or None: its owner cannot be read (made before tpuflow recorded them, or edited)."""
+    run, dag = _OWNER_RUN_RE.search(description or ""), _OWNER_DAG_RE.search(description or "")
+    return (run.group(1), dag.group(1)) if run and dag else None
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class WorkloadPolicyPlan:
     topology: str
     owner_key: str | None = None
     owner: str = ""  # dag, run and task, for people reading the description
+    owner_digests: str = ""  # "tpuflow-owner-run=R tpuflow-owner-dag=D": the exact owner the reaper reads
 
     @property
     def parent(self) -> str:
@@ -72,6 +83,8 @@ class WorkloadPolicyPlan:
     @property
     def description(self) -> str:
         who = f"{OWNER_KEY_LABEL}={self.owner_key}" + (f" ({self.owner})" if self.owner else "")
+        if self.owner_digests:
+            who += f"; owner {self.owner_digests}"
         if not self.owner_key:
             who = "a GKECreateTPUNodePoolOperator task"
         return f"Made by tpuflow for the TPU node pools of {who}; deleted with them."
@@ -128,4 +141,9 @@ def plan_workload_policy(
         topology=topology,
         owner_key=resource_labels.get(OWNER_KEY_LABEL),
         owner=owner,
+        owner_digests=" ".join(
+            f"{label}={resource_labels[label]}"
+            for label in (GCE_OWNER_RUN_LABEL, GCE_OWNER_DAG_LABEL)
+            if resource_labels.get(label)
+        ),
     )

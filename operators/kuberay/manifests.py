@@ -17,12 +17,14 @@ from typing import Any
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay import API_VERSION, DEFAULT_RAY_VERSION, DEFAULT_UPGRADE_STRATEGY
 from tpuflow.kuberay.k8s_values import check_env, check_name, check_namespace, check_quantities
+from tpuflow.kuberay.ray_auth import auth_mode, with_cluster_auth
 from tpuflow.kuberay.serve_config import SERVE_PORT, serve_config_v2
 from tpuflow.labels import (
     EXPIRES_LABEL,
     SLICE_ANNOTATION,
     SPEC_HASH_ANNOTATION,
     check_labels,
+    kubernetes_ownership_annotations,
     kubernetes_ownership_labels,
 )
 from tpuflow.naming import TaskIdentity, dns_name, run_key
@@ -64,6 +66,11 @@ def ownership_labels(
     """The Kubernetes ownership labels of one task instance (tpuflow.labels.kubernetes_ownership_labels),
     with ``expires_at`` (unix time) its ``tpuflow-expires`` label too."""
     return kubernetes_ownership_labels(TaskIdentity(dag_id, run_id, task_id, map_index), expires_at)
+
+
+def ownership_annotations(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, str]:
+    """The annotation recording the task instance's full owner record (what the orphan reaper judges by)."""
+    return kubernetes_ownership_annotations(TaskIdentity(dag_id, run_id, task_id, map_index))
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -121,11 +128,10 @@ class RayClusterTemplate:
             raise UserInputError("image_pull_policy", self.image_pull_policy, "use Always, IfNotPresent or Never")
         if self.provisioning_request is not None:
             check_name("provisioning_request", self.provisioning_request, max_len=63)
-        if self.auth_mode not in AUTH_MODES:
-            raise UserInputError(
-                "ray_auth", self.auth_mode, "use 'token' (Ray token authentication, the default) or 'disabled'"
-            )
-        if self.auth_mode == "token" and tuple(int(p) for p in self.ray_version.split(".")) < MIN_TOKEN_AUTH_RAY:
+        if (
+            auth_mode(self.auth_mode) == "token"
+            and tuple(int(p) for p in self.ray_version.split(".")) < MIN_TOKEN_AUTH_RAY
+        ):
             raise UserInputError(
                 "ray_version",
                 self.ray_version,
@@ -209,13 +215,13 @@ class RayClusterTemplate:
         """The RayCluster `.spec` (also a RayService's `rayClusterConfig`)."""
         self.validated()
         labels = dict(pod_labels or {})
-        return {
+        spec = {
             "rayVersion": self.ray_version,
-            "authOptions": {"mode": self.auth_mode},
             "enableInTreeAutoscaling": False,
             "headGroupSpec": self.head_group(labels),
             "workerGroupSpecs": [self.worker_group(labels)],
         }
+        return with_cluster_auth(spec, self.auth_mode)[0]
 
 
 def auth_secret_name(cluster_name: str, spec: Mapping[str, Any]) -> str | None:

@@ -280,6 +280,14 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         """Whether killing the waiting task deletes the object it created."""
         return True
 
+    def owned_body(self, context: Context, namespace: str) -> dict[str, Any]:
+        """``build_body`` with the task instance's full owner record annotated (whatever built the body: a
+        template or the user's manifest), so the orphan reaper judges the object by its exact run."""
+        body = self.build_body(context, namespace)
+        meta = body["metadata"]
+        meta["annotations"] = {**(meta.get("annotations") or {}), **owner_annotations(context)}
+        return body
+
     # --- the flow ---
     def execute(self, context: Context) -> dict[str, Any]:
         from kubernetes.client import ApiException
@@ -288,7 +296,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         self.validate_arguments()
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
-        body = self.build_body(context, namespace)
+        body = self.owned_body(context, namespace)
         name = body["metadata"]["name"]
         self.persist_gke_links(context, namespace)
         obj = self._apply_existing(hook, body, namespace)
@@ -485,6 +493,14 @@ def object_name(context: Context, explicit: str | None, task_id: str | None = No
         return check_name("name", explicit)
     who = TaskIdentity.from_context(context, task_id)
     return resource_name(who.dag_id, who.run_id, who.task_id, who.map_index)
+
+
+def owner_annotations(context: Context) -> dict[str, str]:
+    """The task instance's full owner record (dag, run, task, map index) as the object's annotation."""
+    from tpuflow.kuberay.manifests import ownership_annotations
+
+    who = TaskIdentity.from_context(context)
+    return ownership_annotations(who.dag_id, who.run_id, who.task_id, who.map_index)
 
 
 def owner_labels(

@@ -117,10 +117,14 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param service_account: Kubernetes service account of the Ray pods.
     :param ray_auth: ``"token"`` (default): KubeRay's authOptions turn on Ray token authentication, the
         token lives in the Secret KubeRay creates and downstream hooks read it from there (XCom carries
-        only a reference to it); ``"disabled"`` leaves the dashboard and Jobs API open on the head Service.
+        only a reference to it); ``"disabled"`` (or ``"none"``) opts out by name and leaves the dashboard
+        and Jobs API open to anything that reaches the head Service. Applies to ``manifest`` too: one
+        without authOptions is completed (and the task log says so); one that sets ``mode: disabled``
+        itself is refused unless ray_auth opts out.
     :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param manifest: instead of the slice arguments, a complete RayCluster (dict or YAML), e.g. an edited
-        ``tpuflow render raycluster``; name/namespace/ownership labels are set by the operator; templated.
+        ``tpuflow render raycluster``; name/namespace/ownership labels are set by the operator, authOptions
+        as ``ray_auth`` says; templated.
     :param name: the RayCluster's name; default: per task instance (the same on every try); templated.
     :param labels: extra labels on the RayCluster and its pods; templated.
     :param annotations: extra annotations on the RayCluster.
@@ -197,9 +201,11 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             raise UserInputError("manifest", str(raw)[:80], "give a ray.io/v1 RayCluster manifest")
         return dict(raw)
 
-    def _manifest_spec(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The user manifest's spec, checked (the TPU webhook's rule too, unless tpu_preflight is off)."""
+    def _manifest_spec(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The user manifest's spec, checked (the TPU webhook's rule too, unless tpu_preflight is off) and
+        carrying the authOptions ``ray_auth`` asks for; and whether authOptions had to be added."""
         from tpuflow.kuberay.k8s_values import stringify_ray_group_values
+        from tpuflow.kuberay.ray_auth import with_cluster_auth
         from tpuflow.kuberay.webhook_rules import tpu_group_problems
 
         spec = stringify_ray_group_values(body.get("spec") or {})
@@ -208,13 +214,19 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         if self.tpu_preflight:
             for problem in tpu_group_problems(spec):
                 raise UserInputError(f"manifest.spec.{problem.field}", problem.num_of_hosts, problem.message)
-        return spec
+        return with_cluster_auth(spec, self.ray_auth, field="manifest.spec")
 
     def _manifest_from_user(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
         from tpuflow.kuberay.manifests import spec_hash
 
         body = self._parsed_manifest()
-        spec = self._manifest_spec(body)
+        spec, auth_added = self._manifest_spec(body)
+        if auth_added:
+            self.log.info(
+                "The manifest sets no spec.authOptions: applying it with authOptions.mode=%s (ray_auth=%r)",
+                spec["authOptions"]["mode"],
+                self.ray_auth,
+            )
         meta = dict(body.get("metadata") or {})
         meta.update(name=name, namespace=namespace)
         meta["labels"] = {**(meta.get("labels") or {}), **labels}
@@ -317,7 +329,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param service_account: Kubernetes service account of the Ray pods.
     :param ray_auth: ``"token"`` (default): KubeRay's authOptions turn on Ray token authentication, the
         token lives in the Secret KubeRay creates and downstream hooks read it from there (XCom carries
-        only a reference to it); ``"disabled"`` leaves the dashboard and Jobs API open on the head Service.
+        only a reference to it); ``"disabled"`` (or ``"none"``) opts out by name and leaves the dashboard,
+        Jobs and Serve REST APIs open on the head Service (the Serve endpoint itself stays ClusterIP).
     :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param name: a stable name makes the task update one long-lived endpoint across runs; default: per
         task instance; templated.
@@ -333,6 +346,9 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         first: give a long-lived endpoint (a stable ``name``) None or a lifetime that covers it.
     :param on_kill_action: "delete" (default): killing the task while it waits deletes the RayService it
         created (never one it only updated); "keep": leave it for inspection.
+    :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token
+        (optional, serve_config only): every application gets the token's SHA-256 as ``args.token_sha256``
+        (never the token) and answers 401 without ``Authorization: Bearer <token>`` (addition.serve_app).
     :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
         extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
     :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
@@ -374,9 +390,11 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         deployment_options: Any = None,
         upgrade_strategy: str = DEFAULT_UPGRADE_STRATEGY,
         on_kill_action: str = "delete",
+        serve_token_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.serve_token_conn_id = serve_token_conn_id
         self.serve_config = serve_config
         self.llm_model_id = llm_model_id
         self.llm_options = llm_options
@@ -397,6 +415,12 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         ]
 
     def _check_serve_source(self) -> None:
+        if self.llm_model_id is not None and self.serve_token_conn_id:
+            raise UserInputError(
+                "serve_token_conn_id",
+                self.serve_token_conn_id,
+                "applies to serve_config applications, not llm_model_id",
+            )
         if self.llm_model_id is None:
             if self.serve_config is None:
                 raise UserInputError("serve_config", None, "give serve_config, or llm_model_id to serve an LLM")
@@ -435,7 +459,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return self.on_kill_action == "delete"
 
     # --- manifest ---
-    def build_manifest_for(self, name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    def build_manifest_for(
+        self, name: str, namespace: str, labels: Mapping[str, str], token_digest: str | None = None
+    ) -> dict[str, Any]:
+        """The RayService; with ``token_digest`` every application's args carry it (tpuflow.serve.endpoint_token)."""
         from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
 
         template = self.build_template()
@@ -455,6 +482,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             from tpuflow.serve.config import check_tpu_placement
 
             serve_config = self._serve_config()
+            if token_digest:
+                from tpuflow.serve.endpoint_token import with_token_digest
+
+                serve_config = with_token_digest(serve_config, token_digest)
             check_tpu_placement(serve_config, template.tpu)  # a multi-host app without its topology would hang
             manifest = rayservice_manifest(template, serve_config, **common)
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
@@ -462,7 +493,13 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
         labels = owner_labels(context, self.labels, self.expires_after)
-        return self.build_manifest_for(object_name(context, self.name), namespace, labels)
+        digest = None
+        if self.serve_token_conn_id:
+            from tpuflow.serve.endpoint_token import serve_token, token_digest
+
+            digest = token_digest(serve_token(self.serve_token_conn_id))
+            self.log.info("Endpoint guarded by the bearer token of connection %r", self.serve_token_conn_id)
+        return self.build_manifest_for(object_name(context, self.name), namespace, labels, digest)
 
     # --- the flow's steps ---
     def reconcile_existing(

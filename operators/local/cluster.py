@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -31,13 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from tpuflow import liveness
 from tpuflow.errors import UserInputError
+from tpuflow.local.node_env import node_environment
 from tpuflow.paths import tpuflow_home
+from tpuflow.secret_files import write_secret_file
 from tpuflow.tpu import TpuSlice
 
 STATE_FILE = "state.json"
 TOKEN_FILE = "auth_token"
 CLUSTER_ENV = "TPUFLOW_LOCAL_CLUSTER"  # in every cluster process's environment: the cluster's temp dir
+logger = logging.getLogger(__name__)
 # Memory a simulated host needs (raylet, agents, one JAX/torch worker); refuse to start
 # a slice the machine cannot hold instead of letting the OOM killer pick processes.
 _HOST_MEMORY_BYTES = 700 * 1024 * 1024
@@ -120,6 +125,12 @@ class LocalRayCluster:
     # left running on purpose (keep_endpoint; a kept RayService's tpuflow-kept label): the reaper leaves it
     # while its processes live, whatever its run's state; `tpuflow local down` stops it
     kept: bool = False
+    # the task instance that started it (tpuflow.naming.TaskIdentity.record()); None: no run did (`tpuflow local
+    # up`). The orphan reaper judges the cluster by this record's run, never by its name
+    owner: dict[str, Any] | None = None
+    # the process supervising that run (tpuflow.liveness record; None: none does): the reaper and `tpuflow demo`
+    # stop a cluster whose supervisor is provably dead
+    supervisor: dict[str, Any] | None = None
     # False while start() is still bringing nodes up (the state is saved as each node spawns, so what a
     # start killed half-way spawned stays findable): a retry stops such a cluster rather than adopting it
     complete: bool = True
@@ -139,11 +150,13 @@ class LocalRayCluster:
         adopt: bool = True,
         auth_token: str | None = None,
         expires_at: float | None = None,
+        owner: dict[str, Any] | None = None,
     ) -> LocalRayCluster:
         """Start a head plus one Ray node per simulated TPU host, or adopt a live cluster of that name.
 
         auth_token: the Ray token to use (default: a fresh random one), e.g. one a KubeRay Secret holds.
         expires_at: recorded in the state (an adopted cluster keeps its own); None: it never expires.
+        owner: the starting task instance's record (TaskIdentity.record()), recorded in the state.
         """
         state_dir = Path(base_dir or default_base_dir()) / name
         if adopt and (state_dir / STATE_FILE).exists():
@@ -169,9 +182,7 @@ class LocalRayCluster:
                 f"{_available_memory() >> 20} MiB; use a smaller slice (e.g. 2x2 or 2x4) for local runs",
             )
         state_dir.mkdir(parents=True, exist_ok=True)
-        token_path = state_dir / TOKEN_FILE
-        token_path.write_text(auth_token or secrets.token_hex(32))
-        token_path.chmod(0o600)
+        write_secret_file(state_dir / TOKEN_FILE, auth_token or secrets.token_hex(32))  # 0600 in a 0700 folder
         # Ray's unix socket paths must stay under ~107 bytes: keep the temp dir short.
         temp_dir = tempfile.mkdtemp(prefix="tpf-", dir="/tmp")
         cluster = cls(
@@ -185,6 +196,8 @@ class LocalRayCluster:
             started_at=time.time(),
             host_cpus=host_cpus,
             expires_at=expires_at,
+            owner=owner,
+            supervisor=liveness.supervisor_record(),
             complete=False,
         )
         cluster.save()
@@ -209,26 +222,22 @@ class LocalRayCluster:
         SIGTERM every node's process group, wait up to ``grace`` seconds on them, then SIGKILL what
         is left: Ray's gcs_server and autoscaler monitor ignore SIGTERM, so waiting longer only waits
         out the deadline. ``timeout`` bounds the wait after SIGKILL.
+
+        Only processes that name this cluster (``_references``) are signalled: a recorded pid that now
+        belongs to another process (after a reboot or pid wrap) counts as a node already gone.
         """
         signalled: list[int] = []
         # Workers first, so the head does not spend the grace reporting dead nodes.
-        for node in sorted(self.nodes, key=lambda n: n.role == "head"):
-            if _group_alive(node.pid):
-                _signal_group(node.pid, signal.SIGTERM)
-                signalled.append(node.pid)
-        groups = [n.pid for n in self.nodes]
-        if not _wait_gone(groups, grace):
-            for pgid in groups:
-                _signal_group(pgid, signal.SIGKILL)
-            _wait_gone(groups, timeout)
+        groups = [n.pid for n in sorted(self.nodes, key=lambda n: n.role == "head")]
+        _log_foreign(groups, self.temp_dir, self.name)
+        for pgid in groups:
+            signalled += _signal_owned([pgid], self.temp_dir, signal.SIGTERM)
+        if not _wait_owned_gone(groups, self.temp_dir, grace):
+            _signal_owned(groups, self.temp_dir, signal.SIGKILL)
+            _wait_owned_gone(groups, self.temp_dir, timeout)
         # Ray processes that left our process groups still carry our unique temp dir.
         strays = _pids_referencing(self.temp_dir)
-        for pid in strays:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                signalled.append(pid)
-            except ProcessLookupError:
-                pass
+        signalled += [pid for pid in strays if _kill_pid(pid, signal.SIGKILL)]
         _wait_pids_gone(strays, timeout)
         self._keep_ray_logs()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
@@ -252,7 +261,8 @@ class LocalRayCluster:
     def kill_host(self, slice_index: int, worker_id: int) -> int:
         """Simulate a preempted TPU host: kill that Ray node's whole process group."""
         node = self._host(slice_index, worker_id)
-        _signal_group(node.pid, signal.SIGKILL)
+        _log_foreign([node.pid], self.temp_dir, self.name)
+        _signal_owned([node.pid], self.temp_dir, signal.SIGKILL)
         return node.pid
 
     def preempt_host(self, slice_index: int, worker_id: int, restart_after: float = 5.0, timeout: float = 180.0) -> int:
@@ -271,7 +281,7 @@ class LocalRayCluster:
         if self.slice is None:
             raise LocalClusterError("this cluster simulates no TPU slice")
         old = self._host(slice_index, worker_id)
-        _signal_group(old.pid, signal.SIGKILL)
+        _signal_owned([old.pid], self.temp_dir, signal.SIGKILL)
         self.nodes.remove(old)
         self.save()
         tpu = TpuSlice.from_dict(self.slice)
@@ -327,7 +337,7 @@ class LocalRayCluster:
 
     def is_alive(self) -> bool:
         head = next((n for n in self.nodes if n.role == "head"), None)
-        return head is not None and _group_alive(head.pid)
+        return head is not None and bool(_owned_alive([head.pid], self.temp_dir))
 
     def auth_token(self) -> str | None:
         path = Path(self.state_dir) / TOKEN_FILE
@@ -373,7 +383,8 @@ class LocalRayCluster:
 
     # --- internals -------------------------------------------------------------
     def _base_env(self, tpu: TpuSlice | None, extra: dict[str, str] | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TPU_"))}
+        # an allowlist of the launching process's environment: never its Airflow secrets (tpuflow.local.node_env)
+        env = node_environment(os.environ)
         env.update(
             {
                 "RAY_AUTH_MODE": "token",
@@ -495,7 +506,7 @@ class LocalRayCluster:
                 ready(per_attempt)
                 return
             except LocalClusterError:
-                _kill_node(self.nodes.pop())
+                _kill_node(self.nodes.pop(), self.temp_dir)
                 self.save()
                 if attempt == attempts - 1:
                     raise
@@ -521,7 +532,8 @@ class LocalRayCluster:
         while time.time() < deadline:
             # a raylet that aborted while its `ray start` lingers: the node will never join, retry it now
             failed = _exited_raylets([n.pid for n in self.nodes])
-            dead = [n for n in self.nodes if n.pid in failed or not _group_alive(n.pid)]
+            live = set(_owned_alive([n.pid for n in self.nodes], self.temp_dir))
+            dead = [n for n in self.nodes if n.pid in failed or n.pid not in live]
             if dead:
                 raise LocalClusterError(f"Ray node {dead[0].role} exited during start:\n{_tail(dead[0].log)}")
             try:
@@ -543,7 +555,8 @@ def _load_factor() -> float:
 
 
 def _group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is left in the process group."""
+    """Whether any live (non-zombie) process is left in the process group (any process's: for a pid read
+    back from a state file, ask _owned_alive)."""
     return bool(_groups_alive([pgid]))
 
 
@@ -583,16 +596,6 @@ def _all_pids() -> list[int]:
     return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
 
 
-def _wait_gone(groups: list[int], timeout: float) -> bool:
-    """Wait until no process group in `groups` has a live process; False if some still do at `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = _groups_alive(groups)
-        if not left or time.monotonic() >= deadline:
-            return not left
-        time.sleep(0.05)
-
-
 def _groups_alive(groups: list[int]) -> list[int]:
     """The process groups of `groups` with a live (non-zombie) process.
 
@@ -626,53 +629,181 @@ def _wait_pids_gone(pids: list[int], timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _kill_node(node: NodeProcess, timeout: float = 10.0) -> None:
+def _kill_node(node: NodeProcess, marker: str, timeout: float = 10.0) -> None:
     """SIGKILL a node that failed to start: its process group and any process naming its temp dir,
-    then wait until they are gone, so a retried start leaves nothing of the failed attempt behind."""
-    _signal_group(node.pid, signal.SIGKILL)
-    _wait_gone([node.pid], timeout)
+    then wait until they are gone, so a retried start leaves nothing of the failed attempt behind.
+    `marker`: the cluster's temp dir; only processes naming it are signalled (_references)."""
+    _signal_owned([node.pid], marker, signal.SIGKILL)
+    _wait_owned_gone([node.pid], marker, timeout)
     strays = _pids_referencing(node.temp_dir) if node.temp_dir else []
     for pid in strays:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_pid(pid, signal.SIGKILL)
     _wait_pids_gone(strays, timeout)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
+    """Signal a process group we just started ourselves; a pid read back from a state file goes through
+    _signal_owned instead."""
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
 
 
+def _kill_pid(pid: int, sig: int) -> bool:
+    """Signal one pid already proven ours; whether it was there to signal."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# --- ownership: a pid read from state.json may be anyone's after a reboot or a pid wrap ---------------------
+def _references(pid: int, marker: str) -> bool:
+    """Whether process `pid` provably belongs to the cluster whose temp dir is `marker`: its environment has
+    CLUSTER_ENV=`marker` (every process the cluster starts inherits it), or its command line names `marker`
+    or a path under it. A process we cannot read (gone, a zombie, another user's) is not ours."""
+    want = marker.rstrip("/").encode()
+    if not want.startswith(b"/"):  # "" or a relative marker would match the wrong command lines
+        return False
+    if any(_has_env(pid, CLUSTER_ENV, value) for value in {marker, want.decode()}):
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    at = cmdline.find(want)
+    while at >= 0:
+        after = cmdline[at + len(want) : at + len(want) + 1]
+        if after in (b"", b" ", b"/"):  # not /tmp/tpf-x/n1 inside /tmp/tpf-x/n10
+            return True
+        at = cmdline.find(want, at + 1)
+    return False
+
+
+def _has_env(pid: int, name: str, value: str) -> bool:
+    """Whether process `pid` was started with `name`=`value` in its environment (False: unreadable, e.g. gone,
+    a zombie, or another user's process)."""
+    try:
+        return f"{name}={value}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _wait_exec_settled(pid: int, wait: float = 10.0) -> None:
+    """Wait (at most `wait`) until `pid`'s command line reads non-empty.
+
+    Popen returns while its child's exec is still under way, and until the new program is loaded its command
+    line and environment read empty (measured here: one Popen in three, for milliseconds; longer on a loaded
+    machine): an ownership test then would call a node just started foreign. Only kernel threads (children
+    of kthreadd, pid 2) and zombies keep an empty command line; they are not waited for."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return
+        if pid == 2 or fields[1] == "2" or fields[0] == "Z":
+            return
+        time.sleep(0.002)
+
+
+# What proves a process ours: a cluster's temp dir (see _references), or a test of the pid.
+Ours = str | Callable[[int], bool]
+
+
+def _ours(ours: Ours) -> Callable[[int], bool]:
+    test = (lambda pid: _references(pid, ours)) if isinstance(ours, str) else ours
+
+    def settled_test(pid: int) -> bool:
+        _wait_exec_settled(pid)
+        return test(pid)
+
+    return settled_test
+
+
+def _owned_targets(groups: list[int], ours: Ours) -> tuple[list[int], dict[int, list[int]], list[int]]:
+    """What of the recorded process groups `groups` is provably ours now (`ours`: see Ours).
+
+    Returns (groups whose live leader is ours: signal the group; {group: its live members that are ours}
+    for groups whose leader is gone; recorded pids that live but are not ours: treat those nodes as gone).
+    Linux never hands out a pid while a process group of that id exists, so a live leader that is not ours
+    means our group is gone, and a group whose leader is gone keeps its id for the members left.
+    """
+    is_ours = _ours(ours)
+    leaders: list[int] = []
+    foreign: list[int] = []
+    leaderless: list[int] = []
+    for pgid in groups:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pgid, os.WNOHANG)  # reap our own child leader, if it is ours and exited
+        if not _live(pgid):
+            leaderless.append(pgid)
+        elif is_ours(pgid):
+            leaders.append(pgid)
+        else:
+            foreign.append(pgid)
+    members: dict[int, list[int]] = {}
+    if leaderless:
+        me = os.getpid()
+        for pid in _all_pids():
+            group = _pgrp_of(pid)
+            if group in leaderless and pid != me and is_ours(pid):
+                members.setdefault(group, []).append(pid)
+    return leaders, members, foreign
+
+
+def _owned_alive(groups: list[int], ours: Ours) -> list[int]:
+    """The recorded process groups `groups` with a live process that is provably ours."""
+    leaders, members, _ = _owned_targets(groups, ours)
+    return [g for g in groups if g in leaders or g in members]
+
+
+def _signal_owned(groups: list[int], ours: Ours, sig: int) -> list[int]:
+    """Send `sig` to what of `groups` is provably ours (see _owned_targets): a group whose leader is ours
+    as a whole, else its members that are ours one by one; returns the groups and pids signalled."""
+    leaders, members, _ = _owned_targets(groups, ours)
+    signalled = []
+    for pgid in leaders:
+        if _pgrp_of(pgid) == pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+                signalled.append(pgid)
+        elif _kill_pid(pgid, sig):  # ours, but no longer leading its group: only itself
+            signalled.append(pgid)
+    for pids in members.values():
+        signalled += [pid for pid in pids if _kill_pid(pid, sig)]
+    return signalled
+
+
+def _wait_owned_gone(groups: list[int], ours: Ours, timeout: float) -> bool:
+    """Wait until no process of `groups` that is ours lives; False if some still do at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = _owned_alive(groups, ours)
+        if not left or time.monotonic() >= deadline:
+            return not left
+        time.sleep(0.05)
+
+
+def _log_foreign(groups: list[int], marker: str, name: str) -> None:
+    """Say (at info) which recorded pids now belong to other processes, and that they are left alone."""
+    for pid in _owned_targets(groups, marker)[2]:
+        logger.info(
+            "local cluster %s: pid %d is no longer one of its processes (neither %s on its command line nor "
+            "%s=%s in its environment); treating that node as gone, not signalling it",
+            name, pid, marker or "(no temp dir recorded)", CLUSTER_ENV, marker,
+        )  # fmt: skip
+
+
 def _pids_referencing(marker: str) -> list[int]:
     """Pids whose command line names the path `marker` (our unique temp dir) or a path under it, or whose
     environment has CLUSTER_ENV=`marker` (a cluster's Ray workers)."""
-    found = []
     me = os.getpid()
-    want = marker.rstrip("/").encode()
-    env_entry = f"{CLUSTER_ENV}={marker}".encode()
-    for pid in _all_pids():
-        if pid == me:
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        with contextlib.suppress(OSError):  # another user's process: its environment is not ours to read
-            if env_entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(pid)
-                continue
-        at = cmdline.find(want)
-        while at >= 0:
-            after = cmdline[at + len(want) : at + len(want) + 1]
-            if after in (b"", b" ", b"/"):  # not /tmp/tpf-x/n1 inside /tmp/tpf-x/n10
-                found.append(pid)
-                break
-            at = cmdline.find(want, at + 1)
-    return found
+    return [pid for pid in _all_pids() if pid != me and _references(pid, marker)]
 
 
 def _tail(path: str, lines: int = 30) -> str:

@@ -134,6 +134,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
                 host_cpus=self.host_cpus,
                 timeout=self.start_timeout,
                 expires_at=None if lifetime is None else time.time() + lifetime,
+                owner=identity.record(),
             )
         except AirflowTaskTerminated:  # raised by on_kill; start() stopped the nodes it spawned
             _stop_recorded(state_dir)  # and an adopted cluster, which start() leaves alone

@@ -104,10 +104,11 @@ def training_steps(
     evaluation then runs in one CPU actor, since the training slice is deleted once its checkpoint
     exists); ``train_class`` and ``train_kwargs``: a RayTrainOperator subclass and its own arguments."""
     # On the slice: one actor per host of the training slice, each holding that host's TPU resources.
-    on_slice = (
-        f" --num-hosts {CHECKED_SLICE.format('num_hosts')} --tpu-per-host {CHECKED_SLICE.format('logical_devices_per_host')}"
-        f" --accelerator-type {CHECKED_SLICE.format('ray_accelerator_type')}"
-    )
+    on_slice = [
+        *("--num-hosts", CHECKED_SLICE.format("num_hosts")),
+        *("--tpu-per-host", CHECKED_SLICE.format("logical_devices_per_host")),
+        *("--accelerator-type", CHECKED_SLICE.format("ray_accelerator_type")),
+    ]
     prep = RayDataPrepOperator(
         task_id="prep",
         cluster=cluster,
@@ -145,12 +146,13 @@ def training_steps(
     evaluate = RaySubmitJobOperator(
         task_id="evaluate",
         cluster=cluster,
-        entrypoint=(
-            "python -m addition.evaluate --framework {{ params.framework }}"
-            " --checkpoint {{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"
-            f" --data {run_dir}/data/heldout --output {run_dir}/eval/{{{{ params.framework }}}}.json"
-            + (on_slice if train_cluster is None else "")
-        ),
+        # An argument list: each path is one argument once rendered (shlex.join), whatever the output root holds.
+        entrypoint=[
+            *("python", "-m", "addition.evaluate", "--framework", "{{ params.framework }}"),
+            *("--checkpoint", "{{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"),
+            *("--data", f"{run_dir}/data/heldout", "--output", f"{run_dir}/eval/{{{{ params.framework }}}}.json"),
+            *(on_slice if train_cluster is None else []),
+        ],
         min_result={"accuracy": "{{ params.accuracy_threshold }}"},
         log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
     )

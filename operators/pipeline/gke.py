@@ -427,8 +427,11 @@ def variable_settings() -> dict[str, Any]:
 PREP_CLUSTER_CPUS = "2"
 
 
-def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A head-only RayCluster for the CPU steps (prep, evaluate): Ray tasks run on its head."""
+def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None, ray_auth: str = "token") -> dict[str, Any]:
+    """A head-only RayCluster for the CPU steps (prep, evaluate): Ray tasks run on its head; token
+    authentication on unless ``ray_auth`` opts out by name (tpuflow.kuberay.ray_auth)."""
+    from tpuflow.kuberay.ray_auth import with_cluster_auth
+
     container: dict[str, Any] = {
         "name": "ray-head",
         "image": image,
@@ -445,20 +448,21 @@ def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None) -> d
     }
     if env:
         container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec = {
+        "rayVersion": "2.60.0",
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": PREP_CLUSTER_CPUS, "dashboard-host": "0.0.0.0"},
+            "template": {"spec": {"containers": [container]}},
+        },
+        "workerGroupSpecs": [],
+    }
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
         # no name: the create task names it per task instance, so its delete (and a retry) finds it
         "metadata": {},
-        "spec": {
-            "rayVersion": "2.60.0",
-            "enableInTreeAutoscaling": False,
-            "headGroupSpec": {
-                "rayStartParams": {"num-cpus": PREP_CLUSTER_CPUS, "dashboard-host": "0.0.0.0"},
-                "template": {"spec": {"containers": [container]}},
-            },
-            "workerGroupSpecs": [],
-        },
+        "spec": with_cluster_auth(spec, ray_auth)[0],
     }
 
 
@@ -486,6 +490,7 @@ def build_gke_pipeline_dag(
     node_pool_poll_interval: float = 10.0,
     deferrable: bool = True,
     ray_env: Mapping[str, str] | None = None,
+    ray_auth: str = "token",
     schedule: str | None = "@daily",
     start_date: datetime = datetime(2026, 11, 1),
     max_active_runs: int = 1,
@@ -518,6 +523,8 @@ def build_gke_pipeline_dag(
     :param node_pool_poll_interval: seconds between looks at GKE operations (and the first backoff).
     :param deferrable: wait in the triggerer rather than in worker slots.
     :param ray_env: environment for the Ray head and TPU hosts of both clusters.
+    :param ray_auth: Ray token authentication of every RayCluster and RayService the DAG applies (the CPU
+        prep cluster too): ``"token"`` (default), or opt out by name with ``"disabled"`` / ``"none"``.
     :param schedule: the DAG's schedule.
     :param start_date: the DAG's start date.
     :param max_active_runs: runs at once (each holds TPU slices).
@@ -552,6 +559,7 @@ def build_gke_pipeline_dag(
         **kube,
         "image": image,
         "env": dict(ray_env or {}),
+        "ray_auth": ray_auth,
         "address_mode": address_mode,
         "retries": 0,
     }
@@ -583,7 +591,7 @@ def build_gke_pipeline_dag(
         )
         create_prep = KubeRayCreateClusterOperator(
             task_id="create_prep_cluster",
-            manifest=prep_cluster_manifest(image, ray_env),
+            manifest=prep_cluster_manifest(image, ray_env, ray_auth),
             wait_timeout=cluster_ready_timeout,
             **{k: v for k, v in rays.items() if k not in ("image", "env")},
         )

@@ -105,7 +105,7 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             minimum=1,
             maximum=64,
             title="Slices",
-            description="Identical slices trained on together (data parallel across them over DCN); "
+            description="Identical slices trained on together (data parallel across them over DCN), 1 to 64; "
             "each takes one slice lease.",
         ),
         "preflight": ParamSpec(

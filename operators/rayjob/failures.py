@@ -30,6 +30,7 @@ _INFRA_PATTERNS = [
     r"PlacementGroup.*(timed out|could not be scheduled)",
     r"(gRPC|grpc).*UNAVAILABLE",
     r"TrainingFailedError.*Worker.*died",
+    r"storage call stalled",  # tpuflow_driver.deadline_fs: the storage server stopped answering
 ]
 _INFRA = re.compile("|".join(f"(?:{p})" for p in _INFRA_PATTERNS), re.IGNORECASE)
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")

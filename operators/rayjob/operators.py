@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +27,40 @@ if TYPE_CHECKING:
 # Key of the task state store entry naming the task's current Ray job (Airflow 3.3 durable
 # execution). Renaming it breaks re-attachment for retries already in flight.
 SUBMISSION_STATE_KEY = "ray_submission_id"
-_ENTRYPOINT_FIX = 'give the command the job driver runs, e.g. "python -m my_package.job"'
+_ENTRYPOINT_FIX = (
+    'give the command the job driver runs as an argument list, e.g. ["python", "-m", "my_package.job", "--out", path], '
+    "or a shell command string"
+)
+
+
+def command_line(entrypoint: Sequence[Any] | str, python: str | None = None) -> str:
+    """The shell command Ray runs (its job manager starts every entrypoint with a shell).
+
+    An argument list is quoted item by item with ``shlex.join``: a path holding a space, a quote or
+    ``$(...)`` reaches the program as one argument and is never run. A string is the user's own shell
+    command, run as written. ``python``: the interpreter that replaces a leading ``python`` (quoted too).
+    """
+    if isinstance(entrypoint, str):
+        if python and entrypoint.startswith("python "):
+            return f"{shlex.quote(python)} {entrypoint[len('python ') :]}"
+        return entrypoint
+    argv = [str(item) for item in entrypoint]
+    if python and argv and argv[0] == "python":
+        argv[0] = python
+    return shlex.join(argv)
+
+
+def _check_entrypoint(value: Any) -> None:
+    """A non-empty command string, or a non-empty list of plain values (each one argument)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise UserInputError("entrypoint", value, _ENTRYPOINT_FIX)
+        return
+    if not isinstance(value, list | tuple) or not value:
+        raise UserInputError("entrypoint", value, _ENTRYPOINT_FIX)
+    for index, item in enumerate(value):
+        if not isinstance(item, str | int | float) or isinstance(item, bool):
+            raise UserInputError(f"entrypoint[{index}]", item, "give each argument as a string or a number")
 
 
 class QualityGateError(AirflowFailException):
@@ -55,7 +89,10 @@ class RaySubmitJobOperator(BaseOperator):
     Killing the task stops its job, while it waits in the worker (``on_kill``) and while it is
     deferred (the trigger's ``on_kill``).
 
-    :param entrypoint: shell command run by the job driver on the head node; templated.
+    :param entrypoint: what the job driver runs on the head node: an argument list
+        (``["python", "-m", "pkg.job", "--out", path]``; each item is templated, then the list is quoted with
+        ``shlex.join``, so no value reaches the shell unquoted), or a shell command string, run as written
+        (quote values yourself); templated.
     :param cluster: connection info pushed by a cluster-start task (dashboard_url, ...); templated.
     :param ray_conn_id: Airflow connection (type ``ray``) naming the dashboard, when ``cluster`` is not given.
     :param working_dir: folder shipped as the job's runtime_env working_dir (default None: the workloads
@@ -90,7 +127,7 @@ class RaySubmitJobOperator(BaseOperator):
     def __init__(
         self,
         *,
-        entrypoint: str | None = None,
+        entrypoint: str | list[Any] | None = None,
         cluster: dict[str, Any] | str | None = None,
         ray_conn_id: str | None = None,
         working_dir: str | None = None,
@@ -139,12 +176,8 @@ class RaySubmitJobOperator(BaseOperator):
 
         from tpuflow.validation import check_number, check_seconds
 
-        if (
-            (rendered or is_static(self.entrypoint))
-            and self.entrypoint is not None
-            and (not isinstance(self.entrypoint, str) or not self.entrypoint.strip())
-        ):
-            raise UserInputError("entrypoint", self.entrypoint, _ENTRYPOINT_FIX)
+        if (rendered or is_static(self.entrypoint)) and self.entrypoint is not None:
+            _check_entrypoint(self.entrypoint)
         if rendered or is_static(self.cluster):
             check_cluster(self.cluster, self.ray_conn_id)
         for field in ("runtime_env", "env_vars", "min_result"):
@@ -179,8 +212,9 @@ class RaySubmitJobOperator(BaseOperator):
 
         return RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self._cluster_info())
 
-    def build_entrypoint(self, context: Context) -> str:
-        """The command the job driver runs (subclasses build it from their own arguments)."""
+    def build_entrypoint(self, context: Context) -> list[Any] | str:
+        """The command the job driver runs: an argument list (subclasses build one from their own
+        arguments) or the user's shell command string."""
         if not self.entrypoint:
             raise UserInputError("entrypoint", self.entrypoint, _ENTRYPOINT_FIX)
         return self.entrypoint
@@ -286,12 +320,9 @@ class RaySubmitJobOperator(BaseOperator):
             self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)
         else:
             sid = base_id
-        entrypoint = self.build_entrypoint(context)
-        python = self._cluster_info().get("python")
-        if python and entrypoint.startswith("python "):
-            # A local cluster's nodes run the environment that started them; PATH on a shared
-            # machine may name another Python first. (KubeRay images have one `python`.)
-            entrypoint = f"{python} {entrypoint[len('python ') :]}"
+        # A local cluster's nodes run the environment that started them; PATH on a shared machine may
+        # name another Python first, so a leading `python` becomes it. (KubeRay images have one `python`.)
+        entrypoint = command_line(self.build_entrypoint(context), self._cluster_info().get("python"))
         self.log.info("Submitting Ray job %s: %s", sid, entrypoint)
         hook.submit_job(
             entrypoint=entrypoint,

@@ -8,7 +8,6 @@ fails this task, naming the hosts, instead of hanging training's first collectiv
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -107,8 +106,8 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
             "collective": self.collective,
         }
 
-    def build_entrypoint(self, context: Context) -> str:
-        return f"python -m tpuflow_driver.preflight --spec-json {shlex.quote(json.dumps(self.build_spec()))}"
+    def build_entrypoint(self, context: Context) -> list[str]:
+        return ["python", "-m", "tpuflow_driver.preflight", "--spec-json", json.dumps(self.build_spec())]
 
     def build_runtime_env(self) -> dict[str, Any]:
         env = super().build_runtime_env()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,15 +24,15 @@ RESUME_POLICIES = ("auto", "never")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def module_entrypoint(module: str, arguments: dict[str, Any]) -> str:
-    """`python -m module --key value ...` with every value shell-quoted."""
-    parts = ["python", "-m", module]
+def module_entrypoint(module: str, arguments: dict[str, Any]) -> list[str]:
+    """`python -m module --key value ...` as an argument list (quoted with shlex.join when submitted)."""
+    argv = ["python", "-m", module]
     for key, value in arguments.items():
         if value is None or value is False:
             continue
         flag = f"--{key.replace('_', '-')}"
-        parts.append(flag if value is True else f"{flag} {shlex.quote(str(value))}")
-    return " ".join(parts)
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
 
 
 def check_multislice(tpu: Any, framework: Any, *, simulated: bool) -> None:
@@ -90,7 +89,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         ):
             raise UserInputError("arguments", self.arguments, "give the module's arguments as a dict")
 
-    def build_entrypoint(self, context: Context) -> str:
+    def build_entrypoint(self, context: Context) -> list[str]:
         return module_entrypoint(self.module, self.arguments or {})
 
     def output_uri(self) -> str | None:
@@ -269,10 +268,10 @@ class RayTrainOperator(RaySubmitJobOperator):
 
         return slice_name(str(self._cluster_info().get("name")), index)
 
-    def build_entrypoint(self, context: Context) -> str:
+    def build_entrypoint(self, context: Context) -> list[str]:
         spec = self.build_spec(getattr(context["ti"], "try_number", 1))
         self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
-        return f"python -m tpuflow_driver.train --spec-json {shlex.quote(json.dumps(spec))}"
+        return ["python", "-m", "tpuflow_driver.train", "--spec-json", json.dumps(spec)]
 
     def build_runtime_env(self) -> dict[str, Any]:
         env = super().build_runtime_env()

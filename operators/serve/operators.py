@@ -55,6 +55,10 @@ class RayServeDeployOperator(BaseOperator):
         delete the applications this task created (absent before its deploy), and only when every
         application on the cluster is one of them (Serve deletes all at once); an app it merely updated
         keeps serving. "keep": leave everything serving.
+    :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token
+        (optional). Every application gets the token's SHA-256 digest as ``args.token_sha256`` (never the
+        token) and must check it (addition.serve_app does, with tpuflow_driver.endpoint_token): requests
+        without ``Authorization: Bearer <token>`` get 401. Give the smoke test the same connection.
     """
 
     template_fields: Sequence[str] = ("serve_config", "cluster", "serve_slice")
@@ -73,10 +77,12 @@ class RayServeDeployOperator(BaseOperator):
         poll_interval: float = 2.0,
         deferrable: bool = True,
         on_kill_action: str = "delete",
+        serve_token_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.serve_config = serve_config
+        self.serve_token_conn_id = serve_token_conn_id
         self.cluster = cluster
         self.ray_conn_id = ray_conn_id
         self.serve_slice = serve_slice
@@ -150,7 +156,7 @@ class RayServeDeployOperator(BaseOperator):
         created = self._absent_apps(hook, names) if self.on_kill_action == "delete" else []
         self.log.info("Deploying Serve applications %s to %s", names, hook.dashboard_url)
         self._owned_apps = created
-        hook.deploy_applications(self.serve_config)
+        hook.deploy_applications(self._config_to_deploy())
         wait = {"app_names": names, "timeout": self.deploy_timeout, "poll_interval": self.poll_interval}
         if self.deferrable:
             self.execute_async(context, wait, created)
@@ -184,6 +190,18 @@ class RayServeDeployOperator(BaseOperator):
         routes = {a["name"]: a.get("route_prefix", "/") for a in self.serve_config.get("applications", [])}
         self.log.info("Serve applications RUNNING: %s at %s", routes, serve_url)
         return {"serve_url": serve_url, "routes": routes}
+
+    def _config_to_deploy(self) -> dict[str, Any]:
+        """The Serve config, with the bearer token's digest in every application's args when one is asked for."""
+        if not self.serve_token_conn_id:
+            return self.serve_config
+        from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
+
+        digest = token_digest(serve_token(self.serve_token_conn_id))
+        self.log.info(
+            "Endpoint guarded by the bearer token of connection %r (apps get its digest)", self.serve_token_conn_id
+        )
+        return with_token_digest(self.serve_config, digest)
 
     def _absent_apps(self, hook: RayServeHook, names: list[str]) -> list[str]:
         """The apps this deploy creates (not on the cluster before its PUT); [] when that is unknown."""
@@ -226,6 +244,8 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
     :param payload: the JSON body to POST; templated.
     :param expect: text the answer must contain; templated.
     :param timeout: seconds to keep asking an endpoint that does not answer yet.
+    :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token (the
+        deploy task's): sent as ``Authorization: Bearer <token>``. A 401/403 answer fails at once.
     """
 
     template_fields: Sequence[str] = ("url", "payload", "expect")
@@ -238,10 +258,12 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
         payload: dict[str, Any],
         expect: str,
         timeout: float = 180.0,
+        serve_token_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.url = url
+        self.serve_token_conn_id = serve_token_conn_id
         self.payload = payload
         self.expect = expect
         self.timeout = timeout
@@ -268,12 +290,22 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
         import requests
 
         self._check_smoke_arguments(rendered=True)
+        headers = self._auth_headers()
         deadline = time.time() + self.timeout
         last = ""
         while True:
             try:
-                resp = requests.post(self.url, json=self.payload, timeout=60)
+                resp = requests.post(self.url, json=self.payload, headers=headers, timeout=60)
                 last = f"{resp.status_code}: {resp.text[:1000]}"
+                if resp.status_code in (401, 403):
+                    raise RayServeDeploymentFailedError(
+                        f"endpoint {self.url} refused the request ({last[:200]}): "
+                        + (
+                            f"the token of connection {self.serve_token_conn_id!r} is not the deploy's"
+                            if headers
+                            else "it requires a bearer token; pass serve_token_conn_id"
+                        )
+                    )
                 if resp.ok and str(self.expect) in resp.text:
                     self.log.info("Smoke test passed: %s -> %s", json.dumps(self.payload), resp.text[:500])
                     return resp.json()
@@ -290,3 +322,10 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
                     f"endpoint {self.url} did not answer with {self.expect!r} within {self.timeout:.0f}s; last: {last}"
                 )
             time.sleep(2)
+
+    def _auth_headers(self) -> dict[str, str]:
+        if not self.serve_token_conn_id:
+            return {}
+        from tpuflow.serve.endpoint_token import bearer_header, serve_token
+
+        return bearer_header(serve_token(self.serve_token_conn_id))

@@ -12,19 +12,38 @@ all (a run holding one of two slots while waiting for the other could deadlock w
 
 Stores: a local folder (O_EXCL file create; the embedded default, one machine) or a gs://
 prefix (object create with if_generation_match=0; Composer / Airflow on GKE with many workers).
+
+A lease names its holder's liveness: the run (``DAG_ID/RUN_ID``), the record of the process that
+supervises it (tpuflow.liveness: host, boot id, pid, start time; none under a scheduler, where the run's
+state decides) and, in a gs:// store, ``expires_at`` (LEASE_TTL_S after the holder last took or retried
+it). A waiter takes over a lease whose supervisor is provably dead or which is past ``expires_at``.
+
+Slots are numbered 0 to MAX_LEASE_SLOTS - 1 (1024); a larger ``max_slices`` is refused before anything
+starts. A file in the lease folder that is not a lease (another name, unparsable JSON) is ignored.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tpuflow import liveness
 from tpuflow.errors import UserInputError
 from tpuflow.paths import tpuflow_home
+from tpuflow.storage import request_timeout
+
+MAX_LEASE_SLOTS = 1024
+# How long a gs:// lease lives unless its run takes it again (a retry, the next acquire): a run killed
+# where no process can be checked (another host, a deleted pod) frees its slice after this at the latest.
+LEASE_TTL_S = float(os.environ.get("TPUFLOW_LEASE_TTL_S", 24 * 3600))
+UNREADABLE = "?"  # the holder of a slot file that is no lease record
+_SLOT_RE = re.compile(r"^slot-(\d+)\.json$")
 
 
 @dataclass(frozen=True)
@@ -32,25 +51,94 @@ class Lease:
     slot: int
     holder: str
     acquired_at: float
+    supervisor: dict[str, Any] | None = None
+    expires_at: float | None = None
+
+    def holder_line(self) -> str:
+        """``DAG/RUN (pid N on host H)``: the run and, when one supervises it, its process."""
+        return f"{self.holder} ({liveness.describe(self.supervisor)})" if self.supervisor else self.holder
+
+    def dead_reason(self, now: float | None = None) -> str | None:
+        """Why this lease's holder can no longer use it (its supervisor provably dead, or past its expiry);
+        None while it may."""
+        reason = liveness.dead_reason(self.supervisor)
+        if reason is not None:
+            return f"its supervisor {reason}"
+        now = time.time() if now is None else now
+        if self.expires_at is not None and self.expires_at < now and self.holder == UNREADABLE:
+            return "its file holds no lease record"
+        if self.expires_at is not None and self.expires_at < now:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires_at))
+            return f"past its expiry ({stamp} UTC; not renewed)"
+        return None
 
 
 class LeaseStore(Protocol):
     def holders(self, slots: int) -> dict[int, Lease]: ...
 
+    def all_holders(self) -> dict[int, Lease]: ...
+
     def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None: ...
+
+    def take_over_dead(self, slots: int, holder: str) -> list[tuple[Lease, str]]: ...
 
     def describe(self) -> str: ...
 
     def release(self, holder: str) -> list[int]: ...
 
 
-def _record(holder: str) -> str:
-    return json.dumps({"holder": holder, "acquired_at": time.time()})
+def slot_of(name: str) -> int | None:
+    """The slot a lease file's name holds (``slot-<i>.json``, i < MAX_LEASE_SLOTS), else None: not a lease."""
+    match = _SLOT_RE.match(name.rsplit("/", 1)[-1])
+    slot = int(match.group(1)) if match else None
+    return slot if slot is not None and slot < MAX_LEASE_SLOTS else None
+
+
+def _record(holder: str, expires_at: float | None = None, acquired_at: float | None = None) -> str:
+    record: dict[str, Any] = {
+        "holder": holder,
+        "acquired_at": time.time() if acquired_at is None else acquired_at,
+        "supervisor": liveness.supervisor_record(),
+    }
+    if expires_at is not None:
+        record["expires_at"] = expires_at
+    return json.dumps(record)
 
 
 def _parse(slot: int, text: str) -> Lease:
-    data: dict[str, Any] = json.loads(text or "{}")
-    return Lease(slot, str(data.get("holder", "")), float(data.get("acquired_at", 0.0)))
+    """The lease a file holds; ValueError when it is no lease record (an empty text: one being written)."""
+    data: Any = json.loads(text or "{}")
+    if not isinstance(data, dict):
+        raise ValueError(f"slot {slot}: not a lease record")
+    supervisor = data.get("supervisor")
+    expires = data.get("expires_at")
+    return Lease(
+        slot,
+        str(data.get("holder", "")),
+        float(data.get("acquired_at", 0.0)),
+        supervisor if isinstance(supervisor, dict) else None,
+        float(expires) if isinstance(expires, (int, float)) and not isinstance(expires, bool) else None,
+    )
+
+
+def _unreadable(slot: int, path: Path) -> Lease:
+    """A slot file that holds no lease record: taken, and free to take over a minute after its last write
+    (a claim writes its record right after creating the file)."""
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        written = time.time()
+    return Lease(slot, UNREADABLE, written, expires_at=written + 60.0)
+
+
+def _dead(held: dict[int, Lease], holder: str, now: float) -> dict[int, str]:
+    """The slots of ``held`` (not ``holder``'s) whose holder can no longer use them, with why."""
+    out = {}
+    for slot, lease in held.items():
+        reason = None if lease.holder == holder else lease.dead_reason(now)
+        if reason is not None:
+            out[slot] = reason
+    return out
 
 
 class LocalLeaseStore:
@@ -62,16 +150,68 @@ class LocalLeaseStore:
     def _path(self, slot: int) -> Path:
         return self.root / f"slot-{slot}.json"
 
+    def _read(self, slot: int) -> Lease | None:
+        try:
+            text = self._path(slot).read_text()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return _unreadable(slot, self._path(slot))
+        try:
+            # empty: being written right now, or left so by a claim killed half-way (taken over after a minute)
+            return _parse(slot, text) if text.strip() else _unreadable(slot, self._path(slot))
+        except ValueError:
+            return _unreadable(slot, self._path(slot))
+
     def holders(self, slots: int) -> dict[int, Lease]:
         found = {}
-        for slot in range(slots):
-            try:
-                found[slot] = _parse(slot, self._path(slot).read_text())
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError):
-                found[slot] = Lease(slot, "?", 0.0)  # half-written: taken
+        for slot in range(min(slots, MAX_LEASE_SLOTS)):
+            lease = self._read(slot)
+            if lease is not None:
+                found[slot] = lease
         return found
+
+    def all_holders(self) -> dict[int, Lease]:
+        """Every lease in the folder, whatever the limit is now (it may have been lowered)."""
+        found = {}
+        for path in self.root.glob("slot-*.json"):
+            slot = slot_of(path.name)
+            lease = None if slot is None else self._read(slot)
+            if lease is not None:
+                found[lease.slot] = lease
+        return dict(sorted(found.items()))
+
+    def take_over_dead(self, slots: int, holder: str) -> list[tuple[Lease, str]]:
+        """Free the slots (of the first ``slots``) whose holder is provably dead or expired, for ``holder``
+        to claim; returns what was freed and why. A lease taken meanwhile by a live run is put back."""
+        taken = []
+        for slot, reason in _dead(self.holders(slots), holder, time.time()).items():
+            lease = self._read(slot)
+            if lease is None or lease.dead_reason() is None:
+                continue
+            if self._remove_if(slot, lease):
+                taken.append((lease, reason))
+        return taken
+
+    def _remove_if(self, slot: int, lease: Lease) -> bool:
+        """Remove the slot's file if it still holds ``lease``: moved aside first (atomic), so a lease
+        another waiter created in between is never deleted but put back."""
+        aside = self.root / f".takeover-{slot}-{uuid.uuid4().hex}"
+        try:
+            os.rename(self._path(slot), aside)
+        except FileNotFoundError:
+            return False
+        try:
+            same = _parse(slot, aside.read_text()) == lease
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            try:
+                os.link(aside, self._path(slot))  # fails if the slot was claimed again meanwhile
+            except FileExistsError:
+                pass
+        aside.unlink(missing_ok=True)
+        return same
 
     def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None:
         """Have ``holder`` hold ``count`` of the ``slots`` slots; returns its first lease, or None
@@ -79,7 +219,7 @@ class LocalLeaseStore:
         self.root.mkdir(parents=True, exist_ok=True)
         held = self.holders(slots)
         mine = sorted(slot for slot, lease in held.items() if lease.holder == holder)
-        free = [slot for slot in range(slots) if slot not in held]
+        free = [slot for slot in range(min(slots, MAX_LEASE_SLOTS)) if slot not in held]
         if len(mine) + len(free) < count:
             return None
         taken: list[int] = []
@@ -102,14 +242,9 @@ class LocalLeaseStore:
     def release(self, holder: str) -> list[int]:
         """Free every slot this holder has, whatever the limit is now (it may have been lowered)."""
         freed = []
-        for path in sorted(self.root.glob("slot-*.json")):
-            slot = int(path.stem.split("-", 1)[1])
-            try:
-                lease = _parse(slot, path.read_text())
-            except (OSError, ValueError):
-                continue
+        for slot, lease in self.all_holders().items():
             if lease.holder == holder:
-                path.unlink(missing_ok=True)
+                self._path(slot).unlink(missing_ok=True)
                 freed.append(slot)
         return freed
 
@@ -118,7 +253,8 @@ class LocalLeaseStore:
 
 
 class GcsLeaseStore:
-    """Slots as objects `<prefix>/slot-<i>.json`; creating with if_generation_match=0 is atomic."""
+    """Slots as objects `<prefix>/slot-<i>.json`; creating with if_generation_match=0 is atomic. Each lease
+    expires LEASE_TTL_S after its run last took it (a retry or a new acquire renews it)."""
 
     def __init__(self, uri: str, gcp_conn_id: str = "google_cloud_default") -> None:
         from tpuflow.storage import split_gs_uri
@@ -134,16 +270,83 @@ class GcsLeaseStore:
     def _name(self, slot: int) -> str:
         return f"{self.prefix}/slot-{slot}.json" if self.prefix else f"slot-{slot}.json"
 
+    def _read(self, bucket: Any, slot: int) -> tuple[Lease, int] | None:
+        """The slot's lease and its object generation; None when the slot is free."""
+        blob = bucket.get_blob(self._name(slot), timeout=request_timeout())
+        if blob is None:
+            return None
+        try:
+            return _parse(slot, blob.download_as_text(timeout=request_timeout())), int(blob.generation or 0)
+        except ValueError:
+            return Lease(slot, "?", 0.0), int(blob.generation or 0)
+
     def holders(self, slots: int) -> dict[int, Lease]:
         from google.api_core.exceptions import NotFound
 
         bucket, found = self._bucket(), {}
-        for slot in range(slots):
+        for slot in range(min(slots, MAX_LEASE_SLOTS)):
             try:
-                found[slot] = _parse(slot, bucket.blob(self._name(slot)).download_as_text())
+                found[slot] = _parse(slot, bucket.blob(self._name(slot)).download_as_text(timeout=request_timeout()))
             except NotFound:
                 continue
+            except ValueError:
+                found[slot] = Lease(slot, "?", 0.0)
         return found
+
+    def _listed(self, bucket: Any) -> list[tuple[int, Any]]:
+        """(slot, blob) of every lease object under the prefix; other objects are not leases."""
+        prefix = self._name(0).rsplit("slot-", 1)[0]
+        found = []
+        for blob in bucket.client.list_blobs(self.bucket_name, prefix=prefix + "slot-", timeout=request_timeout()):
+            slot = slot_of(blob.name)
+            if slot is not None and "/" not in blob.name[len(prefix) :]:
+                found.append((slot, blob))
+        return found
+
+    def all_holders(self) -> dict[int, Lease]:
+        from google.api_core.exceptions import NotFound
+
+        found = {}
+        for slot, blob in self._listed(self._bucket()):
+            try:
+                found[slot] = _parse(slot, blob.download_as_text(timeout=request_timeout()))
+            except NotFound:
+                continue
+            except ValueError:
+                found[slot] = Lease(slot, "?", 0.0)
+        return dict(sorted(found.items()))
+
+    def take_over_dead(self, slots: int, holder: str) -> list[tuple[Lease, str]]:
+        """As LocalLeaseStore.take_over_dead; the delete is conditional on the generation that was judged."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        bucket, taken = self._bucket(), []
+        for slot in _dead(self.holders(slots), holder, time.time()):
+            read = self._read(bucket, slot)
+            if read is None or read[0].holder == holder or (reason := read[0].dead_reason()) is None:
+                continue
+            try:
+                bucket.blob(self._name(slot)).delete(if_generation_match=read[1], timeout=request_timeout())
+            except (NotFound, PreconditionFailed):
+                continue  # freed or taken again meanwhile
+            taken.append((read[0], reason))
+        return taken
+
+    def _renew(self, bucket: Any, slots: list[int], holder: str) -> None:
+        """Push the expiry of ``holder``'s ``slots`` out again (its run lives: it is taking them again)."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for slot in slots:
+            read = self._read(bucket, slot)
+            if read is None or read[0].holder != holder:
+                continue
+            record = _record(holder, time.time() + LEASE_TTL_S, read[0].acquired_at)
+            try:
+                bucket.blob(self._name(slot)).upload_from_string(
+                    record, content_type="application/json", if_generation_match=read[1], timeout=request_timeout()
+                )
+            except (NotFound, PreconditionFailed):
+                continue
 
     def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None:
         """As LocalLeaseStore.try_acquire: ``count`` slots for ``holder``, all or none."""
@@ -151,10 +354,11 @@ class GcsLeaseStore:
 
         held = self.holders(slots)
         mine = sorted(slot for slot, lease in held.items() if lease.holder == holder)
-        free = [slot for slot in range(slots) if slot not in held]
+        free = [slot for slot in range(min(slots, MAX_LEASE_SLOTS)) if slot not in held]
         if len(mine) + len(free) < count:
             return None
         bucket = self._bucket()
+        self._renew(bucket, mine, holder)
         taken: list[int] = []
         for slot in free:
             if len(mine) + len(taken) >= count:
@@ -163,7 +367,10 @@ class GcsLeaseStore:
                 # With a generation precondition the client retries transient errors by itself
                 # (DEFAULT_RETRY_IF_GENERATION_SPECIFIED).
                 bucket.blob(self._name(slot)).upload_from_string(
-                    _record(holder), content_type="application/json", if_generation_match=0
+                    _record(holder, time.time() + LEASE_TTL_S),
+                    content_type="application/json",
+                    if_generation_match=0,
+                    timeout=request_timeout(),
                 )
             except PreconditionFailed:
                 # Taken -- possibly by this very call, when a retried create had already succeeded.
@@ -174,17 +381,25 @@ class GcsLeaseStore:
             taken.append(slot)
         if len(mine) + len(taken) < count:
             for slot in taken:
-                bucket.blob(self._name(slot)).delete()
+                bucket.blob(self._name(slot)).delete(timeout=request_timeout())
             return None
         first = min(mine + taken)
         return held[first] if first in held else Lease(first, holder, time.time())
 
     def release(self, holder: str) -> list[int]:
+        from google.api_core.exceptions import NotFound
+
         bucket, freed = self._bucket(), []
-        for blob in bucket.client.list_blobs(self.bucket_name, prefix=self._name(0).rsplit("slot-", 1)[0] + "slot-"):
-            slot = int(blob.name.rsplit("slot-", 1)[1].split(".", 1)[0])
-            if _parse(slot, blob.download_as_text()).holder == holder:
-                blob.delete()
+        for slot, blob in self._listed(bucket):
+            try:
+                lease = _parse(slot, blob.download_as_text(timeout=request_timeout()))
+            except (NotFound, ValueError):
+                continue  # gone meanwhile, or not a lease record: not this holder's
+            if lease.holder == holder:
+                try:
+                    blob.delete(timeout=request_timeout())
+                except NotFound:
+                    continue
                 freed.append(slot)
         return freed
 
@@ -244,4 +459,8 @@ def parse_slots(value: int | str) -> int:
         slots = 0
     if slots < 1:
         raise UserInputError("max_slices", value, "give a whole number of slices >= 1")
+    if slots > MAX_LEASE_SLOTS:
+        raise UserInputError(
+            "max_slices", value, f"give at most {MAX_LEASE_SLOTS} (the number of lease slots tpuflow keeps)"
+        )
     return slots

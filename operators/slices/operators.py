@@ -107,6 +107,8 @@ class AcquireSliceOperator(BaseOperator):
         store = lease_store(root, self.gcp_conn_id)
         holder = lease_holder(context)
         lease = store.try_acquire(holder, slots, count)
+        if lease is None and self._take_over_from_dead_holders(store, slots, holder):
+            lease = store.try_acquire(holder, slots, count)
         if lease is None and self._reclaim_from_runs_that_are_over(context, store, slots, holder):
             lease = store.try_acquire(holder, slots, count)
         if lease is not None:
@@ -114,7 +116,7 @@ class AcquireSliceOperator(BaseOperator):
                 "Slice lease(s) for %d slice(s) of %d taken for %s (%s)", count, slots, holder, store.describe()
             )
             return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots, "num_slices": count}
-        held = sorted(x.holder for x in store.holders(slots).values())
+        held = sorted(x.holder_line() for x in store.holders(slots).values())
         self.log.info(
             "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted or "
             "killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`.",
@@ -134,6 +136,15 @@ class AcquireSliceOperator(BaseOperator):
             ),
             method_name="execute_complete",
         )
+
+    def _take_over_from_dead_holders(self, store: Any, slots: int, holder: str) -> list[int]:
+        """Free the leases whose holder is provably dead (its supervising process exited, was replaced by a
+        reused pid, or its host rebooted) or past its expiry: a killed run must not block the next one."""
+        freed = []
+        for lease, reason in store.take_over_dead(slots, holder):
+            self.log.warning("took over slice lease %d of %s: %s", lease.slot, lease.holder, reason)
+            freed.append(lease.slot)
+        return freed
 
     def _reclaim_from_runs_that_are_over(self, context: Context, store: Any, slots: int, holder: str) -> list[str]:
         """Give back the leases of runs that are over (finished, or deleted from the metadata DB) whose

@@ -34,11 +34,18 @@ async def wait_for_free_slot(
             await asyncio.sleep(poll_interval)
             continue
         holders = sorted(lease.holder for lease in held.values())
-        if slots - len(held) + holders.count(holder) >= count:
-            return make_event("success", f"a slice lease is free for {holder}", held=holders)
-        if holders != last:
-            log.info("all %d slice lease(s) held by %s; waiting", slots, ", ".join(holders))
-            last = holders
+        dead = {slot: lease.dead_reason() for slot, lease in held.items() if lease.holder != holder}
+        dead = {slot: reason for slot, reason in dead.items() if reason is not None}
+        if slots - len(held) + holders.count(holder) + len(dead) >= count:
+            # The operator takes over the leases of dead holders itself (and logs each).
+            message = f"a slice lease is free for {holder}" + (
+                f" ({len(dead)} held by a dead run: to take over)" if dead else ""
+            )
+            return make_event("success", message, held=holders)
+        lines = sorted(lease.holder_line() for lease in held.values())
+        if lines != last:
+            log.info("all %d slice lease(s) held by %s; waiting", slots, ", ".join(lines))
+            last = lines
         if deadline is not None and time.time() > deadline:
             return make_event(
                 "timeout",

@@ -27,6 +27,12 @@ TPU_RESOURCE = "google.com/tpu"
 
 _TOPOLOGY_RE = re.compile(r"^[1-9]\d*(x[1-9]\d*)+$")
 _MACHINE_RE = re.compile(r"^(?P<family>.+)-(?P<chips>\d+)t$")
+# GKE's limits (cloud.google.com/kubernetes-engine/quotas): 15,000 nodes per Standard cluster, 1,000 nodes
+# per node pool and zone. Every slice host is a node, so no run can hold more hosts than a cluster; a
+# single-host request is one node pool of num_slices nodes. Checked before any work (a 20-digit count once
+# ran for minutes and took gigabytes before anything looked at it).
+MAX_CLUSTER_NODES = 15_000
+MAX_NODE_POOL_NODES = 1_000
 
 
 class SliceSpecError(UserInputError):
@@ -130,6 +136,15 @@ def _chips_per_host(gen: Generation, topo: str, machine_type: str | None) -> int
     return per_host
 
 
+def _check_num_slices(value: int | str) -> int:
+    """A whole number 1..MAX_CLUSTER_NODES, looked at as text first: a huge one is never converted."""
+    fix = f"give a whole number of slices, 1 or more and at most {MAX_CLUSTER_NODES:,} (GKE's nodes per cluster)"
+    text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+    if not re.fullmatch(r"[0-9]{1,9}", text) or not 1 <= int(text) <= MAX_CLUSTER_NODES:
+        raise SliceSpecError("num_slices", value, fix)
+    return int(text)
+
+
 @dataclass(frozen=True)
 class TpuSlice:
     generation: Generation
@@ -147,10 +162,17 @@ class TpuSlice:
     ) -> TpuSlice:
         gen = resolve_generation(accelerator)
         topo = _check_topology(gen, topology)
-        if isinstance(num_slices, bool) or not re.fullmatch(r"\s*\d+\s*", str(num_slices)) or int(num_slices) < 1:
-            raise SliceSpecError("num_slices", num_slices, "give a whole number of slices, 1 or more")
-        n = int(num_slices)
-        return cls(gen, topo, _chips_per_host(gen, topo, machine_type), n)
+        n = _check_num_slices(num_slices)
+        per_host = _chips_per_host(gen, topo, machine_type)
+        hosts = chips_in(topo) // per_host
+        if n * hosts > MAX_CLUSTER_NODES:
+            raise SliceSpecError(
+                "num_slices",
+                num_slices,
+                f"give at most {MAX_CLUSTER_NODES // hosts:,} slices of {hosts} host(s) ({gen.name} {topo}): "
+                f"GKE allows {MAX_CLUSTER_NODES:,} nodes per cluster",
+            )
+        return cls(gen, topo, per_host, n)
 
     # --- shape ---------------------------------------------------------------
     @property
@@ -275,6 +297,13 @@ class TpuSlice:
                 self.topology,
                 f"GKE has no {gen.name} node pool of this shape; use one of "
                 f"{', '.join(sorted(gen.gke_topologies, key=_shape_key)[:12])}",
+            )
+        if gke and not self.multi_host and self.total_hosts > MAX_NODE_POOL_NODES:
+            raise SliceSpecError(
+                "num_slices",
+                self.num_slices,
+                f"give at most {MAX_NODE_POOL_NODES:,} single-host slices: they share one node pool, and GKE "
+                f"allows {MAX_NODE_POOL_NODES:,} nodes per node pool and zone",
             )
         if ray and not self.ray_supported:
             raise SliceSpecError(

@@ -8,6 +8,10 @@
   time, and keep_endpoint leaves a cluster up after its run).
 - /tpuflow/ledger: chip-hours per run (the chip_ledger tasks' XComs), with money where prices are set.
 
+Outputs are served inline only when a browser cannot run them (text, PNG/JPEG); HTML, SVG, parquet and
+everything else come as downloads. Every response says nosniff and carries a Content-Security-Policy
+that allows no script.
+
 Both need a logged-in Airflow user (the UI's cookie or a bearer token); outputs also need read
 access to the DAG. Imports of Airflow's API internals happen per request, not at plugin load.
 """
@@ -15,7 +19,6 @@ access to the DAG. Imports of Airflow's API internals happen per request, not at
 from __future__ import annotations
 
 import html
-import mimetypes
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,10 +72,38 @@ async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
     return _folder_outputs(Path(root).resolve(), dag_id, rest)
 
 
-def _text_or_guess(name: str) -> str:
-    if Path(name).suffix in (".log", ".txt", ".json", ".jsonl", ".yaml", ".csv", ".md"):
-        return "text/plain; charset=utf-8"
-    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+# What the page shows in the browser: plain text and raster images, nothing a browser runs. Anything
+# else (HTML, SVG, parquet, checkpoints...) is a download: an output is written by Ray jobs and bucket
+# users, and shown inline on the Airflow origin it could act as the viewer (stored XSS).
+_TEXT_SUFFIXES = (".log", ".txt", ".json", ".jsonl", ".yaml", ".yml", ".csv", ".md", ".out", ".err")
+_IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+_DOWNLOAD = "application/octet-stream"
+# Every response: no MIME sniffing; the pages' own inline style and same-origin images, nothing else
+# (no script, no frame, no form target, no plugin); files are sandboxed besides.
+_PAGE_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+_FILE_CSP = f"{_PAGE_CSP}; sandbox"
+
+
+@app.middleware("http")
+async def _safe_headers(request: Request, call_next: Any) -> Response:
+    response = await call_next(request)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers.setdefault("Content-Security-Policy", _PAGE_CSP)
+    return response
+
+
+def serving(name: str) -> tuple[str, dict[str, str]]:
+    """How one output file is served: its media type and headers (inline only for the allowlist)."""
+    suffix = Path(name).suffix.lower()
+    headers = {"Content-Security-Policy": _FILE_CSP, "X-Content-Type-Options": "nosniff"}
+    if suffix in _TEXT_SUFFIXES:
+        return "text/plain; charset=utf-8", {**headers, "Content-Disposition": "inline"}
+    if suffix in _IMAGE_TYPES:
+        return _IMAGE_TYPES[suffix], {**headers, "Content-Disposition": "inline"}
+    filename = Path(name).name
+    ascii_name = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in filename)
+    disposition = f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename, safe='')}"
+    return _DOWNLOAD, {**headers, "Content-Disposition": disposition}
 
 
 def _listing(shown: str, location: str, parent: str | None, entries: list[tuple[str, str, int | None]]) -> HTMLResponse:
@@ -95,7 +126,8 @@ def _folder_outputs(root: Path, dag_id: str, rest: str) -> Response:
     if not target.is_relative_to(root / dag_id) or not target.exists():
         raise HTTPException(status_code=404, detail="no such output")
     if target.is_file():
-        return FileResponse(target, media_type=_text_or_guess(target.name), content_disposition_type="inline")
+        media_type, headers = serving(target.name)
+        return FileResponse(target, media_type=media_type, headers=headers)
     entries = [
         (c.name, c.relative_to(root).as_posix(), c.stat().st_size if c.is_file() else None) for c in target.iterdir()
     ]
@@ -126,10 +158,9 @@ def _bucket_outputs(root: str, dag_id: str, rest: str) -> Response:
                 while data := f.read(_CHUNK):
                     yield data
 
+        media_type, headers = serving(name)
         return StreamingResponse(
-            chunks(),
-            media_type=_text_or_guess(name),
-            headers={"Content-Disposition": "inline", "Content-Length": str(blob.size or 0)},
+            chunks(), media_type=media_type, headers={**headers, "Content-Length": str(blob.size or 0)}
         )
     listed = bucket.list_blobs(prefix=name + "/", delimiter="/")
     files = [(b.name.rsplit("/", 1)[-1], b.name, b.size) for b in listed if not b.name.endswith("/")]

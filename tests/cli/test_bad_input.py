@@ -25,6 +25,16 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["slice", "--accelerator", "v9z", "--topology", "4x4"], ("accelerator", "'v9z'", "TPU-V6E")),
     (["slice", "--accelerator", "v6e", "--topology", "16"], ("topology", "16", "not a chip count")),
     (["slice", *V6E, "--num-slices", "0"], ("num_slices", "'0'", "1 or more")),
+    # counts have GKE's maxima, checked before any work (a 20-digit count once ran 10 min and took 10 GB)
+    (["slice", *V6E, "--num-slices", "99999999999999999999"], ("num_slices", "99999999999999999999", "15,000")),
+    ([*NODEPOOL, *V6E, "--num-slices", "99999999999999999999"], ("num_slices", "9999", "at most 15,000")),
+    ([*NODEPOOL, *V6E, "--num-slices", "3751"], ("num_slices", "'3751'", "at most 3,750 slices of 4 host")),
+    (
+        [*NODEPOOL, "--accelerator", "v6e", "--topology", "1x1", "--num-slices", "1001"],
+        ("num_slices", "1001", "1,000 nodes per node pool"),
+    ),
+    (["render", "raycluster", *V6E, "--num-slices", "1" * 5000], ("num_slices", "111", "at most 15,000")),
+    (["local", "up", *V6E, "--num-slices", "99999999999999999999", "--base-dir", P], ("num_slices", "9999", "15,000")),
     ([*NODEPOOL, *V6E, "--expires-after-hours", "nan"], ("--expires-after-hours", "nan", "> 0")),
     ([*NODEPOOL, *V6E, "--expires-after-hours", "-3"], ("--expires-after-hours", "-3", "> 0")),
     ([*NODEPOOL, *V6E, "--node-pool-name", "Bad_Name"], ("node_pool_name", "'Bad_Name'", "")),
@@ -77,6 +87,10 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["demo", "--serve-topology", "9x9"], ("--serve-topology", "'9x9'", "use one of")),
     (["demo", "--serve-topology", "2x4"], ("--serve-topology", "'2x4'", "simulates only the training slice")),
     (["demo", "--date", "2026-13-01"], ("--date", "2026-13-01", "YYYY-MM-DD")),
+    # another spelling of a day: the run would look for its outputs under a folder no task wrote
+    (["demo", "--date", "20261203"], ("--date", "20261203", "YYYY-MM-DD")),
+    (["demo", "--date", "2026-W49-4"], ("--date", "2026-W49-4", "YYYY-MM-DD")),
+    (["demo", "--num-slices", "99999999999999999999"], ("--num-slices", "99999999999999999999", "<= 64")),
     (["demo", "--operation-seconds", "-1"], ("--operation-seconds", "-1", ">= 0")),
     (["demo", "--output-root", "gs://Bad_Bucket!/x"], ("--output-root", "gs://Bad_Bucket!/x", "bucket name")),
     (["demo", "--backend", "gke", "--serve-topology", "2x2x1"], ("--serve-topology", "2x2x1", "2D")),

@@ -3,13 +3,12 @@ unlabelled and still-owned resources are untouched, and a failed list deletes no
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cost_support import dead_local_cluster, live_head, pool_body
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from tpuflow.cost.reaper import (
     FixedRunStates,
@@ -36,13 +35,6 @@ DAG = "tpu_llm_pipeline_gke"
 # a user's own DAG built with the pipeline factory (named after the shipped one): not in the reaper's dag_ids
 OTHER_DAG = "tpu_llm_pipeline_gke_mine"
 LIVE_RUN, KILLED_RUN = "manual__2026-12-01T10:00:00+00:00", "scheduled__2026-11-30T00:00:00+00:00"
-
-
-def pool_body(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
-    config: dict[str, Any] = {"machineType": "ct6e-standard-1t"}
-    if labels is not None:
-        config["resourceLabels"] = labels
-    return {"nodePool": {"name": name, "config": config, "initialNodeCount": 1, "locations": [ZONE]}}
 
 
 def owned_pool_labels(run_id: str, expires_in: float = 3600, dag: str = DAG) -> dict[str, str]:
@@ -73,23 +65,6 @@ def raycluster(name: str, labels: dict[str, str] | None) -> dict[str, Any]:
         meta["labels"] = labels
     head = {"rayStartParams": {}, "template": {"spec": {"containers": [{"name": "ray-head", "image": "ray"}]}}}
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": meta, "spec": {"headGroupSpec": head}}
-
-
-def dead_local_cluster(base: Path, name: str) -> Path:
-    """A local cluster's state whose Ray processes are gone (its run was killed -9, nothing stopped it)."""
-    from tpuflow.local.cluster import LocalRayCluster, NodeProcess
-
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    state_dir = base / name
-    state_dir.mkdir(parents=True)
-    cluster = LocalRayCluster(
-        name=name, state_dir=str(state_dir), temp_dir=str(base / "tmp-gone"), gcs_address="127.0.0.1:1",
-        dashboard_url="http://127.0.0.1:1", serve_port=1, slice=None,
-        nodes=[NodeProcess(role="head", pid=finished.pid, log="")], started_at=time.time() - 7200,
-    )  # fmt: skip
-    cluster.save()
-    return state_dir
 
 
 def test_parse_duration() -> None:
@@ -149,26 +124,31 @@ def test_a_dag_the_run_states_do_not_cover_keeps_its_resources(tmp_path: Path) -
     def local_name(dag: str) -> str:
         return local_cluster_name(TaskIdentity(dag, KILLED_RUN, "start_cluster"))
 
+    def local_owner(dag: str) -> dict[str, Any]:
+        return TaskIdentity(dag, KILLED_RUN, "start_cluster").record()
+
     # another DAG's: kept, whatever running() says
     assert pool_orphan_reason(owned_pool_labels(KILLED_RUN, dag=OTHER_DAG), running, now, covered) is None
     assert kube_orphan_reason(ray_labels(OTHER_DAG), running, covered) is None
     assert policy_orphan_reason(description(OTHER_DAG), [], set(), running, covered) is None
-    assert local_orphan_reason(local_name(OTHER_DAG), True, running, covered) is None
+    assert local_orphan_reason(local_name(OTHER_DAG), True, running, covered, owner=local_owner(OTHER_DAG)) is None
     # ... unless past its expiry, or its processes are gone: neither is its run state
     expired = owned_pool_labels(KILLED_RUN, -10, dag=OTHER_DAG)
     assert "tpuflow-expires" in pool_orphan_reason(expired, running, now, covered)
-    assert "processes are gone" in local_orphan_reason(local_name(OTHER_DAG), False, running, covered)
+    assert "processes are gone" in local_orphan_reason(
+        local_name(OTHER_DAG), False, running, covered, owner=local_owner(OTHER_DAG)
+    )
     # the same resources of a covered DAG whose run is not running: orphans
     assert "not running" in pool_orphan_reason(owned_pool_labels(KILLED_RUN), running, now, covered)
     assert "has no running run" in pool_orphan_reason(owned_pool_labels(KILLED_RUN), {}, now, covered)
     assert "no running run" in kube_orphan_reason(ray_labels(DAG), running, covered)
     assert "no node pool uses it" in policy_orphan_reason(description(DAG), [], set(), running, covered)
-    assert "no running run" in local_orphan_reason(local_name(DAG), True, running, covered)
+    assert "no running run" in local_orphan_reason(local_name(DAG), True, running, covered, owner=local_owner(DAG))
     # run states that cover every DAG (the metadata DB: None) judge the other DAG's too
     assert "has no running run" in pool_orphan_reason(owned_pool_labels(KILLED_RUN, dag=OTHER_DAG), running, now)
     assert "no running run" in kube_orphan_reason(ray_labels(OTHER_DAG), running)
     assert "no node pool uses it" in policy_orphan_reason(description(OTHER_DAG), [], set(), running)
-    assert "no running run" in local_orphan_reason(local_name(OTHER_DAG), True, running)
+    assert "no running run" in local_orphan_reason(local_name(OTHER_DAG), True, running, owner=local_owner(OTHER_DAG))
     # leases: only a covered DAG's run's is given back
     leases = LocalLeaseStore(tmp_path / "leases")
     for dag in (DAG, OTHER_DAG):
@@ -220,13 +200,19 @@ def test_past_its_expiry_a_ray_object_or_local_cluster_is_an_orphan_whatever_its
     assert kube_orphan_reason({EXPIRES_LABEL: str(past)}, running, None, now) is None
     assert kube_orphan_reason({"app.kubernetes.io/managed-by": "someone", EXPIRES_LABEL: "1"}, {}, None, now) is None
 
-    live = local_cluster_name(TaskIdentity(DAG, LIVE_RUN, "start_cluster"))
-    theirs = local_cluster_name(TaskIdentity(OTHER_DAG, KILLED_RUN, "start_cluster"))
-    assert local_orphan_reason(live, True, running, [DAG], future, now) is None
-    assert local_orphan_reason(live, True, running, [DAG], None, now) is None
-    assert local_orphan_reason(live, True, running, [DAG], past, now) == f"past its tpuflow-expires time ({stamp} UTC)"
-    assert local_orphan_reason(theirs, True, running, [DAG], future, now) is None
-    assert "tpuflow-expires" in local_orphan_reason(theirs, True, running, [DAG], past, now)
+    live_owner = TaskIdentity(DAG, LIVE_RUN, "start_cluster")
+    theirs_owner = TaskIdentity(OTHER_DAG, KILLED_RUN, "start_cluster")
+    live, theirs = local_cluster_name(live_owner), local_cluster_name(theirs_owner)
+    assert local_orphan_reason(live, True, running, [DAG], future, now, owner=live_owner.record()) is None
+    assert local_orphan_reason(live, True, running, [DAG], None, now, owner=live_owner.record()) is None
+    assert (
+        local_orphan_reason(live, True, running, [DAG], past, now, owner=live_owner.record())
+        == f"past its tpuflow-expires time ({stamp} UTC)"
+    )
+    assert local_orphan_reason(theirs, True, running, [DAG], future, now, owner=theirs_owner.record()) is None
+    assert "tpuflow-expires" in local_orphan_reason(
+        theirs, True, running, [DAG], past, now, owner=theirs_owner.record()
+    )
     # started by `tpuflow local up` (no run's name): never
     assert local_orphan_reason("tpuflow-v6e-2x2", True, {}, None, past, now) is None
 
@@ -234,8 +220,6 @@ def test_past_its_expiry_a_ray_object_or_local_cluster_is_an_orphan_whatever_its
 def test_the_finders_read_the_expiry_of_ray_objects_and_local_clusters(tmp_path: Path) -> None:
     """find_kube_orphans reads the label off the listed objects, find_local_orphans the expires_at the state
     file records; both for a running run's resources."""
-    import os
-
     from tpuflow.cost.reaper import find_kube_orphans, find_local_orphans
     from tpuflow.kuberay import RAYCLUSTERS as CLUSTERS
     from tpuflow.kuberay import RAYSERVICES
@@ -270,16 +254,19 @@ def test_the_finders_read_the_expiry_of_ray_objects_and_local_clusters(tmp_path:
     ]
     assert all(o.reason.startswith("past its tpuflow-expires label (") for o in found)
 
-    # a running run's local cluster, alive (its head's process group: this one), past what its state records
-    for run, expires_in in ((LIVE_RUN, -60), (other_live_run, 3600)):
-        name = local_cluster_name(TaskIdentity(DAG, run, "start_cluster"))
-        (tmp_path / name).mkdir()
-        LocalRayCluster(
-            name=name, state_dir=str(tmp_path / name), temp_dir=str(tmp_path / "tmp"), gcs_address="127.0.0.1:1",
-            dashboard_url="http://127.0.0.1:1", serve_port=1, slice=None, started_at=now - 7200,
-            nodes=[NodeProcess(role="head", pid=os.getpgrp(), log="")], expires_at=now + expires_in,
-        ).save()  # fmt: skip
-    [orphan] = find_local_orphans(running, older_than=0, now=now, base_dir=tmp_path)
+    # a running run's local cluster, alive (its head: a process naming its temp dir), past what its state records
+    with live_head(tmp_path / "tmp") as head:
+        for run, expires_in in ((LIVE_RUN, -60), (other_live_run, 3600)):
+            identity = TaskIdentity(DAG, run, "start_cluster")
+            name = local_cluster_name(identity)
+            (tmp_path / name).mkdir()
+            LocalRayCluster(
+                name=name, state_dir=str(tmp_path / name), temp_dir=str(tmp_path / "tmp"), gcs_address="127.0.0.1:1",
+                dashboard_url="http://127.0.0.1:1", serve_port=1, slice=None, started_at=now - 7200,
+                nodes=[NodeProcess(role="head", pid=head, log="")], expires_at=now + expires_in,
+                owner=identity.record(),
+            ).save()  # fmt: skip
+        [orphan] = find_local_orphans(running, older_than=0, now=now, base_dir=tmp_path)
     assert orphan.name == local_cluster_name(TaskIdentity(DAG, LIVE_RUN, "start_cluster"))
     assert orphan.reason.startswith("past its tpuflow-expires time (")
 
@@ -532,7 +519,7 @@ def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
             f"lease slot 0 ({leases.describe()})",
         ]
         dry = reaper(dry_run=True).execute(reaper_task_context())
-        assert set(dry) == {"dry_run", "found", "deleted", "failed", "kept"}
+        assert set(dry) == {"dry_run", "found", "deleted", "failed", "kept", "unreadable"}
         assert dry["dry_run"] is True and dry["deleted"] == [] and dry["failed"] == []
         assert [line.split(": ", 1)[0] for line in dry["found"]] == found, dry["found"]
         assert len(gke.node_pools()) == 5 and len(store.list(RAYCLUSTERS)) == 2 and len(leases.holders(16)) == 2

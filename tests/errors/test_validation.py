@@ -12,6 +12,7 @@ import pytest
 from tpuflow.errors import UserInputError
 from tpuflow.validation import (
     check_count,
+    check_date,
     check_folder,
     check_number,
     check_port,
@@ -94,3 +95,52 @@ def test_user_input_error_is_one_short_line() -> None:
     assert len(text) < 300
     assert text.endswith("is invalid: not valid YAML: line 3 column 2")
     assert err.value == {"spec": "x" * 5000}  # the field keeps the whole value
+
+
+@pytest.mark.parametrize(
+    "value", ["20261203", "2026-W49-4", "2026-12-3", "2026-13-01", "2026-02-30", "2026-12-03T00:00", " 2026-12-03",
+              "2026-12-03\n", "٢٠٢٦-١٢-٠٣", 20261203, None]
+)  # fmt: skip
+def test_dates_are_strictly_yyyy_mm_dd(value: Any) -> None:
+    """Python 3.11 reads 20261203 and 2026-W49-4 as 2026-12-03; the run's folders are named 2026-12-03, so
+    `tpuflow demo --date 20261203` ran and was then reported FAILED (its report was looked for elsewhere)."""
+    with pytest.raises(UserInputError) as err:
+        check_date("--date", value)
+    assert str(err.value) == f"--date={value!r} is invalid: " + err.value.fix
+    assert "YYYY-MM-DD" in err.value.fix
+    assert check_date("--date", "2026-12-03") == "2026-12-03"
+
+
+@pytest.mark.parametrize(
+    ("topology", "num_slices", "fix"),
+    [
+        ("4x4", "99999999999999999999", "at most 15,000"),
+        ("4x4", 10**30, "at most 15,000"),
+        ("4x4", "9" * 100_000, "at most 15,000"),  # never converted: int() of it would raise ValueError
+        ("4x4", 3751, "at most 3,750 slices of 4 host(s)"),
+        ("1x1", 15_001, "at most 15,000"),
+    ],
+    ids=["20 digits", "10**30", "100k digits", "hosts over 15,000", "single-host over 15,000"],
+)
+def test_slice_counts_have_gke_maxima(topology: str, num_slices: Any, fix: str) -> None:
+    import time
+
+    from tpuflow.tpu import TpuSlice
+
+    started = time.perf_counter()
+    with pytest.raises(UserInputError) as err:
+        TpuSlice.from_spec("v6e", topology, None, num_slices)
+    assert err.value.field == "num_slices" and fix in err.value.fix
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400  # the value is shortened
+    assert time.perf_counter() - started < 1.0
+    assert TpuSlice.from_spec("v6e", "4x4", None, 3750).total_hosts == 15_000
+
+
+def test_single_host_slices_fit_one_gke_node_pool() -> None:
+    from tpuflow.tpu import TpuSlice
+
+    assert TpuSlice.from_spec("v6e", "1x1", None, 1000).require(gke=True).total_hosts == 1000
+    with pytest.raises(UserInputError, match=r"num_slices=1001 is invalid: .*1,000 nodes per node pool"):
+        TpuSlice.from_spec("v6e", "1x1", None, 1001).require(gke=True)
+    # Ray alone has no node-pool limit: the same count is fine for a local (simulated) slice description
+    assert TpuSlice.from_spec("v6e", "1x1", None, 1001).require(ray=True).num_slices == 1001

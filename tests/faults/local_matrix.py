@@ -5,7 +5,8 @@ simulated TPU host preempted mid-training (two-host v6e 2x4: killed once trainin
 2 s later, as GKE recreates a preempted TPU VM), and Cloud Storage answering 503/429 to some of prep's
 parquet writes and train's checkpoint writes (the run's outputs on a GCS emulator, every client going through
 tests/support/fault_proxy.py). Those two must recover: they are judged by the whole run, and a row whose
-fault never fired fails.
+fault never fired fails. A storage server that stops answering during train's checkpoint upload must not
+recover but end: train fails within its deadline and retry policy, naming the stalled call.
 
 Counted after each run: local Ray clusters still running (a state.json left, or any process naming a
 cluster's temp dir), slice leases still held, and local clusters started more than once for the run or
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -287,6 +289,67 @@ def gcs_errors_on_writes(drill: LocalDrill) -> Iterator[None]:
         drill.notes.append(f"rules fired {[rule.fired for rule in rules]}; injected {injected}")
 
 
+STALL_DEADLINE_S = 10  # TPUFLOW_GCS_REQUEST_TIMEOUT_S of the stalled-storage row
+
+
+def stalled_storage_policy(dag: Any) -> None:
+    """train checkpoints every 100 steps; Ray Train restarts its workers once (FailureConfig), the task does not
+    retry: a policy whose worst case this row can wait for (each attempt stalls at its first checkpoint)."""
+    checkpoint_every(100)(dag)
+    train = dag.get_task("train")
+    train.max_failures, train.retries = 1, 0
+
+
+def _checkpoint_write(method: str, target: str) -> bool:
+    """A write of a checkpoint's files (Ray Train's checkpoint_<time>/...), not of its manager's snapshot."""
+    return method in ("POST", "PUT", "PATCH") and "/checkpoint_" in target and "checkpoint_manager" not in target
+
+
+@contextmanager
+def gcs_stalls_during_checkpoint_upload(drill: LocalDrill) -> Iterator[None]:
+    """The run's outputs on gs:// (its own GCS emulator behind a FaultProxy, as in gcs_errors_on_writes) with
+    TPUFLOW_GCS_REQUEST_TIMEOUT_S=10: every write of a checkpoint gets no answer at all (the server accepts the
+    connection, reads the request, sends nothing). Fired when the stall hit train's checkpoint upload, train's
+    kept driver log says which call stalled on which gs:// path, and train ended within its policy's worst
+    case after the last stall began: the deadline plus the job's teardown, not a hang."""
+    from support.fault_proxy import FaultProxy, Rule
+    from tpuflow.dev.gcs_emulator import GcsEmulator
+    from tpuflow.storage import EMULATOR_ENV, REQUEST_TIMEOUT_ENV, gcs_client
+
+    bucket = "tpuflow-faults"
+    stalls: list[float] = []
+
+    def stalled(method: str, target: str) -> bool:
+        if _checkpoint_write(method, target):
+            stalls.append(time.time())
+            return True
+        return False
+
+    with ExitStack() as stack:
+        emulator = GcsEmulator.start(buckets=[bucket], state_dir=drill.tmp_path / "gcs-emulator")
+        stack.callback(emulator.stop)
+        proxy = FaultProxy(emulator.url).start()
+        stack.callback(proxy.stop)
+        proxy.add(Rule("stall", stalled))
+        drill.monkeypatch.setenv(EMULATOR_ENV, proxy.url)
+        drill.monkeypatch.setenv(REQUEST_TIMEOUT_ENV, str(STALL_DEADLINE_S))  # the cluster and its jobs inherit it
+        drill.monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", f"gs://{bucket}/runs")
+        yield
+        logs = [b for b in gcs_client().list_blobs(bucket, prefix="runs/") if b.name.endswith("/logs/train-jax.log")]
+        log = logs[0].download_as_text() if logs else ""
+    (train,) = [ti for ti in drill.run.get_task_instances() if ti.task_id == "train"]
+    said = [line.strip() for line in log.splitlines() if "storage call stalled" in line]
+    drill.notes.append(f"{len(stalls)} checkpoint writes stalled; train {train.state}; the log says {said[-1:]}")
+    if not stalls or not said or f"gs://{bucket}/runs/" not in said[-1] or "/checkpoint_" not in said[-1]:
+        return
+    if train.end_date is None:
+        return
+    after_last_stall = train.end_date.timestamp() - stalls[-1]
+    drill.notes.append(f"train ended {after_last_stall:.0f} s after the last stall began")
+    if after_last_stall <= STALL_DEADLINE_S + 90:  # the deadline, the controller's failure handling, the job's end
+        drill.fired.append(f"{len(stalls)} checkpoint writes stalled; train failed: {said[-1]}")
+
+
 LOCAL_CASES: list[LocalFaultCase] = [
     LocalFaultCase("start_cluster", "exception-after-create", raises_after_its_work("start_cluster"), ci=True),
     LocalFaultCase("train", "exception-after-its-job", raises_after_its_work("train")),
@@ -301,6 +364,12 @@ LOCAL_CASES: list[LocalFaultCase] = [
     ),
     LocalFaultCase(
         "prep+train", "gcs-503-429-on-writes", checkpoint_every(100), recovers=True, during=gcs_errors_on_writes
+    ),
+    LocalFaultCase(
+        "train",
+        "gcs-stalls-during-checkpoint-upload",
+        stalled_storage_policy,
+        during=gcs_stalls_during_checkpoint_upload,
     ),
 ]
 

@@ -29,6 +29,8 @@ def page(bucket: str, monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, str]
     write_text(f"{run}/logs/train-jax.log", "[train_jax] step 100/100\n" * 3)
     write_text(f"{run}/eval/jax.json", '{"accuracy": 1.0}')
     write_text(f"{run}/report.json", '{"accuracy": 1.0}')
+    write_text(f"{run}/eval/page.html", "<script>document.title='owned'</script>")
+    write_text(f"{run}/eval/chart.svg", '<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>')
     write_text(f"gs://{bucket}/elsewhere/secret.txt", "not under the output root")
     airflow_api = FastAPI()  # the plugin's app, mounted as the API server mounts it (plugins/tpuflow_plugin.py)
     airflow_api.mount("/tpuflow", ui.app)
@@ -70,3 +72,17 @@ def test_plugin_page_serves_nothing_outside_the_dags_outputs(page: tuple[TestCli
     client, _ = page
     response = client.get(f"/tpuflow/outputs/{DAG_ID}/{path}")
     assert response.status_code == 404 and "not under the output root" not in response.text
+
+
+@pytest.mark.parametrize("name", ["eval/page.html", "eval/chart.svg"])
+def test_a_buckets_markup_is_a_download_never_a_page(page: tuple[TestClient, str], name: str) -> None:
+    """Anything that can write to the bucket would otherwise run script as the Airflow viewer (stored XSS)."""
+    client, _ = page
+    response = client.get(f"/tpuflow/outputs/{DAG_ID}/{DATE}/{name}")
+    assert response.status_code == 200 and "<script>" in response.text
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert response.headers["content-disposition"].startswith("attachment;")
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    inline = client.get(f"/tpuflow/outputs/{DAG_ID}/{DATE}/eval/jax.json")
+    assert inline.headers["content-disposition"] == "inline" and inline.headers["x-content-type-options"] == "nosniff"

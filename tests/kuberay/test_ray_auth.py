@@ -20,6 +20,7 @@ from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
 from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
+from tpuflow.kuberay.ray_auth import RAY_AUTH_VALUES
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.tpu import TpuSlice
 
@@ -122,3 +123,87 @@ def test_local_clusters_keep_their_token_file(tmp_path: Path) -> None:
 def test_a_mangled_reference_is_one_line_naming_it() -> None:
     with pytest.raises(UserInputError, match="ray_auth"):
         RayJobHook(cluster={"ray_auth": {"secret_name": "rc"}}).headers()
+
+
+# --- every RayCluster / RayService the project applies carries token auth unless opted out by name ---
+def _user_manifest(**spec: object) -> dict:
+    manifest = raycluster_manifest(RayClusterTemplate(V6E, image=IMAGE), name="mine")
+    del manifest["spec"]["authOptions"]
+    manifest["spec"].update(spec)
+    return manifest
+
+
+def test_a_user_manifest_without_auth_is_completed_and_the_log_says_so(capfd: pytest.CaptureFixture[str]) -> None:
+    op = KubeRayCreateClusterOperator(task_id="ray_cluster", manifest=_user_manifest())
+    capfd.readouterr()
+    body = op.build_body(task_context(task_id="ray_cluster"), "default")
+    assert body["spec"]["authOptions"] == {"mode": "token"}
+    assert schema_errors("rayclusters", body) == []
+    out, err = capfd.readouterr()  # Airflow's task log goes to stdout
+    assert "sets no spec.authOptions" in out + err and "mode=token" in out + err
+    # a manifest's own token settings (its own Secret) are kept as written, and nothing is logged
+    own = _user_manifest(authOptions={"mode": "token", "secretName": "team-token"})
+    body = KubeRayCreateClusterOperator(task_id="own", manifest=own).build_body(task_context(task_id="own"), "default")
+    assert body["spec"]["authOptions"] == {"mode": "token", "secretName": "team-token"}
+    out, err = capfd.readouterr()
+    assert "authOptions" not in out + err
+
+
+def test_a_manifest_that_turns_auth_off_is_refused_in_one_line_unless_the_user_opts_out() -> None:
+    opened = _user_manifest(authOptions={"mode": "disabled"})
+    with pytest.raises(UserInputError, match=r"manifest\.spec\.authOptions\.mode") as err:
+        KubeRayCreateClusterOperator(task_id="c", manifest=opened)
+    assert "\n" not in str(err.value) and "ray_auth='disabled'" in str(err.value)
+    op = KubeRayCreateClusterOperator(task_id="c", manifest=opened, ray_auth="disabled")
+    assert op.build_body(task_context(task_id="c"), "default")["spec"]["authOptions"] == {"mode": "disabled"}
+    with pytest.raises(UserInputError, match="2.52.0"):
+        KubeRayCreateClusterOperator(task_id="old", manifest=_user_manifest(rayVersion="2.40.0"))
+
+
+@pytest.mark.parametrize("opt_out", ["disabled", "none"])
+def test_opting_out_by_name_reaches_manifests_templates_and_services(opt_out: str) -> None:
+    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
+
+    manifest_op = KubeRayCreateClusterOperator(task_id="m", manifest=_user_manifest(), ray_auth=opt_out)
+    assert manifest_op.build_body(task_context(task_id="m"), "default")["spec"]["authOptions"] == {"mode": "disabled"}
+    template_op = KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, ray_auth=opt_out)
+    assert template_op.build_template().cluster_spec()["authOptions"] == {"mode": "disabled"}
+    service = KubeRayDeployServiceOperator(task_id="s", tpu=V6E, image=IMAGE, serve_config=SERVE, ray_auth=opt_out)
+    body = service.build_body(task_context(task_id="s"), "default")
+    assert body["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "disabled"}
+    assert schema_errors("rayservices", body) == []
+
+
+def test_the_rayservice_operator_applies_token_auth_by_default() -> None:
+    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
+
+    service = KubeRayDeployServiceOperator(task_id="s", tpu=V6E, image=IMAGE, serve_config=SERVE)
+    assert service.build_body(task_context(task_id="s"), "default")["spec"]["rayClusterConfig"]["authOptions"] == {
+        "mode": "token"
+    }
+    with pytest.raises(UserInputError, match="ray_auth"):
+        KubeRayDeployServiceOperator(task_id="s2", tpu=V6E, image=IMAGE, serve_config=SERVE, ray_auth="off")
+
+
+@pytest.mark.parametrize(("ray_auth", "mode"), [(None, "token"), ("none", "disabled")])
+def test_the_gke_pipelines_clusters_all_carry_the_dags_auth(ray_auth: str | None, mode: str) -> None:
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag, prep_cluster_manifest
+
+    assert prep_cluster_manifest(IMAGE)["spec"]["authOptions"] == {"mode": "token"}
+    assert schema_errors("rayclusters", {**prep_cluster_manifest(IMAGE), "metadata": {"name": "p"}}) == []
+    extra = {} if ray_auth is None else {"ray_auth": ray_auth}
+    dag = build_gke_pipeline_dag(
+        "auth_gke",
+        project_id="tpuflow-test",
+        location="us-east5-b",
+        cluster_name="ml",
+        image=IMAGE,
+        schedule=None,
+        **extra,
+    )
+    prep = dag.get_task("create_prep_cluster")
+    assert prep.manifest["spec"]["authOptions"] == {"mode": mode}
+    body = prep.build_body(task_context(task_id="create_prep_cluster"), "default")
+    assert body["spec"]["authOptions"] == {"mode": mode}
+    for task_id in ("create_ray_cluster", "deploy"):
+        assert RAY_AUTH_VALUES[dag.get_task(task_id).ray_auth] == mode, task_id

@@ -16,7 +16,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowTaskTerminated
 from support.airflow_context import task_context
 from tpuflow.local import cluster as cluster_mod
-from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, NodeProcess
+from tpuflow.local.cluster import CLUSTER_ENV, STATE_FILE, LocalRayCluster, NodeProcess
 from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator, local_cluster_name
 from tpuflow.naming import TaskIdentity
 
@@ -31,8 +31,10 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
     spawned: list[int] = []
 
     def start_head(self: LocalRayCluster, cpus: int, env: dict[str, str], timeout: float) -> None:
-        # Like _spawn: a node in its own session, recorded in the state file; then the wait for the dashboard.
-        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        # Like _spawn: a node in its own session carrying the cluster's variable, recorded in the state file;
+        # then the wait for the dashboard.
+        env = {**os.environ, cluster_mod.CLUSTER_ENV: self.temp_dir}
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
         spawned.append(proc.pid)
         self.nodes.append(NodeProcess(role="head", pid=proc.pid, log=str(tmp_path / "head.log")))
         self.save()
@@ -177,15 +179,17 @@ def test_keeping_the_cluster_marks_it_kept_and_the_reaper_leaves_it_while_it_run
     processes are gone it is cleaned like any dead cluster. A state written before the field loads as not kept."""
     from tpuflow.cost.reaper import find_local_orphans, local_orphan_reason, reap
 
-    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the head's process group
+    temp_dir = str(tmp_path / "t")  # the head's process group, marked as the cluster's processes are
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**os.environ, CLUSTER_ENV: temp_dir})
     try:
         name = local_cluster_name(TaskIdentity.from_context(task_context(**START_TASK)))
         state_dir = tmp_path / name
         state_dir.mkdir()
         now = time.time()
-        LocalRayCluster(name=name, state_dir=str(state_dir), temp_dir="", gcs_address="", dashboard_url="",
+        LocalRayCluster(name=name, state_dir=str(state_dir), temp_dir=temp_dir, gcs_address="", dashboard_url="",
                         serve_port=1, slice=None, nodes=[NodeProcess(role="head", pid=sleeper.pid, log="")],
-                        started_at=now - 7200, expires_at=now - 60).save()  # fmt: skip
+                        started_at=now - 7200, expires_at=now - 60,
+                        owner=TaskIdentity.from_context(task_context(**START_TASK)).record()).save()  # fmt: skip
         assert LocalRayCluster.load(state_dir).kept is False
         # past its expiry and its run over: an orphan, until it is kept
         assert [o.name for o in find_local_orphans({}, older_than=0, now=now, base_dir=tmp_path)] == [name]

@@ -9,6 +9,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from support.airflow_context import task_context
 from tpuflow.errors import UserInputError
+from tpuflow.rayjob.operators import command_line
 from tpuflow.rayjob.preflight import RaySlicePreflightOperator, failure_line
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 
@@ -23,8 +24,9 @@ def op(**kw):
 def test_the_job_reserves_every_slice_the_training_uses():
     operator = op(machine_type="ct6e-standard-4t", num_slices=2, deadline_s=12)
     entry = operator.build_entrypoint({})
-    assert entry.startswith("python -m tpuflow_driver.preflight --spec-json ")
-    spec = json.loads(shlex.split(entry)[-1])
+    assert entry[:4] == ["python", "-m", "tpuflow_driver.preflight", "--spec-json"] and len(entry) == 5
+    assert shlex.split(command_line(entry, "/opt/my env/bin/python"))[1:] == entry[1:]  # quoted as one argument
+    spec = json.loads(entry[-1])
     assert spec == {
         "topology": "2x4",
         "accelerator_version": "v6e",

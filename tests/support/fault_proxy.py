@@ -1,9 +1,11 @@
 """A tiny loopback HTTP proxy in front of the GCS emulator that injects faults.
 
 Clients are pointed at it through STORAGE_EMULATOR_HOST. Every request is forwarded unchanged
-to the emulator, except the ones a rule picks: those get a 429/503 error answer, a 403, or a
-connection reset (TCP RST after the request was read), before the emulator sees them. What
-was injected is recorded in `injected`, so a test can show the faults really happened.
+to the emulator, except the ones a rule picks: those get a 429/503 error answer, a 403, a
+connection reset (TCP RST after the request was read), or a stall (the request is read and nothing
+is ever sent back, as a server whose log pipe filled or a broken proxy behaves, until the proxy
+stops), before the emulator sees them. What was injected is recorded in `injected`, so a test can
+show the faults really happened.
 
 Rules match on the method and a "target": the decoded request path (and query) plus the start of
 the body, where a multipart upload names its object.
@@ -46,7 +48,7 @@ WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 @dataclass
 class Rule:
-    """Answer every `every`-th request that `matches` with `fault` (an HTTP status or "reset"),
+    """Answer every `every`-th request that `matches` with `fault` (an HTTP status, "reset" or "stall"),
     at most `limit` times (None: no limit)."""
 
     fault: int | str
@@ -77,6 +79,7 @@ class FaultProxy:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._unsent_uploads: set[str] = set()  # resumable upload ids whose chunk was failed here
+        self._released = threading.Event()  # set on stop: stalled requests' connections are closed
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -90,6 +93,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -165,6 +169,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             fault = proxy._fault_for(self.command, f"{unquote(self.path)} {body[:4096].decode('latin-1')}")
             if proxy._resumable(self.command, self.path, self.headers, body, fault):
                 self._answer(308, b"", [("Content-Type", "text/plain")])
+                return
+            if fault == "stall":
+                proxy._released.wait()
+                self.close_connection = True
                 return
             if fault == "reset":
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

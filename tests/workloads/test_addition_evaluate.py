@@ -65,6 +65,7 @@ def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
     import jinja2
     from airflow.sdk import DAG
     from tpuflow.pipeline.factory import training_steps
+    from tpuflow.rayjob.operators import command_line
     from tpuflow.tpu import TpuSlice
 
     with DAG("eval_args_test", schedule=None):
@@ -75,8 +76,8 @@ def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
         def xcom_pull(self, task_ids: str) -> dict[str, Any]:
             return {"check_params": checked, "train": {"checkpoint": "/ckpt"}}[task_ids]
 
-    command = jinja2.Template(step.entrypoint).render(params={"framework": "jax"}, ti=TI())
-    args = evaluate.parse_args(shlex.split(command)[3:])
+    argv = [jinja2.Template(item).render(params={"framework": "jax"}, ti=TI()) for item in step.entrypoint]
+    args = evaluate.parse_args(shlex.split(command_line(argv))[3:])
     assert (args.num_hosts, args.tpu_per_host, args.accelerator_type) == (4, 4, "TPU-V6E")
     assert args.checkpoint == "/ckpt" and args.data == "/runs/x/data/heldout"
 

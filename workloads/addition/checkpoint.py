@@ -109,7 +109,7 @@ def local_copy(path: str) -> Iterator[Path]:
     from ray.train import Checkpoint
     from tpuflow_driver import storage
 
-    fs, fs_path = storage.resolve(path)  # honours STORAGE_EMULATOR_HOST (Serve replicas, evaluation)
+    fs, fs_path = storage.resolve_with_deadline(path)  # STORAGE_EMULATOR_HOST; a stalled call fails
     with tempfile.TemporaryDirectory(prefix="tpuflow-ckpt-") as tmp:
         Checkpoint(path=fs_path, filesystem=fs).to_directory(tmp)
         yield Path(tmp)

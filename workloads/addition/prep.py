@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import time
 from typing import Any
 
@@ -30,6 +31,9 @@ PREP_VERSION = 2  # 2: zero-padded operands and answers in the tokens. Bump when
 
 def _valid_date(value: str) -> str:
     try:
+        # fromisoformat also takes 20261203 and 2026-W49-4: the date seeds the data, one spelling only
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value):
+            raise ValueError(value)
         dt.date.fromisoformat(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--date must be YYYY-MM-DD, got {value!r}") from None

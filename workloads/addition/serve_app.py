@@ -5,7 +5,8 @@ Import path "addition.serve_app:app_builder", args:
      "backend": "numpy"|"jax"|"torch" (default: the framework the model was trained with),
      "num_replicas": 1, "num_cpus": 0.25,
      "accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu", "topology": "4x4"},
-     "chips_per_host": 4, "tpu_resource_per_chip": 1, "num_devices": N}
+     "chips_per_host": 4, "tpu_resource_per_chip": 1, "num_devices": N,
+     "token_sha256": "<hex SHA-256 of the bearer token>"}
 
 Without accelerator_type a replica is a CPU actor. With it, on a single-host slice the replica holds
 its host's TPU (TPU: chips per host plus the accelerator_type resource) and runs the forward pass in
@@ -24,6 +25,8 @@ Serve's `@serve.batch` (openai_api.forward_batch). Without `max_batch_size` it i
 multi-host replica and off otherwise, as measured (MULTI_HOST_MAX_BATCH_SIZE); `max_batch_size: 1`
 switches it off. Off, every request runs its own forward.
 Temperature defaults to 0 (greedy), not OpenAI's 1: an addition has one right answer.
+With args.token_sha256 every route answers 401 unless the request carries ``Authorization: Bearer <token>``
+whose SHA-256 is that digest (tpuflow_driver.endpoint_token; the args never hold the token itself).
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from typing import Any
 
 from addition.inference import BACKENDS
 from addition.openai_api import ChatCompletionRequest, CompletionRequest, Limits, OpenAIService, install_error_handlers
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response
 from ray import serve
+from tpuflow_driver.endpoint_token import ARG as TOKEN_ARG
+from tpuflow_driver.endpoint_token import CHALLENGE, authorized, checked_digest
 
 FRAMEWORKS = ("jax", "torch")
 _ARGS = {
@@ -52,6 +57,7 @@ _ARGS = {
     "chips_per_host",
     "tpu_resource_per_chip",
     "num_devices",
+    TOKEN_ARG,
 }
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "app_builder"]
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -95,11 +101,13 @@ class AdditionCompletions:
         model_name: str,
         backend: str | None = None,
         tpu: dict[str, Any] | None = None,
+        token_sha256: str | None = None,
     ):
         from addition.checkpoint import load_meta, load_params, local_copy
         from addition.inference import Predictor
 
         self.predictor: Any = None
+        self.token_sha256 = checked_digest(token_sha256)
         self.default_max_batch_size = MULTI_HOST_MAX_BATCH_SIZE if tpu and _multi_host(tpu) else None
         with local_copy(checkpoint) as d:
             meta = load_meta(d)
@@ -153,20 +161,29 @@ class AdditionCompletions:
         if shutdown is not None:
             shutdown()
 
+    def _authorize(self, request: Request) -> None:
+        """401 unless the request's bearer token matches args.token_sha256 (no digest: every request passes)."""
+        if not authorized(request.headers.get("authorization"), self.token_sha256):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token", headers=CHALLENGE)
+
     @app.get("/v1/models")
-    def list_models(self) -> dict[str, Any]:
+    def list_models(self, request: Request) -> dict[str, Any]:
+        self._authorize(request)
         return self._openai().list_models()
 
     @app.get("/v1/models/{model_id}")
-    def get_model(self, model_id: str) -> Response:
+    def get_model(self, model_id: str, request: Request) -> Response:
+        self._authorize(request)
         return self._openai().get_model(model_id)
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
+        self._authorize(request)
         return await self._openai().completions(request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
+        self._authorize(request)
         return await self._openai().chat_completions(request)
 
 
@@ -247,6 +264,7 @@ def app_builder(args: dict[str, Any]) -> Any:
         raise ValueError(f"a multi-host replica runs one JAX mesh over the slice; args.backend {backend!r} cannot")
     from tpuflow_driver.storage import normalize
 
+    token_sha256 = checked_digest(args.get(TOKEN_ARG))
     deployment = AdditionCompletions.options(
         num_replicas=int(args.get("num_replicas", 1)),
         **_placement_options(tpu, float(args.get("num_cpus", 0.25))),
@@ -257,4 +275,5 @@ def app_builder(args: dict[str, Any]) -> Any:
         str(args.get("model_name") or f"addition-{framework}"),
         backend,
         tpu,
+        token_sha256=token_sha256,
     )

@@ -6,6 +6,12 @@ output and the checkpoints Serve replicas load. gs:// goes through GcsFileSystem
 honours STORAGE_EMULATOR_HOST (pyarrow's own FileSystem.from_uri ignores that variable and hangs
 looking for real credentials) and carries the retry limit for transient GCS errors (429, 5xx,
 connection resets), which the GCS client applies with exponential backoff.
+
+The retry limit does not bound a request that never returns, and pyarrow offers no request timeout:
+`resolve_with_deadline` (Ray Train's storage_filesystem, whose checkpoint uploads otherwise wait forever on
+a stalled server, the checkpoints evaluation and Serve replicas load, and the small files below) wraps the
+GCS filesystem so that each call fails past TPUFLOW_GCS_REQUEST_TIMEOUT_S (tpuflow_driver.deadline_fs).
+Prep's parquet and Ray Data keep `resolve`: many small calls from pyarrow's own threads.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import datetime as dt
 import os
 
 import pyarrow.fs as pafs
+from tpuflow_driver.deadline_fs import with_deadline
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 # How long the GCS client keeps retrying one transient failure (its own backoff) before it fails.
@@ -51,18 +58,25 @@ def resolve(path: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(path)
 
 
+def resolve_with_deadline(path: str) -> tuple[pafs.FileSystem, str]:
+    """`resolve`, with every call on GCS bounded by TPUFLOW_GCS_REQUEST_TIMEOUT_S (its type_name is then
+    "py::gcs"); a local path resolves as `resolve` does."""
+    fs, fs_path = resolve(path)
+    return (with_deadline(fs) if fs.type_name == "gcs" else fs), fs_path
+
+
 def uri(fs: pafs.FileSystem, path: str) -> str:
     """The URI of `path` on `fs` (Ray Train's Checkpoint.path, for one, drops the scheme)."""
-    return f"gs://{path}" if fs.type_name == "gcs" and "://" not in path else path
+    return f"gs://{path}" if fs.type_name in ("gcs", "py::gcs") and "://" not in path else path
 
 
 def exists(path: str) -> bool:
-    fs, p = resolve(path)
+    fs, p = resolve_with_deadline(path)
     return fs.get_file_info(p).type != pafs.FileType.NotFound
 
 
 def read_text(path: str) -> str | None:
-    fs, p = resolve(path)
+    fs, p = resolve_with_deadline(path)
     if fs.get_file_info(p).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(p) as f:
@@ -70,7 +84,7 @@ def read_text(path: str) -> str | None:
 
 
 def write_text(path: str, text: str) -> None:
-    fs, p = resolve(path)
+    fs, p = resolve_with_deadline(path)
     fs.create_dir(p.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(p) as f:
         f.write(text.encode())
@@ -78,7 +92,7 @@ def write_text(path: str, text: str) -> None:
 
 def delete(path: str) -> None:
     """Remove a file or directory tree if present."""
-    fs, p = resolve(path)
+    fs, p = resolve_with_deadline(path)
     info = fs.get_file_info(p)
     if info.type == pafs.FileType.Directory:
         fs.delete_dir_contents(p, missing_dir_ok=True)

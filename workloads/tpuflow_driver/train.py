@@ -157,7 +157,7 @@ def build_trainer(spec: TrainSpec) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     loop = import_train_loop(spec.train_loop)  # before reading data: a wrong path fails fast
-    fs, fs_path = storage.resolve(spec.storage_path)
+    fs, fs_path = storage.resolve_with_deadline(spec.storage_path)  # a stalled upload fails, never hangs
     run_config = RunConfig(
         name=spec.run_name,
         storage_path=fs_path,

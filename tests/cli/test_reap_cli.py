@@ -1,0 +1,122 @@
+"""`tpuflow reap` after a killed `tpuflow demo`, from a plain shell: without an Airflow metadata DB it reaps
+the local cluster and lease whose supervising process is provably dead (stops its processes, removes its
+state folder, frees the lease), whatever their age, and keeps those of a live supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tpuflow import liveness
+from tpuflow.local.cluster import CLUSTER_ENV, LocalRayCluster, NodeProcess
+from tpuflow.naming import TaskIdentity
+from tpuflow.slices.leases import LocalLeaseStore
+
+
+def _dead_record() -> dict[str, Any]:
+    proc = subprocess.Popen(["sleep", "30"])
+    record = liveness.process_record(proc.pid)
+    proc.kill()
+    proc.wait()
+    return record
+
+
+def _cluster(base: Path, run_id: str, supervisor: dict[str, Any]) -> tuple[LocalRayCluster, subprocess.Popen]:
+    """A run's local cluster whose 'head' is a sleep in its own process group carrying the cluster's marker."""
+    temp_dir = tempfile.mkdtemp(prefix="tpf-test-", dir="/tmp")
+    head = subprocess.Popen(["sleep", "120"], start_new_session=True, env={**os.environ, CLUSTER_ENV: temp_dir})
+    name = f"local-dag-{run_id}"
+    cluster = LocalRayCluster(
+        name=name,
+        state_dir=str(base / name),
+        temp_dir=temp_dir,
+        gcs_address="",
+        dashboard_url="",
+        serve_port=0,
+        slice=None,
+        nodes=[NodeProcess("head", head.pid, str(base / name / "head.log"), temp_dir=temp_dir)],
+        started_at=time.time(),
+        owner=TaskIdentity("dag", run_id, "start_cluster").record(),
+        supervisor=supervisor,
+    )
+    Path(cluster.state_dir).mkdir(parents=True)
+    cluster.save()
+    return cluster, head
+
+
+def _lease(root: Path, holder: str, supervisor: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:
+        m.setenv(liveness.SUPERVISOR_ENV, json.dumps(supervisor))
+        assert LocalLeaseStore(root).try_acquire(holder, 2) is not None
+
+
+def test_reap_without_a_db_takes_what_a_dead_supervisor_left_and_keeps_a_live_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tpuflow.cli import main
+
+    base, leases = tmp_path / "clusters", tmp_path / "leases"
+    killed, killed_head = _cluster(base, "killed", _dead_record())
+    live, live_head = _cluster(base, "live", liveness.process_record())
+    _lease(leases, "dag/killed", _dead_record(), monkeypatch)
+    _lease(leases, "dag/live", liveness.process_record(), monkeypatch)
+    try:
+        code = main(["reap", "--without-db", "--base-dir", str(base), "--lease-root", str(leases)])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert f"deleted local_cluster {killed.name}" in out and "the process that supervised its run is gone" in out
+        assert "deleted lease slot 0" in out and "held by dag/killed (pid" in out
+        assert killed_head.wait(timeout=10) is not None  # its processes stopped
+        assert not Path(killed.state_dir).exists()  # its state folder removed
+        assert live_head.poll() is None and Path(live.state_dir, "state.json").exists()  # a live run's kept
+        assert [lease.holder for lease in LocalLeaseStore(leases).all_holders().values()] == ["dag/live"]
+    finally:
+        for head in (killed_head, live_head):
+            if head.poll() is None:
+                os.killpg(head.pid, 9)
+                head.wait()
+
+
+def test_reap_falls_back_to_supervisors_when_the_metadata_db_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tpuflow.cli import main
+    from tpuflow.cost import reaper
+
+    def no_db(self: Any) -> dict[str, list[str]]:
+        raise reaper.ReaperListError("reading running DAG runs from the Airflow metadata DB: no such table: dag_run")
+
+    monkeypatch.setattr(reaper.MetadataDbRunStates, "running", no_db)
+    leases = tmp_path / "leases"
+    _lease(leases, "dag/killed", _dead_record(), monkeypatch)
+    _lease(leases, "dag/unknown", {}, monkeypatch)  # no supervisor: its run may be live, kept
+    code = main(["reap", "--base-dir", str(tmp_path / "clusters"), "--lease-root", str(leases)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "no Airflow metadata DB to read" in captured.err and "nothing deleted" not in captured.err
+    assert [lease.holder for lease in LocalLeaseStore(leases).all_holders().values()] == ["dag/unknown"]
+
+
+def test_a_run_the_db_lists_as_running_is_reaped_when_its_supervisor_is_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pointed at the killed demo's own DB (its run still 'running' there), the dead supervisor decides."""
+    from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans
+
+    leases = tmp_path / "leases"
+    _lease(leases, "dag/killed", _dead_record(), monkeypatch)
+    killed, head = _cluster(tmp_path / "clusters", "killed", _dead_record())
+    try:
+        scope = ReaperScope(local_base_dir=str(tmp_path / "clusters"), lease_root=str(leases), kube=False)
+        orphans = collect_orphans(scope, FixedRunStates({"dag": ["killed"]}), older_than=7200)
+        assert sorted((o.kind, o.name) for o in orphans) == [("lease", "slot 0"), ("local_cluster", killed.name)]
+        assert all("exited" in o.reason for o in orphans)
+    finally:
+        os.killpg(head.pid, 9)
+        head.wait()
