@@ -29,7 +29,7 @@ from bench.core import Context, Result, goal_check, kill_pids, measure, pid_aliv
 START_GOAL_RATIO = 1.5
 STOP_GOAL_S = 5.0
 NODE_IP = "127.0.0.2"
-PROFILED = ("_wait_for_dashboard", "_wait_for_nodes", "_spawn", "_group_alive", "_groups_alive", "_wait_gone",
+PROFILED = ("_wait_for_dashboard", "_wait_for_nodes", "_spawn", "_group_alive", "_groups_alive", "_wait_owned_gone", "_owned_targets",
             "_pids_referencing", "_kill_node", "_keep_ray_logs", "rmtree", "nodes_summary", "sleep", "free_port")  # fmt: skip
 
 

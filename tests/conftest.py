@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -130,3 +131,14 @@ def gke() -> Iterator[Any]:
 
     with gke_standin() as standin:
         yield standin
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen]]:
+    """Processes a test starts (tests/support/processes.sleeper); the test's end stops exactly those, by pid."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

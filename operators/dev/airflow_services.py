@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from tpuflow import liveness
 from tpuflow.local.cluster import (  # one process-group logic for all local services
     _has_env,
     _owned_alive,
@@ -74,6 +75,9 @@ class AirflowServices:
     password: str
     env: dict[str, str]
     pids: dict[str, int] = field(default_factory=dict)  # service -> process group id
+    # service -> tpuflow.liveness record of its leader (pid + start time): what proves a recorded pid still the
+    # service's own; the environment cannot, Airflow's setproctitle overwrites /proc/<pid>/environ
+    started: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # --- paths and addresses -----------------------------------------------------
     @property
@@ -134,6 +138,7 @@ class AirflowServices:
         try:
             for name in SERVICES:
                 services.pids[name] = services._spawn(name)
+                services.started[name] = liveness.process_record(services.pids[name])
                 services.save()
             services.wait_healthy(timeout)
         except BaseException:
@@ -255,15 +260,19 @@ class AirflowServices:
         return [name for name, pid in self.pids.items() if _owned_alive([pid], self._owned)]
 
     def _owned(self, pid: int) -> bool:
-        """Whether `pid` is one of this deployment's processes: started with its AIRFLOW_HOME (every service
-        and what it starts inherits it). A pid from services.json may be anyone's after a reboot or pid wrap."""
+        """Whether `pid` is one of this deployment's processes (a pid from services.json may be anyone's after a
+        reboot or pid wrap): a service leader is the process recorded at its spawn (same pid and start time);
+        anything else must carry this deployment's AIRFLOW_HOME, which every service passes to what it starts."""
+        record = next((r for r in self.started.values() if r.get("pid") == pid), None)
+        if record is not None:
+            return liveness.same_process(record, liveness.process_record(pid))
         return _has_env(pid, "AIRFLOW_HOME", self.env.get("AIRFLOW_HOME") or str(self.home))
 
     def stop(self, timeout: float = 30.0) -> list[str]:
         """SIGTERM each service's process group, SIGKILL what is left after `timeout`; only processes of this
         deployment (_owned) are signalled, a recorded pid that is now another process's counts as gone."""
         stopped = _stop_groups(self.pids, self._owned, timeout)
-        self.pids = {}
+        self.pids, self.started = {}, {}
         self.save()
         return stopped
 
@@ -273,6 +282,7 @@ class AirflowServices:
             raise AirflowServicesError(f"unknown service {service!r}; one of {', '.join(SERVICES)}")
         _stop_groups({service: self.pids.pop(service)} if service in self.pids else {}, self._owned, 30.0)
         self.pids[service] = self._spawn(service)
+        self.started[service] = liveness.process_record(self.pids[service])
         self.save()
         self.wait_healthy(timeout)
 

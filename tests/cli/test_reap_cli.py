@@ -13,18 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import dead_process_record
 from tpuflow import liveness
 from tpuflow.local.cluster import CLUSTER_ENV, LocalRayCluster, NodeProcess
 from tpuflow.naming import TaskIdentity
 from tpuflow.slices.leases import LocalLeaseStore
-
-
-def _dead_record() -> dict[str, Any]:
-    proc = subprocess.Popen(["sleep", "30"])
-    record = liveness.process_record(proc.pid)
-    proc.kill()
-    proc.wait()
-    return record
 
 
 def _cluster(base: Path, run_id: str, supervisor: dict[str, Any]) -> tuple[LocalRayCluster, subprocess.Popen]:
@@ -62,9 +55,9 @@ def test_reap_without_a_db_takes_what_a_dead_supervisor_left_and_keeps_a_live_on
     from tpuflow.cli import main
 
     base, leases = tmp_path / "clusters", tmp_path / "leases"
-    killed, killed_head = _cluster(base, "killed", _dead_record())
+    killed, killed_head = _cluster(base, "killed", dead_process_record())
     live, live_head = _cluster(base, "live", liveness.process_record())
-    _lease(leases, "dag/killed", _dead_record(), monkeypatch)
+    _lease(leases, "dag/killed", dead_process_record(), monkeypatch)
     _lease(leases, "dag/live", liveness.process_record(), monkeypatch)
     try:
         code = main(["reap", "--without-db", "--base-dir", str(base), "--lease-root", str(leases)])
@@ -94,7 +87,7 @@ def test_reap_falls_back_to_supervisors_when_the_metadata_db_cannot_be_read(
 
     monkeypatch.setattr(reaper.MetadataDbRunStates, "running", no_db)
     leases = tmp_path / "leases"
-    _lease(leases, "dag/killed", _dead_record(), monkeypatch)
+    _lease(leases, "dag/killed", dead_process_record(), monkeypatch)
     _lease(leases, "dag/unknown", {}, monkeypatch)  # no supervisor: its run may be live, kept
     code = main(["reap", "--base-dir", str(tmp_path / "clusters"), "--lease-root", str(leases)])
     captured = capsys.readouterr()
@@ -110,8 +103,8 @@ def test_a_run_the_db_lists_as_running_is_reaped_when_its_supervisor_is_dead(
     from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans
 
     leases = tmp_path / "leases"
-    _lease(leases, "dag/killed", _dead_record(), monkeypatch)
-    killed, head = _cluster(tmp_path / "clusters", "killed", _dead_record())
+    _lease(leases, "dag/killed", dead_process_record(), monkeypatch)
+    killed, head = _cluster(tmp_path / "clusters", "killed", dead_process_record())
     try:
         scope = ReaperScope(local_base_dir=str(tmp_path / "clusters"), lease_root=str(leases), kube=False)
         orphans = collect_orphans(scope, FixedRunStates({"dag": ["killed"]}), older_than=7200)

@@ -8,23 +8,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.processes import sleeper, survives
+from tpuflow import liveness
 from tpuflow.dev import airflow_services as services_mod
 from tpuflow.dev.airflow_services import AirflowServices
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:  # only what the test started, by pid
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 def _service(procs: list[subprocess.Popen], home: Path | None) -> subprocess.Popen:
@@ -32,17 +22,7 @@ def _service(procs: list[subprocess.Popen], home: Path | None) -> subprocess.Pop
     env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_HOME"}
     if home is not None:
         env["AIRFLOW_HOME"] = str(home)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, env=env)
-    procs.append(proc)
-    return proc
-
-
-def _survives(proc: subprocess.Popen) -> bool:
-    try:
-        proc.wait(timeout=0.5)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
+    return sleeper(procs, env=env)
 
 
 def _deployment(work: Path, pids: dict[str, int]) -> AirflowServices:
@@ -68,7 +48,7 @@ def test_down_stops_its_services_and_leaves_processes_that_took_over_recorded_pi
 
     assert stopped == ["triggerer"]
     assert ours.wait(timeout=10) is not None
-    assert _survives(unrelated) and _survives(other_home), "a process that is not this deployment's was signalled"
+    assert survives(unrelated) and survives(other_home), "a process that is not this deployment's was signalled"
     assert AirflowServices.load(work).pids == {}
     assert f"pid {unrelated.pid} of services.json is no longer this Airflow's" in caplog.text
 
@@ -85,4 +65,26 @@ def test_restart_does_not_signal_a_process_that_took_over_the_services_pid(
     services.restart("scheduler")
 
     assert spawned == ["scheduler"]
-    assert _survives(unrelated)
+    assert survives(unrelated)
+
+
+def test_a_service_is_known_by_its_recorded_start_not_its_environment(
+    tmp_path: Path, procs: list[subprocess.Popen]
+) -> None:
+    """Airflow's setproctitle overwrites /proc/<pid>/environ: a leader recorded at spawn is proved by its pid
+    and start time; a process at a recorded pid with another start time is not the service, whatever its env."""
+    work = tmp_path / "airflow"
+    retitled = _service(procs, None)  # the api-server after setproctitle: no readable AIRFLOW_HOME
+    reused = _service(procs, work / "home")  # this home's variable, but not the process recorded at spawn
+    services = _deployment(work, {"api-server": retitled.pid, "scheduler": reused.pid})
+    services.started = {
+        "api-server": liveness.process_record(retitled.pid),
+        "scheduler": {**liveness.process_record(reused.pid), "start": 1},
+    }
+    services.save()
+    services = AirflowServices.load(work)
+
+    assert services.alive_services() == ["api-server"]
+    assert services.stop(timeout=5) == ["api-server"]
+    assert retitled.wait(timeout=10) is not None
+    assert survives(reused)

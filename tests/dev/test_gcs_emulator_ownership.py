@@ -5,29 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from support.processes import sleeper, survives
 from tpuflow.dev.gcs_emulator import STATE_FILE, GcsEmulator
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:  # only what the test started, by pid
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
-def _sleep(procs: list[subprocess.Popen], *args: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], start_new_session=True)
-    procs.append(proc)
-    return proc
 
 
 def _emulator(state: Path, pid: int, data_dir: str) -> GcsEmulator:
@@ -39,31 +22,23 @@ def _emulator(state: Path, pid: int, data_dir: str) -> GcsEmulator:
     return loaded
 
 
-def _survives(proc: subprocess.Popen) -> bool:
-    try:
-        proc.wait(timeout=0.5)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
-
-
 @pytest.mark.parametrize("data_dir", ["", "DATA"], ids=["no data folder recorded", "names the data folder"])
 def test_down_leaves_a_process_that_is_not_the_emulator(
     tmp_path: Path, procs: list[subprocess.Popen], data_dir: str
 ) -> None:
     data = str(tmp_path / "data") if data_dir else ""
-    other = _sleep(procs, f"{tmp_path / 'data'}")  # e.g. `du` on the data folder: not the server
+    other = sleeper(procs, f"{tmp_path / 'data'}")  # e.g. `du` on the data folder: not the server
     emulator = _emulator(tmp_path / "state", other.pid, data)
 
     assert not emulator.is_alive()
     assert emulator.stop(timeout=1) is False
-    assert _survives(other)
+    assert survives(other)
     assert not (tmp_path / "state" / STATE_FILE).exists()
 
 
 def test_down_stops_the_server_serving_its_data_folder(tmp_path: Path, procs: list[subprocess.Popen]) -> None:
     data = str(tmp_path / "data")
-    server = _sleep(procs, "-filesystem-root", data, "-port", "1")  # the arguments start() gives fake-gcs-server
+    server = sleeper(procs, "-filesystem-root", data, "-port", "1")  # the arguments start() gives fake-gcs-server
     emulator = _emulator(tmp_path / "state", server.pid, data)
 
     assert emulator.is_alive()

@@ -13,10 +13,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.processes import sleeper, survives
 from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans, reap
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import CLUSTER_ENV, STATE_FILE, LocalRayCluster, NodeProcess
@@ -24,24 +24,6 @@ from tpuflow.local.operators import local_cluster_name
 from tpuflow.naming import TaskIdentity
 
 OWNER = TaskIdentity("ownership_dag", "manual__1", "start_cluster")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:  # only what the test started, by pid
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
-def _sleep(procs: list[subprocess.Popen], *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`sleep 60` (plus `args` on its command line) in its own session, as a Ray node runs."""
-    code = "import time; time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], start_new_session=True, env=env)
-    procs.append(proc)
-    return proc
 
 
 def _cluster(base: Path, pids: list[int], name: str = "fake", temp: str | None = None) -> LocalRayCluster:
@@ -65,11 +47,6 @@ def _cluster(base: Path, pids: list[int], name: str = "fake", temp: str | None =
     return LocalRayCluster.load(state_dir)
 
 
-def _survives(proc: subprocess.Popen) -> bool:
-    """Still running half a second on (a signal sent is not delivered at once)."""
-    return not _gone(proc, 0.5)
-
-
 def _gone(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
     try:
         proc.wait(timeout=timeout)
@@ -81,7 +58,7 @@ def _gone(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
 def test_stop_leaves_a_process_that_took_over_a_recorded_pid_and_calls_the_cluster_gone(
     tmp_path: Path, procs: list[subprocess.Popen], caplog: pytest.LogCaptureFixture
 ) -> None:
-    bystander = _sleep(procs)
+    bystander = sleeper(procs)
     cluster = _cluster(tmp_path, [bystander.pid])
 
     assert not cluster.is_alive(), "a recorded pid that is another process's is no node of the cluster"
@@ -89,7 +66,7 @@ def test_stop_leaves_a_process_that_took_over_a_recorded_pid_and_calls_the_clust
         signalled = cluster.stop(grace=0.5, timeout=2)
 
     assert signalled == []
-    assert _survives(bystander), "the unrelated process was signalled"
+    assert survives(bystander), "the unrelated process was signalled"
     assert not (Path(cluster.state_dir) / STATE_FILE).exists(), "the cluster is stopped: its state is gone"
     assert f"pid {bystander.pid} is no longer one of its processes" in caplog.text
 
@@ -98,17 +75,17 @@ def test_stop_leaves_a_process_that_took_over_a_recorded_pid_and_calls_the_clust
 def test_stop_stops_a_process_that_names_the_cluster(tmp_path: Path, procs: list[subprocess.Popen], how: str) -> None:
     temp_dir = str(tmp_path / "tpf-x")
     if how == "environment":
-        node = _sleep(procs, env={**os.environ, CLUSTER_ENV: temp_dir})
+        node = sleeper(procs, env={**os.environ, CLUSTER_ENV: temp_dir})
     else:
-        node = _sleep(procs, f"--temp-dir={temp_dir}/n0")
-    bystander = _sleep(procs, f"{temp_dir}0")  # a path that only starts with the temp dir: not the cluster's
+        node = sleeper(procs, f"--temp-dir={temp_dir}/n0")
+    bystander = sleeper(procs, f"{temp_dir}0")  # a path that only starts with the temp dir: not the cluster's
     cluster = _cluster(tmp_path, [node.pid, bystander.pid], temp=temp_dir)
     assert cluster.is_alive()
 
     signalled = cluster.stop(grace=0.5, timeout=5)
 
     assert node.pid in signalled and _gone(node)
-    assert bystander.pid not in signalled and _survives(bystander)
+    assert bystander.pid not in signalled and survives(bystander)
 
 
 def test_a_group_whose_leader_is_gone_has_its_marked_members_stopped_by_pid(
@@ -149,30 +126,30 @@ def test_a_group_whose_leader_is_gone_has_its_marked_members_stopped_by_pid(
 
 def test_no_temp_dir_recorded_proves_nothing(tmp_path: Path, procs: list[subprocess.Popen]) -> None:
     """An empty temp dir would name every path: a state without one owns no process."""
-    bystander = _sleep(procs, env={**os.environ, CLUSTER_ENV: ""})
+    bystander = sleeper(procs, env={**os.environ, CLUSTER_ENV: ""})
     cluster = _cluster(tmp_path, [bystander.pid], temp="")
     assert not cluster.is_alive()
     assert cluster.stop(grace=0.5, timeout=2) == []
-    assert _survives(bystander)
+    assert survives(bystander)
 
 
 def test_kill_host_leaves_a_process_that_took_over_the_hosts_pid(tmp_path: Path, procs: list[subprocess.Popen]) -> None:
     temp_dir = str(tmp_path / "tpf-x")
-    head = _sleep(procs, env={**os.environ, CLUSTER_ENV: temp_dir})
-    bystander = _sleep(procs)
+    head = sleeper(procs, env={**os.environ, CLUSTER_ENV: temp_dir})
+    bystander = sleeper(procs)
     cluster = _cluster(tmp_path, [head.pid, bystander.pid], temp=temp_dir)
 
     cluster.kill_host(0, 1)
 
-    assert _survives(bystander)
-    assert _survives(head), "only the host was asked for"
+    assert survives(bystander)
+    assert survives(head), "only the host was asked for"
 
 
 def test_the_reaper_leaves_a_process_that_took_over_a_dead_clusters_pid(
     tmp_path: Path, procs: list[subprocess.Popen]
 ) -> None:
     """`tpuflow reap` after a reboot: the cluster's state names a pid that is now an unrelated process."""
-    bystander = _sleep(procs)
+    bystander = sleeper(procs)
     name = local_cluster_name(OWNER)
     _cluster(tmp_path, [bystander.pid], name=name)
 
@@ -183,5 +160,5 @@ def test_the_reaper_leaves_a_process_that_took_over_a_dead_clusters_pid(
     assert [o.name for o in orphans] == [name]
     assert "processes are gone" in orphans[0].reason
     assert outcome["deleted"] == [orphans[0].line()]
-    assert _survives(bystander), "tpuflow reap signalled a process that is not the cluster's"
+    assert survives(bystander), "tpuflow reap signalled a process that is not the cluster's"
     assert not (tmp_path / name / STATE_FILE).exists()

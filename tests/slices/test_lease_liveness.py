@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.airflow_context import task_context
+from support.processes import dead_process_record
 from tpuflow import liveness
 from tpuflow.errors import UserInputError
 from tpuflow.slices.leases import MAX_LEASE_SLOTS, LocalLeaseStore, parse_slots
@@ -27,15 +27,6 @@ class Recorder:
         self.lines.append(msg % args if args else msg)
 
     info = warning = error = debug = _keep
-
-
-def _dead_record() -> dict[str, Any]:
-    """The supervisor record of a process that has exited (and been waited for)."""
-    proc = subprocess.Popen(["sleep", "30"])
-    record = liveness.process_record(proc.pid)
-    proc.kill()
-    proc.wait()
-    return record
 
 
 def _hold(root: Path, holder: str, record: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +53,7 @@ def test_a_lease_of_a_dead_supervisor_is_taken_over_and_logged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv(liveness.SUPERVISOR_ENV, raising=False)
-    dead = _dead_record()
+    dead = dead_process_record()
     _hold(tmp_path, "dag/killed", dead, monkeypatch)
     assert _acquire(tmp_path).execute(task_context(dag_id="dag", run_id="next"))["holder"] == "dag/next"
     assert [lease.holder for lease in LocalLeaseStore(tmp_path).holders(1).values()] == ["dag/next"]
@@ -108,7 +99,7 @@ def test_the_waiting_trigger_fires_for_a_dead_holder_and_names_a_live_one(
     assert asyncio.run(wait())["status"] == "timeout"
     assert any(line.startswith("all 1 slice lease(s) held by dag/alive (pid ") for line in log.lines), log.lines
     store.release("dag/alive")
-    _hold(tmp_path, "dag/killed", _dead_record(), monkeypatch)
+    _hold(tmp_path, "dag/killed", dead_process_record(), monkeypatch)
     assert asyncio.run(wait())["status"] == "success"
 
 

@@ -73,6 +73,7 @@ def test_preflight_fails_naming_the_host_that_cannot_reach_the_others(two_slices
     assert message.endswith(f"{host} (127.0.0.2)")
 
 
+@pytest.mark.long  # ~4 min; make test keeps the one-slice preemption drill (tests/rayjob/test_preemption.py)
 @pytest.mark.timeout(1200)
 def test_jax_trains_across_two_slices_and_a_host_lost_in_one_restarts_both_from_a_checkpoint(
     two_slices: Any, tmp_path: Path
