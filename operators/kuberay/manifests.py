@@ -17,7 +17,7 @@ from typing import Any
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay import API_VERSION, DEFAULT_RAY_VERSION, DEFAULT_UPGRADE_STRATEGY
 from tpuflow.kuberay.k8s_values import check_env, check_name, check_namespace, check_quantities
-from tpuflow.kuberay.ray_auth import auth_mode, with_cluster_auth
+from tpuflow.kuberay.ray_auth import MIN_TOKEN_AUTH_RAY, auth_mode, with_cluster_auth
 from tpuflow.kuberay.serve_config import SERVE_PORT, serve_config_v2
 from tpuflow.labels import (
     EXPIRES_LABEL,
@@ -50,9 +50,7 @@ _RAY_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 # KubeRay create a Secret named like the RayCluster holding AUTH_TOKEN_SECRET_KEY, and set RAY_AUTH_MODE and
 # RAY_AUTH_TOKEN (secretKeyRef) on every Ray container; "disabled" leaves the dashboard and Jobs API open to
 # anything that reaches the head Service.
-AUTH_MODES = ("token", "disabled")
 AUTH_TOKEN_SECRET_KEY = "auth_token"
-MIN_TOKEN_AUTH_RAY = (2, 52, 0)
 
 
 def resource_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
