@@ -157,7 +157,7 @@ def _plain(tpu: Any) -> tuple[float | None, float | None]:
         for s in range(tpu.num_slices):
             for w in range(tpu.num_hosts):
                 i += 1
-                host_env = {**env, **tpu.simulated_host_env(f"plain-slice-{s}", w)}
+                host_env = {**env, **tpu.simulated_host_env(f"plain-slice-{s}", w, [NODE_IP] * tpu.num_hosts)}
                 ray_start(
                     [
                         f"--address={NODE_IP}:{gcs}",

@@ -44,9 +44,15 @@ def _up(args: argparse.Namespace) -> int:
     from tpuflow.naming import check_dns_label
 
     check_dns_label("--name", args.name)
+    from tpuflow.validation import check_count
+
     tpu = slice_from_args(args).require(ray=True)
+    if args.host_cpus is not None:
+        check_count("--host-cpus", args.host_cpus, minimum=1)
     print(f"Starting {args.name}: {tpu.summary()}", file=sys.stderr)
-    cluster = LocalRayCluster.start(tpu, args.name, _base_dir(args))
+    for caveat in tpu.ray_caveats():
+        print(f"note: {caveat}", file=sys.stderr)
+    cluster = LocalRayCluster.start(tpu, args.name, _base_dir(args), host_cpus=args.host_cpus)
     print(json.dumps(cluster.connection_info(), indent=2))
     print(
         f'Use it from a shell: eval "$(tpuflow local env --name {args.name})"; stop it: tpuflow local down --name {args.name}',
@@ -190,6 +196,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             add_slice_arguments(parsers[verb])
         common(parsers[verb], name_default)
         parsers[verb].set_defaults(func=func)
+    parsers["up"].add_argument(
+        "--host-cpus",
+        type=int,
+        default=None,
+        help="CPUs each simulated TPU host offers Ray (default: one per TPU device of the host)",
+    )
     preempt = parsers["preempt"]
     preempt.add_argument("--host", type=int, required=True, help="TPU worker id within the slice")
     preempt.add_argument("--slice", type=int, default=0, help="slice index (default 0)")

@@ -132,7 +132,7 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     stack = StandinStack(
         work / "standins",
         operation_seconds=args.operation_seconds,
-        launcher=RecordingLauncher(work / "standins" / "ray-clusters", head_cpus=2, host_cpus=1, timeout=600),
+        launcher=RecordingLauncher(work / "standins" / "ray-clusters", head_cpus=2, timeout=600),
     )
     print(f"tpuflow demo --backend gke: starting the GKE and Kubernetes stand-ins in {stack.workdir}", flush=True)
     started = time.time()

@@ -44,7 +44,7 @@ class LocalRayLauncher:
         base_dir: str | Path,
         *,
         head_cpus: int = 2,
-        host_cpus: int = 1,
+        host_cpus: int | None = None,
         env: Mapping[str, str] | None = None,
         auth_mode: str = "disabled",
         timeout: float = 180.0,

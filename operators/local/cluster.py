@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from tpuflow import liveness
+from tpuflow import liveness, workloads_dir
 from tpuflow.errors import UserInputError
 from tpuflow.local.node_env import node_environment
 from tpuflow.paths import tpuflow_home
@@ -47,15 +47,37 @@ logger = logging.getLogger(__name__)
 # a slice the machine cannot hold instead of letting the OOM killer pick processes.
 _HOST_MEMORY_BYTES = 700 * 1024 * 1024
 _HEAD_MEMORY_BYTES = 1500 * 1024 * 1024
-# Every node binds this loopback address. Not 127.0.0.1: Ray rewrites "localhost" addresses
-# to the machine's network address when nodes join, which would expose (and break) the cluster.
-NODE_IP = "127.0.0.2"
+# The head's address. Ray binds a node's servers to loopback only for exactly 127.0.0.1 (tpuflow.local.ray_node
+# keeps Ray's CLI from rewriting it to the machine's network address), so the head's GCS, dashboard, Ray Client
+# server and dashboard metrics never listen on another interface.
+HEAD_IP = "127.0.0.1"
 # A simulated host's actors read this variable: while the file it names exists, that host answers Ray
 # but never joins a collective (tpuflow_driver.preflight), as a TPU VM whose data network is down.
 UNREACHABLE_FLAG_ENV = "TPUFLOW_SIM_UNREACHABLE_FLAG"
 
 
 _MAX_LABEL_VALUE = 63  # Ray's label values (ray.io/tpu-slice-name), as Kubernetes': 63 characters at most
+
+
+def simulated_tpu_path() -> str:
+    """The folder of tpuflow's CPU stand-ins for TPU-only packages (torch_tpu), on every simulated node's path."""
+    return str(Path(workloads_dir()) / "simulated_tpu")
+
+
+def default_host_cpus(tpu: TpuSlice | None) -> int:
+    """CPUs a simulated host offers Ray unless told: at least one per TPU device of the host."""
+    return max(1, tpu.logical_devices_per_host) if tpu is not None else 1
+
+
+def host_ip(slice_index: int, worker_id: int, hosts_per_slice: int) -> str:
+    """The loopback address of one simulated TPU host: each host its own, as each TPU VM on GKE.
+
+    Ray Train ranks nodes by address (node_rank, local_rank), so hosts sharing one would read as one node.
+    Ray binds such a node's raylet, object manager and agent gRPC ports on every interface (it keeps to
+    loopback only for 127.0.0.1); they require the cluster's token.
+    """
+    index = slice_index * hosts_per_slice + worker_id + 2
+    return f"127.0.{index // 254}.{index % 254 + 1}" if index >= 254 else f"127.0.0.{index}"
 
 
 def slice_name(cluster_name: str, index: int) -> str:
@@ -144,7 +166,7 @@ class LocalRayCluster:
         base_dir: Path | str | None = None,
         *,
         head_cpus: int = 2,
-        host_cpus: int = 1,
+        host_cpus: int | None = None,
         env: dict[str, str] | None = None,
         timeout: float = 120.0,
         adopt: bool = True,
@@ -157,7 +179,10 @@ class LocalRayCluster:
         auth_token: the Ray token to use (default: a fresh random one), e.g. one a KubeRay Secret holds.
         expires_at: recorded in the state (an adopted cluster keeps its own); None: it never expires.
         owner: the starting task instance's record (TaskIdentity.record()), recorded in the state.
+        host_cpus: CPUs each simulated host offers Ray (default: one per TPU device of the host, so one
+        placement bundle per chip, which Ray gives {TPU: 1, CPU: 1}, places as on GKE's TPU VMs).
         """
+        host_cpus = default_host_cpus(tpu) if host_cpus is None else host_cpus
         state_dir = Path(base_dir or default_base_dir()) / name
         if adopt and (state_dir / STATE_FILE).exists():
             existing = cls.load(state_dir)
@@ -202,12 +227,20 @@ class LocalRayCluster:
         )
         cluster.save()
         base_env = cluster._base_env(tpu, env)
+        logger.info(
+            "Simulated hosts: %s CPUs each, own loopback addresses, GKE's TPU webhook variables; Ray processes "
+            "import torch_tpu from tpuflow's CPU stand-in in %s",
+            host_cpus,
+            simulated_tpu_path(),
+        )
+        for caveat in tpu.ray_caveats() if tpu else ():
+            logger.warning("%s", caveat)
         try:
             cluster._start_head(head_cpus, base_env, timeout)
             if tpu is not None:
                 for s in range(tpu.num_slices):
                     for w in range(tpu.num_hosts):
-                        cluster._start_host(tpu, slice_name(name, s), w, base_env, host_cpus, timeout)
+                        cluster._start_host(tpu, s, w, base_env, host_cpus, timeout)
             cluster._wait_for_nodes(1 + hosts, timeout)
         except BaseException:
             cluster.stop()
@@ -285,7 +318,7 @@ class LocalRayCluster:
         self.nodes.remove(old)
         self.save()
         tpu = TpuSlice.from_dict(self.slice)
-        self._start_host(tpu, old.slice_name, worker_id, self._base_env(tpu, None), self.host_cpus, timeout)
+        self._start_host(tpu, slice_index, worker_id, self._base_env(tpu, None), self.host_cpus, timeout)
         self.save()
 
     def set_unreachable(self, slice_index: int, worker_id: int, unreachable: bool = True) -> str:
@@ -358,6 +391,8 @@ class LocalRayCluster:
             "RAY_API_SERVER_ADDRESS": self.dashboard_url,
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
+            # without it Ray's CLI and ray.init() turn the head's 127.0.0.1 into this machine's network address
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         }
 
     def connection_info(self) -> dict[str, Any]:
@@ -390,6 +425,14 @@ class LocalRayCluster:
                 "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(Path(self.state_dir) / TOKEN_FILE),
                 "RAY_USAGE_STATS_ENABLED": "0",
+                # Loopback stays loopback (the head binds 127.0.0.1; drivers reach it there): tpuflow.local.ray_node.
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                # No per-node Prometheus exporter: it would listen on every interface of a host and answer
+                # without the token; nothing here reads Ray's metrics.
+                "RAY_enable_metrics_collection": "0",
+                # A raylet starts as many idle workers as it has CPUs when a job's driver registers; hosts have
+                # a CPU per chip but share this machine's cores: start workers when work asks for them.
+                "RAY_prestart_worker_first_driver": "0",
                 # Every process of the cluster inherits it, Ray's workers too (they leave the nodes' process
                 # groups and rename themselves ray::..., so no command line names the temp dir): stop() finds
                 # them by it rather than returning while they still exit.
@@ -401,6 +444,9 @@ class LocalRayCluster:
                 "JAX_PLATFORMS": "cpu",
                 # Job entrypoints say `python ...`: it must be this environment's interpreter.
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+                # tpuflow's CPU stand-in for torch_tpu, so TorchTrainer(use_tpu=True) runs through Ray's own
+                # TPU path on simulated hosts; only on this cluster's processes, never on a real slice's.
+                "PYTHONPATH": os.pathsep.join(p for p in (simulated_tpu_path(), env.get("PYTHONPATH", "")) if p),
             }
         )
         if tpu is not None:
@@ -409,17 +455,24 @@ class LocalRayCluster:
         return env
 
     def _spawn(
-        self, role: str, args: list[str], env: dict[str, str], slice_name: str = "", worker_id: int = -1
+        self,
+        role: str,
+        args: list[str],
+        env: dict[str, str],
+        node_ip: str,
+        slice_name: str = "",
+        worker_id: int = -1,
     ) -> None:
-        ray_bin = Path(sys.executable).with_name("ray")
         label = "head" if role == "head" else f"{slice_name}-w{worker_id}"
         log = Path(self.state_dir) / f"{label}.log"
         node_temp = f"{self.temp_dir}/n{sum(1 for _ in Path(self.temp_dir).iterdir())}"
         cmd = [
-            str(ray_bin),
+            sys.executable,
+            "-m",
+            "tpuflow.local.ray_node",
             "start",
             "--block",
-            f"--node-ip-address={NODE_IP}",
+            f"--node-ip-address={node_ip}",
             # Each node gets its own temp dir, as on separate VMs: a shared one makes every node's
             # log monitor forward every node's logs, and nodes race unpacking runtime_env packages.
             # Short names: Ray's unix socket paths under it must stay below ~107 bytes.
@@ -445,7 +498,7 @@ class LocalRayCluster:
     def _start_head(self, cpus: int, env: dict[str, str], timeout: float) -> None:
         def spawn() -> None:
             gcs_port, dash_port = free_port(), free_port()
-            self.gcs_address = f"{NODE_IP}:{gcs_port}"
+            self.gcs_address = f"{HEAD_IP}:{gcs_port}"
             self.dashboard_url = f"http://127.0.0.1:{dash_port}"
             args = [
                 "--head",
@@ -456,7 +509,7 @@ class LocalRayCluster:
                 f"--num-cpus={cpus}",
                 f"--ray-client-server-port={free_port()}",
             ]
-            self._spawn("head", args, env)
+            self._spawn("head", args, env, HEAD_IP)
 
         def ready(deadline: float) -> None:
             self._wait_for_dashboard(deadline)
@@ -465,21 +518,23 @@ class LocalRayCluster:
         self._start_with_retries(spawn, ready, timeout)
 
     def _start_host(
-        self, tpu: TpuSlice, slice_name: str, worker_id: int, env: dict[str, str], cpus: int, timeout: float
+        self, tpu: TpuSlice, slice_index: int, worker_id: int, env: dict[str, str], cpus: int, timeout: float
     ) -> None:
+        name = slice_name(self.name, slice_index)
         args = [
             f"--address={self.gcs_address}",
             f"--num-cpus={cpus}",
             f"--resources={json.dumps(tpu.ray_worker_resources)}",
         ]
+        hostnames = [host_ip(slice_index, w, tpu.num_hosts) for w in range(tpu.num_hosts)]
         host_env = {
             **env,
-            **tpu.simulated_host_env(slice_name, worker_id),
-            UNREACHABLE_FLAG_ENV: str(self._unreachable_flag(slice_name, worker_id)),
+            **tpu.simulated_host_env(name, worker_id, hostnames),
+            UNREACHABLE_FLAG_ENV: str(self._unreachable_flag(name, worker_id)),
         }
 
         def spawn() -> None:
-            self._spawn("tpu-host", args, host_env, slice_name=slice_name, worker_id=worker_id)
+            self._spawn("tpu-host", args, host_env, hostnames[worker_id], slice_name=name, worker_id=worker_id)
 
         def ready(deadline: float) -> None:
             # One at a time: nodes sharing a temp dir race for the same socket names.

@@ -55,7 +55,8 @@ class LocalRayClusterCreateOperator(BaseOperator):
     :param num_slices: identical slices to simulate.
     :param base_dir: where cluster state lives (default: ``clusters/`` under ``$TPUFLOW_HOME``).
     :param head_cpus: CPUs the head node offers to Ray.
-    :param host_cpus: CPUs each simulated TPU host offers to Ray.
+    :param host_cpus: CPUs each simulated TPU host offers to Ray (default: one per TPU device of the host, so
+        a placement bundle per chip places as on GKE).
     :param start_timeout: seconds to wait for every node to join.
     :param expires_after: (seconds or timedelta) recorded in the cluster's state as ``expires_at``, this
         long after the start (default 24 hours, as a node pool's ``tpuflow-expires`` label): past it the
@@ -76,7 +77,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
         num_slices: int | str = 1,
         base_dir: str | None = None,
         head_cpus: int = 2,
-        host_cpus: int = 1,
+        host_cpus: int | None = None,
         start_timeout: float = 300.0,
         expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
         **kwargs: Any,
@@ -106,7 +107,8 @@ class LocalRayClusterCreateOperator(BaseOperator):
         from tpuflow.validation import check_count, check_seconds
 
         check_count("head_cpus", self.head_cpus, minimum=1)
-        check_count("host_cpus", self.host_cpus, minimum=1)
+        if self.host_cpus is not None:
+            check_count("host_cpus", self.host_cpus, minimum=1)
         check_seconds("start_timeout", self.start_timeout)
         check_seconds("expires_after", self.expires_after, optional=True)
         if not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):

@@ -86,6 +86,8 @@ class LeaseStore(Protocol):
 
     def release(self, holder: str) -> list[int]: ...
 
+    def renew(self, holder: str, slots: int) -> list[int]: ...
+
 
 def slot_of(name: str) -> int | None:
     """The slot a lease file's name holds (``slot-<i>.json``, i < MAX_LEASE_SLOTS), else None: not a lease."""
@@ -94,11 +96,20 @@ def slot_of(name: str) -> int | None:
     return slot if slot is not None and slot < MAX_LEASE_SLOTS else None
 
 
-def _record(holder: str, expires_at: float | None = None, acquired_at: float | None = None) -> str:
+_THIS_PROCESS = object()  # _record's default supervisor: the process writing the record
+
+
+def _record(
+    holder: str,
+    expires_at: float | None = None,
+    acquired_at: float | None = None,
+    supervisor: dict[str, Any] | None | object = _THIS_PROCESS,
+) -> str:
+    """A lease file's text; ``supervisor``: the holder's (kept on a renewal), default this process's."""
     record: dict[str, Any] = {
         "holder": holder,
         "acquired_at": time.time() if acquired_at is None else acquired_at,
-        "supervisor": liveness.supervisor_record(),
+        "supervisor": liveness.supervisor_record() if supervisor is _THIS_PROCESS else supervisor,
     }
     if expires_at is not None:
         record["expires_at"] = expires_at
@@ -180,6 +191,10 @@ class LocalLeaseStore:
             if lease is not None:
                 found[lease.slot] = lease
         return dict(sorted(found.items()))
+
+    def renew(self, holder: str, slots: int) -> list[int]:
+        """Nothing to renew: a local lease has no expiry (its supervisor's liveness decides)."""
+        return []
 
     def take_over_dead(self, slots: int, holder: str) -> list[tuple[Lease, str]]:
         """Free the slots (of the first ``slots``) whose holder is provably dead or expired, for ``holder``
@@ -332,21 +347,30 @@ class GcsLeaseStore:
             taken.append((read[0], reason))
         return taken
 
-    def _renew(self, bucket: Any, slots: list[int], holder: str) -> None:
-        """Push the expiry of ``holder``'s ``slots`` out again (its run lives: it is taking them again)."""
+    def renew(self, holder: str, slots: int) -> list[int]:
+        """Push the expiry of ``holder``'s leases (of the first ``slots``) out again: its run is known to live
+        (it takes them again, or a waiter read its state as running). Returns the slots renewed."""
+        mine = sorted(slot for slot, lease in self.holders(slots).items() if lease.holder == holder)
+        return self._renew(self._bucket(), mine, holder)
+
+    def _renew(self, bucket: Any, slots: list[int], holder: str) -> list[int]:
+        """Push the expiry of ``holder``'s ``slots`` out again; returns those renewed."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
+        renewed = []
         for slot in slots:
             read = self._read(bucket, slot)
             if read is None or read[0].holder != holder:
                 continue
-            record = _record(holder, time.time() + LEASE_TTL_S, read[0].acquired_at)
+            record = _record(holder, time.time() + LEASE_TTL_S, read[0].acquired_at, read[0].supervisor)
             try:
                 bucket.blob(self._name(slot)).upload_from_string(
                     record, content_type="application/json", if_generation_match=read[1], timeout=request_timeout()
                 )
             except (NotFound, PreconditionFailed):
                 continue
+            renewed.append(slot)
+        return renewed
 
     def try_acquire(self, holder: str, slots: int, count: int = 1) -> Lease | None:
         """As LocalLeaseStore.try_acquire: ``count`` slots for ``holder``, all or none."""

@@ -26,16 +26,22 @@ def lease_holder(context: Context) -> str:
     return f"{ti.dag_id}/{ti.run_id}"
 
 
-def run_is_over(ti: Any, dag_id: str, run_id: str) -> str | None:
-    """Why the run ``dag_id/run_id`` can no longer use a slice ("failed", "gone from the metadata DB"),
-    or None while it may (running, queued) or when its state cannot be read."""
+def run_state(ti: Any, dag_id: str, run_id: str) -> str | None:
+    """The state of run ``dag_id/run_id`` as the metadata DB says ("running", "success", ..., "gone from the
+    metadata DB"), or None when it cannot be read."""
     try:
         state = ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
     except Exception as err:  # the Task SDK answers a deleted run with the API server's 404
         text = str(err).lower()
         return "gone from the metadata DB" if "404" in text or "not found" in text or "not_found" in text else None
-    state = str(getattr(state, "value", state))
-    return state if state in ("success", "failed") else None
+    return str(getattr(state, "value", state))
+
+
+def run_is_over(ti: Any, dag_id: str, run_id: str) -> str | None:
+    """Why the run ``dag_id/run_id`` can no longer use a slice ("failed", "gone from the metadata DB"),
+    or None while it may (running, queued) or when its state cannot be read."""
+    state = run_state(ti, dag_id, run_id)
+    return state if state in ("success", "failed", "gone from the metadata DB") else None
 
 
 class AcquireSliceOperator(BaseOperator):
@@ -107,6 +113,8 @@ class AcquireSliceOperator(BaseOperator):
         store = lease_store(root, self.gcp_conn_id)
         holder = lease_holder(context)
         lease = store.try_acquire(holder, slots, count)
+        if lease is None:
+            self._renew_for_live_runs(context, store, slots, holder)
         if lease is None and self._take_over_from_dead_holders(store, slots, holder):
             lease = store.try_acquire(holder, slots, count)
         if lease is None and self._reclaim_from_runs_that_are_over(context, store, slots, holder):
@@ -136,6 +144,29 @@ class AcquireSliceOperator(BaseOperator):
             ),
             method_name="execute_complete",
         )
+
+    def _renew_for_live_runs(self, context: Context, store: Any, slots: int, holder: str) -> list[int]:
+        """Renew the expired gs:// leases of runs the metadata DB says are still running or queued: a run
+        that outlives the expiry (a long training) keeps its slice. Only a run that is over, or whose state
+        cannot be read, loses an expired lease."""
+        import time
+
+        renewed: list[int] = []
+        now = time.time()
+        for other in sorted(
+            {
+                lease.holder
+                for lease in store.holders(slots).values()
+                if lease.holder != holder and lease.expires_at is not None and lease.expires_at < now
+            }
+        ):
+            dag_id, _, run_id = other.partition("/")
+            state = run_state(context["ti"], dag_id, run_id) if run_id else None
+            if state in ("running", "queued"):
+                for slot in store.renew(other, slots):
+                    self.log.info("renewed the expired slice lease %d of %s: the run is still %s", slot, other, state)
+                    renewed.append(slot)
+        return renewed
 
     def _take_over_from_dead_holders(self, store: Any, slots: int, holder: str) -> list[int]:
         """Free the leases whose holder is provably dead (its supervising process exited, was replaced by a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ from tpuflow.tpu.generations import (
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
+# torch_tpu's slice builder: one port per TPU device of a host, from this one (GKE's TPU webhook)
+SLICEBUILDER_PORT = 8471
 
 _TOPOLOGY_RE = re.compile(r"^[1-9]\d*(x[1-9]\d*)+$")
 _MACHINE_RE = re.compile(r"^(?P<family>.+)-(?P<chips>\d+)t$")
@@ -244,10 +247,26 @@ class TpuSlice:
             "accelerator_type": self.generation.ray_accelerator_type,
             "num_workers": self.total_hosts,
         }
-        default_per_host = 4 if self.chips > self.generation.single_vm_max_chips else self.chips
-        if self.chips_per_host != default_per_host or self.generation.logical_devices_per_chip > 1:
+        if self.chips_per_host != self.ray_default_chips_per_host or self.generation.logical_devices_per_chip > 1:
             cfg["resources_per_worker"] = {"TPU": self.logical_devices_per_host}
         return cfg
+
+    @property
+    def ray_default_chips_per_host(self) -> int:
+        """The chips per host Ray 2.60 assumes for this shape unless told (ray.util.tpu's get_chips_per_host)."""
+        return 4 if self.chips > self.generation.single_vm_max_chips else self.chips
+
+    def ray_caveats(self) -> list[str]:
+        """What user code must tell Ray about this slice because Ray cannot tell from its shape (same on GKE)."""
+        if self.chips_per_host == self.ray_default_chips_per_host:
+            return []
+        return [
+            f"Ray 2.60 reads a {self.generation.name} {self.topology} as {self.ray_default_chips_per_host}-chip "
+            f"hosts but this slice has {self.num_hosts} hosts of {self.chips_per_host} chips ({self.machine_type}): "
+            f"pass chips_per_vm={self.chips_per_host} to ray.util.tpu.slice_placement_group and "
+            f"resources_per_worker={{'TPU': {self.logical_devices_per_host}}} to a per-host ScalingConfig "
+            "(tpuflow.tpu.TpuSlice.slice_placement_group_kwargs() / scaling_config() do)"
+        ]
 
     def torch_scaling_config(self) -> dict[str, Any]:
         """TorchTrainer on TPU chips (TorchTPU, backend tpu_dist): one worker per TPU device, not per host."""
@@ -278,13 +297,29 @@ class TpuSlice:
             "accelerator_config": {"kind": "tpu", "topology": self.topology},
         }
 
-    def simulated_host_env(self, slice_name: str, worker_id: int) -> dict[str, str]:
-        """The four TPU_* variables GKE's TPU webhook injects; Ray derives slice labels from them."""
+    def simulated_host_env(self, slice_name: str, worker_id: int, hostnames: Sequence[str]) -> dict[str, str]:
+        """What GKE's TPU webhook injects into host ``worker_id`` of a slice whose hosts are ``hostnames``.
+
+        Ray derives the slice labels from TPU_NAME / TPU_WORKER_ID / TPU_ACCELERATOR_TYPE / TPU_TOPOLOGY;
+        torch_tpu and user code read TPU_WORKER_HOSTNAMES, TORCH_TPU_TOPOLOGY (the shape as x,y,z, plus the
+        cores of a multi-core chip) and TORCH_TPU_SLICEBUILDER_ADDRESSES (one port per TPU device, from 8471).
+        """
+        if len(hostnames) != self.num_hosts:
+            raise ValueError(f"{len(hostnames)} hostnames for a slice of {self.num_hosts} hosts")
+        dims = self.topology.split("x")
+        cores = self.generation.logical_devices_per_chip
+        topology = [*dims, *["1"] * (3 - len(dims))] + ([str(cores)] if cores > 1 else [])
+        devices = self.logical_devices_per_host
         return {
             "TPU_NAME": slice_name,
             "TPU_WORKER_ID": str(worker_id),
             "TPU_ACCELERATOR_TYPE": self.ray_pod_type,
             "TPU_TOPOLOGY": self.topology,
+            "TPU_WORKER_HOSTNAMES": ",".join(hostnames),
+            "TORCH_TPU_TOPOLOGY": ",".join(topology),
+            "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(
+                f"{host}:{SLICEBUILDER_PORT + d}" for host in hostnames for d in range(devices)
+            ),
             **self.ray_env,
         }
 

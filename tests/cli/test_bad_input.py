@@ -41,8 +41,8 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["render", "raycluster", "--accelerator", "v6e", "--topology", "3x3"], ("topology", "'3x3'", "valid shapes")),
     (["render", "raycluster", *V6E, "--namespace", "Not_A_NS"], ("namespace", "'Not_A_NS'", "RFC 1123")),
     (
-        ["render", "rayservice", *V6E, "--import-path", "addition.serve_app:app_builder"],
-        ("applications[default].args", "accelerator_config", "multi-host"),
+        ["render", "rayservice", *V6E, "--import-path", "acme.chat:app", "--app-arg", "accelerator_type=TPU-V5E"],
+        ("applications[default].args.accelerator_type", "'TPU-V5E'", "'TPU-V6E'"),
     ),
     (["render", "rayservice", *V6E, "--serve-config", f"{P}/bad.yaml"], ("--serve-config", "bad.yaml", "YAML")),
     (["render", "rayservice", *V6E, "--serve-config", f"{P}/missing.yaml"], ("--serve-config", "missing", "file")),
@@ -51,6 +51,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
         ("hf_secret", "':k'", "NAME:KEY"),
     ),
     (["local", "up", "--accelerator", "v6e", "--topology", "16", "--base-dir", P], ("topology", "16", "shape")),
+    (["local", "up", *V6E, "--host-cpus", "0", "--base-dir", P], ("--host-cpus", "0", ">= 1")),
     (["local", "up", *V6E, "--name", "../escape", "--base-dir", P], ("--name", "'../escape'", "lowercase letters")),
     (["local", "status", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
     (["local", "down", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
@@ -196,7 +197,7 @@ def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     work = tmp_path / "work"
     for argv in (
         ["demo", "--topology", "16", "--work-dir", str(work)],
-        ["render", "rayservice", *V6E, "--import-path", "addition.serve_app:app_builder"],
+        ["render", "rayservice", *V6E, "--import-path", "acme.chat:app", "--app-arg", "chips_per_host=8"],
     ):
         proc = subprocess.run([sys.executable, "-m", "tpuflow.cli", *argv], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2, proc.stderr

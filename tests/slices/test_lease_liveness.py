@@ -160,3 +160,49 @@ def test_a_gs_lease_expires_unless_renewed_and_stray_objects_are_ignored(
     [(lease, reason)] = store.take_over_dead(1, "dag/b")
     assert lease.holder == "dag/gone" and reason.startswith("past its expiry")
     assert store.try_acquire("dag/b", 1) is not None
+
+
+def test_an_expired_gs_lease_of_a_running_run_is_renewed_not_taken_over(
+    gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A training that outlives the expiry keeps its slice while the metadata DB says its run is running; the
+    renewal keeps the holder's own supervisor record. A run whose state cannot be read loses the expired lease."""
+    import time
+    import uuid
+
+    from airflow.sdk.exceptions import TaskDeferred
+    from support.airflow_context import FakeTaskInstance
+    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, ensure_buckets
+    from tpuflow.slices import leases
+    from tpuflow.slices.operators import AcquireSliceOperator
+
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
+    bucket = f"tpuflow-test-{uuid.uuid4().hex[:10]}"
+    ensure_buckets(gcs_emulator.url, [bucket])
+    root = f"gs://{bucket}/leases"
+    holder_supervisor = liveness.process_record()
+    with monkeypatch.context() as m:
+        m.setenv(liveness.SUPERVISOR_ENV, json.dumps(holder_supervisor))
+        m.setattr(leases, "LEASE_TTL_S", -1.0)  # taken long ago: already past its expiry
+        assert leases.lease_store(root).try_acquire("train_dag/long", 1) is not None
+    monkeypatch.delenv(liveness.SUPERVISOR_ENV, raising=False)
+    acquire = AcquireSliceOperator(task_id="acquire_slice", lease_root=root, max_slices="1")
+    waiter = FakeTaskInstance(dag_id="train_dag", run_id="next", run_states={"train_dag/long": "running"})
+    with pytest.raises(TaskDeferred):
+        acquire.execute(task_context(waiter))
+    (lease,) = leases.lease_store(root).holders(1).values()
+    assert lease.holder == "train_dag/long" and lease.dead_reason() is None
+    assert lease.expires_at is not None and lease.expires_at > time.time() + leases.LEASE_TTL_S - 60
+    assert lease.supervisor == holder_supervisor
+    out = capsys.readouterr().out
+    assert "renewed the expired slice lease 0 of train_dag/long: the run is still running" in out
+
+    class StateUnreadable(FakeTaskInstance):
+        def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+            raise ConnectionError("execution API unreachable")
+
+    monkeypatch.setattr(leases, "LEASE_TTL_S", -1.0)
+    leases.lease_store(root).renew("train_dag/long", 1)  # expired again
+    taken = acquire.execute(task_context(StateUnreadable(dag_id="train_dag", run_id="next")))
+    assert taken["holder"] == "train_dag/next"
+    assert "took over slice lease 0 of train_dag/long: past its expiry" in capsys.readouterr().out
