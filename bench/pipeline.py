@@ -45,6 +45,7 @@ def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
     from tpuflow.rayjob.hooks import RayJobHook, parse_result
     from tpuflow.serve.hooks import RayServeHook
     from tpuflow.tpu import TpuSlice
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -82,7 +83,7 @@ def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
         t = time.perf_counter()
         # the demo's replicas hold one host of the training slice (tpuflow.pipeline.params.local_serve_slice)
         serve_slice = local_serve_slice(tpu, None).to_dict()
-        config = serve_config_for(info, trained, f"local://{WORKLOADS}", "jax", serve_slice)
+        config = serve_config_for(info, trained, f"local://{WORKLOADS}", "jax", serve_slice, workload=ADDITION)
         serve = RayServeHook(cluster=info)
         serve.deploy_applications(config)
         app = config["applications"][0]

@@ -78,7 +78,7 @@ def _wait_running(
     hook: Any, names: list[str], timeout: float = 600, user_configs: dict[str, dict[str, Any]] | None = None
 ) -> None:
     """Until every app is RUNNING (and, for `user_configs`, its deployment HEALTHY with that user_config)."""
-    from tpuflow.pipeline.steps import SERVE_DEPLOYMENT
+    from tpuflow.workloads.addition.pipeline import SERVE_DEPLOYMENT
 
     deadline = time.time() + timeout
     apps: dict[str, Any] = {}
@@ -202,10 +202,11 @@ def product_app(info: dict[str, Any], checkpoint: str, name: str, serve_slice: A
     """The demo app as the pipeline deploys it (serve_config_for), under `name`; `batching` True / False:
     with `BATCHING` / `NO_BATCHING` (deployment_options); None: the app's default."""
     from tpuflow.pipeline.steps import serve_config_for
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     options = None if batching is None else BATCHING if batching else NO_BATCHING
     config = serve_config_for(info, {"checkpoint": checkpoint}, f"local://{WORKLOADS}", "jax", serve_slice,
-                              deployment_options=options)  # fmt: skip
+                              deployment_options=options, workload=ADDITION)  # fmt: skip
     (app,) = config["applications"]
     return renamed(app, name)
 
@@ -358,9 +359,9 @@ def serve(ctx: Context) -> list[Result]:
 def serve_on_slices(ctx: Context) -> list[Result]:
     from tpuflow.local.cluster import LocalRayCluster
     from tpuflow.pipeline.params import local_serve_slice
-    from tpuflow.pipeline.steps import SERVE_DEPLOYMENT
     from tpuflow.serve.hooks import RayServeHook
     from tpuflow.tpu import TpuSlice
+    from tpuflow.workloads.addition.pipeline import SERVE_DEPLOYMENT
 
     ckpt = ctx.checkpoint()
     n, seconds, warm, rounds = _sizes(ctx.quick)

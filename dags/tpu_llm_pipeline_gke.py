@@ -7,5 +7,6 @@ or at the GKE and Kubernetes stand-ins, is configuration. Heavy imports happen i
 """
 
 from tpuflow.pipeline.gke import build_gke_pipeline_dag, variable_settings
+from tpuflow.workloads.addition.pipeline import ADDITION
 
-dag = build_gke_pipeline_dag("tpu_llm_pipeline_gke", **variable_settings())
+dag = build_gke_pipeline_dag("tpu_llm_pipeline_gke", workload=ADDITION, **variable_settings())

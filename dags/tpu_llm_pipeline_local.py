@@ -5,5 +5,6 @@ Heavy imports (ray, jax, google clients) happen inside tasks, never at parse tim
 """
 
 from tpuflow.pipeline.factory import build_pipeline_dag
+from tpuflow.workloads.addition.pipeline import ADDITION
 
-dag = build_pipeline_dag("tpu_llm_pipeline_local")
+dag = build_pipeline_dag("tpu_llm_pipeline_local", workload=ADDITION)

@@ -142,40 +142,9 @@ def check_mapping(field: str, value: Any, *, optional: bool = True) -> Mapping[s
     return value
 
 
-# Training options a train loop's config conventionally carries (addition.training.DEFAULTS among
-# them): what the driver would reject on the cluster, after the slice is up, is rejected here.
-_TRAIN_COUNTS = {"num_steps": 1, "global_batch_size": 1, "checkpoint_every": 1, "log_every": 1, "warmup_steps": 0}
-_TRAIN_NUMBERS: dict[str, tuple[float, float | None, bool]] = {
-    # key: (minimum, maximum, minimum excluded)
-    "learning_rate": (0.0, None, True),
-    "weight_decay": (0.0, None, False),
-    "grad_clip": (0.0, None, True),
-    "final_lr_fraction": (0.0, 1.0, False),
-}
-
-
-def _parsed(text: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def check_train_loop_config(field: str, config: Mapping[str, Any] | None) -> None:
-    """The conventional training options in a train_loop_config, where present; any number in it finite."""
-    for key, raw in (config or {}).items():
-        name = f"{field}[{key}]"
-        # A template rendered as text ("1500") is parsed by the driver too.
-        value = _parsed(raw) if isinstance(raw, str) and (key in _TRAIN_COUNTS or key in _TRAIN_NUMBERS) else raw
-        try:
-            if key in _TRAIN_COUNTS:
-                check_count(name, value, minimum=_TRAIN_COUNTS[key])
-            elif key in _TRAIN_NUMBERS:
-                low, high, above = _TRAIN_NUMBERS[key]
-                check_number(name, value, minimum=low, maximum=high, above=above)
-        except UserInputError as err:
-            raise UserInputError(name, raw, err.fix) from None
+    """Any number in a train_loop_config finite. The options themselves are the train loop's own: its
+    workload checks them (tpuflow.pipeline.workload.Workload.check_params)."""
+    for key, value in (config or {}).items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise UserInputError(name, value, "give a finite number")
+            raise UserInputError(f"{field}[{key}]", value, "give a finite number")

@@ -4,12 +4,18 @@ Pass --dag-id/--run-id/--task-id to get the name and ownership labels the operat
 task instance; otherwise --name (default "tpuflow-<generation>-<topology>"). serveConfigV2 is printed
 as a literal block so it reads like the KubeRay samples. `rayservice --llm MODEL_ID` serves the model with
 Ray Serve LLM (vLLM) on the slice, on the vLLM TPU image (tpuflow.serve.llm).
+
+On a multi-host slice each application's TPU placement is derived from the slice
+(tpuflow.serve.config.place_on_slice): the app builder's args get accelerator_type,
+accelerator_config.topology and chips_per_host (what a replica needs to reserve a whole slice; stderr
+names them), and a value the user declared that contradicts the slice is refused, never rewritten.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +34,8 @@ from tpuflow.kuberay.manifests import (
 )
 from tpuflow.kuberay.serve_config import serve_config_dict
 from tpuflow.labels import kubernetes_ownership_labels
-from tpuflow.serve.config import check_tpu_placement
+from tpuflow.serve.config import check_tpu_placement, place_on_slice
+from tpuflow.tpu import TpuSlice
 
 
 class _Dumper(yaml.SafeDumper):
@@ -116,9 +123,31 @@ def _load_serve_config(args: argparse.Namespace) -> dict[str, Any]:
         return data
     if not args.import_path:
         raise UserInputError("--import-path", None, "give --import-path module:app or --serve-config FILE")
-    return {
-        "applications": [{"name": args.app_name, "import_path": args.import_path, "route_prefix": args.route_prefix}]
-    }
+    app: dict[str, Any] = {"name": args.app_name, "import_path": args.import_path, "route_prefix": args.route_prefix}
+    app_args = {k: _json_value(v) for k, v in parse_key_values("--app-arg", args.app_arg).items()}
+    if app_args:
+        app["args"] = app_args
+    return {"applications": [app]}
+
+
+def _check_app_args(args: argparse.Namespace) -> None:
+    if args.app_arg and not args.import_path:
+        raise UserInputError("--app-arg", args.app_arg[0], "give --app-arg with --import-path (a config file has args)")
+    if args.app_arg and args.serve_config:
+        raise UserInputError("--app-arg", args.app_arg[0], "put the args in the --serve-config file instead")
+
+
+def _note_derived(before: dict[str, Any], after: dict[str, Any], tpu: TpuSlice) -> None:
+    """Name on stderr what the render added to each application's args (stdout stays the manifest)."""
+    for old, new in zip(before.get("applications", []), after.get("applications", []), strict=True):
+        old_args, new_args = old.get("args") or {}, new.get("args") or {}
+        added = [k for k in new_args if old_args.get(k) != new_args[k]]
+        if added:
+            print(
+                f"tpuflow: applications[{new.get('name')}].args: {', '.join(added)} derived from the "
+                f"{tpu.generation.name} {tpu.topology} slice (the app builder receives them)",
+                file=sys.stderr,
+            )
 
 
 def _json_value(text: str) -> Any:
@@ -175,11 +204,15 @@ def _rayservice(args: argparse.Namespace) -> int:
         )
         _print(manifest, args.json)
         return 0
+    _check_app_args(args)
     template = _template(args)
     name, labels = _identity(args, template)
-    config = _load_serve_config(args)
-    # The deploy operator's rule (RayServeDeployOperator): a multi-host model must declare the slice's topology.
-    check_tpu_placement(serve_config_dict(config), template.tpu)
+    given = serve_config_dict(_load_serve_config(args))
+    # The slice is known here: derive a multi-host replica's placement rather than refuse its absence.
+    config = place_on_slice(given, template.tpu)
+    _note_derived(given, config, template.tpu)
+    # The deploy operator's rule (RayServeDeployOperator): what is left must fit the slice.
+    check_tpu_placement(config, template.tpu)
     manifest = rayservice_manifest(
         template,
         config,
@@ -199,7 +232,14 @@ def register(renderers: argparse._SubParsersAction) -> None:
     service = renderers.add_parser("rayservice", help="KubeRay RayService (serveConfigV2 + the slice's cluster)")
     _common(service)
     service.add_argument("--serve-config", default=None, help="Serve config file (YAML/JSON, REST shape)")
-    service.add_argument("--import-path", default=None, help="module:app, for a one-application config")
+    service.add_argument(
+        "--import-path",
+        default=None,
+        help="module:app, for a one-application config (multi-host: its TPU placement args come from the slice)",
+    )
+    service.add_argument(
+        "--app-arg", action="append", default=[], metavar="KEY=VALUE", help="an arg of the app builder (JSON value)"
+    )
     service.add_argument("--app-name", default="default")
     service.add_argument("--route-prefix", default="/")
     service.add_argument("--upgrade-strategy", default=DEFAULT_UPGRADE_STRATEGY, choices=UPGRADE_STRATEGIES)

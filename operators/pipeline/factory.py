@@ -7,20 +7,15 @@ deploy and smoke test are the same operators talking to the same Ray APIs.
 
 from __future__ import annotations
 
+import posixpath
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, BaseOperator
 from tpuflow import paths, workloads_dir
 from tpuflow.pipeline.params import pipeline_params
-from tpuflow.pipeline.steps import (
-    ANSWER,
-    PROMPT,
-    SERVE_APP,
-    BuildServeConfigOperator,
-    CheckParamsOperator,
-    WriteReportOperator,
-)
+from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
+from tpuflow.pipeline.workload import Workload, templated
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
@@ -43,17 +38,29 @@ CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
 
 
-def build_serve_config(cluster: Any, trained: Any, workloads_uri: str, serve_slice: Any = None) -> XComArg:
-    """The Serve config task (task_id build_serve_config); its XCom is the config the deploy task takes.
+def build_serve_config(
+    cluster: Any,
+    trained: Any,
+    workloads_uri: str,
+    serve_slice: Any = None,
+    *,
+    workload: Workload,
+    code_uri: str | None = None,
+) -> XComArg:
+    """The Serve config task (task_id build_serve_config) of the workload's app; its XCom is the config the
+    deploy task takes.
 
     ``serve_slice``: the TPU slice the replicas are placed on (check_params' ``serve``); None: CPU replicas.
+    ``code_uri``: the workload's code as the cluster sees it (None: nothing shipped).
     """
     return BuildServeConfigOperator(
         task_id="build_serve_config",
+        workload=workload,
         cluster=cluster,
         trained=trained,
         workloads_uri=workloads_uri,
         serve_slice=serve_slice,
+        code_uri=code_uri,
     ).output
 
 
@@ -92,13 +99,15 @@ def training_steps(
     cluster: Any,
     run_dir: str,
     *,
+    workload: Workload,
     train_cluster: Any = None,
     train_class: type[RayTrainOperator] = RayTrainOperator,
     **train_kwargs: Any,
-) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
+) -> tuple[BaseOperator | None, BaseOperator, BaseOperator | None]:
     """prep and preflight -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info):
     backend-independent. The preflight checks the training slice(s) right before training (Param
-    ``preflight`` turns it off).
+    ``preflight`` turns it off). Each step is the workload's; prep and evaluate are None when the
+    workload has none. The workload's code_dir travels with every job (runtime_env py_modules).
 
     ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one: the
     evaluation then runs in one CPU actor, since the training slice is deleted once its checkpoint
@@ -109,18 +118,23 @@ def training_steps(
         *("--tpu-per-host", CHECKED_SLICE.format("logical_devices_per_host")),
         *("--accelerator-type", CHECKED_SLICE.format("ray_accelerator_type")),
     ]
-    prep = RayDataPrepOperator(
-        task_id="prep",
-        cluster=cluster,
-        module="addition.prep",
-        arguments={
-            "output_dir": f"{run_dir}/data",
-            "date": RUN_DATE,
-            "num_train": "{{ params.num_train }}",
-            "num_heldout": "{{ params.num_eval }}",
-        },
-        log_uri=f"{run_dir}/logs/prep.log",
-    )
+    # The workload's code, shipped with each job that runs it (none when its modules are importable there).
+    code = {"runtime_env": workload.runtime_env()} if workload.code_dir else {}
+    prep = None
+    if workload.prep:
+        prep = RayDataPrepOperator(
+            task_id="prep",
+            cluster=cluster,
+            module=templated(workload.prep),
+            arguments={
+                "output_dir": f"{run_dir}/data",
+                "date": RUN_DATE,
+                "num_train": "{{ params.num_train }}",
+                "num_heldout": "{{ params.num_eval }}",
+            },
+            log_uri=f"{run_dir}/logs/prep.log",
+            **code,
+        )
     slice_args = {
         "cluster": cluster if train_cluster is None else train_cluster,
         "accelerator": "{{ params.accelerator }}",
@@ -134,51 +148,72 @@ def training_steps(
     train = train_class(
         task_id="train",
         framework="{{ params.framework }}",
-        train_loop="addition.train_{{ params.framework }}:train_loop_per_worker",
+        train_loop=templated(workload.train_loop),
         **slice_args,
         storage_path=f"{run_dir}/train",
         run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
-        datasets={"train": f"{run_dir}/data/train"},
+        datasets={"train": f"{run_dir}/data/train"} if prep else None,
         train_loop_config={"num_steps": "{{ params.train_steps }}"},
+        resume="{{ params.resume }}",
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
+        **code,
         **train_kwargs,
     )
+    # The preflight needs only the training cluster: it runs beside prep, and training waits for both.
+    [*([prep] if prep else []), preflight] >> train
+    if not workload.evaluate:
+        return prep, train, None
     evaluate = RaySubmitJobOperator(
         task_id="evaluate",
         cluster=cluster,
         # An argument list: each path is one argument once rendered (shlex.join), whatever the output root holds.
         entrypoint=[
-            *("python", "-m", "addition.evaluate", "--framework", "{{ params.framework }}"),
+            *("python", "-m", templated(workload.evaluate), "--framework", "{{ params.framework }}"),
             *("--checkpoint", "{{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"),
-            *("--data", f"{run_dir}/data/heldout", "--output", f"{run_dir}/eval/{{{{ params.framework }}}}.json"),
+            *(("--data", f"{run_dir}/data/heldout") if prep else ()),
+            *("--output", f"{run_dir}/eval/{{{{ params.framework }}}}.json"),
             *(on_slice if train_cluster is None else []),
         ],
         min_result={"accuracy": "{{ params.accuracy_threshold }}"},
         log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
+        **code,
     )
-    # The preflight needs only the training cluster: it runs beside prep, and training waits for both.
-    [prep, preflight] >> train >> evaluate
+    train >> evaluate
     return prep, train, evaluate
 
 
 def smoke_test_and_report(
-    run_dir: str, evaluate: BaseOperator, deploy: BaseOperator
-) -> tuple[BaseOperator, BaseOperator]:
-    """Call the deployed endpoint (deploy's XCom carries serve_url) and write the run's report."""
-    smoke = ServeEndpointSmokeTestOperator(
-        task_id="smoke_test",
-        url="{{ ti.xcom_pull(task_ids='" + deploy.task_id + "')['serve_url'] }}" + f"/{SERVE_APP}/v1/completions",
-        payload={"model": SERVE_APP, "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
-        expect=ANSWER,
-    )
+    run_dir: str,
+    evaluate: BaseOperator | None,
+    deploy: BaseOperator | None,
+    *,
+    workload: Workload,
+    train: BaseOperator,
+) -> tuple[BaseOperator | None, BaseOperator]:
+    """Call the deployed endpoint (deploy's XCom carries serve_url) with the workload's smoke request, and
+    write the run's report after the last step the workload has (``train`` when it has no other)."""
+    smoke = None
+    app = f"/{workload.app_name}"
+    if deploy is not None and workload.smoke_request is not None:
+        smoke = ServeEndpointSmokeTestOperator(
+            task_id="smoke_test",
+            url="{{ ti.xcom_pull(task_ids='" + deploy.task_id + "')['serve_url'] }}" + f"{app}/{workload.smoke_path}",
+            payload=dict(workload.smoke_request),
+            expect=workload.smoke_expect,
+        )
+    api = posixpath.dirname(workload.smoke_path) if smoke else ""
     report = WriteReportOperator(
         task_id="write_report",
         output_dir=run_dir,
-        evaluation=evaluate.output,
-        answer=smoke.output,
-        deployed=deploy.output,
+        evaluation=evaluate.output if evaluate else None,
+        answer=smoke.output if smoke else None,
+        deployed=deploy.output if deploy else None,
+        sample_prompt=workload.smoke_request.get("prompt") if smoke and workload.smoke_request else None,
+        endpoint_path=f"{app}/{api}".rstrip("/") if deploy else "",
     )
-    deploy >> smoke >> report
+    if deploy is not None and smoke is not None:
+        deploy >> smoke
+    (smoke or deploy or evaluate or train) >> report
     return smoke, report
 
 
@@ -186,16 +221,29 @@ def smoke_test_and_report(
 KEEP_ENDPOINT = "{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}"
 
 
+def keep_endpoint(workload: Workload) -> str | bool:
+    """The teardowns' ``keep``: KEEP_ENDPOINT; without a smoke test, kept when the deploy succeeded; without
+    serving, never."""
+    if workload.serve_app is None:
+        return False
+    if workload.smoke_request is None:
+        return "{{ params.keep_endpoint and ti.xcom_pull(task_ids='deploy') is not none }}"
+    return KEEP_ENDPOINT
+
+
 def build_pipeline_dag(
     dag_id: str,
     *,
+    workload: Workload,
     schedule: str | None = "@daily",
     output_root: str | None = None,
     start_date: datetime = datetime(2026, 11, 1),
     max_active_runs: int = 1,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay."""
+    """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay.
+
+    ``workload``: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task."""
     # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
     # steps) does not load them when it is parsed.
     from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
@@ -208,7 +256,7 @@ def build_pipeline_dag(
     with pipeline_dag(
         dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs, **dag_kwargs
     ) as dag:
-        checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir)
+        checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
         lease = AcquireSliceOperator(
             task_id="acquire_slice", max_slices=MAX_SLICES, num_slices="{{ params.num_slices }}"
         )
@@ -221,17 +269,29 @@ def build_pipeline_dag(
             retries=0,
         )
         cluster = start.output
-        prep, train, evaluate = training_steps(cluster, run_dir)
-        serve_cfg = build_serve_config(cluster, train.output, f"local://{workloads_dir()}", serve_slice=SERVE_SLICE)
-        # The replicas serve from the training slice's simulated hosts (tpuflow.pipeline.params.local_serve_slice).
-        deploy = RayServeDeployOperator(
-            task_id="deploy", cluster=cluster, serve_config=serve_cfg, serve_slice=SERVE_SLICE
-        )
-        _, report = smoke_test_and_report(run_dir, evaluate, deploy)
+        prep, train, evaluate = training_steps(cluster, run_dir, workload=workload)
+        deploy = None
+        if workload.serve_app:
+            serve_cfg = build_serve_config(
+                cluster,
+                train.output,
+                f"local://{workloads_dir()}",
+                serve_slice=SERVE_SLICE,
+                workload=workload,
+                code_uri=workload.local_code_uri(),
+            )
+            # The replicas serve from the training slice's simulated hosts (tpuflow.pipeline.params.local_serve_slice).
+            deploy = RayServeDeployOperator(
+                task_id="deploy", cluster=cluster, serve_config=serve_cfg, serve_slice=SERVE_SLICE
+            )
+            (evaluate or train) >> serve_cfg >> deploy
+        _, report = smoke_test_and_report(run_dir, evaluate, deploy, workload=workload, train=train)
         # Not start.output: a start task that failed after its cluster came up pushed no XCom, and the
         # teardown must still find that cluster (by its deterministic name when the pull is empty).
         stop = LocalStopRecordingSpanOperator(
-            task_id="stop_cluster", cluster="{{ ti.xcom_pull(task_ids='start_cluster') }}", keep=KEEP_ENDPOINT
+            task_id="stop_cluster",
+            cluster="{{ ti.xcom_pull(task_ids='start_cluster') }}",
+            keep=keep_endpoint(workload),
         )
         release = ReleaseSliceOperator(task_id="release_slice")
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
@@ -248,8 +308,9 @@ def build_pipeline_dag(
             prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",
         )
         checked >> [lease, guard]
-        [lease, guard] >> start >> prep
-        evaluate >> serve_cfg >> deploy
+        [lease, guard] >> start
+        if prep:
+            start >> prep
         report >> stop >> [release, ledger]
         # check_params is a setup of each teardown too, as in the GKE DAG: a teardown runs when one of its
         # setups succeeded, and a start (or lease) task that failed after its work still left something.

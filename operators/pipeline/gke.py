@@ -70,9 +70,9 @@ from tpuflow.kuberay.operators import (
     KubeRayDeployServiceOperator,
 )
 from tpuflow.pipeline.factory import (
-    KEEP_ENDPOINT,
     SERVE_SLICE,
     build_serve_config,
+    keep_endpoint,
     pipeline_dag,
     run_dir_for,
     smoke_test_and_report,
@@ -83,7 +83,8 @@ from tpuflow.pipeline.steps import CheckParamsOperator
 from tpuflow.templating import is_true
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import BaseOperator, Context
+    from tpuflow.pipeline.workload import Workload
     from tpuflow.tpu import TpuSlice
 
 # Where the Ray image keeps workloads/ (the Serve app's working_dir; Ray *jobs* upload workloads/ themselves).
@@ -470,6 +471,7 @@ def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None, ray_
 def build_gke_pipeline_dag(
     dag_id: str,
     *,
+    workload: Workload,
     gcp_conn_id: str = "google_cloud_default",
     kubernetes_conn_id: str | None = None,
     project_id: str,
@@ -481,6 +483,7 @@ def build_gke_pipeline_dag(
     capacity: str = "on-demand",
     fallback_capacity: Sequence[str] | str = (),
     serve_workloads_uri: str = IMAGE_WORKLOADS_URI,
+    serve_code_uri: str | None = None,
     address_mode: str = "auto",
     output_root: str | None = None,
     cluster_ready_timeout: float = 1800.0,
@@ -499,6 +502,8 @@ def build_gke_pipeline_dag(
     """The pipeline on a GKE cluster with the Ray operator (KubeRay) add-on; see the module docstring.
 
     :param dag_id: the DAG's id.
+    :param workload: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task
+        (no prep and no evaluate: no CPU RayCluster either; no serve_app: no serve slice).
     :param gcp_conn_id: Google Cloud connection for the GKE API (node pools), and for the cluster when
         no ``kubernetes_conn_id`` is given.
     :param kubernetes_conn_id: a ``kubernetes`` connection to the cluster; empty/None: reach it through
@@ -513,6 +518,9 @@ def build_gke_pipeline_dag(
     :param fallback_capacity: capacities to try on a stockout, in order.
     :param serve_workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees
         it (the image's copy of workloads/; a local:// path to the repo's workloads/ for the stand-in).
+    :param serve_code_uri: the workload's code_dir as the RayService's replicas fetch it (a ``py_modules``
+        entry: a gs:// zip, or local:// plus its path in the Ray image); required when the workload has both code_dir
+        and serve_app (a RayService cannot upload a folder of the Airflow machine).
     :param address_mode: how Airflow reaches the Ray head (see the KubeRay operators).
     :param output_root: data, checkpoints and logs (default: tpuflow.paths.output_root() when parsed).
     :param cluster_ready_timeout: seconds for the RayCluster to become ready; past it the task fails with
@@ -530,6 +538,13 @@ def build_gke_pipeline_dag(
     :param max_active_runs: runs at once (each holds TPU slices).
     :param dag_kwargs: further DAG arguments.
     """
+    if workload.serve_app and workload.code_dir and not serve_code_uri:
+        raise UserInputError(
+            "serve_code_uri",
+            serve_code_uri,
+            f"give where the RayService fetches workload.code_dir {workload.code_dir} (a gs://BUCKET/code.zip of it, "
+            "or local:// plus the path of its copy in the Ray image)",
+        )
     run_dir = run_dir_for(dag_id, output_root)
     gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
     pools: dict[str, Any] = {
@@ -581,20 +596,28 @@ def build_gke_pipeline_dag(
             node_zone=node_zone,
             capacity=capacity,
             fallback_capacity=fallback_capacity,
+            workload=workload,
         )
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
         serve_slice_ = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
+        serving = workload.serve_app is not None
         guard = ChipBudgetGuardOperator(
             task_id="budget_guard",
             max_chip_hours="{{ params.max_chip_hours }}",
-            slices=[{"role": "train", "tpu": train_slice}, {"role": "serve", "tpu": serve_slice_}],
+            slices=[
+                {"role": "train", "tpu": train_slice},
+                *([{"role": "serve", "tpu": serve_slice_}] if serving else []),
+            ],
         )
-        create_prep = KubeRayCreateClusterOperator(
-            task_id="create_prep_cluster",
-            manifest=prep_cluster_manifest(image, ray_env, ray_auth),
-            wait_timeout=cluster_ready_timeout,
-            **{k: v for k, v in rays.items() if k not in ("image", "env")},
-        )
+        # The CPU cluster runs prep and evaluate: a workload with neither gets none.
+        create_prep = None
+        if workload.prep or workload.evaluate:
+            create_prep = KubeRayCreateClusterOperator(
+                task_id="create_prep_cluster",
+                manifest=prep_cluster_manifest(image, ray_env, ray_auth),
+                wait_timeout=cluster_ready_timeout,
+                **{k: v for k, v in rays.items() if k not in ("image", "env")},
+            )
         create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
         # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
         queued: dict[str, Any] = {
@@ -619,11 +642,12 @@ def build_gke_pipeline_dag(
             **_checked_slice(),
             **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
         )
-        cpu_cluster = create_prep.output
+        cpu_cluster = create_prep.output if create_prep else None
         train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool"}]
         prep, train, evaluate = training_steps(
             cpu_cluster,
             run_dir,
+            workload=workload,
             train_cluster=create_cluster.output,
             train_class=BudgetedRayTrainOperator,
             max_chip_hours="{{ params.max_chip_hours }}",
@@ -632,39 +656,30 @@ def build_gke_pipeline_dag(
             project_id=project_id,
             location=location,
         )
-        serve_cfg = build_serve_config(cpu_cluster, train.output, serve_workloads_uri, serve_slice=SERVE_SLICE)
-        create_serve_pool = GKECreateTPUNodePoolOperator(
-            task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
-        )
-        request_serve_capacity = GKECreateProvisioningRequestOperator(
-            task_id="request_serve_capacity",
-            node_pool_task_id="create_serve_node_pool",
-            **_checked_slice(serve=True),
-            **queued,
-        )
-        deploy = QueuedCapacityDeployServiceOperator(
-            task_id="deploy",
-            serve_config=serve_cfg,
-            **_checked_slice(serve=True),
-            provisioning_request=_REQUESTED % "request_serve_capacity",
-            wait_timeout=service_ready_timeout,
-            **rays,
-        )
-        _, report = smoke_test_and_report(run_dir, evaluate, deploy)
-
         deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
-        delete_service = KeepableDeleteServiceOperator(
-            task_id="delete_service", service_task_id="deploy", keep=KEEP_ENDPOINT, **deletes
+        serve_tasks = (
+            _serve_steps(
+                workload,
+                checked,
+                cluster=cpu_cluster,
+                trained=train,
+                after=evaluate or train,
+                workloads_uri=serve_workloads_uri,
+                code_uri=serve_code_uri,
+                kube=kube,
+                pools=pools,
+                creates=creates,
+                queued=queued,
+                rays=rays,
+                deletes=deletes,
+                wait_timeout=service_ready_timeout,
+            )
+            if serving
+            else None
         )
-        delete_serve_request = KeepableDeleteProvisioningRequestOperator(
-            task_id="delete_serve_provisioning_request",
-            created_by_task_id="request_serve_capacity",
-            keep=KEEP_ENDPOINT,
-            **kube,
-        )
-        delete_serve_pool = KeepableDeleteNodePoolOperator(
-            task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=KEEP_ENDPOINT, **pools
-        )
+        deploy = serve_tasks[0] if serve_tasks else None
+        _, report = smoke_test_and_report(run_dir, evaluate, deploy, workload=workload, train=train)
+
         delete_cluster = KubeRayDeleteClusterOperator(
             task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **deletes
         )
@@ -674,12 +689,15 @@ def build_gke_pipeline_dag(
         delete_pool = GKEDeleteNodePoolOperator(
             task_id="delete_node_pool", created_by_task_id="create_node_pool", **pools
         )
-        delete_prep = KubeRayDeleteClusterOperator(
-            task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **deletes
-        )
+        delete_prep = None
+        if create_prep:
+            delete_prep = KubeRayDeleteClusterOperator(
+                task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **deletes
+            )
+        serve_ledger = [{"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool"}] if serving else []
         ledger = GKEChipLedgerOperator(
             task_id=LEDGER_TASK_ID,
-            slices=[*train_ledger, {"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool"}],
+            slices=[*train_ledger, *serve_ledger],
             trained="{{ ti.xcom_pull(task_ids='train') }}",
             output_dir=run_dir,
             prices=_var(PRICES_VARIABLE, ""),
@@ -689,29 +707,95 @@ def build_gke_pipeline_dag(
             cluster_name=cluster_name,
         )
 
-        checked >> guard >> [create_prep, create_pool]
-        create_prep >> prep
+        checked >> guard >> [t for t in (create_prep, create_pool) if t]
+        if create_prep and prep:
+            create_prep >> prep
         create_pool >> request_capacity >> [create_cluster, wait_flex]
         create_pool >> create_cluster  # (also through request_capacity; stated for readers of the graph)
-        [create_cluster, wait_flex, prep] >> train
-        evaluate >> [serve_cfg, create_serve_pool]
-        create_serve_pool >> request_serve_capacity
-        [serve_cfg, create_serve_pool, request_serve_capacity] >> deploy
+        [create_cluster, wait_flex, *([prep] if prep else [])] >> train
         # the training slice goes as soon as training is over; evaluation and serving do not need it
         train >> delete_cluster >> delete_request >> delete_pool
         delete_cluster >> delete_pool
-        report >> [delete_service, delete_prep]
-        delete_service >> delete_serve_request >> delete_serve_pool
-        delete_service >> delete_serve_pool
-        [delete_pool, delete_serve_pool, delete_prep] >> ledger
+        report_next = [t for t in (serve_tasks[1] if serve_tasks else None, delete_prep) if t]
+        report >> (report_next or [ledger])
+        delete_serve_pool = serve_tasks[2] if serve_tasks else None
+        [t for t in (delete_pool, delete_serve_pool, delete_prep) if t] >> ledger
         # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
         checked.as_setup()
         delete_pool.as_teardown(setups=[checked, create_pool])
         delete_cluster.as_teardown(setups=[checked, create_cluster])
         delete_request.as_teardown(setups=[checked, request_capacity])
-        delete_serve_request.as_teardown(setups=[checked, request_serve_capacity])
-        delete_prep.as_teardown(setups=[checked, create_prep])
-        delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
-        delete_service.as_teardown(setups=[checked])
+        if create_prep and delete_prep:
+            delete_prep.as_teardown(setups=[checked, create_prep])
         ledger.as_teardown(setups=[checked])
     return dag
+
+
+def _serve_steps(
+    workload: Workload,
+    checked: BaseOperator,
+    *,
+    cluster: Any,
+    trained: BaseOperator,
+    after: BaseOperator,
+    workloads_uri: str,
+    code_uri: str | None,
+    kube: dict[str, Any],
+    pools: dict[str, Any],
+    creates: dict[str, Any],
+    queued: dict[str, Any],
+    rays: dict[str, Any],
+    deletes: dict[str, Any],
+    wait_timeout: float,
+) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
+    """The serve slice's node pool, its capacity request, the RayService and their teardowns (kept when
+    keep_endpoint and the endpoint answered). Returns (deploy, delete_service, delete_serve_node_pool).
+
+    ``cluster``: the CPU cluster's XCom (None without one: the config then names the backend only)."""
+    serve_cfg = build_serve_config(
+        cluster if cluster is not None else {"backend": "kuberay"},
+        trained.output,
+        workloads_uri,
+        serve_slice=SERVE_SLICE,
+        workload=workload,
+        code_uri=code_uri,
+    )
+    create_serve_pool = GKECreateTPUNodePoolOperator(
+        task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
+    )
+    request_serve_capacity = GKECreateProvisioningRequestOperator(
+        task_id="request_serve_capacity",
+        node_pool_task_id="create_serve_node_pool",
+        **_checked_slice(serve=True),
+        **queued,
+    )
+    deploy = QueuedCapacityDeployServiceOperator(
+        task_id="deploy",
+        serve_config=serve_cfg,
+        **_checked_slice(serve=True),
+        provisioning_request=_REQUESTED % "request_serve_capacity",
+        wait_timeout=wait_timeout,
+        **rays,
+    )
+    keep = keep_endpoint(workload)
+    delete_service = KeepableDeleteServiceOperator(
+        task_id="delete_service", service_task_id="deploy", keep=keep, **deletes
+    )
+    delete_serve_request = KeepableDeleteProvisioningRequestOperator(
+        task_id="delete_serve_provisioning_request",
+        created_by_task_id="request_serve_capacity",
+        keep=keep,
+        **kube,
+    )
+    delete_serve_pool = KeepableDeleteNodePoolOperator(
+        task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep, **pools
+    )
+    after >> [serve_cfg, create_serve_pool]
+    create_serve_pool >> request_serve_capacity
+    [serve_cfg, create_serve_pool, request_serve_capacity] >> deploy
+    delete_service >> delete_serve_request >> delete_serve_pool
+    delete_service >> delete_serve_pool
+    delete_serve_request.as_teardown(setups=[checked, request_serve_capacity])
+    delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
+    delete_service.as_teardown(setups=[checked])
+    return deploy, delete_service, delete_serve_pool

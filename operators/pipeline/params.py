@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
 TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
 FRAMEWORKS = ["jax", "torch"]
+RESUME_POLICIES = ["auto", "never"]  # RayTrainOperator(resume=...)
 # Shapes a serve slice may take (which ones exist depends on the generation); "": one host.
 SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
 
@@ -122,6 +123,15 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             description="JaxTrainer (ray.train.v2.jax) or TorchTrainer.",
         ),
         "train_steps": ParamSpec(1500, type="integer", minimum=1, maximum=100_000, title="Training steps"),
+        "resume": ParamSpec(
+            "auto",
+            type="string",
+            enum=RESUME_POLICIES,
+            title="Resume training",
+            description="auto: continue this date's training from its latest checkpoint (a rerun of a finished "
+            "run trains 0 steps and reuses that checkpoint; the train log and the report say so). never: train "
+            "from scratch in a new run beside it; earlier checkpoints are kept.",
+        ),
         "accuracy_threshold": ParamSpec(
             0.9,
             type="number",

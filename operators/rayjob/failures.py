@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 
+from airflow.sdk.exceptions import AirflowFailException
+from tpuflow.errors import UserInputError
+
 # Ray's own words for lost capacity or broken infrastructure (worker/host loss, preemption, OOM kills).
 _INFRA_PATTERNS = [
     r"NodeDiedError",
@@ -34,6 +37,10 @@ _INFRA_PATTERNS = [
 ]
 _INFRA = re.compile("|".join(f"(?:{p})" for p in _INFRA_PATTERNS), re.IGNORECASE)
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+
+
+class UserInputFailure(UserInputError, AirflowFailException):
+    """A UserInputError that fails the task without using its retries: the same input fails the same way."""
 
 
 def is_user_code_error(status: str, message: str, log_tail: str) -> bool:

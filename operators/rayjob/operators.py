@@ -6,7 +6,6 @@ import asyncio
 import shlex
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -95,9 +94,14 @@ class RaySubmitJobOperator(BaseOperator):
         (quote values yourself); templated.
     :param cluster: connection info pushed by a cluster-start task (dashboard_url, ...); templated.
     :param ray_conn_id: Airflow connection (type ``ray``) naming the dashboard, when ``cluster`` is not given.
-    :param working_dir: folder shipped as the job's runtime_env working_dir (default None: the workloads
-        shipped with tpuflow, wherever it is installed; "" for none); templated.
-    :param runtime_env: extra runtime_env keys (pip, py_modules, ...); templated.
+    :param working_dir: folder shipped as the job's runtime_env working_dir, the driver's current
+        directory (default None: the workloads shipped with tpuflow, wherever it is installed; "" for
+        none); a local folder or archive, or a remote URI. With any other than the default, tpuflow's
+        own ``tpuflow_driver`` travels beside it as a ``py_modules`` entry; templated.
+    :param runtime_env: extra runtime_env keys (pip, py_modules: package folders holding __init__.py,
+        .whl files or URIs, ...); templated. A local working_dir or py_modules entry Ray could not ship
+        (missing, a single .py file, not a package, over the dashboard's upload limit) fails the task
+        before submitting, without retries.
     :param env_vars: environment variables for the driver and the job's workers; templated.
     :param entrypoint_num_cpus: CPUs reserved for the driver (Ray's ``entrypoint_num_cpus``).
     :param entrypoint_resources: custom resources reserved for the driver (Ray's ``entrypoint_resources``).
@@ -168,6 +172,11 @@ class RaySubmitJobOperator(BaseOperator):
 
         Subclasses add the checks of their own arguments."""
         self._check_job_arguments(rendered=True)
+        from tpuflow.rayjob.code_shipping import check_code_shipping
+
+        # The code Ray would upload with the job: a mistake there fails now, without retries.
+        field = "runtime_env['working_dir']" if "working_dir" in (self.runtime_env or {}) else "working_dir"
+        check_code_shipping(self.build_runtime_env(), working_dir_field=field, logger=self.log)
 
     def _check_job_arguments(self, *, rendered: bool) -> None:
         """The job's arguments: all of them once rendered; at parse time (``rendered=False``, the end
@@ -199,9 +208,6 @@ class RaySubmitJobOperator(BaseOperator):
         check_seconds("job_timeout", self.job_timeout, optional=True)
         if self.entrypoint_num_cpus is not None:
             check_number("entrypoint_num_cpus", self.entrypoint_num_cpus, minimum=0)
-        # Whether a local folder exists is a fact of the machine the task runs on, not of the DAG file.
-        if rendered and self.working_dir and "://" not in self.working_dir and not Path(self.working_dir).is_dir():
-            raise UserInputError("working_dir", self.working_dir, "give an existing folder or a remote URI")
 
     # --- helpers -----------------------------------------------------------------
     def _cluster_info(self) -> dict[str, Any]:
@@ -220,10 +226,14 @@ class RaySubmitJobOperator(BaseOperator):
         return self.entrypoint
 
     def build_runtime_env(self) -> dict[str, Any]:
+        """The job's runtime_env: the user's keys, the working_dir, and tpuflow's driver beside the code."""
+        from tpuflow.rayjob.code_shipping import with_driver
+
         env = dict(self.runtime_env or {})
         working_dir = workloads_dir() if self.working_dir is None else self.working_dir
         if working_dir and "working_dir" not in env:
             env["working_dir"] = working_dir
+        env = with_driver(env)
         if self.env_vars:
             env["env_vars"] = {**env.get("env_vars", {}), **{k: str(v) for k, v in self.env_vars.items()}}
         from tpuflow.storage import emulator_env

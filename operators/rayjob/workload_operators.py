@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 
 FRAMEWORKS = ("jax", "torch")
 RESUME_POLICIES = ("auto", "never")
+TORCH_BACKENDS = ("gloo", "tpu_dist")  # TorchConfig(backend=...) on a TPU slice: host CPUs, or TorchTPU's chips
+SCORE_ORDERS = ("max", "min")
+REUSED_FINISHED = (
+    "reusing the finished checkpoint %s of an earlier run of this date: 0 steps trained; "
+    "set Param resume=never to train again"
+)
+_FRESH_RUN = re.compile(r"-fresh\d+$")  # the runs tpuflow_driver.train starts for resume="never"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -107,16 +114,28 @@ class RayTrainOperator(RaySubmitJobOperator):
     :param train_loop: import path of the user's train_loop_per_worker, "module:function"; templated.
     :param accelerator: the slice's TPU generation, e.g. "TPU-V6E"; templated.
     :param topology: the slice's chip topology, e.g. "4x4"; templated.
-    :param storage_path: checkpoints and results (local path or gs://); a resubmitted run with the
-        same run_name resumes from its latest checkpoint there. The task's Outputs link; templated.
-    :param run_name: Ray Train's run name under storage_path; templated.
+    :param storage_path: checkpoints and results (local path or gs://): Ray Train's
+        RunConfig(storage_path). The task's Outputs link; templated.
+    :param run_name: Ray Train's run name under storage_path (RunConfig(name)); templated.
     :param machine_type: the slice hosts' GCE machine type; default: the generation's; templated.
     :param num_slices: how many identical slices (multislice); templated.
     :param datasets: {"train": parquet path, ...} read with Ray Data and sharded to the workers; templated.
     :param train_loop_config: the dict passed to train_loop_per_worker; templated.
-    :param max_failures: worker-group restarts Ray Train allows (FailureConfig.max_failures).
-    :param checkpoint_num_to_keep: checkpoints kept under storage_path (CheckpointConfig.num_to_keep).
-    :param resume: "auto" resumes from the latest checkpoint; "never" starts from scratch; templated.
+    :param max_failures: worker-group restarts Ray Train allows, each from the latest checkpoint
+        (FailureConfig.max_failures; -1: no limit, 0: none).
+    :param checkpoint_num_to_keep: checkpoints kept under storage_path (CheckpointConfig.num_to_keep;
+        None: all).
+    :param checkpoint_score_attribute: the reported metric that decides which checkpoints are kept
+        (CheckpointConfig.checkpoint_score_attribute; None: the most recent). The XCom then also names
+        the best kept one as ``best_checkpoint``; ``checkpoint`` stays the latest.
+    :param checkpoint_score_order: "max" or "min" (CheckpointConfig.checkpoint_score_order; None: Ray's
+        default, "max"); needs checkpoint_score_attribute.
+    :param torch_backend: TorchConfig(backend=...) of a torch run: "gloo" (host CPUs) or "tpu_dist"
+        (TorchTPU on the chips); None: tpu_dist on GKE, gloo on simulated hosts.
+    :param resume: "auto" resumes the latest run of run_name under storage_path from its latest
+        checkpoint (a rerun of a finished run trains 0 steps; the log and the XCom's
+        ``reused_finished`` / ``resumed_from`` say so); "never" trains from scratch in a new run,
+        run_name-fresh<N>, keeping every earlier checkpoint; templated.
     :param worker_env: environment variables of the training workers (on top of the slice's own).
     """
 
@@ -155,7 +174,10 @@ class RayTrainOperator(RaySubmitJobOperator):
         datasets: dict[str, str] | None = None,
         train_loop_config: dict[str, Any] | None = None,
         max_failures: int = 2,
-        checkpoint_num_to_keep: int = 2,
+        checkpoint_num_to_keep: int | None = 2,
+        checkpoint_score_attribute: str | None = None,
+        checkpoint_score_order: str | None = None,
+        torch_backend: str | None = None,
         resume: str = "auto",
         worker_env: dict[str, str] | None = None,
         **kwargs: Any,
@@ -173,6 +195,9 @@ class RayTrainOperator(RaySubmitJobOperator):
         self.train_loop_config = train_loop_config
         self.max_failures = max_failures
         self.checkpoint_num_to_keep = checkpoint_num_to_keep
+        self.checkpoint_score_attribute = checkpoint_score_attribute
+        self.checkpoint_score_order = checkpoint_score_order
+        self.torch_backend = torch_backend
         self.resume = resume
         self.worker_env = worker_env
         self._check_train_arguments(rendered=False)
@@ -198,6 +223,10 @@ class RayTrainOperator(RaySubmitJobOperator):
             value = getattr(self, field)
             if (rendered or is_static(value)) and not (isinstance(value, str) and value.strip()):
                 raise UserInputError(field, value, "give a non-empty string")
+        if (rendered or is_static(self.run_name)) and ("/" in self.run_name or _FRESH_RUN.search(self.run_name)):
+            raise UserInputError(
+                "run_name", self.run_name, 'give a name without "/" that does not end in -fresh<N> (resume="never"\'s)'
+            )
         for field in ("datasets", "train_loop_config"):
             value = getattr(self, field)
             if (rendered or is_static(value)) and value is not None and not isinstance(value, dict):
@@ -212,7 +241,28 @@ class RayTrainOperator(RaySubmitJobOperator):
         check_count("max_failures", self.max_failures, minimum=-1, what="a whole number (-1: no limit)")
         if self.checkpoint_num_to_keep is not None:  # None: keep every checkpoint
             check_count("checkpoint_num_to_keep", self.checkpoint_num_to_keep, minimum=1)
+        self._check_ray_train_configs(rendered=rendered)
         check_mapping("worker_env", self.worker_env)
+
+    def _check_ray_train_configs(self, *, rendered: bool) -> None:
+        """CheckpointConfig's score and TorchConfig's backend, as Ray Train would take them."""
+        attribute, order, backend = self.checkpoint_score_attribute, self.checkpoint_score_order, self.torch_backend
+        if attribute is not None and not (isinstance(attribute, str) and attribute.strip()):
+            raise UserInputError(
+                "checkpoint_score_attribute", attribute, "give the name of a metric the train loop reports, or None"
+            )
+        if order is not None and order not in SCORE_ORDERS:
+            raise UserInputError("checkpoint_score_order", order, f"use one of {', '.join(SCORE_ORDERS)} (or None)")
+        if order is not None and attribute is None:
+            raise UserInputError(
+                "checkpoint_score_order", order, "set checkpoint_score_attribute too: the metric the order applies to"
+            )
+        if backend is None:
+            return
+        if backend not in TORCH_BACKENDS:
+            raise UserInputError("torch_backend", backend, f"use one of {', '.join(TORCH_BACKENDS)} (or None)")
+        if (rendered or is_static(self.framework)) and self.framework != "torch":
+            raise UserInputError("torch_backend", backend, "leave it unset: it is TorchConfig's, for framework torch")
 
     def _tpu_slice(self) -> Any:
         """The slice the arguments name (raises UserInputError naming the bad one)."""
@@ -222,7 +272,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         tpu.require(ray=True)
         return tpu
 
-    def build_spec(self, try_number: int = 1) -> dict[str, Any]:
+    def build_spec(self) -> dict[str, Any]:
         """The training spec tpuflow_driver.train runs (arguments already validated)."""
         tpu = self._tpu_slice()
         simulated = self._cluster_info().get("backend") == "local"
@@ -231,13 +281,19 @@ class RayTrainOperator(RaySubmitJobOperator):
             "train_loop": self.train_loop,
             "train_loop_config": self.train_loop_config or {},
             "scaling_config": tpu.scaling_config(),
-            # Ray Train resumes a run from the latest checkpoint under storage_path/run_name;
-            # "never" gives every try its own run, so nothing is resumed.
-            "run_name": self.run_name if self.resume == "auto" else f"{self.run_name}-try{try_number}",
+            # The driver picks the run: "auto" the latest of run_name's under storage_path (Ray Train
+            # resumes it), "never" a new one; it says which, and whether a finished checkpoint was reused.
+            "run_name": self.run_name,
+            "resume": self.resume,
             "storage_path": self.storage_path,
             "datasets": self.datasets or {},
             "max_failures": self.max_failures,
             "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
+            **{
+                key: getattr(self, key)
+                for key in ("checkpoint_score_attribute", "checkpoint_score_order")
+                if getattr(self, key) is not None
+            },
             "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **(self.worker_env or {})},
         }
         scaling = spec["scaling_config"]
@@ -248,19 +304,27 @@ class RayTrainOperator(RaySubmitJobOperator):
             # unit resource: pin the workers to one slice.
             scaling["resources_per_worker"] = {**scaling["resources_per_worker"], self._slice_resource(0): 1}
         if self.framework == "torch":
-            # On real chips TorchTPU wants one worker per TPU device (seed tutorial, FSDP2 on TPU).
-            # Simulated hosts have no chips (Ray Train's TPU device manager needs torch_tpu), so torch
-            # runs data-parallel on their CPUs with gloo, one worker per host: each simulated host
-            # carries its slice's name as a unit resource, which pins the workers to that slice.
+            # TorchTPU: one worker per TPU device (seed tutorial, FSDP2 on TPU), through Ray's own TPU path on
+            # simulated hosts too, where torch_tpu is tpuflow's CPU stand-in (workloads/simulated_tpu) and the
+            # collectives run on the hosts' CPUs with gloo.
             spec["torch_backend"] = "gloo" if simulated else "tpu_dist"
             spec["scaling_config"] = tpu.torch_scaling_config()
-            if simulated:
-                spec["scaling_config"] = {
-                    "use_tpu": False,
-                    "num_workers": tpu.total_hosts,
-                    "resources_per_worker": {"CPU": 1, self._slice_resource(0): 1},
-                }
+            if simulated and self._slice_resource(0) in scaling.get("resources_per_worker", {}):
+                # pinned to one slice as above: each worker takes its share of its host's unit slice resource
+                per_worker = spec["scaling_config"]["resources_per_worker"]
+                per_worker[self._slice_resource(0)] = 1 / tpu.logical_devices_per_host
+        self._apply_torch_backend(spec)
         return spec
+
+    def _apply_torch_backend(self, spec: dict[str, Any]) -> None:
+        """The user's TorchConfig backend, as given (the slice's default otherwise)."""
+        if self.framework == "torch" and self.torch_backend is not None:
+            spec["torch_backend"] = self.torch_backend
+
+    def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        if result.get("reused_finished"):
+            self.log.warning(REUSED_FINISHED, result.get("resumed_from") or result.get("checkpoint"))
+        return super()._check_result(result)
 
     def _slice_resource(self, index: int) -> str:
         """The unit resource each simulated host of slice ``index`` carries."""
@@ -269,7 +333,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         return slice_name(str(self._cluster_info().get("name")), index)
 
     def build_entrypoint(self, context: Context) -> list[str]:
-        spec = self.build_spec(getattr(context["ti"], "try_number", 1))
+        spec = self.build_spec()
         self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
         return ["python", "-m", "tpuflow_driver.train", "--spec-json", json.dumps(spec)]
 

@@ -70,15 +70,86 @@ def serve_config(
 
 
 def serve_tpu_args(tpu: TpuSlice) -> dict[str, Any]:
-    """The addition Serve app's placement args for a replica on ``tpu`` (addition.serve_app's docstring).
+    """A Serve app's placement args for a replica on ``tpu`` (the contract of addition.serve_app's docstring).
 
-    Single-host: the replica holds its host's TPU. Multi-host: it reserves one whole slice itself;
+    Single-host: the replica holds its host's TPU. Multi-host: it reserves one whole slice itself, one
+    bundle of ``chips_per_host`` TPU per host (Ray Serve LLM's deferred placement);
     ``accelerator_type`` + ``accelerator_config.topology`` are what ``check_tpu_placement`` requires.
     """
     args: dict[str, Any] = {**tpu.serve_accelerator_config(), "chips_per_host": tpu.chips_per_host}
     if tpu.generation.logical_devices_per_chip > 1:
         args["tpu_resource_per_chip"] = tpu.generation.logical_devices_per_chip
     return args
+
+
+def _declared_conflict(declared: Any, derived: Any) -> bool:
+    return declared is not None and declared != derived
+
+
+def _place_args(args: dict[str, Any], derived: dict[str, Any], field: str, tpu: TpuSlice) -> dict[str, Any]:
+    """``args`` with the keys of ``derived`` it lacks; a declared value the slice contradicts is refused."""
+    shape = (
+        f"the serve slice is {tpu.generation.name} {tpu.topology} ({tpu.num_hosts} hosts of {tpu.chips_per_host} chips)"
+    )
+    out = dict(args)
+    for key, want in derived.items():
+        have = out.get(key)
+        if key != "accelerator_config":
+            if _declared_conflict(have, want):
+                raise UserInputError(
+                    f"{field}.{key}", have, f"{shape}: give {want!r} or leave it out to have it derived from the slice"
+                )
+            out[key] = want
+            continue
+        if have is not None and not isinstance(have, dict):
+            raise UserInputError(f"{field}.{key}", have, f"{shape}: give {want!r} or leave it out")
+        accel = dict(have or {})
+        for sub, sub_want in want.items():
+            if _declared_conflict(accel.get(sub), sub_want):
+                raise UserInputError(
+                    f"{field}.{key}.{sub}",
+                    accel[sub],
+                    f"{shape}: give {sub_want!r} or leave it out to have it derived from the slice",
+                )
+            accel[sub] = sub_want
+        out[key] = accel
+    return out
+
+
+def _place_app(app: dict[str, Any], tpu: TpuSlice) -> dict[str, Any]:
+    field = f"applications[{app.get('name')}].args"
+    args = app.get("args") or {}
+    if not isinstance(args, dict):
+        raise UserInputError(field, args, "Serve passes args to the app builder as a mapping; give a dict")
+    if "llm_configs" not in args:
+        return {**app, "args": _place_args(args, serve_tpu_args(tpu), field, tpu)}
+    llms = args["llm_configs"]
+    if not isinstance(llms, list) or not all(isinstance(llm, dict) for llm in llms):
+        # A file path cannot be checked or completed here; Serve would read it only on the cluster.
+        raise UserInputError(
+            f"{field}.llm_configs",
+            llms,
+            "on a multi-host slice give each LLM config inline (a dict), so its accelerator_config.topology "
+            "can be derived from the slice and checked",
+        )
+    # LLMConfig forbids unknown fields: only its own accelerator_type / accelerator_config are derived.
+    derived = tpu.serve_accelerator_config()
+    placed = [_place_args(llm, derived, f"{field}.llm_configs[{i}]", tpu) for i, llm in enumerate(llms)]
+    return {**app, "args": {**args, "llm_configs": placed}}
+
+
+def place_on_slice(config: dict[str, Any], tpu: TpuSlice | None) -> dict[str, Any]:
+    """``config`` with each application's multi-host TPU placement derived from ``tpu``, never rewritten.
+
+    On a multi-host slice a replica reserves a whole slice itself, which it can do only when its args
+    name the slice (``serve_tpu_args``: accelerator_type, accelerator_config.topology, chips_per_host;
+    for Ray Serve LLM, each LLMConfig's accelerator_type / accelerator_config). What an application
+    left out is filled in from the slice; a declared value the slice contradicts is refused, naming the
+    field. Single-host slices (and no slice) return the config as given: a replica there fits one host.
+    """
+    if tpu is None or not tpu.multi_host:
+        return config
+    return {**config, "applications": [_place_app(dict(app), tpu) for app in config.get("applications", [])]}
 
 
 def _replica_tpu(app: dict[str, Any], args: dict[str, Any]) -> tuple[float, int]:
@@ -110,7 +181,13 @@ def check_tpu_placement(config: dict[str, Any], tpu: TpuSlice | None) -> None:
         args = app.get("args") or {}
         llm_configs = args.get("llm_configs") or [args]
         for llm in llm_configs:
-            accel = (llm or {}).get("accelerator_config") or {}
+            if not isinstance(llm, dict):
+                if tpu.multi_host:
+                    raise UserInputError(
+                        f"{field}.llm_configs", llm, "give the LLM config inline so its topology can be checked"
+                    )
+                continue
+            accel = llm.get("accelerator_config") or {}
             if tpu.multi_host and (
                 accel.get("topology") != tpu.topology
                 or llm.get("accelerator_type") != tpu.generation.ray_accelerator_type

@@ -117,9 +117,11 @@ def test_local_pipeline_shape(migrated_airflow_db):
         "topology",
         "framework",
         "train_steps",
+        "resume",
         "accuracy_threshold",
         "keep_endpoint",
     }
+    assert dag.params["resume"] == "auto" and dag.get_task("train").resume == "{{ params.resume }}"
 
 
 def test_local_pipeline_records_its_ledger_and_checks_its_budget(migrated_airflow_db):

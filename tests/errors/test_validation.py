@@ -79,11 +79,10 @@ def test_folder_may_be_missing_but_not_a_file(tmp_path: Path) -> None:
         check_folder("--work-dir", tmp_path / "f")
 
 
-def test_train_loop_config_conventional_options() -> None:
+def test_train_loop_config_numbers_are_finite_and_its_options_the_workloads_own() -> None:
     check_train_loop_config("cfg", {"num_steps": 10, "learning_rate": 1e-3, "warmup_steps": 0, "my_option": "x"})
-    check_train_loop_config("cfg", {"num_steps": "1500", "learning_rate": "6e-3"})  # rendered as text
-    with pytest.raises(UserInputError, match=r"cfg\[num_steps\]='0' is invalid"):
-        check_train_loop_config("cfg", {"num_steps": "0"})
+    # what an option accepts is the train loop's business (its workload's check_params), not tpuflow's
+    check_train_loop_config("cfg", {"num_steps": "0", "learning_rate": -1})
     with pytest.raises(UserInputError, match=r"cfg\[my_scale\]=nan"):
         check_train_loop_config("cfg", {"my_scale": math.nan})
 

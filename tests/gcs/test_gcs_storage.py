@@ -120,23 +120,25 @@ def test_kept_driver_log_goes_to_gs(bucket: str) -> None:
 def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator: GcsEmulator) -> None:
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.operators import RaySubmitJobOperator
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     op = RaySubmitJobOperator(
         task_id="t", entrypoint="python -c pass", ray_conn_id="ray_default", env_vars={"A": "1"}, working_dir=""
     )
     assert op.build_runtime_env()["env_vars"] == {"A": "1", EMULATOR_ENV: gcs_emulator.url}
-    config = serve_config_for({"backend": "local"}, {"checkpoint": "gs://b/c"}, "local:///w", "jax")
+    config = serve_config_for({"backend": "local"}, {"checkpoint": "gs://b/c"}, "local:///w", "jax", workload=ADDITION)
     assert config["applications"][0]["runtime_env"]["env_vars"] == {EMULATOR_ENV: gcs_emulator.url}
 
 
 def test_without_an_emulator_nothing_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.operators import RaySubmitJobOperator
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     monkeypatch.delenv(EMULATOR_ENV)
     op = RaySubmitJobOperator(task_id="t", entrypoint="x", ray_conn_id="ray_default", working_dir="")
     assert "env_vars" not in op.build_runtime_env()
-    config = serve_config_for({"backend": "local"}, {"checkpoint": "/c"}, "local:///w", "jax")
+    config = serve_config_for({"backend": "local"}, {"checkpoint": "/c"}, "local:///w", "jax", workload=ADDITION)
     assert config["applications"][0]["runtime_env"] == {"working_dir": "local:///w"}
 
 
@@ -339,9 +341,10 @@ def test_the_shipped_pipeline_fails_at_its_first_task_on_a_bad_output_root(
     """tpu_llm_pipeline_local with a missing bucket or a malformed URI: check_params fails naming it, no
     lease is taken and no cluster starts (the teardown tasks find nothing to stop)."""
     from tpuflow.pipeline.factory import build_pipeline_dag
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
-    dag = build_pipeline_dag("tpu_llm_pipeline_local", schedule=None, output_root=root)
+    dag = build_pipeline_dag("tpu_llm_pipeline_local", workload=ADDITION, schedule=None, output_root=root)
     run = dag.test()
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["check_params"] == "failed", states

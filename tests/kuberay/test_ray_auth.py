@@ -188,12 +188,14 @@ def test_the_rayservice_operator_applies_token_auth_by_default() -> None:
 @pytest.mark.parametrize(("ray_auth", "mode"), [(None, "token"), ("none", "disabled")])
 def test_the_gke_pipelines_clusters_all_carry_the_dags_auth(ray_auth: str | None, mode: str) -> None:
     from tpuflow.pipeline.gke import build_gke_pipeline_dag, prep_cluster_manifest
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     assert prep_cluster_manifest(IMAGE)["spec"]["authOptions"] == {"mode": "token"}
     assert schema_errors("rayclusters", {**prep_cluster_manifest(IMAGE), "metadata": {"name": "p"}}) == []
     extra = {} if ray_auth is None else {"ray_auth": ray_auth}
     dag = build_gke_pipeline_dag(
         "auth_gke",
+        workload=ADDITION,
         project_id="tpuflow-test",
         location="us-east5-b",
         cluster_name="ml",

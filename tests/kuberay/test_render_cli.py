@@ -47,8 +47,12 @@ def test_render_raycluster_prints_a_valid_manifest(
 
 
 def test_render_rayservice_from_a_serve_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    # A multi-host slice: the model declares its topology (tpuflow.serve.config.check_tpu_placement).
-    args = {"accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu", "topology": "4x4"}}
+    # A multi-host slice: placement fully declared (tpuflow.serve.config.place_on_slice adds nothing).
+    args = {
+        "accelerator_type": "TPU-V6E",
+        "accelerator_config": {"kind": "tpu", "topology": "4x4"},
+        "chips_per_host": 4,
+    }
     config = {
         "applications": [{"name": "llm", "import_path": "workloads.serve:app", "route_prefix": "/v1", "args": args}]
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import pipeline_params, validate_params
+from tpuflow.workloads.addition.pipeline import ADDITION
 
 NUM_SLICES = "{{ params.num_slices }}"
 
@@ -16,7 +17,7 @@ def defaults() -> dict:
 def test_local_pipeline_preflights_the_slices_it_trains_on(tmp_path):
     from tpuflow.pipeline.factory import build_pipeline_dag
 
-    dag = build_pipeline_dag("ms_local", output_root=str(tmp_path))
+    dag = build_pipeline_dag("ms_local", workload=ADDITION, output_root=str(tmp_path))
     preflight = dag.get_task("preflight")
     # beside prep, on the training cluster, and training waits for it
     assert preflight.upstream_task_ids == {"start_cluster"} and "train" in preflight.downstream_task_ids
@@ -32,6 +33,7 @@ def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tm
 
     dag = build_gke_pipeline_dag(
         "ms_gke",
+        workload=ADDITION,
         project_id="tpu-proj-123",
         location="us-east5-b",
         cluster_name="tpu-cluster",

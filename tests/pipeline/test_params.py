@@ -79,3 +79,11 @@ def test_both_pipelines_share_the_serve_topology_param():
         and "4x4" in pipeline_params()["serve_topology"].schema["enum"]
     )
     assert gke_pipeline_params()["serve_topology"].schema == pipeline_params()["serve_topology"].schema
+
+
+def test_resume_is_a_trigger_form_choice_the_train_task_takes():
+    from tpuflow.rayjob.workload_operators import RESUME_POLICIES
+
+    param = pipeline_params()["resume"]
+    assert param.value == "auto" and param.schema["enum"] == list(RESUME_POLICIES) == ["auto", "never"]
+    assert param.schema["type"] == "string" and param.schema["title"] and "never" in param.description

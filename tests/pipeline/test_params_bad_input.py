@@ -35,6 +35,7 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"max_chip_hours": 0}, "params.max_chip_hours", "> 0"),
     ({"max_chip_hours": math.inf}, "params.max_chip_hours", "finite"),
     ({"serve_topology": "9x9"}, "params.serve_topology", "use one of (empty)"),
+    ({"resume": "sometimes"}, "params.resume", "use one of auto, never"),
     ({"steps": 10}, "params", "the pipeline's Params are"),
 ]
 

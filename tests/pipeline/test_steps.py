@@ -23,6 +23,7 @@ from airflow.sdk import DAG, BaseOperator
 
 from tpuflow.pipeline.params import pipeline_params
 from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
+from tpuflow.workloads.addition.pipeline import ADDITION
 
 
 class Emit(BaseOperator):
@@ -44,9 +45,10 @@ with DAG(DAG_ID, schedule=None, params=pipeline_params(), render_template_as_nat
     smoke = Emit(task_id="smoke_test", value={"choices": [{"text": "42"}]})
     deploy = Emit(task_id="deploy", value={"serve_url": "http://127.0.0.1:8123"})
     serve_cfg = BuildServeConfigOperator(task_id="build_serve_config", cluster=cluster.output, trained=train.output,
-                                         workloads_uri="local://{{ params.framework }}-workloads")
+                                         workloads_uri="local://{{ params.framework }}-workloads", workload=ADDITION)
     report = WriteReportOperator(task_id="write_report", output_dir=OUTPUT_DIR + "/{{ dag_run.run_id | length }}",
-                                 evaluation=evaluate.output, answer=smoke.output, deployed=deploy.output)
+                                 evaluation=evaluate.output, answer=smoke.output, deployed=deploy.output,
+                                 sample_prompt="17+25=", endpoint_path="/addition/v1")
     checked >> cluster
 '''
 
@@ -102,12 +104,19 @@ def test_bad_params_fail_the_check_task(steps_dag: Any) -> None:
 def test_step_arguments_are_checked_when_parsed_if_plain_and_once_rendered_if_templated() -> None:
     from tpuflow.errors import UserInputError
     from tpuflow.pipeline.steps import BuildServeConfigOperator, WriteReportOperator
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     with pytest.raises(UserInputError) as err:
-        BuildServeConfigOperator(task_id="build", cluster={"backend": "local"}, trained={}, workloads_uri="local://w")
+        BuildServeConfigOperator(
+            task_id="build", cluster={"backend": "local"}, trained={}, workloads_uri="local://w", workload=ADDITION
+        )
     assert err.value.field == "trained"
     op = BuildServeConfigOperator(
-        task_id="build", cluster={"backend": "local"}, trained="{{ params.trained }}", workloads_uri="local://w"
+        task_id="build",
+        cluster={"backend": "local"},
+        trained="{{ params.trained }}",
+        workloads_uri="local://w",
+        workload=ADDITION,
     )
     op.render_template_fields({"params": {"trained": "/ckpt/7"}})
     with pytest.raises(UserInputError) as err:

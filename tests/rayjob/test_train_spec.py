@@ -13,7 +13,7 @@ def op(framework="jax", backend="local", topology="4x4", **kw):
         accelerator="TPU-V6E",
         topology=topology,
         storage_path="/tmp/s",
-        run_name="r",
+        run_name=kw.pop("run_name", "r"),
         cluster={"backend": backend, "name": "c1", "dashboard_url": "http://x"},
         **kw,
     )
@@ -48,19 +48,79 @@ def test_torch_on_real_chips_is_one_worker_per_device_with_tpu_dist():
     assert spec["scaling_config"]["num_workers"] == 16 and spec["scaling_config"]["resources_per_worker"] == {"TPU": 1}
 
 
-def test_torch_on_a_simulated_slice_is_one_gloo_worker_per_host_pinned_to_the_slice():
+def test_torch_on_a_simulated_slice_keeps_rays_tpu_path_one_gloo_worker_per_device():
+    """No rewrite to use_tpu=False: the simulated hosts run Ray's TPU path with the torch_tpu stand-in."""
     spec = op("torch").build_spec()
     assert spec["torch_backend"] == "gloo"
     assert spec["scaling_config"] == {
-        "use_tpu": False,
-        "num_workers": 4,
-        "resources_per_worker": {"CPU": 1, "c1-slice-0": 1},
+        "use_tpu": True,
+        "topology": "4x4",
+        "accelerator_type": "TPU-V6E",
+        "num_workers": 16,
+        "resources_per_worker": {"TPU": 1},
     }
 
 
-def test_resume_never_gives_each_try_its_own_run():
-    assert op().build_spec(try_number=2)["run_name"] == "r"
-    assert op(resume="never").build_spec(try_number=2)["run_name"] == "r-try2"
+def test_torch_on_a_simulated_2x4_of_two_hosts_is_pinned_to_one_slice_per_device():
+    spec = op("torch", topology="2x4", machine_type="ct6e-standard-4t").build_spec()
+    assert spec["scaling_config"]["use_tpu"] is True and spec["scaling_config"]["num_workers"] == 8
+    assert spec["scaling_config"]["resources_per_worker"] == {"TPU": 1, "c1-slice-0": 0.25}
+
+
+def test_the_driver_gets_the_run_name_and_the_resume_policy_as_given():
+    """The driver picks the run (the latest of "r" under storage_path, or a new one): tests/workloads."""
+    assert {k: op().build_spec()[k] for k in ("run_name", "resume")} == {"run_name": "r", "resume": "auto"}
+    assert {k: op(resume="never").build_spec()[k] for k in ("run_name", "resume")} == {
+        "run_name": "r",
+        "resume": "never",
+    }
+
+
+def test_ray_train_configs_reach_the_spec_unchanged():
+    spec = op(max_failures=5, checkpoint_num_to_keep=None, checkpoint_score_attribute="loss",
+              checkpoint_score_order="min").build_spec()  # fmt: skip
+    assert (spec["max_failures"], spec["checkpoint_num_to_keep"]) == (5, None)
+    assert (spec["checkpoint_score_attribute"], spec["checkpoint_score_order"]) == ("loss", "min")
+    assert "checkpoint_score_attribute" not in op().build_spec()  # unset: Ray's defaults
+    assert op("torch", backend="kuberay", torch_backend="gloo").build_spec()["torch_backend"] == "gloo"
+    assert op("torch", torch_backend="tpu_dist").build_spec()["torch_backend"] == "tpu_dist"
+    assert op("torch", backend="kuberay").build_spec()["torch_backend"] == "tpu_dist"  # unset: the slice's
+
+
+@pytest.mark.parametrize(
+    ("kw", "field", "fix"),
+    [
+        (
+            {"checkpoint_score_order": "best", "checkpoint_score_attribute": "loss"},
+            "checkpoint_score_order",
+            "max, min",
+        ),
+        ({"checkpoint_score_order": "min"}, "checkpoint_score_order", "set checkpoint_score_attribute"),
+        ({"checkpoint_score_attribute": " "}, "checkpoint_score_attribute", "metric"),
+        ({"torch_backend": "nccl", "framework": "torch"}, "torch_backend", "gloo, tpu_dist"),
+        ({"torch_backend": "gloo"}, "torch_backend", "framework torch"),
+        ({"max_failures": -2}, "max_failures", "-1"),
+        ({"checkpoint_num_to_keep": 0}, "checkpoint_num_to_keep", ""),
+        ({"resume": "always"}, "resume", "auto, never"),
+        ({"run_name": "r-fresh2"}, "run_name", "-fresh<N>"),
+        ({"run_name": "a/b"}, "run_name", 'without "/"'),
+    ],
+)
+def test_bad_ray_train_configs_are_refused_when_parsed(kw, field, fix):
+    framework = kw.pop("framework", "jax")
+    with pytest.raises(UserInputError) as err:
+        op(framework, **kw)
+    assert err.value.field == field and fix in err.value.fix
+    assert "\n" not in str(err.value)
+
+
+def test_a_reused_finished_checkpoint_is_said_in_the_task_log(capsys):
+    result = {"checkpoint": "/s/r/checkpoint_9", "resumed_from": "/s/r/checkpoint_9", "reused_finished": True}
+    assert op()._check_result(result) is result
+    assert capsys.readouterr().out.count("reusing the finished checkpoint /s/r/checkpoint_9 of an earlier run of this date: "
+                             "0 steps trained; set Param resume=never to train again") == 1  # fmt: skip
+    op()._check_result({**result, "reused_finished": False})
+    assert "reusing" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

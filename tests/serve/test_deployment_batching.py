@@ -14,10 +14,11 @@ from tpuflow.serve.deployment_options import USER_CONFIG_KEYS, DeploymentOptions
 def test_batching_goes_in_the_user_config_of_a_valid_serve_config() -> None:
     from ray.serve.schema import ServeDeploySchema
     from tpuflow.pipeline.steps import serve_config_for
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     options = {"max_ongoing_requests": 64, "max_batch_size": 32, "batch_wait_timeout_s": 0.002}
     config = serve_config_for({"backend": "local", "serve_port": 18124}, {"checkpoint": "/c"}, "local:///w", "jax",
-                              deployment_options=options)  # fmt: skip
+                              deployment_options=options, workload=ADDITION)  # fmt: skip
     (deployment,) = ServeDeploySchema.model_validate(config).applications[0].deployments
     assert deployment.max_ongoing_requests == 64
     assert deployment.user_config == {"max_batch_size": 32, "batch_wait_timeout_s": 0.002}

@@ -16,7 +16,8 @@ def serve_schema() -> Any:
 
 
 def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
-    from tpuflow.pipeline.steps import SERVE_DEPLOYMENT, serve_config_for
+    from tpuflow.pipeline.steps import serve_config_for
+    from tpuflow.workloads.addition.pipeline import ADDITION, SERVE_DEPLOYMENT
 
     options = {
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8},
@@ -27,7 +28,9 @@ def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
         "graceful_shutdown_timeout_s": 5,
     }
     cluster = {"backend": "local", "serve_port": 18123}
-    config = serve_config_for(cluster, {"checkpoint": "/ckpt"}, "local:///w", "jax", deployment_options=options)
+    config = serve_config_for(
+        cluster, {"checkpoint": "/ckpt"}, "local:///w", "jax", deployment_options=options, workload=ADDITION
+    )
     parsed = serve_schema().model_validate(config)
     assert parsed.http_options.request_timeout_s == 30 and parsed.http_options.port == 18123
     (deployment,) = parsed.applications[0].deployments
@@ -43,8 +46,9 @@ def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
 
 def test_no_options_leave_the_config_as_before() -> None:
     from tpuflow.pipeline.steps import serve_config_for
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
-    config = serve_config_for({"backend": "kuberay"}, {"checkpoint": "/c"}, "gs://b/w.zip", "torch")
+    config = serve_config_for({"backend": "kuberay"}, {"checkpoint": "/c"}, "gs://b/w.zip", "torch", workload=ADDITION)
     assert "deployments" not in config["applications"][0] and "http_options" not in config
     fixed = DeploymentOptions(num_replicas=2, max_ongoing_requests=64).validated()
     assert fixed.deployment_entry("D", user_config=True) == {"name": "D", "num_replicas": 2, "max_ongoing_requests": 64}
@@ -104,13 +108,12 @@ def test_every_accepted_setting_is_accepted_by_ray_serve(options: dict[str, Any]
 
 def test_build_serve_config_operator_checks_static_options_at_parse_time() -> None:
     from tpuflow.pipeline.steps import BuildServeConfigOperator
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
+    common = {"cluster": {}, "trained": {"checkpoint": "/c"}, "workloads_uri": "w", "workload": ADDITION}
     with pytest.raises(UserInputError) as err:
-        BuildServeConfigOperator(
-            task_id="cfg", cluster={}, trained={"checkpoint": "/c"}, workloads_uri="w", deployment_options={"x": 1}
-        )
+        BuildServeConfigOperator(task_id="cfg", deployment_options={"x": 1}, **common)
     assert err.value.field == "deployment_options"
-    templated = BuildServeConfigOperator(  # checked when the task runs
-        task_id="cfg2", cluster={}, trained={"checkpoint": "/c"}, workloads_uri="w", deployment_options="{{ params.d }}"
-    )
+    # checked when the task runs
+    templated = BuildServeConfigOperator(task_id="cfg2", deployment_options="{{ params.d }}", **common)
     assert templated.deployment_options == "{{ params.d }}"

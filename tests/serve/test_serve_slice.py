@@ -61,10 +61,11 @@ def _slice(**overrides: Any) -> Any:
 
 def _config(cluster: Any, checkpoint: dict[str, Any], tpu: Any, name: str, **args: Any) -> dict[str, Any]:
     from tpuflow.pipeline.steps import serve_config_for
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     config = serve_config_for(
         cluster.connection_info(), {"checkpoint": checkpoint["checkpoint"]}, f"local://{WORKLOADS}", "jax",
-        tpu.to_dict() if tpu else None,
+        tpu.to_dict() if tpu else None, workload=ADDITION,
     )  # fmt: skip
     app = config["applications"][0]
     app["name"], app["route_prefix"] = name, f"/{name}"

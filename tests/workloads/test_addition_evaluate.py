@@ -67,9 +67,10 @@ def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
     from tpuflow.pipeline.factory import training_steps
     from tpuflow.rayjob.operators import command_line
     from tpuflow.tpu import TpuSlice
+    from tpuflow.workloads.addition.pipeline import ADDITION
 
     with DAG("eval_args_test", schedule=None):
-        _, _, step = training_steps({"dashboard_url": "http://127.0.0.1:1"}, "/runs/x")
+        _, _, step = training_steps({"dashboard_url": "http://127.0.0.1:1"}, "/runs/x", workload=ADDITION)
     checked = TpuSlice.from_spec("TPU-V6E", "4x4").to_dict()
 
     class TI:

@@ -77,7 +77,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         log(f"checkpoint is at step {step}, num_steps is {cfg['num_steps']}: nothing to train")
         return
 
-    model = ray.train.torch.prepare_model(module)  # DDP when world > 1: gradients averaged in backward
+    # DDP when world > 1: gradients averaged in backward. The batches are host tensors, so the model stays on
+    # the CPU even where Ray's device is a TPU (use_tpu=True: torch.device("tpu"), on the simulated slice too).
+    model = ray.train.torch.prepare_model(module, move_to_device=torch.device("cpu"))
     optimizer, scheduler = make_optimizer(model, cfg)
     if opt_state is not None:
         optimizer.load_state_dict(opt_state["optimizer"])

@@ -8,15 +8,23 @@ Spec keys (required: framework, train_loop, run_name, storage_path, scaling_conf
     train_loop             "module:function", the train_loop_per_worker
     train_loop_config      dict passed to it
     scaling_config         ray.train.ScalingConfig kwargs, e.g. TpuSlice.scaling_config()
-    run_name, storage_path RunConfig(name, storage_path); a resubmitted job with the same pair
-                           resumes from the latest checkpoint in storage_path/run_name
+    run_name, storage_path RunConfig(name, storage_path): the run's checkpoints live in storage_path/run_name
+    resume                 "auto" (default): resume the latest run of this name under storage_path from its
+                           latest checkpoint (Ray Train's own restore); "never": train from scratch in a new
+                           run, run_name-fresh<N> (N = 2, 3, ...), keeping every earlier run's checkpoints
     datasets               {"train": parquet dir, ...} -> ray.data.read_parquet
     max_failures           FailureConfig(max_failures): worker failures retried from the last checkpoint
-    checkpoint_num_to_keep CheckpointConfig(num_to_keep)
+    checkpoint_num_to_keep CheckpointConfig(num_to_keep); null keeps every checkpoint
+    checkpoint_score_attribute, checkpoint_score_order
+                           CheckpointConfig's: the reported metric (and "max" | "min") that decides which
+                           checkpoints num_to_keep keeps; the result then names the best as best_checkpoint
     worker_env             env vars for the workers (e.g. {"JAX_PLATFORMS": "cpu"})
-    torch_backend          TorchConfig backend, default "gloo"
+    torch_backend          TorchConfig(backend): "gloo" (default; host CPUs) or "tpu_dist" (TPU chips)
 
-Prints one `TPUFLOW_RESULT {json}` line at the end.
+Prints one `TPUFLOW_RESULT {json}` line at the end. With resume "auto", a run whose latest checkpoint had
+already finished (the fit reported no new checkpoint; a loop that reports a `step` metric and takes
+`num_steps` in its config must also show step >= num_steps) is said so: `reused_finished: true`,
+`steps_trained: 0`, and `resumed_from` names the checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +44,11 @@ from tpuflow_driver import storage
 from tpuflow_driver.result import emit_result
 
 FRAMEWORKS = ("jax", "torch")
+RESUME_POLICIES = ("auto", "never")
+TORCH_BACKENDS = ("gloo", "tpu_dist")
+SCORE_ORDERS = ("max", "min")
+FRESH = "-fresh"  # run_name-fresh2, -fresh3, ...: the runs resume="never" starts
+MAX_RUNS = 1000  # of one name under one storage path: past it, a mistake (and an endless probe)
 SNAPSHOT = "checkpoint_manager_snapshot.json"  # what Ray Train v2 restores a run from
 DRIVER_ENV_DEFAULTS = {
     # ray.train.report waits for the controller's poll; at the default 2 s every
@@ -61,8 +74,11 @@ class TrainSpec:
     datasets: dict[str, str] = field(default_factory=dict)
     max_failures: int = 0
     checkpoint_num_to_keep: int | None = 2
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
     torch_backend: str = "gloo"
+    resume: str = "auto"
 
     @classmethod
     def from_dict(cls, data: Any) -> TrainSpec:
@@ -106,20 +122,32 @@ class TrainSpec:
             raise SpecError(
                 f"checkpoint_num_to_keep must be a positive integer or null, got {self.checkpoint_num_to_keep!r}"
             )
+        self._validate_ray_train_options()
         from ray.train import ScalingConfig
 
         allowed = {f.name for f in dataclasses.fields(ScalingConfig)}
         bad = sorted(set(self.scaling_config) - allowed)
         if bad:
             raise SpecError(f"scaling_config has keys ScalingConfig does not know: {bad}")
-        if (
-            self.framework == "torch"
-            and self.scaling_config.get("use_tpu")
-            and self.torch_backend not in ("gloo", "tpu_dist")
-        ):
-            # tpu_dist: TorchTPU, one worker per TPU core; gloo: CPU collectives on the slice's
-            # hosts (a simulated slice, or CPU-side work placed on a real one).
-            raise SpecError("torch on TPU hosts needs torch_backend 'tpu_dist' (TPU chips) or 'gloo' (host CPUs)")
+
+    def _validate_ray_train_options(self) -> None:
+        """resume and what becomes CheckpointConfig / TorchConfig: what Ray would reject only once fitting."""
+        if self.resume not in RESUME_POLICIES:
+            raise SpecError(f"resume must be one of {RESUME_POLICIES}, got {self.resume!r}")
+        if FRESH in self.run_name and self.run_name.rpartition(FRESH)[2].isdigit():
+            raise SpecError(f"run_name must not end in '{FRESH}<N>' (the names resume='never' gives), got "
+                            f"{self.run_name!r}")  # fmt: skip
+        attribute, order = self.checkpoint_score_attribute, self.checkpoint_score_order
+        if attribute is not None and not (isinstance(attribute, str) and attribute.strip()):
+            raise SpecError(f"checkpoint_score_attribute must be a reported metric's name or null, got {attribute!r}")
+        if order is not None and order not in SCORE_ORDERS:
+            raise SpecError(f"checkpoint_score_order must be one of {SCORE_ORDERS} or null, got {order!r}")
+        if order is not None and attribute is None:
+            raise SpecError("checkpoint_score_order needs checkpoint_score_attribute (the metric it orders by)")
+        # tpu_dist: TorchTPU, one worker per TPU chip; gloo: CPU collectives on the slice's hosts
+        # (a simulated slice, or CPU-side work placed on a real one).
+        if self.torch_backend not in TORCH_BACKENDS:
+            raise SpecError(f"torch_backend must be one of {TORCH_BACKENDS}, got {self.torch_backend!r}")
 
     @property
     def run_path(self) -> str:
@@ -152,20 +180,32 @@ def import_train_loop(path: str) -> Callable[..., Any]:
     return fn
 
 
-def build_trainer(spec: TrainSpec) -> Any:
-    import ray.data
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+def build_run_config(spec: TrainSpec) -> Any:
+    """RunConfig with the spec's FailureConfig and CheckpointConfig, as given (Ray's defaults where unset)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
 
-    loop = import_train_loop(spec.train_loop)  # before reading data: a wrong path fails fast
+    checkpoint = {"num_to_keep": spec.checkpoint_num_to_keep}
+    if spec.checkpoint_score_attribute is not None:
+        checkpoint["checkpoint_score_attribute"] = spec.checkpoint_score_attribute
+    if spec.checkpoint_score_order is not None:
+        checkpoint["checkpoint_score_order"] = spec.checkpoint_score_order
     fs, fs_path = storage.resolve_with_deadline(spec.storage_path)  # a stalled upload fails, never hangs
-    run_config = RunConfig(
+    return RunConfig(
         name=spec.run_name,
         storage_path=fs_path,
         storage_filesystem=fs,
         failure_config=FailureConfig(max_failures=spec.max_failures),
-        checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint_num_to_keep),
+        checkpoint_config=CheckpointConfig(**checkpoint),
         worker_runtime_env={"env_vars": dict(spec.worker_env)} if spec.worker_env else None,
     )
+
+
+def build_trainer(spec: TrainSpec) -> Any:
+    import ray.data
+    from ray.train import ScalingConfig
+
+    loop = import_train_loop(spec.train_loop)  # before reading data: a wrong path fails fast
+    run_config = build_run_config(spec)
     storage.quiet_ray_data()
     datasets = {}
     for name, path in spec.datasets.items():
@@ -242,13 +282,128 @@ class HostWatch:
         self._thread.join(timeout=5)
 
 
+@dataclass(frozen=True)
+class EarlierRun:
+    """A run of this name that already holds checkpoints, as Ray Train's snapshot describes it."""
+
+    run_name: str
+    checkpoint: str | None  # its latest checkpoint (what Ray Train restores), a local path or URI
+    metrics: dict[str, Any]  # reported with that checkpoint
+
+
+def run_names(base: str) -> Iterator[str]:
+    """The names the runs of ``base`` take, in order: base, base-fresh2, base-fresh3, ..."""
+    yield base
+    for n in range(2, MAX_RUNS + 1):
+        yield f"{base}{FRESH}{n}"
+
+
+def earlier_runs(storage_path: str, base: str) -> list[str]:
+    """The runs of ``base`` under storage_path that hold checkpoints, oldest first.
+
+    resume="never" adds the next name only after the last one holds a snapshot, so the first name
+    without one ends the list."""
+    root, found = storage.normalize(storage_path), []
+    for name in run_names(base):
+        if not storage.exists(storage.join(root, name, SNAPSHOT)):
+            return found
+        found.append(name)
+    raise SpecError(f"{MAX_RUNS} runs named {base!r} under {storage_path}: give another run_name or storage_path")
+
+
+def read_earlier_run(storage_path: str, name: str) -> EarlierRun:
+    """The latest checkpoint (and its metrics) in a run's snapshot; unknown when the snapshot is unreadable."""
+    run_path = storage.join(storage.normalize(storage_path), name)
+    try:
+        latest = json.loads(storage.read_text(storage.join(run_path, SNAPSHOT)) or "{}").get("latest_checkpoint_result")
+    except (json.JSONDecodeError, AttributeError):
+        latest = None
+    latest = latest if isinstance(latest, dict) else {}
+    dir_name, metrics = latest.get("checkpoint_dir_name"), latest.get("metrics")
+    checkpoint = storage.join(run_path, dir_name) if isinstance(dir_name, str) and dir_name else None
+    return EarlierRun(name, checkpoint, dict(metrics) if isinstance(metrics, dict) else {})
+
+
+def choose_run(base: str, resume: str, runs: list[str]) -> tuple[str, str | None]:
+    """(the run to fit, the earlier run it resumes or None) given the runs of ``base`` holding checkpoints.
+
+    "auto" continues the latest of them (Ray Train restores its latest checkpoint); "never" starts the
+    next name, so no checkpoint is restored and none is deleted."""
+    if resume == "never":
+        return (f"{base}{FRESH}{len(runs) + 1}" if runs else base), None
+    return (runs[-1], runs[-1]) if runs else (base, None)
+
+
+def _whole(value: Any) -> int | None:
+    """An integer metric or config value (a rendered Param may arrive as "1500"); None if it is none."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value) if float(value) == int(float(value)) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _same_checkpoint(a: str, b: str) -> bool:
+    """The same run's same checkpoint folder (Ray's path and ours may differ in scheme)."""
+    return a.rstrip("/").split("/")[-2:] == b.rstrip("/").split("/")[-2:]
+
+
+def reused_finished(earlier: EarlierRun | None, checkpoint_after: str | None, config: dict[str, Any]) -> bool:
+    """Whether the fit only handed back the finished checkpoint of an earlier run: it reported no new
+    checkpoint, and (where the loop reports `step` and takes `num_steps`) that checkpoint's step had
+    reached the steps asked."""
+    if earlier is None or earlier.checkpoint is None or checkpoint_after is None:
+        return False
+    if not _same_checkpoint(earlier.checkpoint, checkpoint_after):
+        return False  # this fit reported a checkpoint of its own: it trained
+    done, asked = _whole(earlier.metrics.get("step")), _whole(config.get("num_steps"))
+    return done is None or asked is None or done >= asked
+
+
+def steps_trained(earlier: EarlierRun | None, metrics: dict[str, Any], reused: bool) -> int | None:
+    """Steps this fit added (its last `step` less the earlier run's); None where the loop reports no step."""
+    if reused:
+        return 0
+    after = _whole(metrics.get("step"))
+    before = _whole(earlier.metrics.get("step")) if earlier is not None else 0
+    return None if after is None or before is None else after - before
+
+
+def best_checkpoint(result: Any, spec: TrainSpec) -> str | None:
+    """The kept checkpoint that scores best on checkpoint_score_attribute (None without one)."""
+    attribute = spec.checkpoint_score_attribute
+    if attribute is None:
+        return None
+    scored = [
+        (m[attribute], c) for c, m in (result.best_checkpoints or []) if isinstance(m.get(attribute), int | float)
+    ]
+    if not scored:
+        return None
+    pick = min if spec.checkpoint_score_order == "min" else max
+    _, checkpoint = pick(scored, key=lambda pair: pair[0])
+    return storage.uri(checkpoint.filesystem, checkpoint.path)
+
+
+def resolve_run(spec: TrainSpec) -> tuple[TrainSpec, EarlierRun | None]:
+    """The spec with the run to fit, and the earlier run it resumes (said in the driver log)."""
+    runs = earlier_runs(spec.storage_path, spec.run_name)
+    name, resumes = choose_run(spec.run_name, spec.resume, runs)
+    chosen = dataclasses.replace(spec, run_name=name)
+    if resumes is not None:
+        print(f"[driver] run {name} already has checkpoints in {chosen.run_path}; training resumes from the latest "
+              "(resume=never trains from scratch in a new run)", flush=True)  # fmt: skip
+        return chosen, read_earlier_run(spec.storage_path, resumes)
+    if runs:
+        print(f"[driver] resume=never: run {name} trains from scratch in {chosen.run_path}; the checkpoints of "
+              f"{', '.join(runs)} are kept", flush=True)  # fmt: skip
+    return chosen, None
+
+
 def run(spec: TrainSpec) -> dict[str, Any]:
     for key, value in DRIVER_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    previous = storage.exists(storage.join(spec.run_path, SNAPSHOT))
-    if previous:
-        print(f"[driver] run {spec.run_name} already has checkpoints in {spec.run_path}; training resumes from the latest",
-              flush=True)  # fmt: skip
+    spec, earlier = resolve_run(spec)
     trainer = build_trainer(spec)
     print(f"[driver] fitting {spec.framework} run {spec.run_name} with {spec.scaling_config}", flush=True)
     import ray
@@ -264,15 +419,24 @@ def run(spec: TrainSpec) -> dict[str, Any]:
     metrics = dict(result.metrics or {})
     # Checkpoint.path drops the URI scheme of remote storage; put it back
     checkpoint = storage.uri(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
+    reused = reused_finished(earlier, checkpoint, spec.train_loop_config)
     print(f"[driver] fit finished in {fit_s:.1f}s; metrics {metrics}", flush=True)
+    if reused:
+        print(f"[driver] no step trained: the latest checkpoint {checkpoint} of run {spec.run_name} had finished "
+              "training", flush=True)  # fmt: skip
     return {
         "framework": spec.framework,
         "run_name": spec.run_name,
         "run_path": spec.run_path,
         "checkpoint": checkpoint,
+        "best_checkpoint": best_checkpoint(result, spec),
         "metrics": metrics,
-        "resumed": bool(metrics.get("resumed")) or previous,
-        "previous_run_found": previous,
+        "resume": spec.resume,
+        "resumed": bool(metrics.get("resumed")) or earlier is not None,
+        "previous_run_found": earlier is not None,
+        "resumed_from": earlier.checkpoint if earlier is not None else None,
+        "reused_finished": reused,
+        "steps_trained": steps_trained(earlier, metrics, reused),
         "fit_s": round(fit_s, 2),
         "hosts_lost": [{"slice": s, "worker": w} for s, w in watch.lost],
     }

@@ -1,0 +1,46 @@
+"""The addition demo's Workload and its own hyperparameter checks (moved out of tpuflow.validation)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from tpuflow.errors import UserInputError
+from tpuflow.workloads.addition.pipeline import ADDITION, check_params, check_train_loop_config
+
+
+def test_the_demo_workload_names_the_demo_steps() -> None:
+    assert ADDITION.code_dir is None  # shipped with tpuflow's own workloads (every job's working_dir)
+    assert (ADDITION.prep, ADDITION.evaluate) == ("addition.prep", "addition.evaluate")
+    assert ADDITION.train_loop == "addition.train_{framework}:train_loop_per_worker"
+    assert (ADDITION.app_name, ADDITION.serve_app) == ("addition", "addition.serve_app:app_builder")
+    assert ADDITION.load_check() is check_params
+
+
+def test_training_options_the_train_loop_would_reject_on_the_cluster() -> None:
+    check_train_loop_config("cfg", {"num_steps": 10, "learning_rate": 1e-3, "warmup_steps": 0, "my_option": "x"})
+    check_train_loop_config("cfg", {"num_steps": "1500", "learning_rate": "6e-3"})  # rendered as text
+    for config, fix in [
+        ({"num_steps": "0"}, ">= 1"),
+        ({"global_batch_size": 12.5}, "whole number"),
+        ({"learning_rate": -0.1}, "> 0"),
+        ({"learning_rate": math.nan}, "finite"),
+        ({"final_lr_fraction": 2}, "<= 1"),
+        ({"warmup_steps": True}, "whole number"),
+    ]:
+        with pytest.raises(UserInputError, match=rf"cfg\[{next(iter(config))}\]=.* is invalid: .*{fix}"):
+            check_train_loop_config("cfg", config)
+
+
+def test_the_params_that_become_training_options_are_checked_by_name() -> None:
+    check_params({"train_steps": 1500, "framework": "jax"})
+    with pytest.raises(UserInputError, match=r"^params.train_steps=0 is invalid: give a whole number >= 1$"):
+        check_params({"train_steps": 0})
+
+
+def test_the_spec_module_is_cheap_for_a_dag_file_to_import() -> None:
+    code = "import sys, tpuflow.workloads.addition.pipeline; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'jax', 'torch', 'numpy', 'airflow')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
