@@ -189,6 +189,7 @@ def smoke_test_and_report(
     *,
     workload: Workload,
     train: BaseOperator,
+    serve_token_conn_id: str | None = None,
 ) -> tuple[BaseOperator | None, BaseOperator]:
     """Call the deployed endpoint (deploy's XCom carries serve_url) with the workload's smoke request, and
     write the run's report after the last step the workload has (``train`` when it has no other)."""
@@ -200,6 +201,7 @@ def smoke_test_and_report(
             url="{{ ti.xcom_pull(task_ids='" + deploy.task_id + "')['serve_url'] }}" + f"{app}/{workload.smoke_path}",
             payload=dict(workload.smoke_request),
             expect=workload.smoke_expect,
+            serve_token_conn_id=serve_token_conn_id,
         )
     api = posixpath.dirname(workload.smoke_path) if smoke else ""
     report = WriteReportOperator(
@@ -239,9 +241,13 @@ def build_pipeline_dag(
     output_root: str | None = None,
     start_date: datetime = datetime(2026, 11, 1),
     max_active_runs: int = 1,
+    serve_token_conn_id: str | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay.
+
+    ``serve_token_conn_id``: an Airflow Connection whose password is the endpoint's bearer token (the app
+    requires it, the smoke test sends it); None: the endpoint answers without one.
 
     ``workload``: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task."""
     # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
@@ -282,10 +288,16 @@ def build_pipeline_dag(
             )
             # The replicas serve from the training slice's simulated hosts (tpuflow.pipeline.params.local_serve_slice).
             deploy = RayServeDeployOperator(
-                task_id="deploy", cluster=cluster, serve_config=serve_cfg, serve_slice=SERVE_SLICE
+                task_id="deploy",
+                cluster=cluster,
+                serve_config=serve_cfg,
+                serve_slice=SERVE_SLICE,
+                serve_token_conn_id=serve_token_conn_id,
             )
             (evaluate or train) >> serve_cfg >> deploy
-        _, report = smoke_test_and_report(run_dir, evaluate, deploy, workload=workload, train=train)
+        _, report = smoke_test_and_report(
+            run_dir, evaluate, deploy, workload=workload, train=train, serve_token_conn_id=serve_token_conn_id
+        )
         # Not start.output: a start task that failed after its cluster came up pushed no XCom, and the
         # teardown must still find that cluster (by its deterministic name when the pull is empty).
         stop = LocalStopRecordingSpanOperator(

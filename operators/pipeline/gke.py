@@ -483,6 +483,7 @@ def build_gke_pipeline_dag(
     capacity: str = "on-demand",
     fallback_capacity: Sequence[str] | str = (),
     serve_workloads_uri: str = IMAGE_WORKLOADS_URI,
+    serve_token_conn_id: str | None = None,
     serve_code_uri: str | None = None,
     address_mode: str = "auto",
     output_root: str | None = None,
@@ -521,6 +522,8 @@ def build_gke_pipeline_dag(
     :param serve_code_uri: the workload's code_dir as the RayService's replicas fetch it (a ``py_modules``
         entry: a gs:// zip, or local:// plus its path in the Ray image); required when the workload has both code_dir
         and serve_app (a RayService cannot upload a folder of the Airflow machine).
+    :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token (the
+        app requires it, the smoke test sends it); None: the endpoint answers without one.
     :param address_mode: how Airflow reaches the Ray head (see the KubeRay operators).
     :param output_root: data, checkpoints and logs (default: tpuflow.paths.output_root() when parsed).
     :param cluster_ready_timeout: seconds for the RayCluster to become ready; past it the task fails with
@@ -673,12 +676,15 @@ def build_gke_pipeline_dag(
                 rays=rays,
                 deletes=deletes,
                 wait_timeout=service_ready_timeout,
+                serve_token_conn_id=serve_token_conn_id,
             )
             if serving
             else None
         )
         deploy = serve_tasks[0] if serve_tasks else None
-        _, report = smoke_test_and_report(run_dir, evaluate, deploy, workload=workload, train=train)
+        _, report = smoke_test_and_report(
+            run_dir, evaluate, deploy, workload=workload, train=train, serve_token_conn_id=serve_token_conn_id
+        )
 
         delete_cluster = KubeRayDeleteClusterOperator(
             task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **deletes
@@ -747,6 +753,7 @@ def _serve_steps(
     rays: dict[str, Any],
     deletes: dict[str, Any],
     wait_timeout: float,
+    serve_token_conn_id: str | None = None,
 ) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
     """The serve slice's node pool, its capacity request, the RayService and their teardowns (kept when
     keep_endpoint and the endpoint answered). Returns (deploy, delete_service, delete_serve_node_pool).
@@ -775,6 +782,7 @@ def _serve_steps(
         **_checked_slice(serve=True),
         provisioning_request=_REQUESTED % "request_serve_capacity",
         wait_timeout=wait_timeout,
+        serve_token_conn_id=serve_token_conn_id,
         **rays,
     )
     keep = keep_endpoint(workload)

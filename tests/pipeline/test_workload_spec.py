@@ -185,3 +185,24 @@ def test_gke_serving_of_a_shipped_package_needs_a_uri_the_rayservice_can_fetch(a
     assert GKE_SERVING - {"smoke_test"} <= set(dag.task_ids) and "smoke_test" not in dag.task_ids
     # without a smoke test the endpoint is kept when the deploy succeeded
     assert "task_ids='deploy'" in dag.get_task("delete_service").keep
+
+
+def test_both_pipelines_guard_the_endpoint_with_the_serve_token_connection(acme: Path, tmp_path: Path) -> None:
+    """serve_token_conn_id reaches the deploy (the app requires the token) and the smoke test (it sends it)."""
+    from tpuflow.pipeline.factory import build_pipeline_dag
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag
+
+    workload = acme_workload(acme, serve_app="acme_forecast.serve:app", smoke_request={"prompt": "7"}, smoke_expect="8")
+    gke = {"project_id": "acme-proj-1", "location": "us-east5-b", "cluster_name": "acme", "image": "img"}
+    dags = [
+        build_pipeline_dag("acme_local", workload=workload, output_root=str(tmp_path), serve_token_conn_id="acme_tok"),
+        build_gke_pipeline_dag(
+            "acme_gke", workload=workload, serve_code_uri="gs://b/acme.zip", serve_token_conn_id="acme_tok", **gke
+        ),
+    ]
+    for dag in dags:
+        assert dag.get_task("deploy").serve_token_conn_id == "acme_tok"
+        assert dag.get_task("smoke_test").serve_token_conn_id == "acme_tok"
+    unguarded = build_pipeline_dag("acme_open", workload=workload, output_root=str(tmp_path))
+    assert unguarded.get_task("deploy").serve_token_conn_id is None
+    assert unguarded.get_task("smoke_test").serve_token_conn_id is None
