@@ -103,6 +103,7 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "num_eval": "200",
             "max_chip_hours": "",
             "serve_topology": "__null__",  # the form's select shows None as its null choice
+            "resume": "auto",
         }
         # accelerator and topology are dropdowns (react-select) listing the allowed values.
         title = page.get_by_text("Trigger Dag - ").first
