@@ -307,19 +307,13 @@ class RayTrainOperator(RaySubmitJobOperator):
             # TorchTPU: one worker per TPU device (seed tutorial, FSDP2 on TPU), through Ray's own TPU path on
             # simulated hosts too, where torch_tpu is tpuflow's CPU stand-in (workloads/simulated_tpu) and the
             # collectives run on the hosts' CPUs with gloo.
-            spec["torch_backend"] = "gloo" if simulated else "tpu_dist"
+            spec["torch_backend"] = self.torch_backend or ("gloo" if simulated else "tpu_dist")
             spec["scaling_config"] = tpu.torch_scaling_config()
             if simulated and self._slice_resource(0) in scaling.get("resources_per_worker", {}):
                 # pinned to one slice as above: each worker takes its share of its host's unit slice resource
                 per_worker = spec["scaling_config"]["resources_per_worker"]
                 per_worker[self._slice_resource(0)] = 1 / tpu.logical_devices_per_host
-        self._apply_torch_backend(spec)
         return spec
-
-    def _apply_torch_backend(self, spec: dict[str, Any]) -> None:
-        """The user's TorchConfig backend, as given (the slice's default otherwise)."""
-        if self.framework == "torch" and self.torch_backend is not None:
-            spec["torch_backend"] = self.torch_backend
 
     def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
         if result.get("reused_finished"):

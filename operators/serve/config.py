@@ -82,37 +82,23 @@ def serve_tpu_args(tpu: TpuSlice) -> dict[str, Any]:
     return args
 
 
-def _declared_conflict(declared: Any, derived: Any) -> bool:
-    return declared is not None and declared != derived
-
-
 def _place_args(args: dict[str, Any], derived: dict[str, Any], field: str, tpu: TpuSlice) -> dict[str, Any]:
-    """``args`` with the keys of ``derived`` it lacks; a declared value the slice contradicts is refused."""
-    shape = (
-        f"the serve slice is {tpu.generation.name} {tpu.topology} ({tpu.num_hosts} hosts of {tpu.chips_per_host} chips)"
-    )
+    """``args`` with the keys of ``derived`` it lacks (nested ones too); a declared value the slice
+    contradicts is refused."""
     out = dict(args)
     for key, want in derived.items():
         have = out.get(key)
-        if key != "accelerator_config":
-            if _declared_conflict(have, want):
-                raise UserInputError(
-                    f"{field}.{key}", have, f"{shape}: give {want!r} or leave it out to have it derived from the slice"
-                )
+        if isinstance(want, dict) and (have is None or isinstance(have, dict)):
+            out[key] = _place_args(have or {}, want, f"{field}.{key}", tpu)
+        elif have is not None and have != want:
+            raise UserInputError(
+                f"{field}.{key}",
+                have,
+                f"the serve slice is {tpu.generation.name} {tpu.topology} ({tpu.num_hosts} hosts of "
+                f"{tpu.chips_per_host} chips): give {want!r} or leave it out to have it derived from the slice",
+            )
+        else:
             out[key] = want
-            continue
-        if have is not None and not isinstance(have, dict):
-            raise UserInputError(f"{field}.{key}", have, f"{shape}: give {want!r} or leave it out")
-        accel = dict(have or {})
-        for sub, sub_want in want.items():
-            if _declared_conflict(accel.get(sub), sub_want):
-                raise UserInputError(
-                    f"{field}.{key}.{sub}",
-                    accel[sub],
-                    f"{shape}: give {sub_want!r} or leave it out to have it derived from the slice",
-                )
-            accel[sub] = sub_want
-        out[key] = accel
     return out
 
 

@@ -175,3 +175,16 @@ def test_a_fit_that_reported_no_new_checkpoint_reused_a_finished_one() -> None:
     assert driver.reused_finished(None, "/s/r/checkpoint_000001", config) is False
     assert driver.steps_trained(None, {"step": 300}, False) == 300
     assert driver.steps_trained(None, {"loss": 0.1}, False) is None
+
+
+def test_the_best_checkpoint_is_ray_trains_pick_by_the_score_attribute(tmp_path: Path) -> None:
+    from ray.train import Checkpoint, Result
+
+    kept = [(Checkpoint.from_directory(str(tmp_path / f"c{i}")), {"loss": loss}) for i, loss in enumerate((3, 1, 2))]
+    result = Result(metrics={"loss": 2}, checkpoint=kept[-1][0], error=None, path=str(tmp_path), best_checkpoints=kept)
+    scored = {**BASE, "checkpoint_score_attribute": "loss"}
+    assert driver.best_checkpoint(result, driver.TrainSpec.from_dict({**scored, "checkpoint_score_order": "min"})) == (
+        str(tmp_path / "c1")
+    )
+    assert driver.best_checkpoint(result, driver.TrainSpec.from_dict(scored)).endswith("c0")  # Ray's default: max
+    assert driver.best_checkpoint(result, driver.TrainSpec.from_dict(BASE)) is None

@@ -372,17 +372,10 @@ def steps_trained(earlier: EarlierRun | None, metrics: dict[str, Any], reused: b
 
 def best_checkpoint(result: Any, spec: TrainSpec) -> str | None:
     """The kept checkpoint that scores best on checkpoint_score_attribute (None without one)."""
-    attribute = spec.checkpoint_score_attribute
-    if attribute is None:
+    if spec.checkpoint_score_attribute is None or not result.best_checkpoints:
         return None
-    scored = [
-        (m[attribute], c) for c, m in (result.best_checkpoints or []) if isinstance(m.get(attribute), int | float)
-    ]
-    if not scored:
-        return None
-    pick = min if spec.checkpoint_score_order == "min" else max
-    _, checkpoint = pick(scored, key=lambda pair: pair[0])
-    return storage.uri(checkpoint.filesystem, checkpoint.path)
+    checkpoint = result.get_best_checkpoint(spec.checkpoint_score_attribute, spec.checkpoint_score_order or "max")
+    return storage.uri(checkpoint.filesystem, checkpoint.path) if checkpoint is not None else None
 
 
 def resolve_run(spec: TrainSpec) -> tuple[TrainSpec, EarlierRun | None]:
