@@ -3,10 +3,12 @@
 Node pool -> RayCluster -> prep -> train -> evaluate -> RayService -> smoke test -> teardown of cluster and
 pool (and of the endpoint unless keep_endpoint). Connections, project, cluster and image come from Airflow
 Variables at run time (tpuflow.pipeline.gke.variable_settings), so pointing the DAG at another cluster,
-or at the GKE and Kubernetes stand-ins, is configuration. Heavy imports happen inside tasks, never at parse time.
+or at the GKE and Kubernetes stand-ins, is configuration. The backend is pinned here so that this DAG and
+tpu_llm_pipeline_local can sit side by side; a team's own DAG follows the Variable tpuflow_backend.
+Heavy imports happen inside tasks, never at parse time.
 """
 
-from tpuflow.pipeline.gke import build_gke_pipeline_dag, variable_settings
+from tpuflow.pipeline.dag import tpu_pipeline
 from tpuflow.workloads.addition.pipeline import ADDITION
 
-dag = build_gke_pipeline_dag("tpu_llm_pipeline_gke", workload=ADDITION, **variable_settings())
+dag = tpu_pipeline("tpu_llm_pipeline_gke", workload=ADDITION, backend="gke")

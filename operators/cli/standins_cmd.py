@@ -1,8 +1,10 @@
-"""`tpuflow standins up|down`: the GKE and Kubernetes stand-ins for gcloud, kubectl and the GKE pipeline.
+"""`tpuflow standins up|env|down`: the GKE and Kubernetes stand-ins for gcloud, kubectl and the GKE pipeline.
 
 `up` starts them (with the simulated KubeRay operator) in a background process of its own session on
-free loopback ports and writes DIR/kubeconfig and DIR/env.sh; `down` stops exactly that process (by the
-pid in DIR/state.json), which stops the Ray clusters it started.
+free loopback ports, and a GCS emulator (fake-gcs-server, bucket gs://tpuflow-standin) unless --no-gcs;
+it writes DIR/kubeconfig and DIR/env.sh and prints the `export` lines that point an Airflow at them
+(`env` prints those lines again); `down` stops exactly those processes (by the pids recorded in DIR),
+which stops the Ray clusters the stand-ins started.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tpuflow.errors import UserInputError
 from tpuflow.validation import check_folder, check_seconds
@@ -23,6 +28,9 @@ from tpuflow.validation import check_folder, check_seconds
 STATE_FILE = "state.json"  # tpuflow.dev.standins.stack.STATE_FILE, without importing the stand-ins here
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 90.0
+GCS_DIR = "gcs-emulator"  # the emulator's state and data, under the work dir
+GCS_BUCKET = "tpuflow-standin"
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # tpuflow.dev.gcs_emulator.EMULATOR_ENV
 
 
 def _alive(pid: int) -> bool:
@@ -49,6 +57,82 @@ def _workdir(args: argparse.Namespace) -> Path:
     return Path(check_folder("--workdir", args.workdir)).resolve()  # type: ignore[arg-type]
 
 
+def airflow_env(state: Mapping[str, Any], work: Path, emulator_url: str | None) -> dict[str, str]:
+    """What points an Airflow (the shipped GKE DAG, a `tpuflow_backend=gke` DAG) at running stand-ins: their
+    AIRFLOW_CONN_* (state.json's), the AIRFLOW_VAR_* tpuflow.pipeline.gke.variable_settings() reads, and
+    STORAGE_EMULATOR_HOST with a gs:// output root when a GCS emulator runs beside them."""
+    from tpuflow import workloads_dir
+
+    try:
+        connections = dict(state["airflow_connections"])
+        gcp, kubernetes = str(state["gcp_conn_id"]), str(state["kubernetes_conn_id"])
+    except (KeyError, TypeError, ValueError):
+        raise UserInputError(
+            "--workdir",
+            str(work),
+            "these stand-ins predate `tpuflow standins env`: restart them (`tpuflow standins down` then `up`)",
+        ) from None
+    variables = {
+        "tpuflow_backend": "gke",
+        "tpuflow_gcp_conn_id": gcp,  # the project comes from this connection's extra
+        "tpuflow_kubernetes_conn_id": kubernetes,
+        "tpuflow_gke_location": str(state["zone"]),
+        "tpuflow_gke_cluster": str(state["cluster"]),
+        # The stand-ins' Ray clusters run on this machine, not in the image: Serve finds workloads/ here.
+        "tpuflow_serve_workloads_uri": f"local://{workloads_dir()}",
+        "tpuflow_gke_output_root": f"gs://{GCS_BUCKET}/outputs" if emulator_url else str(work / "outputs"),
+    }
+    env = {**connections, **{f"AIRFLOW_VAR_{name.upper()}": value for name, value in variables.items()}}
+    if emulator_url:
+        env[EMULATOR_ENV] = emulator_url
+    return env
+
+
+def export_lines(env: Mapping[str, str]) -> list[str]:
+    # Quoted: a work dir (the kubeconfig's path) may hold a space, a quote or $(...); the JSON holds quotes.
+    return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+
+
+def _emulator(work: Path) -> Any:
+    """The GCS emulator `up` started for the stand-ins in `work`, or None."""
+    from tpuflow.dev.gcs_emulator import GcsEmulator
+
+    return GcsEmulator.load(work / GCS_DIR)
+
+
+def _start_emulator(work: Path) -> str:
+    """Start the stand-ins' GCS emulator (one a crashed `up` left here is stopped first); returns its URL."""
+    from tpuflow.dev.gcs_emulator import GcsEmulator
+
+    stale = _emulator(work)
+    if stale is not None:
+        stale.stop()
+    return GcsEmulator.start(buckets=[GCS_BUCKET], state_dir=work / GCS_DIR).url
+
+
+def _stop_emulator(work: Path) -> str:
+    """Stop the stand-ins' GCS emulator, if one is recorded in `work`; returns what to report ('' if none)."""
+    emulator = _emulator(work)
+    if emulator is None:
+        return ""
+    ran = emulator.stop()
+    return f"stopped the GCS emulator (pid {emulator.pid})" if ran else ""
+
+
+def _running_emulator_url(work: Path) -> str | None:
+    emulator = _emulator(work)
+    if emulator is None:
+        return None
+    if not emulator.is_alive():
+        raise UserInputError(
+            "--workdir",
+            str(work),
+            f"the stand-ins' GCS emulator (pid {emulator.pid}) has stopped: `tpuflow standins down "
+            f"--workdir {work}`, then `up` again",
+        )
+    return str(emulator.url)
+
+
 def _up(args: argparse.Namespace) -> int:
     work = _workdir(args)
     check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
@@ -64,6 +148,26 @@ def _up(args: argparse.Namespace) -> int:
         )
     work.mkdir(parents=True, exist_ok=True)
     (work / STATE_FILE).unlink(missing_ok=True)
+    emulator_url = None
+    if args.gcs:
+        from tpuflow.dev.gcs_emulator import GcsEmulatorError
+
+        try:
+            emulator_url = _start_emulator(work)
+        except GcsEmulatorError as err:
+            first = str(err).splitlines()[0]
+            print(f"tpuflow standins up: the GCS emulator did not start: {first} (or use --no-gcs)", file=sys.stderr)
+            return 1
+    code = 1
+    try:
+        code = _start_standins(args, work, emulator_url)
+    finally:
+        if code and emulator_url:  # the stand-ins did not start (or Ctrl-C): nothing of `up` stays behind
+            _stop_emulator(work)
+    return code
+
+
+def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | None) -> int:
     command = [sys.executable, "-m", "tpuflow.dev.standins.stack", "--workdir", str(work)]
     command += ["--operation-seconds", str(args.operation_seconds)]
     if args.fake:
@@ -71,9 +175,11 @@ def _up(args: argparse.Namespace) -> int:
     if args.crds:
         command += ["--crds", str(Path(args.crds).resolve())]
     log = work / "standins.log"
+    # The stand-ins' local Ray clusters inherit the emulator, as GKE's pods reach Cloud Storage.
+    env = {**os.environ, **({EMULATOR_ENV: emulator_url} if emulator_url else {})}
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -102,12 +208,18 @@ def _up(args: argparse.Namespace) -> int:
     print(
         f"  CRD schemas:     {state['crds'] or 'none found (set --crds or TPUFLOW_KUBERAY_CRDS): no field validation'}"
     )
+    gcs = (
+        f"{emulator_url}  (bucket gs://{GCS_BUCKET})" if emulator_url else f"none (--no-gcs): outputs in {work}/outputs"
+    )
+    print(f"  GCS emulator:    {gcs}")
     print(f"use them:          source {state['env_file']}")
     print("  gcloud container node-pools create tpu-multi-host-pool --cluster=$CLUSTER_NAME --zone=$ZONE \\")
     print("      --machine-type=ct6e-standard-4t --tpu-topology=4x4 --num-nodes=4")
     print("  kubectl apply -f raycluster.yaml; kubectl get rayclusters,pods")
     print(f"log:               {log}")
     print(f"stop:              tpuflow standins down --workdir {work}")
+    print(f'Airflow and your DAGs on them: eval "$(tpuflow standins env --workdir {shlex.quote(str(work))})" exports:')
+    print("\n".join(export_lines(airflow_env(state, work, emulator_url))))
     return 0
 
 
@@ -127,20 +239,33 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> bool:
     return False
 
 
+def _env(args: argparse.Namespace) -> int:
+    work = _workdir(args)
+    state = _state(work)
+    if state is None or not _alive(int(state.get("pid", 0))):
+        raise UserInputError(
+            "--workdir", str(work), f"no stand-ins run there: start them with `tpuflow standins up --workdir {work}`"
+        )
+    print("\n".join(export_lines(airflow_env(state, work, _running_emulator_url(work)))))
+    return 0
+
+
 def _down(args: argparse.Namespace) -> int:
     work = _workdir(args)
     state = _state(work)
+    gcs = _stop_emulator(work)
+    also = f"; {gcs}" if gcs else ""
     if state is None:
-        print(f"no stand-ins running in {work}")
+        print(f"no stand-ins running in {work}{also}")
         return 0
     pid = int(state.get("pid", 0))
     if not pid or not _alive(pid):
         (work / STATE_FILE).unlink(missing_ok=True)
-        print(f"stand-ins in {work} had already stopped (pid {pid})")
+        print(f"stand-ins in {work} had already stopped (pid {pid}){also}")
         return 0
     clean = _terminate(pid)
     (work / STATE_FILE).unlink(missing_ok=True)
-    print(f"stopped the stand-ins (pid {pid}) in {work}" + ("" if clean else " (killed after a timeout)"))
+    print(f"stopped the stand-ins (pid {pid}) in {work}" + ("" if clean else " (killed after a timeout)") + also)
     return 0
 
 
@@ -156,7 +281,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--operation-seconds", type=float, default=2.0, help="how long each node-pool operation takes (default 2)"
     )
     up.add_argument("--crds", default=None, help="KubeRay CRD directory (default $TPUFLOW_KUBERAY_CRDS)")
+    up.add_argument(
+        "--no-gcs",
+        dest="gcs",
+        action="store_false",
+        help=f"no GCS emulator (default: one with gs://{GCS_BUCKET}, the output root `env` exports)",
+    )
     up.set_defaults(func=_up)
+    env = verbs.add_parser(
+        "env",
+        help='print the export lines that point Airflow at the stand-ins in DIR: eval "$(tpuflow standins env ...)"',
+    )
+    env.add_argument("--workdir", required=True)
+    env.set_defaults(func=_env)
     down = verbs.add_parser("down", help="stop exactly what `up` started in DIR")
     down.add_argument("--workdir", required=True)
     down.set_defaults(func=_down)

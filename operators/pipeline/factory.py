@@ -83,8 +83,13 @@ def pipeline_dag(
         max_active_runs=max_active_runs,
         params=params or pipeline_params(),
         render_template_as_native_obj=True,
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
-        tags=["tpuflow", "tpu", "ray"],
+        # a user's own default_args and tags are added to the pipeline's, theirs winning
+        default_args={
+            "retries": 1,
+            "retry_delay": timedelta(seconds=10),
+            **(dag_kwargs.pop("default_args", None) or {}),
+        },
+        tags=list(dict.fromkeys(["tpuflow", "tpu", "ray", *(dag_kwargs.pop("tags", None) or [])])),
         doc_md=dag_kwargs.pop("doc_md", __doc__),
         **dag_kwargs,
     )

@@ -70,6 +70,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["standins", "up", "--workdir", P, "--operation-seconds", "nan"], ("--operation-seconds", "nan", ">= 0")),
     (["standins", "up", "--workdir", P, "--crds", f"{P}/nope"], ("--crds", "nope", "ray.io_rayclusters.yaml")),
     (["standins", "down", "--workdir", f"{P}/a-file"], ("--workdir", "a-file", "not a file")),
+    (["standins", "env", "--workdir", P], ("--workdir", P, "tpuflow standins up --workdir")),
     (["airflow", "up", "--work-dir", P, "--port", "0"], ("--port", "0", ">= 1")),
     (["airflow", "up", "--work-dir", P, "--parallelism", "0"], ("--parallelism", "0", ">= 1")),
     (["airflow", "up", "--work-dir", f"{P}/a-file"], ("--work-dir", "a-file", "folder")),

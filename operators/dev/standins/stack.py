@@ -8,7 +8,8 @@ GKE stand-in's node pools of the one cluster it plays. It writes, in its work di
 - ``env.sh``: KUBECONFIG, the CLOUDSDK_* variables gcloud needs (container and compute endpoint overrides, access token,
   project, zone, a private CLOUDSDK_CONFIG so the user's gcloud configuration is left alone) and the
   seeds' PROJECT_ID / CLUSTER_NAME / ZONE / REGION, so the seeds' commands run as written;
-- ``state.json``: addresses, token and the serving process's pid (``tpuflow standins down`` reads it).
+- ``state.json``: addresses, token, the serving process's pid (``tpuflow standins down`` reads it) and the
+  AIRFLOW_CONN_* values of a GCP and a Kubernetes connection to the stand-ins (``tpuflow standins env``).
 
 Used in-process by ``tpuflow demo --backend gke`` and from the command line by ``tpuflow standins up``
 (which runs ``python -m tpuflow.dev.standins.stack --workdir DIR`` in its own session until SIGTERM).
@@ -36,6 +37,8 @@ DEFAULT_CLUSTER = "tpu-cluster"
 STATE_FILE = "state.json"
 ENV_FILE = "env.sh"
 ACCESS_TOKEN = "tpuflow-standin-token"  # gcloud needs one; the GKE stand-in accepts any
+GCP_CONN_ID = "gke_standin"  # the Airflow connections state.json describes (`tpuflow standins env` prints them)
+KUBERNETES_CONN_ID = "kube_standin"
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -151,6 +154,9 @@ class StandinStack:
             "cluster": self.cluster,
             "fake": self.fake,
             "crds": str(self.crds) if self.crds else None,
+            "gcp_conn_id": GCP_CONN_ID,
+            "kubernetes_conn_id": KUBERNETES_CONN_ID,
+            "airflow_connections": self.airflow_connections(GCP_CONN_ID, KUBERNETES_CONN_ID),
         }
 
     def write_files(self) -> None:

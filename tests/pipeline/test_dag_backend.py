@@ -1,0 +1,85 @@
+"""tpuflow.pipeline.dag.tpu_pipeline: the backend from the Variable tpuflow_backend (or pinned), one line for a
+bad value, GKE overrides checked, and a user's own task placed inside the slice's lifetime (DAG structure only;
+no Ray, no stand-ins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tpuflow.errors import UserInputError
+from tpuflow.pipeline.dag import configured_backend, tpu_pipeline
+from tpuflow.pipeline.workload import Workload
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Workload:
+    package = tmp_path / "acme_sales"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    return Workload(code_dir=package, prep="acme_sales.build_features", train_loop="acme_sales.regress:fit")
+
+
+def build(workload: Workload, tmp_path: Path, **kwargs: Any) -> Any:
+    return tpu_pipeline("acme_sales_forecast", workload=workload, output_root=str(tmp_path / "out"), **kwargs)
+
+
+def test_the_variable_chooses_the_backend_and_local_is_the_default(
+    workload: Workload, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AIRFLOW_VAR_TPUFLOW_BACKEND", raising=False)
+    assert configured_backend() == "local"
+    local = build(workload, tmp_path)
+    assert "start_cluster" in local.task_ids and "create_node_pool" not in local.task_ids
+    monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_BACKEND", " GKE ")
+    gke = build(workload, tmp_path)
+    assert "create_node_pool" in gke.task_ids and "start_cluster" not in gke.task_ids
+    # the GKE settings are the Variables, rendered when a task runs; the output root given in the call wins
+    assert "tpuflow_gke_cluster" in gke.get_task("create_node_pool").cluster_name
+    assert gke.get_task("train").storage_path.startswith(str(tmp_path / "out"))
+    # a pinned backend ignores the Variable
+    assert "start_cluster" in build(workload, tmp_path, backend="local").task_ids
+
+
+def test_a_bad_backend_is_one_line_naming_the_variable(
+    workload: Workload, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_BACKEND", "kubernetes")
+    with pytest.raises(UserInputError) as caught:
+        build(workload, tmp_path)
+    assert str(caught.value).count("\n") == 0
+    assert "Variable tpuflow_backend" in str(caught.value) and "'kubernetes'" in str(caught.value)
+    assert "local or gke" in str(caught.value)
+    with pytest.raises(UserInputError, match="backend"):
+        build(workload, tmp_path, backend="gcp")
+
+
+def test_gke_overrides_are_build_gke_pipeline_dag_arguments(workload: Workload, tmp_path: Path) -> None:
+    dag = build(workload, tmp_path, backend="gke", gke={"capacity": "spot", "cluster_name": "acme"})
+    assert dag.get_task("create_node_pool").capacity == "spot"
+    assert dag.get_task("create_node_pool").cluster_name == "acme"
+    with pytest.raises(UserInputError) as caught:
+        build(workload, tmp_path, backend="gke", gke={"capcity": "spot"})
+    assert "gke['capcity']" in str(caught.value) and "capacity" in str(caught.value)
+    with pytest.raises(UserInputError, match="gke\\['schedule'\\]"):  # given in the call itself
+        build(workload, tmp_path, backend="gke", gke={"schedule": None})
+
+
+@pytest.mark.parametrize("backend", ["local", "gke"])
+def test_a_users_own_task_runs_inside_the_slices_lifetime_and_their_tags_are_kept(
+    backend: str, workload: Workload, tmp_path: Path
+) -> None:
+    from airflow.providers.standard.operators.empty import EmptyOperator
+
+    dag = build(workload, tmp_path, backend=backend, tags=["acme"], default_args={"owner": "acme"})
+    assert {"acme", "tpuflow"} <= set(dag.tags)
+    assert dag.default_args["owner"] == "acme" and dag.default_args["retries"] == 1
+    with dag:
+        publish_forecast = EmptyOperator(task_id="publish_forecast")
+    dag.get_task("train") >> publish_forecast >> dag.get_task("write_report")
+    teardown = "stop_cluster" if backend == "local" else "delete_ray_cluster"
+    assert "publish_forecast" in dag.get_task("write_report").get_flat_relative_ids(upstream=True)
+    if backend == "local":  # the local slice stops after the report, so after the user's task
+        assert "publish_forecast" in dag.get_task(teardown).get_flat_relative_ids(upstream=True)
+    assert dag.get_task(teardown).is_teardown
