@@ -204,7 +204,7 @@ def product_app(info: dict[str, Any], checkpoint: str, name: str, serve_slice: A
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.workloads.addition.pipeline import ADDITION
 
-    options = None if batching is None else BATCHING if batching else NO_BATCHING
+    options = None if batching is None else {"user_config": BATCHING if batching else NO_BATCHING}
     config = serve_config_for(info, {"checkpoint": checkpoint}, f"local://{WORKLOADS}", "jax", serve_slice,
                               deployment_options=options, workload=ADDITION)  # fmt: skip
     (app,) = config["applications"]

@@ -305,7 +305,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     "applications": {app: status}, "address_mode", "in_cluster_dns": {...}}.
 
     :param serve_config: {"applications": [...], "http_options"?: ...} or an object with to_dict(); templated
-        (an upstream task's XCom works, and is checked when the task runs).
+        (an upstream task's XCom works, and is checked when the task runs). On a multi-host slice an
+        application whose args leave out its placement (accelerator_type, accelerator_config.topology,
+        chips_per_host; each inline LLMConfig's accelerator_type / accelerator_config) gets it from the
+        slice, logged; a declared value the slice contradicts is refused, never rewritten.
     :param llm_model_id: instead of serve_config, serve this model with Ray Serve LLM (vLLM) on the slice
         (tpuflow.serve.llm: LLMConfig with the slice's accelerator_type, topology and tensor parallel size,
         one replica per slice, the vLLM TPU sample's pod fields); give ``image`` (a vLLM TPU image, e.g.
@@ -348,7 +351,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         created (never one it only updated); "keep": leave it for inspection.
     :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token
         (optional, serve_config only): every application gets the token's SHA-256 as ``args.token_sha256``
-        (never the token) and answers 401 without ``Authorization: Bearer <token>`` (addition.serve_app).
+        (never the token) and must answer 401 without ``Authorization: Bearer <token>``
+        (tpuflow_driver.endpoint_token checks it).
     :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
         extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
     :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
@@ -460,9 +464,18 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
     # --- manifest ---
     def build_manifest_for(
-        self, name: str, namespace: str, labels: Mapping[str, str], token_digest: str | None = None
+        self,
+        name: str,
+        namespace: str,
+        labels: Mapping[str, str],
+        token_digest: str | None = None,
+        *,
+        log_derived: bool = False,
     ) -> dict[str, Any]:
-        """The RayService; with ``token_digest`` every application's args carry it (tpuflow.serve.endpoint_token)."""
+        """The RayService; with ``token_digest`` every application's args carry it (tpuflow.serve.endpoint_token).
+
+        On a multi-host slice an application whose args leave out its placement gets it from the slice
+        (``log_derived``: each derived value logged); a declared value the slice contradicts is refused."""
         from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
 
         template = self.build_template()
@@ -479,14 +492,17 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
             manifest = llm_rayservice_manifest(template, self._llm(), **common)
         else:
-            from tpuflow.serve.config import check_tpu_placement
+            from tpuflow.serve.config import check_tpu_placement, derived_placement, place_on_slice
 
-            serve_config = self._serve_config()
+            given = self._serve_config()
+            serve_config = place_on_slice(given, template.tpu)
+            for line in derived_placement(given, serve_config, template.tpu) if log_derived else []:
+                self.log.info("%s", line)
             if token_digest:
                 from tpuflow.serve.endpoint_token import with_token_digest
 
                 serve_config = with_token_digest(serve_config, token_digest)
-            check_tpu_placement(serve_config, template.tpu)  # a multi-host app without its topology would hang
+            check_tpu_placement(serve_config, template.tpu)  # what is left must fit the slice
             manifest = rayservice_manifest(template, serve_config, **common)
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
         return manifest
@@ -499,7 +515,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
             digest = token_digest(serve_token(self.serve_token_conn_id))
             self.log.info("Endpoint guarded by the bearer token of connection %r", self.serve_token_conn_id)
-        return self.build_manifest_for(object_name(context, self.name), namespace, labels, digest)
+        return self.build_manifest_for(object_name(context, self.name), namespace, labels, digest, log_derived=True)
 
     # --- the flow's steps ---
     def reconcile_existing(

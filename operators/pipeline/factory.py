@@ -38,6 +38,23 @@ CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
 
 
+def checked(key: str, serve: bool = False) -> str:
+    """A template for one field of check_params' slice (or of its serve slice)."""
+    path = f"['serve']['{key}']" if serve else f"['{key}']"
+    return "{{ ti.xcom_pull(task_ids='check_params')" + path + " }}"
+
+
+def checked_slice(serve: bool = False) -> dict[str, str]:
+    """accelerator, topology, machine_type and num_slices of check_params' training (or serve) slice, as
+    templates: every task of a run reads the one slice check_params validated, never the raw Params."""
+    return {
+        "accelerator": checked("ray_accelerator_type", serve),
+        "topology": checked("topology", serve),
+        "machine_type": checked("machine_type", serve),
+        "num_slices": checked("num_slices", serve),
+    }
+
+
 def build_serve_config(
     cluster: Any,
     trained: Any,
@@ -142,10 +159,7 @@ def training_steps(
         )
     slice_args = {
         "cluster": cluster if train_cluster is None else train_cluster,
-        "accelerator": "{{ params.accelerator }}",
-        "topology": "{{ params.topology }}",
-        "machine_type": "{{ params.machine_type }}",
-        "num_slices": "{{ params.num_slices }}",
+        **checked_slice(),
     }
     preflight = RaySlicePreflightOperator(
         task_id="preflight", enabled="{{ params.preflight }}", log_uri=f"{run_dir}/logs/preflight.log", **slice_args
@@ -269,14 +283,11 @@ def build_pipeline_dag(
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
         lease = AcquireSliceOperator(
-            task_id="acquire_slice", max_slices=MAX_SLICES, num_slices="{{ params.num_slices }}"
+            task_id="acquire_slice", max_slices=MAX_SLICES, num_slices=CHECKED_SLICE.format("num_slices")
         )
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
-            accelerator="{{ params.accelerator }}",
-            topology="{{ params.topology }}",
-            machine_type="{{ params.machine_type }}",
-            num_slices="{{ params.num_slices }}",
+            **checked_slice(),
             retries=0,
         )
         cluster = start.output

@@ -72,6 +72,7 @@ from tpuflow.kuberay.operators import (
 from tpuflow.pipeline.factory import (
     SERVE_SLICE,
     build_serve_config,
+    checked_slice,
     keep_endpoint,
     pipeline_dag,
     run_dir_for,
@@ -206,22 +207,6 @@ def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
     except UserInputError as err:
         raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
     return {**train, "serve": serve_slice(params["accelerator"], params.get("serve_topology")).to_dict()}
-
-
-def _checked(key: str, serve: bool = False) -> str:
-    """A template for one field of check_params' slice (or of its serve slice)."""
-    path = f"['serve']['{key}']" if serve else f"['{key}']"
-    return "{{ ti.xcom_pull(task_ids='check_params')" + path + " }}"
-
-
-def _checked_slice(serve: bool = False) -> dict[str, str]:
-    """accelerator, topology, machine_type and num_slices of check_params' training (or serve) slice, as templates."""
-    return {
-        "accelerator": _checked("ray_accelerator_type", serve),
-        "topology": _checked("topology", serve),
-        "machine_type": _checked("machine_type", serve),
-        "num_slices": _checked("num_slices", serve),
-    }
 
 
 # --- queued capacity: the Ray pods consume the ProvisioningRequest ------------------------------------
@@ -621,7 +606,7 @@ def build_gke_pipeline_dag(
                 wait_timeout=cluster_ready_timeout,
                 **{k: v for k, v in rays.items() if k not in ("image", "env")},
             )
-        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **_checked_slice(), **creates)
+        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **checked_slice(), **creates)
         # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
         queued: dict[str, Any] = {
             **kube,
@@ -629,11 +614,11 @@ def build_gke_pipeline_dag(
             "wait_timeout": cluster_ready_timeout,
         }
         request_capacity = GKECreateProvisioningRequestOperator(
-            task_id="request_capacity", node_pool_task_id="create_node_pool", **_checked_slice(), **queued
+            task_id="request_capacity", node_pool_task_id="create_node_pool", **checked_slice(), **queued
         )
         create_cluster = QueuedCapacityRayClusterOperator(
             task_id="create_ray_cluster",
-            **_checked_slice(),
+            **checked_slice(),
             provisioning_request=_REQUESTED % "request_capacity",
             wait_timeout=cluster_ready_timeout,
             **rays,
@@ -642,7 +627,7 @@ def build_gke_pipeline_dag(
             task_id="wait_for_flex_start",
             node_pool_task_id="create_node_pool",
             ray_cluster_task_id="create_ray_cluster",
-            **_checked_slice(),
+            **checked_slice(),
             **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
         )
         cpu_cluster = create_prep.output if create_prep else None
@@ -768,18 +753,18 @@ def _serve_steps(
         code_uri=code_uri,
     )
     create_serve_pool = GKECreateTPUNodePoolOperator(
-        task_id="create_serve_node_pool", **_checked_slice(serve=True), **creates
+        task_id="create_serve_node_pool", **checked_slice(serve=True), **creates
     )
     request_serve_capacity = GKECreateProvisioningRequestOperator(
         task_id="request_serve_capacity",
         node_pool_task_id="create_serve_node_pool",
-        **_checked_slice(serve=True),
+        **checked_slice(serve=True),
         **queued,
     )
     deploy = QueuedCapacityDeployServiceOperator(
         task_id="deploy",
         serve_config=serve_cfg,
-        **_checked_slice(serve=True),
+        **checked_slice(serve=True),
         provisioning_request=_REQUESTED % "request_serve_capacity",
         wait_timeout=wait_timeout,
         serve_token_conn_id=serve_token_conn_id,

@@ -73,7 +73,7 @@ class BuildServeConfigOperator(BaseOperator):
     :param workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees it; templated.
     :param deployment_options: Serve settings of the endpoint (tpuflow.serve.deployment_options.DeploymentOptions
         or a dict of its fields: num_replicas or autoscaling_config, max_ongoing_requests, max_queued_requests,
-        request_timeout_s, max_inflight_requests, ...); templated.
+        request_timeout_s, user_config (over the workload's serve_user_config), ...); templated.
     :param serve_slice: the slice the replicas serve from (TpuSlice.to_dict(), e.g. check_params' ``serve``);
         None: CPU replicas; templated.
     :param code_uri: the workload's code as the Ray cluster sees it (a ``py_modules`` entry: local:// folder
@@ -199,9 +199,7 @@ def serve_config_for(
             **(serve_tpu_args(tpu) if tpu else {}),
         },
         runtime_env=runtime_env,
-        deployments=None
-        if options.is_empty()
-        else [options.deployment_entry(str(workload.serve_deployment), user_config=True)],
+        deployments=_deployments(workload, options),
     )
     port = cluster.get("serve_port") if local else None
     config = serve_config([app], http_port=port)
@@ -209,6 +207,18 @@ def serve_config_for(
         config["http_options"] = {**config.get("http_options", {}), **options.http_options()}
     check_tpu_placement(config, tpu)
     return config
+
+
+def _deployments(workload: Workload, options: Any) -> list[dict[str, Any]] | None:
+    """The app's ``deployments:`` entry (deployment_options over the workload's user_config defaults), checked
+    by the workload's check_serve_user_config; None: nothing to override."""
+    if options.is_empty() and not workload.serve_user_config:
+        return None
+    entry = options.deployment_entry(str(workload.serve_deployment), user_config_defaults=workload.serve_user_config)
+    check = workload.load_check("check_serve_user_config")
+    if check is not None:
+        check(dict(entry.get("user_config") or {}), entry)
+    return [entry]
 
 
 class WriteReportOperator(BaseOperator):

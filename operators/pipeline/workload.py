@@ -19,6 +19,10 @@ The steps' contracts (what each is called with on the Ray cluster):
   ``model_name`` (= ``serve_name``) and the TPU placement of the serve slice; deployed under
   ``/<serve_name>``. The smoke test POSTs ``smoke_request`` to ``/<serve_name>/<smoke_path>`` and expects
   ``smoke_expect`` in the answer.
+- ``serve_user_config`` / ``check_serve_user_config``: the app deployment's ``user_config`` (its own
+  settings: request limits, batching, ...), the defaults under ``deployment_options["user_config"]``; the
+  check, ``function(user_config: dict, deployment: dict) -> None`` (``deployment``: the app's ``deployments:``
+  entry), runs in the ``build_serve_config`` task and raises ``UserInputError`` before anything is deployed.
 - ``check_params``: runs in the ``check_params`` task (on the Airflow worker, not on the cluster), called
   with the run's Params (a dict); raises ``tpuflow.errors.UserInputError`` for a value the workload
   cannot train with, before any slice is leased.
@@ -69,6 +73,8 @@ class Workload:
     :param smoke_path: where under ``/<serve_name>`` the smoke test POSTs.
     :param smoke_expect: text the smoke test's answer must contain (required with ``smoke_request``).
     :param check_params: import path of ``function(params: dict) -> None`` checking the workload's own Params.
+    :param serve_user_config: the app deployment's user_config defaults (JSON values); None: none.
+    :param check_serve_user_config: import path of the function checking the app's user_config before deploy.
     """
 
     train_loop: str
@@ -82,6 +88,8 @@ class Workload:
     smoke_path: str = "v1/completions"
     smoke_expect: str | None = None
     check_params: str | None = None
+    serve_user_config: Mapping[str, Any] | None = None
+    check_serve_user_config: str | None = None
 
     def __post_init__(self) -> None:
         _check_path("train_loop", self.train_loop, _CALLABLE, _CALLABLE_FIX, optional=False)
@@ -90,6 +98,9 @@ class Workload:
         _check_path("serve_app", self.serve_app, _CALLABLE, 'give "package.module:builder", e.g. "acme.serve:app"')
         _check_path(
             "check_params", self.check_params, _CALLABLE, 'give "package.module:function", e.g. "acme.checks:check"'
+        )
+        _check_path(
+            "check_serve_user_config", self.check_serve_user_config, _CALLABLE, 'give "package.module:function"'
         )
         self._check_serve()
         if self.code_dir is not None:
@@ -104,10 +115,17 @@ class Workload:
         if self.serve_deployment is not None and not (isinstance(self.serve_deployment, str) and self.serve_deployment):
             raise _error("serve_deployment", self.serve_deployment, "give the deployment's name in the Serve app")
         if self.serve_app is None:
-            for field in ("serve_name", "serve_deployment", "smoke_request", "smoke_expect"):
+            serve_fields = ("serve_name", "serve_deployment", "smoke_request", "smoke_expect", "serve_user_config")
+            for field in (*serve_fields, "check_serve_user_config"):
                 if getattr(self, field) is not None:
                     raise _error(field, getattr(self, field), "give serve_app too (nothing is deployed without it)")
             return
+        if self.serve_user_config is not None:
+            from tpuflow.serve.deployment_options import check_user_config
+
+            check_user_config("workload.serve_user_config", self.serve_user_config)
+            if self.serve_deployment is None:
+                raise _error("serve_deployment", None, "name the app's deployment that serve_user_config configures")
         if (self.smoke_request is None) != (self.smoke_expect is None):
             field = "smoke_expect" if self.smoke_expect is None else "smoke_request"
             raise _error(field, getattr(self, field), "give smoke_request and smoke_expect together (or neither)")
@@ -168,20 +186,21 @@ class Workload:
         """The code as a Serve app on a cluster of this machine sees it (a local:// folder); None: nothing."""
         return f"local://{self.code_dir}" if self.code_dir else None
 
-    def load_check(self) -> Callable[[dict[str, Any]], Any] | None:
-        """The check_params function, imported (code_dir's parent first on sys.path); None when not set.
-        Runs in the check_params task, never at parse time."""
-        if not self.check_params:
+    def load_check(self, field: str = "check_params") -> Callable[..., Any] | None:
+        """The check function of ``field`` (check_params, check_serve_user_config), imported (code_dir's
+        parent first on sys.path); None when not set. Runs in its task, never at parse time."""
+        path = getattr(self, field)
+        if not path:
             return None
         import importlib
 
         if self.code_dir and str(Path(self.code_dir).parent) not in sys.path:
             sys.path.insert(0, str(Path(self.code_dir).parent))
-        module, name = self.check_params.split(":")
+        module, name = path.split(":")
         try:
             return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as err:
-            raise _error("check_params", self.check_params, f"give an importable function ({err})") from None
+            raise _error(field, path, f"give an importable function ({err})") from None
 
 
 def templated(path: str) -> str:

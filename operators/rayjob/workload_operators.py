@@ -65,7 +65,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
     its arguments (cluster, ray_conn_id, working_dir, runtime_env, env_vars, deferrable, poll_interval,
     job_timeout, min_result, log_uri, ...) apply here too, except ``entrypoint``, which this builds.
 
-    :param module: the module to run, e.g. "addition.prep"; templated.
+    :param module: the module to run, e.g. "my_pkg.prep"; templated.
     :param arguments: its command-line arguments, ``{"output_dir": ..., "num_train": ...}`` (each key
         becomes ``--key-name value``; True: a bare flag; None/False: left out). ``output_dir``, when
         given, is the task's Outputs link; templated.
@@ -88,7 +88,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
     def _check_prep_arguments(self, *, rendered: bool) -> None:
         """The module and its arguments: once rendered; at parse time only when they are not templates."""
         if (rendered or is_static(self.module)) and not (isinstance(self.module, str) and _MODULE.match(self.module)):
-            raise UserInputError("module", self.module, 'give a dotted module name, e.g. "addition.prep"')
+            raise UserInputError("module", self.module, 'give a dotted module name, e.g. "my_pkg.prep"')
         if (
             (rendered or is_static(self.arguments))
             and self.arguments is not None
@@ -214,9 +214,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         if (rendered or is_static(self.train_loop)) and not (
             isinstance(self.train_loop, str) and ":" in self.train_loop
         ):
-            raise UserInputError(
-                "train_loop", self.train_loop, 'give "module:function", e.g. "addition.train_jax:train_loop_per_worker"'
-            )
+            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "my_pkg.fit:train_loop"')
         if (rendered or is_static(self.resume)) and self.resume not in RESUME_POLICIES:
             raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
         for field in ("storage_path", "run_name"):

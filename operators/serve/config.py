@@ -25,11 +25,9 @@ def serve_application(
     deployments: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     if ":" not in import_path and "." not in import_path:
-        raise UserInputError(
-            "import_path", import_path, 'give "module:attribute", e.g. "addition.serve_app:app_builder"'
-        )
+        raise UserInputError("import_path", import_path, 'give "module:attribute", e.g. "my_pkg.app:build_app"')
     if not route_prefix.startswith("/"):
-        raise UserInputError("route_prefix", route_prefix, 'start it with "/", e.g. "/addition"')
+        raise UserInputError("route_prefix", route_prefix, 'start it with "/", e.g. "/my_app"')
     app: dict[str, Any] = {"name": name, "import_path": import_path, "route_prefix": route_prefix}
     if args:
         app["args"] = args
@@ -70,10 +68,13 @@ def serve_config(
 
 
 def serve_tpu_args(tpu: TpuSlice) -> dict[str, Any]:
-    """A Serve app's placement args for a replica on ``tpu`` (the contract of addition.serve_app's docstring).
+    """A Serve app's placement args for a replica on ``tpu``: what the app builder is given.
 
-    Single-host: the replica holds its host's TPU. Multi-host: it reserves one whole slice itself, one
-    bundle of ``chips_per_host`` TPU per host (Ray Serve LLM's deferred placement);
+    ``accelerator_type`` (Ray's name, e.g. "TPU-V6E") and ``accelerator_config`` ({"kind": "tpu",
+    "topology"}) name the slice; ``chips_per_host`` is the TPU a replica holds on each host it uses;
+    ``tpu_resource_per_chip`` (only where a chip has more than one logical device) scales it to Ray's
+    TPU resource. Single-host: the replica holds its host's TPU. Multi-host: it reserves one whole
+    slice itself, one bundle of ``chips_per_host`` TPU per host (Ray Serve LLM's deferred placement);
     ``accelerator_type`` + ``accelerator_config.topology`` are what ``check_tpu_placement`` requires.
     """
     args: dict[str, Any] = {**tpu.serve_accelerator_config(), "chips_per_host": tpu.chips_per_host}
@@ -138,11 +139,37 @@ def place_on_slice(config: dict[str, Any], tpu: TpuSlice | None) -> dict[str, An
     return {**config, "applications": [_place_app(dict(app), tpu) for app in config.get("applications", [])]}
 
 
+def _added(before: Any, after: Any, path: str) -> list[str]:
+    """``path=value`` for each value of ``after`` that ``before`` lacks (mappings and lists walked)."""
+    if isinstance(after, dict) and isinstance(before, dict | None):
+        return [x for key, value in after.items() for x in _added((before or {}).get(key), value, f"{path}.{key}")]
+    if isinstance(after, list) and isinstance(before, list) and len(before) == len(after):
+        return [
+            x for i, (old, new) in enumerate(zip(before, after, strict=True)) for x in _added(old, new, f"{path}[{i}]")
+        ]
+    return [] if before == after else [f"{path.lstrip('.')}={after}"]
+
+
+def derived_placement(before: dict[str, Any], after: dict[str, Any], tpu: TpuSlice | None) -> list[str]:
+    """One line per application whose args ``place_on_slice`` completed, naming each value it derived."""
+    if tpu is None or after is before:
+        return []
+    lines = []
+    for old, new in zip(before.get("applications", []), after.get("applications", []), strict=True):
+        added = _added(old.get("args") or {}, new.get("args") or {}, "")
+        if added:
+            lines.append(
+                f"derived {', '.join(added)} for app {new.get('name')} from the {tpu.generation.name} "
+                f"{tpu.topology} slice"
+            )
+    return lines
+
+
 def _replica_tpu(app: dict[str, Any], args: dict[str, Any]) -> tuple[float, int]:
     """(TPU one replica holds on one host, replicas) as the app's args and deployment overrides ask."""
     tpu = 0.0
     if args.get("accelerator_type") and args.get("chips_per_host"):
-        # What addition.serve_app asks of each host (the replica's host, or each host of its slice).
+        # What an app given serve_tpu_args asks of each host (the replica's host, or each host of its slice).
         tpu = float(args["chips_per_host"]) * float(args.get("tpu_resource_per_chip", 1))
     replicas = int(args.get("num_replicas", 1) or 1)
     for dep in app.get("deployments") or []:

@@ -2,8 +2,9 @@
 
 One `DeploymentOptions` becomes, for a Serve config:
 - a `deployments:` entry (`deployment_entry`): replicas or autoscaling_config, max_ongoing_requests,
-  max_queued_requests, health checks, graceful shutdown, and (for the addition app) a user_config
-  carrying the replica's own request limits and request batching (addition.openai_api.Limits);
+  max_queued_requests, health checks, graceful shutdown, and the deployment's `user_config`: the app's
+  own settings (request limits, batching, ...), passed through as given; which keys an app reads, and
+  its defaults, are the app's (a pipeline Workload's ``serve_user_config`` / ``check_serve_user_config``);
 - `http_options.request_timeout_s` (`http_options`): the proxy's deadline for every request;
 - an LLMConfig `deployment_config` (`llm_deployment_config`) for Ray Serve LLM.
 
@@ -13,6 +14,7 @@ is checked here and a mistake names the field and the fix.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -48,15 +50,6 @@ _SERVE_KEYS = (
     "health_check_timeout_s",
     "graceful_shutdown_timeout_s",
 )
-# The replica's own limits and batching (user_config); the keys of addition.openai_api.Limits.
-USER_CONFIG_KEYS = (
-    "request_timeout_s",
-    "max_inflight_requests",
-    "max_concurrent_forward",
-    "retry_after_s",
-    "max_batch_size",
-    "batch_wait_timeout_s",
-)
 
 
 def _is_number(value: object) -> bool:
@@ -86,17 +79,12 @@ class DeploymentOptions:
     :param max_ongoing_requests: requests a replica handles at once (Serve's default of 5 collapses under
         concurrent load); the rest queue in the proxy.
     :param max_queued_requests: requests queued per caller before Serve answers 503 (-1: unbounded).
-    :param request_timeout_s: the proxy's deadline (http_options) and the replica's own (504/503 in OpenAI
-        shape rather than the proxy's plain-text 408).
-    :param max_inflight_requests: requests admitted at once by the replica; more get 429 with Retry-After.
-    :param max_concurrent_forward: forward passes at once per replica (the others wait, up to the timeout).
-    :param retry_after_s: the Retry-After of 429/503 answers.
-    :param max_batch_size: request batching: up to this many concurrent non-streaming greedy completions
-        share one forward call (Ray Serve's ``@serve.batch``); 1: off; None: the app's default (the
-        addition app: on, 32, for a multi-host replica, off otherwise, as measured in bench/README.md).
-    :param batch_wait_timeout_s: how long a batch waits for more requests after its first (default 0:
-        it takes the requests that arrived while the previous batch ran); needs max_batch_size.
+    :param request_timeout_s: the proxy's deadline (http_options: a plain-text 408 past it); an app with
+        a deadline of its own takes it in its user_config.
     :param health_check_period_s: / health_check_timeout_s / graceful_shutdown_timeout_s: Serve's.
+    :param user_config: the deployment's user_config, passed to the replicas' ``reconfigure`` as given
+        (JSON; Serve applies a change without restarting them): the app's own settings, e.g. its request
+        limits or batching. Its keys are the app's; a workload may check them before deploying.
     """
 
     num_replicas: int | None = None
@@ -104,14 +92,10 @@ class DeploymentOptions:
     max_ongoing_requests: int | None = None
     max_queued_requests: int | None = None
     request_timeout_s: float | None = None
-    max_inflight_requests: int | None = None
-    max_concurrent_forward: int | None = None
-    retry_after_s: float | None = None
-    max_batch_size: int | None = None
-    batch_wait_timeout_s: float | None = None
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
     graceful_shutdown_timeout_s: float | None = None
+    user_config: Mapping[str, Any] | None = None
 
     @classmethod
     def from_value(cls, value: DeploymentOptions | Mapping[str, Any] | None) -> DeploymentOptions:
@@ -125,7 +109,11 @@ class DeploymentOptions:
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(value) - set(known))
         if unknown:
-            raise UserInputError(FIELD, unknown, f"unknown setting(s); known: {', '.join(known)}")
+            raise UserInputError(
+                FIELD,
+                unknown,
+                f"unknown setting(s); known: {', '.join(known)} (the app's own settings go in user_config)",
+            )
         return cls(**dict(value)).validated()
 
     def validated(self) -> DeploymentOptions:
@@ -139,50 +127,15 @@ class DeploymentOptions:
         _positive_int("max_ongoing_requests", self.max_ongoing_requests)
         if self.max_queued_requests is not None and self.max_queued_requests != -1:
             _positive_int("max_queued_requests", self.max_queued_requests, fix="give a whole number >= 1, or -1")
-        for name in ("max_inflight_requests", "max_concurrent_forward", "max_batch_size"):
-            _positive_int(name, getattr(self, name))
-        self._check_batching()
         for name in (
             "request_timeout_s",
-            "retry_after_s",
             "health_check_period_s",
             "health_check_timeout_s",
             "graceful_shutdown_timeout_s",
         ):
             _positive_seconds(name, getattr(self, name))
-        if (
-            self.max_inflight_requests is not None
-            and self.max_ongoing_requests is not None
-            and self.max_inflight_requests > self.max_ongoing_requests
-        ):
-            raise UserInputError(
-                f"{FIELD}.max_inflight_requests",
-                self.max_inflight_requests,
-                f"a replica never sees more than max_ongoing_requests ({self.max_ongoing_requests}) at once; "
-                "lower it or raise max_ongoing_requests",
-            )
+        check_user_config(f"{FIELD}.user_config", self.user_config)
         return self
-
-    def _check_batching(self) -> None:
-        wait = self.batch_wait_timeout_s
-        if wait is not None:
-            if not _is_number(wait) or wait < 0:  # type: ignore[operator]
-                raise UserInputError(f"{FIELD}.batch_wait_timeout_s", wait, "give a finite number of seconds >= 0")
-            if self.max_batch_size is None:
-                raise UserInputError(
-                    f"{FIELD}.batch_wait_timeout_s", wait, "batching is off without max_batch_size; set it too"
-                )
-        if (
-            self.max_batch_size is not None
-            and self.max_ongoing_requests is not None
-            and self.max_batch_size > self.max_ongoing_requests
-        ):
-            raise UserInputError(
-                f"{FIELD}.max_batch_size",
-                self.max_batch_size,
-                f"a replica never sees more than max_ongoing_requests ({self.max_ongoing_requests}) at once, "
-                "so no batch could fill; lower it or raise max_ongoing_requests",
-            )
 
     def _check_autoscaling(self) -> None:
         cfg = self.autoscaling_config
@@ -219,35 +172,44 @@ class DeploymentOptions:
                 out[key] = getattr(self, key)
         return out
 
-    def user_config(self) -> dict[str, Any]:
-        """The replica's own limits (only for an app whose deployment reads them: addition.serve_app)."""
-        return {k: getattr(self, k) for k in USER_CONFIG_KEYS if getattr(self, k) is not None}
+    def deployment_entry(self, name: str, *, user_config_defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One item of an application's `deployments:` list (Serve overrides the code's options with it).
 
-    def deployment_entry(self, name: str, *, user_config: bool) -> dict[str, Any]:
-        """One item of an application's `deployments:` list (Serve overrides the code's options with it)."""
+        ``user_config_defaults``: the app's own defaults (e.g. its workload's), under this user_config's keys."""
         entry: dict[str, Any] = {"name": name, **self._serve_settings()}
-        if user_config and self.user_config():
-            entry["user_config"] = self.user_config()
+        user_config = {**(user_config_defaults or {}), **(self.user_config or {})}
+        if user_config:
+            entry["user_config"] = user_config
         return entry
 
     def http_options(self) -> dict[str, Any]:
         return {} if self.request_timeout_s is None else {"request_timeout_s": self.request_timeout_s}
 
     def llm_deployment_config(self) -> dict[str, Any]:
-        """LLMConfig.deployment_config (Ray Serve LLM's server deployment; it has no user_config limits)."""
-        app_only = [
-            k
-            for k in ("max_inflight_requests", "max_concurrent_forward", "retry_after_s", "max_batch_size")
-            if getattr(self, k)
-        ]
-        app_only += ["batch_wait_timeout_s"] if self.batch_wait_timeout_s is not None else []
-        if app_only:
+        """LLMConfig.deployment_config (Ray Serve LLM's server deployment; it reads no user_config)."""
+        if self.user_config:
             raise UserInputError(
-                f"{FIELD}.{app_only[0]}",
-                getattr(self, app_only[0]),
-                "Ray Serve LLM has no such limit; use max_ongoing_requests / max_queued_requests",
+                f"{FIELD}.user_config",
+                dict(self.user_config),
+                "Ray Serve LLM's server reads no user_config; use max_ongoing_requests / max_queued_requests",
             )
         return self._serve_settings()
 
     def is_empty(self) -> bool:
         return all(v is None for v in asdict(self).values())
+
+
+def check_user_config(field: str, value: object) -> dict[str, Any] | None:
+    """A deployment's user_config as Serve takes it: a mapping with text keys that JSON can carry
+    (it travels in the Serve config and the RayService manifest); None: none."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
+        raise UserInputError(
+            field, value, "give the app's settings as a dict with text keys, e.g. {'max_batch_size': 8}"
+        )
+    try:
+        json.dumps(dict(value), allow_nan=False)
+    except (TypeError, ValueError):
+        raise UserInputError(field, value, "give JSON values (text, finite numbers, booleans, lists, dicts)") from None
+    return dict(value)

@@ -44,9 +44,12 @@ class RayServeDeployOperator(BaseOperator):
     :param ray_conn_id: Airflow connection (type ``ray``; extra ``serve_url``) naming the dashboard, when
         ``cluster`` is not given.
     :param serve_slice: optional {"accelerator", "topology", "machine_type"?, "num_slices"?} (or a
-        TpuSlice.to_dict()) the model is served on. Before anything is deployed, a multi-host slice
-        without the declared topology, a replica asking for more TPU than a host has, and more
-        replicas than the slices (or hosts) hold are rejected; templated.
+        TpuSlice.to_dict()) the model is served on. On a multi-host slice, an application whose args
+        leave out its placement (accelerator_type, accelerator_config.topology, chips_per_host; each
+        inline LLMConfig's accelerator_type / accelerator_config) gets it from the slice, logged; a
+        declared value the slice contradicts is rejected. Before anything is deployed, a replica asking
+        for more TPU than a host has, and more replicas than the slices (or hosts) hold are rejected
+        too; templated.
     :param deploy_timeout: seconds to wait for RUNNING before failing with what is stuck and why.
     :param poll_interval: seconds between status polls.
     :param deferrable: wait in the triggerer (default) instead of the worker.
@@ -57,7 +60,7 @@ class RayServeDeployOperator(BaseOperator):
         keeps serving. "keep": leave everything serving.
     :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token
         (optional). Every application gets the token's SHA-256 digest as ``args.token_sha256`` (never the
-        token) and must check it (addition.serve_app does, with tpuflow_driver.endpoint_token): requests
+        token) and must check it (e.g. with tpuflow_driver.endpoint_token, as the demo's app does): requests
         without ``Authorization: Bearer <token>`` get 401. Give the smoke test the same connection.
     """
 
@@ -127,9 +130,19 @@ class RayServeDeployOperator(BaseOperator):
                 "serve_slice", self.serve_slice, 'give {"accelerator": ..., "topology": ...} or a TpuSlice.to_dict()'
             )
         if rendered or not is_templated(self.serve_config, self.serve_slice):
-            from tpuflow.serve.config import check_tpu_placement
+            self._placed_config()
 
-            check_tpu_placement(self.serve_config, self._tpu_slice())
+    def _placed_config(self, *, log: bool = False) -> dict[str, Any]:
+        """The Serve config with each multi-host app's placement derived from serve_slice where its args
+        leave it out (never a declared value rewritten), checked to fit the slice."""
+        from tpuflow.serve.config import check_tpu_placement, derived_placement, place_on_slice
+
+        tpu = self._tpu_slice()
+        placed = place_on_slice(self.serve_config, tpu)
+        check_tpu_placement(placed, tpu)
+        for line in derived_placement(self.serve_config, placed, tpu) if log else []:
+            self.log.info("%s", line)
+        return placed
 
     def _tpu_slice(self) -> Any:
         if not self.serve_slice:
@@ -192,16 +205,18 @@ class RayServeDeployOperator(BaseOperator):
         return {"serve_url": serve_url, "routes": routes}
 
     def _config_to_deploy(self) -> dict[str, Any]:
-        """The Serve config, with the bearer token's digest in every application's args when one is asked for."""
+        """The Serve config placed on serve_slice (what was derived is logged), with the bearer token's digest
+        in every application's args when one is asked for."""
+        config = self._placed_config(log=True)
         if not self.serve_token_conn_id:
-            return self.serve_config
+            return config
         from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
 
         digest = token_digest(serve_token(self.serve_token_conn_id))
         self.log.info(
             "Endpoint guarded by the bearer token of connection %r (apps get its digest)", self.serve_token_conn_id
         )
-        return with_token_digest(self.serve_config, digest)
+        return with_token_digest(config, digest)
 
     def _absent_apps(self, hook: RayServeHook, names: list[str]) -> list[str]:
         """The apps this deploy creates (not on the cluster before its PUT); [] when that is unknown."""

@@ -173,8 +173,18 @@ PARSE_TIME: list[tuple[Callable[..., Any], str, Any, str]] = [
     (raycluster_manifest, "manifest", {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": {}}, "headGroupSpec"),
     (rayservice, "serve_config", "applications: [name: x\n  - : :\n", "not valid YAML"),
     (rayservice, "serve_config", {"applications": [{"name": "a", "import_path": 5}]}, "module.sub:app"),
-    # the same Serve config on a multi-host slice: without accelerator_config.topology it would hang in DEPLOYING
-    (rayservice, "topology", "4x4", "must declare {'accelerator_type': 'TPU-V6E', 'accelerator_config'"),
+    # a replica asking for more TPU than a host has would never place (a multi-host slice's placement is
+    # derived for an app that leaves it out: tests/kuberay/test_deploy_service_placement.py)
+    (
+        rayservice,
+        "serve_config",
+        {
+            "applications": [
+                {"name": "a", "import_path": "m:app", "args": {"accelerator_type": "TPU-V6E", "chips_per_host": 8}}
+            ]
+        },
+        "has 4 TPU",
+    ),
     (llm_service, "deployment_options", {"num_replicas": 0}, ">= 1"),
     (llm_service, "deployment_options", {"request_timeout_s": math.nan}, "finite number of seconds"),
     (

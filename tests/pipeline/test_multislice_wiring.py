@@ -7,7 +7,8 @@ from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import pipeline_params, validate_params
 from tpuflow.workloads.addition.pipeline import ADDITION
 
-NUM_SLICES = "{{ params.num_slices }}"
+# every task reads the slice check_params validated, never the raw Param
+NUM_SLICES = "{{ ti.xcom_pull(task_ids='check_params')['num_slices'] }}"
 
 
 def defaults() -> dict:
@@ -26,6 +27,10 @@ def test_local_pipeline_preflights_the_slices_it_trains_on(tmp_path):
     for task_id in ("acquire_slice", "start_cluster", "preflight", "train"):
         assert dag.get_task(task_id).num_slices == NUM_SLICES, task_id
         assert "num_slices" in dag.get_task(task_id).template_fields, task_id
+    for task_id in ("start_cluster", "preflight", "train"):
+        for field in ("accelerator", "topology", "machine_type"):
+            value = getattr(dag.get_task(task_id), field)
+            assert "xcom_pull(task_ids='check_params')" in value and "params." not in value, (task_id, field)
 
 
 def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tmp_path):
@@ -40,9 +45,8 @@ def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tm
         image="img",
         output_root=str(tmp_path),
     )
-    checked = "{{ ti.xcom_pull(task_ids='check_params')['num_slices'] }}"
-    assert dag.get_task("create_node_pool").num_slices == checked  # one pool per slice
-    assert dag.get_task("create_ray_cluster").num_slices == checked  # replicas = slices
+    assert dag.get_task("create_node_pool").num_slices == NUM_SLICES  # one pool per slice
+    assert dag.get_task("create_ray_cluster").num_slices == NUM_SLICES  # replicas = slices
     assert dag.get_task("train").num_slices == NUM_SLICES
     preflight = dag.get_task("preflight")
     assert preflight.cluster.operator.task_id == "create_ray_cluster"

@@ -85,20 +85,29 @@ def test_a_user_pipeline_runs_locally_then_on_the_standins_by_configuration(
     assert not list(home.glob("clusters/*/state.json")) and _pids_referencing(str(home)) == []
 
 
-@pytest.mark.parametrize("launcher_kind", ["fake"])
+@pytest.mark.parametrize("launcher_kind", ["fake", pytest.param("ray", marks=pytest.mark.long)])
 def test_the_same_dag_file_on_the_standins_is_configuration_only(
     launcher_kind: str, user_dags: Path, gke: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GKE's shape from the same file: the slice's node pool and RayCluster derive from the run's topology, the
     user's code is what the jobs ship, and every teardown leaves the stand-ins empty. The fake launcher has no
-    Ray, so the first Ray job (prep) cannot run: the run fails there, as on a cluster whose Ray is unreachable."""
+    Ray, so the first Ray job (prep) cannot run: the run fails there, as on a cluster whose Ray is unreachable;
+    with real Ray clusters behind the simulated KubeRay (make test-long) the run succeeds."""
     from support.gke_pipeline import CLUSTER_PATH
-    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
+    from tpuflow.dev.standins.kuberay_controller import (
+        FakeRayLauncher,
+        GkeNodePools,
+        KubeRayStandin,
+        LocalRayLauncher,
+    )
     from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
+    launcher = (
+        FakeRayLauncher() if launcher_kind == "fake" else LocalRayLauncher(tmp_path / "ray", head_cpus=2, timeout=600)
+    )
     kube = KubeRayStandin(
-        tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
+        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
     )
     with kube:
         point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
@@ -119,7 +128,13 @@ def test_the_same_dag_file_on_the_standins_is_configuration_only(
         # a multi-host slice here: two ct6e-standard-4t hosts of 4 chips
         run = dag.test(run_conf={**CONF, "topology": "2x4", "machine_type": "ct6e-standard-4t"})
         states = task_states(run)
-        assert states["prep"] == "failed" and states["train"] == "upstream_failed", states
+        if launcher_kind == "fake":
+            assert states["prep"] == "failed" and states["train"] == "upstream_failed", states
+        else:
+            assert run.state == "success", states
+            trained = {ti.task_id: ti for ti in run.get_task_instances()}["train"].xcom_pull(task_ids="train")
+            assert trained["metrics"]["step"] == CONF["train_steps"], trained
+            assert (Path(trained["checkpoint"]) / "weights.npy").is_file(), trained
         for task_id in ("check_params", "budget_guard", "create_node_pool", "create_ray_cluster"):
             assert states[task_id] == "success", states
         for task_id in ("delete_ray_cluster", "delete_prep_cluster", "delete_node_pool", "chip_ledger"):

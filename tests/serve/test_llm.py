@@ -189,8 +189,8 @@ def test_deployment_options_and_slices_shape_the_replicas() -> None:
         ),
         (
             TpuSlice.from_spec("v6e", "4x4"),
-            LlmServe("m", deployment_options={"max_inflight_requests": 4}),
-            "deployment_options.max_inflight_requests",
+            LlmServe("m", deployment_options={"user_config": {"max_inflight_requests": 4}}),
+            "deployment_options.user_config",
         ),
         (TpuSlice.from_spec("v6e", "4x4"), LlmServe("bad model id"), "llm_model_id"),
         (TpuSlice.from_spec("v6e", "4x4"), LlmServe("m", max_model_len=0), "max_model_len"),

@@ -279,9 +279,9 @@ def test_real_serve_deployment_streams_chats_and_applies_deployment_options(
         autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 4},
         max_ongoing_requests=16,
         request_timeout_s=30,
-        max_inflight_requests=8,
+        user_config={"request_timeout_s": 30, "max_inflight_requests": 8},
     ).validated()
-    entry = options.deployment_entry("AdditionCompletions", user_config=True)
+    entry = options.deployment_entry("AdditionCompletions")
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port, **options.http_options()})
     try:

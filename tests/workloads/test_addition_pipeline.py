@@ -44,3 +44,21 @@ def test_the_spec_module_is_cheap_for_a_dag_file_to_import() -> None:
     code = "import sys, tpuflow.workloads.addition.pipeline; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'jax', 'torch', 'numpy', 'airflow')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_serve_user_config_check_knows_the_replicas_own_settings() -> None:
+    """The keys the demo workload's check accepts are the fields the replica reads (openai_api.Limits),
+    and what the check refuses the replica would refuse once deployed."""
+    from dataclasses import fields
+
+    from addition.openai_api import Limits
+    from tpuflow.workloads.addition.pipeline import USER_CONFIG_KEYS, check_user_config
+
+    assert set(USER_CONFIG_KEYS) == {f.name for f in fields(Limits)}
+    assert ADDITION.load_check("check_serve_user_config") is check_user_config
+    check_user_config({"max_batch_size": 8, "batch_wait_timeout_s": 0, "request_timeout_s": 30}, {"name": "D"})
+    for bad in ({"max_batch_size": 0}, {"batch_wait_timeout_s": 0.1}, {"retry_after_s": -1}, {"max_batch": 2}):
+        with pytest.raises(UserInputError):
+            check_user_config(bad, {"name": "D"})
+        with pytest.raises(ValueError):
+            Limits.from_user_config(bad)

@@ -173,7 +173,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-replica request limits (the Serve deployment's user_config; tpuflow.serve.deployment_options).
+    """Per-replica request limits (the Serve deployment's user_config; pipeline.check_user_config).
 
     request_timeout_s: a request not answered by then fails (503 if its forward pass never started,
     504 if it did). max_inflight_requests: requests admitted at once on this replica, more get 429.

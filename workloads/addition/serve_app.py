@@ -20,7 +20,7 @@ POST /v1/completions, POST /v1/chat/completions (streaming, usage and errors: ad
 request limits from the deployment's user_config). `stream=true` sends each token as the decode step
 that wrote it returns, on a single-host replica and on a multi-host one alike (addition.slice_serving).
 Request batching (the same user_config's `max_batch_size`, `batch_wait_timeout_s`; tpuflow's
-deployment_options): concurrent non-streaming greedy completions share one forward call through Ray
+deployment_options["user_config"], checked by pipeline.check_user_config): concurrent non-streaming greedy completions share one forward call through Ray
 Serve's `@serve.batch` (openai_api.forward_batch). Without `max_batch_size` it is on (32) for a
 multi-host replica and off otherwise, as measured (MULTI_HOST_MAX_BATCH_SIZE); `max_batch_size: 1`
 switches it off. Off, every request runs its own forward.
