@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, BaseOperator
 from tpuflow import paths, workloads_dir
+from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import pipeline_params
 from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
 from tpuflow.pipeline.workload import Workload, templated
@@ -88,9 +89,17 @@ def pipeline_dag(
     start_date: datetime,
     max_active_runs: int,
     params: dict[str, Any] | None = None,
+    workload: Workload | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The DAG settings every backend shares."""
+    """The DAG settings every backend shares; the workload's own Params join the pipeline's."""
+    params = dict(params or pipeline_params())
+    for name, value in ((workload.params or {}) if workload else {}).items():
+        if name in params:
+            raise UserInputError(
+                f"workload.params[{name!r}]", value, f"name it otherwise: the pipeline has a Param {name} already"
+            )
+        params[name] = value
     return DAG(
         dag_id=dag_id,
         schedule=schedule,
@@ -98,7 +107,7 @@ def pipeline_dag(
         catchup=False,
         # One slice at a time: a backfill never asks for more TPU hosts than one run needs.
         max_active_runs=max_active_runs,
-        params=params or pipeline_params(),
+        params=params,
         render_template_as_native_obj=True,
         # a user's own default_args and tags are added to the pipeline's, theirs winning
         default_args={
@@ -172,7 +181,7 @@ def training_steps(
         storage_path=f"{run_dir}/train",
         run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
         datasets={"train": f"{run_dir}/data/train"} if prep else None,
-        train_loop_config={"num_steps": "{{ params.train_steps }}"},
+        train_loop_config={**(workload.train_loop_config or {}), "num_steps": "{{ params.train_steps }}"},
         resume="{{ params.resume }}",
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
         **code,
@@ -279,7 +288,12 @@ def build_pipeline_dag(
 
     run_dir = run_dir_for(dag_id, output_root)
     with pipeline_dag(
-        dag_id, schedule=schedule, start_date=start_date, max_active_runs=max_active_runs, **dag_kwargs
+        dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        max_active_runs=max_active_runs,
+        workload=workload,
+        **dag_kwargs,
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
         lease = AcquireSliceOperator(

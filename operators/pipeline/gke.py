@@ -573,6 +573,7 @@ def build_gke_pipeline_dag(
         start_date=start_date,
         max_active_runs=max_active_runs,
         params=gke_pipeline_params(),
+        workload=workload,
         **dag_kwargs,
     ) as dag:
         checked = CheckGkeParamsOperator(

@@ -23,6 +23,9 @@ The steps' contracts (what each is called with on the Ray cluster):
   settings: request limits, batching, ...), the defaults under ``deployment_options["user_config"]``; the
   check, ``function(user_config: dict, deployment: dict) -> None`` (``deployment``: the app's ``deployments:``
   entry), runs in the ``build_serve_config`` task and raises ``UserInputError`` before anything is deployed.
+- ``params`` / ``train_loop_config``: the workload's own Params (added to the trigger form beside the
+  pipeline's; a name the pipeline already has is refused) and what its train loop gets besides
+  ``num_steps`` (values may be templates, e.g. ``{"horizon": "{{ params.horizon }}"}``).
 - ``check_params``: runs in the ``check_params`` task (on the Airflow worker, not on the cluster), called
   with the run's Params (a dict); raises ``tpuflow.errors.UserInputError`` for a value the workload
   cannot train with, before any slice is leased.
@@ -73,6 +76,8 @@ class Workload:
     :param smoke_path: where under ``/<serve_name>`` the smoke test POSTs.
     :param smoke_expect: text the smoke test's answer must contain (required with ``smoke_request``).
     :param check_params: import path of ``function(params: dict) -> None`` checking the workload's own Params.
+    :param params: the workload's own Params, name -> ``airflow.sdk.Param`` (or a plain default); None: none.
+    :param train_loop_config: more of the train loop's config (templated), beside ``num_steps``.
     :param serve_user_config: the app deployment's user_config defaults (JSON values); None: none.
     :param check_serve_user_config: import path of the function checking the app's user_config before deploy.
     """
@@ -90,6 +95,8 @@ class Workload:
     check_params: str | None = None
     serve_user_config: Mapping[str, Any] | None = None
     check_serve_user_config: str | None = None
+    params: Mapping[str, Any] | None = None
+    train_loop_config: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_path("train_loop", self.train_loop, _CALLABLE, _CALLABLE_FIX, optional=False)
@@ -103,6 +110,7 @@ class Workload:
             "check_serve_user_config", self.check_serve_user_config, _CALLABLE, 'give "package.module:function"'
         )
         self._check_serve()
+        self._check_own_config()
         if self.code_dir is not None:
             object.__setattr__(self, "code_dir", self._checked_code_dir())
 
@@ -131,6 +139,25 @@ class Workload:
             raise _error(field, getattr(self, field), "give smoke_request and smoke_expect together (or neither)")
         if self.smoke_request is not None:
             self._check_smoke()
+
+    def _check_own_config(self) -> None:
+        for field in ("params", "train_loop_config"):
+            value = getattr(self, field)
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise _error(field, value, "give a dict")
+            for key in value:
+                if not (isinstance(key, str) and re.fullmatch(_NAME, key)):
+                    raise _error(
+                        f"{field}[{key!r}]", value[key], "name it with letters, digits and '_' (a Python name)"
+                    )
+        if self.train_loop_config and "num_steps" in self.train_loop_config:
+            raise _error(
+                "train_loop_config['num_steps']",
+                self.train_loop_config["num_steps"],
+                "set it with the Param train_steps",
+            )
 
     def _check_smoke(self) -> None:
         if not isinstance(self.smoke_request, Mapping):

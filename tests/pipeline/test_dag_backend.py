@@ -83,3 +83,31 @@ def test_a_users_own_task_runs_inside_the_slices_lifetime_and_their_tags_are_kep
     if backend == "local":  # the local slice stops after the report, so after the user's task
         assert "publish_forecast" in dag.get_task(teardown).get_flat_relative_ids(upstream=True)
     assert dag.get_task(teardown).is_teardown
+
+
+def test_a_workloads_own_params_join_the_form_and_reach_its_train_loop(tmp_path: Path) -> None:
+    from airflow.sdk import Param
+
+    package = tmp_path / "acme_sales"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    spec = {"code_dir": package, "train_loop": "acme_sales.regress:fit"}
+    own = Workload(
+        **spec,
+        params={"horizon": Param(7, type="integer", minimum=1)},
+        train_loop_config={"horizon": "{{ params.horizon }}"},
+    )
+    for backend in ("local", "gke"):
+        dag = build(own, tmp_path, backend=backend)
+        assert dag.params["horizon"] == 7 and "topology" in dag.params
+        assert dag.get_task("train").train_loop_config == {
+            "horizon": "{{ params.horizon }}",
+            "num_steps": "{{ params.train_steps }}",
+        }
+    with pytest.raises(UserInputError) as caught:
+        build(Workload(**spec, params={"topology": "2x2"}), tmp_path, backend="local")
+    assert "workload.params['topology']" in str(caught.value) and "has a Param topology" in str(caught.value)
+    with pytest.raises(UserInputError, match=r"train_loop_config\['num_steps'\].*train_steps"):
+        Workload(**spec, train_loop_config={"num_steps": 5})
+    with pytest.raises(UserInputError, match=r"params\['bad-name'\]"):
+        Workload(**spec, params={"bad-name": 1})

@@ -15,7 +15,15 @@ from support.gke_pipeline import point_airflow_at, task_states, wait_until_empty
 from support.user_pipeline import DAG_FILE, DAG_ID, write_user_project
 
 pytestmark = pytest.mark.slow
-CONF = {"topology": "2x2", "train_steps": 40, "num_train": 400, "num_eval": 100}
+# the slice preflight is tested on its own (tests/rayjob, tests/workloads/test_multislice.py): off for CI's time
+CONF = {
+    "topology": "2x2",
+    "train_steps": 40,
+    "num_train": 400,
+    "num_eval": 100,
+    "preflight": False,
+    "learning_rate": 0.02,
+}
 
 
 @pytest.fixture
@@ -64,12 +72,14 @@ def test_a_user_pipeline_runs_locally_then_on_the_standins_by_configuration(
     dag = parse(user_dags)
     assert {"start_cluster", "stop_cluster"} <= set(dag.task_ids) and "create_node_pool" not in dag.task_ids
     assert not {"evaluate", "deploy", "smoke_test"} & set(dag.task_ids)  # steps the workload leaves out
+    assert {"learning_rate", "topology", "resume"} <= set(dag.params)  # the workload's Param on the form
     run = dag.test(run_conf=CONF)
     states = task_states(run)
     assert run.state == "success", states
     tis = {ti.task_id: ti for ti in run.get_task_instances()}
     trained = tis["train"].xcom_pull(task_ids="train")
     assert trained["metrics"]["step"] == CONF["train_steps"] and trained["metrics"]["mse"] < 400, trained
+    assert trained["metrics"]["learning_rate"] == 0.02  # the workload's own Param reached its train loop
     checkpoint = Path(trained["checkpoint"])
     assert (checkpoint / "weights.npy").is_file(), trained
     report = json.loads(next((tmp_path / "outputs" / DAG_ID).rglob("report.json")).read_text())

@@ -13,6 +13,7 @@ DAG_FILE = '''\
 
 from pathlib import Path
 
+from airflow.sdk import Param
 from tpuflow.pipeline.dag import tpu_pipeline
 from tpuflow.pipeline.workload import Workload
 
@@ -21,6 +22,8 @@ forecast = Workload(
     prep="acme_sales.build_features",
     train_loop="acme_sales.regress:fit",
     check_params="acme_sales.limits:check",
+    params={"learning_rate": Param(0.01, type="number", exclusiveMinimum=0, title="Learning rate")},
+    train_loop_config={"learning_rate": "{{ params.learning_rate }}"},
 )
 dag = tpu_pipeline("acme_sales_forecast", workload=forecast, schedule="@daily", tags=["acme"])
 '''
@@ -75,11 +78,12 @@ def fit(config: dict) -> None:
     x = jnp.asarray(np.array([[r["price"], r["promo"], 1.0] for r in rows]))
     y = jnp.asarray(np.array([r["units"] for r in rows]))
     loss = jax.jit(lambda w: jnp.mean((x @ w - y) ** 2))
-    step = jax.jit(lambda w: w - 0.01 * jax.grad(loss)(w))
+    rate = float(config["learning_rate"])
+    step = jax.jit(lambda w: w - rate * jax.grad(loss)(w))
     w = jnp.zeros(3)
     for _ in range(int(config["num_steps"])):
         w = step(w)
-    metrics = {"step": int(config["num_steps"]), "mse": float(loss(w))}
+    metrics = {"step": int(config["num_steps"]), "mse": float(loss(w)), "learning_rate": rate}
     if ray.train.get_context().get_world_rank() != 0:
         ray.train.report(metrics)
         return
