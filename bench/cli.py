@@ -29,6 +29,7 @@ MODULES = (
     "bench.serving",
     "bench.pipeline",
     "bench.chip_hours",
+    "bench.storage",
 )
 
 

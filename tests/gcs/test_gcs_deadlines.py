@@ -1,17 +1,19 @@
 """A storage server that accepts connections and never answers (the fault proxy's "stall") never holds a call
 past TPUFLOW_GCS_REQUEST_TIMEOUT_S: Ray Train's storage filesystem (tpuflow_driver.deadline_fs, what a
-checkpoint upload goes through) and the Airflow side (tpuflow.storage) fail naming the path. Fast: a 1 s
-deadline, no Ray cluster."""
+checkpoint upload goes through), prep's parquet writes, Ray Data's parquet reads and the Airflow side
+(tpuflow.storage) fail naming the path. Fast: a 1 s deadline, no Ray cluster."""
 
 from __future__ import annotations
 
 import pickle
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
 from support.gcs_bucket import list_bucket
@@ -173,6 +175,182 @@ def test_a_deadline_that_is_not_a_number_is_refused(monkeypatch: pytest.MonkeyPa
         request_timeout_s()
     monkeypatch.delenv("TPUFLOW_GCS_REQUEST_TIMEOUT_S")
     assert request_timeout() == request_timeout_s() == 60.0
+
+
+# --- the Ray side: parquet (prep's writes, Ray Data's reads in train and evaluate) -------------------
+
+
+def _table(rows: int = 30_000) -> Any:
+    """Rows shaped like prep's, a few row groups' worth."""
+    import pyarrow as pa
+
+    return pa.table({
+        "problem_id": list(range(rows)),
+        "prompt": [f"{i % 997}+{i % 89}=" for i in range(rows)],
+        "answer": [str(i % 997 + i % 89) for i in range(rows)],
+    })  # fmt: skip
+
+
+def _object_reads(fragment: str) -> Any:
+    """Rule matcher: downloads of objects whose name has `fragment` (not listings or metadata)."""
+    return lambda method, target: method == "GET" and "alt=media" in target and fragment in target
+
+
+def _bounded(fn: Any) -> Any:
+    """fn() on a helper thread: a call that waits on a stalled server past WITHIN_S fails the test, not hangs it
+    (such a thread stays blocked until the proxy stops)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WITHIN_S + 1.0)
+    if thread.is_alive():
+        pytest.fail(f"still waiting on the stalled server after {WITHIN_S + 1.0:g} s: no deadline on this call")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def test_a_parquet_write_to_a_stalled_server_fails_naming_the_path(
+    bucket: str, proxy: FaultProxy, ray_storage: Any
+) -> None:
+    """What Ray Data's write_parquet does per block (pyarrow.dataset.write_dataset) and a plain write_table."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+    from tpuflow_driver.deadline_fs import StorageStalled
+
+    proxy.add(Rule("stall", writes_to("prep/")))
+    fs, path = ray_storage.resolve_with_deadline(f"gs://{bucket}/prep/train")
+    table = _table()
+    _raises_within(
+        lambda: pq.write_table(table, f"{path}/part-0.parquet", filesystem=fs, row_group_size=10_000),
+        StorageStalled,
+        f"gs://{bucket}/prep/train/part-0.parquet",
+        f"within {DEADLINE_S:g} s (TPUFLOW_GCS_REQUEST_TIMEOUT_S)",
+    )
+    _raises_within(
+        lambda: pads.write_dataset(
+            table, path, format="parquet", filesystem=fs, basename_template="block-{i}.parquet",
+            existing_data_behavior="overwrite_or_ignore", use_threads=True, max_rows_per_group=10_000,
+            create_dir=False,  # Ray Data's driver made the folder: the block's own file stalls
+        ),
+        StorageStalled,
+        f"gs://{bucket}/prep/train/block-0.parquet",
+    )  # fmt: skip
+    assert len(proxy.injected) >= 2, proxy.injected
+
+
+def test_a_parquet_read_from_a_stalled_server_fails_naming_the_path(
+    bucket: str, proxy: FaultProxy, ray_storage: Any
+) -> None:
+    """Ray Data's read_parquet reads through pyarrow.dataset: the listing answers, the file's bytes do not."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+    from tpuflow_driver.deadline_fs import StorageStalled
+
+    fs, path = ray_storage.resolve_with_deadline(f"gs://{bucket}/prep/heldout")
+    pq.write_table(_table(), f"{path}/part-0.parquet", filesystem=fs, row_group_size=10_000)
+    proxy.add(Rule("stall", _object_reads("prep/heldout/part-0.parquet")))
+    _raises_within(  # discovery reads the file's footer
+        lambda: pads.dataset(path, filesystem=fs, format="parquet").to_table(columns=["prompt", "answer"]),
+        StorageStalled,
+        f"gs://{bucket}/prep/heldout/part-0.parquet",
+    )
+    assert proxy.injected, "the read reached the server"
+
+
+def test_parquet_through_the_deadline_filesystem_is_the_same_as_through_the_plain_one(
+    bucket: str, ray_storage: Any
+) -> None:
+    """Byte for byte: the deadline filesystem gathers a writer's small writes before handing them on."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+
+    table = _table(120_000)  # files over 1 MiB: the gathered writes are handed on more than once
+    files = {}
+    for name, resolve in (("plain", ray_storage.resolve), ("deadline", ray_storage.resolve_with_deadline)):
+        fs, path = resolve(f"gs://{bucket}/{name}")
+        pq.write_table(table, f"{path}/part-0.parquet", filesystem=fs, row_group_size=20_000)
+        pads.write_dataset(table, f"{path}/ds", format="parquet", filesystem=fs, basename_template="b-{i}.parquet",
+                           max_rows_per_group=20_000, use_threads=True)  # fmt: skip
+        files[name] = fs
+    plain, deadline = files["plain"], files["deadline"]
+    assert deadline.type_name == "py::gcs" and plain.type_name == "gcs"
+    for rel in ("part-0.parquet", "ds/b-0.parquet"):
+        with (
+            plain.open_input_stream(f"{bucket}/plain/{rel}") as a,
+            plain.open_input_stream(f"{bucket}/deadline/{rel}") as b,
+        ):
+            written = b.read()
+            assert written == a.read() and len(written) > 1024 * 1024, rel
+    for fs in (plain, deadline):
+        back = pads.dataset(f"{bucket}/deadline", filesystem=fs, format="parquet", exclude_invalid_files=True)
+        assert back.to_table().num_rows == 2 * table.num_rows
+        meta = pq.ParquetFile(f"{bucket}/deadline/part-0.parquet", filesystem=fs).metadata
+        assert meta.num_row_groups == 6
+    got = pads.dataset(f"{bucket}/plain/part-0.parquet", filesystem=deadline, format="parquet").to_table()
+    assert got.equals(table)
+
+
+def test_prep_counts_its_rows_with_the_deadline(bucket: str, proxy: FaultProxy, ray_storage: Any) -> None:
+    """Prep checks what it wrote from the files' footers: a stalled server fails that check in time."""
+    from tpuflow_driver.deadline_fs import StorageStalled
+
+    sys.path.insert(0, str(REPO / "workloads"))
+    try:
+        from addition import prep
+    finally:
+        sys.path.remove(str(REPO / "workloads"))
+    proxy.add(Rule("stall", any_request))
+    uri = f"gs://{bucket}/data/train"
+    _raises_within(lambda: _bounded(lambda: prep._count_rows(uri)), StorageStalled, uri)
+
+
+class _ReadRecorded(Exception):
+    """Stops a driver right after it handed Ray Data its filesystem."""
+
+
+def test_train_and_evaluate_give_ray_data_the_deadline_filesystem(
+    bucket: str, ray_storage: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the train and evaluate drivers pass to ray.data.read_parquet (no Ray cluster: the read is stopped)."""
+    import ray.data
+    from tpuflow_driver.deadline_fs import DeadlineHandler
+
+    sys.path.insert(0, str(REPO / "workloads"))
+    try:
+        from addition import checkpoint as ckpt
+        from addition.evaluate import evaluate
+        from addition.training import model_config, resolve_config
+        from tpuflow_driver.train import TrainSpec, build_trainer
+    finally:
+        sys.path.remove(str(REPO / "workloads"))
+    given: list[tuple[str, Any]] = []
+
+    def read_parquet(path: str, *, filesystem: Any, **_: Any) -> Any:
+        given.append((path, filesystem))
+        raise _ReadRecorded
+
+    monkeypatch.setattr(ray.data, "read_parquet", read_parquet)
+    spec = TrainSpec("jax", "json:dumps", "run", f"gs://{bucket}/runs", {"num_workers": 1},
+                     datasets={"train": f"gs://{bucket}/data/train"})  # fmt: skip
+    with pytest.raises(_ReadRecorded):
+        build_trainer(spec)
+    cfg, model = model_config(resolve_config({}))
+    params = {k: np.zeros(shape, np.float32) for k, shape in ckpt.param_shapes(model).items()}
+    ckpt.save(tmp_path / "checkpoint", ckpt.Meta("jax", 0, 0, model, cfg), params)
+    with pytest.raises(_ReadRecorded):
+        evaluate(str(tmp_path / "checkpoint"), "jax", f"gs://{bucket}/data/heldout")
+    assert [path for path, _ in given] == [f"{bucket}/data/train", f"{bucket}/data/heldout"]
+    for _, fs in given:
+        assert fs.type_name == "py::gcs" and isinstance(fs.handler, DeadlineHandler), fs.type_name
+        assert fs.handler.seconds == DEADLINE_S
 
 
 # --- the Airflow side: google-cloud-storage --------------------------------------------------------

@@ -293,7 +293,7 @@ def test_parquet_write_and_read_survive_503_429_and_resets(bucket: str, proxy: F
 
     for fault in (503, 429, "reset"):
         proxy.add(Rule(fault, any_request, every=3, limit=4))
-    fs, path = ray_storage.resolve(f"gs://{bucket}/data/train")
+    fs, path = ray_storage.resolve_with_deadline(f"gs://{bucket}/data/train")  # what prep and Ray Data use
     table = pa.table({"problem_id": list(range(5000)), "prompt": [f"{i}+1=" for i in range(5000)]})
     for i in range(4):
         pq.write_table(table, f"{path}/part-{i}.parquet", filesystem=fs)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.gke_pipeline import point_airflow_at, task_states, wait_until_empty
+from support.gke_pipeline import load_dag_file, point_airflow_at, task_states, wait_until_empty
 from support.user_pipeline import DAG_FILE, DAG_ID, write_user_project
 
 pytestmark = pytest.mark.slow
@@ -40,17 +40,8 @@ def user_dags(dags_folder: Path) -> Iterator[Path]:
         del sys.modules[name]
 
 
-def parse(dag_file: Path, *, poll: float = 0.5) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(dag_file))
-    assert bag.import_errors == {}, bag.import_errors
-    dag = bag.get_dag(DAG_ID)
-    for op in dag.tasks:
-        for attr in ("poll_interval", "retry_backoff"):
-            if hasattr(op, attr):
-                setattr(op, attr, poll)
-    return dag
+def parse(dag_file: Path) -> Any:
+    return load_dag_file(dag_file, DAG_ID, poll=0.5)
 
 
 def test_the_dag_file_is_short_and_names_no_backend() -> None:

@@ -66,11 +66,16 @@ def point_airflow_at(
 
 def load_dag(dags_folder: Path, *, poll: float) -> Any:
     """The shipped DAG file, parsed from the DAGs folder, with test-sized polling (the waits are unchanged)."""
+    return load_dag_file(dags_folder / f"{DAG_ID}.py", DAG_ID, poll=poll)
+
+
+def load_dag_file(path: Path, dag_id: str, *, poll: float) -> Any:
+    """DAG ``dag_id`` of the file at ``path``, parsed as the DAG processor does, with test-sized polling."""
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(dags_folder / f"{DAG_ID}.py"))
+    bag = DagBag(dag_folder=str(path))
     assert bag.import_errors == {}, bag.import_errors
-    dag = bag.get_dag(DAG_ID)
+    dag = bag.get_dag(dag_id)
     for op in dag.tasks:
         for attr in ("poll_interval", "retry_backoff"):
             if hasattr(op, attr):

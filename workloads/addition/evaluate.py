@@ -101,7 +101,7 @@ def evaluate(
         # Ray Data hands blocks to whichever pool actor is ready first; a slow host start would leave
         # the others idle (or unused) while the slice bills. Wait for one actor on every host.
         context.wait_for_min_actors_s = ACTORS_READY_S
-    data_fs, data_path = storage.resolve(data)
+    data_fs, data_path = storage.resolve_with_deadline(data)
     held = ray.data.read_parquet(data_path, filesystem=data_fs, columns=["problem_id", "prompt", "answer"])
     total = held.count()
     if num_hosts > 1:

@@ -69,7 +69,7 @@ def _count_rows(path: str) -> int:
     """Rows in the written parquet files, from their footers (no Ray Data execution)."""
     import pyarrow.dataset as pads
 
-    fs, p = storage.resolve(path)
+    fs, p = storage.resolve_with_deadline(path)
     return int(pads.dataset(p, filesystem=fs, format="parquet").count_rows())
 
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = {}
     for split, path in (("train", result["train_path"]), ("heldout", result["heldout_path"])):
         # generation is cheap and deterministic: each split re-runs it rather than materialising
-        fs, fs_path = storage.resolve(path)
+        fs, fs_path = storage.resolve_with_deadline(path)
         rows.filter(expr=col("split") == split).write_parquet(fs_path, filesystem=fs, mode="overwrite")
         counts[f"{split}_rows"] = _count_rows(path)
     if counts["train_rows"] != args.num_train or counts["heldout_rows"] != args.num_heldout:

@@ -1,17 +1,18 @@
 """Paths that may be local or remote (gs://...), through pyarrow's filesystems.
 
-`resolve` is the one place a path becomes (filesystem, path) for every pyarrow user in the Ray jobs:
-prep's parquet writes, Ray Data reads, Ray Train's RunConfig(storage_filesystem=...), evaluation
-output and the checkpoints Serve replicas load. gs:// goes through GcsFileSystem built here, so it
+`resolve` is the one place a path becomes (filesystem, path) for every pyarrow user in the Ray jobs
+(through `resolve_with_deadline`): prep's parquet writes, Ray Data reads, Ray Train's
+RunConfig(storage_filesystem=...), evaluation output and the checkpoints Serve replicas load. gs:// goes through GcsFileSystem built here, so it
 honours STORAGE_EMULATOR_HOST (pyarrow's own FileSystem.from_uri ignores that variable and hangs
 looking for real credentials) and carries the retry limit for transient GCS errors (429, 5xx,
 connection resets), which the GCS client applies with exponential backoff.
 
 The retry limit does not bound a request that never returns, and pyarrow offers no request timeout:
-`resolve_with_deadline` (Ray Train's storage_filesystem, whose checkpoint uploads otherwise wait forever on
-a stalled server, the checkpoints evaluation and Serve replicas load, and the small files below) wraps the
-GCS filesystem so that each call fails past TPUFLOW_GCS_REQUEST_TIMEOUT_S (tpuflow_driver.deadline_fs).
-Prep's parquet and Ray Data keep `resolve`: many small calls from pyarrow's own threads.
+`resolve_with_deadline` wraps the GCS filesystem so that each call fails past TPUFLOW_GCS_REQUEST_TIMEOUT_S
+naming the path (tpuflow_driver.deadline_fs). Every storage call of the Ray jobs goes through it: Ray
+Train's storage_filesystem (whose checkpoint uploads otherwise wait forever on a stalled server), prep's
+parquet writes and row count, Ray Data's reads in train and evaluate, the checkpoints evaluation and Serve
+replicas load, and the small files below. `resolve` itself is what it wraps.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def build_trainer(spec: TrainSpec) -> Any:
     storage.quiet_ray_data()
     datasets = {}
     for name, path in spec.datasets.items():
-        data_fs, data_path = storage.resolve(path)
+        data_fs, data_path = storage.resolve_with_deadline(path)
         datasets[name] = ray.data.read_parquet(data_path, filesystem=data_fs)
     kwargs: dict[str, Any] = {
         "train_loop_config": spec.train_loop_config,
