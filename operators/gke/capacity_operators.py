@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tpuflow.gke.capacity_hooks import CapacityHook
     from tpuflow.gke.provisioning_request import ProvisioningRequestPlan
     from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 
 def _pool_result(context: Context, task_id: str) -> Mapping[str, Any]:
@@ -57,18 +58,12 @@ class _CapacityOperator(KubeRayBaseOperator):
     def __init__(
         self,
         *,
-        accelerator: str | None = None,
-        topology: str | None = None,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
+        tpu_slice: SliceArgument | None = None,
         node_pool_task_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.accelerator = accelerator
-        self.topology = topology
-        self.machine_type = machine_type
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.node_pool_task_id = node_pool_task_id
 
     def kube_hook(self) -> CapacityHook:  # type: ignore[override]
@@ -78,21 +73,11 @@ class _CapacityOperator(KubeRayBaseOperator):
             self._hook_cache = CapacityHook.for_target(self.kube_target())
         return self._hook_cache  # type: ignore[return-value]
 
-    def tpu_slice(self) -> TpuSlice:
-        from tpuflow.tpu import TpuSlice
+    def resolved_slice(self) -> TpuSlice:
+        """The (rendered) ``tpu_slice``, in a shape GKE takes; else one line naming ``tpu_slice.<key>``."""
+        from tpuflow.gke.nodepool_spec import gke_slice
 
-        if not self.accelerator or not self.topology:
-            raise UserInputError(
-                "topology" if self.accelerator else "accelerator",
-                self.topology if self.accelerator else self.accelerator,
-                "give the TPU slice: accelerator= and topology= (as for the node pool)",
-            )
-        return TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices).require(
-            gke=True
-        )
-
-    def _slice_values(self) -> tuple[Any, ...]:
-        return (self.accelerator, self.topology, self.machine_type, self.num_slices)
+        return gke_slice(self.tpu_slice)
 
     def _skip(self, context: Context, wanted: str) -> dict[str, Any] | None:
         """The node pool task's capacity when it is not ``wanted`` (nothing to do), else None."""
@@ -110,10 +95,9 @@ class _CapacityOperator(KubeRayBaseOperator):
 class GKECreateProvisioningRequestOperator(_CapacityOperator):
     """Ask GKE for a queued pool's nodes with a ProvisioningRequest and wait until they are provisioned.
 
-    :param accelerator: TPU generation (as for the node pool); templated.
-    :param topology: the slice's shape, e.g. ``4x4``; templated.
-    :param machine_type: to pick among machine types of one shape; templated.
-    :param num_slices: identical slices, one pool (and pod set) each; templated.
+    :param tpu_slice: the slice, as for the node pool (a TpuSlice, its ``to_dict()``, or
+        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}``); one pool (and pod set) per slice of
+        ``num_slices``; templated.
     :param node_pool_name: the queued pool(s) of the slice, one per multi-host slice; templated.
     :param node_pool_task_id: instead of ``node_pool_name``: the GKECreateTPUNodePoolOperator task whose
         pools to request nodes for; when they did not end up ``queued`` (a fallback), the task does nothing
@@ -130,10 +114,7 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
 
     template_fields: Sequence[str] = (
         *KubeRayBaseOperator.template_fields,
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "node_pool_name",
         "max_run_duration_seconds",
         "name",
@@ -157,7 +138,7 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         self._check_static_arguments()
 
     def argument_checks(self) -> list[Any]:
-        values = (*self._slice_values(), self.node_pool_name, self.node_pool_task_id, self.max_run_duration_seconds)
+        values = (self.tpu_slice, self.node_pool_name, self.node_pool_task_id, self.max_run_duration_seconds)
         return [*super().argument_checks(), (values, lambda: self.plan(None, "default"))]
 
     def plan(
@@ -171,7 +152,7 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
             raise UserInputError(
                 "node_pool_name", self.node_pool_name, "give exactly one of node_pool_name and node_pool_task_id"
             )
-        tpu = self.tpu_slice()
+        tpu = self.resolved_slice()
         if pools is None:
             explicit = self.node_pool_name
             pools = [explicit] if isinstance(explicit, str) else list(explicit or [])
@@ -375,10 +356,8 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
     elapsed time while the pods are pending and fails at ``wait_timeout`` with the autoscaler's reason
     (its NotTriggerScaleUp event on the pods, e.g. a stockout).
 
-    :param accelerator: TPU generation; templated.
-    :param topology: the slice's shape; templated.
-    :param machine_type: templated.
-    :param num_slices: templated.
+    :param tpu_slice: the slice, as for the node pool (a TpuSlice, its ``to_dict()``, or
+        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}``); templated.
     :param ray_cluster_name: the RayCluster; or
     :param ray_cluster_task_id: the KubeRayCreateClusterOperator task of this run (its deterministic name).
     :param node_pool_task_id: the node pool task; when its pools are not flex-start, nothing to wait for.
@@ -387,10 +366,7 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
 
     template_fields: Sequence[str] = (
         *KubeRayBaseOperator.template_fields,
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "ray_cluster_name",
     )
 
@@ -403,7 +379,7 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
         self._check_static_arguments()
 
     def argument_checks(self) -> list[Any]:
-        values = (*self._slice_values(), self.ray_cluster_name, self.ray_cluster_task_id)
+        values = (self.tpu_slice, self.ray_cluster_name, self.ray_cluster_task_id)
         return [*super().argument_checks(), (values, self._check)]
 
     def _check(self) -> TpuSlice:
@@ -413,7 +389,7 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
                 self.ray_cluster_name,
                 "give exactly one of ray_cluster_name and ray_cluster_task_id",
             )
-        return self.tpu_slice()
+        return self.resolved_slice()
 
     def execute(self, context: Context) -> dict[str, Any]:
         from tpuflow.kuberay.operator_base import object_name

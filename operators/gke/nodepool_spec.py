@@ -27,6 +27,8 @@ from tpuflow.naming import (
     run_key,
 )
 from tpuflow.tpu import TpuSlice
+from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
+from tpuflow.tpu.slice_argument import resolve_slice
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
@@ -335,13 +337,22 @@ class NodePoolPlan:
         }
 
 
+_FROM_FLAGS: Any = object()  # plan_node_pools' tpu_slice when the slice comes from the separate fields
+
+
+def gke_slice(value: Any, field: str = SLICE_FIELD) -> TpuSlice:
+    """The TpuSlice a (rendered) ``tpu_slice`` argument names, in a shape GKE takes."""
+    return resolve_slice(value, field, gke=True)
+
+
 def plan_node_pools(
     *,
     project_id: str,
     location: str,
     cluster_name: str,
-    accelerator: str,
-    topology: str,
+    tpu_slice: Any = _FROM_FLAGS,
+    accelerator: str | None = None,
+    topology: str | None = None,
     machine_type: str | None = None,
     num_slices: int | str = 1,
     capacity: object = "on-demand",
@@ -355,11 +366,18 @@ def plan_node_pools(
     identity: TaskIdentity | None = None,
     expires_at: int | None = None,
 ) -> NodePoolPlan:
-    """Validate every input (raising UserInputError / SliceSpecError naming the field) and plan the pools."""
+    """Validate every input (raising UserInputError / SliceSpecError naming the field) and plan the pools.
+
+    The slice: ``tpu_slice`` (the operators' argument, tpuflow.tpu.slice_argument), else ``accelerator``,
+    ``topology``, ``machine_type`` and ``num_slices`` (the ``tpuflow render nodepool`` flags)."""
     check_project(project_id)
     location, zone = check_location(location, node_zone)
     check_cluster_name(cluster_name)
-    tpu = TpuSlice.from_spec(accelerator, topology, machine_type, num_slices).require(gke=True)
+    if tpu_slice is _FROM_FLAGS:
+        tpu_slice = TpuSlice.from_spec(accelerator, topology, machine_type, num_slices)  # type: ignore[arg-type]
+        tpu = tpu_slice.require(gke=True)  # a bad flag is named as such, not as tpu_slice.<key>
+    else:
+        tpu = gke_slice(tpu_slice)
     capacities = parse_capacity_order(capacity, fallback_capacity)
     labels = gce_ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
     made_policy = None

@@ -20,13 +20,14 @@ from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
-from tpuflow.templating import is_templated
+from tpuflow.tpu.slice_argument import slice_is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
     from tpuflow.gke.nodepool_spec import NodePoolPlan
     from tpuflow.gke.provisioning import Progress, RetryPolicy, _Loop
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 ON_KILL_ACTIONS = ("delete", "keep")
 
@@ -39,6 +40,11 @@ class _NodePoolOperatorBase(BaseOperator):
     """
 
     _checked_fields: tuple[str, ...] = ()
+
+    def _checked_values_templated(self) -> bool:
+        """Whether a value the check reads is rendered only at run time (a TpuSlice is static: is_templated
+        treats any object as a template, slice_is_templated does not, and agrees with it on everything else)."""
+        return any(slice_is_templated(getattr(self, name)) for name in self._checked_fields)
 
     def __init__(
         self,
@@ -83,7 +89,7 @@ class _NodePoolOperatorBase(BaseOperator):
         for field in ("poll_interval", "retry_backoff", "max_backoff", "operation_timeout"):
             check_seconds(field, getattr(self, field))
         check_count("max_busy_retries", self.max_busy_retries, minimum=0)
-        if not is_templated(*(getattr(self, name) for name in self._checked_fields)):
+        if not self._checked_values_templated():
             self._check_arguments()
 
     # --- shared plumbing -------------------------------------------------------------------------------
@@ -189,10 +195,9 @@ class _NodePoolOperatorBase(BaseOperator):
 class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     """Create the GKE node pool(s) for a TPU slice, or adopt the ones an earlier try created.
 
-    The slice comes from the catalog (``accelerator``, ``topology``, optional ``machine_type`` and
-    ``num_slices``): machine type, node count (hosts; one pool per multi-host slice, since GKE
-    cannot grow a multi-host pool), COMPACT placement with the topology for multi-host slices, a
-    workload policy for multi-host tpu7x, none for single-host slices.
+    The slice (``tpu_slice``) comes from the catalog: machine type, node count (hosts; one pool per
+    multi-host slice, since GKE cannot grow a multi-host pool), COMPACT placement with the topology for
+    multi-host slices, a workload policy for multi-host tpu7x, none for single-host slices.
 
     Static arguments are checked when the DAG file is parsed (a bad one is an import error);
     templated ones when the task starts, before any API call.
@@ -210,10 +215,11 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
     :param operation_timeout: seconds a GKE operation on the pool may run (counted from its start) before the
         task stops waiting and fails, naming the operation (default one hour; a TPU pool create takes minutes).
-    :param accelerator: TPU generation, in any of its names (``v6e``, ``TPU-V6E``, ``tpu-v6e-slice``).
-    :param topology: the slice's shape, e.g. ``4x4`` or ``2x2x2`` (not a chip count).
-    :param machine_type: only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``.
-    :param num_slices: identical slices (multislice); each multi-host slice gets its own pool.
+    :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice (``TpuSlice.from_spec("v6e", "4x4")``),
+        its ``to_dict()``, or ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` whose values may be
+        templates. ``accelerator`` in any of its names (``v6e``, ``TPU-V6E``, ``tpu-v6e-slice``); ``topology`` the
+        shape, e.g. ``4x4`` or ``2x2x2`` (not a chip count); ``machine_type`` only to pick among machine types of
+        one shape; ``num_slices`` identical slices (multislice), each multi-host slice in its own pool. Templated.
     :param capacity: ``on-demand``, ``spot``, ``reservation:NAME``, ``flex-start`` or ``queued``.
     :param fallback_capacity: capacities to try in order when GKE reports a stockout, e.g.
         ``["on-demand"]`` after ``capacity="spot"``. After the last one, the create is retried
@@ -247,10 +253,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         "project_id",
         "location",
         "cluster_name",
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "capacity",
         "fallback_capacity",
         "node_zone",
@@ -267,10 +270,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     def __init__(
         self,
         *,
-        accelerator: str,
-        topology: str,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
+        tpu_slice: SliceArgument,
         capacity: str = "on-demand",
         fallback_capacity: Sequence[str] | str = (),
         node_zone: str | None = None,
@@ -285,10 +285,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.accelerator = accelerator
-        self.topology = topology
-        self.machine_type = machine_type
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.capacity = capacity
         self.fallback_capacity = fallback_capacity
         self.node_zone = node_zone
@@ -311,7 +308,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self._expires_in()
         check_count("stockout_retries", self.stockout_retries, minimum=0)
         super()._check_static_arguments()
-        if is_templated(*(getattr(self, name) for name in self._checked_fields)):
+        if self._checked_values_templated():
             self._check_static_names()
 
     def _check_static_names(self) -> None:
@@ -347,10 +344,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
             project_id=self.project_id,
             location=self.location,
             cluster_name=self.cluster_name,
-            accelerator=self.accelerator,
-            topology=self.topology,
-            machine_type=self.machine_type or None,
-            num_slices=self.num_slices,
+            tpu_slice=self.tpu_slice,
             capacity=self.capacity,
             fallback_capacity=self.fallback_capacity,
             node_zone=self.node_zone or None,

@@ -34,7 +34,7 @@ from tpuflow.kuberay.k8s_values import check_name, check_namespace
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
-from tpuflow.templating import is_templated
+from tpuflow.tpu.slice_argument import slice_is_templated
 from tpuflow.validation import check_count
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from tpuflow.kuberay.hooks import KubeRayHook, KubeTarget
     from tpuflow.kuberay.manifests import RayClusterTemplate
     from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 _GKE_KEYS = ("project_id", "location", "cluster_name")
 # (the values a check reads, the check): run at parse time when every value is static, always in execute
@@ -151,7 +152,8 @@ class KubeRayBaseOperator(BaseOperator):
     def validate_arguments(self, *, static_only: bool = False) -> None:
         """Raise UserInputError for the first bad argument; ``static_only``: skip checks of templated values."""
         for values, check in self.argument_checks():
-            if not (static_only and is_templated(*values)):
+            # slice_is_templated is is_templated, except that a TpuSlice (an object) counts as static
+            if not (static_only and any(slice_is_templated(value) for value in values)):
                 check()
 
     def _check_static_arguments(self) -> None:
@@ -391,18 +393,14 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
 
 
 class SliceArgumentsMixin:
-    """The Ray cluster's shape arguments: ``tpu`` (a TpuSlice, not templated) or the templated
-    accelerator/topology/machine_type/num_slices, plus image, env and resources (documented on the
-    operators that take them)."""
+    """The Ray cluster's shape arguments: ``tpu_slice`` (tpuflow.tpu.slice_argument: a TpuSlice, its
+    to_dict(), or a mapping whose values may be templates), plus image, env and resources (documented on
+    the operators that take them)."""
 
     def __init__(
         self,
         *,
-        tpu: TpuSlice | Mapping[str, Any] | None = None,
-        accelerator: str | None = None,
-        topology: str | None = None,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
+        tpu_slice: SliceArgument | None = None,
         image: str | None = None,
         ray_version: str = DEFAULT_RAY_VERSION,
         env: Mapping[str, str] | None = None,
@@ -414,11 +412,7 @@ class SliceArgumentsMixin:
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.tpu = tpu
-        self.accelerator = accelerator
-        self.topology = topology
-        self.machine_type = machine_type
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.image = image
         self.ray_version = ray_version
         self.env = env
@@ -431,10 +425,7 @@ class SliceArgumentsMixin:
     def slice_values(self) -> tuple[Any, ...]:
         """What the cluster shape is built from (the check runs at parse time only when all are static)."""
         return (
-            self.accelerator,
-            self.topology,
-            self.machine_type,
-            self.num_slices,
+            self.tpu_slice,
             self.image,
             self.env,
             self.ray_version,
@@ -446,24 +437,10 @@ class SliceArgumentsMixin:
         )
 
     def resolved_slice(self) -> TpuSlice:
-        from tpuflow.tpu import TpuSlice
+        """The (rendered) ``tpu_slice``, in a shape GKE and Ray take; else one line naming ``tpu_slice.<key>``."""
+        from tpuflow.tpu.slice_argument import resolve_slice
 
-        tpu = self.tpu
-        if tpu is not None:
-            if self.accelerator or self.topology:
-                raise UserInputError("tpu", tpu, "give either tpu or accelerator/topology, not both")
-            if isinstance(tpu, Mapping):
-                tpu = TpuSlice.from_dict(dict(tpu))
-            if not isinstance(tpu, TpuSlice):
-                raise UserInputError("tpu", tpu, "give a TpuSlice or its to_dict()")
-            return tpu
-        if not self.accelerator or not self.topology:
-            raise UserInputError(
-                "topology" if self.accelerator else "accelerator",
-                self.topology if self.accelerator else self.accelerator,
-                "give the TPU slice: tpu=TpuSlice.from_spec(...) or accelerator= and topology=",
-            )
-        return TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
+        return resolve_slice(self.tpu_slice, gke=True, ray=True)
 
     def build_template(self) -> RayClusterTemplate:
         from tpuflow.kuberay.manifests import RayClusterTemplate

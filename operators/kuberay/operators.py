@@ -1,6 +1,6 @@
 """Airflow operators for KubeRay RayClusters and RayServices on GKE TPU slices.
 
-    create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu=TpuSlice.from_spec("v6e", "4x4"),
+    create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu_slice=TpuSlice.from_spec("v6e", "4x4"),
                                           image="rayproject/ray:2.60.0-py311", deferrable=True)
     delete = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster", cluster_task_id="ray_cluster")
     create >> ... >> delete.as_teardown(setups=create)
@@ -103,11 +103,10 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     "head_service", "head_pod", "in_cluster_dns": {...}, "slice": TpuSlice.to_dict()}. Killing the task
     while it waits deletes the RayCluster it created.
 
-    :param tpu: the slice (TpuSlice or its to_dict()); or give accelerator/topology/machine_type/num_slices.
-    :param accelerator: TPU generation or accelerator name (e.g. "v6e", "TPU-V6E"); templated.
-    :param topology: slice topology, e.g. "4x4"; templated.
-    :param machine_type: GKE machine type of the TPU hosts (default: the slice's); templated.
-    :param num_slices: number of slices (worker replicas); templated.
+    :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice, its to_dict(), or
+        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` (accelerator: TPU generation or
+        accelerator name, e.g. "v6e", "TPU-V6E"; topology e.g. "4x4"; machine_type of the TPU hosts, default
+        the slice's; num_slices: worker replicas) whose values may be templates; templated.
     :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
     :param ray_version: the Ray version in the image (X.Y.Z).
     :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
@@ -157,10 +156,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         "image",
         "env",
         "labels",
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "manifest",
     )
 
@@ -176,7 +172,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def argument_checks(self) -> list[ArgumentCheck]:
         checks = [
             *super().argument_checks(),
-            ((self.manifest, self.accelerator, self.topology, self.image), self._check_one_source),
+            ((self.manifest, self.tpu_slice, self.image), self._check_one_source),
         ]
         if self.manifest is None:
             checks.append((self.slice_values(), self.build_template))  # bad slice/image/env names the field
@@ -185,7 +181,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return checks
 
     def _check_one_source(self) -> None:
-        if self.manifest is not None and (self.tpu or self.accelerator or self.topology or self.image):
+        if self.manifest is not None and (self.tpu_slice or self.image):
             raise UserInputError("manifest", "<manifest>", "give either manifest or the slice arguments, not both")
 
     # --- manifest ---
@@ -318,11 +314,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param deployment_options: with llm_model_id, Serve deployment settings
         (tpuflow.serve.deployment_options.DeploymentOptions or its fields as a dict: num_replicas or
         autoscaling_config, max_ongoing_requests, max_queued_requests, request_timeout_s, ...); templated.
-    :param tpu: the slice (TpuSlice or its to_dict()); or give accelerator/topology/machine_type/num_slices.
-    :param accelerator: TPU generation or accelerator name (e.g. "v6e", "TPU-V6E"); templated.
-    :param topology: slice topology, e.g. "4x4"; templated.
-    :param machine_type: GKE machine type of the TPU hosts (default: the slice's); templated.
-    :param num_slices: number of slices (worker replicas); templated.
+    :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice, its to_dict(), or
+        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` (accelerator: TPU generation or
+        accelerator name, e.g. "v6e", "TPU-V6E"; topology e.g. "4x4"; machine_type of the TPU hosts, default
+        the slice's; num_slices: worker replicas) whose values may be templates; templated.
     :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
     :param ray_version: the Ray version in the image (X.Y.Z).
     :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
@@ -375,10 +370,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         "image",
         "env",
         "labels",
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "serve_config",
         "llm_model_id",
         "llm_options",

@@ -15,13 +15,15 @@ from airflow.sdk import BaseOperator
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
 from tpuflow.rayjob.links import RayDashboardLink
-from tpuflow.templating import is_templated, is_true
+from tpuflow.templating import is_true
+from tpuflow.tpu.slice_argument import slice_is_templated
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from airflow.sdk import Context
     from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 
 def local_cluster_name(identity: TaskIdentity) -> str:
@@ -49,10 +51,12 @@ class LocalRayClusterCreateOperator(BaseOperator):
     stops the nodes it started: they run in their own sessions, so ending the task process alone
     would leave them running.
 
-    :param accelerator: TPU generation, in any of its names (``v6e``, ``TPU-V6E``, ...).
-    :param topology: the slice's shape, e.g. ``2x2`` or ``4x4`` (not a chip count).
-    :param machine_type: only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``.
-    :param num_slices: identical slices to simulate.
+    :param tpu_slice: the slice to simulate (tpuflow.tpu.slice_argument): a TpuSlice
+        (``TpuSlice.from_spec("v6e", "2x2")``), its ``to_dict()``, or ``{"accelerator", "topology",
+        "machine_type"?, "num_slices"?}`` whose values may be templates. ``accelerator`` in any of its names
+        (``v6e``, ``TPU-V6E``, ...); ``topology`` the shape, e.g. ``2x2`` or ``4x4`` (not a chip count);
+        ``machine_type`` only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``;
+        ``num_slices`` identical slices to simulate. Templated.
     :param base_dir: where cluster state lives (default: ``clusters/`` under ``$TPUFLOW_HOME``).
     :param head_cpus: CPUs the head node offers to Ray.
     :param host_cpus: CPUs each simulated TPU host offers to Ray (default: one per TPU device of the host, so
@@ -64,17 +68,14 @@ class LocalRayClusterCreateOperator(BaseOperator):
         adopts the cluster keeps the first.
     """
 
-    template_fields: Sequence[str] = ("accelerator", "topology", "machine_type", "num_slices", "base_dir")
+    template_fields: Sequence[str] = ("tpu_slice", "base_dir")
     operator_extra_links = (RayDashboardLink(),)
     ui_color = "#e0f2d9"
 
     def __init__(
         self,
         *,
-        accelerator: str,
-        topology: str,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
+        tpu_slice: SliceArgument,
         base_dir: str | None = None,
         head_cpus: int = 2,
         host_cpus: int | None = None,
@@ -83,10 +84,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.accelerator = accelerator
-        self.topology = topology
-        self.machine_type = machine_type
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.base_dir = base_dir
         self.head_cpus = head_cpus
         self.host_cpus = host_cpus
@@ -96,11 +94,10 @@ class LocalRayClusterCreateOperator(BaseOperator):
         self._check_static_arguments()
 
     def _check_arguments(self) -> TpuSlice:
-        """The slice to simulate (UserInputError naming the field when Ray cannot run it)."""
-        from tpuflow.tpu import TpuSlice
+        """The slice to simulate (UserInputError naming ``tpu_slice.<key>`` when Ray cannot run it)."""
+        from tpuflow.rayjob.workload_operators import ray_slice
 
-        tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
-        return tpu.require(ray=True)
+        return ray_slice(self.tpu_slice)
 
     def _check_static_arguments(self) -> None:
         """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
@@ -111,7 +108,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
             check_count("host_cpus", self.host_cpus, minimum=1)
         check_seconds("start_timeout", self.start_timeout)
         check_seconds("expires_after", self.expires_after, optional=True)
-        if not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
+        if not slice_is_templated(self.tpu_slice):
             self._check_arguments()
 
     def execute(self, context: Context) -> dict[str, Any]:

@@ -46,8 +46,9 @@ def checked(key: str, serve: bool = False) -> str:
 
 
 def checked_slice(serve: bool = False) -> dict[str, str]:
-    """accelerator, topology, machine_type and num_slices of check_params' training (or serve) slice, as
-    templates: every task of a run reads the one slice check_params validated, never the raw Params."""
+    """The ``tpu_slice`` argument of every slice task: accelerator, topology, machine_type and num_slices of
+    check_params' training (or serve) slice, as templates: every task of a run reads the one slice
+    check_params validated, never the raw Params."""
     return {
         "accelerator": checked("ray_accelerator_type", serve),
         "topology": checked("topology", serve),
@@ -60,7 +61,7 @@ def build_serve_config(
     cluster: Any,
     trained: Any,
     workloads_uri: str,
-    serve_slice: Any = None,
+    tpu_slice: Any = None,
     *,
     workload: Workload,
     code_uri: str | None = None,
@@ -68,7 +69,7 @@ def build_serve_config(
     """The Serve config task (task_id build_serve_config) of the workload's app; its XCom is the config the
     deploy task takes.
 
-    ``serve_slice``: the TPU slice the replicas are placed on (check_params' ``serve``); None: CPU replicas.
+    ``tpu_slice``: the TPU slice the replicas are placed on (check_params' ``serve``); None: CPU replicas.
     ``code_uri``: the workload's code as the cluster sees it (None: nothing shipped).
     """
     return BuildServeConfigOperator(
@@ -77,7 +78,7 @@ def build_serve_config(
         cluster=cluster,
         trained=trained,
         workloads_uri=workloads_uri,
-        serve_slice=serve_slice,
+        tpu_slice=tpu_slice,
         code_uri=code_uri,
     ).output
 
@@ -168,7 +169,7 @@ def training_steps(
         )
     slice_args = {
         "cluster": cluster if train_cluster is None else train_cluster,
-        **checked_slice(),
+        "tpu_slice": checked_slice(),
     }
     preflight = RaySlicePreflightOperator(
         task_id="preflight", enabled="{{ params.preflight }}", log_uri=f"{run_dir}/logs/preflight.log", **slice_args
@@ -296,12 +297,10 @@ def build_pipeline_dag(
         **dag_kwargs,
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
-        lease = AcquireSliceOperator(
-            task_id="acquire_slice", max_slices=MAX_SLICES, num_slices=CHECKED_SLICE.format("num_slices")
-        )
+        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice())
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
-            **checked_slice(),
+            tpu_slice=checked_slice(),
             retries=0,
         )
         cluster = start.output
@@ -312,7 +311,7 @@ def build_pipeline_dag(
                 cluster,
                 train.output,
                 f"local://{workloads_dir()}",
-                serve_slice=SERVE_SLICE,
+                tpu_slice=SERVE_SLICE,
                 workload=workload,
                 code_uri=workload.local_code_uri(),
             )
@@ -321,7 +320,7 @@ def build_pipeline_dag(
                 task_id="deploy",
                 cluster=cluster,
                 serve_config=serve_cfg,
-                serve_slice=SERVE_SLICE,
+                tpu_slice=SERVE_SLICE,
                 serve_token_conn_id=serve_token_conn_id,
             )
             (evaluate or train) >> serve_cfg >> deploy

@@ -607,7 +607,7 @@ def build_gke_pipeline_dag(
                 wait_timeout=cluster_ready_timeout,
                 **{k: v for k, v in rays.items() if k not in ("image", "env")},
             )
-        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", **checked_slice(), **creates)
+        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", tpu_slice=checked_slice(), **creates)
         # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
         queued: dict[str, Any] = {
             **kube,
@@ -615,11 +615,11 @@ def build_gke_pipeline_dag(
             "wait_timeout": cluster_ready_timeout,
         }
         request_capacity = GKECreateProvisioningRequestOperator(
-            task_id="request_capacity", node_pool_task_id="create_node_pool", **checked_slice(), **queued
+            task_id="request_capacity", node_pool_task_id="create_node_pool", tpu_slice=checked_slice(), **queued
         )
         create_cluster = QueuedCapacityRayClusterOperator(
             task_id="create_ray_cluster",
-            **checked_slice(),
+            tpu_slice=checked_slice(),
             provisioning_request=_REQUESTED % "request_capacity",
             wait_timeout=cluster_ready_timeout,
             **rays,
@@ -628,7 +628,7 @@ def build_gke_pipeline_dag(
             task_id="wait_for_flex_start",
             node_pool_task_id="create_node_pool",
             ray_cluster_task_id="create_ray_cluster",
-            **checked_slice(),
+            tpu_slice=checked_slice(),
             **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
         )
         cpu_cluster = create_prep.output if create_prep else None
@@ -749,23 +749,23 @@ def _serve_steps(
         cluster if cluster is not None else {"backend": "kuberay"},
         trained.output,
         workloads_uri,
-        serve_slice=SERVE_SLICE,
+        tpu_slice=SERVE_SLICE,
         workload=workload,
         code_uri=code_uri,
     )
     create_serve_pool = GKECreateTPUNodePoolOperator(
-        task_id="create_serve_node_pool", **checked_slice(serve=True), **creates
+        task_id="create_serve_node_pool", tpu_slice=checked_slice(serve=True), **creates
     )
     request_serve_capacity = GKECreateProvisioningRequestOperator(
         task_id="request_serve_capacity",
         node_pool_task_id="create_serve_node_pool",
-        **checked_slice(serve=True),
+        tpu_slice=checked_slice(serve=True),
         **queued,
     )
     deploy = QueuedCapacityDeployServiceOperator(
         task_id="deploy",
         serve_config=serve_cfg,
-        **checked_slice(serve=True),
+        tpu_slice=checked_slice(serve=True),
         provisioning_request=_REQUESTED % "request_serve_capacity",
         wait_timeout=wait_timeout,
         serve_token_conn_id=serve_token_conn_id,

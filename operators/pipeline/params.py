@@ -238,7 +238,7 @@ def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict
             params.get("num_slices", 1),
         )
         tpu.require(ray=True)
-        check_multislice(tpu, framework, simulated=local_serve)
+        check_multislice(tpu, framework, simulated=local_serve, field="num_slices")
     except UserInputError as err:
         raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
     if not local_serve:

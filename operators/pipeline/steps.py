@@ -9,17 +9,19 @@ Arguments listed in ``template_fields`` are rendered (Jinja, and XComArgs resolv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import validate_params
 from tpuflow.templating import is_static
+from tpuflow.tpu.slice_argument import resolve_slice, slice_is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from tpuflow.pipeline.workload import Workload
+    from tpuflow.tpu import TpuSlice
 
 
 class CheckParamsOperator(BaseOperator):
@@ -74,8 +76,8 @@ class BuildServeConfigOperator(BaseOperator):
     :param deployment_options: Serve settings of the endpoint (tpuflow.serve.deployment_options.DeploymentOptions
         or a dict of its fields: num_replicas or autoscaling_config, max_ongoing_requests, max_queued_requests,
         request_timeout_s, user_config (over the workload's serve_user_config), ...); templated.
-    :param serve_slice: the slice the replicas serve from (TpuSlice.to_dict(), e.g. check_params' ``serve``);
-        None: CPU replicas; templated.
+    :param tpu_slice: the slice the replicas serve from (tpuflow.tpu.slice_argument: a TpuSlice, its to_dict()
+        such as check_params' ``serve``, or {"accelerator", "topology", ...}); None: CPU replicas; templated.
     :param code_uri: the workload's code as the Ray cluster sees it (a ``py_modules`` entry: local:// folder
         or a remote zip); None: the app's modules are importable there already; templated.
     """
@@ -85,7 +87,7 @@ class BuildServeConfigOperator(BaseOperator):
         "trained",
         "workloads_uri",
         "deployment_options",
-        "serve_slice",
+        "tpu_slice",
         "code_uri",
     )
 
@@ -97,7 +99,7 @@ class BuildServeConfigOperator(BaseOperator):
         trained: Any,
         workloads_uri: str,
         deployment_options: Any = None,
-        serve_slice: Any = None,
+        tpu_slice: Any = None,
         code_uri: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -110,7 +112,7 @@ class BuildServeConfigOperator(BaseOperator):
         self.trained = trained
         self.workloads_uri = workloads_uri
         self.deployment_options = deployment_options
-        self.serve_slice = serve_slice
+        self.tpu_slice = tpu_slice
         self._check_arguments(rendered=False)
 
     def _check_arguments(self, *, rendered: bool) -> None:
@@ -130,12 +132,8 @@ class BuildServeConfigOperator(BaseOperator):
                 raise UserInputError(
                     "workload.serve_deployment", None, "name the app's deployment that deployment_options configure"
                 )
-        if (rendered or is_static(self.serve_slice)) and self.serve_slice is not None:
-            from tpuflow.tpu import TpuSlice
-
-            if not (isinstance(self.serve_slice, dict) and {"generation", "topology"} <= set(self.serve_slice)):
-                raise UserInputError("serve_slice", self.serve_slice, "pass a TpuSlice.to_dict() (check_params' serve)")
-            TpuSlice.from_dict(self.serve_slice)
+        if self.tpu_slice is not None and (rendered or not slice_is_templated(self.tpu_slice)):
+            resolve_slice(self.tpu_slice)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._check_arguments(rendered=True)
@@ -144,7 +142,7 @@ class BuildServeConfigOperator(BaseOperator):
             self.trained,
             self.workloads_uri,
             context["params"]["framework"],
-            self.serve_slice,
+            None if self.tpu_slice is None else resolve_slice(self.tpu_slice),
             deployment_options=self.deployment_options,
             workload=self.workload,
             code_uri=self.code_uri,
@@ -156,19 +154,18 @@ def serve_config_for(
     trained: dict[str, Any],
     workloads_uri: str,
     framework: str,
-    serve_slice: dict[str, Any] | None = None,
+    tpu_slice: TpuSlice | Mapping[str, Any] | None = None,
     *,
     workload: Workload,
     deployment_options: Any = None,
     code_uri: str | None = None,
 ) -> dict[str, Any]:
-    """The workload's Serve app config; with ``serve_slice`` its replicas are placed on that TPU slice.
+    """The workload's Serve app config; with ``tpu_slice`` its replicas are placed on that TPU slice.
 
     ``code_uri``: the workload's code for the replicas' runtime_env ``py_modules`` (None: none shipped)."""
     from tpuflow.serve.config import check_tpu_placement, serve_application, serve_config, serve_tpu_args
     from tpuflow.serve.deployment_options import DeploymentOptions
     from tpuflow.storage import emulator_env
-    from tpuflow.tpu import TpuSlice
 
     options = DeploymentOptions.from_value(deployment_options)
     name, import_path = workload.app_name, workload.serve_app
@@ -179,7 +176,7 @@ def serve_config_for(
             "workload.serve_deployment", None, "name the app's deployment that deployment_options configure"
         )
     local = cluster.get("backend") == "local"
-    tpu = TpuSlice.from_dict(serve_slice) if serve_slice else None
+    tpu = None if tpu_slice is None else resolve_slice(tpu_slice)
     # The replicas load the checkpoint themselves: with a GCS emulator they must be told where it is.
     # Simulated TPU hosts run JAX on CPU, as training does.
     env_vars = {**emulator_env(), **({"JAX_PLATFORMS": "cpu"} if local and tpu else {}), **(tpu.ray_env if tpu else {})}

@@ -109,9 +109,15 @@ class RaySubmitJobOperator(BaseOperator):
     :param deferrable: wait in the triggerer (default) instead of the worker.
     :param poll_interval: seconds between status polls.
     :param job_timeout: seconds after which the job is stopped and the task fails (retried); None: no limit.
-    :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail (without retry) if the result is below; templated.
+    :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail (without retry) if the result is below; a key
+        missing from the result's top level is looked up in its ``metrics`` (a Ray Train run's); templated.
     :param log_uri: where to keep the job's full driver log once it ends, whatever the outcome (local path
         or gs://); templated.
+    :param train_run_path: the Ray Train run folder the job writes (RunConfig storage_path/name, local path or
+        gs://); once the job succeeds, its latest checkpoint and the metrics reported with it come from Ray
+        Train's own record (``Result.from_path``): the result gains ``checkpoint``, ``metrics`` and
+        ``train_run_path``, under whatever the job's own result line says (its keys win). A folder with no
+        Ray Train record of a checkpoint fails the task without retries; templated.
     """
 
     template_fields: Sequence[str] = (
@@ -123,6 +129,7 @@ class RaySubmitJobOperator(BaseOperator):
         "submission_id",
         "min_result",
         "log_uri",
+        "train_run_path",
     )
     template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
     operator_extra_links = (RayJobLink(), RayDashboardLink(), RayJobLogLink())
@@ -145,6 +152,7 @@ class RaySubmitJobOperator(BaseOperator):
         job_timeout: float | None = None,
         min_result: dict[str, float] | None = None,
         log_uri: str | None = None,
+        train_run_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -162,6 +170,7 @@ class RaySubmitJobOperator(BaseOperator):
         self.job_timeout = job_timeout
         self.min_result = min_result
         self.log_uri = log_uri
+        self.train_run_path = train_run_path
         # What on_kill stops: the job this task submitted or re-attached to, while the worker follows it.
         self._owned_submission_id: str | None = None
         self._check_job_arguments(rendered=False)
@@ -192,7 +201,7 @@ class RaySubmitJobOperator(BaseOperator):
         for field in ("runtime_env", "env_vars", "min_result"):
             if rendered or is_static(getattr(self, field)):
                 _check_mapping(field, getattr(self, field))
-        for field in ("working_dir", "submission_id", "log_uri"):
+        for field in ("working_dir", "submission_id", "log_uri", "train_run_path"):
             if rendered or is_static(getattr(self, field)):
                 _check_text(field, getattr(self, field))
         if rendered or is_static(self.min_result):
@@ -303,7 +312,7 @@ class RaySubmitJobOperator(BaseOperator):
         if event["job_status"] == "STOPPED":  # a restart_if_stopped wait: the re-attached job was stopped
             self.log.warning("%s: %s", event["submission_id"], event["message"])
             return self._submit_and_follow(context, may_restart=False)
-        return self._check_result(event.get("result") or {})
+        return self._check_result(self._with_train_result(event.get("result") or {}))
 
     def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str, bool]:
         """The job this task already runs (named in the task state store, else found by its
@@ -364,9 +373,20 @@ class RaySubmitJobOperator(BaseOperator):
         except Exception as err:
             self.log.warning("Could not keep the driver log at %s: %s", self.log_uri, err)
 
+    def _with_train_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        """The job's result over its Ray Train run's record (train_run_path), the job's own keys winning."""
+        if not self.train_run_path:
+            return result
+        from tpuflow.rayjob.train_result import read_train_result
+
+        recorded = read_train_result(self.train_run_path)
+        self.log.info("Ray Train run %s: latest checkpoint %s", self.train_run_path, recorded["checkpoint"])
+        return {**recorded, **result}
+
     def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        metrics = result.get("metrics") if isinstance(result.get("metrics"), Mapping) else {}
         for key, minimum in (self.min_result or {}).items():
-            value = result.get(key)
+            value = result[key] if key in result else metrics.get(key)
             if not isinstance(value, int | float) or value < float(minimum):
                 raise QualityGateError(f"quality gate: {key}={value!r} is below the required {minimum}; not continuing")
         return result

@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import RaySubmitJobOperator
-from tpuflow.templating import is_static, is_templated, is_true
+from tpuflow.templating import is_static, is_true
+from tpuflow.tpu.slice_argument import slice_is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 COLLECTIVES = ("jax", "tcp")
 # The workload's failure line (tpuflow_driver.preflight.FAILED_MARKER): the task fails with it alone.
@@ -31,10 +34,10 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
     arguments apply here too, except ``entrypoint``, which this builds. A failed preflight fails
     the task without retries, with one line naming the hosts that did not answer.
 
-    :param accelerator: the slice's TPU generation, e.g. "TPU-V6E"; templated.
-    :param topology: the slice's chip topology, e.g. "4x4"; templated.
-    :param machine_type: the slice hosts' machine type; default: the generation's; templated.
-    :param num_slices: how many identical slices to reserve together; templated.
+    :param tpu_slice: the slice(s) to check (tpuflow.tpu.slice_argument): a TpuSlice
+        (``TpuSlice.from_spec("v6e", "4x4")``), its ``to_dict()``, or ``{"accelerator": "TPU-V6E", "topology":
+        "4x4", "machine_type"?, "num_slices"?}`` whose values may be templates; its ``num_slices`` identical
+        slices are reserved together; templated.
     :param deadline_s: seconds for each step (reservation, roll call, all-reduce).
     :param collective: "jax" (jax.distributed and one jitted sum over every device: what training
         runs first) or "tcp" (the roll call's gather-sum alone, no JAX).
@@ -44,20 +47,14 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
 
     template_fields: Sequence[str] = (
         *RaySubmitJobOperator.template_fields,
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "enabled",
     )
 
     def __init__(
         self,
         *,
-        accelerator: str,
-        topology: str,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
+        tpu_slice: SliceArgument,
         deadline_s: float = 30.0,
         collective: str = "jax",
         enabled: Any = True,
@@ -65,10 +62,7 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
     ) -> None:
         kwargs.setdefault("retries", 0)
         super().__init__(**kwargs)
-        self.accelerator = accelerator
-        self.topology = topology
-        self.machine_type = machine_type
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.deadline_s = deadline_s
         self.collective = collective
         self.enabled = enabled
@@ -89,15 +83,13 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
             raise UserInputError("collective", self.collective, f"use one of {', '.join(COLLECTIVES)}")
         if (rendered or is_static(self.enabled)) and not isinstance(self.enabled, bool | str | int | None):
             raise UserInputError("enabled", self.enabled, "give true or false")
-        if rendered or not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
+        if rendered or not slice_is_templated(self.tpu_slice):
             self._tpu_slice()
 
-    def _tpu_slice(self) -> Any:
-        from tpuflow.tpu import TpuSlice
+    def _tpu_slice(self) -> TpuSlice:
+        from tpuflow.rayjob.workload_operators import ray_slice
 
-        return TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices).require(
-            ray=True
-        )
+        return ray_slice(self.tpu_slice)
 
     def build_spec(self) -> dict[str, Any]:
         return {

@@ -14,10 +14,14 @@ from typing import TYPE_CHECKING, Any
 from tpuflow.errors import UserInputError
 from tpuflow.output_links import OutputsLink
 from tpuflow.rayjob.operators import RaySubmitJobOperator
-from tpuflow.templating import is_static, is_templated
+from tpuflow.templating import is_static
+from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
+from tpuflow.tpu.slice_argument import resolve_slice, slice_is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 FRAMEWORKS = ("jax", "torch")
 RESUME_POLICIES = ("auto", "never")
@@ -42,7 +46,12 @@ def module_entrypoint(module: str, arguments: dict[str, Any]) -> list[str]:
     return argv
 
 
-def check_multislice(tpu: Any, framework: Any, *, simulated: bool) -> None:
+def ray_slice(value: Any) -> TpuSlice:
+    """The TpuSlice a (rendered) ``tpu_slice`` argument names, in a shape Ray can place."""
+    return resolve_slice(value, ray=True)
+
+
+def check_multislice(tpu: Any, framework: Any, *, simulated: bool, field: str = f"{SLICE_FIELD}.num_slices") -> None:
     """Reject a multi-slice run Ray 2.60 cannot train (a topology Ray cannot place is rejected for any
     num_slices by TpuSlice.require(ray=True)).
 
@@ -51,7 +60,7 @@ def check_multislice(tpu: Any, framework: Any, *, simulated: bool) -> None:
     """
     if tpu.num_slices > 1 and framework == "torch" and simulated:
         raise UserInputError(
-            "num_slices",
+            field,
             tpu.num_slices,
             "Ray 2.60 trains torch across slices only with TorchConfig(backend='tpu_dist') on TPU chips (it sets "
             "MEGASCALE_* for tpu_dist alone); simulated hosts run torch on gloo: use framework jax or one slice",
@@ -112,13 +121,13 @@ class RayTrainOperator(RaySubmitJobOperator):
 
     :param framework: "jax" (ray.train.v2.jax.JaxTrainer) or "torch" (TorchTrainer); templated.
     :param train_loop: import path of the user's train_loop_per_worker, "module:function"; templated.
-    :param accelerator: the slice's TPU generation, e.g. "TPU-V6E"; templated.
-    :param topology: the slice's chip topology, e.g. "4x4"; templated.
+    :param tpu_slice: the slice to train on (tpuflow.tpu.slice_argument): a TpuSlice
+        (``TpuSlice.from_spec("v6e", "4x4")``), its ``to_dict()``, or ``{"accelerator": "TPU-V6E", "topology":
+        "4x4", "machine_type"?, "num_slices"?}`` whose values may be templates (machine_type default: the
+        generation's; num_slices: identical slices, multislice); templated.
     :param storage_path: checkpoints and results (local path or gs://): Ray Train's
         RunConfig(storage_path). The task's Outputs link; templated.
     :param run_name: Ray Train's run name under storage_path (RunConfig(name)); templated.
-    :param machine_type: the slice hosts' GCE machine type; default: the generation's; templated.
-    :param num_slices: how many identical slices (multislice); templated.
     :param datasets: {"train": parquet path, ...} read with Ray Data and sharded to the workers; templated.
     :param train_loop_config: the dict passed to train_loop_per_worker; templated.
     :param max_failures: worker-group restarts Ray Train allows, each from the latest checkpoint
@@ -143,10 +152,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         *RaySubmitJobOperator.template_fields,
         "framework",
         "train_loop",
-        "accelerator",
-        "topology",
-        "machine_type",
-        "num_slices",
+        "tpu_slice",
         "storage_path",
         "run_name",
         "datasets",
@@ -165,12 +171,9 @@ class RayTrainOperator(RaySubmitJobOperator):
         *,
         framework: str,
         train_loop: str,
-        accelerator: str,
-        topology: str,
+        tpu_slice: SliceArgument,
         storage_path: str,
         run_name: str,
-        machine_type: str | None = None,
-        num_slices: int | str = 1,
         datasets: dict[str, str] | None = None,
         train_loop_config: dict[str, Any] | None = None,
         max_failures: int = 2,
@@ -185,10 +188,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         super().__init__(**kwargs)
         self.framework = framework
         self.train_loop = train_loop
-        self.accelerator = accelerator
-        self.topology = topology
-        self.machine_type = machine_type
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.storage_path = storage_path
         self.run_name = run_name
         self.datasets = datasets
@@ -229,7 +229,7 @@ class RayTrainOperator(RaySubmitJobOperator):
             value = getattr(self, field)
             if (rendered or is_static(value)) and value is not None and not isinstance(value, dict):
                 raise UserInputError(field, value, "give a dict (or leave it unset)")
-        if rendered or not is_templated(self.accelerator, self.topology, self.machine_type, self.num_slices):
+        if rendered or not slice_is_templated(self.tpu_slice):
             self._tpu_slice()
         from tpuflow.validation import check_count, check_mapping, check_train_loop_config
 
@@ -262,13 +262,9 @@ class RayTrainOperator(RaySubmitJobOperator):
         if (rendered or is_static(self.framework)) and self.framework != "torch":
             raise UserInputError("torch_backend", backend, "leave it unset: it is TorchConfig's, for framework torch")
 
-    def _tpu_slice(self) -> Any:
-        """The slice the arguments name (raises UserInputError naming the bad one)."""
-        from tpuflow.tpu import TpuSlice
-
-        tpu = TpuSlice.from_spec(self.accelerator, self.topology, self.machine_type or None, self.num_slices)
-        tpu.require(ray=True)
-        return tpu
+    def _tpu_slice(self) -> TpuSlice:
+        """The slice ``tpu_slice`` names (raises UserInputError naming ``tpu_slice.<key>``)."""
+        return ray_slice(self.tpu_slice)
 
     def build_spec(self) -> dict[str, Any]:
         """The training spec tpuflow_driver.train runs (arguments already validated)."""

@@ -15,10 +15,13 @@ from tpuflow.links import StoredUrlLink
 from tpuflow.rayjob.connection import check_cluster
 from tpuflow.rayjob.links import RayDashboardLink
 from tpuflow.templating import is_static, is_templated
+from tpuflow.tpu.slice_argument import slice_is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from tpuflow.serve.hooks import RayServeHook
+    from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
 
 ON_KILL_ACTIONS = ("delete", "keep")
 
@@ -43,8 +46,9 @@ class RayServeDeployOperator(BaseOperator):
     :param cluster: the cluster-start task's XCom (dashboard_url, serve_url, ...); templated.
     :param ray_conn_id: Airflow connection (type ``ray``; extra ``serve_url``) naming the dashboard, when
         ``cluster`` is not given.
-    :param serve_slice: optional {"accelerator", "topology", "machine_type"?, "num_slices"?} (or a
-        TpuSlice.to_dict()) the model is served on. On a multi-host slice, an application whose args
+    :param tpu_slice: the slice the model is served on (tpuflow.tpu.slice_argument), optional: a TpuSlice
+        (``TpuSlice.from_spec("v6e", "4x4")``), its ``to_dict()``, or ``{"accelerator", "topology",
+        "machine_type"?, "num_slices"?}`` whose values may be templates; None: no TPU placement. On a multi-host slice, an application whose args
         leave out its placement (accelerator_type, accelerator_config.topology, chips_per_host; each
         inline LLMConfig's accelerator_type / accelerator_config) gets it from the slice, logged; a
         declared value the slice contradicts is rejected. Before anything is deployed, a replica asking
@@ -64,7 +68,7 @@ class RayServeDeployOperator(BaseOperator):
         without ``Authorization: Bearer <token>`` get 401. Give the smoke test the same connection.
     """
 
-    template_fields: Sequence[str] = ("serve_config", "cluster", "serve_slice")
+    template_fields: Sequence[str] = ("serve_config", "cluster", "tpu_slice")
     template_fields_renderers = {"serve_config": "json", "cluster": "json"}
     operator_extra_links = (RayServeEndpointLink(), RayDashboardLink())
     ui_color = "#ffe7c2"
@@ -75,7 +79,7 @@ class RayServeDeployOperator(BaseOperator):
         serve_config: dict[str, Any],
         cluster: dict[str, Any] | None = None,
         ray_conn_id: str | None = None,
-        serve_slice: dict[str, Any] | None = None,
+        tpu_slice: SliceArgument | None = None,
         deploy_timeout: float = 600.0,
         poll_interval: float = 2.0,
         deferrable: bool = True,
@@ -88,7 +92,7 @@ class RayServeDeployOperator(BaseOperator):
         self.serve_token_conn_id = serve_token_conn_id
         self.cluster = cluster
         self.ray_conn_id = ray_conn_id
-        self.serve_slice = serve_slice
+        self.tpu_slice = tpu_slice
         self.deploy_timeout = deploy_timeout
         self.poll_interval = poll_interval
         self.deferrable = deferrable
@@ -117,23 +121,13 @@ class RayServeDeployOperator(BaseOperator):
                 self.serve_config,
                 'give the Serve config as a dict with its "applications" (see tpuflow.serve.config.serve_config)',
             )
-        if (
-            (rendered or is_static(self.serve_slice))
-            and self.serve_slice is not None
-            and not (
-                isinstance(self.serve_slice, dict)
-                and "topology" in self.serve_slice
-                and ({"accelerator", "generation"} & set(self.serve_slice))
-            )
-        ):
-            raise UserInputError(
-                "serve_slice", self.serve_slice, 'give {"accelerator": ..., "topology": ...} or a TpuSlice.to_dict()'
-            )
-        if rendered or not is_templated(self.serve_config, self.serve_slice):
+        if rendered or not slice_is_templated(self.tpu_slice):
+            self._tpu_slice()
+        if rendered or not (is_templated(self.serve_config) or slice_is_templated(self.tpu_slice)):
             self._placed_config()
 
     def _placed_config(self, *, log: bool = False) -> dict[str, Any]:
-        """The Serve config with each multi-host app's placement derived from serve_slice where its args
+        """The Serve config with each multi-host app's placement derived from tpu_slice where its args
         leave it out (never a declared value rewritten), checked to fit the slice."""
         from tpuflow.serve.config import check_tpu_placement, derived_placement, place_on_slice
 
@@ -144,14 +138,13 @@ class RayServeDeployOperator(BaseOperator):
             self.log.info("%s", line)
         return placed
 
-    def _tpu_slice(self) -> Any:
-        if not self.serve_slice:
+    def _tpu_slice(self) -> TpuSlice | None:
+        """The slice ``tpu_slice`` names (None: none given), or one line naming ``tpu_slice.<key>``."""
+        if self.tpu_slice is None:
             return None
-        from tpuflow.tpu import TpuSlice
+        from tpuflow.tpu.slice_argument import resolve_slice
 
-        s = self.serve_slice
-        accelerator = s.get("accelerator") or s["generation"]
-        return TpuSlice.from_spec(accelerator, s["topology"], s.get("machine_type"), s.get("num_slices", 1))
+        return resolve_slice(self.tpu_slice)
 
     def hook(self) -> RayServeHook:
         from tpuflow.serve.hooks import RayServeHook
@@ -205,7 +198,7 @@ class RayServeDeployOperator(BaseOperator):
         return {"serve_url": serve_url, "routes": routes}
 
     def _config_to_deploy(self) -> dict[str, Any]:
-        """The Serve config placed on serve_slice (what was derived is logged), with the bearer token's digest
+        """The Serve config placed on tpu_slice (what was derived is logged), with the bearer token's digest
         in every application's args when one is asked for."""
         config = self._placed_config(log=True)
         if not self.serve_token_conn_id:

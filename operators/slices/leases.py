@@ -458,17 +458,17 @@ def lease_store(root: str | None, gcp_conn_id: str = "google_cloud_default") -> 
     return LocalLeaseStore(root)
 
 
-def parse_count(value: int | str, slots: int) -> int:
+def parse_count(value: int | str, slots: int, field: str = "num_slices") -> int:
     """How many slices one run needs (its num_slices): 1 to ``slots``; more can never be granted."""
     try:
         count = int(value)
     except (TypeError, ValueError):
         count = 0
     if count < 1:
-        raise UserInputError("num_slices", value, "give a whole number of slices >= 1")
+        raise UserInputError(field, value, "give a whole number of slices >= 1")
     if count > slots:
         raise UserInputError(
-            "num_slices",
+            field,
             value,
             f"the slice leases allow {slots} slice(s) at once (max_slices, e.g. the Variable tpuflow_max_slices); "
             f"ask for at most {slots} or raise the limit",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from tpuflow.events import raise_for_event
 from tpuflow.templating import is_templated
+from tpuflow.tpu.slice_argument import slice_is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -53,8 +54,9 @@ class AcquireSliceOperator(BaseOperator):
 
     :param max_slices: how many slices may be in use at once across every run sharing ``lease_root``
         (a whole number >= 1; templated, e.g. from an Airflow Variable).
-    :param num_slices: slices this run needs (one lease each, taken together); above ``max_slices`` the
-        task fails at once (templated).
+    :param tpu_slice: the run's slice (tpuflow.tpu.slice_argument: a TpuSlice, its to_dict() or
+        {"accelerator", "topology", "num_slices", ...}, templated): one lease per slice of its ``num_slices``,
+        taken together; more than ``max_slices`` fails at once. None: one slice.
     :param lease_root: local folder or ``gs://BUCKET/PREFIX`` (templated); default
         ``$TPUFLOW_SLICE_LEASES``, else ``slice-leases/`` under ``$TPUFLOW_HOME`` (``~/.tpuflow``).
     :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
@@ -62,14 +64,14 @@ class AcquireSliceOperator(BaseOperator):
     :param wait_timeout: seconds to wait for a lease before failing (default: wait as long as it takes).
     """
 
-    template_fields: Sequence[str] = ("max_slices", "lease_root", "num_slices")
+    template_fields: Sequence[str] = ("max_slices", "lease_root", "tpu_slice")
     ui_color = "#f3e5f5"
 
     def __init__(
         self,
         *,
         max_slices: int | str = 1,
-        num_slices: int | str = 1,
+        tpu_slice: Any = None,
         lease_root: str | None = None,
         gcp_conn_id: str = "google_cloud_default",
         poll_interval: float = 5.0,
@@ -78,7 +80,7 @@ class AcquireSliceOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.max_slices = max_slices
-        self.num_slices = num_slices
+        self.tpu_slice = tpu_slice
         self.lease_root = lease_root
         self.gcp_conn_id = gcp_conn_id
         self.poll_interval = poll_interval
@@ -88,9 +90,11 @@ class AcquireSliceOperator(BaseOperator):
     def _check_arguments(self) -> tuple[int, str | None, int]:
         """The slot count, lease root (None: the default) and slices wanted, or UserInputError naming the field."""
         from tpuflow.slices.leases import check_lease_root, parse_count, parse_slots
+        from tpuflow.tpu.slice_argument import resolve_slice
 
         slots = parse_slots(self.max_slices)
-        return slots, check_lease_root(self.lease_root), parse_count(self.num_slices, slots)
+        wanted = 1 if self.tpu_slice is None else resolve_slice(self.tpu_slice).num_slices
+        return slots, check_lease_root(self.lease_root), parse_count(wanted, slots, "tpu_slice.num_slices")
 
     def _check_static_arguments(self) -> None:
         """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
@@ -98,7 +102,7 @@ class AcquireSliceOperator(BaseOperator):
 
         check_seconds("poll_interval", self.poll_interval)
         check_seconds("wait_timeout", self.wait_timeout, optional=True)
-        if not is_templated(self.max_slices, self.lease_root, self.num_slices):
+        if not is_templated(self.max_slices, self.lease_root) and not slice_is_templated(self.tpu_slice):
             self._check_arguments()
 
     def execute(self, context: Context) -> dict[str, Any]:

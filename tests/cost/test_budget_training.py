@@ -58,7 +58,7 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(
     def train_op() -> BudgetedRayTrainOperator:
         return BudgetedRayTrainOperator(
             task_id="train", cluster=info, deferrable=False, poll_interval=0.5, framework="jax",
-            train_loop="addition.train_jax:train_loop_per_worker", accelerator="TPU-V6E", topology="2x2",
+            train_loop="addition.train_jax:train_loop_per_worker", tpu_slice={"accelerator": "TPU-V6E", "topology": "2x2"},
             storage_path=str(tmp_path / "train"), run_name="budget",
             datasets={"train": str(tmp_path / "data" / "train")},
             train_loop_config={"num_steps": 100_000, "checkpoint_every": 100},

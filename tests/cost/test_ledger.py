@@ -94,8 +94,8 @@ def test_ledger_equals_the_standins_create_and_delete_times(gke: Any, tmp_path: 
     fast = {"poll_interval": 0.05, "retry_backoff": 0.05, "project_id": PROJECT, "location": ZONE}
     run = {"dag_id": "ledger_dag", "run_id": "manual__ledger"}
     create = GKECreateTPUNodePoolOperator(
-        task_id="create_node_pool", cluster_name=CLUSTER, accelerator="v6e", topology="2x4",
-        machine_type="ct6e-standard-4t", gcp_conn_id=CONN_ID, **fast,
+        task_id="create_node_pool", cluster_name=CLUSTER, gcp_conn_id=CONN_ID, **fast,
+        tpu_slice={"accelerator": "v6e", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
     )  # fmt: skip
     create_ctx = task_context(**run, task_id="create_node_pool")
     create.execute(create_ctx)

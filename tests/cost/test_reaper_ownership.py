@@ -136,7 +136,9 @@ def test_the_create_operator_records_its_task_instance_as_the_owner(tmp_path: Pa
         raise cluster_mod.LocalClusterError("not starting Ray in this test")
 
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
-    op = LocalRayClusterCreateOperator(task_id="boot_ray", accelerator="v6e", topology="2x2", base_dir=str(tmp_path))
+    op = LocalRayClusterCreateOperator(
+        task_id="boot_ray", tpu_slice={"accelerator": "v6e", "topology": "2x2"}, base_dir=str(tmp_path)
+    )
     with pytest.raises(cluster_mod.LocalClusterError):
         op.execute(task_context(dag_id=DAG, run_id=LIVE_RUN, task_id="boot_ray", map_index=3))
     identity = TaskIdentity(DAG, LIVE_RUN, "boot_ray", 3)
@@ -209,7 +211,7 @@ def test_a_local_cluster_whose_owner_cannot_be_read_is_reported_never_deleted(tm
 def _ray_object(task_id: str, run_id: str, map_index: int = -1) -> dict[str, Any]:
     """A RayCluster as KubeRayCreateClusterOperator applies it (labels and owner annotation) for that task
     instance of DAG."""
-    op = KubeRayCreateClusterOperator(task_id=task_id, tpu=TpuSlice.from_spec("v6e", "4x4"),
+    op = KubeRayCreateClusterOperator(task_id=task_id, tpu_slice=TpuSlice.from_spec("v6e", "4x4"),
                                       image="rayproject/ray:2.60.0-py311", kubernetes_conn_id="kube_standin")  # fmt: skip
     context = task_context(dag_id=DAG, run_id=run_id, task_id=task_id, map_index=map_index)
     return op.owned_body(context, "default")

@@ -20,13 +20,15 @@ from tpuflow.errors import UserInputError
 TEMPLATE = "{{ ti.xcom_pull(task_ids='check_params')['topology'] }}"
 CLUSTER_INFO = {"dashboard_url": "http://127.0.0.1:8265", "serve_url": "http://127.0.0.1:8000", "backend": "local"}
 IMAGE = "rayproject/ray:2.60.0-py311"
+V6E_4X4 = {"accelerator": "v6e", "topology": "4x4"}
+V6E_2X2 = {"accelerator": "v6e", "topology": "2x2"}
 
 
 def gke_create(**kw: Any) -> Any:
     from tpuflow.gke.operators import GKECreateTPUNodePoolOperator
 
-    args = {"project_id": "my-proj", "location": "us-east5-b", "cluster_name": "c1", "accelerator": "v6e"}
-    return GKECreateTPUNodePoolOperator(task_id="pool", **{"topology": "4x4", **args, **kw})
+    args = {"project_id": "my-proj", "location": "us-east5-b", "cluster_name": "c1", "tpu_slice": V6E_4X4}
+    return GKECreateTPUNodePoolOperator(task_id="pool", **{**args, **kw})
 
 
 def gke_delete(**kw: Any) -> Any:
@@ -39,13 +41,14 @@ def gke_delete(**kw: Any) -> Any:
 def local_start(**kw: Any) -> Any:
     from tpuflow.local.operators import LocalRayClusterCreateOperator
 
-    return LocalRayClusterCreateOperator(task_id="start", **{"accelerator": "v6e", "topology": "2x2", **kw})
+    args = {"tpu_slice": {"accelerator": "v6e", "topology": "2x2"}}
+    return LocalRayClusterCreateOperator(task_id="start", **{**args, **kw})
 
 
 def raycluster(**kw: Any) -> Any:
     from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
 
-    args = {"kubernetes_conn_id": "k", "accelerator": "v6e", "topology": "4x4", "image": IMAGE}
+    args = {"kubernetes_conn_id": "k", "tpu_slice": V6E_4X4, "image": IMAGE}
     return KubeRayCreateClusterOperator(task_id="rc", **{**args, **kw})
 
 
@@ -58,7 +61,7 @@ def raycluster_manifest(**kw: Any) -> Any:
 def llm_service(**kw: Any) -> Any:
     from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
 
-    args = {"kubernetes_conn_id": "k", "accelerator": "v6e", "topology": "2x2", "image": "vllm/vllm-tpu:v0.11.1"}
+    args = {"kubernetes_conn_id": "k", "tpu_slice": V6E_2X2, "image": "vllm/vllm-tpu:v0.11.1"}
     return KubeRayDeployServiceOperator(task_id="llm", llm_model_id="Qwen/Qwen2.5-0.5B", **{**args, **kw})
 
 
@@ -72,7 +75,7 @@ def rayservice(**kw: Any) -> Any:
     from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
 
     config = {"applications": [{"name": "a", "import_path": "addition.serve_app:app_builder", "route_prefix": "/"}]}
-    args = {"kubernetes_conn_id": "k", "accelerator": "v6e", "topology": "2x2", "image": IMAGE, "serve_config": config}
+    args = {"kubernetes_conn_id": "k", "tpu_slice": V6E_2X2, "image": IMAGE, "serve_config": config}
     return KubeRayDeployServiceOperator(task_id="rs", **{**args, **kw})
 
 
@@ -88,8 +91,7 @@ def ray_train(**kw: Any) -> Any:
     args = {
         "framework": "jax",
         "train_loop": "addition.train_jax:train_loop_per_worker",
-        "accelerator": "v6e",
-        "topology": "2x2",
+        "tpu_slice": {"accelerator": "v6e", "topology": "2x2"},
         "storage_path": "/tmp/ckpt",
         "run_name": "r",
         "cluster": CLUSTER_INFO,
@@ -120,15 +122,16 @@ def acquire(**kw: Any) -> Any:
 # (operator factory, argument, bad value, text the fix must hold)
 PARSE_TIME: list[tuple[Callable[..., Any], str, Any, str]] = [
     # wrong types where the slice catalog expects strings
-    (gke_create, "topology", 16, "not a chip count"),
-    (gke_create, "accelerator", ["v6e"], "as a string"),
-    (gke_create, "machine_type", 4, "give a string"),
-    (gke_create, "num_slices", True, "whole number"),
-    (local_start, "topology", 4, "not a chip count"),
-    (local_start, "accelerator", {"v6e": 1}, "as a string"),
-    (raycluster, "topology", 2.5, "as a string"),
-    (ray_train, "topology", 16, "not a chip count"),
-    (ray_train, "accelerator", None, "as a string"),
+    (gke_create, "tpu_slice", {**V6E_4X4, "topology": 16}, "not a chip count"),
+    (gke_create, "tpu_slice", {**V6E_4X4, "accelerator": ["v6e"]}, "as a string"),
+    (gke_create, "tpu_slice", {**V6E_4X4, "machine_type": 4}, "give a string"),
+    (gke_create, "tpu_slice", {**V6E_4X4, "num_slices": True}, "whole number"),
+    (local_start, "tpu_slice", {"accelerator": "v6e", "topology": 4}, "not a chip count"),
+    (local_start, "tpu_slice", {"accelerator": {"v6e": 1}, "topology": "2x2"}, "as a string"),
+    (raycluster, "tpu_slice", {**V6E_4X4, "topology": 2.5}, "as a string"),
+    (ray_train, "tpu_slice", {"accelerator": "v6e", "topology": 16}, "not a chip count"),
+    (ray_train, "tpu_slice", {"accelerator": "v6e", "topologyy": "2x2"}, "takes only"),
+    (ray_train, "tpu_slice", {"accelerator": None, "topology": "2x2"}, "give a TpuSlice"),
     # times: negative, zero, non-finite, a bool, text
     (gke_create, "poll_interval", -1, "> 0"),
     (gke_create, "retry_backoff", math.nan, "> 0"),
@@ -229,28 +232,28 @@ def test_bad_static_argument_fails_at_parse_time(factory: Callable[..., Any], fi
 @pytest.mark.parametrize(("field", "value"), STATIC_NAMES, ids=[f for f, _ in STATIC_NAMES])
 def test_static_names_checked_when_the_slice_is_templated(field: str, value: Any) -> None:
     with pytest.raises(UserInputError) as err:
-        gke_create(topology=TEMPLATE, **{field: value})
+        gke_create(tpu_slice={**V6E_4X4, "topology": TEMPLATE}, **{field: value})
     assert err.value.field == field
     assert repr(value) in str(err.value)
 
 
 def test_templated_slice_with_good_names_still_parses() -> None:
-    op = gke_create(topology=TEMPLATE, node_pool_name="pool-1")
-    assert op.topology == TEMPLATE
+    op = gke_create(tpu_slice={**V6E_4X4, "topology": TEMPLATE}, node_pool_name="pool-1")
+    assert op.tpu_slice == {**V6E_4X4, "topology": TEMPLATE}
 
 
 def test_rendered_values_are_checked_before_any_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     """A templated value that renders to a bad one fails at the start of execute, naming the argument."""
-    op = ray_train(topology=TEMPLATE, train_loop_config="{{ params.cfg }}")
-    op.topology = 16  # what rendering produced (a native-typed render)
+    op = ray_train(tpu_slice={"accelerator": "v6e", "topology": TEMPLATE}, train_loop_config="{{ params.cfg }}")
+    op.tpu_slice = {"accelerator": "v6e", "topology": 16}  # what rendering produced (a native-typed render)
     op.train_loop_config = {"num_steps": math.inf}
 
     def no_hook(*_: Any, **__: Any) -> Any:
         raise AssertionError("a hook was made before the arguments were checked")
 
     monkeypatch.setattr(type(op), "hook", no_hook)
-    with pytest.raises(UserInputError, match=r"topology='16' is invalid"):
+    with pytest.raises(UserInputError, match=r"tpu_slice\.topology='16' is invalid"):
         op.validate_arguments()
-    op.topology = "2x2"
+    op.tpu_slice = {"accelerator": "v6e", "topology": "2x2"}
     with pytest.raises(UserInputError, match=r"train_loop_config\[num_steps\]=inf is invalid"):
         op.validate_arguments()

@@ -238,7 +238,8 @@ def raises_after_its_work(task_id: str) -> Callable[[Any], None]:
     return patch
 
 
-# One row per stage; `ci` marks the slice make test runs (one quick case per kind of API), make faults runs all.
+# One row per stage; `ci` marks the slice make test runs (one transient fault per API: GKE, Kubernetes), make faults
+# runs all.
 CASES: list[FaultCase] = [
     FaultCase("create_node_pool", "gke-too-many-operations", gke_fault("too_many_operations"), recovers=True),
     FaultCase("create_node_pool", "gke-stockout", gke_fault("stockout", times=10), recovers=False),
@@ -260,7 +261,6 @@ CASES: list[FaultCase] = [
         gke_fault("stuck", seconds=30.0),
         recovers=False,
         patch_dag=operation_timeout("create_node_pool", 2.0),
-        ci=True,
     ),
     FaultCase("create_ray_cluster", "k8s-429-on-create", kube_fault(429, "POST", "rayclusters", 2), True, ci=True),
     FaultCase("create_ray_cluster", "k8s-500-on-read", kube_fault(500, "GET", "rayclusters", 2), recovers=True),
@@ -274,7 +274,6 @@ CASES: list[FaultCase] = [
         no_fault,
         recovers=False,
         patch_dag=raises_after_its_work("create_node_pool"),
-        ci=True,
     ),
     FaultCase(
         "create_ray_cluster",

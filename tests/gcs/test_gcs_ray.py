@@ -36,7 +36,7 @@ def _train(info, storage_path: str, data: str, run_name: str, num_steps: int, ev
         poll_interval=0.5,
         framework="jax",
         train_loop="addition.train_jax:train_loop_per_worker",
-        **SLICE,
+        tpu_slice=SLICE,
         storage_path=storage_path,
         run_name=run_name,
         datasets={"train": f"{data}/train"},

@@ -33,7 +33,7 @@ from tpuflow.gke.provisioning_request import CONSUME_ANNOTATION
 from tpuflow.kuberay.operators import KubeRayDeleteClusterOperator
 
 KUBE_CONN = "kube_standin"
-SLICE = {"accelerator": "v6e", "topology": "4x4"}
+SLICE = {"tpu_slice": {"accelerator": "v6e", "topology": "4x4"}}
 FAST_POOL = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
 KUBE = {"kubernetes_conn_id": KUBE_CONN, "poll_interval": 0.05}
 RUN = {"dag_id": "capacity_dag", "run_id": "manual__2026-12-01T10:00:00+00:00"}
@@ -512,3 +512,30 @@ def test_the_pipeline_checks_max_run_duration_with_its_params():
     with pytest.raises(UserInputError) as err:
         check_gke_params({**base, "max_run_duration_seconds": 604801})
     assert err.value.field == "params.max_run_duration_seconds" and "604800" in err.value.fix
+
+
+def test_a_templated_tpu_slice_is_rendered_and_resolved_when_the_task_runs():
+    from tpuflow.tpu import TpuSlice
+
+    templated = {"accelerator": "{{ params.acc }}", "topology": "{{ params.topo }}", "num_slices": "{{ params.n }}"}
+    op = request_op(tpu_slice=templated, node_pool_name=["pool-a", "pool-b"], node_pool_task_id=None)
+    assert op.tpu_slice is templated  # not checked before rendering
+    op.render_template_fields({"params": {"acc": "v6e", "topo": "4x4", "n": "2"}})
+    assert op.resolved_slice() == TpuSlice.from_spec("v6e", "4x4", num_slices=2)
+    assert op.plan(None, "ml").describe()["nodes"] == 8  # two 4-host slices, one pool each
+
+    flex = flex_op(tpu_slice=dict(templated))
+    flex.render_template_fields({"params": {"acc": "v6e", "topo": "16", "n": "1"}})
+    with pytest.raises(UserInputError) as err:  # checked first thing in execute, before any Kubernetes call
+        flex.execute(task_context(RunTI(**RUN, task_id="wait_for_flex_start")))
+    assert err.value.field == "tpu_slice.topology" and "not a chip count" in err.value.fix
+
+
+def test_the_old_slice_kwargs_are_refused_and_a_static_bad_slice_fails_at_parse_time():
+    with pytest.raises(TypeError, match="(?s)Invalid arguments.*'accelerator': 'v6e'"):
+        GKECreateProvisioningRequestOperator(
+            task_id="request_capacity", accelerator="v6e", topology="4x4", node_pool_name="pool-a", **KUBE
+        )
+    with pytest.raises(UserInputError) as err:
+        request_op(tpu_slice={"accelerator": "v6e"})
+    assert err.value.field == "tpu_slice.topology"

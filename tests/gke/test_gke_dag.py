@@ -13,7 +13,7 @@ COMMON = dict(project_id="{PROJECT}", location="{ZONE}", cluster_name="{CLUSTER}
 
 with DAG("gke_tpu_pool_test", schedule=None) as dag:
     create = GKECreateTPUNodePoolOperator(
-        task_id="create_pool", accelerator="{{{{ params.accelerator }}}}", topology="4x4",
+        task_id="create_pool", tpu_slice={{"accelerator": "{{{{ params.accelerator }}}}", "topology": "4x4"}},
         capacity="spot", fallback_capacity=["on-demand"], params={{"accelerator": "v6e"}}, **COMMON,
     )
     delete = GKEDeleteNodePoolOperator(task_id="delete_pool", created_by_task_id="create_pool", **COMMON)

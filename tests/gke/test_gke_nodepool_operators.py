@@ -14,11 +14,14 @@ from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE, context
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
 FAST = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
-V6E_4X4 = {"cluster_name": CLUSTER, "accelerator": "v6e", "topology": "4x4"}
+V6E_4X4 = {"accelerator": "v6e", "topology": "4x4"}
+V5P_2X2X2_TWICE = {"accelerator": "v5p", "topology": "2x2x2", "num_slices": 2}
 
 
 def create_op(task_id: str = "create_pool", **kwargs: Any) -> GKECreateTPUNodePoolOperator:
-    args = {"project_id": PROJECT, "location": ZONE, "gcp_conn_id": CONN_ID, **V6E_4X4, **FAST, **kwargs}
+    args = {"project_id": PROJECT, "location": ZONE, "gcp_conn_id": CONN_ID, **FAST, **kwargs}
+    args.setdefault("cluster_name", CLUSTER)
+    args.setdefault("tpu_slice", V6E_4X4)
     return GKECreateTPUNodePoolOperator(task_id=task_id, **args)
 
 
@@ -103,7 +106,9 @@ def test_a_retry_waits_for_the_create_its_earlier_try_started(gke):
 
 
 def test_a_pool_with_the_same_name_but_another_spec_is_an_error_and_is_left_alone(gke):
-    create_op(node_pool_name="shared-pool", topology="2x4", machine_type="ct6e-standard-4t").execute(context())
+    create_op(
+        node_pool_name="shared-pool", tpu_slice={**V6E_4X4, "topology": "2x4", "machine_type": "ct6e-standard-4t"}
+    ).execute(context())
     with pytest.raises(AirflowFailException) as err:
         create_op(node_pool_name="shared-pool").execute(context(task_id="other"))
 
@@ -125,8 +130,8 @@ def test_delete_waits_until_the_pool_is_gone(gke):
 
 
 def test_delete_finds_the_pools_a_task_created_by_their_ownership_label(gke):
-    created = create_op(accelerator="v5p", topology="2x2x2", num_slices=2).execute(context())
-    other = create_op(accelerator="v6e", topology="2x2").execute(context(task_id="other_task"))
+    created = create_op(tpu_slice=V5P_2X2X2_TWICE).execute(context())
+    other = create_op(tpu_slice={"accelerator": "v6e", "topology": "2x2"}).execute(context(task_id="other_task"))
     assert len(created["node_pool_names"]) == 2  # one pool per multi-host slice
     assert len(gke.find_node_pools({"cloud.google.com/gke-tpu-topology": "2x2x2"}, nodes=2)) == 2
 
@@ -257,7 +262,7 @@ def test_a_missing_cluster_is_reported_as_such(gke):
         ({"capacity": "reservation:"}, "capacity", "write reservation:NAME"),
         ({"fallback_capacity": ["spot", "spot"]}, "fallback_capacity", "listed twice"),
         ({"project_id": "My Project"}, "project_id", "project ID"),
-        ({"topology": "16"}, "topology", "not a chip count"),
+        ({"tpu_slice": {**V6E_4X4, "topology": "16"}}, "tpu_slice.topology", "not a chip count"),
         ({"node_labels": {"cloud.google.com/gke-tpu-topology": "4x4"}}, "node_labels", "set by GKE itself"),
         ({"node_taints": ["dedicated=tpu:Sometimes"]}, "node_taints", "NoSchedule"),
     ],
@@ -373,7 +378,7 @@ def test_killing_the_create_in_the_worker_deletes_the_finished_pools_and_names_t
     import threading
 
     gke.operation_seconds = 1.0
-    op = create_op(accelerator="v5p", topology="2x2x2", num_slices=2)
+    op = create_op(tpu_slice=V5P_2X2X2_TWICE)
 
     def work() -> None:
         try:
@@ -464,6 +469,40 @@ def test_a_templated_node_label_is_checked_only_once_rendered_by_the_parse_time_
     with pytest.raises(UserInputError, match="node_pool_name='Bad_Name'"):
         delete.execute(context(task_id="delete_pool"))
     assert gke.requests == []
+
+
+def test_a_templated_tpu_slice_is_rendered_and_resolved_when_the_task_runs(gke):
+    from tpuflow.errors import UserInputError
+    from tpuflow.tpu import TpuSlice
+
+    templated = {"accelerator": "{{ params.acc }}", "topology": "{{ params.topo }}"}
+    op = create_op(tpu_slice=templated)  # not checked yet: "{{ params.acc }}" is no generation
+    assert op.tpu_slice is templated  # assigned as given
+    op.render_template_fields({"params": {"acc": "v6e", "topo": "2x4"}})
+    assert op.tpu_slice == {"accelerator": "v6e", "topology": "2x4"}
+    result = op.execute(context())
+    assert result["node_selector"]["cloud.google.com/gke-tpu-topology"] == "2x4"
+    assert gke.node_pools()[0]["config"]["machineType"] == "ct6e-standard-8t"
+
+    op = create_op(task_id="other", tpu_slice=dict(templated))
+    op.render_template_fields({"params": {"acc": "v6e-typo", "topo": "2x4"}})
+    with pytest.raises(UserInputError) as err:
+        op.execute(context(task_id="other"))
+    assert err.value.field == "tpu_slice.accelerator" and "\n" not in str(err.value)
+    assert len(posts(gke)) == 1  # the bad rendered slice reached no API
+
+    tpu = TpuSlice.from_spec("v6e", "4x4")
+    op = create_op(task_id="third", tpu_slice=tpu)
+    op.render_template_fields({"params": {}})
+    assert op.tpu_slice is tpu  # a TpuSlice passes rendering untouched
+
+
+def test_the_old_slice_kwargs_are_refused(gke):
+    where = {"project_id": PROJECT, "location": ZONE, "cluster_name": CLUSTER}
+    with pytest.raises(TypeError, match="tpu_slice"):
+        GKECreateTPUNodePoolOperator(task_id="t", **where, accelerator="v6e", topology="4x4")
+    with pytest.raises(TypeError, match="(?s)Invalid arguments.*'accelerator': 'v6e'"):
+        GKECreateTPUNodePoolOperator(task_id="t", **where, tpu_slice=V6E_4X4, accelerator="v6e")
 
 
 # --- trigger events: the tpuflow.events shape, resumed through raise_for_event ---------------------------

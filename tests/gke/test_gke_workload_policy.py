@@ -18,7 +18,7 @@ from tpuflow.naming import TaskIdentity
 
 REGION = "us-east5"
 FAST = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
-TPU7X = {"cluster_name": CLUSTER, "accelerator": "tpu7x", "topology": "2x2x2"}
+TPU7X = {"cluster_name": CLUSTER, "tpu_slice": {"accelerator": "tpu7x", "topology": "2x2x2"}}
 POLICIES = f"/compute/v1/projects/{PROJECT}/regions/{REGION}/resourcePolicies"
 
 

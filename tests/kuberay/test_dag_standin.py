@@ -29,12 +29,12 @@ DAG = textwrap.dedent("""
                                "args": SLICE.serve_accelerator_config(), "deployments": [{"name": "LLMServer"}]}]}
 
     with DAG("kuberay_standin_smoke", schedule=None) as dag:
-        create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu=SLICE, image="rayproject/ray:2.60.0-py311",
+        create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu_slice=SLICE, image="rayproject/ray:2.60.0-py311",
                                               wait_timeout=60, **COMMON)
         delete = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster", cluster_task_id="ray_cluster",
                                               wait_timeout=60, **COMMON)
         create >> delete.as_teardown(setups=create)
-        serve = KubeRayDeployServiceOperator(task_id="serve", tpu=SLICE, image="rayproject/ray:2.60.0-py311",
+        serve = KubeRayDeployServiceOperator(task_id="serve", tpu_slice=SLICE, image="rayproject/ray:2.60.0-py311",
                                              serve_config=SERVE, wait_timeout=3, **COMMON)
         # trigger_rule all_done, not as_teardown(setups=serve): a setup that fails (deadline) skips its
         # teardown, and the RayService it created would keep its TPU slice.

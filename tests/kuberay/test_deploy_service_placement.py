@@ -37,7 +37,7 @@ def chat(**args: Any) -> dict[str, Any]:
 def test_the_rayservice_of_a_multi_host_app_carries_the_slices_placement(capfd: pytest.CaptureFixture[str]) -> None:
     given = chat(model_dir="gs://acme/chat")
     before = copy.deepcopy(given)
-    op = service(given, tpu=TWO_HOST_2X4)  # was refused: "must declare ... accelerator_config"
+    op = service(given, tpu_slice=TWO_HOST_2X4)  # was refused: "must declare ... accelerator_config"
     capfd.readouterr()  # the parse-time check logs nothing
     (app,) = apps_sent(op)
     assert app["args"] == {"model_dir": "gs://acme/chat", **serve_tpu_args(TWO_HOST_2X4)}
@@ -52,14 +52,14 @@ def test_an_inline_llm_config_gets_only_its_own_placement_fields() -> None:
     llm = {"model_loading_config": {"model_id": "acme/chat-7b"}, "accelerator_config": {"kind": "tpu"}}
     config = {"applications": [{"name": "llm", "import_path": "ray.serve.llm:build_openai_app",
                                 "args": {"llm_configs": [llm]}}]}  # fmt: skip
-    (app,) = apps_sent(service(config, accelerator="v6e", topology="4x4"))
+    (app,) = apps_sent(service(config, tpu_slice={"accelerator": "v6e", "topology": "4x4"}))
     (placed,) = app["args"]["llm_configs"]
     assert placed == {**llm, "accelerator_type": "TPU-V6E", "accelerator_config": {"kind": "tpu", "topology": "4x4"}}
 
 
 def test_a_declared_placement_is_sent_as_given() -> None:
     declared = chat(**serve_tpu_args(TWO_HOST_2X4))
-    assert apps_sent(service(declared, tpu=TWO_HOST_2X4)) == declared["applications"]
+    assert apps_sent(service(declared, tpu_slice=TWO_HOST_2X4)) == declared["applications"]
 
 
 @pytest.mark.parametrize(
@@ -74,5 +74,5 @@ def test_a_declared_placement_is_sent_as_given() -> None:
 )
 def test_a_declared_value_the_slice_contradicts_is_refused_at_parse_time(args: dict[str, Any], field: str) -> None:
     with pytest.raises(UserInputError) as err:
-        service(chat(**args), tpu=TWO_HOST_2X4)
+        service(chat(**args), tpu_slice=TWO_HOST_2X4)
     assert err.value.field == field and "\n" not in str(err.value) and "v6e 2x4" in str(err.value)

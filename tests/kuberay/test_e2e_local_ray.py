@@ -36,7 +36,7 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
         serve_config = {"applications": [{**echo, "args": tpu.serve_accelerator_config()}]}
         op = KubeRayDeployServiceOperator(
             task_id="serve",
-            tpu=tpu,
+            tpu_slice=tpu,
             image="rayproject/ray:2.60.0-py311",
             serve_config=serve_config,
             kubernetes_conn_id="kube_standin",

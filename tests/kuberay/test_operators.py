@@ -84,7 +84,7 @@ def run(op: Any, ti: FakeTaskInstance | None = None) -> Any:
 
 def _slice_op(cls: Any, task_id: str, kw: dict[str, Any]) -> Any:
     """An operator of `cls` on the stand-in's connection, the v6e 4x4 slice and test-sized waits."""
-    defaults = {"tpu": V6E, "image": IMAGE, "task_id": task_id, "wait_timeout": 10}
+    defaults = {"tpu_slice": V6E, "image": IMAGE, "task_id": task_id, "wait_timeout": 10}
     return cls(kubernetes_conn_id=CONN, poll_interval=0.1, **{**defaults, **kw})
 
 
@@ -267,16 +267,16 @@ def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> Non
 
 def test_bad_static_arguments_fail_at_parse_time() -> None:
     with pytest.raises(UserInputError) as err:
-        KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="16", image=IMAGE)
-    assert err.value.field == "topology"
+        KubeRayCreateClusterOperator(task_id="t", tpu_slice={"accelerator": "v6e", "topology": "16"}, image=IMAGE)
+    assert err.value.field == "tpu_slice.topology"
     with pytest.raises(UserInputError) as err:
-        KubeRayDeployServiceOperator(task_id="t", tpu=V6E, image=IMAGE, serve_config={"applications": []})
+        KubeRayDeployServiceOperator(task_id="t", tpu_slice=V6E, image=IMAGE, serve_config={"applications": []})
     assert err.value.field == "serve_config.applications"
     with pytest.raises(UserInputError) as err:
-        KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, address_mode="nodeport")
+        KubeRayCreateClusterOperator(task_id="t", tpu_slice=V6E, image=IMAGE, address_mode="nodeport")
     assert err.value.field == "address_mode"
     KubeRayCreateClusterOperator(
-        task_id="t", accelerator="{{ params.acc }}", topology="{{ params.topo }}", image=IMAGE
+        task_id="t", tpu_slice={"accelerator": "{{ params.acc }}", "topology": "{{ params.topo }}"}, image=IMAGE
     )  # templated: checked at run time
 
 
@@ -328,7 +328,7 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
     )
     op = KubeRayCreateClusterOperator(
         task_id="rc",
-        tpu=V6E,
+        tpu_slice=V6E,
         image=IMAGE,
         gcp_conn_id="gcp",
         gke_cluster={
@@ -348,7 +348,7 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
     )
     assert KubeTarget.from_dict(json.loads(json.dumps(target.to_dict()))) == target
     with pytest.raises(UserInputError, match="cluster_name"):
-        KubeRayCreateClusterOperator(task_id="rc", tpu=V6E, image=IMAGE, gke_cluster={"project_id": "p"})
+        KubeRayCreateClusterOperator(task_id="rc", tpu_slice=V6E, image=IMAGE, gke_cluster={"project_id": "p"})
 
 
 # --- kill semantics: marking the task failed/success or clearing it deletes what it created -------------
@@ -491,17 +491,41 @@ def test_the_hooks_return_plain_json_and_raise_the_clients_errors(kube: KubeRayS
 # --- template fields, parse-time and run-time checks ---------------------------------------------------------
 def test_template_fields_keep_exactly_what_was_passed_and_are_checked_once_rendered(kube: KubeRayStandin) -> None:
     env, labels = {"A": "1"}, {"team": "ml"}
-    op = create_op(accelerator="{{ params.acc }}", topology="4x4", tpu=None, env=env, labels=labels)
+    templated = {"accelerator": "{{ params.acc }}", "topology": "4x4"}
+    op = create_op(tpu_slice=templated, env=env, labels=labels)
     for field in op.template_fields:
         assert hasattr(op, field)
-    assert op.env is env and op.labels is labels and op.accelerator == "{{ params.acc }}" and op.num_slices == 1
-    op.accelerator = "v6e-typo"  # what a bad rendered value looks like: checked before anything is sent
+    assert op.env is env and op.labels is labels and op.tpu_slice is templated
+    op.render_template_fields({"params": {"acc": "v6e-typo"}})  # a bad rendered value: checked before anything is sent
+    assert op.tpu_slice == {"accelerator": "v6e-typo", "topology": "4x4"}
     with pytest.raises(UserInputError) as err:
         run(op)
-    assert err.value.field == "accelerator"
+    assert err.value.field == "tpu_slice.accelerator"
     assert not any(method == "POST" for method, *_ in kube.api.requests)
     with pytest.raises(UserInputError, match="poll_interval"):
-        KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, poll_interval=0)
+        KubeRayCreateClusterOperator(task_id="t", tpu_slice=V6E, image=IMAGE, poll_interval=0)
+
+
+def test_a_templated_tpu_slice_is_rendered_and_resolved_when_the_task_runs(kube: KubeRayStandin) -> None:
+    add_pool(kube, TpuSlice.from_spec("v6e", "2x4", num_slices=2))
+    op = create_op(
+        tpu_slice={"accelerator": "{{ params.acc }}", "topology": "{{ params.topo }}", "num_slices": "{{ params.n }}"}
+    )
+    op.render_template_fields({"params": {"acc": "TPU-V6E", "topo": "2x4", "n": "2"}})
+    assert op.resolved_slice() == TpuSlice.from_spec("v6e", "2x4", num_slices=2)
+    payload = run(op)
+    assert (payload["slice"]["topology"], payload["slice"]["num_slices"]) == ("2x4", 2)
+    # A TpuSlice is static: checked at parse time, and rendering leaves the very object in place.
+    op = create_op(tpu_slice=V6E)
+    op.render_template_fields({"params": {}})
+    assert op.tpu_slice is V6E
+
+
+@pytest.mark.parametrize("cls", [KubeRayCreateClusterOperator, KubeRayDeployServiceOperator])
+@pytest.mark.parametrize("old", [{"tpu": V6E}, {"accelerator": "v6e", "topology": "4x4"}])
+def test_the_old_slice_kwargs_are_refused(cls: Any, old: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match=f"(?s)Invalid arguments.*'{next(iter(old))}'"):
+        cls(task_id="t", image=IMAGE, **old)
 
 
 def test_on_kill_action_keep_leaves_the_rayservice(kube: KubeRayStandin) -> None:
@@ -564,9 +588,10 @@ def test_an_empty_namespace_means_the_connections_and_a_bad_one_is_refused_at_pa
     """The GKE DAG renders an unset tpuflow_kuberay_namespace Variable as "": the connection's namespace."""
     from tpuflow.errors import UserInputError
 
-    KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="2x2", image=IMAGE, namespace="")
+    v6e_2x2 = {"accelerator": "v6e", "topology": "2x2"}
+    KubeRayCreateClusterOperator(task_id="t", tpu_slice=v6e_2x2, image=IMAGE, namespace="")
     with pytest.raises(UserInputError, match="namespace='Bad_NS'"):
-        KubeRayCreateClusterOperator(task_id="t", accelerator="v6e", topology="2x2", image=IMAGE, namespace="Bad_NS")
+        KubeRayCreateClusterOperator(task_id="t", tpu_slice=v6e_2x2, image=IMAGE, namespace="Bad_NS")
 
 
 @pytest.mark.parametrize("factory", [create_op, deploy_op])

@@ -52,10 +52,10 @@ def test_auth_can_be_turned_off_and_bad_values_name_the_argument() -> None:
 
 
 def test_operator_argument_reaches_the_manifest() -> None:
-    op = KubeRayCreateClusterOperator(task_id="c", tpu=V6E, image=IMAGE, ray_auth="disabled")
+    op = KubeRayCreateClusterOperator(task_id="c", tpu_slice=V6E, image=IMAGE, ray_auth="disabled")
     assert op.build_template().cluster_spec()["authOptions"] == {"mode": "disabled"}
     with pytest.raises(UserInputError, match="ray_auth"):
-        KubeRayCreateClusterOperator(task_id="c2", tpu=V6E, image=IMAGE, ray_auth="yes")
+        KubeRayCreateClusterOperator(task_id="c2", tpu_slice=V6E, image=IMAGE, ray_auth="yes")
 
 
 def _ready(manifest: dict) -> dict:
@@ -94,7 +94,7 @@ def test_hooks_read_the_token_from_the_secret_and_never_log_it(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     op = KubeRayCreateClusterOperator(
-        task_id="ray_cluster", tpu=V6E, image=IMAGE, kubernetes_conn_id="kube_standin", poll_interval=0.1
+        task_id="ray_cluster", tpu_slice=V6E, image=IMAGE, kubernetes_conn_id="kube_standin", poll_interval=0.1
     )
     payload = op.execute(task_context(dag_id="auth", run_id="manual__auth", task_id="ray_cluster"))
     secret = kube.store.get(SECRETS, "default", payload["ray_auth"]["secret_name"])
@@ -166,9 +166,11 @@ def test_opting_out_by_name_reaches_manifests_templates_and_services(opt_out: st
 
     manifest_op = KubeRayCreateClusterOperator(task_id="m", manifest=_user_manifest(), ray_auth=opt_out)
     assert manifest_op.build_body(task_context(task_id="m"), "default")["spec"]["authOptions"] == {"mode": "disabled"}
-    template_op = KubeRayCreateClusterOperator(task_id="t", tpu=V6E, image=IMAGE, ray_auth=opt_out)
+    template_op = KubeRayCreateClusterOperator(task_id="t", tpu_slice=V6E, image=IMAGE, ray_auth=opt_out)
     assert template_op.build_template().cluster_spec()["authOptions"] == {"mode": "disabled"}
-    service = KubeRayDeployServiceOperator(task_id="s", tpu=V6E, image=IMAGE, serve_config=SERVE, ray_auth=opt_out)
+    service = KubeRayDeployServiceOperator(
+        task_id="s", tpu_slice=V6E, image=IMAGE, serve_config=SERVE, ray_auth=opt_out
+    )
     body = service.build_body(task_context(task_id="s"), "default")
     assert body["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "disabled"}
     assert schema_errors("rayservices", body) == []
@@ -177,12 +179,12 @@ def test_opting_out_by_name_reaches_manifests_templates_and_services(opt_out: st
 def test_the_rayservice_operator_applies_token_auth_by_default() -> None:
     from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
 
-    service = KubeRayDeployServiceOperator(task_id="s", tpu=V6E, image=IMAGE, serve_config=SERVE)
+    service = KubeRayDeployServiceOperator(task_id="s", tpu_slice=V6E, image=IMAGE, serve_config=SERVE)
     assert service.build_body(task_context(task_id="s"), "default")["spec"]["rayClusterConfig"]["authOptions"] == {
         "mode": "token"
     }
     with pytest.raises(UserInputError, match="ray_auth"):
-        KubeRayDeployServiceOperator(task_id="s2", tpu=V6E, image=IMAGE, serve_config=SERVE, ray_auth="off")
+        KubeRayDeployServiceOperator(task_id="s2", tpu_slice=V6E, image=IMAGE, serve_config=SERVE, ray_auth="off")
 
 
 @pytest.mark.parametrize(("ray_auth", "mode"), [(None, "token"), ("none", "disabled")])

@@ -21,6 +21,7 @@ from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClust
 from tpuflow.naming import TaskIdentity
 
 START_TASK = {"dag_id": "local_dag", "run_id": "manual__1", "task_id": "start_cluster"}
+V6E_2X2 = {"accelerator": "v6e", "topology": "2x2"}
 
 
 def _alive(pid: int) -> bool:
@@ -46,9 +47,7 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
     monkeypatch.setattr(LocalRayCluster, "_start_head", start_head)
     monkeypatch.setattr(LocalRayCluster, "_start_host", start_host)
     monkeypatch.setattr(cluster_mod, "_available_memory", lambda: 1 << 40)
-    op = LocalRayClusterCreateOperator(
-        task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path)
-    )
+    op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path))
     # The task runner's SIGTERM handler calls on_kill in the task process's main thread.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: op.on_kill())
     killer = threading.Thread(target=lambda: (_wait_for(spawned), os.kill(os.getpid(), signal.SIGTERM)))
@@ -104,9 +103,7 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
     monkeypatch.setattr(LocalRayCluster, "load", classmethod(load))
     for index in (0, 1):
-        op = LocalRayClusterCreateOperator(
-            task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path)
-        )
+        op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path))
         with pytest.raises(cluster_mod.LocalClusterError, match="not starting"):
             op.execute(mapped(index))
     started = list(seen)
@@ -125,19 +122,42 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
 def test_the_slice_is_checked_at_parse_time_when_static_and_once_rendered_when_templated(tmp_path):
     from tpuflow.errors import UserInputError
 
-    with pytest.raises(UserInputError, match="topology='16'"):
-        LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="16")
-    op = LocalRayClusterCreateOperator(
-        task_id="start_cluster",
-        accelerator="{{ params.accelerator }}",
-        topology="{{ params.topology }}",
-        base_dir=str(tmp_path),
-    )
-    assert op.topology == "{{ params.topology }}"  # assigned as given, not checked yet
-    op.accelerator, op.topology = "v6e", "16"  # what the templates rendered to
-    with pytest.raises(UserInputError, match="topology='16'"):
+    with pytest.raises(UserInputError, match=r"^tpu_slice\.topology='16'"):
+        LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "16"})
+    templated = {"accelerator": "{{ params.accelerator }}", "topology": "{{ params.topology }}"}
+    op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=templated, base_dir=str(tmp_path))
+    assert op.tpu_slice == templated  # assigned as given, not checked yet
+    op.render_template_fields({"params": {"accelerator": "v6e", "topology": "16"}})
+    assert op.tpu_slice == {"accelerator": "v6e", "topology": "16"}  # each value rendered
+    with pytest.raises(UserInputError, match=r"^tpu_slice\.topology='16'"):
         op.execute(task_context(**START_TASK))
     assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_a_templated_slice_renders_and_is_what_the_cluster_simulates(tmp_path, monkeypatch):
+    from tpuflow.tpu import TpuSlice
+
+    asked: list[Any] = []
+
+    def start(cls: type, tpu: Any, name: str, base_dir: Any, **kwargs: Any) -> LocalRayCluster:
+        asked.append(tpu)
+        raise cluster_mod.LocalClusterError("not starting Ray in this test")
+
+    monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
+    templated = {"accelerator": "v6e", "topology": "{{ params.topology }}", "machine_type": "ct6e-standard-4t",
+                 "num_slices": "{{ params.num_slices }}"}  # fmt: skip
+    op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=templated, base_dir=str(tmp_path))
+    op.render_template_fields({"params": {"topology": "2x4", "num_slices": "2"}})
+    with pytest.raises(cluster_mod.LocalClusterError):
+        op.execute(task_context(**START_TASK))
+    assert asked == [TpuSlice.from_spec("v6e", "2x4", "ct6e-standard-4t", 2)]
+
+
+def test_the_old_slice_arguments_are_refused():
+    with pytest.raises(TypeError, match="tpu_slice"):
+        LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="2x2")
+    with pytest.raises(TypeError, match="num_slices"):
+        LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, num_slices=2)
 
 
 def test_the_cluster_records_when_it_expires(tmp_path, monkeypatch):
@@ -154,9 +174,7 @@ def test_the_cluster_records_when_it_expires(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
     for expires_after in ((), (timedelta(hours=2),), (None,)):
         kw = {"expires_after": expires_after[0]} if expires_after else {}
-        op = LocalRayClusterCreateOperator(
-            task_id="start_cluster", accelerator="v6e", topology="2x2", base_dir=str(tmp_path), **kw
-        )
+        op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path), **kw)
         with pytest.raises(cluster_mod.LocalClusterError):
             op.execute(task_context(**START_TASK))
     now = time.time()

@@ -260,8 +260,7 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
         kube.store.create(PROVISIONING_REQUESTS, "default", plan.provisioning_request())
         deploy = KubeRayDeployServiceOperator(
             task_id="deploy",
-            accelerator="TPU-V6E",
-            topology="1x1",
+            tpu_slice={"accelerator": "TPU-V6E", "topology": "1x1"},
             image="rayproject/ray:2.60.0-py311",
             serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
             kubernetes_conn_id="kube_standin",
@@ -414,8 +413,7 @@ def test_endpoint_teardowns_delete_unless_kept(
         )
         deploy = KubeRayDeployServiceOperator(
             task_id="deploy",
-            accelerator="TPU-V6E",
-            topology="1x1",
+            tpu_slice={"accelerator": "TPU-V6E", "topology": "1x1"},
             image="rayproject/ray:2.60.0-py311",
             serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
             kubernetes_conn_id="kube_standin",

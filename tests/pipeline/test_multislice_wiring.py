@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from tpuflow.errors import UserInputError
+from tpuflow.pipeline.factory import checked_slice
 from tpuflow.pipeline.params import pipeline_params, validate_params
 from tpuflow.workloads.addition.pipeline import ADDITION
 
@@ -25,12 +26,12 @@ def test_local_pipeline_preflights_the_slices_it_trains_on(tmp_path):
     assert "train" in dag.get_task("prep").downstream_task_ids
     assert preflight.enabled == "{{ params.preflight }}"
     for task_id in ("acquire_slice", "start_cluster", "preflight", "train"):
-        assert dag.get_task(task_id).num_slices == NUM_SLICES, task_id
-        assert "num_slices" in dag.get_task(task_id).template_fields, task_id
-    for task_id in ("start_cluster", "preflight", "train"):
-        for field in ("accelerator", "topology", "machine_type"):
-            value = getattr(dag.get_task(task_id), field)
-            assert "xcom_pull(task_ids='check_params')" in value and "params." not in value, (task_id, field)
+        # one slice argument, the same value for every task: the slice check_params validated
+        assert dag.get_task(task_id).tpu_slice == checked_slice(), task_id
+        assert "tpu_slice" in dag.get_task(task_id).template_fields, task_id
+    assert checked_slice()["num_slices"] == NUM_SLICES
+    for field, value in checked_slice().items():
+        assert "xcom_pull(task_ids='check_params')" in value and "params." not in value, field
 
 
 def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tmp_path):
@@ -45,9 +46,11 @@ def test_gke_pipeline_gives_each_slice_its_pool_and_preflights_the_raycluster(tm
         image="img",
         output_root=str(tmp_path),
     )
-    assert dag.get_task("create_node_pool").num_slices == NUM_SLICES  # one pool per slice
-    assert dag.get_task("create_ray_cluster").num_slices == NUM_SLICES  # replicas = slices
-    assert dag.get_task("train").num_slices == NUM_SLICES
+    # one pool per slice, replicas = slices, one worker group per slice: all from the same slice argument
+    for task_id in ("create_node_pool", "request_capacity", "create_ray_cluster", "wait_for_flex_start", "train"):
+        assert dag.get_task(task_id).tpu_slice == checked_slice(), task_id
+    for task_id in ("create_serve_node_pool", "request_serve_capacity", "deploy"):
+        assert dag.get_task(task_id).tpu_slice == checked_slice(serve=True), task_id
     preflight = dag.get_task("preflight")
     assert preflight.cluster.operator.task_id == "create_ray_cluster"
     assert "train" in preflight.downstream_task_ids

@@ -28,7 +28,7 @@ DAG = textwrap.dedent("""
     COMMON = dict(kubernetes_conn_id="kube_standin", deferrable=True, poll_interval=0.2)
 
     with DAG("secrets_standin", schedule=None, render_template_as_native_obj=True) as dag:
-        create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu=TpuSlice.from_spec("v6e", "2x2"),
+        create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu_slice=TpuSlice.from_spec("v6e", "2x2"),
                                               image="rayproject/ray:2.60.0-py311", wait_timeout=60, **COMMON)
 
         @task

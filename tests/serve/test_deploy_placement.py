@@ -1,4 +1,4 @@
-"""The Serve deploy operator places a multi-host app on its serve_slice: what the app's args leave out is
+"""The Serve deploy operator places a multi-host app on its tpu_slice: what the app's args leave out is
 derived from the slice and logged, what they declare is kept, and a contradiction is refused in one line
 before anything is deployed. No Ray: a recording hook stands in for the dashboard."""
 
@@ -38,9 +38,14 @@ class RecordingHook:
         self.deployed.append(copy.deepcopy(config))
 
 
-def deploy(config: dict[str, Any], serve_slice: dict[str, Any] | None) -> tuple[RayServeDeployOperator, RecordingHook]:
+def deploy(config: dict[str, Any], tpu_slice: Any) -> tuple[RayServeDeployOperator, RecordingHook]:
     """Run the deploy task up to its wait (it defers); the hook holds what was PUT."""
-    op = RayServeDeployOperator(task_id="deploy", serve_config=config, cluster=CLUSTER, serve_slice=serve_slice)
+    return run_deploy(
+        RayServeDeployOperator(task_id="deploy", serve_config=config, cluster=CLUSTER, tpu_slice=tpu_slice)
+    )
+
+
+def run_deploy(op: RayServeDeployOperator) -> tuple[RayServeDeployOperator, RecordingHook]:
     hook = RecordingHook()
     op.hook = lambda: hook  # type: ignore[method-assign]
     with pytest.raises(TaskDeferred):
@@ -90,7 +95,7 @@ def test_a_partly_declared_placement_is_completed_and_a_full_one_sent_as_given(
 def test_a_declared_value_the_slice_contradicts_is_refused_at_parse_time(args: dict[str, Any], field: str) -> None:
     with pytest.raises(UserInputError) as err:
         RayServeDeployOperator(
-            task_id="deploy", serve_config=user_config(**args), cluster=CLUSTER, serve_slice=V6E_4X4.to_dict()
+            task_id="deploy", serve_config=user_config(**args), cluster=CLUSTER, tpu_slice=V6E_4X4.to_dict()
         )
     assert err.value.field == field and "\n" not in str(err.value)
     assert "v6e 4x4" in str(err.value) and "leave it out" in str(err.value)
@@ -98,7 +103,7 @@ def test_a_declared_value_the_slice_contradicts_is_refused_at_parse_time(args: d
 
 def test_a_templated_config_is_placed_once_rendered_and_a_contradiction_deploys_nothing() -> None:
     op = RayServeDeployOperator(task_id="deploy", serve_config="{{ params.cfg }}", cluster=CLUSTER,
-                                serve_slice=V6E_4X4.to_dict())  # fmt: skip
+                                tpu_slice=V6E_4X4.to_dict())  # fmt: skip
     op.serve_config = user_config(accelerator_config={"kind": "tpu", "topology": "2x4"})  # rendered (as native)
     hook = RecordingHook()
     op.hook = lambda: hook  # type: ignore[method-assign]
@@ -109,6 +114,42 @@ def test_a_templated_config_is_placed_once_rendered_and_a_contradiction_deploys_
 
 def test_single_host_and_no_slice_deploy_the_config_as_given() -> None:
     given = user_config(model_dir="m")
-    for serve_slice in (None, {"accelerator": "v6e", "topology": "2x2"}):
-        _, hook = deploy(given, serve_slice)
+    for tpu_slice in (None, {"accelerator": "v6e", "topology": "2x2"}):
+        _, hook = deploy(given, tpu_slice)
         assert hook.deployed == [given]
+
+
+def test_every_shape_of_the_slice_places_the_app_alike() -> None:
+    given = user_config(model_dir="m")
+    shapes = (V6E_4X4, V6E_4X4.to_dict(), {"accelerator": "TPU-V6E", "topology": "4x4"})
+    deployed = [deploy(given, shape)[1].deployed for shape in shapes]
+    assert deployed[0] == deployed[1] == deployed[2] and deployed[0][0] != given
+
+
+def test_a_templated_slice_is_rendered_then_placed_and_a_bad_one_deploys_nothing() -> None:
+    templated = {"accelerator": "{{ params.accelerator }}", "topology": "{{ params.topology }}"}
+    op = RayServeDeployOperator(task_id="deploy", serve_config=user_config(), cluster=CLUSTER, tpu_slice=templated)
+    op.render_template_fields({"params": {"accelerator": "v6e", "topology": "4x4"}})
+    assert op.tpu_slice == {"accelerator": "v6e", "topology": "4x4"}
+    _, hook = run_deploy(op)
+    assert hook.deployed[0]["applications"][0]["args"] == serve_tpu_args(V6E_4X4)
+    bad = RayServeDeployOperator(task_id="deploy", serve_config=user_config(), cluster=CLUSTER, tpu_slice=templated)
+    bad.render_template_fields({"params": {"accelerator": "v6e", "topology": "16"}})
+    hook = RecordingHook()
+    bad.hook = lambda: hook  # type: ignore[method-assign]
+    with pytest.raises(UserInputError, match=r"^tpu_slice\.topology='16'"):
+        bad.execute(task_context())
+    assert hook.deployed == []
+
+
+def test_a_bad_static_slice_and_the_old_serve_slice_are_refused_at_parse_time() -> None:
+    with pytest.raises(UserInputError) as err:
+        RayServeDeployOperator(task_id="deploy", serve_config=user_config(), cluster=CLUSTER,
+                               tpu_slice={"accelerator": "v6e", "topolgy": "4x4"})  # fmt: skip
+    assert err.value.field == "tpu_slice.topolgy" and "\n" not in str(err.value)
+    # checked at parse time even while the Serve config is still a template
+    with pytest.raises(UserInputError) as err:
+        RayServeDeployOperator(task_id="deploy", serve_config="{{ params.cfg }}", cluster=CLUSTER, tpu_slice="v6e")
+    assert err.value.field == "tpu_slice"
+    with pytest.raises(TypeError, match="serve_slice"):
+        RayServeDeployOperator(task_id="deploy", serve_config=user_config(), cluster=CLUSTER, serve_slice=V6E_4X4)

@@ -82,7 +82,7 @@ def test_the_rayservice_carries_the_digest_never_the_token(token_conn: str) -> N
     app = {"name": "addition", "import_path": "addition.serve_app:app_builder", "args": {"checkpoint": "gs://b/c"}}
     op = KubeRayDeployServiceOperator(
         task_id="deploy",
-        tpu=TpuSlice.from_spec("v6e", "2x2"),
+        tpu_slice=TpuSlice.from_spec("v6e", "2x2"),
         image="rayproject/ray:2.60.0-py311",
         serve_config={"applications": [app]},
         serve_token_conn_id=token_conn,
@@ -92,7 +92,7 @@ def test_the_rayservice_carries_the_digest_never_the_token(token_conn: str) -> N
     assert DIGEST in serve_config and TOKEN not in json.dumps(body)
     with pytest.raises(UserInputError, match="serve_token_conn_id"):
         KubeRayDeployServiceOperator(
-            task_id="llm", tpu=TpuSlice.from_spec("v6e", "2x2"), image="vllm/vllm-tpu:x", llm_model_id="m/m",
+            task_id="llm", tpu_slice=TpuSlice.from_spec("v6e", "2x2"), image="vllm/vllm-tpu:x", llm_model_id="m/m",
             serve_token_conn_id=token_conn,
         )  # fmt: skip
 

@@ -222,7 +222,7 @@ def test_deploy_operator_builds_the_llm_rayservice_at_parse_time() -> None:
     tpu = TpuSlice.from_spec("v6e", "4x4")
     op = KubeRayDeployServiceOperator(
         task_id="serve_llm",
-        tpu=tpu,
+        tpu_slice=tpu,
         image="vllm/vllm-tpu:v0.11.1",
         llm_model_id="Qwen/Qwen2.5-7B-Instruct",
         llm_options={"max_model_len": 8192, "cache_bucket": "xla-cache"},
@@ -257,7 +257,7 @@ def test_deploy_operator_refuses_bad_llm_arguments_at_parse_time(kwargs: dict[st
     from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
 
     with pytest.raises(UserInputError) as err:
-        KubeRayDeployServiceOperator(task_id="t", tpu=TpuSlice.from_spec("v6e", "4x4"), **kwargs)
+        KubeRayDeployServiceOperator(task_id="t", tpu_slice=TpuSlice.from_spec("v6e", "4x4"), **kwargs)
     assert err.value.field == field
 
 
@@ -265,7 +265,7 @@ def test_templated_model_is_checked_when_the_task_runs() -> None:
     from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
 
     op = KubeRayDeployServiceOperator(
-        task_id="t", accelerator="v6e", topology="4x4", image="i:1", llm_model_id="{{ params.model }}"
+        task_id="t", tpu_slice={"accelerator": "v6e", "topology": "4x4"}, image="i:1", llm_model_id="{{ params.model }}"
     )
     op.llm_model_id = "bad model"  # what rendering might produce
     with pytest.raises(UserInputError) as err:

@@ -65,7 +65,7 @@ def _config(cluster: Any, checkpoint: dict[str, Any], tpu: Any, name: str, **arg
 
     config = serve_config_for(
         cluster.connection_info(), {"checkpoint": checkpoint["checkpoint"]}, f"local://{WORKLOADS}", "jax",
-        tpu.to_dict() if tpu else None, workload=ADDITION,
+        tpu, workload=ADDITION,
     )  # fmt: skip
     app = config["applications"][0]
     app["name"], app["route_prefix"] = name, f"/{name}"
@@ -81,7 +81,7 @@ def _deploy(cluster: Any, config: dict[str, Any], tpu: Any, timeout: float = 420
         task_id="deploy",
         cluster=cluster.connection_info(),
         serve_config=config,
-        serve_slice=tpu.to_dict() if tpu else None,
+        tpu_slice=tpu,
         deploy_timeout=timeout,
         poll_interval=1.0,
         deferrable=False,
@@ -177,7 +177,7 @@ def test_without_the_topology_the_replica_straddles_and_the_deploy_fails_naming_
         while "HELD" not in (hook.get_job_logs(sid) or "") and time.time() < deadline:
             time.sleep(1)
         assert "HELD" in hook.get_job_logs(sid), hook.get_job_logs(sid)[-2000:]
-        # The test-only path: the multi-host deployment with no topology, and no serve_slice to check it.
+        # The test-only path: the multi-host deployment with no topology, and no tpu_slice to check it.
         config = _config(cluster, checkpoint, None, "straddle", accelerator_type="TPU-V6E",
                          accelerator_config={"kind": "tpu"}, chips_per_host=4, num_devices=8)  # fmt: skip
         timeout = 60.0

@@ -42,12 +42,18 @@ def test_acquire_task_fails_at_once_above_the_limit(tmp_path: Path) -> None:
     from support.airflow_context import task_context
     from tpuflow.slices.operators import AcquireSliceOperator
 
-    with pytest.raises(UserInputError, match="num_slices"):
-        AcquireSliceOperator(task_id="acquire_slice", max_slices=1, num_slices=2, lease_root=str(tmp_path))
+    two = {"accelerator": "v6e", "topology": "2x2", "num_slices": 2}
+    with pytest.raises(UserInputError, match=r"^tpu_slice\.num_slices=2 is invalid: the slice leases allow 1"):
+        AcquireSliceOperator(task_id="acquire_slice", max_slices=1, tpu_slice=two, lease_root=str(tmp_path))
+    with pytest.raises(TypeError):
+        AcquireSliceOperator(task_id="acquire_slice", num_slices=2, lease_root=str(tmp_path))  # type: ignore[call-arg]
     templated = AcquireSliceOperator(
-        task_id="acquire_slice", max_slices="{{ x }}", num_slices="{{ y }}", lease_root=str(tmp_path)
+        task_id="acquire_slice",
+        max_slices="{{ x }}",
+        tpu_slice={**two, "num_slices": "{{ y }}"},
+        lease_root=str(tmp_path),
     )
-    templated.max_slices, templated.num_slices = "2", "2"
+    templated.max_slices, templated.tpu_slice = "2", {**two, "num_slices": "2"}
     claimed = templated.execute(task_context())
     assert claimed["num_slices"] == 2 and len(LocalLeaseStore(tmp_path).holders(2)) == 2
 

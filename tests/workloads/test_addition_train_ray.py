@@ -158,6 +158,7 @@ def _torch_crash_once(config: dict[str, Any]) -> None:
     raise RuntimeError("simulated preemption")
 
 
+@pytest.mark.long  # make test: seed 004's TorchTrainer on Ray's TPU path (tests/workloads/test_seed_torch_tpu.py)
 def test_driver_torch_trains_and_resumes_after_a_worker_failure(
     ray_local: dict[str, Any], prepared: dict[str, Any], runs_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -78,7 +78,7 @@ def test_a_rerun_reuses_the_finished_checkpoint_visibly_and_resume_never_trains_
     )  # fmt: skip
     assert "already has checkpoints" in log and "[driver] no step trained" in log
     operator = RayTrainOperator(
-        task_id="train", framework="jax", train_loop="m:f", accelerator="TPU-V6E", topology="4x4",
+        task_id="train", framework="jax", train_loop="m:f", tpu_slice={"accelerator": "TPU-V6E", "topology": "4x4"},
         storage_path=str(tmp_path), run_name="jax-tpu-v6e-4x4", cluster={"backend": "local", "name": "c"},
     )  # fmt: skip
     operator._check_result(second)  # what the task does with the job's result

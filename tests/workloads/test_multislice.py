@@ -35,10 +35,7 @@ def _preflight(cluster: Any, **kw: Any) -> Any:
     return RaySlicePreflightOperator(
         task_id="preflight",
         cluster=cluster.connection_info(),
-        accelerator="TPU-V6E",
-        topology="2x4",
-        machine_type="ct6e-standard-4t",
-        num_slices=2,
+        tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t", "num_slices": 2},
         deferrable=False,
         poll_interval=0.5,
         **kw,

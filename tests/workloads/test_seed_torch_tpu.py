@@ -17,7 +17,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 SCRIPT_DIR = WORKLOADS / "seed_torch_finetune"
 STAND_IN = WORKLOADS / "simulated_tpu" / "torch_tpu"
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]  # a cluster plus four FSDP2 workers: minutes on 2 cores
+pytestmark = pytest.mark.slow  # a cluster plus four FSDP2 workers (about 50 s): the example runs in make test
 
 
 def test_seed_torch_trainer_runs_on_rays_tpu_path(tmp_path: Path) -> None:
