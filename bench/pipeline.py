@@ -39,13 +39,14 @@ def _stop_clusters(base: Path) -> None:
 
 def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
     """The demo's Ray work as a plain script: same cluster kind, entrypoints, spec and Serve config."""
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
     from tpuflow.local.cluster import LocalRayCluster
     from tpuflow.pipeline.params import local_serve_slice
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.hooks import RayJobHook, parse_result
     from tpuflow.serve.hooks import RayServeHook
     from tpuflow.tpu import TpuSlice
-    from tpuflow.workloads.addition.pipeline import ADDITION
 
     phases: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -201,8 +201,9 @@ def product_app(info: dict[str, Any], checkpoint: str, name: str, serve_slice: A
                 batching: bool | None = None) -> dict[str, Any]:  # fmt: skip
     """The demo app as the pipeline deploys it (serve_config_for), under `name`; `batching` True / False:
     with `BATCHING` / `NO_BATCHING` (deployment_options); None: the app's default."""
-    from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.steps import serve_config_for
 
     options = None if batching is None else {"user_config": BATCHING if batching else NO_BATCHING}
     config = serve_config_for(info, {"checkpoint": checkpoint}, f"local://{WORKLOADS}", "jax", serve_slice,
@@ -357,11 +358,12 @@ def serve(ctx: Context) -> list[Result]:
     produces=("serve_overhead_p50_ms_multi_host", "serve_overhead_p50_ms_single_host_tpu", "serve_rps_32_single_host_tpu"),
 )  # fmt: skip
 def serve_on_slices(ctx: Context) -> list[Result]:
+    from tpuflow.workloads.addition.pipeline import SERVE_DEPLOYMENT
+
     from tpuflow.local.cluster import LocalRayCluster
     from tpuflow.pipeline.params import local_serve_slice
     from tpuflow.serve.hooks import RayServeHook
     from tpuflow.tpu import TpuSlice
-    from tpuflow.workloads.addition.pipeline import SERVE_DEPLOYMENT
 
     ckpt = ctx.checkpoint()
     n, seconds, warm, rounds = _sizes(ctx.quick)

@@ -40,6 +40,7 @@ def _workloads_path() -> None:
 @measure("eval_examples_per_s")
 def eval_examples_per_s(ctx: Context) -> list[Result]:
     import pyarrow.parquet as pq
+
     from tpuflow.rayjob.hooks import parse_result
 
     _workloads_path()

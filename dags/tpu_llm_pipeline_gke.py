@@ -8,7 +8,8 @@ tpu_llm_pipeline_local can sit side by side; a team's own DAG follows the Variab
 Heavy imports happen inside tasks, never at parse time.
 """
 
-from tpuflow.pipeline.dag import tpu_pipeline
 from tpuflow.workloads.addition.pipeline import ADDITION
+
+from tpuflow.pipeline.dag import tpu_pipeline
 
 dag = tpu_pipeline("tpu_llm_pipeline_gke", workload=ADDITION, backend="gke")

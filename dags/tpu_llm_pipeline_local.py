@@ -6,7 +6,8 @@ and follows the Variable tpuflow_backend (tpuflow.pipeline.dag). Heavy imports (
 happen inside tasks, never at parse time.
 """
 
-from tpuflow.pipeline.dag import tpu_pipeline
 from tpuflow.workloads.addition.pipeline import ADDITION
+
+from tpuflow.pipeline.dag import tpu_pipeline
 
 dag = tpu_pipeline("tpu_llm_pipeline_local", workload=ADDITION, backend="local")

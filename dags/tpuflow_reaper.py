@@ -9,6 +9,7 @@ GKE project configured only local clusters and leases are looked at. Same as `tp
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
+
 from tpuflow.cost.operators import ReapOrphansOperator
 
 with DAG(

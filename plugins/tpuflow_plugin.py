@@ -10,9 +10,9 @@ operators would be worse than useless: plugin links take precedence, and their g
 then runs inside the API server, where the Task SDK's XCom accessor is unavailable
 (ImportError: SUPERVISOR_COMMS) -- the links would come back empty. A provider entry point
 does not help either: its "extra-links" only feed `airflow providers links`; the provider
-info (operators/provider_info.py) is kept for the "Ray" connection type in the UI's form.
+info (operators/tpuflow/provider_info.py) is kept for the "Ray" connection type in the UI's form.
 
-What the plugin adds (operators/ui/app.py, mounted at /tpuflow, login required):
+What the plugin adds (operators/tpuflow/ui/app.py, mounted at /tpuflow, login required):
 - /tpuflow/outputs/<dag>/<date>/...: a local run's outputs. The local "Outputs" extra link
   points there, because the Airflow 3.3 UI drops extra links that are not http(s) or
   same-origin: a file:// URL would not show on the task page at all.
@@ -24,6 +24,7 @@ What the plugin adds (operators/ui/app.py, mounted at /tpuflow, login required):
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from tpuflow.ui.app import app as tpuflow_app
 
 

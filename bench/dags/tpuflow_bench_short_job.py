@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
+
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"

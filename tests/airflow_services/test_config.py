@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tpuflow.dev.airflow_services import SERVICE_ARGS, SERVICES, AirflowServices
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support.ray_cluster import running_cluster
 from support.real_airflow import explain, wait_for_runs
+
 from tpuflow.naming import submission_id
 
 pytestmark = pytest.mark.slow

@@ -77,6 +77,7 @@ def _listening_owned_by(services: Any) -> str:
 def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None:
     """What a user sees after pressing Trigger: one field per Param, choices for accelerator and topology."""
     from support.ui_browser import airflow_page, wait_for
+
     from tpuflow.pipeline.params import ACCELERATORS, TOPOLOGIES
 
     with airflow_page(services.url, services.token()) as page:

@@ -21,9 +21,10 @@ INFO = {"backend": "local", "serve_port": 18200, "serve_url": "http://127.0.0.1:
 
 def test_the_apps_are_the_pipelines_config_with_batching_only_where_asked() -> None:
     from ray.serve.schema import ServeDeploySchema
+    from tpuflow.workloads.addition.pipeline import SERVE_DEPLOYMENT
+
     from tpuflow.pipeline.params import local_serve_slice
     from tpuflow.tpu import TpuSlice
-    from tpuflow.workloads.addition.pipeline import SERVE_DEPLOYMENT
 
     plain = serving.plain_app("/ckpt")
     app = serving.product_app(INFO, "/ckpt", "addition")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.cli import build_parser, main
 
 P = "{tmp}"  # replaced by the test's tmp_path

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.processes import dead_process_record
+
 from tpuflow import liveness
 from tpuflow.local.cluster import CLUSTER_ENV, LocalRayCluster, NodeProcess
 from tpuflow.naming import TaskIdentity

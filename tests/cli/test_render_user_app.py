@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kuberay_crds import schema_errors
+
 from tpuflow.cli import main
 
 USER_APP = "acme_models.chat:build_app"  # not the demo's app: nothing here knows its args

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE, connected_standin
+
 from tpuflow.cli import main
 from tpuflow.gke.workload_policy import workload_policy_name
 from tpuflow.naming import TaskIdentity
@@ -57,6 +58,7 @@ def test_a_given_policy_renders_the_pool_alone(capsys):
 
 def test_the_rendered_bodies_are_what_the_hooks_send_and_the_stand_ins_accept(capsys, monkeypatch):
     from google.cloud.compute_v1 import ResourcePolicy
+
     from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook, to_rest_json
 
     out = render_json(capsys, *TPU7X, *IDENTITY)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from support.gke_pipeline import point_airflow_at
+
 from tpuflow.cli.standins_cmd import GCS_BUCKET, airflow_env, export_lines
 from tpuflow.errors import UserInputError
 
@@ -86,6 +87,7 @@ def test_the_lines_point_airflow_and_the_pipeline_at_the_running_standins(
     standins: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow.sdk import Variable
+
     from tpuflow.gke.hooks import GKENodePoolHook
     from tpuflow.kuberay.hooks import KubeRayHook
 

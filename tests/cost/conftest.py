@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.gke_standin import connected_standin
+
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 
 

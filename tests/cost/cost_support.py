@@ -17,6 +17,7 @@ from typing import Any
 
 from support.airflow_context import FakeTaskInstance
 from support.gke_standin import ZONE
+
 from tpuflow.naming import TaskIdentity
 
 

@@ -8,6 +8,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from cost_support import RunTaskInstance
 from support.airflow_context import task_context
+
 from tpuflow.cost.budget import check_max_chip_hours, estimate_chip_hours
 from tpuflow.errors import UserInputError
 

@@ -16,6 +16,7 @@ from cost_support import RunTaskInstance
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from support.ray_cluster import alive_actors, running_cluster
+
 from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.gke.operators import GKEDeleteNodePoolOperator
 from tpuflow.naming import TaskIdentity

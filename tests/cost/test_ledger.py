@@ -11,6 +11,7 @@ import pytest
 from cost_support import RunTaskInstance
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+
 from tpuflow.cost.ledger import build_ledger, check_prices, pool_span, rfc3339_to_unix, slice_entry
 from tpuflow.errors import UserInputError
 

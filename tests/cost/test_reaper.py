@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from cost_support import dead_local_cluster, live_head, pool_body
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+
 from tpuflow.cost.reaper import (
     FixedRunStates,
     MetadataDbRunStates,
@@ -538,6 +539,7 @@ def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
 
 def test_the_reaper_task_fails_on_a_failed_list_and_deletes_nothing(gke: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from airflow.sdk.exceptions import AirflowFailException
+
     from tpuflow.cost.operators import ReapOrphansOperator
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))

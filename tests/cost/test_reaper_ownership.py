@@ -12,6 +12,7 @@ import pytest
 from cost_support import dead_local_cluster, live_head, pool_body
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+
 from tpuflow.cost.reaper import (
     FixedRunStates,
     OwnerUnreadable,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import sleeper, survives
+
 from tpuflow import liveness
 from tpuflow.dev import airflow_services as services_mod
 from tpuflow.dev.airflow_services import AirflowServices

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import sleeper, survives
+
 from tpuflow.dev.gcs_emulator import STATE_FILE, GcsEmulator
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow import liveness
 from tpuflow.dev.supervise import (
     LeaseWaitReporter,

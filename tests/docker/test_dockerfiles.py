@@ -92,7 +92,7 @@ def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
 
 
 def test_gke_dag_default_workloads_path_is_where_the_images_put_them() -> None:
-    gke = REPO / "operators" / "pipeline" / "gke.py"
+    gke = REPO / "operators" / "tpuflow" / "pipeline" / "gke.py"
     uris = set(re.findall(r"local://(/[\w/.-]+)", gke.read_text()))
     assert uris <= {"/home/ray/workloads"}, (
         f"the GKE DAG expects workloads at {uris}; the images put them at /home/ray/workloads"

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 
 TEMPLATE = "{{ ti.xcom_pull(task_ids='check_params')['topology'] }}"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.validation import (
     check_count,

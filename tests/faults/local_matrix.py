@@ -265,6 +265,7 @@ def gcs_errors_on_writes(drill: LocalDrill) -> Iterator[None]:
     some of prep's parquet writes and train's checkpoint writes with 503, one checkpoint write with 429.
     Fired when every rule fired."""
     from support.fault_proxy import FaultProxy, Rule, writes_to
+
     from tpuflow.dev.gcs_emulator import GcsEmulator
     from tpuflow.storage import EMULATOR_ENV
 
@@ -313,6 +314,7 @@ def gcs_stalls_during_checkpoint_upload(drill: LocalDrill) -> Iterator[None]:
     kept driver log says which call stalled on which gs:// path, and train ended within its policy's worst
     case after the last stall began: the deadline plus the job's teardown, not a hang."""
     from support.fault_proxy import FaultProxy, Rule
+
     from tpuflow.dev.gcs_emulator import GcsEmulator
     from tpuflow.storage import EMULATOR_ENV, REQUEST_TIMEOUT_ENV, gcs_client
 

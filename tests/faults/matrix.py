@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from support.gke_pipeline import CLUSTER_PATH, load_dag, point_airflow_at, task_states
+
 from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.ray_cluster import running_cluster
+
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
 from support.gcs_bucket import list_bucket
+
 from tpuflow.dev.gcs_emulator import GcsEmulator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,9 +165,10 @@ def test_the_deadline_filesystem_works_as_the_plain_one_and_travels(
 
 
 def test_a_deadline_that_is_not_a_number_is_refused(monkeypatch: pytest.MonkeyPatch, ray_storage: Any) -> None:
+    from tpuflow_driver.deadline_fs import request_timeout_s
+
     from tpuflow.errors import UserInputError
     from tpuflow.storage import request_timeout
-    from tpuflow_driver.deadline_fs import request_timeout_s
 
     monkeypatch.setenv("TPUFLOW_GCS_REQUEST_TIMEOUT_S", "soon")
     with pytest.raises(UserInputError, match="TPUFLOW_GCS_REQUEST_TIMEOUT_S='soon' is invalid: give a positive"):
@@ -374,8 +376,9 @@ def test_airflow_side_calls_to_a_stalled_server_raise_storage_timeout(bucket: st
 
 def test_a_job_failed_by_a_stalled_upload_is_infrastructure_not_user_code(ray_storage: Any) -> None:
     """The task retries per its policy: a stalled storage call is not a bug in the training code."""
-    from tpuflow.rayjob.failures import is_user_code_error
     from tpuflow_driver.deadline_fs import StorageStalled, within
+
+    from tpuflow.rayjob.failures import is_user_code_error
 
     with pytest.raises(StorageStalled) as caught:
         within(0.05, "open_output_stream", "gs://b/run/checkpoint_000001/state.bin", time.sleep, 5)

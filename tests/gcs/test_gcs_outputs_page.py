@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+
 from tpuflow.storage import write_text
 
 DAG_ID, DATE = "tpu_llm_pipeline_local", "2026-11-05"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.gcs_bucket import list_bucket
+
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV
 from tpuflow.storage import read_text
 

@@ -9,6 +9,7 @@ import json
 import pytest
 from support.fault_proxy import FaultProxy, Rule, writes_to
 from support.gcs_bucket import list_bucket
+
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import read_text
 

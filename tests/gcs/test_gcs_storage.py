@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
 from support.gcs_bucket import list_bucket
+
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator
 from tpuflow.errors import UserInputError
 
@@ -118,9 +119,10 @@ def test_kept_driver_log_goes_to_gs(bucket: str) -> None:
 
 
 def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator: GcsEmulator) -> None:
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.operators import RaySubmitJobOperator
-    from tpuflow.workloads.addition.pipeline import ADDITION
 
     op = RaySubmitJobOperator(
         task_id="t", entrypoint="python -c pass", ray_conn_id="ray_default", env_vars={"A": "1"}, working_dir=""
@@ -131,9 +133,10 @@ def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator:
 
 
 def test_without_an_emulator_nothing_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
     from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.rayjob.operators import RaySubmitJobOperator
-    from tpuflow.workloads.addition.pipeline import ADDITION
 
     monkeypatch.delenv(EMULATOR_ENV)
     op = RaySubmitJobOperator(task_id="t", entrypoint="x", ray_conn_id="ray_default", working_dir="")
@@ -340,8 +343,9 @@ def test_the_shipped_pipeline_fails_at_its_first_task_on_a_bad_output_root(
 ) -> None:
     """tpu_llm_pipeline_local with a missing bucket or a malformed URI: check_params fails naming it, no
     lease is taken and no cluster starts (the teardown tasks find nothing to stop)."""
-    from tpuflow.pipeline.factory import build_pipeline_dag
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.factory import build_pipeline_dag
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
     dag = build_pipeline_dag("tpu_llm_pipeline_local", workload=ADDITION, schedule=None, output_root=root)

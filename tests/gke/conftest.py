@@ -26,6 +26,7 @@ if "airflow" not in sys.modules:
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 from support.gke_standin import connected_standin  # noqa: E402
+
 from tpuflow.dev.standins.gke_api import GKEApiStandin  # noqa: E402
 
 

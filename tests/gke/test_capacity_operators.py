@@ -18,6 +18,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from support.airflow_context import FakeTaskInstance, task_context
 from support.gke_standin import CLUSTER, CLUSTER_PATH, CONN_ID, PROJECT, ZONE
+
 from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+
 from tpuflow.gke.hooks import GKENodePoolHook, GKEOperationError
 from tpuflow.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
 

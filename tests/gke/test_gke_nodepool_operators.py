@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE, context
+
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
 FAST = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}

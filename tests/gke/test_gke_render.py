@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+
 from tpuflow.cli import main
 
 BASE = ["render", "nodepool", "--project", PROJECT, "--location", ZONE, "--cluster", CLUSTER, "--json"]
@@ -135,6 +136,7 @@ CASES = {
 def test_rendered_body_is_what_the_client_sends(case, capsys, gke):
     """The hook turns the body into the client's NodePool; GKE (the stand-in) receives the same message."""
     from google.cloud.container_v1.types import NodePool
+
     from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
 
     gke.add_workload_policy("ht-2x2x2", "2x2x2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.gke.errors import FailureKind, classify, classify_operation
 from tpuflow.gke.nodepool_spec import (

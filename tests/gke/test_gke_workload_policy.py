@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE, context
+
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.gke.workload_policy import workload_policy_name
 from tpuflow.naming import TaskIdentity

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.gke.nodepool_spec import check_node_labels, check_node_taints
 from tpuflow.kuberay import k8s_values

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from support.airflow_context import task_context
 from support.gke_standin import CONN_ID, PROJECT, ZONE
+
 from tpuflow.errors import UserInputError
 from tpuflow.gke.quota import QuotaRef, quota_refs, quota_value
 from tpuflow.pipeline.gke import CheckGkeParamsOperator

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import watch
+
 from tpuflow.dev.standins import kubernetes_api as standin_api
 from tpuflow.kuberay import RAYCLUSTERS
 

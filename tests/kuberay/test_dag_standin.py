@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.standin_dag_run import dagtest_command, standin_airflow_home
+
 from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.tpu import TpuSlice

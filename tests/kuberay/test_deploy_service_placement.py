@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from support.airflow_context import task_context
+
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
 from tpuflow.serve.config import serve_tpu_args

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 from support.airflow_context import task_context
+
 from tpuflow.dev.standins.kuberay_controller import KubeRayStandin, LocalRayLauncher, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYSERVICES
 from tpuflow.kuberay.operators import KubeRayDeleteServiceOperator, KubeRayDeployServiceOperator
@@ -48,6 +49,7 @@ def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pyt
         assert payload["applications"] == {"echo": "RUNNING"}
 
         from ray.job_submission import JobStatus, JobSubmissionClient
+
         from tpuflow.rayjob.hooks import RayJobHook
 
         # Token auth is on by default: real Ray refuses the dashboard, Jobs and Serve REST without the token,

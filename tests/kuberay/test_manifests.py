@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kuberay_crds import sample, schema_errors
+
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.manifests import (
     RayClusterTemplate,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from support.airflow_context import FakeTaskInstance, task_context
+
 from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.errors import UserInputError
@@ -309,6 +310,7 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
     from types import SimpleNamespace
 
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
     from tpuflow.kuberay.hooks import KubeTarget
 
     cluster = SimpleNamespace(
@@ -438,6 +440,7 @@ def test_killing_a_cluster_create_waiting_in_the_worker_deletes_the_raycluster(k
 def test_the_hooks_are_the_providers_kubernetes_hooks_and_their_gke_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
+
     from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
 
     monkeypatch.setenv(
@@ -459,6 +462,7 @@ def test_the_hooks_are_the_providers_kubernetes_hooks_and_their_gke_variants(mon
 
 def test_the_hooks_return_plain_json_and_raise_the_clients_errors(kube: KubeRayStandin) -> None:
     from kubernetes.client import ApiException
+
     from tpuflow.kuberay import RAYCLUSTERS as PLURAL
     from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
 

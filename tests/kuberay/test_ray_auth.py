@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.airflow_context import task_context
 from support.kuberay_crds import schema_errors
+
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
 from tpuflow.errors import UserInputError
@@ -189,8 +190,9 @@ def test_the_rayservice_operator_applies_token_auth_by_default() -> None:
 
 @pytest.mark.parametrize(("ray_auth", "mode"), [(None, "token"), ("none", "disabled")])
 def test_the_gke_pipelines_clusters_all_carry_the_dags_auth(ray_auth: str | None, mode: str) -> None:
-    from tpuflow.pipeline.gke import build_gke_pipeline_dag, prep_cluster_manifest
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag, prep_cluster_manifest
 
     assert prep_cluster_manifest(IMAGE)["spec"]["authOptions"] == {"mode": "token"}
     assert schema_errors("rayclusters", {**prep_cluster_manifest(IMAGE), "metadata": {"name": "p"}}) == []

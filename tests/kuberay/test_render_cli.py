@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.kuberay_crds import schema_errors
+
 from tpuflow.cli import main
 from tpuflow.kuberay.manifests import resource_name
 

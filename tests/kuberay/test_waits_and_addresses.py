@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException
 from kubernetes_asyncio.client import ApiException as AsyncApiException
+
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
 from tpuflow.kuberay.waits import wait_gone, wait_ready

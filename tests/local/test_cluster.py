@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import cmdline
+
 from tpuflow.errors import UserInputError
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import LocalRayCluster, _pids_referencing

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tpuflow.local.cluster import LocalRayCluster, _pids_referencing
 from tpuflow.rayjob.hooks import RayJobHook, parse_result
 from tpuflow.tpu import TpuSlice

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import LocalClusterError, LocalRayCluster, NodeProcess
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowTaskTerminated
 from support.airflow_context import task_context
+
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import CLUSTER_ENV, STATE_FILE, LocalRayCluster, NodeProcess
 from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator, local_cluster_name

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tpuflow.local.cluster import CLUSTER_ENV, LocalRayCluster
 from tpuflow.local.node_env import node_environment
 from tpuflow.tpu import TpuSlice

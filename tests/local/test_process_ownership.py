@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import sleeper, survives
+
 from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans, reap
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import CLUSTER_ENV, STATE_FILE, LocalRayCluster, NodeProcess

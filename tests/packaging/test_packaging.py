@@ -8,6 +8,7 @@ wheel (non-editable) imports tpuflow from site-packages only and runs the local 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATORS = REPO / "operators"
+SOURCE_ROOT = REPO / "operators"  # the src/ of this layout: operators/tpuflow/gke/hooks.py is tpuflow.gke.hooks
+OPERATORS = SOURCE_ROOT / "tpuflow"
 WORKLOADS = REPO / "workloads"
 UV = Path(sys.executable).with_name("uv")
 # What the Airflow image copies to build the wheel (docker/airflow.Dockerfile).
@@ -47,7 +49,7 @@ def package_folders() -> dict[str, Path]:
 
 def test_every_package_folder_is_listed_in_pyproject() -> None:
     setuptools = pyproject()["tool"]["setuptools"]
-    assert setuptools["package-dir"] == {"tpuflow": "operators", "tpuflow.workloads": "workloads"}
+    assert setuptools["package-dir"] == {"": "operators", "tpuflow.workloads": "workloads"}
     listed = setuptools["packages"]
     assert len(listed) == len(set(listed)), "a package is listed twice"
     folders = package_folders()
@@ -67,9 +69,25 @@ def test_package_folders_have_no_module_without_init() -> None:
     assert stray == [], f"modules outside any listed package (add an __init__.py and list it): {stray}"
 
 
+def test_every_file_path_under_operators_is_its_import_name() -> None:
+    """operators/ is the source root: a module's path below it, dots for slashes, is what imports it."""
+    wrong = {}
+    for py in sorted(SOURCE_ROOT.rglob("*.py")):
+        rel = py.relative_to(SOURCE_ROOT).with_suffix("").parts
+        if "__pycache__" in rel:
+            continue
+        dotted = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+        spec = importlib.util.find_spec(dotted)
+        if spec is None or spec.origin is None or Path(spec.origin).resolve() != py.resolve():
+            wrong[str(py.relative_to(REPO))] = spec.origin if spec else None
+    assert wrong == {}, f"files whose path is not their import name: {wrong}"
+    top = sorted(p.name for p in SOURCE_ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert top == ["tpuflow"], "operators/ holds the tpuflow package and nothing else importable"
+
+
 # --- the provider part never needs the simulators ---------------------------------------------
 
-DEV_ONLY = ("dev", "cli")  # operators/dev/** (tpuflow.dev) and operators/cli/** may use the simulators
+DEV_ONLY = ("dev", "cli")  # operators/tpuflow/dev/** (tpuflow.dev) and operators/tpuflow/cli/** may use the simulators
 
 
 def module_name(path: Path) -> str:

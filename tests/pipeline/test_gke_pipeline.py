@@ -27,6 +27,7 @@ from support.gke_pipeline import (
     task_states,
     wait_until_empty,
 )
+
 from tpuflow.cost.ledger import rfc3339_to_unix
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import (
@@ -336,6 +337,7 @@ def test_keeping_the_serve_pool_waits_like_the_delete_deferred_through_a_busy_cl
     import importlib
 
     from airflow.sdk.exceptions import TaskDeferred
+
     from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels
     from tpuflow.naming import TaskIdentity
     from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator
@@ -467,6 +469,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
     capacity the slice's ProvisioningRequest is Provisioned (after the stand-in's delay), the TPU pods consume
     it, the run completes and the teardown deletes the request with the pools."""
     from support.gcs_bucket import list_bucket
+
     from tpuflow.dev.gcs_emulator import ensure_buckets
     from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
     from tpuflow.storage import EMULATOR_ENV, read_text

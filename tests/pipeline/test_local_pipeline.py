@@ -45,6 +45,7 @@ def stop_kept_clusters(tmp_path):
 def slice_host_placement(state_dir: Path) -> list[tuple[str, str]]:
     """(slice name, TPU worker id) of the node of each live SliceHost actor (a multi-host replica's workers)."""
     from support.ray_cluster import alive_actors
+
     from tpuflow.local.cluster import LocalRayCluster
 
     cluster = LocalRayCluster.load(state_dir)
@@ -108,6 +109,7 @@ def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_b
     nothing is left running. The same date again from a new Airflow home reuses what the bucket holds."""
     from support.fault_proxy import FaultProxy, Rule, writes_to
     from support.gcs_bucket import list_bucket
+
     from tpuflow.dev.gcs_emulator import EMULATOR_ENV
     from tpuflow.storage import read_text
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from tpuflow.workloads.addition.pipeline import ADDITION
+
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.factory import checked_slice
 from tpuflow.pipeline.params import pipeline_params, validate_params
-from tpuflow.workloads.addition.pipeline import ADDITION
 
 # every task reads the slice check_params validated, never the raw Param
 NUM_SLICES = "{{ ti.xcom_pull(task_ids='check_params')['num_slices'] }}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from airflow.sdk import Param
+
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import pipeline_params, validate_params
 

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.gke import check_gke_params
 from tpuflow.pipeline.params import check_conf, check_param, pipeline_params, validate_params

@@ -102,9 +102,10 @@ def test_bad_params_fail_the_check_task(steps_dag: Any) -> None:
 
 
 def test_step_arguments_are_checked_when_parsed_if_plain_and_once_rendered_if_templated() -> None:
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
     from tpuflow.errors import UserInputError
     from tpuflow.pipeline.steps import BuildServeConfigOperator, WriteReportOperator
-    from tpuflow.workloads.addition.pipeline import ADDITION
 
     with pytest.raises(UserInputError) as err:
         BuildServeConfigOperator(

@@ -95,6 +95,7 @@ def test_the_same_dag_file_on_the_standins_is_configuration_only(
     Ray, so the first Ray job (prep) cannot run: the run fails there, as on a cluster whose Ray is unreachable;
     with real Ray clusters behind the simulated KubeRay (make test-long) the run succeeds."""
     from support.gke_pipeline import CLUSTER_PATH
+
     from tpuflow.dev.standins.kuberay_controller import (
         FakeRayLauncher,
         GkeNodePools,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.workload import Workload
 

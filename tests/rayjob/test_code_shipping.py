@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
 from tpuflow import workloads_dir
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.failures import UserInputFailure

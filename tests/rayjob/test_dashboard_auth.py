@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.serve.hooks import RayServeHook
 

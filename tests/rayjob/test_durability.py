@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.airflow_context import task_context
+
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 

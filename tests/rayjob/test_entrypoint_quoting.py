@@ -8,6 +8,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 JOBS = Path(__file__).parent / "jobs"

@@ -1,6 +1,7 @@
 """Which failed jobs Airflow should retry."""
 
 import pytest
+
 from tpuflow.rayjob.failures import is_user_code_error
 
 USER_TRACE = "Traceback (most recent call last):\n  File \"train.py\", line 3\nKeyError: 'lr'"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.waits import wait_for_job
 from tpuflow.serve.hooks import RayServeHook

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator
 from tpuflow.rayjob.triggers import RayJobTrigger

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+
 from tpuflow.rayjob.waits import TAIL_LINES, LogFollower, wait_for_job
 
 LOG = logging.getLogger("test.log_follow")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayTrainOperator

@@ -16,6 +16,7 @@ import uuid
 import pytest
 from support.gcs_bucket import list_bucket
 from support.ray_cluster import alive_actors, slice_index, slice_of_node
+
 from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator

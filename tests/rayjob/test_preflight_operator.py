@@ -8,6 +8,7 @@ import shlex
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from support.airflow_context import task_context
+
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import command_line
 from tpuflow.rayjob.preflight import RaySlicePreflightOperator, failure_line

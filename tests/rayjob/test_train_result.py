@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support.airflow_context import new_run_id, task_context
+
 from tpuflow.rayjob.failures import UserInputFailure
 from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator
 from tpuflow.rayjob.train_result import read_train_result
@@ -142,6 +143,7 @@ def test_a_folder_without_a_ray_train_run_fails_once_with_one_line(tmp_path, fol
 @pytest.mark.long  # a real Ray Train job on the session cluster (~40 s for the module)
 def test_a_run_folder_on_gcs_names_its_checkpoint_with_the_gs_scheme(trained, gcs_emulator, monkeypatch):
     import pyarrow.fs as pafs
+
     from tpuflow.dev.gcs_emulator import ensure_buckets
     from tpuflow.rayjob.train_result import _filesystem
     from tpuflow.storage import EMULATOR_ENV

@@ -1,6 +1,7 @@
 """RayTrainOperator derives the training spec from the slice, per backend."""
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from tpuflow.rayjob.triggers import LOG_CURSOR_XCOM_KEY, RayJobTrigger
 
 

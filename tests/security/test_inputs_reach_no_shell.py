@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from tpuflow.rayjob.operators import command_line
 
 DATE = "2026-12-03"
@@ -73,9 +74,10 @@ class TI:
 
 
 def test_the_pipelines_evaluate_step_with_a_hostile_output_root(marker: Path, echo_python: Path) -> None:
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
     from tpuflow.pipeline.factory import pipeline_dag, run_dir_for, training_steps
     from tpuflow.tpu import TpuSlice
-    from tpuflow.workloads.addition.pipeline import ADDITION
 
     root = hostile(marker)
     with pipeline_dag("quoting", schedule=None, start_date=datetime(2026, 11, 1), max_active_runs=1):

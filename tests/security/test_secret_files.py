@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.secret_files import write_secret_file
 
 

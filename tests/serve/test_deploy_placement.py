@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from support.airflow_context import task_context
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.config import serve_application, serve_config, serve_tpu_args
 from tpuflow.serve.operators import RayServeDeployOperator

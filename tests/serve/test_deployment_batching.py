@@ -7,13 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.deployment_options import DeploymentOptions
 
 
 def demo_config(options: dict[str, Any]) -> dict[str, Any]:
-    from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.steps import serve_config_for
 
     return serve_config_for({"backend": "local", "serve_port": 18124}, {"checkpoint": "/c"}, "local:///w", "jax",
                             deployment_options=options, workload=ADDITION)  # fmt: skip

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.deployment_options import DeploymentOptions
 
@@ -17,8 +18,9 @@ def serve_schema() -> Any:
 
 
 def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
-    from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.workloads.addition.pipeline import ADDITION, SERVE_DEPLOYMENT
+
+    from tpuflow.pipeline.steps import serve_config_for
 
     options = {
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8},
@@ -46,8 +48,9 @@ def test_autoscaling_and_limits_become_a_valid_serve_config() -> None:
 
 
 def test_no_options_leave_the_config_as_before() -> None:
-    from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.steps import serve_config_for
 
     config = serve_config_for({"backend": "kuberay"}, {"checkpoint": "/c"}, "gs://b/w.zip", "torch", workload=ADDITION)
     assert "deployments" not in config["applications"][0] and "http_options" not in config
@@ -112,8 +115,9 @@ def test_every_accepted_setting_is_accepted_by_ray_serve(options: dict[str, Any]
 
 
 def test_build_serve_config_operator_checks_static_options_at_parse_time() -> None:
-    from tpuflow.pipeline.steps import BuildServeConfigOperator
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.steps import BuildServeConfigOperator
 
     common = {"cluster": {}, "trained": {"checkpoint": "/c"}, "workloads_uri": "w", "workload": ADDITION}
     with pytest.raises(UserInputError) as err:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import requests
 from support.airflow_context import task_context
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.operators import (
     RayServeDeploymentFailedError,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kuberay_crds import sample, schema_errors
+
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.manifests import RayClusterTemplate, spec_hash
 from tpuflow.labels import SPEC_HASH_ANNOTATION

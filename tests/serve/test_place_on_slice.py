@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.config import check_tpu_placement, place_on_slice, serve_application, serve_config, serve_tpu_args
 from tpuflow.tpu import TpuSlice

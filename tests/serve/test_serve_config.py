@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.config import check_tpu_placement, serve_application, serve_config, serve_tpu_args
 from tpuflow.serve.status import judge, placement_causes

@@ -60,8 +60,9 @@ def _slice(**overrides: Any) -> Any:
 
 
 def _config(cluster: Any, checkpoint: dict[str, Any], tpu: Any, name: str, **args: Any) -> dict[str, Any]:
-    from tpuflow.pipeline.steps import serve_config_for
     from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.steps import serve_config_for
 
     config = serve_config_for(
         cluster.connection_info(), {"checkpoint": checkpoint["checkpoint"]}, f"local://{WORKLOADS}", "jax",
@@ -161,6 +162,7 @@ def test_without_the_topology_the_replica_straddles_and_the_deploy_fails_naming_
     cluster: Any, checkpoint: dict[str, Any]
 ) -> None:
     from airflow.sdk.exceptions import AirflowException
+
     from tpuflow.rayjob.hooks import RayJobHook
 
     _clear(cluster)  # the earlier tests' replicas hold both slices

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from support.airflow_context import task_context
+
 from tpuflow.errors import UserInputError
 from tpuflow.serve.operators import RayServeDeployOperator
 from tpuflow.serve.triggers import RayServeApplicationsTrigger

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from support.airflow_context import task_context
+
 from tpuflow.serve.operators import RayServeDeploymentFailedError, ServeEndpointSmokeTestOperator
 
 PAYLOAD = {"model": "addition", "prompt": "17+25=", "max_tokens": 4, "temperature": 0}

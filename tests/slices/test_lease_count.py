@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.slices.leases import LocalLeaseStore, parse_count
 
@@ -40,6 +41,7 @@ def test_more_slices_than_the_leases_allow_is_one_line_before_anything_starts() 
 
 def test_acquire_task_fails_at_once_above_the_limit(tmp_path: Path) -> None:
     from support.airflow_context import task_context
+
     from tpuflow.slices.operators import AcquireSliceOperator
 
     two = {"accelerator": "v6e", "topology": "2x2", "num_slices": 2}

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from support.airflow_context import task_context
 from support.processes import dead_process_record
+
 from tpuflow import liveness
 from tpuflow.errors import UserInputError
 from tpuflow.slices.leases import MAX_LEASE_SLOTS, LocalLeaseStore, parse_slots
@@ -172,6 +173,7 @@ def test_an_expired_gs_lease_of_a_running_run_is_renewed_not_taken_over(
 
     from airflow.sdk.exceptions import TaskDeferred
     from support.airflow_context import FakeTaskInstance
+
     from tpuflow.dev.gcs_emulator import EMULATOR_ENV, ensure_buckets
     from tpuflow.slices import leases
     from tpuflow.slices.operators import AcquireSliceOperator

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from support.airflow_context import task_context
+
 from tpuflow.errors import UserInputError
 from tpuflow.slices.leases import LocalLeaseStore, lease_store, parse_slots
 
@@ -61,6 +62,7 @@ def test_bad_limits_and_roots_are_user_errors() -> None:
 
 def test_trigger_waits_until_a_slot_frees_and_serializes(tmp_path: Path) -> None:
     from airflow.serialization.serialized_objects import BaseSerialization
+
     from tpuflow.slices.triggers import SliceLeaseTrigger
 
     store = LocalLeaseStore(tmp_path)
@@ -98,6 +100,7 @@ def test_trigger_times_out(tmp_path: Path) -> None:
 
 def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
     from airflow.sdk.exceptions import TaskDeferred
+
     from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     ctx_a = task_context(dag_id="dag", run_id="a")
@@ -124,6 +127,7 @@ def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_a_lease_wait_that_timed_out_fails_the_task_naming_the_holders(tmp_path: Path) -> None:
     from airflow.sdk.exceptions import AirflowException
+
     from tpuflow.slices.operators import AcquireSliceOperator
 
     op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), wait_timeout=1)
@@ -160,6 +164,7 @@ def test_a_lease_left_by_a_run_that_is_over_does_not_block_the_next_run(
     its lease file; the next run's acquire gives it back and takes the slice. A live run's lease is kept."""
     from airflow.sdk.exceptions import TaskDeferred
     from support.airflow_context import FakeTaskInstance
+
     from tpuflow.slices.operators import AcquireSliceOperator
 
     store = LocalLeaseStore(tmp_path)

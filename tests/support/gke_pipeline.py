@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import KubeRayStandin
 from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES

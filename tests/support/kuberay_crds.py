@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tpuflow.dev.standins.kubernetes_catalog import CrdSchemas, unknown_fields
 
 REPO = Path(__file__).resolve().parents[2]

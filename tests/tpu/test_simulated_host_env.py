@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tpuflow.dev.standins.kuberay_controller.webhook import worker_env
 from tpuflow.local.cluster import default_host_cpus, host_ip
 from tpuflow.tpu import TpuSlice

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tpuflow.tpu import GENERATIONS, SliceSpecError, TpuSlice
 
 # (accelerator as a user may type it, topology, machine type or None) -> expected facts

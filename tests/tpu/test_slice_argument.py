@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from tpuflow.errors import UserInputError
 from tpuflow.tpu import TpuSlice
 from tpuflow.tpu.slice_argument import resolve_slice, slice_is_templated, slice_spec

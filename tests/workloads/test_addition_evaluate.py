@@ -64,10 +64,11 @@ def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
 
     import jinja2
     from airflow.sdk import DAG
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
     from tpuflow.pipeline.factory import training_steps
     from tpuflow.rayjob.operators import command_line
     from tpuflow.tpu import TpuSlice
-    from tpuflow.workloads.addition.pipeline import ADDITION
 
     with DAG("eval_args_test", schedule=None):
         _, _, step = training_steps({"dashboard_url": "http://127.0.0.1:1"}, "/runs/x", workload=ADDITION)
@@ -109,6 +110,7 @@ def test_evaluation_runs_one_actor_on_every_host_of_the_slice(
     import pyarrow as pa
     from addition import data
     from ray.job_submission import JobStatus, JobSubmissionClient
+
     from tpuflow import workloads_dir
 
     cluster, tpu = v6e_2x4

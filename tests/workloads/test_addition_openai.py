@@ -273,6 +273,7 @@ def test_real_serve_deployment_streams_chats_and_applies_deployment_options(
 ) -> None:
     from addition.serve_app import AdditionCompletions
     from ray import serve
+
     from tpuflow.serve.deployment_options import DeploymentOptions
 
     options = DeploymentOptions(

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from tpuflow.errors import UserInputError
 from tpuflow.workloads.addition.pipeline import ADDITION, check_params, check_train_loop_config
+
+from tpuflow.errors import UserInputError
 
 
 def test_the_demo_workload_names_the_demo_steps() -> None:

@@ -1,4 +1,4 @@
-"""The driver as a Ray job on the local launcher's simulated TPU slice (operators/local/cluster.py):
+"""The driver as a Ray job on the local launcher's simulated TPU slice (operators/tpuflow/local/cluster.py):
 JaxTrainer(use_tpu=True) on a v6e 2x4 built from two 4-chip hosts, from the catalog's scaling config."""
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from support.airflow_context import task_context
 from support.ray_cluster import run_job
-from tpuflow.local.cluster import host_ip
 from tpuflow_driver.result import parse_result
+
+from tpuflow.local.cluster import host_ip
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 pytestmark = pytest.mark.slow
@@ -82,6 +83,7 @@ def test_jax_trains_across_two_slices_and_a_host_lost_in_one_restarts_both_from_
     names the slice and host lost, and training finishes with 4 workers, 2 per slice, never mixed."""
     from ray.job_submission import JobStatus
     from support.ray_cluster import alive_actors, slice_of_node, submit_job
+
     from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("TPU-V6E", "2x4", "ct6e-standard-4t", num_slices=2)

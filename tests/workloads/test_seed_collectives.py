@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support.ray_cluster import run_job, running_cluster
+
 from tpuflow.local.cluster import host_ip
 
 SCRIPT_DIR = Path(__file__).resolve().parents[2] / "workloads" / "seed_collectives"

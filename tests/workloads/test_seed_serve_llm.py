@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kuberay_crds import schema_errors
+
 from tpuflow.cli import main
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
+
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 # tests/rayjob/jobs/counter.py: prints "step i" every `delay` seconds, then its result

@@ -9,6 +9,7 @@ import os
 from datetime import datetime
 
 from airflow.sdk import DAG, task
+
 from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
 LEASES = os.environ.get("TPUFLOW_PROBE_LEASES", "/tmp/tpuflow-probe-leases")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
+
 from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin

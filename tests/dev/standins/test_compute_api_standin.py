@@ -14,6 +14,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 from google.cloud.container_v1 import ClusterManagerClient, NodePool
+
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 
 PROJECT, REGION = "p-123456", "us-east5"

@@ -18,6 +18,7 @@ from google.api_core import exceptions
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.container_v1 import ClusterManagerClient, NodePool
+
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 
 PARENT = "projects/p-123456/locations/us-east5-b/clusters/c1"

@@ -1,6 +1,6 @@
 """The stand-ins must not share their oracle with the system under test.
 
-Every module under operators/dev/standins (tpuflow.dev.standins) may import the standard library,
+Every module under operators/tpuflow/dev/standins (tpuflow.dev.standins) may import the standard library,
 third-party packages and tpuflow.dev.* only (tpuflow.errors is tolerated): nothing of the operator
 side (tpuflow.kuberay, tpuflow.tpu, tpuflow.gke, ...), at module level or inside a function.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-STANDINS = Path(__file__).resolve().parents[3] / "operators" / "dev" / "standins"
+STANDINS = Path(__file__).resolve().parents[3] / "operators" / "tpuflow" / "dev" / "standins"
 PACKAGE = "tpuflow.dev.standins"
 ALLOWED = ("tpuflow.dev", "tpuflow.errors")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tpuflow.dev.standins import kube_protobuf
 
 # `kubectl create secret generic hf-secret --from-literal=hf_api_token=x` (kubectl v1.33.1), as sent on the wire.

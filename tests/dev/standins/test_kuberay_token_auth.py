@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kuberay_controller.auth import SECRETS, check_name
 from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
+
 from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, KubernetesApiStandin
 
 G, V, NS = "ray.io", "v1", "default"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kuberay_crds import CRD_DIR
+
 from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, KubernetesApiStandin
 
 NS = "default"

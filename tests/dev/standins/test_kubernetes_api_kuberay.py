@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
+
 from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
     FakeServeBehaviour,

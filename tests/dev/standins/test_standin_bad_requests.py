@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kubernetes_api import CORE_TYPES, KubernetesApiStandin
 

@@ -1,0 +1,329 @@
+"""The ledger and budget tasks of the pipelines (the local backend's span recording: tpuflow.cost.local).
+
+Cheap to import (DAG files import this): the GKE hook, storage and the local cluster load in execute.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from tpuflow.errors import UserInputError
+from tpuflow.templating import is_static
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def _check_slices(slices: Any, rendered: bool) -> None:
+    if not (rendered or is_static(slices)):
+        return
+    if not isinstance(slices, list) or not slices:
+        raise UserInputError("slices", slices, 'give a list of {"role", "tpu", "task_id"} dicts')
+    for entry in slices:
+        if not isinstance(entry, Mapping) or not {"role", "tpu", "task_id"} <= set(entry):
+            raise UserInputError("slices", entry, 'each slice is a dict with "role", "tpu" and "task_id"')
+        tpu = entry["tpu"]
+        if (rendered or is_static(tpu)) and tpu is not None and not isinstance(tpu, Mapping):
+            raise UserInputError("slices", entry, "tpu is check_params' slice (a dict with chips, num_slices)")
+
+
+def slice_chips(tpu: Mapping[str, Any] | None) -> int:
+    if not tpu:
+        return 0
+    return int(tpu.get("chips", 0)) * int(tpu.get("num_slices", 1) or 1)
+
+
+class ChipLedgerOperator(BaseOperator):
+    """Write the run's chip-hour ledger: ledger.json, a ``ledger`` key in report.json, and the task's XCom.
+
+    A teardown: it runs after the slices' deletes whatever failed, and never changes the run's outcome.
+
+    :param slices: templated; one ``{"role", "tpu", "task_id"}`` per slice: ``tpu`` is check_params'
+        slice dict (chips, num_slices, generation), ``task_id`` the task whose record gives the span.
+    :param trained: templated; the train task's XCom (its ``fit_s`` is the training time), None if it failed.
+    :param output_dir: templated; the run's output folder.
+    :param prices: templated; JSON {generation: price per chip-hour} (Variable ``tpuflow_chip_hour_prices``).
+    :param gcp_conn_id: templated; connection for a gs:// output folder (and, on GKE, the GKE API).
+    """
+
+    template_fields: Sequence[str] = ("slices", "trained", "output_dir", "prices", "gcp_conn_id")
+    ui_color = "#fff3cd"
+
+    def __init__(
+        self,
+        *,
+        slices: Any,
+        trained: Any = None,
+        output_dir: str,
+        prices: Any = None,
+        gcp_conn_id: str = "google_cloud_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slices = slices
+        self.trained = trained
+        self.output_dir = output_dir
+        self.prices = prices
+        self.gcp_conn_id = gcp_conn_id
+        _check_slices(self.slices, rendered=False)
+
+    @abc.abstractmethod
+    def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
+        """(created_at, deleted_at, pool names) for each of ``slices``."""
+        ...
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from tpuflow.cost.ledger import build_ledger, check_prices, slice_entry
+
+        _check_slices(self.slices, rendered=True)
+        prices = check_prices(self.prices)
+        now = time.time()
+        lines = []
+        for entry, (created, deleted, pools) in zip(self.slices, self.spans(context), strict=True):
+            tpu = entry["tpu"] or {}
+            lines.append(
+                slice_entry(
+                    entry["role"], tpu.get("generation", ""), slice_chips(tpu), created, deleted, pools=pools, now=now
+                )
+            )
+        trained = self.trained if isinstance(self.trained, Mapping) else {}
+        train_tpu = next((e["tpu"] for e in self.slices if e["role"] == "train"), None)
+        ledger = build_ledger(
+            lines,
+            training_seconds=trained.get("fit_s"),
+            training_chips=slice_chips(train_tpu),
+            prices=prices,
+        )
+        self._record(ledger)
+        return ledger
+
+    def _record(self, ledger: dict[str, Any]) -> None:
+        from tpuflow.cost.ledger import LEDGER_FILE
+        from tpuflow.storage import read_text, write_text
+
+        root = self.output_dir.rstrip("/")
+        write_text(f"{root}/{LEDGER_FILE}", json.dumps(ledger, indent=2), self.gcp_conn_id)
+        report_text = read_text(f"{root}/report.json", self.gcp_conn_id)
+        if report_text:
+            report = json.loads(report_text)
+            report["ledger"] = ledger
+            write_text(f"{root}/report.json", json.dumps(report, indent=2), self.gcp_conn_id)
+        print(f"TPUFLOW_LEDGER {json.dumps(ledger)}")
+        self.log.info(
+            "Chip-hours: %.4f billed, %.4f training (ratio %s)",
+            ledger["chip_hours"],
+            ledger["training_chip_hours"],
+            ledger["chip_hours_ratio"],
+        )
+
+
+class GKEChipLedgerOperator(ChipLedgerOperator):
+    """ChipLedgerOperator whose spans are the GKE operations on the pools each create task made.
+
+    :param project_id: the cluster's project; templated.
+    :param location: the cluster's zone or region; templated.
+    :param cluster_name: the GKE cluster; templated.
+
+    Every other argument is ChipLedgerOperator's; a slice's ``task_id`` is its create task (its
+    ``node_pool_names`` XCom names the pools).
+    """
+
+    template_fields: Sequence[str] = (*ChipLedgerOperator.template_fields, "project_id", "location", "cluster_name")
+
+    def __init__(self, *, project_id: str, location: str, cluster_name: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+
+    def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
+        return gke_slice_spans(context, self.slices, self.gcp_conn_id, self.project_id, self.location)
+
+
+Span = tuple[float | None, float | None, list[str]]
+
+
+def gke_slice_spans(
+    context: Context, slices: Sequence[Mapping[str, Any]], gcp_conn_id: str, project_id: str, location: str
+) -> list[Span]:
+    """(created_at, deleted_at, pools) per slice, from the GKE operations on the pools its create task made."""
+    from tpuflow.cost.ledger import pool_span
+    from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
+
+    hook = GKENodePoolHook(gcp_conn_id=gcp_conn_id, location=location)
+    response = hook.get_cluster_manager_client().list_operations(parent=f"projects/{project_id}/locations/{location}")
+    operations = [to_rest_json(op) for op in response.operations]
+    out: list[Span] = []
+    for entry in slices:
+        names = context["ti"].xcom_pull(task_ids=entry["task_id"], key="node_pool_names") or []
+        starts, ends = [], []
+        for name in names:
+            created, deleted = pool_span(operations, name)
+            starts.append(created)
+            ends.append(deleted)
+        created_at = min((s for s in starts if s is not None), default=None)
+        # the slice is billed until its last pool is gone; one pool still there keeps it open
+        deleted_at = None if not ends or None in ends else max(e for e in ends if e is not None)
+        out.append((created_at, deleted_at, list(names)))
+    return out
+
+
+class ChipBudgetGuardOperator(BaseOperator):
+    """Refuse to provision when the run's estimated chip-hours exceed ``max_chip_hours``.
+
+    The estimate is this run's slices' chips times the durations of the DAG's previous run (its
+    chip_ledger XCom); without one there is no estimate and the run goes ahead (logged).
+
+    :param max_chip_hours: templated; the budget (None/empty: none). <= 0 or not a number is rejected.
+    :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices).
+
+    Returns ``{"max_chip_hours", "estimate", "basis"}``.
+    """
+
+    template_fields: Sequence[str] = ("max_chip_hours", "slices")
+    ui_color = "#fff3cd"
+
+    def __init__(self, *, max_chip_hours: Any = None, slices: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_chip_hours = max_chip_hours
+        self.slices = slices
+        self._check_arguments(rendered=False)
+
+    def _check_arguments(self, *, rendered: bool) -> float | None:
+        from tpuflow.cost.budget import check_max_chip_hours
+
+        if rendered or is_static(self.slices):
+            if not isinstance(self.slices, list) or not all(
+                isinstance(s, Mapping) and {"role", "tpu"} <= set(s) for s in self.slices
+            ):
+                raise UserInputError("slices", self.slices, 'give a list of {"role", "tpu"} dicts')
+        if rendered or is_static(self.max_chip_hours):
+            return check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
+        return None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from tpuflow.cost.budget import estimate_chip_hours
+        from tpuflow.cost.ledger import LEDGER_TASK_ID
+
+        budget = self._check_arguments(rendered=True)
+        wanted = [{"role": s["role"], "chips": slice_chips(s["tpu"])} for s in self.slices]
+        previous = None
+        if budget is not None:
+            previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
+        estimate, basis = estimate_chip_hours(wanted, previous if isinstance(previous, Mapping) else None)
+        result = {"max_chip_hours": budget, "estimate": estimate, "basis": basis}
+        if budget is None:
+            self.log.info("No max_chip_hours: no budget to hold the run to")
+        elif estimate is None:
+            self.log.info("max_chip_hours %s: no estimate (%s); the training watch holds the run to it", budget, basis)
+        elif estimate > budget:
+            raise AirflowFailException(
+                f"max_chip_hours={budget}: this run would use about {estimate:.3f} chip-hours ({basis}); nothing "
+                "was provisioned. Raise max_chip_hours, or use a smaller slice or fewer steps."
+            )
+        else:
+            self.log.info("Estimated %.3f chip-hours within max_chip_hours %s (%s)", estimate, budget, basis)
+        return result
+
+
+class ReapOrphansOperator(BaseOperator):
+    """One reaper run (tpuflow.cost.reaper) from inside Airflow: what finished, killed or expired runs
+    of ``dag_ids`` left behind is deleted; a failed list deletes nothing and fails the task.
+
+    :param dag_ids: templated; the DAGs whose runs own resources (their running runs are asked through the Task SDK).
+        Another DAG's resources are never judged by its runs (still deleted: a node pool past its expiry, a
+        local cluster whose processes are gone).
+    :param older_than: templated; e.g. "2h": only resources at least this old.
+    :param dry_run: templated; only list them.
+    :param gcp_conn_id, project_id, location, cluster_name: the GKE cluster (empty project: no GKE); templated.
+    :param kubernetes_conn_id: templated; a kubernetes connection (default: through GKE).
+    :param namespace: templated; the RayClusters' namespace.
+
+    Resources a ``keep_endpoint`` run kept (the kept mark) are never deleted; the log says how many were skipped.
+    Each resource is judged by the owner it records (exact dag and run); one whose owner cannot be read is never
+    deleted, and the log names it (the answer's ``unreadable``).
+
+    Returns ``{"dry_run", "found", "deleted", "failed", "kept", "unreadable"}``.
+    """
+
+    template_fields: Sequence[str] = (
+        "dag_ids",
+        "older_than",
+        "dry_run",
+        "gcp_conn_id",
+        "project_id",
+        "location",
+        "cluster_name",
+        "kubernetes_conn_id",
+        "namespace",
+    )
+    ui_color = "#f8d7da"
+
+    def __init__(
+        self,
+        *,
+        dag_ids: Any,
+        older_than: str = "2h",
+        dry_run: Any = False,
+        gcp_conn_id: str = "google_cloud_default",
+        project_id: str = "",
+        location: str = "",
+        cluster_name: str = "",
+        kubernetes_conn_id: str = "",
+        namespace: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dag_ids = dag_ids
+        self.older_than = older_than
+        self.dry_run = dry_run
+        self.gcp_conn_id = gcp_conn_id
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.namespace = namespace
+        self._check_arguments(rendered=False)
+
+    def _check_arguments(self, *, rendered: bool) -> float | None:
+        from tpuflow.cost.reaper import parse_duration
+
+        if (rendered or is_static(self.dag_ids)) and not (
+            isinstance(self.dag_ids, list) and all(isinstance(d, str) and d for d in self.dag_ids)
+        ):
+            raise UserInputError("dag_ids", self.dag_ids, "give a list of DAG ids")
+        if rendered or is_static(self.older_than):
+            return parse_duration(self.older_than, "older_than")
+        return None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from tpuflow.cost.reaper import ReaperListError, ReaperScope, TaskSdkRunStates, collect_orphans, reap
+        from tpuflow.templating import is_true
+
+        older_than = self._check_arguments(rendered=True) or 0.0
+        scope = ReaperScope(
+            gcp_conn_id=self.gcp_conn_id,
+            project_id=self.project_id or None,
+            location=self.location or None,
+            cluster_name=self.cluster_name or None,
+            kubernetes_conn_id=self.kubernetes_conn_id or None,
+            namespace=self.namespace or None,
+        )
+        try:
+            orphans = collect_orphans(scope, TaskSdkRunStates(context["ti"], self.dag_ids), older_than=older_than)
+        except ReaperListError as err:
+            raise AirflowFailException(f"Nothing deleted: {err}") from err
+        outcome = reap(orphans, dry_run=is_true(self.dry_run), say=self.log.info)
+        if outcome["failed"]:
+            raise AirflowFailException(f"Could not delete: {'; '.join(outcome['failed'])}")
+        return outcome

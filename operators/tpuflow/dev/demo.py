@@ -1,0 +1,277 @@
+"""`tpuflow demo`: run the local pipeline end to end through Airflow (`airflow dags test`).
+
+`--output-root gs://BUCKET/PREFIX` writes every output to Cloud Storage as on GKE, here to a GCS
+emulator: the one $STORAGE_EMULATOR_HOST names, else one started for the demo and stopped after
+it (tpuflow.dev.gcs_emulator). The bucket is created there if it is missing.
+
+Interrupted (SIGINT/SIGTERM), the demo forwards the signal to `airflow dags test`, stops the local Ray
+clusters and releases the slice leases its run left, stops the emulator it started, and exits 130/143 naming
+what it cleaned; a second Ctrl-C kills at once (tpuflow.dev.supervise). Killed with SIGKILL, its child is
+killed with it, and what is left names the dead demo as its supervisor: the next run takes the lease over and
+`tpuflow reap` removes the rest. While the run waits for a slice lease, the demo says who holds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from tpuflow.dev.supervise import (
+    Interrupted,
+    LeaseWaitReporter,
+    Supervisor,
+    release_supervised_leases,
+    reporting_lease_waits,
+    stop_supervised_clusters,
+)
+from tpuflow.errors import UserInputError
+
+REPO = Path(__file__).resolve().parents[3]
+DAG_ID = "tpu_llm_pipeline_local"
+
+
+def demo_env(home: Path, output_root: Path | str) -> dict[str, str]:
+    """A throw-away Airflow home so the demo never touches a user's own Airflow."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "TPUFLOW_OUTPUT_ROOT": str(output_root),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        }
+    )
+    return env
+
+
+@contextlib.contextmanager
+def _storage(output_root: str, sup: Supervisor | None = None) -> Iterator[dict[str, str]]:
+    """Environment for a gs:// output root: STORAGE_EMULATOR_HOST of the emulator the demo writes to."""
+    if not output_root.startswith("gs://"):
+        yield {}
+        return
+    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, emulator_for
+    from tpuflow.storage import split_gs_uri
+
+    bucket, _ = split_gs_uri(output_root, "--output-root")
+    started = not os.environ.get(EMULATOR_ENV, "").strip()
+    with _noting(sup, "stopped the GCS emulator it started" if started else ""), emulator_for([bucket]) as url:
+        print(f"tpuflow demo: outputs go to {output_root} on the GCS emulator at {url}", flush=True)
+        before = os.environ.get(EMULATOR_ENV)
+        os.environ[EMULATOR_ENV] = url  # for reading the report back here
+        try:
+            yield {EMULATOR_ENV: url}
+        finally:
+            if before is None:
+                os.environ.pop(EMULATOR_ENV, None)
+            else:
+                os.environ[EMULATOR_ENV] = before
+
+
+@contextlib.contextmanager
+def _noting(sup: Supervisor | None, cleaned: str) -> Iterator[None]:
+    """Tell ``sup`` that unwinding the blocks inside this one cleaned ``cleaned`` when a signal unwinds it."""
+    try:
+        yield
+    except Interrupted:
+        if sup is not None and cleaned:
+            sup.note(cleaned)
+        raise
+
+
+@contextlib.contextmanager
+def _supervised() -> Iterator[Supervisor]:
+    """The demo's Supervisor: its children name it as their run's supervisor ($TPUFLOW_SUPERVISOR); on a
+    signal it stops the clusters and releases the leases its run left."""
+    # grace: `airflow dags test` answers SIGTERM with the task's on_kill() and goes on running the DAG's
+    # teardowns; past 15 s its group is killed and the demo's own teardowns finish the job.
+    with Supervisor("tpuflow demo", grace=15.0) as sup:
+        sup.add_teardown(lambda: release_supervised_leases(sup.record))
+        sup.add_teardown(lambda: stop_supervised_clusters(sup.record))  # first: a cluster before its lease
+        before = {name: os.environ.get(name) for name in sup.env()}
+        os.environ.update(sup.env())
+        try:
+            yield sup
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+# The pipeline Param each demo flag becomes (the run's conf): checked by the Param schema before Airflow starts.
+FLAG_PARAMS = {
+    "framework": "--framework",
+    "accelerator": "--accelerator",
+    "topology": "--topology",
+    "machine_type": "--machine-type",
+    "num_slices": "--num-slices",
+    "preflight": "--no-preflight",
+    "train_steps": "--train-steps",
+    "keep_endpoint": "--keep-endpoint",
+    "accuracy_threshold": "--accuracy-threshold",
+    "num_train": "--num-train",
+    "serve_topology": "--serve-topology",
+}
+
+
+def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's conf from the flags, checked as the pipeline checks its Params (the same functions),
+    before anything starts; a bad flag is a UserInputError naming it (one line, exit 2)."""
+    from tpuflow.pipeline.params import check_conf, validate_params
+    from tpuflow.validation import check_date, check_folder, check_seconds
+
+    conf: dict[str, Any] = {
+        "framework": args.framework,
+        "accelerator": args.accelerator,
+        "topology": args.topology,
+        "machine_type": args.machine_type or "",
+        "num_slices": args.num_slices,
+        "preflight": args.preflight,
+        "train_steps": args.train_steps,
+        "keep_endpoint": args.keep_endpoint,
+        "accuracy_threshold": args.accuracy_threshold,
+        "num_train": args.num_train,
+        "serve_topology": args.serve_topology,
+    }
+    try:
+        params = check_conf(conf)
+        if args.backend == "gke":
+            from tpuflow.pipeline.gke import check_gke_params
+
+            check_gke_params(params)
+        else:
+            validate_params(params)
+    except UserInputError as err:
+        name = err.field.removeprefix("params.")
+        raise UserInputError(FLAG_PARAMS.get(name, err.field), err.value, err.fix) from None
+    check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
+    if args.date is not None:
+        check_date("--date", args.date)  # strictly YYYY-MM-DD: the run's output folder is named so
+    check_folder("--work-dir", args.work_dir)
+    if args.output_root and (args.output_root.startswith("gs:") or "://" in args.output_root):
+        from tpuflow.storage import split_gs_uri
+
+        split_gs_uri(args.output_root, "--output-root")
+    return conf
+
+
+def _run(args: argparse.Namespace) -> int:
+    conf = demo_conf(args)
+    with _supervised() as sup:
+        if args.backend == "gke":
+            from tpuflow.dev.demo_gke import run_gke
+
+            return run_gke(args, conf)
+        work = Path(args.work_dir).resolve()
+        home = work / "airflow"
+        home.mkdir(parents=True, exist_ok=True)
+        output_root = (args.output_root or str(work / "outputs")).rstrip("/")
+        if not output_root.startswith("gs:") and "://" not in output_root:
+            output_root = str(Path(output_root).resolve())  # gs:/... stays as given: check_params rejects it
+        with _storage(output_root, sup) as storage_env:
+            return _run_pipeline(args, home, output_root, storage_env, conf, sup)
+
+
+def _run_pipeline(
+    args: argparse.Namespace,
+    home: Path,
+    output_root: str,
+    storage_env: dict[str, str],
+    conf: dict[str, Any],
+    sup: Supervisor,
+) -> int:
+    from tpuflow.storage import read_text
+
+    env = {**demo_env(home, output_root), **storage_env, **sup.env()}
+    if args.num_slices > 1:  # the demo's own lease limit (the Variable tpuflow_max_slices, default 1)
+        env["AIRFLOW_VAR_TPUFLOW_MAX_SLICES"] = str(args.num_slices)
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    sup.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    run_date = args.date or date.today().isoformat()
+    print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
+    started = time.time()
+    reporter = LeaseWaitReporter(
+        sup.record, slots=_lease_slots(env), count=args.num_slices, lease_root=env.get("TPUFLOW_SLICE_LEASES")
+    )
+    proc = sup.popen([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
+    with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
+        code = proc.wait()
+    sup.check()
+    elapsed = time.time() - started
+    report_text = read_text(f"{output_root}/{DAG_ID}/{run_date}/report.json") if code == 0 else None
+    if report_text is None:
+        print(f"\ntpuflow demo: the pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr)
+        return 1
+    report = json.loads(report_text)
+    print(f"\n=== tpuflow demo: pipeline succeeded in {elapsed:.0f}s ===")
+    print(f"outputs:            {report['output_dir']}")
+    print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
+    print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
+    if args.keep_endpoint:
+        print(f"endpoint (kept):    {report['endpoint']}  (stop it with: tpuflow local down)")
+    return 0
+
+
+def _lease_slots(env: dict[str, str]) -> int:
+    """The slice lease limit the run will see (the Variable tpuflow_max_slices through its env var, default 1)."""
+    try:
+        return max(1, int(env.get("AIRFLOW_VAR_TPUFLOW_MAX_SLICES", "1")))
+    except ValueError:
+        return 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("demo", help="run the local pipeline end to end (embedded Ray, simulated TPU slice)")
+    parser.add_argument("--framework", default="jax", choices=("jax", "torch"))
+    parser.add_argument("--accelerator", default="TPU-V6E")
+    parser.add_argument("--topology", default="4x4")
+    parser.add_argument("--machine-type", default="")
+    parser.add_argument("--num-slices", type=int, default=1, help="identical slices to train across (one lease each)")
+    parser.add_argument(
+        "--no-preflight", dest="preflight", action="store_false", help="skip the slice preflight before training"
+    )
+    parser.add_argument("--train-steps", type=int, default=1500)
+    parser.add_argument("--num-train", type=int, default=20000, help="training examples")
+    parser.add_argument("--accuracy-threshold", type=float, default=0.9, help="quality gate on held-out accuracy")
+    parser.add_argument(
+        "--serve-topology",
+        default="",
+        help="the endpoint's slice: empty = one host of the training slice; the training topology (e.g. 4x4) "
+        "serves one model from all its hosts (one JAX mesh over the slice)",
+    )
+    parser.add_argument("--keep-endpoint", action="store_true", help="leave the cluster and Serve endpoint running")
+    parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
+    parser.add_argument(
+        "--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)"
+    )
+    parser.add_argument(
+        "--output-root",
+        default=None,
+        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at "
+        "$STORAGE_EMULATOR_HOST (else one started for the demo); default WORK_DIR/outputs",
+    )
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=("local", "gke"),
+        help="local: tpu_llm_pipeline_local on embedded Ray; gke: tpu_llm_pipeline_gke on the GKE and Kubernetes "
+        "stand-ins (simulated KubeRay, real local Ray clusters), all stopped afterwards",
+    )
+    parser.add_argument(
+        "--operation-seconds", type=float, default=2.0, help="--backend gke: how long each node-pool operation takes"
+    )
+    parser.set_defaults(func=_run)

@@ -1,0 +1,518 @@
+"""The decision loop behind the node pool operators: look at what exists, take one step, repeat.
+
+Each call to ``step`` reads the pools, then returns what to do next: wait for an operation, sleep
+(backoff), or done. The operators run it either in the worker (polling) or across deferrals; all
+state between steps is a plain-JSON ``Progress``, so a resumed or retried task continues where it
+was. Nothing is remembered outside GKE: a retry of the task finds its pools by their deterministic
+names, adopts matching ones and waits for operations still running.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from google.api_core.exceptions import GoogleAPICallError
+
+from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
+from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
+from tpuflow.gke.nodepool_spec import NodePoolPlan, match_capacity
+from tpuflow.gke.waits import wait_for_operation, wait_until
+from tpuflow.labels import OWNER_KEY_LABEL
+
+log = logging.getLogger(__name__)
+
+_BUSY_STATES = ("PROVISIONING", "RECONCILING", "STOPPING")
+_BROKEN_STATES = ("ERROR", "RUNNING_WITH_ERROR")
+
+
+class NodePoolFailed(Exception):
+    """Provisioning cannot succeed. ``retryable``: an Airflow retry might (capacity may come back)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    poll_interval: float = 10.0
+    backoff: float = 30.0
+    max_backoff: float = 600.0
+    stockout_retries: int = 2  # extra tries of the last capacity choice after a stockout
+    max_busy_retries: int = 30  # waits on "too many operations" / transient errors
+    operation_timeout: float | None = None  # seconds an operation may run before its wait gives up
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.backoff * 2 ** max(attempt - 1, 0), self.max_backoff))
+
+
+@dataclass
+class Progress:
+    choice: int = 0  # index into plan.capacities
+    last_choice_stockouts: int = 0
+    busy_retries: int = 0
+    delay_next_create: float = 0.0
+    tried: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    capacity_of: dict[str, str] = field(default_factory=dict)
+    pools: list[str] | None = None  # the delete operator's resolved pool names
+    failure: str | None = None  # set: delete what we made, then raise this
+    failure_retryable: bool = False
+    expires_at: int | None = None
+    workload_policy: dict[str, Any] = field(default_factory=dict)  # tpuflow.gke.policy_provisioning's state
+    labelled: list[str] = field(default_factory=list)  # NodePoolKeeper: pools whose kept-label update is done
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Progress:
+        return cls(**(data or {}))
+
+
+@dataclass(frozen=True)
+class WaitForOperation:
+    operation: str
+    action: str  # create | delete | label
+    pool: str
+    choice: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Done:
+    result: dict[str, Any]
+
+
+Step = WaitForOperation | Sleep | Done
+
+
+class _Loop(abc.ABC):
+    def __init__(self, hook: GKENodePoolHook, project_id: str, cluster_name: str, policy: RetryPolicy) -> None:
+        self.hook = hook
+        self.project_id = project_id
+        self.cluster_name = cluster_name
+        self.policy = policy
+
+    def _explain(self, failure: GKEFailure, action: str, what: str, **extra: Any) -> str:
+        return explain(
+            failure,
+            action=action,
+            what=what,
+            project_id=self.project_id,
+            location=self.hook.location or "",
+            cluster_name=self.cluster_name,
+            **extra,
+        )
+
+    def _busy(self, progress: Progress, failure: GKEFailure, action: str, what: str) -> Sleep:
+        progress.busy_retries += 1
+        if progress.busy_retries > self.policy.max_busy_retries:
+            raise NodePoolFailed(self._explain(failure, action, what), retryable=True)
+        delay = self.policy.delay(progress.busy_retries)
+        log.warning("GKE is busy (%s); retrying in %.1f s", failure.message, delay)
+        return Sleep(delay, f"{failure.kind.value}: {failure.message}")
+
+    def _delete(self, progress: Progress, name: str) -> Step | None:
+        """Start deleting one pool; None when there is nothing to wait for (look again)."""
+        try:
+            operation = self.hook.delete_node_pool(
+                project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name
+            )
+        except GoogleAPICallError as exc:
+            failure = classify_exception(exc)
+            if failure.kind is FailureKind.NOT_FOUND:
+                return None
+            if failure.kind.wait_and_retry:
+                return self._busy(progress, failure, "delete", f"node pool {name}")
+            raise NodePoolFailed(self._explain(failure, "delete", f"node pool {name}"), retryable=False) from exc
+        if operation is None:
+            return None
+        return WaitForOperation(operation.name, "delete", name)
+
+    def _absorb_delete(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
+        if failure is None or failure.kind is FailureKind.NOT_FOUND:
+            progress.deleted.append(wait.pool)
+            return
+        if failure.kind.wait_and_retry:
+            progress.busy_retries += 1
+            return
+        raise NodePoolFailed(
+            f"Deleting node pool {wait.pool} failed and it may still exist (and cost money): delete it with "
+            f"`gcloud container node-pools delete {wait.pool} --cluster={self.cluster_name} "
+            f"--location={self.hook.location} --project={self.project_id}`. "
+            + self._explain(failure, "delete", f"node pool {wait.pool}"),
+            retryable=True,
+        )
+
+    def _get(self, name: str) -> dict[str, Any] | None:
+        pool = self.hook.get_node_pool(project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name)
+        return None if pool is None else to_rest_json(pool)
+
+    def _wait_on_busy_pool(self, name: str, status: str, choice: int | None) -> Step:
+        operation = self.hook.find_running_operation(
+            project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name
+        )
+        if operation is None:
+            return Sleep(self.policy.poll_interval, f"node pool {name} is {status}")
+        action = "delete" if status == "STOPPING" or "DELETE" in operation.operation_type.name else "create"
+        return WaitForOperation(operation.name, action, name, choice)
+
+    def step(self, progress: Progress, finished: tuple[WaitForOperation, Any] | None = None) -> Step:
+        if finished is not None:
+            wait, operation = finished
+            self._absorb(progress, wait, classify_operation(to_rest_json(operation)))
+        while True:
+            outcome = self._pass(progress)
+            if outcome is not None:
+                return outcome
+
+    @abc.abstractmethod
+    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None: ...
+
+    @abc.abstractmethod
+    def _pass(self, progress: Progress) -> Step | None: ...
+
+
+class NodePoolProvisioner(_Loop):
+    """Bring the plan's node pools to RUNNING, falling back through the capacity choices."""
+
+    def __init__(self, hook: GKENodePoolHook, plan: NodePoolPlan, policy: RetryPolicy) -> None:
+        super().__init__(hook, plan.project_id, plan.cluster_name, policy)
+        self.plan = plan
+        tpu = plan.tpu
+        slices = f" x {tpu.num_slices}" if tpu.num_slices > 1 else ""
+        self.what = f"a {tpu.generation.name} {tpu.topology} slice{slices} ({tpu.machine_type})"
+
+    def _fail(self, failure: GKEFailure, action: str = "create", **extra: Any) -> str:
+        return self._explain(failure, action, self.what, zone=self.plan.node_zone, **extra)
+
+    def _owned(self, progress: Progress, name: str, pool: dict[str, Any]) -> bool:
+        if name in progress.created:
+            return True
+        ours = self.plan.resource_labels.get(OWNER_KEY_LABEL)
+        theirs = ((pool.get("config") or {}).get("resourceLabels") or {}).get(OWNER_KEY_LABEL)
+        return bool(ours) and ours == theirs
+
+    def _mismatch(self, name: str, diffs: list[str]) -> NodePoolFailed:
+        return NodePoolFailed(
+            f"Node pool {name} already exists in cluster {self.cluster_name} but is not {self.what} with capacity "
+            f"{' or '.join(str(c) for c in self.plan.capacities)}: {'; '.join(diffs)}. It was not reused. Delete it "
+            "(if it is stale) or give this task another node_pool_name.",
+            retryable=False,
+        )
+
+    def _stockout(self, progress: Progress, choice: int | None, failure: GKEFailure) -> None:
+        choice = progress.choice if choice is None else choice
+        progress.tried.append(str(self.plan.capacities[choice]))
+        if choice < progress.choice:
+            return  # an older attempt; we already moved on
+        if progress.choice + 1 < len(self.plan.capacities):
+            progress.choice += 1
+            log.warning(
+                "No %s capacity (%s); falling back to %s",
+                self.plan.capacities[choice],
+                failure.message,
+                self.plan.capacities[progress.choice],
+            )
+            return
+        progress.last_choice_stockouts += 1
+        if progress.last_choice_stockouts > self.policy.stockout_retries:
+            progress.failure = self._fail(failure, tried=progress.tried)
+            progress.failure_retryable = True
+        else:
+            progress.delay_next_create = self.policy.delay(progress.last_choice_stockouts)
+            log.warning("No capacity (%s); trying again in %.0f s", failure.message, progress.delay_next_create)
+
+    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
+        if wait.action == "delete":
+            self._absorb_delete(progress, wait, failure)
+            return
+        if failure is None:
+            return
+        # A failed create usually leaves the pool in ERROR; the next pass deletes it.
+        log.warning("Creating node pool %s failed: %s", wait.pool, failure)
+        if failure.kind is FailureKind.STOCKOUT:
+            self._stockout(progress, wait.choice, failure)
+        elif failure.kind.wait_and_retry:
+            progress.busy_retries += 1
+            progress.delay_next_create = self.policy.delay(progress.busy_retries)
+        else:
+            progress.failure = self._fail(failure)
+            progress.failure_retryable = False
+
+    def _create(self, progress: Progress, index: int) -> Step | None:
+        if progress.delay_next_create > 0:
+            delay, progress.delay_next_create = progress.delay_next_create, 0.0
+            return Sleep(delay, "backing off before the next create")
+        name = self.plan.names[index]
+        capacity = self.plan.capacities[progress.choice]
+        try:
+            operation = self.hook.create_node_pool(
+                project_id=self.project_id, cluster_name=self.cluster_name, node_pool=self.plan.body(index, capacity)
+            )
+        except GoogleAPICallError as exc:
+            failure = classify_exception(exc)
+            if failure.kind is FailureKind.ALREADY_EXISTS:
+                # Created between our read and our create (e.g. a parallel try): look again, bounded.
+                progress.busy_retries += 1
+                if progress.busy_retries > self.policy.max_busy_retries:
+                    raise NodePoolFailed(self._fail(failure), retryable=True) from exc
+                return None
+            if failure.kind is FailureKind.STOCKOUT:
+                self._stockout(progress, progress.choice, failure)
+                return None
+            if failure.kind.wait_and_retry:
+                return self._busy(progress, failure, "create", self.what)
+            # Quota, permission, invalid argument, missing cluster: retrying will not help.
+            raise NodePoolFailed(self._fail(failure), retryable=False) from exc
+        progress.created.append(name)
+        progress.capacity_of[name] = str(capacity)
+        log.info("Creating node pool %s (%s, %s): operation %s", name, self.what, capacity, operation.name)
+        return WaitForOperation(operation.name, "create", name, progress.choice)
+
+    def _pass(self, progress: Progress) -> Step | None:
+        cleaning = progress.failure is not None
+        for index, name in enumerate(self.plan.names):
+            pool = self._get(name)
+            if pool is None:
+                if cleaning:
+                    continue
+                return self._create(progress, index)
+            status = pool.get("status", "")
+            if cleaning:
+                if not self._owned(progress, name, pool):
+                    continue
+                if status in _BUSY_STATES:
+                    return self._wait_on_busy_pool(name, status, None)
+                return self._delete(progress, name)
+            if status in _BROKEN_STATES:
+                if not self._owned(progress, name, pool):
+                    raise self._mismatch(name, [f"it is in state {status} and was not created by this task"])
+                log.warning("Node pool %s is %s (%s); deleting it", name, status, pool.get("statusMessage", ""))
+                return self._delete(progress, name)
+            choice = None
+            if status != "STOPPING":
+                capacity, diffs = match_capacity(self.plan, index, pool)
+                if capacity is None:
+                    raise self._mismatch(name, diffs)
+                choice = self.plan.capacities.index(capacity)
+                progress.capacity_of[name] = str(capacity)
+            if status in _BUSY_STATES:
+                return self._wait_on_busy_pool(name, status, choice)
+        if cleaning:
+            raise NodePoolFailed(progress.failure or "", retryable=progress.failure_retryable)
+        return Done(self.result(progress))
+
+    def result(self, progress: Progress) -> dict[str, Any]:
+        names = list(self.plan.names)
+        return {
+            **self.plan.describe(),
+            "node_pool_name": names[0],
+            "capacity": {n: progress.capacity_of.get(n) for n in names},
+            "created": [n for n in names if n in progress.created],
+            "adopted": [n for n in names if n not in progress.created],
+            "stockouts": list(progress.tried),
+        }
+
+
+class NodePoolRemover(_Loop):
+    """Delete node pools and wait until they are gone; a pool that does not exist counts as deleted."""
+
+    def __init__(
+        self, hook: GKENodePoolHook, project_id: str, cluster_name: str, names: list[str], policy: RetryPolicy
+    ) -> None:
+        super().__init__(hook, project_id, cluster_name, policy)
+        self.names = names
+
+    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
+        self._absorb_delete(progress, wait, failure)
+
+    def _pass(self, progress: Progress) -> Step | None:
+        for name in self.names:
+            pool = self._get(name)
+            if pool is None:
+                continue
+            status = pool.get("status", "")
+            if status in _BUSY_STATES:
+                return self._wait_on_busy_pool(name, status, None)
+            outcome = self._delete(progress, name)
+            if outcome is not None:
+                return outcome
+        return Done(
+            {
+                "project_id": self.project_id,
+                "location": self.hook.location,
+                "cluster_name": self.cluster_name,
+                "deleted": [n for n in self.names if n in progress.deleted],
+                "absent": [n for n in self.names if n not in progress.deleted],
+            }
+        )
+
+
+class NodePoolKeeper(_Loop):
+    """Mark node pools kept (a ``keep_endpoint`` teardown): GKE replaces their resourceLabels with the same ones
+    plus ``tpuflow-kept=true`` and without ``tpuflow-expires`` (nodePools.update, waited for like a delete), so
+    the orphan reaper leaves them. A pool that does not exist is absent; one already marked is left as it is."""
+
+    def __init__(
+        self, hook: GKENodePoolHook, project_id: str, cluster_name: str, names: list[str], policy: RetryPolicy
+    ) -> None:
+        super().__init__(hook, project_id, cluster_name, policy)
+        self.names = names
+
+    def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
+        if wait.action != "label" or (failure is not None and failure.kind is FailureKind.NOT_FOUND):
+            return  # another operation on the pool (or the pool is gone): the next pass looks again
+        if failure is None:
+            progress.labelled.append(wait.pool)
+            return
+        if failure.kind.wait_and_retry and progress.busy_retries < self.policy.max_busy_retries:
+            progress.busy_retries += 1
+            return
+        why = self._explain(failure, "update", f"node pool {wait.pool}")
+        raise NodePoolFailed(self._unmarked(wait.pool, why), retryable=True)
+
+    def _unmarked(self, name: str, why: str) -> str:
+        return (
+            f"Node pool {name} was kept but could not be marked kept, so the orphan reaper may delete it once its "
+            f"run is over: {why}"
+        )
+
+    def _label(self, progress: Progress, name: str, labels: dict[str, str]) -> Step | None:
+        try:
+            operation = self.hook.set_node_pool_resource_labels(
+                project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name, labels=labels
+            )
+        except GoogleAPICallError as exc:
+            failure = classify_exception(exc)
+            if failure.kind is FailureKind.NOT_FOUND:
+                return None
+            if failure.kind.wait_and_retry:
+                return self._busy(progress, failure, "update", f"node pool {name}")
+            raise NodePoolFailed(
+                self._unmarked(name, self._explain(failure, "update", f"node pool {name}")), retryable=False
+            ) from exc
+        log.info("Marking node pool %s kept: operation %s", name, operation.name)
+        return WaitForOperation(operation.name, "label", name)
+
+    def _pass(self, progress: Progress) -> Step | None:
+        from tpuflow.labels import EXPIRES_LABEL, is_kept, kept_labels
+
+        kept, absent = [], []
+        for name in self.names:
+            pool = self._get(name)
+            if pool is None:
+                absent.append(name)
+                continue
+            labels = (pool.get("config") or {}).get("resourceLabels") or {}
+            if is_kept(labels) and EXPIRES_LABEL not in labels:
+                kept.append(name)
+                continue
+            status = pool.get("status", "")
+            if status in _BUSY_STATES:
+                return self._wait_on_busy_pool(name, status, None)
+            if name in progress.labelled:
+                raise NodePoolFailed(
+                    self._unmarked(name, "GKE finished the update, but the pool's resourceLabels do not show it"),
+                    retryable=True,
+                )
+            outcome = self._label(progress, name, kept_labels(labels))
+            if outcome is not None:
+                return outcome
+            absent.append(name)  # gone since we read it
+        return Done(
+            {
+                "project_id": self.project_id,
+                "location": self.hook.location,
+                "cluster_name": self.cluster_name,
+                "kept": True,
+                "deleted": [],
+                "marked_kept": kept,
+                "absent": absent,
+            }
+        )
+
+
+def run_to_completion(loop: _Loop, progress: Progress) -> dict[str, Any]:
+    """Drive the loop in this process (the non-deferrable path), through the waits the triggers run."""
+    from tpuflow.events import raise_for_event
+
+    finished: tuple[WaitForOperation, Any] | None = None
+    while True:
+        step = loop.step(progress, finished)
+        finished = None
+        if isinstance(step, Done):
+            return step.result
+        if isinstance(step, Sleep):
+            log.info("Waiting %.1f s: %s", step.seconds, step.reason)
+            asyncio.run(wait_until(time.time() + step.seconds, step.reason))
+            continue
+        name = step.operation
+
+        async def get_operation(name: str = name) -> Any:
+            return loop.hook.get_operation(name, project_id=loop.project_id)
+
+        event = asyncio.run(
+            wait_for_operation(
+                get_operation,
+                name,
+                poll_interval=loop.policy.poll_interval,
+                log=log,
+                timeout=loop.policy.operation_timeout,
+            )
+        )
+        raise_for_event(event, f"waiting to {step.action} node pool {step.pool}")
+        finished = (step, loop.hook.get_operation(name, project_id=loop.project_id))
+
+
+def kill_owned_pools(hook: GKENodePoolHook, owned: dict[str, Any]) -> list[str]:
+    """Start deleting the pools a killed create task owns; return those GKE cannot delete yet.
+
+    ``owned``: {"project_id", "cluster_name", "node_pool_names", "owner_key"} (the hook is for the
+    location). Only pools labelled with ``owner_key`` are touched; gone or STOPPING ones are skipped. A
+    pool with an operation still running on it (its create) cannot be deleted before that operation
+    ends: GKE answers "is currently creating node pool ... try again", and the name is returned.
+    """
+    project_id, cluster_name = owned["project_id"], owned["cluster_name"]
+    waiting: list[str] = []
+    for name in owned["node_pool_names"]:
+        pool = hook.get_node_pool(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
+        if pool is None or pool.status.name == "STOPPING":
+            continue
+        if pool.config.resource_labels.get(OWNER_KEY_LABEL) != owned.get("owner_key"):
+            log.info("Node pool %s was not created by this task; leaving it", name)
+            continue
+        try:
+            hook.delete_node_pool(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
+            log.warning("Task killed: deleting node pool %s", name)
+        except GoogleAPICallError as exc:
+            failure = classify_exception(exc)
+            if failure.kind.wait_and_retry:
+                waiting.append(name)
+            else:
+                log.error(
+                    "Task killed, but node pool %s could not be deleted (%s): delete it with `gcloud container "
+                    "node-pools delete %s --cluster=%s --location=%s --project=%s`",
+                    name,
+                    failure,
+                    name,
+                    cluster_name,
+                    hook.location,
+                    project_id,
+                )
+    return waiting

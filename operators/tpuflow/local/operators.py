@@ -1,0 +1,233 @@
+"""Start and stop the embedded local Ray cluster from a DAG (the default backend).
+
+Starting local processes is not an external wait that a trigger could watch: it takes the
+seconds Ray needs to boot its nodes, and the operator does it directly. Everything after
+(jobs, Serve) goes through the same dashboard APIs and deferrable triggers as on GKE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER
+from tpuflow.naming import TaskIdentity
+from tpuflow.rayjob.links import RayDashboardLink
+from tpuflow.templating import is_true
+from tpuflow.tpu.slice_argument import slice_is_templated
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from airflow.sdk import Context
+
+    from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
+
+
+def local_cluster_name(identity: TaskIdentity) -> str:
+    """One cluster per instance of the start task (dag, run, task, map index), the same on every try:
+    two mapped instances never share a cluster."""
+    return identity.dns_name("local", identity.dag_id, max_len=48)
+
+
+def _state_dir(base_dir: str | None, identity: TaskIdentity) -> Path:
+    from pathlib import Path
+
+    from tpuflow.local.cluster import default_base_dir
+
+    return Path(base_dir or default_base_dir()) / local_cluster_name(identity)
+
+
+class LocalRayClusterCreateOperator(BaseOperator):
+    """Start (or adopt, on a retry) a local Ray cluster simulating the requested TPU slice.
+
+    Each simulated TPU host is its own Ray node carrying the TPU_* variables GKE injects. The
+    cluster is named after the task instance, so a retry adopts it and mapped instances get one
+    each. Static slice arguments are checked when the DAG file is parsed, templated ones when the
+    task starts. Pushes the cluster's connection info (dashboard_url, serve_url, ...) as the
+    task's return value. Killing the task while the cluster starts (mark failed/success, clear)
+    stops the nodes it started: they run in their own sessions, so ending the task process alone
+    would leave them running.
+
+    :param tpu_slice: the slice to simulate (tpuflow.tpu.slice_argument): a TpuSlice
+        (``TpuSlice.from_spec("v6e", "2x2")``), its ``to_dict()``, or ``{"accelerator", "topology",
+        "machine_type"?, "num_slices"?}`` whose values may be templates. ``accelerator`` in any of its names
+        (``v6e``, ``TPU-V6E``, ...); ``topology`` the shape, e.g. ``2x2`` or ``4x4`` (not a chip count);
+        ``machine_type`` only to pick among machine types of one shape, e.g. ``ct6e-standard-4t``;
+        ``num_slices`` identical slices to simulate. Templated.
+    :param base_dir: where cluster state lives (default: ``clusters/`` under ``$TPUFLOW_HOME``).
+    :param head_cpus: CPUs the head node offers to Ray.
+    :param host_cpus: CPUs each simulated TPU host offers to Ray (default: one per TPU device of the host, so
+        a placement bundle per chip places as on GKE).
+    :param start_timeout: seconds to wait for every node to join.
+    :param expires_after: (seconds or timedelta) recorded in the cluster's state as ``expires_at``, this
+        long after the start (default 24 hours, as a node pool's ``tpuflow-expires`` label): past it the
+        orphan reaper stops the cluster whatever its run's state. None: it never expires. A retry that
+        adopts the cluster keeps the first.
+    """
+
+    template_fields: Sequence[str] = ("tpu_slice", "base_dir")
+    operator_extra_links = (RayDashboardLink(),)
+    ui_color = "#e0f2d9"
+
+    def __init__(
+        self,
+        *,
+        tpu_slice: SliceArgument,
+        base_dir: str | None = None,
+        head_cpus: int = 2,
+        host_cpus: int | None = None,
+        start_timeout: float = 300.0,
+        expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.tpu_slice = tpu_slice
+        self.base_dir = base_dir
+        self.head_cpus = head_cpus
+        self.host_cpus = host_cpus
+        self.start_timeout = start_timeout
+        self.expires_after = expires_after
+        self._starting: Path | None = None  # what on_kill stops: the state dir of the cluster being started
+        self._check_static_arguments()
+
+    def _check_arguments(self) -> TpuSlice:
+        """The slice to simulate (UserInputError naming ``tpu_slice.<key>`` when Ray cannot run it)."""
+        from tpuflow.rayjob.workload_operators import ray_slice
+
+        return ray_slice(self.tpu_slice)
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
+        from tpuflow.validation import check_count, check_seconds
+
+        check_count("head_cpus", self.head_cpus, minimum=1)
+        if self.host_cpus is not None:
+            check_count("host_cpus", self.host_cpus, minimum=1)
+        check_seconds("start_timeout", self.start_timeout)
+        check_seconds("expires_after", self.expires_after, optional=True)
+        if not slice_is_templated(self.tpu_slice):
+            self._check_arguments()
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        import time
+
+        from airflow.sdk.exceptions import AirflowTaskTerminated
+
+        from tpuflow.local.cluster import LocalRayCluster
+        from tpuflow.validation import check_seconds
+
+        tpu = self._check_arguments()
+        lifetime = check_seconds("expires_after", self.expires_after, optional=True)
+        identity = TaskIdentity.from_context(context)
+        name = local_cluster_name(identity)
+        self.log.info("Starting local Ray cluster %s simulating %s", name, tpu.summary())
+        self._starting = state_dir = _state_dir(self.base_dir, identity)
+        try:
+            cluster = LocalRayCluster.start(
+                tpu,
+                name,
+                self.base_dir,
+                head_cpus=self.head_cpus,
+                host_cpus=self.host_cpus,
+                timeout=self.start_timeout,
+                expires_at=None if lifetime is None else time.time() + lifetime,
+                owner=identity.record(),
+            )
+        except AirflowTaskTerminated:  # raised by on_kill; start() stopped the nodes it spawned
+            _stop_recorded(state_dir)  # and an adopted cluster, which start() leaves alone
+            raise
+        finally:
+            self._starting = None
+        RayDashboardLink.persist(context, url=cluster.dashboard_url)
+        self.log.info(
+            "Ray dashboard: %s  Serve: %s  state: %s", cluster.dashboard_url, cluster.serve_url, cluster.state_dir
+        )
+        return cluster.connection_info()
+
+    def on_kill(self) -> None:
+        """Killed while starting the cluster: stop it.
+
+        The task runner calls this from its SIGTERM handler, on the thread blocked in
+        LocalRayCluster.start(); raising there unwinds start(), whose cleanup stops every node it
+        spawned, including one not yet in the state file. From any other thread: stop what the state
+        file lists.
+        """
+        import threading
+
+        from airflow.sdk.exceptions import AirflowTaskTerminated
+
+        state_dir = self._starting
+        if state_dir is None:
+            return
+        if threading.current_thread() is threading.main_thread():
+            raise AirflowTaskTerminated(f"task killed while starting the local Ray cluster in {state_dir}")
+        _stop_recorded(state_dir)
+
+
+def _stop_recorded(state_dir: Any) -> None:
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
+
+    if (state_dir / STATE_FILE).exists():
+        LocalRayCluster.load(state_dir).stop(timeout=3.0)  # SIGKILL follows SIGTERM after ~5 s
+
+
+class LocalRayClusterDeleteOperator(BaseOperator):
+    """Stop exactly the processes of the run's local cluster (never `ray stop`). A teardown task.
+
+    :param cluster: the create task's XCom; when empty (the create task failed early) the cluster
+        is found by its deterministic name, so a half-started cluster is still stopped.
+    :param keep: leave the cluster running (e.g. to keep a Serve endpoint up), its state marked ``kept`` so
+        the orphan reaper leaves it; `tpuflow local down` stops it later. True, or a string "true"/"True"/"1"
+        once rendered.
+    :param base_dir: where cluster state lives; the same as the create task's.
+    :param create_task_id: the create task (same DAG run and map index), to find its cluster by name.
+    """
+
+    template_fields: Sequence[str] = ("cluster", "keep", "base_dir")
+
+    def __init__(
+        self,
+        *,
+        cluster: dict[str, Any] | str | None = None,
+        keep: bool | str = False,
+        base_dir: str | None = None,
+        create_task_id: str = "start_cluster",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster = cluster
+        self.keep = keep
+        self.base_dir = base_dir
+        self.create_task_id = create_task_id
+
+    def execute(self, context: Context) -> None:
+        from pathlib import Path
+
+        from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
+
+        if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
+            state_dir = Path(self.cluster["state_dir"])
+        else:
+            state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
+        if not (state_dir / STATE_FILE).exists():
+            self.log.info(
+                "No local cluster state at %s: nothing to %s", state_dir, "keep" if is_true(self.keep) else "stop"
+            )
+            return
+        cluster = LocalRayCluster.load(state_dir)
+        if is_true(self.keep):
+            cluster.mark_kept()  # the orphan reaper leaves it
+            self.log.info(
+                "keep_endpoint is set: leaving local cluster %s running (marked kept); `tpuflow local down --name %s` "
+                "stops it",
+                cluster.name,
+                cluster.name,
+            )
+            return
+        stopped = cluster.stop()
+        self.log.info("Stopped local Ray cluster %s (%d process groups/pids signalled)", cluster.name, len(stopped))

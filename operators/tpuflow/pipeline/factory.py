@@ -1,0 +1,362 @@
+"""The train-and-serve pipeline as a DAG factory: one chain, several backends.
+
+local: embedded Ray cluster with a simulated slice (default; runs on one machine).
+The cluster lifecycle is the only part that differs per backend; prep, train, evaluate,
+deploy and smoke test are the same operators talking to the same Ray APIs.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import DAG, BaseOperator
+
+from tpuflow import paths, workloads_dir
+from tpuflow.errors import UserInputError
+from tpuflow.pipeline.params import pipeline_params
+from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
+from tpuflow.pipeline.workload import Workload, templated
+from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.preflight import RaySlicePreflightOperator
+from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+# Outputs are keyed by the run's date (logical date, or run_after for manual runs without one),
+# so backfilled dates never collide and a rerun of a date reuses what that date already produced.
+RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
+# Slices the pipeline may hold at once, across schedules, UI triggers and backfills (a backfill has its
+# own max_active_runs, 10 by default in Airflow 3.3): leases taken before the cluster, given back by a teardown.
+MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
+# A field of check_params' training slice (TpuSlice.to_dict()), as a template.
+CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
+
+
+# check_params' serve slice (tpuflow.pipeline.params: serve_topology), a dict once rendered.
+SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
+
+
+def checked(key: str, serve: bool = False) -> str:
+    """A template for one field of check_params' slice (or of its serve slice)."""
+    path = f"['serve']['{key}']" if serve else f"['{key}']"
+    return "{{ ti.xcom_pull(task_ids='check_params')" + path + " }}"
+
+
+def checked_slice(serve: bool = False) -> dict[str, str]:
+    """The ``tpu_slice`` argument of every slice task: accelerator, topology, machine_type and num_slices of
+    check_params' training (or serve) slice, as templates: every task of a run reads the one slice
+    check_params validated, never the raw Params."""
+    return {
+        "accelerator": checked("ray_accelerator_type", serve),
+        "topology": checked("topology", serve),
+        "machine_type": checked("machine_type", serve),
+        "num_slices": checked("num_slices", serve),
+    }
+
+
+def build_serve_config(
+    cluster: Any,
+    trained: Any,
+    workloads_uri: str,
+    tpu_slice: Any = None,
+    *,
+    workload: Workload,
+    code_uri: str | None = None,
+) -> XComArg:
+    """The Serve config task (task_id build_serve_config) of the workload's app; its XCom is the config the
+    deploy task takes.
+
+    ``tpu_slice``: the TPU slice the replicas are placed on (check_params' ``serve``); None: CPU replicas.
+    ``code_uri``: the workload's code as the cluster sees it (None: nothing shipped).
+    """
+    return BuildServeConfigOperator(
+        task_id="build_serve_config",
+        workload=workload,
+        cluster=cluster,
+        trained=trained,
+        workloads_uri=workloads_uri,
+        tpu_slice=tpu_slice,
+        code_uri=code_uri,
+    ).output
+
+
+def pipeline_dag(
+    dag_id: str,
+    *,
+    schedule: str | None,
+    start_date: datetime,
+    max_active_runs: int,
+    params: dict[str, Any] | None = None,
+    workload: Workload | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The DAG settings every backend shares; the workload's own Params join the pipeline's."""
+    params = dict(params or pipeline_params())
+    for name, value in ((workload.params or {}) if workload else {}).items():
+        if name in params:
+            raise UserInputError(
+                f"workload.params[{name!r}]", value, f"name it otherwise: the pipeline has a Param {name} already"
+            )
+        params[name] = value
+    return DAG(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        catchup=False,
+        # One slice at a time: a backfill never asks for more TPU hosts than one run needs.
+        max_active_runs=max_active_runs,
+        params=params,
+        render_template_as_native_obj=True,
+        # a user's own default_args and tags are added to the pipeline's, theirs winning
+        default_args={
+            "retries": 1,
+            "retry_delay": timedelta(seconds=10),
+            **(dag_kwargs.pop("default_args", None) or {}),
+        },
+        tags=list(dict.fromkeys(["tpuflow", "tpu", "ray", *(dag_kwargs.pop("tags", None) or [])])),
+        doc_md=dag_kwargs.pop("doc_md", __doc__),
+        **dag_kwargs,
+    )
+
+
+def run_dir_for(dag_id: str, output_root: str | None) -> str:
+    """Where one run of the DAG writes (output_root default: tpuflow.paths.output_root() when parsed)."""
+    return f"{output_root or paths.output_root()}/{dag_id}/{RUN_DATE}"
+
+
+def training_steps(
+    cluster: Any,
+    run_dir: str,
+    *,
+    workload: Workload,
+    train_cluster: Any = None,
+    train_class: type[RayTrainOperator] = RayTrainOperator,
+    **train_kwargs: Any,
+) -> tuple[BaseOperator | None, BaseOperator, BaseOperator | None]:
+    """prep and preflight -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info):
+    backend-independent. The preflight checks the training slice(s) right before training (Param
+    ``preflight`` turns it off). Each step is the workload's; prep and evaluate are None when the
+    workload has none. The workload's code_dir travels with every job (runtime_env py_modules).
+
+    ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one: the
+    evaluation then runs in one CPU actor, since the training slice is deleted once its checkpoint
+    exists); ``train_class`` and ``train_kwargs``: a RayTrainOperator subclass and its own arguments."""
+    # On the slice: one actor per host of the training slice, each holding that host's TPU resources.
+    on_slice = [
+        *("--num-hosts", CHECKED_SLICE.format("num_hosts")),
+        *("--tpu-per-host", CHECKED_SLICE.format("logical_devices_per_host")),
+        *("--accelerator-type", CHECKED_SLICE.format("ray_accelerator_type")),
+    ]
+    # The workload's code, shipped with each job that runs it (none when its modules are importable there).
+    code = {"runtime_env": workload.runtime_env()} if workload.code_dir else {}
+    prep = None
+    if workload.prep:
+        prep = RayDataPrepOperator(
+            task_id="prep",
+            cluster=cluster,
+            module=templated(workload.prep),
+            arguments={
+                "output_dir": f"{run_dir}/data",
+                "date": RUN_DATE,
+                "num_train": "{{ params.num_train }}",
+                "num_heldout": "{{ params.num_eval }}",
+            },
+            log_uri=f"{run_dir}/logs/prep.log",
+            **code,
+        )
+    slice_args = {
+        "cluster": cluster if train_cluster is None else train_cluster,
+        "tpu_slice": checked_slice(),
+    }
+    preflight = RaySlicePreflightOperator(
+        task_id="preflight", enabled="{{ params.preflight }}", log_uri=f"{run_dir}/logs/preflight.log", **slice_args
+    )
+    train = train_class(
+        task_id="train",
+        framework="{{ params.framework }}",
+        train_loop=templated(workload.train_loop),
+        **slice_args,
+        storage_path=f"{run_dir}/train",
+        run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
+        datasets={"train": f"{run_dir}/data/train"} if prep else None,
+        train_loop_config={**(workload.train_loop_config or {}), "num_steps": "{{ params.train_steps }}"},
+        resume="{{ params.resume }}",
+        log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
+        **code,
+        **train_kwargs,
+    )
+    # The preflight needs only the training cluster: it runs beside prep, and training waits for both.
+    [*([prep] if prep else []), preflight] >> train
+    if not workload.evaluate:
+        return prep, train, None
+    evaluate = RaySubmitJobOperator(
+        task_id="evaluate",
+        cluster=cluster,
+        # An argument list: each path is one argument once rendered (shlex.join), whatever the output root holds.
+        entrypoint=[
+            *("python", "-m", templated(workload.evaluate), "--framework", "{{ params.framework }}"),
+            *("--checkpoint", "{{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"),
+            *(("--data", f"{run_dir}/data/heldout") if prep else ()),
+            *("--output", f"{run_dir}/eval/{{{{ params.framework }}}}.json"),
+            *(on_slice if train_cluster is None else []),
+        ],
+        min_result={"accuracy": "{{ params.accuracy_threshold }}"},
+        log_uri=f"{run_dir}/logs/evaluate-{{{{ params.framework }}}}.log",
+        **code,
+    )
+    train >> evaluate
+    return prep, train, evaluate
+
+
+def smoke_test_and_report(
+    run_dir: str,
+    evaluate: BaseOperator | None,
+    deploy: BaseOperator | None,
+    *,
+    workload: Workload,
+    train: BaseOperator,
+    serve_token_conn_id: str | None = None,
+) -> tuple[BaseOperator | None, BaseOperator]:
+    """Call the deployed endpoint (deploy's XCom carries serve_url) with the workload's smoke request, and
+    write the run's report after the last step the workload has (``train`` when it has no other)."""
+    smoke = None
+    app = f"/{workload.app_name}"
+    if deploy is not None and workload.smoke_request is not None:
+        smoke = ServeEndpointSmokeTestOperator(
+            task_id="smoke_test",
+            url="{{ ti.xcom_pull(task_ids='" + deploy.task_id + "')['serve_url'] }}" + f"{app}/{workload.smoke_path}",
+            payload=dict(workload.smoke_request),
+            expect=workload.smoke_expect,
+            serve_token_conn_id=serve_token_conn_id,
+        )
+    api = posixpath.dirname(workload.smoke_path) if smoke else ""
+    report = WriteReportOperator(
+        task_id="write_report",
+        output_dir=run_dir,
+        evaluation=evaluate.output if evaluate else None,
+        answer=smoke.output if smoke else None,
+        deployed=deploy.output if deploy else None,
+        sample_prompt=workload.smoke_request.get("prompt") if smoke and workload.smoke_request else None,
+        endpoint_path=f"{app}/{api}".rstrip("/") if deploy else "",
+    )
+    if deploy is not None and smoke is not None:
+        deploy >> smoke
+    (smoke or deploy or evaluate or train) >> report
+    return smoke, report
+
+
+# Keep the endpoint only when it was actually serving; a failed run never leaves a cluster behind.
+KEEP_ENDPOINT = "{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}"
+
+
+def keep_endpoint(workload: Workload) -> str | bool:
+    """The teardowns' ``keep``: KEEP_ENDPOINT; without a smoke test, kept when the deploy succeeded; without
+    serving, never."""
+    if workload.serve_app is None:
+        return False
+    if workload.smoke_request is None:
+        return "{{ params.keep_endpoint and ti.xcom_pull(task_ids='deploy') is not none }}"
+    return KEEP_ENDPOINT
+
+
+def build_pipeline_dag(
+    dag_id: str,
+    *,
+    workload: Workload,
+    schedule: str | None = "@daily",
+    output_root: str | None = None,
+    start_date: datetime = datetime(2026, 11, 1),
+    max_active_runs: int = 1,
+    serve_token_conn_id: str | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The embedded default: a local Ray cluster simulating the slice stands in for GKE + KubeRay.
+
+    ``serve_token_conn_id``: an Airflow Connection whose password is the endpoint's bearer token (the app
+    requires it, the smoke test sends it); None: the endpoint answers without one.
+
+    ``workload``: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task."""
+    # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
+    # steps) does not load them when it is parsed.
+    from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
+    from tpuflow.cost.local import LocalChipLedgerOperator, LocalStopRecordingSpanOperator
+    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.local.operators import LocalRayClusterCreateOperator
+    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+
+    run_dir = run_dir_for(dag_id, output_root)
+    with pipeline_dag(
+        dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        max_active_runs=max_active_runs,
+        workload=workload,
+        **dag_kwargs,
+    ) as dag:
+        checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
+        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice())
+        start = LocalRayClusterCreateOperator(
+            task_id="start_cluster",
+            tpu_slice=checked_slice(),
+            retries=0,
+        )
+        cluster = start.output
+        prep, train, evaluate = training_steps(cluster, run_dir, workload=workload)
+        deploy = None
+        if workload.serve_app:
+            serve_cfg = build_serve_config(
+                cluster,
+                train.output,
+                f"local://{workloads_dir()}",
+                tpu_slice=SERVE_SLICE,
+                workload=workload,
+                code_uri=workload.local_code_uri(),
+            )
+            # The replicas serve from the training slice's simulated hosts (tpuflow.pipeline.params.local_serve_slice).
+            deploy = RayServeDeployOperator(
+                task_id="deploy",
+                cluster=cluster,
+                serve_config=serve_cfg,
+                tpu_slice=SERVE_SLICE,
+                serve_token_conn_id=serve_token_conn_id,
+            )
+            (evaluate or train) >> serve_cfg >> deploy
+        _, report = smoke_test_and_report(
+            run_dir, evaluate, deploy, workload=workload, train=train, serve_token_conn_id=serve_token_conn_id
+        )
+        # Not start.output: a start task that failed after its cluster came up pushed no XCom, and the
+        # teardown must still find that cluster (by its deterministic name when the pull is empty).
+        stop = LocalStopRecordingSpanOperator(
+            task_id="stop_cluster",
+            cluster="{{ ti.xcom_pull(task_ids='start_cluster') }}",
+            keep=keep_endpoint(workload),
+        )
+        release = ReleaseSliceOperator(task_id="release_slice")
+        train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
+        guard = ChipBudgetGuardOperator(
+            task_id="budget_guard",
+            max_chip_hours="{{ params.max_chip_hours }}",
+            slices=[{"role": "train", "tpu": train_slice}],
+        )
+        ledger = LocalChipLedgerOperator(
+            task_id=LEDGER_TASK_ID,
+            slices=[{"role": "train", "tpu": train_slice, "task_id": "stop_cluster"}],
+            trained="{{ ti.xcom_pull(task_ids='train') }}",
+            output_dir=run_dir,
+            prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",
+        )
+        checked >> [lease, guard]
+        [lease, guard] >> start
+        if prep:
+            start >> prep
+        report >> stop >> [release, ledger]
+        # check_params is a setup of each teardown too, as in the GKE DAG: a teardown runs when one of its
+        # setups succeeded, and a start (or lease) task that failed after its work still left something.
+        stop.as_teardown(setups=[checked, start])
+        release.as_teardown(setups=[checked, lease])
+        ledger.as_teardown(setups=[checked, start])
+    return dag

@@ -1,0 +1,798 @@
+"""The train-and-serve pipeline on GKE: a TPU slice node pool, KubeRay RayClusters on it, and a RayService.
+
+A shape that keeps the slice busy: the TPU node pool is created while prep runs on CPU (a head-only
+RayCluster), the TPU RayCluster joins once the pool is ready, and the training slice is deleted as
+soon as training has produced its checkpoint; evaluation runs on the CPU cluster, serving on its own
+slice::
+
+    check_params -> budget_guard -> create_prep_cluster (setup, CPU) -> prep ----------------------------+
+                                 -> create_node_pool (setup) -> request_capacity -> create_ray_cluster -> train
+                                                                                 -> wait_for_flex_start -+
+      train -> delete_ray_cluster -> delete_provisioning_request -> delete_node_pool   (at once, always)
+      train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> request_serve_capacity
+        -> deploy (RayService) -> smoke_test -> write_report
+        -> delete_service -> delete_serve_provisioning_request -> delete_serve_node_pool
+                                  (kept when keep_endpoint and the endpoint answered: labelled tpuflow-kept,
+                                   which the orphan reaper honours)
+        -> delete_prep_cluster                        (always)
+      every delete -> chip_ledger  (chips x (delete - create) per slice from the GKE operations; report.json)
+
+Capacity (Variable ``tpuflow_tpu_capacity``, with fallbacks): a ``queued`` pool gets its nodes from a
+ProvisioningRequest (request_capacity / request_serve_capacity wait until it is Provisioned; the
+TPU pods consume it by annotation; Param ``max_run_duration_seconds``); a ``flex-start`` pool is grown
+by GKE's autoscaler for the pending TPU pods (wait_for_flex_start reports the wait and GKE's reason).
+Both capacity tasks do nothing when the pools got another capacity (e.g. after a fallback).
+
+The chip-hour budget (Param ``max_chip_hours``) is checked before anything is provisioned
+(budget_guard, against the previous run's ledger) and holds training to it (the job is stopped and
+the task fails when the ledger would cross it; tpuflow.cost.training).
+
+prep, train, evaluate, the Serve config, the smoke test and the report are the factory's shared steps
+(tpuflow.pipeline.factory); only the cluster lifecycle is GKE + KubeRay. Serving gets its own
+single-host slice of the training generation (Param ``serve_topology``; default the smallest one), so
+the endpoint can outlive the training slice.
+
+Every delete is a teardown whose setups include ``check_params``: it runs once the run has got past
+validation, whatever failed later, including the create task it cleans up after (a teardown whose
+only setup failed would be skipped by Airflow, and a RayCluster that never became ready would keep
+its node pool). Names are deterministic per task instance, so a delete finds what its create made
+even when the create failed before pushing XCom.
+
+Where it runs is configuration: `variable_settings()` reads connection ids, project, cluster, image,
+the workloads URI and the output root from Airflow Variables (also settable as ``AIRFLOW_VAR_<NAME>``)
+when the tasks run; the project defaults to the GCP connection's own.
+Pointing the DAG at the GKE and Kubernetes stand-ins is therefore a matter of connections and
+Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import DAG, Param
+
+from tpuflow import paths
+from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
+from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
+from tpuflow.cost.training import BudgetedRayTrainOperator
+from tpuflow.errors import UserInputError
+from tpuflow.gke.capacity_operators import (
+    GKECreateProvisioningRequestOperator,
+    GKEDeleteProvisioningRequestOperator,
+    GKEWaitForFlexStartCapacityOperator,
+)
+from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+from tpuflow.kuberay.operators import (
+    KubeRayCreateClusterOperator,
+    KubeRayDeleteClusterOperator,
+    KubeRayDeleteServiceOperator,
+    KubeRayDeployServiceOperator,
+)
+from tpuflow.pipeline.factory import (
+    SERVE_SLICE,
+    build_serve_config,
+    checked_slice,
+    keep_endpoint,
+    pipeline_dag,
+    run_dir_for,
+    smoke_test_and_report,
+    training_steps,
+)
+from tpuflow.pipeline.params import MAX_RUN_DURATION_PARAM, max_run_duration_param, pipeline_params, validate_params
+from tpuflow.pipeline.steps import CheckParamsOperator
+from tpuflow.templating import is_true
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator, Context
+
+    from tpuflow.pipeline.workload import Workload
+    from tpuflow.tpu import TpuSlice
+
+# Where the Ray image keeps workloads/ (the Serve app's working_dir; Ray *jobs* upload workloads/ themselves).
+IMAGE_WORKLOADS_URI = "local:///home/ray/workloads"
+DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
+
+
+# --- Params ------------------------------------------------------------------------------------------
+def gke_pipeline_params() -> dict[str, Param]:
+    """The shared Params (serve_topology included: tpuflow.pipeline.params), and queued capacity's
+    max_run_duration_seconds."""
+    return {**pipeline_params(), MAX_RUN_DURATION_PARAM: max_run_duration_param()}
+
+
+def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
+    """The endpoint's slice, of the training generation, valid on GKE and in Ray; empty: the smallest
+    single-host one. A multi-host slice serves one model from all its hosts (its replica reserves the
+    whole slice: accelerator_config.topology in the Serve config)."""
+    from tpuflow.tpu import TpuSlice, resolve_generation
+
+    generation = resolve_generation(accelerator)
+    if not topology:
+        shapes = [TpuSlice.from_spec(generation.name, t) for t in generation.gke_topologies & generation.ray_topologies]
+        topology = min((s for s in shapes if not s.multi_host), key=lambda s: (s.chips, s.topology)).topology
+    try:
+        return TpuSlice.from_spec(generation.name, topology).require(gke=True, ray=True)
+    except UserInputError as err:
+        raise UserInputError("params.serve_topology", topology, err.fix) from None
+
+
+class CheckGkeParamsOperator(CheckParamsOperator):
+    """Check the run's Params: the training slice (as the local pipeline checks it, plus GKE's shapes)
+    and the serve slice; returns both slices (``serve`` holds the serve slice). With a project, the
+    project's TPU quota must hold the slices (tpuflow.gke.quota), for at least one capacity the pools
+    may fall back to.
+
+    :param project_id: the GKE cluster's project; templated; empty: quota not checked.
+    :param location: the cluster's zone or region; templated.
+    :param node_zone: the slices' zone when ``location`` is a region; templated.
+    :param capacity: ``fallback_capacity``: the node pools' capacities (GKECreateTPUNodePoolOperator); templated.
+
+    Takes CheckParamsOperator's arguments (BaseOperator's: ``task_id`` and the like).
+    """
+
+    template_fields: Sequence[str] = (
+        *CheckParamsOperator.template_fields,
+        "project_id",
+        "location",
+        "node_zone",
+        "capacity",
+        "fallback_capacity",
+    )
+
+    def __init__(
+        self,
+        *,
+        project_id: str = "",
+        location: str = "",
+        node_zone: str = "",
+        capacity: str = "on-demand",
+        fallback_capacity: Any = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.project_id = project_id
+        self.location = location
+        self.node_zone = node_zone
+        self.capacity = capacity
+        self.fallback_capacity = fallback_capacity
+
+    def check(self, params: dict[str, Any]) -> dict[str, Any]:
+        return check_gke_params(params)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        checked = super().execute(context)
+        if self.project_id:
+            self._check_quota(checked)
+        return checked
+
+    def _check_quota(self, checked: dict[str, Any]) -> None:
+        from google.api_core.exceptions import GoogleAPIError
+
+        from tpuflow.gke.hooks import CloudQuotasHook
+        from tpuflow.gke.nodepool_spec import parse_capacity_order
+        from tpuflow.gke.quota import check_tpu_quota, run_quota_needs
+        from tpuflow.gke.workload_policy import region_of
+
+        capacities = parse_capacity_order(self.capacity, self.fallback_capacity)
+        hook = CloudQuotasHook(gcp_conn_id=self.gcp_conn_id)
+
+        def info(quota_id: str) -> Any:
+            try:
+                return hook.get_quota_info(project_id=self.project_id, quota_id=quota_id)
+            except GoogleAPIError as err:  # no permission to read quotas: GKE still enforces them
+                self.log.warning("Could not read quota %s: %s", quota_id, str(err).splitlines()[0])
+                return None
+
+        check_tpu_quota(
+            info,
+            region=region_of(self.node_zone or self.location),
+            needs=run_quota_needs(checked, checked.get("serve")),
+            capacities=capacities,
+            say=self.log.info,
+        )
+
+
+def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
+    from tpuflow.gke.provisioning_request import check_max_run_duration
+    from tpuflow.tpu import TpuSlice
+
+    train = validate_params(params, local_serve=False)
+    try:
+        check_max_run_duration(params.get(MAX_RUN_DURATION_PARAM))
+    except UserInputError as err:
+        raise UserInputError(f"params.{MAX_RUN_DURATION_PARAM}", err.value, err.fix) from None
+    try:
+        TpuSlice.from_spec(params["accelerator"], params["topology"], params.get("machine_type") or None).require(
+            gke=True
+        )
+    except UserInputError as err:
+        raise UserInputError(f"params.{err.field}", err.value, err.fix) from None
+    return {**train, "serve": serve_slice(params["accelerator"], params.get("serve_topology")).to_dict()}
+
+
+# --- queued capacity: the Ray pods consume the ProvisioningRequest ------------------------------------
+_REQUESTED = "{{ (ti.xcom_pull(task_ids='%s') or {}).get('name') or '' }}"
+
+
+class _ConsumesProvisioningRequest:
+    """The TPU worker pods carry the consume-provisioning-request annotations of ``provisioning_request``
+    (templated; empty: none, the pools are not queued)."""
+
+    provisioning_request: str | None
+
+    def build_template(self) -> Any:
+        import dataclasses
+
+        template = super().build_template()  # type: ignore[misc]
+        # getattr: the parse-time check runs inside BaseOperator's __init__, before this is assigned
+        name = getattr(self, "provisioning_request", None)
+        return dataclasses.replace(template, provisioning_request=name).validated() if name else template
+
+
+class QueuedCapacityRayClusterOperator(_ConsumesProvisioningRequest, KubeRayCreateClusterOperator):
+    """KubeRayCreateClusterOperator whose TPU pods consume ``provisioning_request`` (templated) when set.
+
+    Every other argument is KubeRayCreateClusterOperator's.
+    """
+
+    template_fields: Sequence[str] = (*KubeRayCreateClusterOperator.template_fields, "provisioning_request")
+
+    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.provisioning_request = provisioning_request
+
+
+class QueuedCapacityDeployServiceOperator(_ConsumesProvisioningRequest, KubeRayDeployServiceOperator):
+    """KubeRayDeployServiceOperator whose TPU pods consume ``provisioning_request`` (templated) when set.
+
+    Every other argument is KubeRayDeployServiceOperator's.
+    """
+
+    template_fields: Sequence[str] = (*KubeRayDeployServiceOperator.template_fields, "provisioning_request")
+
+    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.provisioning_request = provisioning_request
+
+
+# --- teardowns that can keep the endpoint -------------------------------------------------------------
+# Keeping marks what is kept (tpuflow.labels.KEPT_LABEL added, EXPIRES_LABEL removed): the orphan reaper
+# (tpuflow.cost.reaper) never deletes a marked resource, so the endpoint outlives its run and its expiry.
+class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
+    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true, marked kept.
+
+    :param keep: templated; true (True, "true", "1", "yes") leaves the RayService in place, labels it
+        ``tpuflow-kept=true`` without its ``tpuflow-expires`` label (a merge patch; the orphan reaper leaves
+        it, and the RayCluster it owns goes with it) and returns ``{"kind", "name", "namespace", "kept": True,
+        "existed", "deleted": False}``.
+
+    Every other argument is KubeRayDeleteServiceOperator's.
+    """
+
+    template_fields: Sequence[str] = (*KubeRayDeleteServiceOperator.template_fields, "keep")
+
+    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        if not is_true(self.keep):
+            return super().execute(context)
+        from tpuflow.kuberay.operator_base import object_name
+
+        self.validate_arguments()
+        namespace = self.resolve_namespace()
+        name = object_name(context, self.name, self.owner_task_id)
+        existed = self.kube_hook().mark_kept(self.plural, name, namespace)
+        what = "running (marked kept)" if existed else "alone (it does not exist)"
+        self.log.info("keep_endpoint: leaving RayService %s/%s %s", namespace, name, what)
+        return {
+            "kind": self.kind,
+            "name": name,
+            "namespace": namespace,
+            "kept": True,
+            "existed": existed,
+            "deleted": False,
+        }
+
+
+class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOperator):
+    """GKEDeleteProvisioningRequestOperator that leaves the request (and so its nodes) when ``keep`` renders true.
+
+    :param keep: templated; true leaves the request and its PodTemplates in place, each labelled
+        ``tpuflow-kept=true`` (as the kept RayService), and returns ``{"kept": True, "deleted": [],
+        "marked_kept": [...], "absent": [...]}``.
+
+    Every other argument is GKEDeleteProvisioningRequestOperator's.
+    """
+
+    template_fields: Sequence[str] = (*GKEDeleteProvisioningRequestOperator.template_fields, "keep")
+
+    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def execute(self, context: Context) -> Any:
+        if not is_true(self.keep):
+            return super().execute(context)
+        self.validate_arguments()
+        namespace = self.resolve_namespace()
+        name, templates = self.request_and_templates(context, namespace)
+        hook = self.kube_hook()
+        marked, absent = [], []
+        for what, existed in [
+            (f"provisioningrequest/{name}", hook.mark_provisioning_request_kept(name, namespace)),
+            *((f"podtemplate/{t}", hook.mark_pod_template_kept(t, namespace)) for t in templates),
+        ]:
+            (marked if existed else absent).append(what)
+        self.log.info("keep_endpoint: leaving %s (marked kept); already gone: %s", marked or "nothing", absent or "-")
+        return {"namespace": namespace, "kept": True, "deleted": [], "marked_kept": marked, "absent": absent}
+
+
+class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
+    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true, marked kept.
+
+    :param keep: templated; true (True, "true", "1", "yes") leaves the node pools in place, their GCE
+        resourceLabels given ``tpuflow-kept=true`` and rid of ``tpuflow-expires`` (GKE nodePools.update, waited
+        for as deletes are: in the worker, or deferred), so the orphan reaper leaves them; returns ``{"kept": True,
+        "deleted": [], "marked_kept": [...], "absent": [...]}`` with the cluster's coordinates.
+
+    Every other argument is GKEDeleteNodePoolOperator's.
+    """
+
+    template_fields: Sequence[str] = (*GKEDeleteNodePoolOperator.template_fields, "keep")
+
+    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep = keep
+
+    def _loop(self, context: Context, progress: Any) -> Any:
+        if not is_true(self.keep):
+            return super()._loop(context, progress)
+        from tpuflow.gke.provisioning import NodePoolKeeper
+
+        hook = self.get_hook(self.location)
+        if progress.pools is None:  # resolved once, as the delete does
+            progress.pools = self._names(context, hook)
+        return NodePoolKeeper(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
+
+    def execute(self, context: Context) -> Any:
+        if is_true(self.keep):
+            which = self.created_by_task_id or self.node_pool_name
+            self.log.info("keep_endpoint: leaving the node pools of %s in place, marked kept", which)
+        return super().execute(context)
+
+
+# --- configuration ------------------------------------------------------------------------------------
+def _var(name: str, default: str) -> str:
+    return "{{ var.value.get(" + repr(name) + ", " + repr(default) + ") }}"
+
+
+def variable_settings() -> dict[str, Any]:
+    """Builder arguments read from Airflow Variables when a task runs (no DB access at parse time).
+
+    tpuflow_gcp_conn_id          google_cloud_default   GKE API (node pools); reaches the cluster when no
+                                                        Kubernetes connection is named
+    tpuflow_kubernetes_conn_id   (empty)                a ``kubernetes`` connection to the cluster instead
+    tpuflow_gke_project          (empty)                empty: the GCP connection's ``project`` extra
+    tpuflow_gke_location         us-east5-b             the cluster's zone or region
+    tpuflow_gke_node_zone        (empty)                the slices' zone when the location is a region
+    tpuflow_gke_cluster          tpuflow
+    tpuflow_kuberay_namespace    (empty)                empty: the connection's namespace, else default
+    tpuflow_ray_image            rayproject/ray:2.60.0-py311   must carry workloads/ at the URI below
+    tpuflow_serve_workloads_uri  local:///home/ray/workloads   the Serve app's working_dir on the cluster
+    tpuflow_tpu_capacity         on-demand              on-demand | spot | reservation:NAME | flex-start | queued
+    tpuflow_tpu_fallback_capacity (empty)               comma-separated capacities to try on a stockout
+    tpuflow_gke_output_root      tpuflow.paths.output_root() when parsed ($TPUFLOW_OUTPUT_ROOT, else
+                                                        outputs/ under $TPUFLOW_HOME or ~/.tpuflow)
+                                                        data, checkpoints and logs: gs://BUCKET/PREFIX on GKE,
+                                                        where the TPU hosts and Airflow both reach it
+    """
+    gcp = _var("tpuflow_gcp_conn_id", "google_cloud_default")
+    gcp_expr = "var.value.get('tpuflow_gcp_conn_id', 'google_cloud_default')"
+    project = (
+        "{{ var.value.get('tpuflow_gke_project', '') or "
+        f"(conn.get({gcp_expr}).extra_dejson if conn.get({gcp_expr}) else {{}}).get('project', '') }}}}"
+    )
+    return {
+        "gcp_conn_id": gcp,
+        "kubernetes_conn_id": _var("tpuflow_kubernetes_conn_id", ""),
+        "project_id": project,
+        "location": _var("tpuflow_gke_location", "us-east5-b"),
+        "node_zone": _var("tpuflow_gke_node_zone", ""),
+        "cluster_name": _var("tpuflow_gke_cluster", "tpuflow"),
+        "namespace": _var("tpuflow_kuberay_namespace", ""),
+        "image": _var("tpuflow_ray_image", DEFAULT_RAY_IMAGE),
+        "serve_workloads_uri": _var("tpuflow_serve_workloads_uri", IMAGE_WORKLOADS_URI),
+        "capacity": _var("tpuflow_tpu_capacity", "on-demand"),
+        "fallback_capacity": _var("tpuflow_tpu_fallback_capacity", ""),
+        "output_root": _var("tpuflow_gke_output_root", paths.output_root()),
+    }
+
+
+# --- the CPU cluster -----------------------------------------------------------------------------------
+PREP_CLUSTER_CPUS = "2"
+
+
+def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None, ray_auth: str = "token") -> dict[str, Any]:
+    """A head-only RayCluster for the CPU steps (prep, evaluate): Ray tasks run on its head; token
+    authentication on unless ``ray_auth`` opts out by name (tpuflow.kuberay.ray_auth)."""
+    from tpuflow.kuberay.ray_auth import with_cluster_auth
+
+    container: dict[str, Any] = {
+        "name": "ray-head",
+        "image": image,
+        "ports": [
+            {"containerPort": 6379, "name": "gcs"},
+            {"containerPort": 8265, "name": "dashboard"},
+            {"containerPort": 10001, "name": "client"},
+            {"containerPort": 8000, "name": "serve"},
+        ],
+        "resources": {
+            "requests": {"cpu": PREP_CLUSTER_CPUS, "memory": "8Gi"},
+            "limits": {"cpu": PREP_CLUSTER_CPUS, "memory": "8Gi"},
+        },
+    }
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec = {
+        "rayVersion": "2.60.0",
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": PREP_CLUSTER_CPUS, "dashboard-host": "0.0.0.0"},
+            "template": {"spec": {"containers": [container]}},
+        },
+        "workerGroupSpecs": [],
+    }
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        # no name: the create task names it per task instance, so its delete (and a retry) finds it
+        "metadata": {},
+        "spec": with_cluster_auth(spec, ray_auth)[0],
+    }
+
+
+# --- the DAG ------------------------------------------------------------------------------------------
+def build_gke_pipeline_dag(
+    dag_id: str,
+    *,
+    workload: Workload,
+    gcp_conn_id: str = "google_cloud_default",
+    kubernetes_conn_id: str | None = None,
+    project_id: str,
+    location: str,
+    cluster_name: str,
+    image: str,
+    node_zone: str | None = None,
+    namespace: str | None = None,
+    capacity: str = "on-demand",
+    fallback_capacity: Sequence[str] | str = (),
+    serve_workloads_uri: str = IMAGE_WORKLOADS_URI,
+    serve_token_conn_id: str | None = None,
+    serve_code_uri: str | None = None,
+    address_mode: str = "auto",
+    output_root: str | None = None,
+    cluster_ready_timeout: float = 1800.0,
+    service_ready_timeout: float = 1800.0,
+    delete_timeout: float = 1200.0,
+    poll_interval: float = 10.0,
+    node_pool_poll_interval: float = 10.0,
+    deferrable: bool = True,
+    ray_env: Mapping[str, str] | None = None,
+    ray_auth: str = "token",
+    schedule: str | None = "@daily",
+    start_date: datetime = datetime(2026, 11, 1),
+    max_active_runs: int = 1,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The pipeline on a GKE cluster with the Ray operator (KubeRay) add-on; see the module docstring.
+
+    :param dag_id: the DAG's id.
+    :param workload: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task
+        (no prep and no evaluate: no CPU RayCluster either; no serve_app: no serve slice).
+    :param gcp_conn_id: Google Cloud connection for the GKE API (node pools), and for the cluster when
+        no ``kubernetes_conn_id`` is given.
+    :param kubernetes_conn_id: a ``kubernetes`` connection to the cluster; empty/None: reach it through
+        ``gcp_conn_id`` (GKE endpoint and credentials from the google provider).
+    :param project_id: the cluster's Google Cloud project.
+    :param location: the cluster's zone or region.
+    :param cluster_name: the GKE cluster.
+    :param image: the Ray image of both clusters (must carry workloads/ at ``serve_workloads_uri``).
+    :param node_zone: the slices' zone when ``location`` is a region.
+    :param namespace: Kubernetes namespace of the RayCluster and RayService (default: the connection's).
+    :param capacity: capacity of both node pools (see GKECreateTPUNodePoolOperator).
+    :param fallback_capacity: capacities to try on a stockout, in order.
+    :param serve_workloads_uri: the Serve application's runtime_env working_dir as the Ray cluster sees
+        it (the image's copy of workloads/; a local:// path to the repo's workloads/ for the stand-in).
+    :param serve_code_uri: the workload's code_dir as the RayService's replicas fetch it (a ``py_modules``
+        entry: a gs:// zip, or local:// plus its path in the Ray image); required when the workload has both code_dir
+        and serve_app (a RayService cannot upload a folder of the Airflow machine).
+    :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token (the
+        app requires it, the smoke test sends it); None: the endpoint answers without one.
+    :param address_mode: how Airflow reaches the Ray head (see the KubeRay operators).
+    :param output_root: data, checkpoints and logs (default: tpuflow.paths.output_root() when parsed).
+    :param cluster_ready_timeout: seconds for the RayCluster to become ready; past it the task fails with
+        KubeRay's reason, pod states and events, and the teardowns still run.
+    :param service_ready_timeout: seconds for the RayService to serve, likewise.
+    :param delete_timeout: seconds for each KubeRay delete to finish.
+    :param poll_interval: seconds between looks at the KubeRay objects.
+    :param node_pool_poll_interval: seconds between looks at GKE operations (and the first backoff).
+    :param deferrable: wait in the triggerer rather than in worker slots.
+    :param ray_env: environment for the Ray head and TPU hosts of both clusters.
+    :param ray_auth: Ray token authentication of every RayCluster and RayService the DAG applies (the CPU
+        prep cluster too): ``"token"`` (default), or opt out by name with ``"disabled"`` / ``"none"``.
+    :param schedule: the DAG's schedule.
+    :param start_date: the DAG's start date.
+    :param max_active_runs: runs at once (each holds TPU slices).
+    :param dag_kwargs: further DAG arguments.
+    """
+    if workload.serve_app and workload.code_dir and not serve_code_uri:
+        raise UserInputError(
+            "serve_code_uri",
+            serve_code_uri,
+            f"give where the RayService fetches workload.code_dir {workload.code_dir} (a gs://BUCKET/code.zip of it, "
+            "or local:// plus the path of its copy in the Ray image)",
+        )
+    run_dir = run_dir_for(dag_id, output_root)
+    gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
+    pools: dict[str, Any] = {
+        **gke,
+        "gcp_conn_id": gcp_conn_id,
+        "deferrable": deferrable,
+        "poll_interval": node_pool_poll_interval,
+        "retry_backoff": node_pool_poll_interval,
+    }
+    creates: dict[str, Any] = {
+        **pools,
+        "capacity": capacity,
+        "fallback_capacity": fallback_capacity,
+        "node_zone": node_zone,
+    }
+    kube: dict[str, Any] = {
+        "kubernetes_conn_id": kubernetes_conn_id,
+        "gke_cluster": gke,
+        "gcp_conn_id": gcp_conn_id,
+        "namespace": namespace,
+        "deferrable": deferrable,
+        "poll_interval": poll_interval,
+    }
+    # The RayCluster and the RayService: a cluster that missed its deadline would miss it again (no
+    # retries); the teardowns release the slice.
+    rays: dict[str, Any] = {
+        **kube,
+        "image": image,
+        "env": dict(ray_env or {}),
+        "ray_auth": ray_auth,
+        "address_mode": address_mode,
+        "retries": 0,
+    }
+    dag_kwargs.setdefault("doc_md", __doc__)
+    with pipeline_dag(
+        dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        max_active_runs=max_active_runs,
+        params=gke_pipeline_params(),
+        workload=workload,
+        **dag_kwargs,
+    ) as dag:
+        checked = CheckGkeParamsOperator(
+            task_id="check_params",
+            output_dir=run_dir,
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+            node_zone=node_zone,
+            capacity=capacity,
+            fallback_capacity=fallback_capacity,
+            workload=workload,
+        )
+        train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
+        serve_slice_ = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
+        serving = workload.serve_app is not None
+        guard = ChipBudgetGuardOperator(
+            task_id="budget_guard",
+            max_chip_hours="{{ params.max_chip_hours }}",
+            slices=[
+                {"role": "train", "tpu": train_slice},
+                *([{"role": "serve", "tpu": serve_slice_}] if serving else []),
+            ],
+        )
+        # The CPU cluster runs prep and evaluate: a workload with neither gets none.
+        create_prep = None
+        if workload.prep or workload.evaluate:
+            create_prep = KubeRayCreateClusterOperator(
+                task_id="create_prep_cluster",
+                manifest=prep_cluster_manifest(image, ray_env, ray_auth),
+                wait_timeout=cluster_ready_timeout,
+                **{k: v for k, v in rays.items() if k not in ("image", "env")},
+            )
+        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", tpu_slice=checked_slice(), **creates)
+        # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
+        queued: dict[str, Any] = {
+            **kube,
+            "max_run_duration_seconds": "{{ params.max_run_duration_seconds or '' }}",
+            "wait_timeout": cluster_ready_timeout,
+        }
+        request_capacity = GKECreateProvisioningRequestOperator(
+            task_id="request_capacity", node_pool_task_id="create_node_pool", tpu_slice=checked_slice(), **queued
+        )
+        create_cluster = QueuedCapacityRayClusterOperator(
+            task_id="create_ray_cluster",
+            tpu_slice=checked_slice(),
+            provisioning_request=_REQUESTED % "request_capacity",
+            wait_timeout=cluster_ready_timeout,
+            **rays,
+        )
+        wait_flex = GKEWaitForFlexStartCapacityOperator(
+            task_id="wait_for_flex_start",
+            node_pool_task_id="create_node_pool",
+            ray_cluster_task_id="create_ray_cluster",
+            tpu_slice=checked_slice(),
+            **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
+        )
+        cpu_cluster = create_prep.output if create_prep else None
+        train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool"}]
+        prep, train, evaluate = training_steps(
+            cpu_cluster,
+            run_dir,
+            workload=workload,
+            train_cluster=create_cluster.output,
+            train_class=BudgetedRayTrainOperator,
+            max_chip_hours="{{ params.max_chip_hours }}",
+            ledger_slices=train_ledger,
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+        )
+        deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
+        serve_tasks = (
+            _serve_steps(
+                workload,
+                checked,
+                cluster=cpu_cluster,
+                trained=train,
+                after=evaluate or train,
+                workloads_uri=serve_workloads_uri,
+                code_uri=serve_code_uri,
+                kube=kube,
+                pools=pools,
+                creates=creates,
+                queued=queued,
+                rays=rays,
+                deletes=deletes,
+                wait_timeout=service_ready_timeout,
+                serve_token_conn_id=serve_token_conn_id,
+            )
+            if serving
+            else None
+        )
+        deploy = serve_tasks[0] if serve_tasks else None
+        _, report = smoke_test_and_report(
+            run_dir, evaluate, deploy, workload=workload, train=train, serve_token_conn_id=serve_token_conn_id
+        )
+
+        delete_cluster = KubeRayDeleteClusterOperator(
+            task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **deletes
+        )
+        delete_request = GKEDeleteProvisioningRequestOperator(
+            task_id="delete_provisioning_request", created_by_task_id="request_capacity", **kube
+        )
+        delete_pool = GKEDeleteNodePoolOperator(
+            task_id="delete_node_pool", created_by_task_id="create_node_pool", **pools
+        )
+        delete_prep = None
+        if create_prep:
+            delete_prep = KubeRayDeleteClusterOperator(
+                task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **deletes
+            )
+        serve_ledger = [{"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool"}] if serving else []
+        ledger = GKEChipLedgerOperator(
+            task_id=LEDGER_TASK_ID,
+            slices=[*train_ledger, *serve_ledger],
+            trained="{{ ti.xcom_pull(task_ids='train') }}",
+            output_dir=run_dir,
+            prices=_var(PRICES_VARIABLE, ""),
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+            cluster_name=cluster_name,
+        )
+
+        checked >> guard >> [t for t in (create_prep, create_pool) if t]
+        if create_prep and prep:
+            create_prep >> prep
+        create_pool >> request_capacity >> [create_cluster, wait_flex]
+        create_pool >> create_cluster  # (also through request_capacity; stated for readers of the graph)
+        [create_cluster, wait_flex, *([prep] if prep else [])] >> train
+        # the training slice goes as soon as training is over; evaluation and serving do not need it
+        train >> delete_cluster >> delete_request >> delete_pool
+        delete_cluster >> delete_pool
+        report_next = [t for t in (serve_tasks[1] if serve_tasks else None, delete_prep) if t]
+        report >> (report_next or [ledger])
+        delete_serve_pool = serve_tasks[2] if serve_tasks else None
+        [t for t in (delete_pool, delete_serve_pool, delete_prep) if t] >> ledger
+        # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
+        checked.as_setup()
+        delete_pool.as_teardown(setups=[checked, create_pool])
+        delete_cluster.as_teardown(setups=[checked, create_cluster])
+        delete_request.as_teardown(setups=[checked, request_capacity])
+        if create_prep and delete_prep:
+            delete_prep.as_teardown(setups=[checked, create_prep])
+        ledger.as_teardown(setups=[checked])
+    return dag
+
+
+def _serve_steps(
+    workload: Workload,
+    checked: BaseOperator,
+    *,
+    cluster: Any,
+    trained: BaseOperator,
+    after: BaseOperator,
+    workloads_uri: str,
+    code_uri: str | None,
+    kube: dict[str, Any],
+    pools: dict[str, Any],
+    creates: dict[str, Any],
+    queued: dict[str, Any],
+    rays: dict[str, Any],
+    deletes: dict[str, Any],
+    wait_timeout: float,
+    serve_token_conn_id: str | None = None,
+) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
+    """The serve slice's node pool, its capacity request, the RayService and their teardowns (kept when
+    keep_endpoint and the endpoint answered). Returns (deploy, delete_service, delete_serve_node_pool).
+
+    ``cluster``: the CPU cluster's XCom (None without one: the config then names the backend only)."""
+    serve_cfg = build_serve_config(
+        cluster if cluster is not None else {"backend": "kuberay"},
+        trained.output,
+        workloads_uri,
+        tpu_slice=SERVE_SLICE,
+        workload=workload,
+        code_uri=code_uri,
+    )
+    create_serve_pool = GKECreateTPUNodePoolOperator(
+        task_id="create_serve_node_pool", tpu_slice=checked_slice(serve=True), **creates
+    )
+    request_serve_capacity = GKECreateProvisioningRequestOperator(
+        task_id="request_serve_capacity",
+        node_pool_task_id="create_serve_node_pool",
+        tpu_slice=checked_slice(serve=True),
+        **queued,
+    )
+    deploy = QueuedCapacityDeployServiceOperator(
+        task_id="deploy",
+        serve_config=serve_cfg,
+        tpu_slice=checked_slice(serve=True),
+        provisioning_request=_REQUESTED % "request_serve_capacity",
+        wait_timeout=wait_timeout,
+        serve_token_conn_id=serve_token_conn_id,
+        **rays,
+    )
+    keep = keep_endpoint(workload)
+    delete_service = KeepableDeleteServiceOperator(
+        task_id="delete_service", service_task_id="deploy", keep=keep, **deletes
+    )
+    delete_serve_request = KeepableDeleteProvisioningRequestOperator(
+        task_id="delete_serve_provisioning_request",
+        created_by_task_id="request_serve_capacity",
+        keep=keep,
+        **kube,
+    )
+    delete_serve_pool = KeepableDeleteNodePoolOperator(
+        task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep, **pools
+    )
+    after >> [serve_cfg, create_serve_pool]
+    create_serve_pool >> request_serve_capacity
+    [serve_cfg, create_serve_pool, request_serve_capacity] >> deploy
+    delete_service >> delete_serve_request >> delete_serve_pool
+    delete_service >> delete_serve_pool
+    delete_serve_request.as_teardown(setups=[checked, request_serve_capacity])
+    delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
+    delete_service.as_teardown(setups=[checked])
+    return deploy, delete_service, delete_serve_pool

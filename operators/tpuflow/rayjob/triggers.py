@@ -1,0 +1,143 @@
+"""Deferrable wait for a Ray job, streaming its driver log into the Airflow task log."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from tpuflow.rayjob.connection import RayDashboardHook
+from tpuflow.rayjob.hooks import RayJobHook
+from tpuflow.rayjob.waits import wait_for_job
+from tpuflow.triggers import TpuflowTrigger
+
+# XCom of the deferred task holding how far its log has streamed the job's driver log.
+LOG_CURSOR_XCOM_KEY = "ray_job_log_cursor"
+
+
+class RayJobTrigger(TpuflowTrigger):
+    """Polls a Ray job until it is SUCCEEDED, FAILED or STOPPED (``tpuflow.rayjob.waits.wait_for_job``).
+
+    New driver log lines are written to the task log as they appear (Airflow routes trigger
+    logs to the task's log), so a long training job shows progress while it runs.
+
+    A restarted triggerer re-creates the trigger from its serialized kwargs, which still hold
+    the offset the wait began at; streaming from there again would repeat every line already
+    in the task log. So the offset reached is also kept in an XCom of the task: XCom is the
+    store a trigger can write in Airflow 3.3 (the task state store is not reachable from the
+    triggerer), and Airflow keeps a task's XComs across deferral resumes, clearing them only
+    when a new try starts (whose log file is new too). Lines are logged before the offset is
+    saved, so a crash in between repeats at most one poll's lines and never loses any.
+
+    Killing the deferred task (marking it failed/success, clearing it) stops the job
+    (``on_kill``); ``cleanup()``, which also runs on triggerer restarts, does nothing destructive.
+
+    :param submission_id: the Ray job to follow.
+    :param cluster: the cluster-start task's connection info (dashboard_url, auth_token_path).
+    :param ray_conn_id: Airflow connection naming the dashboard, when ``cluster`` does not.
+    :param poll_interval: seconds between polls.
+    :param timeout: seconds after ``started_at`` when the job is stopped and the wait ends; None: no limit.
+    :param log_offset: driver-log characters already in the task log when the wait began.
+    :param started_at: epoch seconds the wait (and its timeout) began; default now.
+    :param restart_if_stopped: a STOPPED end is the earlier try's kill landing late: report it as
+        ``success`` with ``job_status`` STOPPED so the task submits a fresh job.
+    """
+
+    serialize_fields = (
+        "submission_id",
+        "cluster",
+        "ray_conn_id",
+        "poll_interval",
+        "timeout",
+        "log_offset",
+        "started_at",
+        "restart_if_stopped",
+    )
+
+    def __init__(
+        self,
+        submission_id: str,
+        cluster: dict[str, Any] | None = None,
+        ray_conn_id: str | None = None,
+        poll_interval: float = 2.0,
+        timeout: float | None = None,
+        log_offset: int = 0,
+        started_at: float | None = None,
+        restart_if_stopped: bool = False,
+    ) -> None:
+        super().__init__()
+        self.submission_id = submission_id
+        self.cluster = cluster or {}
+        self.ray_conn_id = ray_conn_id
+        self.poll_interval = poll_interval
+        self.timeout = timeout
+        self.log_offset = log_offset
+        self.started_at = started_at if started_at is not None else time.time()
+        self.restart_if_stopped = restart_if_stopped
+        self._cursor_broken = False
+
+    def _hook(self) -> RayJobHook:
+        return RayJobHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        offset = max(self.log_offset, await self._saved_offset())
+        if offset > self.log_offset:
+            self.log.info(
+                "Resuming the driver log of %s at character %d (streamed before a restart)", self.submission_id, offset
+            )
+        hook = self._hook()
+        # One HTTP session for the whole wait (a scripted reader in tests has none to open).
+        async with hook if isinstance(hook, RayDashboardHook) else contextlib.nullcontext(hook):
+            event = await wait_for_job(
+                hook,
+                self.submission_id,
+                poll_interval=self.poll_interval,
+                timeout=self.timeout,
+                started_at=self.started_at,
+                restart_if_stopped=self.restart_if_stopped,
+                offset=offset,
+                save_offset=self._save_offset,
+                log=self.log,
+            )
+        yield TriggerEvent(dict(event))
+
+    def _xcom_address(self) -> dict[str, Any] | None:
+        ti = self.task_instance  # set by the triggerer; None when the trigger runs on its own
+        if ti is None or self._cursor_broken:
+            return None
+        return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
+
+    async def _saved_offset(self) -> int:
+        where = self._xcom_address()
+        if where is None:
+            return 0
+        try:
+            from airflow.sdk.execution_time.xcom import XCom
+
+            saved = await XCom.aget_one(key=LOG_CURSOR_XCOM_KEY, **where)
+        except Exception as err:  # no API to ask (a trigger run in-process by tests or dag.test)
+            self.log.debug("No saved log cursor (%s)", err)
+            return 0
+        if isinstance(saved, dict) and saved.get("submission_id") == self.submission_id:
+            return int(saved.get("offset") or 0)
+        return 0
+
+    async def _save_offset(self, offset: int) -> None:
+        where = self._xcom_address()
+        if where is None:
+            return
+        try:
+            from airflow.sdk.execution_time.xcom import XCom
+
+            await XCom.aset(LOG_CURSOR_XCOM_KEY, {"submission_id": self.submission_id, "offset": offset}, **where)
+        except Exception as err:  # streaming matters more than the cursor; a restart may then repeat lines
+            self.log.warning("Could not save the log cursor of %s: %s", self.submission_id, err)
+            self._cursor_broken = True  # stop trying for this wait
+
+    async def on_kill(self) -> None:
+        """A user marked the deferred task failed/success or cleared it: stop the job it runs."""
+        self.log.info("Stopping Ray job %s because the task was killed", self.submission_id)
+        await self._hook().astop_job(self.submission_id)

@@ -1,0 +1,336 @@
+"""Typed operators for the two Ray jobs every pipeline has: data preparation and training.
+
+Both are RaySubmitJobOperator underneath (same identity, re-attach, logs, result); they only
+build the entrypoint. Training derives its ScalingConfig from the TPU slice catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tpuflow.errors import UserInputError
+from tpuflow.output_links import OutputsLink
+from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.templating import is_static
+from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
+from tpuflow.tpu.slice_argument import resolve_slice, slice_is_templated
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from tpuflow.tpu import TpuSlice
+    from tpuflow.tpu.slice_argument import SliceArgument
+
+FRAMEWORKS = ("jax", "torch")
+RESUME_POLICIES = ("auto", "never")
+TORCH_BACKENDS = ("gloo", "tpu_dist")  # TorchConfig(backend=...) on a TPU slice: host CPUs, or TorchTPU's chips
+SCORE_ORDERS = ("max", "min")
+REUSED_FINISHED = (
+    "reusing the finished checkpoint %s of an earlier run of this date: 0 steps trained; "
+    "set Param resume=never to train again"
+)
+_FRESH_RUN = re.compile(r"-fresh\d+$")  # the runs tpuflow_driver.train starts for resume="never"
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def module_entrypoint(module: str, arguments: dict[str, Any]) -> list[str]:
+    """`python -m module --key value ...` as an argument list (quoted with shlex.join when submitted)."""
+    argv = ["python", "-m", module]
+    for key, value in arguments.items():
+        if value is None or value is False:
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
+def ray_slice(value: Any) -> TpuSlice:
+    """The TpuSlice a (rendered) ``tpu_slice`` argument names, in a shape Ray can place."""
+    return resolve_slice(value, ray=True)
+
+
+def check_multislice(tpu: Any, framework: Any, *, simulated: bool, field: str = f"{SLICE_FIELD}.num_slices") -> None:
+    """Reject a multi-slice run Ray 2.60 cannot train (a topology Ray cannot place is rejected for any
+    num_slices by TpuSlice.require(ray=True)).
+
+    Ray Train sets the multi-slice environment (MEGASCALE_*) for JaxTrainer with use_tpu, and for
+    TorchTrainer only with the tpu_dist backend on TPU chips; simulated hosts run torch on gloo.
+    """
+    if tpu.num_slices > 1 and framework == "torch" and simulated:
+        raise UserInputError(
+            field,
+            tpu.num_slices,
+            "Ray 2.60 trains torch across slices only with TorchConfig(backend='tpu_dist') on TPU chips (it sets "
+            "MEGASCALE_* for tpu_dist alone); simulated hosts run torch on gloo: use framework jax or one slice",
+        )
+
+
+class RayDataPrepOperator(RaySubmitJobOperator):
+    """Run a Ray Data preparation module (``python -m <module> --arg value ...``) as a Ray job.
+
+    Everything else (identity, re-attach, log streaming, result, kill) is RaySubmitJobOperator's;
+    its arguments (cluster, ray_conn_id, working_dir, runtime_env, env_vars, deferrable, poll_interval,
+    job_timeout, min_result, log_uri, ...) apply here too, except ``entrypoint``, which this builds.
+
+    :param module: the module to run, e.g. "my_pkg.prep"; templated.
+    :param arguments: its command-line arguments, ``{"output_dir": ..., "num_train": ...}`` (each key
+        becomes ``--key-name value``; True: a bare flag; None/False: left out). ``output_dir``, when
+        given, is the task's Outputs link; templated.
+    """
+
+    template_fields: Sequence[str] = (*RaySubmitJobOperator.template_fields, "module", "arguments")
+    template_fields_renderers = {**RaySubmitJobOperator.template_fields_renderers, "arguments": "json"}
+    operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
+
+    def __init__(self, *, module: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.module = module
+        self.arguments = arguments
+        self._check_prep_arguments(rendered=False)
+
+    def validate_arguments(self) -> None:
+        super().validate_arguments()
+        self._check_prep_arguments(rendered=True)
+
+    def _check_prep_arguments(self, *, rendered: bool) -> None:
+        """The module and its arguments: once rendered; at parse time only when they are not templates."""
+        if (rendered or is_static(self.module)) and not (isinstance(self.module, str) and _MODULE.match(self.module)):
+            raise UserInputError("module", self.module, 'give a dotted module name, e.g. "my_pkg.prep"')
+        if (
+            (rendered or is_static(self.arguments))
+            and self.arguments is not None
+            and not isinstance(self.arguments, dict)
+        ):
+            raise UserInputError("arguments", self.arguments, "give the module's arguments as a dict")
+
+    def build_entrypoint(self, context: Context) -> list[str]:
+        return module_entrypoint(self.module, self.arguments or {})
+
+    def output_uri(self) -> str | None:
+        return (self.arguments or {}).get("output_dir")
+
+
+class RayTrainOperator(RaySubmitJobOperator):
+    """Train with Ray Train (JaxTrainer or TorchTrainer) on exactly one TPU slice shape.
+
+    Everything else (identity, re-attach, log streaming, result, kill) is RaySubmitJobOperator's;
+    its arguments (cluster, ray_conn_id, working_dir, runtime_env, env_vars, deferrable, poll_interval,
+    job_timeout, min_result, log_uri, ...) apply here too, except ``entrypoint``, which this builds.
+
+    :param framework: "jax" (ray.train.v2.jax.JaxTrainer) or "torch" (TorchTrainer); templated.
+    :param train_loop: import path of the user's train_loop_per_worker, "module:function"; templated.
+    :param tpu_slice: the slice to train on (tpuflow.tpu.slice_argument): a TpuSlice
+        (``TpuSlice.from_spec("v6e", "4x4")``), its ``to_dict()``, or ``{"accelerator": "TPU-V6E", "topology":
+        "4x4", "machine_type"?, "num_slices"?}`` whose values may be templates (machine_type default: the
+        generation's; num_slices: identical slices, multislice); templated.
+    :param storage_path: checkpoints and results (local path or gs://): Ray Train's
+        RunConfig(storage_path). The task's Outputs link; templated.
+    :param run_name: Ray Train's run name under storage_path (RunConfig(name)); templated.
+    :param datasets: {"train": parquet path, ...} read with Ray Data and sharded to the workers; templated.
+    :param train_loop_config: the dict passed to train_loop_per_worker; templated.
+    :param max_failures: worker-group restarts Ray Train allows, each from the latest checkpoint
+        (FailureConfig.max_failures; -1: no limit, 0: none).
+    :param checkpoint_num_to_keep: checkpoints kept under storage_path (CheckpointConfig.num_to_keep;
+        None: all).
+    :param checkpoint_score_attribute: the reported metric that decides which checkpoints are kept
+        (CheckpointConfig.checkpoint_score_attribute; None: the most recent). The XCom then also names
+        the best kept one as ``best_checkpoint``; ``checkpoint`` stays the latest.
+    :param checkpoint_score_order: "max" or "min" (CheckpointConfig.checkpoint_score_order; None: Ray's
+        default, "max"); needs checkpoint_score_attribute.
+    :param torch_backend: TorchConfig(backend=...) of a torch run: "gloo" (host CPUs) or "tpu_dist"
+        (TorchTPU on the chips); None: tpu_dist on GKE, gloo on simulated hosts.
+    :param resume: "auto" resumes the latest run of run_name under storage_path from its latest
+        checkpoint (a rerun of a finished run trains 0 steps; the log and the XCom's
+        ``reused_finished`` / ``resumed_from`` say so); "never" trains from scratch in a new run,
+        run_name-fresh<N>, keeping every earlier checkpoint; templated.
+    :param worker_env: environment variables of the training workers (on top of the slice's own).
+    """
+
+    template_fields: Sequence[str] = (
+        *RaySubmitJobOperator.template_fields,
+        "framework",
+        "train_loop",
+        "tpu_slice",
+        "storage_path",
+        "run_name",
+        "datasets",
+        "train_loop_config",
+        "resume",
+    )
+    template_fields_renderers = {
+        **RaySubmitJobOperator.template_fields_renderers,
+        "datasets": "json",
+        "train_loop_config": "json",
+    }
+    operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
+
+    def __init__(
+        self,
+        *,
+        framework: str,
+        train_loop: str,
+        tpu_slice: SliceArgument,
+        storage_path: str,
+        run_name: str,
+        datasets: dict[str, str] | None = None,
+        train_loop_config: dict[str, Any] | None = None,
+        max_failures: int = 2,
+        checkpoint_num_to_keep: int | None = 2,
+        checkpoint_score_attribute: str | None = None,
+        checkpoint_score_order: str | None = None,
+        torch_backend: str | None = None,
+        resume: str = "auto",
+        worker_env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.framework = framework
+        self.train_loop = train_loop
+        self.tpu_slice = tpu_slice
+        self.storage_path = storage_path
+        self.run_name = run_name
+        self.datasets = datasets
+        self.train_loop_config = train_loop_config
+        self.max_failures = max_failures
+        self.checkpoint_num_to_keep = checkpoint_num_to_keep
+        self.checkpoint_score_attribute = checkpoint_score_attribute
+        self.checkpoint_score_order = checkpoint_score_order
+        self.torch_backend = torch_backend
+        self.resume = resume
+        self.worker_env = worker_env
+        self._check_train_arguments(rendered=False)
+
+    def validate_arguments(self) -> None:
+        super().validate_arguments()
+        self._check_train_arguments(rendered=True)
+        check_multislice(self._tpu_slice(), self.framework, simulated=self._cluster_info().get("backend") == "local")
+
+    def _check_train_arguments(self, *, rendered: bool) -> None:
+        """The training arguments: all once rendered; at parse time only those that are not templates."""
+        if (rendered or is_static(self.framework)) and self.framework not in FRAMEWORKS:
+            raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")
+        if (rendered or is_static(self.train_loop)) and not (
+            isinstance(self.train_loop, str) and ":" in self.train_loop
+        ):
+            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "my_pkg.fit:train_loop"')
+        if (rendered or is_static(self.resume)) and self.resume not in RESUME_POLICIES:
+            raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
+        for field in ("storage_path", "run_name"):
+            value = getattr(self, field)
+            if (rendered or is_static(value)) and not (isinstance(value, str) and value.strip()):
+                raise UserInputError(field, value, "give a non-empty string")
+        if (rendered or is_static(self.run_name)) and ("/" in self.run_name or _FRESH_RUN.search(self.run_name)):
+            raise UserInputError(
+                "run_name", self.run_name, 'give a name without "/" that does not end in -fresh<N> (resume="never"\'s)'
+            )
+        for field in ("datasets", "train_loop_config"):
+            value = getattr(self, field)
+            if (rendered or is_static(value)) and value is not None and not isinstance(value, dict):
+                raise UserInputError(field, value, "give a dict (or leave it unset)")
+        if rendered or not slice_is_templated(self.tpu_slice):
+            self._tpu_slice()
+        from tpuflow.validation import check_count, check_mapping, check_train_loop_config
+
+        # What the driver would reject on the cluster, once the slice is up: rejected before submitting.
+        if (rendered or is_static(self.train_loop_config)) and isinstance(self.train_loop_config, dict):
+            check_train_loop_config("train_loop_config", self.train_loop_config)
+        check_count("max_failures", self.max_failures, minimum=-1, what="a whole number (-1: no limit)")
+        if self.checkpoint_num_to_keep is not None:  # None: keep every checkpoint
+            check_count("checkpoint_num_to_keep", self.checkpoint_num_to_keep, minimum=1)
+        self._check_ray_train_configs(rendered=rendered)
+        check_mapping("worker_env", self.worker_env)
+
+    def _check_ray_train_configs(self, *, rendered: bool) -> None:
+        """CheckpointConfig's score and TorchConfig's backend, as Ray Train would take them."""
+        attribute, order, backend = self.checkpoint_score_attribute, self.checkpoint_score_order, self.torch_backend
+        if attribute is not None and not (isinstance(attribute, str) and attribute.strip()):
+            raise UserInputError(
+                "checkpoint_score_attribute", attribute, "give the name of a metric the train loop reports, or None"
+            )
+        if order is not None and order not in SCORE_ORDERS:
+            raise UserInputError("checkpoint_score_order", order, f"use one of {', '.join(SCORE_ORDERS)} (or None)")
+        if order is not None and attribute is None:
+            raise UserInputError(
+                "checkpoint_score_order", order, "set checkpoint_score_attribute too: the metric the order applies to"
+            )
+        if backend is None:
+            return
+        if backend not in TORCH_BACKENDS:
+            raise UserInputError("torch_backend", backend, f"use one of {', '.join(TORCH_BACKENDS)} (or None)")
+        if (rendered or is_static(self.framework)) and self.framework != "torch":
+            raise UserInputError("torch_backend", backend, "leave it unset: it is TorchConfig's, for framework torch")
+
+    def _tpu_slice(self) -> TpuSlice:
+        """The slice ``tpu_slice`` names (raises UserInputError naming ``tpu_slice.<key>``)."""
+        return ray_slice(self.tpu_slice)
+
+    def build_spec(self) -> dict[str, Any]:
+        """The training spec tpuflow_driver.train runs (arguments already validated)."""
+        tpu = self._tpu_slice()
+        simulated = self._cluster_info().get("backend") == "local"
+        spec: dict[str, Any] = {
+            "framework": self.framework,
+            "train_loop": self.train_loop,
+            "train_loop_config": self.train_loop_config or {},
+            "scaling_config": tpu.scaling_config(),
+            # The driver picks the run: "auto" the latest of run_name's under storage_path (Ray Train
+            # resumes it), "never" a new one; it says which, and whether a finished checkpoint was reused.
+            "run_name": self.run_name,
+            "resume": self.resume,
+            "storage_path": self.storage_path,
+            "datasets": self.datasets or {},
+            "max_failures": self.max_failures,
+            "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
+            **{
+                key: getattr(self, key)
+                for key in ("checkpoint_score_attribute", "checkpoint_score_order")
+                if getattr(self, key) is not None
+            },
+            "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **(self.worker_env or {})},
+        }
+        scaling = spec["scaling_config"]
+        if simulated and tpu.multi_host and tpu.num_slices == 1 and "TPU" in scaling.get("resources_per_worker", {}):
+            # A v5e/v6e topology of <= 8 chips on smaller VMs (2x4 as two 4-chip hosts): Ray reads it as one VM
+            # and then reserves no slice by name (ray.util.tpu.get_chips_per_host), so on a cluster of several
+            # such slices the workers could straddle two. Each simulated host carries its slice's name as a
+            # unit resource: pin the workers to one slice.
+            scaling["resources_per_worker"] = {**scaling["resources_per_worker"], self._slice_resource(0): 1}
+        if self.framework == "torch":
+            # TorchTPU: one worker per TPU device (seed tutorial, FSDP2 on TPU), through Ray's own TPU path on
+            # simulated hosts too, where torch_tpu is tpuflow's CPU stand-in (workloads/simulated_tpu) and the
+            # collectives run on the hosts' CPUs with gloo.
+            spec["torch_backend"] = self.torch_backend or ("gloo" if simulated else "tpu_dist")
+            spec["scaling_config"] = tpu.torch_scaling_config()
+            if simulated and self._slice_resource(0) in scaling.get("resources_per_worker", {}):
+                # pinned to one slice as above: each worker takes its share of its host's unit slice resource
+                per_worker = spec["scaling_config"]["resources_per_worker"]
+                per_worker[self._slice_resource(0)] = 1 / tpu.logical_devices_per_host
+        return spec
+
+    def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        if result.get("reused_finished"):
+            self.log.warning(REUSED_FINISHED, result.get("resumed_from") or result.get("checkpoint"))
+        return super()._check_result(result)
+
+    def _slice_resource(self, index: int) -> str:
+        """The unit resource each simulated host of slice ``index`` carries."""
+        from tpuflow.local.cluster import slice_name
+
+        return slice_name(str(self._cluster_info().get("name")), index)
+
+    def build_entrypoint(self, context: Context) -> list[str]:
+        spec = self.build_spec()
+        self.log.info("Training spec:\n%s", json.dumps(spec, indent=2))
+        return ["python", "-m", "tpuflow_driver.train", "--spec-json", json.dumps(spec)]
+
+    def build_runtime_env(self) -> dict[str, Any]:
+        env = super().build_runtime_env()
+        # Ray Train's controller polls workers every 2 s by default; each report then blocks that long.
+        env["env_vars"] = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", **env.get("env_vars", {})}
+        return env
+
+    def output_uri(self) -> str | None:
+        return self.storage_path

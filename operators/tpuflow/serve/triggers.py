@@ -1,0 +1,92 @@
+"""Deferrable wait until Ray Serve applications are RUNNING (or failed, or stuck past a deadline).
+
+Kill semantics: a user marking the deferred deploy task failed/success or clearing it makes the
+triggerer call ``on_kill``, which deletes the applications the task created (``delete_on_kill``: the
+app names absent before its PUT; None when the operator's ``on_kill_action`` is "keep"). Serve's
+REST API deletes all applications at once, so this is done only when every app on the cluster is
+one of those; an app the task merely updated keeps serving. ``cleanup()`` is not overridden: it also
+runs on triggerer restarts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from tpuflow.serve.hooks import RayServeHook
+from tpuflow.serve.status import deletable_on_kill
+from tpuflow.serve.waits import wait_for_applications
+from tpuflow.triggers import TpuflowTrigger
+
+
+class RayServeApplicationsTrigger(TpuflowTrigger):
+    """Polls Serve until ``app_names`` are RUNNING (``tpuflow.serve.waits.wait_for_applications``).
+
+    :param app_names: the applications to wait for.
+    :param cluster: the cluster-start task's connection info (dashboard_url, auth_token_path).
+    :param ray_conn_id: Airflow connection naming the dashboard, when ``cluster`` does not.
+    :param timeout: seconds after ``started_at`` until the wait ends as ``timeout`` with what is stuck.
+    :param poll_interval: seconds between polls.
+    :param started_at: epoch seconds the wait began; default now.
+    :param delete_on_kill: the applications a kill deletes (those the task created); None: none.
+    """
+
+    serialize_fields = (
+        "app_names",
+        "cluster",
+        "ray_conn_id",
+        "timeout",
+        "poll_interval",
+        "started_at",
+        "delete_on_kill",
+    )
+
+    def __init__(
+        self,
+        app_names: list[str],
+        cluster: dict[str, Any] | None = None,
+        ray_conn_id: str | None = None,
+        timeout: float = 600.0,
+        poll_interval: float = 2.0,
+        started_at: float | None = None,
+        delete_on_kill: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.app_names = list(app_names)
+        self.cluster = cluster or {}
+        self.ray_conn_id = ray_conn_id
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+        self.started_at = started_at if started_at is not None else time.time()
+        self.delete_on_kill = list(delete_on_kill) if delete_on_kill else None
+
+    def _hook(self) -> RayServeHook:
+        return RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        async with self._hook() as hook:  # one HTTP session for the whole wait
+            event = await wait_for_applications(
+                hook,
+                self.app_names,
+                timeout=self.timeout,
+                started_at=self.started_at,
+                poll_interval=self.poll_interval,
+                log=self.log,
+            )
+        yield TriggerEvent(dict(event))
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed/success or cleared it: delete the apps it created."""
+        if not self.delete_on_kill:
+            return
+        hook = self._hook()
+        payload = await hook.aget_serve_details()
+        if not deletable_on_kill(payload, self.delete_on_kill):
+            present = sorted((payload.get("applications") or {}).keys())
+            self.log.info("Task killed; Serve applications %s are not all this task's, leaving them", present)
+            return
+        self.log.warning("Task killed: deleting Serve applications %s", self.delete_on_kill)
+        await hook.adelete_applications()

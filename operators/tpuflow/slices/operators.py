@@ -1,0 +1,241 @@
+"""Take a slice lease before a cluster starts, give it back in a teardown.
+
+    checked >> acquire >> start_cluster >> ... >> stop_cluster >> release
+    release.as_teardown(setups=acquire)
+
+The limit (`max_slices`) is templated, so it can come from an Airflow Variable and be changed
+without a deploy: "{{ var.value.get('tpuflow_max_slices', 1) }}".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from tpuflow.events import raise_for_event
+from tpuflow.templating import is_templated
+from tpuflow.tpu.slice_argument import slice_is_templated
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def lease_holder(context: Context) -> str:
+    """One lease per DAG run: every try and every task of the run names the same holder."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}"
+
+
+def run_state(ti: Any, dag_id: str, run_id: str) -> str | None:
+    """The state of run ``dag_id/run_id`` as the metadata DB says ("running", "success", ..., "gone from the
+    metadata DB"), or None when it cannot be read."""
+    try:
+        state = ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+    except Exception as err:  # the Task SDK answers a deleted run with the API server's 404
+        text = str(err).lower()
+        return "gone from the metadata DB" if "404" in text or "not found" in text or "not_found" in text else None
+    return str(getattr(state, "value", state))
+
+
+def run_is_over(ti: Any, dag_id: str, run_id: str) -> str | None:
+    """Why the run ``dag_id/run_id`` can no longer use a slice ("failed", "gone from the metadata DB"),
+    or None while it may (running, queued) or when its state cannot be read."""
+    state = run_state(ti, dag_id, run_id)
+    return state if state in ("success", "failed", "gone from the metadata DB") else None
+
+
+class AcquireSliceOperator(BaseOperator):
+    """Claim one of ``max_slices`` slice leases; wait deferred (on the triggerer) while all are taken.
+
+    One lease per DAG run: every try and every task of the run names the same holder
+    (``DAG_ID/RUN_ID``), so a retry keeps its slot. Returns ``{"slot", "holder", "lease_root",
+    "max_slices"}``.
+
+    :param max_slices: how many slices may be in use at once across every run sharing ``lease_root``
+        (a whole number >= 1; templated, e.g. from an Airflow Variable).
+    :param tpu_slice: the run's slice (tpuflow.tpu.slice_argument: a TpuSlice, its to_dict() or
+        {"accelerator", "topology", "num_slices", ...}, templated): one lease per slice of its ``num_slices``,
+        taken together; more than ``max_slices`` fails at once. None: one slice.
+    :param lease_root: local folder or ``gs://BUCKET/PREFIX`` (templated); default
+        ``$TPUFLOW_SLICE_LEASES``, else ``slice-leases/`` under ``$TPUFLOW_HOME`` (``~/.tpuflow``).
+    :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
+    :param poll_interval: seconds between looks at the leases while waiting.
+    :param wait_timeout: seconds to wait for a lease before failing (default: wait as long as it takes).
+    """
+
+    template_fields: Sequence[str] = ("max_slices", "lease_root", "tpu_slice")
+    ui_color = "#f3e5f5"
+
+    def __init__(
+        self,
+        *,
+        max_slices: int | str = 1,
+        tpu_slice: Any = None,
+        lease_root: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        poll_interval: float = 5.0,
+        wait_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_slices = max_slices
+        self.tpu_slice = tpu_slice
+        self.lease_root = lease_root
+        self.gcp_conn_id = gcp_conn_id
+        self.poll_interval = poll_interval
+        self.wait_timeout = wait_timeout
+        self._check_static_arguments()
+
+    def _check_arguments(self) -> tuple[int, str | None, int]:
+        """The slot count, lease root (None: the default) and slices wanted, or UserInputError naming the field."""
+        from tpuflow.slices.leases import check_lease_root, parse_count, parse_slots
+        from tpuflow.tpu.slice_argument import resolve_slice
+
+        slots = parse_slots(self.max_slices)
+        wanted = 1 if self.tpu_slice is None else resolve_slice(self.tpu_slice).num_slices
+        return slots, check_lease_root(self.lease_root), parse_count(wanted, slots, "tpu_slice.num_slices")
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
+        from tpuflow.validation import check_seconds
+
+        check_seconds("poll_interval", self.poll_interval)
+        check_seconds("wait_timeout", self.wait_timeout, optional=True)
+        if not is_templated(self.max_slices, self.lease_root) and not slice_is_templated(self.tpu_slice):
+            self._check_arguments()
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self._claim(context)
+
+    def _claim(self, context: Context) -> dict[str, Any]:
+        from tpuflow.slices.leases import default_lease_root, lease_store
+        from tpuflow.slices.triggers import SliceLeaseTrigger
+
+        slots, root, count = self._check_arguments()
+        root = root or default_lease_root()
+        store = lease_store(root, self.gcp_conn_id)
+        holder = lease_holder(context)
+        lease = store.try_acquire(holder, slots, count)
+        if lease is None:
+            self._renew_for_live_runs(context, store, slots, holder)
+        if lease is None and self._take_over_from_dead_holders(store, slots, holder):
+            lease = store.try_acquire(holder, slots, count)
+        if lease is None and self._reclaim_from_runs_that_are_over(context, store, slots, holder):
+            lease = store.try_acquire(holder, slots, count)
+        if lease is not None:
+            self.log.info(
+                "Slice lease(s) for %d slice(s) of %d taken for %s (%s)", count, slots, holder, store.describe()
+            )
+            return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots, "num_slices": count}
+        held = sorted(x.holder_line() for x in store.holders(slots).values())
+        self.log.info(
+            "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted or "
+            "killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`.",
+            slots,
+            store.describe(),
+            ", ".join(held),
+        )
+        self.defer(
+            trigger=SliceLeaseTrigger(
+                lease_root=root,
+                slots=slots,
+                holder=holder,
+                count=count,
+                gcp_conn_id=self.gcp_conn_id,
+                poll_interval=self.poll_interval,
+                timeout=self.wait_timeout,
+            ),
+            method_name="execute_complete",
+        )
+
+    def _renew_for_live_runs(self, context: Context, store: Any, slots: int, holder: str) -> list[int]:
+        """Renew the expired gs:// leases of runs the metadata DB says are still running or queued: a run
+        that outlives the expiry (a long training) keeps its slice. Only a run that is over, or whose state
+        cannot be read, loses an expired lease."""
+        import time
+
+        renewed: list[int] = []
+        now = time.time()
+        for other in sorted(
+            {
+                lease.holder
+                for lease in store.holders(slots).values()
+                if lease.holder != holder and lease.expires_at is not None and lease.expires_at < now
+            }
+        ):
+            dag_id, _, run_id = other.partition("/")
+            state = run_state(context["ti"], dag_id, run_id) if run_id else None
+            if state in ("running", "queued"):
+                for slot in store.renew(other, slots):
+                    self.log.info("renewed the expired slice lease %d of %s: the run is still %s", slot, other, state)
+                    renewed.append(slot)
+        return renewed
+
+    def _take_over_from_dead_holders(self, store: Any, slots: int, holder: str) -> list[int]:
+        """Free the leases whose holder is provably dead (its supervising process exited, was replaced by a
+        reused pid, or its host rebooted) or past its expiry: a killed run must not block the next one."""
+        freed = []
+        for lease, reason in store.take_over_dead(slots, holder):
+            self.log.warning("took over slice lease %d of %s: %s", lease.slot, lease.holder, reason)
+            freed.append(lease.slot)
+        return freed
+
+    def _reclaim_from_runs_that_are_over(self, context: Context, store: Any, slots: int, holder: str) -> list[str]:
+        """Give back the leases of runs that are over (finished, or deleted from the metadata DB) whose
+        teardown never ran: a killed run must not block the next one. Asked through the Task SDK; a run
+        whose state cannot be read keeps its lease (`tpuflow reap` or `tpuflow leases free` then decide)."""
+        freed = []
+        for other in sorted({lease.holder for lease in store.holders(slots).values()} - {holder}):
+            dag_id, _, run_id = other.partition("/")
+            reason = run_is_over(context["ti"], dag_id, run_id) if run_id else None
+            if reason is not None:
+                store.release(other)
+                freed.append(other)
+                self.log.warning("Slice lease of %s given back: the run is over (%s)", other, reason)
+        return freed
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        raise_for_event(event, f"waiting for a slice lease (wait_timeout={self.wait_timeout}s)")
+        return self._claim(context)  # may defer again if another run claimed the slot first
+
+
+class ReleaseSliceOperator(BaseOperator):
+    """Give back this run's slice lease (a teardown: runs even when the pipeline failed).
+
+    Frees every slot the run (``DAG_ID/RUN_ID``) holds and returns their numbers.
+
+    :param lease_root: where the leases are (templated); the same as the acquire task's.
+    :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
+    """
+
+    template_fields: Sequence[str] = ("lease_root",)
+    ui_color = "#f3e5f5"
+
+    def __init__(
+        self, *, lease_root: str | None = None, gcp_conn_id: str = "google_cloud_default", **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.lease_root = lease_root
+        self.gcp_conn_id = gcp_conn_id
+        self._check_static_arguments()
+
+    def _check_arguments(self) -> str | None:
+        from tpuflow.slices.leases import check_lease_root
+
+        return check_lease_root(self.lease_root)
+
+    def _check_static_arguments(self) -> None:
+        """Parse time: a static lease root fails the DAG import if bad (none given: the default, nothing to check)."""
+        if self.lease_root and not is_templated(self.lease_root):
+            self._check_arguments()
+
+    def execute(self, context: Context) -> list[int]:
+        from tpuflow.slices.leases import default_lease_root, lease_store
+
+        store = lease_store(self._check_arguments() or default_lease_root(), self.gcp_conn_id)
+        holder = lease_holder(context)
+        freed = store.release(holder)
+        self.log.info("Released slice lease(s) %s of %s in %s", freed or "none", holder, store.describe())
+        return freed
