@@ -46,8 +46,7 @@ def rank_main(framework: str, world: int, steps: int, log_every: int, rank: int,
         return
     import torch
     import torch.distributed as dist
-    from addition.data import loss_mask
-    from addition.model_torch import AdditionTransformer, loss_fn, make_optimizer
+    from addition.model_torch import AdditionTransformer, make_optimizer, make_train_step, mean_loss
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     torch.manual_seed(int(cfg["seed"]))
@@ -56,23 +55,7 @@ def rank_main(framework: str, world: int, steps: int, log_every: int, rank: int,
     module.load_canonical(init_params(model_cfg, int(cfg["seed"])))
     model = torch.nn.parallel.DistributedDataParallel(module) if world > 1 else module
     optimizer, scheduler = make_optimizer(model, cfg)
-    mask = torch.from_numpy(loss_mask(spec))
-    clip = float(cfg["grad_clip"]) if cfg["optimizer"] == "adamw" else 0.0
-
-    def step(batch: torch.Tensor) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model, batch, mask)
-        loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        scheduler.step()
-        return loss.detach()
-
-    def fetch(loss: torch.Tensor) -> float:
-        loss = loss.clone()
-        dist.all_reduce(loss)
-        return float(loss / world)
+    step, fetch = make_train_step(model, optimizer, scheduler, cfg, spec), mean_loss(world)
 
     fit(step, fetch, cfg, lambda ep: (torch.from_numpy(s.astype(np.int64)) for s in shards(ep)), log=log)
     dist.destroy_process_group()

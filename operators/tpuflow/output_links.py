@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from tpuflow import paths
 from tpuflow.links import StoredUrlLink
+from tpuflow.storage import emulator_host
 
 CONSOLE_STORAGE = "https://console.cloud.google.com/storage/browser"
 # Served by the tpuflow plugin inside the Airflow UI (operators/ui/app.py). The UI shows only
@@ -46,8 +47,6 @@ def outputs_url(uri: str) -> str:
     """Browser URL of an output folder: the Cloud console for gs:// (the plugin's page under an
     emulator), the plugin's page for a folder under the local output root, a file:// URL for any
     other local folder."""
-    from tpuflow.storage import emulator_host
-
     uri = uri.strip()
     if uri.startswith("gs://"):
         if emulator_host() and (page := plugin_url(uri)):
@@ -57,6 +56,17 @@ def outputs_url(uri: str) -> str:
     if "://" in uri or not uri:
         return uri
     return plugin_url(uri) or Path(uri).absolute().as_uri()
+
+
+def browse_url(uri: str) -> str:
+    """Where a person opens a file: the Cloud console for gs:// (the tpuflow plugin's outputs page
+    under an emulator, which the console cannot see); for a local file under the output root, the
+    plugin's outputs page in the Airflow UI (which hides file:// links)."""
+    if uri.startswith("gs://"):
+        if emulator_host() and (page := plugin_url(uri)):
+            return page
+        return f"https://console.cloud.google.com/storage/browser/_details/{uri[len('gs://') :]}"
+    return outputs_url(str(Path(uri).resolve()))
 
 
 class OutputsLink(StoredUrlLink):

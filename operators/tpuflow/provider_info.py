@@ -2,7 +2,7 @@
 
 With this, Admin > Connections offers "Ray cluster (dashboard)" (conn_type "ray", registered by
 RayJobHook; RayServeHook reads the same connections, both as ray_conn_id through their shared base
-tpuflow.rayjob.connection.RayDashboardHook). "extra-links" only feeds `airflow providers links`;
+tpuflow.ray.connection.RayDashboardHook). "extra-links" only feeds `airflow providers links`;
 the links themselves reach the task page through serialization (see plugins/tpuflow_plugin.py).
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 # Kept static: provider discovery must not import operator modules. A test checks it against
 # tpuflow.ui.links_catalog (every link class the project defines).
 EXTRA_LINKS = [
-    "tpuflow.rayjob.links.RayDashboardLink",
-    "tpuflow.rayjob.links.RayJobLink",
-    "tpuflow.rayjob.links.RayJobLogLink",
+    "tpuflow.ray.links.RayDashboardLink",
+    "tpuflow.ray.links.RayJobLink",
+    "tpuflow.ray.links.RayJobLogLink",
     "tpuflow.serve.operators.RayServeEndpointLink",
     "tpuflow.output_links.OutputsLink",
     "tpuflow.gke.links.GKENodePoolLink",

@@ -204,16 +204,3 @@ def check_writable(uri: str, field: str = "output_root", gcp_conn_id: str = "goo
             f"the credentials ({where}) cannot write to bucket {bucket!r} "
             f"(HTTP {err.code}); grant them {WRITER_ROLE} on gs://{bucket}",
         ) from None
-
-
-def browse_url(uri: str) -> str:
-    """Where a person opens a file: the Cloud console for gs:// (the tpuflow plugin's outputs page
-    under an emulator, which the console cannot see); for a local file under the output root, the
-    plugin's outputs page in the Airflow UI (which hides file:// links)."""
-    from tpuflow.output_links import outputs_url, plugin_url
-
-    if uri.startswith("gs://"):
-        if emulator_host() and (page := plugin_url(uri)):
-            return page
-        return f"https://console.cloud.google.com/storage/browser/_details/{uri[len('gs://') :]}"
-    return outputs_url(str(Path(uri).resolve()))

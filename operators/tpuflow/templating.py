@@ -16,6 +16,8 @@ def is_static(value: Any) -> bool:
     """A plain value (not a Jinja template or an XComArg, nor a container holding one)."""
     if value is None or isinstance(value, (bool, int, float, timedelta)):
         return True
+    if getattr(type(value), "static_value", False):  # a value object built from literals (TpuSlice)
+        return True
     if isinstance(value, str):
         return "{{" not in value and "{%" not in value
     if isinstance(value, (list, tuple, set, frozenset)):

@@ -43,7 +43,7 @@ def test_outputs_link_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_kept_driver_log_opens_in_the_ui_or_the_cloud_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuflow.storage import browse_url
+    from tpuflow.output_links import browse_url
 
     monkeypatch.setenv("TPUFLOW_OUTPUT_ROOT", str(tmp_path))
     assert (

@@ -4,13 +4,13 @@ rows it reports (names, goals, what the ratios compare). No timing asserts."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
+from email.message import Message
 from typing import Any
 
 import pytest
+from support.loopback_endpoint import LoopbackEndpoint
 
 from bench import serving
 from bench.core import MEASURES, Result
@@ -53,30 +53,14 @@ def test_the_apps_are_the_pipelines_config_with_batching_only_where_asked() -> N
     assert serving.endpoint(INFO, plain, PLAIN).url == "http://127.0.0.1:18200/plain"
 
 
-class _Echo(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as Serve's proxy answers
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        status = 500 if json.loads(body).get("fail") else 200
-        out = b'{"choices": [{"text": "42"}]}'
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _echo(headers: Message, body: bytes) -> tuple[int, str]:
+    return 500 if json.loads(body).get("fail") else 200, '{"choices": [{"text": "42"}]}'
 
 
 @pytest.fixture
 def echo_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/x"
-    finally:
-        server.shutdown()
+    with LoopbackEndpoint(_echo, path="/x", keep_alive=True) as endpoint:
+        yield endpoint.url
 
 
 def test_load_generators_count_answers_and_errors(echo_url: str) -> None:

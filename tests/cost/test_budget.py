@@ -80,3 +80,25 @@ def test_guard_rejects_a_bad_static_budget_at_parse_time() -> None:
     with pytest.raises(UserInputError) as err:
         guard(-1)
     assert err.value.field == "max_chip_hours"
+
+
+def test_budgeted_training_checks_the_training_arguments_at_parse_time() -> None:
+    """RayTrainOperator's parse-time checks run for its budgeted subclass too (once the subclass's own
+    __init__ has set its arguments)."""
+    from tpuflow.cost.training import BudgetedRayTrainOperator
+
+    train = {
+        "task_id": "train",
+        "cluster": {"dashboard_url": "http://127.0.0.1:8265"},
+        "framework": "jax",
+        "train_loop": "my_pkg.fit:train_loop",
+        "tpu_slice": {"accelerator": "v6e", "topology": "2x2"},
+        "storage_path": "/tmp/ckpt",
+        "run_name": "r",
+        "max_chip_hours": "{{ params.max_chip_hours }}",
+    }
+    assert BudgetedRayTrainOperator(**train).max_chip_hours == "{{ params.max_chip_hours }}"
+    for field, bad in [("framework", "tensorflow"), ("poll_interval", -1), ("entrypoint", [])]:
+        with pytest.raises(UserInputError) as err:
+            BudgetedRayTrainOperator(**{**train, field: bad})
+        assert err.value.field == field

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -149,3 +151,42 @@ def test_ray_images_put_workloads_where_the_gke_dag_points_and_on_pythonpath(nam
     env = dict(args.split("=", 1) for kw, args in steps if kw == "ENV" and "=" in args)
     # Job entrypoints and Serve apps import `addition` / `tpuflow_driver` from the image's copy.
     assert dests[0] in env.get("PYTHONPATH", "").split(":"), f"{name}: PYTHONPATH={env.get('PYTHONPATH')!r}"
+
+
+def _extra(name: str) -> dict[str, Requirement]:
+    """pyproject's optional-dependencies[name], by lower-case package name."""
+    reqs = map(
+        Requirement, tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][name]
+    )
+    return {req.name.lower(): req for req in reqs}
+
+
+def _installed(path: Path) -> dict[str, Requirement]:
+    """Every package a `pip install` in the file names (options, -r/-c files and paths left out)."""
+    options_with_value = {"-r", "-c", "--index-url", "--extra-index-url", "-f", "--find-links"}
+    out = {}
+    for words in _pip_installs(path):
+        skip = False
+        for word in words:
+            if skip or word.startswith("-") or "/" in word:
+                skip = word in options_with_value
+                continue
+            req = Requirement(word)
+            out[req.name.lower()] = req
+    return out
+
+
+@pytest.mark.parametrize("name", ["ray-tpu.Dockerfile", "ray-cpu.Dockerfile"])
+def test_ray_images_install_the_jax_and_torch_extras(name: str) -> None:
+    # Job drivers run on the head (a TorchTrainer driver imports torch), training loops on the workers.
+    installed, wanted = _installed(DOCKER / name), _extra("jax") | _extra("torch")
+    assert set(wanted) <= set(installed), f"{name} lacks {sorted(set(wanted) - set(installed))} of [jax,torch]"
+    for package, req in installed.items():
+        pins = [spec.version for spec in req.specifier if spec.operator == "=="]
+        if package in wanted and pins:
+            assert pins[0] in wanted[package].specifier, f"{name} installs {req}, outside pyproject's {wanted[package]}"
+
+
+def test_airflow_image_installs_no_ml_extra() -> None:
+    heavy = set(_installed(DOCKER / "airflow.Dockerfile")) & (set(_extra("jax")) | set(_extra("torch")))
+    assert not heavy, f"the Airflow image names {sorted(heavy)}: the provider never imports them"

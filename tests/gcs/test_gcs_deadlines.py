@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 1.0
 # the deadline, and what a slow 2-core machine adds to it (thread start, the client giving up)
 WITHIN_S = DEADLINE_S + 3.0
+
+
+@contextmanager
+def workloads_importable() -> Iterator[None]:
+    """workloads/ on sys.path for the block's imports (a job's working_dir ships it as top-level packages)."""
+    sys.path.insert(0, str(REPO / "workloads"))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(REPO / "workloads"))
 
 
 @pytest.fixture(autouse=True)
@@ -42,13 +53,10 @@ def proxy(gcs_emulator: GcsEmulator, emulator_at: Any) -> Iterator[FaultProxy]:
 @pytest.fixture
 def ray_storage() -> Iterator[Any]:
     """The Ray side's storage module (workloads/ ships as top-level packages in a job's working_dir)."""
-    sys.path.insert(0, str(REPO / "workloads"))
-    try:
+    with workloads_importable():
         from tpuflow_driver import storage
 
         yield storage
-    finally:
-        sys.path.remove(str(REPO / "workloads"))
 
 
 @pytest.fixture
@@ -121,11 +129,8 @@ def test_the_drivers_small_files_and_checkpoint_loads_have_the_deadline_too(
     import ray.train  # noqa: F401  (imported by local_copy; seconds, outside the timed calls)
     from tpuflow_driver.deadline_fs import StorageStalled
 
-    sys.path.insert(0, str(REPO / "workloads"))
-    try:
+    with workloads_importable():
         from addition.checkpoint import local_copy
-    finally:
-        sys.path.remove(str(REPO / "workloads"))
     proxy.add(Rule("stall", any_request))
     uri = f"gs://{bucket}/run/train/spec.json"
     _raises_within(lambda: ray_storage.read_text(uri), StorageStalled, f"get_file_info {uri}")
@@ -304,11 +309,8 @@ def test_prep_counts_its_rows_with_the_deadline(bucket: str, proxy: FaultProxy, 
     """Prep checks what it wrote from the files' footers: a stalled server fails that check in time."""
     from tpuflow_driver.deadline_fs import StorageStalled
 
-    sys.path.insert(0, str(REPO / "workloads"))
-    try:
+    with workloads_importable():
         from addition import prep
-    finally:
-        sys.path.remove(str(REPO / "workloads"))
     proxy.add(Rule("stall", any_request))
     uri = f"gs://{bucket}/data/train"
     _raises_within(lambda: _bounded(lambda: prep._count_rows(uri)), StorageStalled, uri)
@@ -325,14 +327,11 @@ def test_train_and_evaluate_give_ray_data_the_deadline_filesystem(
     import ray.data
     from tpuflow_driver.deadline_fs import DeadlineHandler
 
-    sys.path.insert(0, str(REPO / "workloads"))
-    try:
+    with workloads_importable():
         from addition import checkpoint as ckpt
         from addition.evaluate import evaluate
         from addition.training import model_config, resolve_config
         from tpuflow_driver.train import TrainSpec, build_trainer
-    finally:
-        sys.path.remove(str(REPO / "workloads"))
     given: list[tuple[str, Any]] = []
 
     def read_parquet(path: str, *, filesystem: Any, **_: Any) -> Any:

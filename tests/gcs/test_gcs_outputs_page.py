@@ -39,8 +39,7 @@ def page(bucket: str, monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, str]
 
 
 def test_links_under_an_emulator_open_the_plugin_page(page: tuple[TestClient, str]) -> None:
-    from tpuflow.output_links import outputs_url
-    from tpuflow.storage import browse_url
+    from tpuflow.output_links import browse_url, outputs_url
 
     _, run = page
     assert outputs_url(f"{run}/train") == f"/tpuflow/outputs/{DAG_ID}/{DATE}/train"
@@ -50,7 +49,7 @@ def test_links_under_an_emulator_open_the_plugin_page(page: tuple[TestClient, st
 
 
 def test_plugin_page_lists_and_serves_the_buckets_outputs(page: tuple[TestClient, str]) -> None:
-    from tpuflow.storage import browse_url
+    from tpuflow.output_links import browse_url
 
     client, run = page
     log = client.get(browse_url(f"{run}/logs/train-jax.log"))

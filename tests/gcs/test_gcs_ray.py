@@ -9,42 +9,13 @@ import json
 import pytest
 from support.fault_proxy import FaultProxy, Rule, writes_to
 from support.gcs_bucket import list_bucket
+from support.workload_operators import addition_prep, addition_train
 
-from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import read_text
 
 # Fault-injected training on gs:// (about 5 minutes on 2 cores): `make test-long`.
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 SLICE = {"accelerator": "TPU-V6E", "topology": "2x2"}
-
-
-def _prep(info, fresh_context, data: str, num_train: int = 2000):
-    return RayDataPrepOperator(
-        task_id="prep",
-        cluster=info,
-        module="addition.prep",
-        deferrable=False,
-        poll_interval=0.5,
-        arguments={"output_dir": data, "date": "2026-11-02", "num_train": num_train},
-    ).execute(fresh_context("prep"))
-
-
-def _train(info, storage_path: str, data: str, run_name: str, num_steps: int, every: int, log_uri: str | None = None):
-    return RayTrainOperator(
-        task_id="train",
-        cluster=info,
-        deferrable=False,
-        poll_interval=0.5,
-        framework="jax",
-        train_loop="addition.train_jax:train_loop_per_worker",
-        tpu_slice=SLICE,
-        storage_path=storage_path,
-        run_name=run_name,
-        datasets={"train": f"{data}/train"},
-        train_loop_config={"num_steps": num_steps, "checkpoint_every": every, "log_every": 25},
-        checkpoint_num_to_keep=None,
-        log_uri=log_uri,
-    )
 
 
 def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
@@ -67,7 +38,7 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(
         data = f"gs://{bucket}/run/data"
         proxy.add(Rule(503, writes_to(".parquet"), every=2, limit=3))
         proxy.add(Rule("reset", writes_to(".parquet"), every=3, limit=2))
-        prepped = _prep(info, fresh_context, data)
+        prepped = addition_prep(info, data, num_train=2000).execute(fresh_context("prep"))
         assert prepped["train_rows"] == 2000 and prepped["heldout_rows"] == 200
         parquet_faults = len(proxy.injected)
         assert parquet_faults >= 3, proxy.injected
@@ -76,9 +47,9 @@ def test_parquet_and_checkpoints_survive_transient_gcs_errors(
         proxy.add(Rule(503, writes_to("checkpoint_"), every=3, limit=4))
         proxy.add(Rule(429, writes_to("checkpoint_"), every=5, limit=2))
         proxy.add(Rule("reset", writes_to("checkpoint_"), every=7, limit=2))
-        result = _train(info, f"gs://{bucket}/run/train", data, "faults", num_steps=150, every=50).execute(
-            fresh_context("train")
-        )
+        config = {"num_steps": 150, "checkpoint_every": 50, "log_every": 25}
+        train = addition_train(info, SLICE, data, f"gs://{bucket}/run/train", "faults", train_loop_config=config)
+        result = train.execute(fresh_context("train"))
         checkpoint_faults = proxy.injected[parquet_faults:]
         assert len(checkpoint_faults) >= 4, checkpoint_faults
     finally:

@@ -108,7 +108,8 @@ def test_write_report_writes_report_json_to_gs(bucket: str) -> None:
 
 
 def test_kept_driver_log_goes_to_gs(bucket: str) -> None:
-    from tpuflow.storage import browse_url, read_text, write_text
+    from tpuflow.output_links import browse_url
+    from tpuflow.storage import read_text, write_text
 
     uri = f"gs://{bucket}/run/logs/train-jax.log"
     write_text(uri, "[train_jax] step 100/100\n")

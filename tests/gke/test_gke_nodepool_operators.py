@@ -375,25 +375,30 @@ def test_a_killed_create_leaves_pools_of_another_owner_and_the_delete_task_delet
     assert remover.delete_on_kill is None  # its wait is already a deletion: killing it adds nothing
 
 
-def test_killing_the_create_in_the_worker_deletes_the_finished_pools_and_names_the_one_still_creating(gke, capsys):
+def _execute_in_a_thread(op: Any, ctx: dict[str, Any]) -> Any:
+    """op.execute(ctx) in a worker thread (started; join it), so the test can kill the task meanwhile."""
     import threading
-
-    gke.operation_seconds = 1.0
-    op = create_op(tpu_slice=V5P_2X2X2_TWICE)
 
     def work() -> None:
         try:
-            op.execute(context())
+            op.execute(ctx)
         except Exception:  # noqa: S110 - whatever the thread ends with, the test looks at the stand-in
             pass
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
+    return worker
+
+
+def test_killing_the_create_in_the_worker_deletes_the_finished_pools_and_names_the_one_still_creating(gke, capsys):
+    gke.operation_seconds = 1.0
+    op = create_op(tpu_slice=V5P_2X2X2_TWICE)
+    worker = _execute_in_a_thread(op, context())
     deadline = time.monotonic() + 10
     while sorted(_statuses(gke).values()) != ["PROVISIONING", "RUNNING"]:
         assert time.monotonic() < deadline, _statuses(gke)
         time.sleep(0.02)
-    first, second = op._kill_with[1]["node_pool_names"]
+    first, second = op._owned[1]["node_pool_names"]  # what on_kill deletes, set while the worker waits
 
     capsys.readouterr()
     op.on_kill()  # what the task runner's SIGTERM handler calls
@@ -408,9 +413,12 @@ def test_killing_the_create_during_a_backoff_deletes_the_pools_it_already_made(g
 
     from tpuflow.gke.triggers import NodePoolBackoffTrigger
 
-    op = create_op()
-    name = op.execute(context())["node_pool_name"]
-    owned = op._kill_with[1]  # what _drive hands the triggers as delete_on_kill
+    ctx = context()
+    created = _deferred_trigger(create_op(deferrable=True), ctx)
+    owned = created.delete_on_kill  # what advance() hands every trigger of the create task
+    [name] = owned["node_pool_names"]
+    event = asyncio.run(created.run().__anext__()).payload
+    assert create_op(deferrable=True).execute_complete(ctx, event)["created"] == [name]
     trigger = NodePoolBackoffTrigger(
         wake_at=time.time() + 60, reason="stockout on the next pool", resume={"progress": {}}, delete_on_kill=owned
     )
@@ -421,17 +429,36 @@ def test_killing_the_create_during_a_backoff_deletes_the_pools_it_already_made(g
     assert _statuses(gke) in ({name: "STOPPING"}, {})
 
 
+def test_a_create_that_finished_in_the_worker_owns_nothing_on_kill_deletes(gke):
+    """on_kill cleans up what the task waits on: once execute returned (the pool is the task's result), a late
+    SIGTERM deletes nothing."""
+    op = create_op()
+    assert op._owned is None  # declared in __init__
+    name = op.execute(context())["node_pool_name"]
+    assert op._owned is None
+    op.on_kill()
+    assert _statuses(gke) == {name: "RUNNING"}
+    assert not [r for r in gke.requests if r["method"] == "DELETE"]
+
+
 # --- on_kill_action="keep": killing the task leaves the pools it made ------------------------------------
 def test_on_kill_action_keep_leaves_the_pools_when_killed_in_the_worker_and_while_deferred(gke, capsys):
     import asyncio
 
+    gke.operation_seconds = 1.0
     op = create_op(on_kill_action="keep")
-    name = op.execute(context())["node_pool_name"]
+    worker = _execute_in_a_thread(op, context())
+    deadline = time.monotonic() + 10
+    while op._owned is None or list(_statuses(gke).values()) != ["PROVISIONING"]:
+        assert time.monotonic() < deadline, _statuses(gke)
+        time.sleep(0.02)
+    [name] = _statuses(gke)
     capsys.readouterr()
-    op.on_kill()  # what the task runner's SIGTERM handler calls
+    op.on_kill()  # what the task runner's SIGTERM handler calls, while the worker waits on the create
+    assert f"on_kill_action='keep' leaves node pool(s) {name}" in capsys.readouterr().out
+    worker.join(timeout=15)
     assert _statuses(gke) == {name: "RUNNING"}
     assert not [r for r in gke.requests if r["method"] == "DELETE"]
-    assert f"on_kill_action='keep' leaves node pool(s) {name}" in capsys.readouterr().out
 
     gke.operation_seconds = 0.3
     trigger = _deferred_trigger(

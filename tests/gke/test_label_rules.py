@@ -11,8 +11,8 @@ import pytest
 
 from tpuflow.errors import UserInputError
 from tpuflow.gke.nodepool_spec import check_node_labels, check_node_taints
-from tpuflow.kuberay import k8s_values
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
+from tpuflow.kubernetes import values as k8s_values
 from tpuflow.labels import (
     check_gce_labels,
     check_labels,

@@ -10,15 +10,10 @@ import yaml
 from support.kuberay_crds import sample, schema_errors
 
 from tpuflow.errors import UserInputError
-from tpuflow.kuberay.manifests import (
-    RayClusterTemplate,
-    ownership_labels,
-    raycluster_manifest,
-    rayservice_manifest,
-    resource_name,
-)
+from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
 from tpuflow.kuberay.serve_config import parse_serve_config_v2
 from tpuflow.kuberay.webhook_rules import tpu_group_problems
+from tpuflow.kubernetes.ownership import ownership_labels, resource_name
 from tpuflow.tpu import GENERATIONS, TpuSlice
 
 IMAGE = "rayproject/ray:2.60.0-py311"

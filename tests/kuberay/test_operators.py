@@ -20,13 +20,14 @@ from support.airflow_context import FakeTaskInstance, task_context
 from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.errors import UserInputError
-from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, resource_name
+from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest
 from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
     KubeRayDeleteClusterOperator,
     KubeRayDeleteServiceOperator,
     KubeRayDeployServiceOperator,
 )
+from tpuflow.kubernetes.ownership import resource_name
 from tpuflow.tpu import TpuSlice
 
 CONN = "kube_standin"
@@ -266,6 +267,52 @@ def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> Non
     assert run(op, ti_for("delete_ray_cluster"))["existed"] is False  # a second teardown is a no-op
 
 
+class _Deferred(Exception):
+    """What the spied execute_async raises in place of TaskDeferred."""
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        KubeRayCreateClusterOperator,
+        KubeRayDeployServiceOperator,
+        KubeRayDeleteClusterOperator,
+        KubeRayDeleteServiceOperator,
+    ],
+)
+def test_every_waiting_operator_has_the_one_skeleton(cls: Any) -> None:
+    own = {name for klass in cls.__mro__ if klass.__module__.startswith("tpuflow.") for name in vars(klass)}
+    assert {"execute", "execute_async", "execute_sync", "execute_complete", "kuberay_kind"} <= own
+
+
+def test_execute_hands_the_same_wait_to_execute_sync_or_execute_async(
+    kube: KubeRayStandin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No node pool: the RayCluster stays unready, so execute reaches its wait and hands it on."""
+    seen: list[tuple[str, dict[str, Any], Any]] = []
+
+    def spy(path: str) -> Any:
+        def step(self: Any, context: Any, wait: dict[str, Any], owned: Any) -> str:
+            seen.append((path, wait, owned))
+            if path == "async":
+                raise _Deferred
+            return "waited"
+
+        return step
+
+    monkeypatch.setattr(KubeRayCreateClusterOperator, "execute_sync", spy("sync"))
+    monkeypatch.setattr(KubeRayCreateClusterOperator, "execute_async", spy("async"))
+    assert create_op(deferrable=False).execute(task_context(ti_for("ray_cluster"))) == "waited"
+    with pytest.raises(_Deferred):
+        create_op(deferrable=True).execute(task_context(ti_for("ray_cluster")))
+
+    assert [path for path, _, _ in seen] == ["sync", "async"]
+    for _, wait, owned in seen:
+        assert set(wait) == {"kind", "name", "namespace", "deadline", "poll_interval", "log_lines"}
+        assert wait["kind"] == "RayCluster" and (owned.kind, owned.name) == ("RayCluster", wait["name"])
+        assert owned.run_key
+
+
 def test_bad_static_arguments_fail_at_parse_time() -> None:
     with pytest.raises(UserInputError) as err:
         KubeRayCreateClusterOperator(task_id="t", tpu_slice={"accelerator": "v6e", "topology": "16"}, image=IMAGE)
@@ -311,7 +358,7 @@ def test_gke_cluster_alone_resolves_endpoint_and_ca_like_the_google_provider(mon
 
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
-    from tpuflow.kuberay.hooks import KubeTarget
+    from tpuflow.kubernetes.hooks import KubeTarget
 
     cluster = SimpleNamespace(
         endpoint="34.1.1.1",
@@ -441,7 +488,8 @@ def test_the_hooks_are_the_providers_kubernetes_hooks_and_their_gke_variants(mon
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
 
-    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
+    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook
+    from tpuflow.kubernetes.hooks import KubeTarget
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_GCP", json.dumps({"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}})
@@ -464,7 +512,8 @@ def test_the_hooks_return_plain_json_and_raise_the_clients_errors(kube: KubeRayS
     from kubernetes.client import ApiException
 
     from tpuflow.kuberay import RAYCLUSTERS as PLURAL
-    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook, KubeTarget
+    from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeRayHook
+    from tpuflow.kubernetes.hooks import KubeTarget
 
     add_pool(kube)
     run(create_op())

@@ -10,7 +10,7 @@ import yaml
 from support.kuberay_crds import schema_errors
 
 from tpuflow.cli import main
-from tpuflow.kuberay.manifests import resource_name
+from tpuflow.kubernetes.ownership import resource_name
 
 
 def render(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiException
 from kubernetes_asyncio.client import ApiException as AsyncApiException
+from support.kuberay_readers import NothingToExplain
 
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
 from tpuflow.kuberay.waits import wait_gone, wait_ready
 
 
-class ScriptedReader:
+class ScriptedReader(NothingToExplain):
     """Returns the scripted objects in turn (the last one repeats); errors are raised."""
 
     def __init__(self, *objects: Any) -> None:
@@ -29,15 +29,6 @@ class ScriptedReader:
         if isinstance(item, Exception):
             raise item
         return item  # type: ignore[no-any-return]
-
-    async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return []
-
-    async def events_for(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
-        return []
-
-    async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
-        return []
 
 
 WAITING = {
@@ -59,6 +50,14 @@ def wait(reader: ScriptedReader, timeout: float = 2.0) -> dict[str, Any]:
         wait_ready(
             reader, kind="RayCluster", name="rc", namespace="ns", deadline=time.time() + timeout, poll_interval=0.01
         )
+    )
+
+
+def wait_deleted(reader: ScriptedReader, timeout: float, poll_interval: float) -> dict[str, Any]:
+    """wait_gone on the RayCluster rc in ns."""
+    deadline = time.time() + timeout
+    return asyncio.run(
+        wait_gone(reader, kind="RayCluster", name="rc", namespace="ns", deadline=deadline, poll_interval=poll_interval)
     )
 
 
@@ -107,31 +106,13 @@ def test_a_failure_kubernetes_reports_is_not_retryable() -> None:
 
 
 def test_delete_wait_succeeds_once_gone() -> None:
-    event = asyncio.run(
-        wait_gone(
-            ScriptedReader(READY, None),
-            kind="RayCluster",
-            name="rc",
-            namespace="ns",
-            deadline=time.time() + 2,
-            poll_interval=0.01,
-        )
-    )
+    event = wait_deleted(ScriptedReader(READY, None), timeout=2, poll_interval=0.01)
     assert event["status"] == "success" and "is gone" in event["message"]
 
 
 def test_delete_wait_reports_a_stuck_finalizer() -> None:
     held = {"metadata": {"name": "rc", "deletionTimestamp": "2026-11-29T00:00:00Z", "finalizers": ["ray.io/gcs-ft"]}}
-    event = asyncio.run(
-        wait_gone(
-            ScriptedReader(held),
-            kind="RayCluster",
-            name="rc",
-            namespace="ns",
-            deadline=time.time() + 0.2,
-            poll_interval=0.05,
-        )
-    )
+    event = wait_deleted(ScriptedReader(held), timeout=0.2, poll_interval=0.05)
     assert event["status"] == "timeout" and "ray.io/gcs-ft" in event["message"]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import cmdline
+from support.ray_cluster import run_job
 
 from tpuflow.errors import UserInputError
 from tpuflow.local import cluster as cluster_mod
@@ -38,21 +39,8 @@ def test_hosts_carry_the_labels_ray_derives_on_real_slices(slice_cluster):
 
 
 def _run_probe(cluster: LocalRayCluster, reservations: int) -> dict:
-    hook = RayJobHook(cluster=cluster.connection_info())
-    kwargs = SLICE.slice_placement_group_kwargs()
-    sid = hook.submit_job(
-        entrypoint=f"python placement_probe.py '{json.dumps(kwargs)}' {reservations}",
-        submission_id=f"probe-{reservations}-{cluster.started_at:.0f}",
-        runtime_env={"working_dir": str(DRIVERS)},
-    )
-    client = hook.get_client()
-    import time
-
-    deadline = time.time() + 300
-    while hook.get_job_status(sid) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
-        time.sleep(1)
-    logs = hook.get_job_logs(sid)
-    assert client.get_job_status(sid).value == "SUCCEEDED", logs[-3000:]
+    kwargs = json.dumps(SLICE.slice_placement_group_kwargs())
+    logs = run_job(cluster, f"placement_probe.py '{kwargs}' {reservations}", {"working_dir": str(DRIVERS)}, timeout=300)
     return parse_result(logs)
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import time
 from pathlib import Path
 
 import pytest
+from support.ray_cluster import run_job
 
 from tpuflow.local.cluster import LocalRayCluster, _pids_referencing
-from tpuflow.rayjob.hooks import RayJobHook, parse_result
+from tpuflow.rayjob.hooks import parse_result
 from tpuflow.tpu import TpuSlice
 
 DRIVERS = Path(__file__).parent / "drivers"
@@ -75,18 +75,8 @@ def test_only_the_hosts_token_checked_grpc_ports_listen_beyond_loopback(slice_cl
 
 
 def test_each_host_has_its_own_address_and_the_webhook_variables(slice_cluster: LocalRayCluster):
-    hook = RayJobHook(cluster=slice_cluster.connection_info())
-    kwargs = SLICE.slice_placement_group_kwargs()
-    sid = hook.submit_job(
-        entrypoint=f"python host_identity_probe.py '{json.dumps(kwargs)}'",
-        submission_id=f"identity-{slice_cluster.started_at:.0f}",
-        runtime_env={"working_dir": str(DRIVERS)},
-    )
-    deadline = time.time() + 300
-    while hook.get_job_status(sid) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
-        time.sleep(1)
-    logs = hook.get_job_logs(sid)
-    assert hook.get_job_status(sid) == "SUCCEEDED", logs[-3000:]
+    kwargs = json.dumps(SLICE.slice_placement_group_kwargs())
+    logs = run_job(slice_cluster, f"host_identity_probe.py '{kwargs}'", {"working_dir": str(DRIVERS)}, timeout=300)
     bundles = parse_result(logs)["bundles"]
     # one actor per chip: 8 bundles of {TPU: 1, CPU: 1} place on two 4-chip hosts with the default host CPUs
     assert len(bundles) == SLICE.chips

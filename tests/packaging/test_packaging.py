@@ -7,7 +7,6 @@ wheel (non-editable) imports tpuflow from site-packages only and runs the local 
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.imports import imported_modules
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOT = REPO / "operators"  # the src/ of this layout: operators/tpuflow/gke/hooks.py is tpuflow.gke.hooks
@@ -99,30 +99,6 @@ def package_of(path: Path) -> str:
     """The package a module's relative imports are resolved against."""
     name = module_name(path)
     return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-
-
-def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
-    """(line, absolute module) of every import in `source`, at any depth (inside functions too),
-    relative imports resolved against `package`, `from X import name` counted as X.name as well as X,
-    and importlib.import_module("...") / __import__("...") calls with a literal name."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            found.append((node.lineno, base))
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                found.append((node.lineno, node.args[0].value))
-    return found
 
 
 def is_dev(module: str) -> bool:
@@ -349,7 +325,8 @@ def test_the_lock_pins_every_dependency_and_dev_tool() -> None:
         for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==\S+$", (REPO / "requirements.lock").read_text(), re.M)
     }
     project = pyproject()["project"]
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    extras = project["optional-dependencies"]
+    wanted = [*project["dependencies"], *extras["jax"], *extras["dev"]]  # the demo and the tests run JAX
     names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", req).group(0)).lower() for req in wanted}
     assert "playwright" in names and "greenlet" in pinned
     assert sorted(names - pinned) == [], "pyproject names packages the lock does not pin: re-run `uv pip compile`"

@@ -222,6 +222,55 @@ def run_context(task_id: str) -> dict[str, Any]:
     return task_context(dag_id=DAG_ID, run_id="manual__keep", task_id=task_id)
 
 
+def deploy_service() -> str:
+    """The run's deploy task: the addition app as a RayService on a v6e 1x1 slice; returns its name."""
+    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
+
+    deploy = KubeRayDeployServiceOperator(
+        task_id="deploy",
+        tpu_slice={"accelerator": "TPU-V6E", "topology": "1x1"},
+        image="rayproject/ray:2.60.0-py311",
+        serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
+        kubernetes_conn_id="kube_standin",
+        poll_interval=0.1,
+        wait_timeout=60,
+    )
+    return str(deploy.execute(run_context("deploy"))["name"])
+
+
+def delete_service(keep: Any) -> dict[str, Any]:
+    """The run's delete_service teardown of what deploy_service deployed."""
+    from tpuflow.pipeline.gke import KeepableDeleteServiceOperator
+
+    svc = KeepableDeleteServiceOperator(
+        task_id="delete_service",
+        service_task_id="deploy",
+        keep=keep,
+        kubernetes_conn_id="kube_standin",
+        poll_interval=0.1,
+        wait_timeout=60,
+    )
+    return dict(svc.execute(run_context("delete_service")))
+
+
+def serve_pool_teardown(keep: Any, **kwargs: Any) -> Any:
+    """The run's delete_serve_node_pool teardown task (a KeepableDeleteNodePoolOperator); kwargs name the pool
+    (created_by_task_id or node_pool_name) and may replace the fast polling and backoff."""
+    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator
+
+    return KeepableDeleteNodePoolOperator(
+        task_id="delete_serve_node_pool", keep=keep, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+        gcp_conn_id="gke_standin", **{"poll_interval": 0.1, "retry_backoff": 0.1, **kwargs},
+    )  # fmt: skip
+
+
+def create_pool(gke: GKEApiStandin, name: str = "serve-pool", **config: Any) -> None:
+    """A one-node ct6e-standard-1t node pool in ZONE, as the run's create tasks make them (config: more of its config)."""
+    body = {"name": name, "config": {"machineType": "ct6e-standard-1t", **config}, "initialNodeCount": 1,
+            "locations": [ZONE]}  # fmt: skip
+    gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": body})
+
+
 @pytest.mark.parametrize("keep", [True, "True"])
 def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_reaper_then_leaves(
     keep: Any, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -229,17 +278,12 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
     """keep_endpoint: the three endpoint teardowns delete nothing; their only writes label the RayService, its
     ProvisioningRequest and PodTemplate (merge patches) and the serve pool (nodePools.update) kept, without their
     expiry. A reaper run after the run is over then takes the run's other leftovers and leaves the endpoint."""
+    from tpuflow.capacity.provisioning_request import plan_provisioning_request, request_name
     from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans, reap
     from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
-    from tpuflow.gke.provisioning_request import plan_provisioning_request, request_name
-    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
     from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels, kubernetes_ownership_labels
     from tpuflow.naming import TaskIdentity
-    from tpuflow.pipeline.gke import (
-        KeepableDeleteNodePoolOperator,
-        KeepableDeleteProvisioningRequestOperator,
-        KeepableDeleteServiceOperator,
-    )
+    from tpuflow.pipeline.gke import KeepableDeleteProvisioningRequestOperator
     from tpuflow.tpu import TpuSlice
 
     run_id, expires = "manual__keep", int(time.time() + 3600)
@@ -249,9 +293,7 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
         # the serve pool as create_serve_node_pool makes it, and the training pool of the same run
         for pool, task in (("serve-pool", "create_serve_node_pool"), ("train-pool", "create_node_pool")):
             labels = gce_ownership_labels(TaskIdentity(DAG_ID, run_id, task), expires)
-            config = {"machineType": "ct6e-standard-1t", "resourceLabels": {**labels, "team": "ml"}}
-            body = {"name": pool, "config": config, "initialNodeCount": 1, "locations": [ZONE]}
-            gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": body})
+            create_pool(gke, pool, resourceLabels={**labels, "team": "ml"})
         # the serve slice's ProvisioningRequest and PodTemplate as request_serve_capacity makes them
         requester = TaskIdentity(DAG_ID, run_id, "request_serve_capacity")
         plan = plan_provisioning_request(tpu=TpuSlice.from_spec("v6e", "1x1"), node_pools=["serve-pool"],
@@ -259,23 +301,11 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
                                          labels=kubernetes_ownership_labels(requester))  # fmt: skip
         kube.store.create(POD_TEMPLATES, "default", plan.pod_template(0))
         kube.store.create(PROVISIONING_REQUESTS, "default", plan.provisioning_request())
-        deploy = KubeRayDeployServiceOperator(
-            task_id="deploy",
-            tpu_slice={"accelerator": "TPU-V6E", "topology": "1x1"},
-            image="rayproject/ray:2.60.0-py311",
-            serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
-            kubernetes_conn_id="kube_standin",
-            poll_interval=0.1,
-            wait_timeout=60,
-        )
-        service = deploy.execute(run_context("deploy"))["name"]
+        service = deploy_service()
         assert EXPIRES_LABEL in kube.store.get(RAYSERVICES, "default", service)["metadata"]["labels"]
         gke_seen, kube_seen = len(gke.requests), len(kube.api.requests)
 
-        svc = KeepableDeleteServiceOperator(
-            task_id="delete_service", service_task_id="deploy", keep=keep, kubernetes_conn_id="kube_standin"
-        )
-        assert svc.execute(run_context("delete_service")) == {
+        assert delete_service(keep) == {
             "kind": "RayService", "name": service, "namespace": "default", "kept": True, "existed": True,
             "deleted": False,
         }  # fmt: skip
@@ -286,11 +316,7 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
         kept_request = request.execute(run_context("delete_serve_provisioning_request"))
         assert kept_request["kept"] is True and kept_request["deleted"] == [] and kept_request["absent"] == []
         assert sorted(kept_request["marked_kept"]) == [f"podtemplate/{plan.name}", f"provisioningrequest/{plan.name}"]
-        pool = KeepableDeleteNodePoolOperator(
-            task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep,
-            project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, gcp_conn_id="gke_standin", poll_interval=0.1,
-            retry_backoff=0.1,
-        )  # fmt: skip
+        pool = serve_pool_teardown(keep, created_by_task_id="create_serve_node_pool")
         kept_pool = pool.execute(run_context("delete_serve_node_pool"))
         assert kept_pool["kept"] is True and kept_pool["deleted"] == [] and kept_pool["marked_kept"] == ["serve-pool"]
 
@@ -340,27 +366,18 @@ def test_keeping_the_serve_pool_waits_like_the_delete_deferred_through_a_busy_cl
 
     from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels
     from tpuflow.naming import TaskIdentity
-    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_GKE_STANDIN", json.dumps(gke.airflow_connection(PROJECT)))
     labels = gce_ownership_labels(TaskIdentity(DAG_ID, "manual__keep", "create_serve_node_pool"), int(time.time()))
-    for name, seconds, config in (
-        ("serve-pool", 0.2, {"machineType": "ct6e-standard-1t", "resourceLabels": labels}),
-        ("busy-pool", 60.0, {"machineType": "ct6e-standard-1t"}),
-    ):
+    for name, seconds, config in (("serve-pool", 0.2, {"resourceLabels": labels}), ("busy-pool", 60.0, {})):
         gke.operation_seconds = seconds
-        body = {"name": name, "config": config, "initialNodeCount": 1, "locations": [ZONE]}
-        gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": body})
+        create_pool(gke, name, **config)
         time.sleep(0.3 if name == "serve-pool" else 0)
     # busy-pool's create fills the cluster's operations quota until the first backoff is over
     gke.operation_seconds, gke.max_concurrent_operations = 0.2, 1
 
-    def keeper(**kwargs: Any) -> KeepableDeleteNodePoolOperator:
-        return KeepableDeleteNodePoolOperator(
-            task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep="True",
-            project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, gcp_conn_id="gke_standin", poll_interval=0.1,
-            retry_backoff=0.3, **kwargs,
-        )  # fmt: skip
+    def keeper(**kwargs: Any) -> Any:
+        return serve_pool_teardown("True", created_by_task_id="create_serve_node_pool", retry_backoff=0.3, **kwargs)
 
     op, ctx, triggers = keeper(deferrable=True), run_context("delete_serve_node_pool"), []
     step = lambda: op.execute(ctx)  # noqa: E731
@@ -394,57 +411,15 @@ def test_keeping_the_serve_pool_waits_like_the_delete_deferred_through_a_busy_cl
 def test_endpoint_teardowns_delete_unless_kept(
     keep: Any, gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tpuflow.kuberay.operators import KubeRayDeployServiceOperator
-    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator, KeepableDeleteServiceOperator
-
     kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke), interval=0.05)
     with kube:
         point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
-        gke.create_node_pool(
-            PROJECT,
-            ZONE,
-            CLUSTER,
-            {
-                "nodePool": {
-                    "name": "serve-pool",
-                    "config": {"machineType": "ct6e-standard-1t"},
-                    "initialNodeCount": 1,
-                    "locations": [ZONE],
-                }
-            },
-        )
-        deploy = KubeRayDeployServiceOperator(
-            task_id="deploy",
-            tpu_slice={"accelerator": "TPU-V6E", "topology": "1x1"},
-            image="rayproject/ray:2.60.0-py311",
-            serve_config={"applications": [{"name": "addition", "import_path": "addition.serve_app:app_builder"}]},
-            kubernetes_conn_id="kube_standin",
-            poll_interval=0.1,
-            wait_timeout=60,
-        )
-        deploy.execute(run_context("deploy"))
-        svc = KeepableDeleteServiceOperator(
-            task_id="delete_service",
-            service_task_id="deploy",
-            keep=keep,
-            kubernetes_conn_id="kube_standin",
-            poll_interval=0.1,
-            wait_timeout=60,
-        )
-        result = svc.execute(run_context("delete_service"))
+        create_pool(gke)
+        deploy_service()
+        result = delete_service(keep)
         assert result["existed"] is True and result["deleted"] is True
         assert kube.store.list(RAYSERVICES) == []
-        pool = KeepableDeleteNodePoolOperator(
-            task_id="delete_serve_node_pool",
-            node_pool_name="serve-pool",
-            keep=keep,
-            project_id=PROJECT,
-            location=ZONE,
-            cluster_name=CLUSTER,
-            gcp_conn_id="gke_standin",
-            poll_interval=0.1,
-            retry_backoff=0.1,
-        )
+        pool = serve_pool_teardown(keep, node_pool_name="serve-pool")
         pool.execute(run_context("delete_serve_node_pool"))
         assert gke.node_pools() == []
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from airflow.sdk import Param
 
@@ -88,3 +90,41 @@ def test_resume_is_a_trigger_form_choice_the_train_task_takes():
     param = pipeline_params()["resume"]
     assert param.value == "auto" and param.schema["enum"] == list(RESUME_POLICIES) == ["auto", "never"]
     assert param.schema["type"] == "string" and param.schema["title"] and "never" in param.description
+
+
+def _ray_accepts(generation: str, topology: str) -> bool:
+    """What every pipeline's cross-field check asks of a slice shape (validate_params, the GKE pipeline's)."""
+    from tpuflow.tpu import TpuSlice
+
+    try:
+        TpuSlice.from_spec(generation, topology).require(ray=True)
+    except UserInputError:
+        return False
+    return True
+
+
+def test_form_topologies_are_exactly_the_shapes_the_slice_catalog_accepts():
+    from tpuflow.tpu import GENERATIONS
+
+    offered = pipeline_params()["topology"].schema["enum"]
+    catalog = {t for g in GENERATIONS.values() for t in g.known_topologies if _ray_accepts(g.name, t)}
+    assert len(offered) == len(set(offered))
+    assert not [t for t in offered if t not in catalog], "offered, but no generation accepts it"
+    assert not sorted(catalog - set(offered)), "a generation accepts it, but the form does not offer it"
+    assert pipeline_params()["serve_topology"].schema["enum"] == [None, "", *offered]
+
+
+def test_form_topologies_list_2d_then_3d_shapes_each_by_chip_count():
+    offered = pipeline_params()["topology"].schema["enum"]
+    shapes = [tuple(int(d) for d in t.split("x")) for t in offered]
+    keys = [(len(s), math.prod(s)) for s in shapes]
+    assert keys == sorted(keys)
+    assert offered[:3] == ["1x1", "2x2", "2x4"] and offered[offered.index("16x16") + 1] == "2x2x1"
+
+
+@pytest.mark.parametrize(("accelerator", "topology"), [("TPU-V6E", "8x8"), ("TPU-V7X", "4x4x4")])
+def test_form_offers_large_v6e_and_tpu7x_slices(accelerator, topology):
+    for name in ("topology", "serve_topology"):
+        param: Param = pipeline_params()[name]
+        assert Param(topology, **param.schema).resolve() == topology
+    assert validate_params({**defaults(), "accelerator": accelerator, "topology": topology})["topology"] == topology

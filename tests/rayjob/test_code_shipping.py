@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from support.workload_operators import train_operator
 
 from tpuflow import workloads_dir
 from tpuflow.errors import UserInputError
@@ -60,11 +61,8 @@ def code(tmp_path: Path) -> Path:
 
 
 def _train(**kwargs: Any) -> RayTrainOperator:
-    return RayTrainOperator(
-        task_id="train",
-        framework="jax",
+    return train_operator(
         train_loop="acme_forecast.model:fit_loop",
-        tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4"},
         storage_path="/tmp/acme-runs",
         run_name="forecast",
         cluster=CLUSTER,

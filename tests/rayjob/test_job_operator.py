@@ -18,14 +18,13 @@ pytestmark = pytest.mark.slow
 
 
 def operator(cluster, args: str, **kwargs) -> RaySubmitJobOperator:
+    """tests/rayjob/jobs/counter.py ARGS as a job: not deferrable, polling every 0.5 s, unless kwargs say otherwise."""
     return RaySubmitJobOperator(
         task_id="job",
         entrypoint=f"python counter.py {args}",
         cluster=cluster.connection_info(),
         working_dir=str(JOBS),
-        deferrable=False,
-        poll_interval=0.5,
-        **kwargs,
+        **{"deferrable": False, "poll_interval": 0.5, **kwargs},
     )
 
 
@@ -102,12 +101,7 @@ def test_quality_gate_fails_without_retry(slice_cluster, fresh_context):
 
 def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluster, fresh_context, capfd):
     ctx = fresh_context()
-    op = RaySubmitJobOperator(
-        task_id="job",
-        entrypoint="python counter.py 4 0.5 ok",
-        cluster=slice_cluster.connection_info(),
-        working_dir=str(JOBS),
-    )
+    op = operator(slice_cluster, "4 0.5 ok", deferrable=True)
     hook = op.hook()
     sid, status, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     # A second try of the same task finds the running job instead of submitting another.
@@ -131,12 +125,7 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
 
 def test_trigger_on_kill_stops_the_job(slice_cluster, fresh_context):
     ctx = fresh_context()
-    op = RaySubmitJobOperator(
-        task_id="job",
-        entrypoint="python counter.py 200 0.5 ok",
-        cluster=slice_cluster.connection_info(),
-        working_dir=str(JOBS),
-    )
+    op = operator(slice_cluster, "200 0.5 ok", deferrable=True)
     hook = op.hook()
     sid, _, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info())

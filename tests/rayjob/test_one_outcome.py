@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from support.workload_operators import train_operator
 
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator
-from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "job.py", line 3\nValueError: the user\'s code is broken\n'
 RESULT = 'TPUFLOW_RESULT {"steps": 2, "accuracy": 0.5}\n'
@@ -168,15 +168,7 @@ def test_a_templated_argument_is_checked_once_rendered(fresh_context) -> None:
         RaySubmitJobOperator(task_id="job", entrypoint="python job.py", cluster="start_cluster")
     assert err.value.field == "cluster"
     with pytest.raises(UserInputError) as err:
-        RayTrainOperator(
-            task_id="train",
-            framework="tf",
-            train_loop="m:f",
-            tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4"},
-            storage_path="/tmp/s",
-            run_name="r",
-            cluster={"dashboard_url": "http://x"},
-        )
+        train_operator(framework="tf")
     assert err.value.field == "framework"
 
     # ... a template only once rendered, at the start of execute, before the cluster is asked anything.
@@ -194,15 +186,7 @@ def test_a_templated_argument_is_checked_once_rendered(fresh_context) -> None:
             op.execute(fresh_context())
         assert err.value.field == field
 
-    train = RayTrainOperator(
-        task_id="train",
-        framework="{{ params.framework }}",
-        train_loop="m:f",
-        tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4"},
-        storage_path="/tmp/s",
-        run_name="r",
-        cluster={"dashboard_url": "http://x"},
-    )
+    train = train_operator(framework="{{ params.framework }}")
     train.hook = lambda: pytest.fail("the cluster must not be contacted with a bad argument")  # type: ignore[method-assign]
     train.render_template_fields({"params": {"framework": "tf"}})
     with pytest.raises(UserInputError) as err:

@@ -16,10 +16,10 @@ import uuid
 import pytest
 from support.gcs_bucket import list_bucket
 from support.ray_cluster import alive_actors, slice_index, slice_of_node
+from support.workload_operators import addition_prep, addition_train
 
 from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.rayjob.operators import RaySubmitJobOperator
-from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.storage import EMULATOR_ENV, read_text
 
 pytestmark = pytest.mark.slow
@@ -45,28 +45,15 @@ def test_preempted_host_resumes_from_the_buckets_checkpoint_and_passes_the_gate(
     monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # gs:// here, and in the jobs the operators submit
     root = f"gs://{bucket}/drill"
     info = slice_cluster.connection_info()
-    RayDataPrepOperator(
-        task_id="prep",
-        cluster=info,
-        module="addition.prep",
-        deferrable=False,
-        poll_interval=0.5,
-        arguments={"output_dir": f"{root}/data", "date": "2026-11-02", "num_train": 20000},
-    ).execute(fresh_context("prep"))
+    addition_prep(info, f"{root}/data", num_train=20000).execute(fresh_context("prep"))
     log_uri = f"{root}/logs/train-jax.log"
-    train = RayTrainOperator(
-        task_id="train",
-        cluster=info,
-        deferrable=False,
-        poll_interval=0.5,
-        framework="jax",
-        train_loop="addition.train_jax:train_loop_per_worker",
-        tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
-        storage_path=f"{root}/train",
-        run_name="preempt",
-        datasets={"train": f"{root}/data/train"},
+    train = addition_train(
+        info,
+        {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
+        f"{root}/data",
+        f"{root}/train",
+        "preempt",
         train_loop_config={"num_steps": NUM_STEPS, "checkpoint_every": CHECKPOINT_EVERY},
-        checkpoint_num_to_keep=None,
         log_uri=log_uri,
     )
     ctx = fresh_context("train")

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import socket
 import sys
-import tempfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 from support.airflow_context import task_context
+from support.loopback_endpoint import LoopbackEndpoint
+from support.ray_in_process import free_port, in_process_ray
 
 from tpuflow.errors import UserInputError
 from tpuflow.serve.operators import (
@@ -98,35 +94,17 @@ def test_the_rayservice_carries_the_digest_never_the_token(token_conn: str) -> N
         )  # fmt: skip
 
 
-class GuardedEndpoint:
-    """A loopback endpoint that answers 401 unless the bearer token hashes to DIGEST."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                self.rfile.read(int(self.headers["Content-Length"]))
-                ok = authorized(self.headers.get("Authorization"), DIGEST)
-                body = json.dumps({"choices": [{"text": "42"}]} if ok else {"error": "unauthorized"}).encode()
-                self.send_response(200 if ok else 401)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/addition/v1/completions"
+def answer_if_authorized(headers: Message, body: bytes) -> tuple[int, str]:
+    """A completions endpoint that answers 401 unless the bearer token hashes to DIGEST."""
+    if authorized(headers.get("Authorization"), DIGEST):
+        return 200, json.dumps({"choices": [{"text": "42"}]})
+    return 401, json.dumps({"error": "unauthorized"})
 
 
 @pytest.fixture
-def guarded() -> Iterator[GuardedEndpoint]:
-    endpoint = GuardedEndpoint()
-    thread = threading.Thread(target=endpoint.server.serve_forever, daemon=True)
-    thread.start()
-    yield endpoint
-    endpoint.server.shutdown()
-    endpoint.server.server_close()
+def guarded() -> Iterator[LoopbackEndpoint]:
+    with LoopbackEndpoint(answer_if_authorized) as endpoint:
+        yield endpoint
 
 
 def _smoke(url: str, conn: str | None) -> ServeEndpointSmokeTestOperator:
@@ -136,7 +114,9 @@ def _smoke(url: str, conn: str | None) -> ServeEndpointSmokeTestOperator:
     )
 
 
-def test_the_smoke_test_sends_the_token_and_fails_at_once_without_it(guarded: GuardedEndpoint, token_conn: str) -> None:
+def test_the_smoke_test_sends_the_token_and_fails_at_once_without_it(
+    guarded: LoopbackEndpoint, token_conn: str
+) -> None:
     assert _smoke(guarded.url, token_conn).execute(task_context(task_id="smoke"))["choices"][0]["text"] == "42"
     with pytest.raises(RayServeDeploymentFailedError, match="requires a bearer token; pass serve_token_conn_id"):
         _smoke(guarded.url, None).execute(task_context(task_id="smoke"))
@@ -145,12 +125,6 @@ def test_the_smoke_test_sends_the_token_and_fails_at_once_without_it(guarded: Gu
 
 
 # --- the real application on Ray Serve (one Ray-heavy test) ---------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _untrained_checkpoint(directory: Path) -> str:
     """A checkpoint of initial weights: the routes' auth does not depend on what the model learnt."""
     from addition import checkpoint as ckpt
@@ -164,46 +138,26 @@ def _untrained_checkpoint(directory: Path) -> str:
 
 @pytest.mark.long  # a Ray cluster and Serve: 30-90 s on 2 shared cores
 def test_the_addition_app_answers_401_without_the_token_and_200_with_it(tmp_path: Path) -> None:
-    import ray
     from addition.serve_app import app_builder
     from ray import serve
 
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    saved = {k: os.environ.get(k) for k in [*env, "RAY_ADDRESS"]}
-    os.environ.pop("RAY_ADDRESS", None)
-    os.environ.update(env)
-    temp_dir = tempfile.mkdtemp(prefix="tfs-", dir="/tmp")  # short: Ray's socket paths are length-limited
     checkpoint = _untrained_checkpoint(tmp_path / "ckpt")
-    port = _free_port()
-    try:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            _temp_dir=temp_dir,
-            runtime_env={"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}},
-            logging_level="WARNING",
-        )
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = {"checkpoint": checkpoint, "framework": "jax", "model_name": "m", "backend": "numpy"}
-        serve.run(app_builder({**args, "token_sha256": DIGEST}), name="addition", route_prefix="/addition")
-        base = f"http://127.0.0.1:{port}/addition/v1"
-        body = {"model": "m", "prompt": "1+1=", "max_tokens": 2}
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
-            assert requests.get(f"{base}/models", headers=headers, timeout=30).status_code == 401, headers
-            refused = requests.post(f"{base}/completions", json=body, headers=headers, timeout=30)
-            assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
-        bearer = {"Authorization": f"Bearer {TOKEN}"}
-        assert requests.get(f"{base}/models", headers=bearer, timeout=30).json()["data"][0]["id"] == "m"
-        assert requests.post(f"{base}/completions", json=body, headers=bearer, timeout=60).status_code == 200
-        with pytest.raises(ValueError, match="token_sha256"):
-            app_builder({**args, "token_sha256": TOKEN})
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    port = free_port()
+    with in_process_ray(num_cpus=2, prefix="tfs-"):
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            args = {"checkpoint": checkpoint, "framework": "jax", "model_name": "m", "backend": "numpy"}
+            serve.run(app_builder({**args, "token_sha256": DIGEST}), name="addition", route_prefix="/addition")
+            base = f"http://127.0.0.1:{port}/addition/v1"
+            body = {"model": "m", "prompt": "1+1=", "max_tokens": 2}
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+                assert requests.get(f"{base}/models", headers=headers, timeout=30).status_code == 401, headers
+                refused = requests.post(f"{base}/completions", json=body, headers=headers, timeout=30)
+                assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
+            bearer = {"Authorization": f"Bearer {TOKEN}"}
+            assert requests.get(f"{base}/models", headers=bearer, timeout=30).json()["data"][0]["id"] == "m"
+            assert requests.post(f"{base}/completions", json=body, headers=bearer, timeout=60).status_code == 200
+            with pytest.raises(ValueError, match="token_sha256"):
+                app_builder({**args, "token_sha256": TOKEN})
+        finally:
+            serve.shutdown()

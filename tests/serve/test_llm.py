@@ -11,6 +11,7 @@ import yaml
 from support.kuberay_crds import sample, schema_errors
 
 from tpuflow.errors import UserInputError
+from tpuflow.kuberay.llm_service import llm_rayservice_manifest
 from tpuflow.kuberay.manifests import RayClusterTemplate, spec_hash
 from tpuflow.labels import SPEC_HASH_ANNOTATION
 from tpuflow.serve.config import check_tpu_placement
@@ -19,7 +20,6 @@ from tpuflow.serve.llm import (
     LLM_IMPORT_PATH,
     LlmServe,
     llm_config,
-    llm_rayservice_manifest,
     llm_serve_config,
 )
 from tpuflow.tpu import TpuSlice

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from support.airflow_context import task_context
+from support.json_http import answer_json
 
 from tpuflow.errors import UserInputError
 from tpuflow.serve.operators import RayServeDeployOperator
@@ -42,12 +43,7 @@ class FakeDashboard:
                 pass
 
             def _answer(self, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                answer_json(self, body)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 if self.path == "/api/ray/version":  # Ray's ServeSubmissionClient checks it first
@@ -154,7 +150,7 @@ def test_killing_the_deploy_waiting_in_the_worker_deletes_the_apps_it_created(da
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     deadline = time.monotonic() + 10
-    while op._owned_apps is None or not dashboard.apps:  # ownership recorded, then the PUT answered
+    while op._owned is None or not dashboard.apps:  # ownership recorded, then the PUT answered
         assert time.monotonic() < deadline and worker.is_alive()
         time.sleep(0.02)
     assert sorted(dashboard.apps) == ["llm"]

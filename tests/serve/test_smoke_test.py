@@ -4,7 +4,6 @@ wrong answer."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,44 +11,28 @@ from typing import Any
 
 import pytest
 from support.airflow_context import task_context
+from support.loopback_endpoint import LoopbackEndpoint
 
 from tpuflow.serve.operators import RayServeDeploymentFailedError, ServeEndpointSmokeTestOperator
 
 PAYLOAD = {"model": "addition", "prompt": "17+25=", "max_tokens": 4, "temperature": 0}
 
 
-class Endpoint:
+class Endpoint(LoopbackEndpoint):
     """Answers each POST with the next of `answers` (status, text); the last one repeats."""
 
     def __init__(self, answers: list[tuple[int, str]]) -> None:
-        self.answers, self.bodies = answers, []  # type: list[tuple[int, str]], list[Any]
-        endpoint = self
+        super().__init__(lambda headers, body: answers[min(len(self.requests), len(answers)) - 1])
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                endpoint.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                status, text = endpoint.answers[min(len(endpoint.bodies), len(endpoint.answers)) - 1]
-                body = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/addition/v1/completions"
+    @property
+    def bodies(self) -> list[Any]:
+        return [json.loads(body) for _, body in self.requests]
 
 
 @pytest.fixture
 def endpoint(request: pytest.FixtureRequest) -> Iterator[Endpoint]:
-    ep = Endpoint(request.param)
-    thread = threading.Thread(target=ep.server.serve_forever, daemon=True)
-    thread.start()
-    yield ep
-    ep.server.shutdown()
-    ep.server.server_close()
+    with Endpoint(request.param) as ep:
+        yield ep
 
 
 def smoke(url: str, timeout: float = 30.0) -> ServeEndpointSmokeTestOperator:

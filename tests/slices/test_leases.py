@@ -114,6 +114,28 @@ def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
     assert op.execute_complete(ctx_b, {"status": "success", "message": "free"})["holder"] == "dag/b"  # type: ignore[arg-type]
 
 
+def test_a_non_deferrable_acquire_waits_in_the_worker_through_the_triggers_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deferrable=False: the same wait (wait_for_free_slot) with asyncio.run, its event through execute_complete."""
+    import threading
+
+    from airflow.sdk.exceptions import AirflowException
+
+    from tpuflow.slices.operators import AcquireSliceOperator
+
+    store = LocalLeaseStore(tmp_path)
+    assert store.try_acquire("dag/a", 1) is not None
+    args = {"task_id": "acquire_slice", "lease_root": str(tmp_path), "max_slices": "1", "poll_interval": 0.05}
+    with pytest.raises(AirflowException, match=r"waiting for a slice lease \(wait_timeout=0.3s\): timeout: .*dag/a"):
+        AcquireSliceOperator(deferrable=False, wait_timeout=0.3, **args).execute(task_context(dag_id="dag", run_id="b"))  # type: ignore[arg-type]
+    assert "are held (dag/a): waiting in this worker" in capsys.readouterr().out
+
+    threading.Timer(0.3, store.release, args=("dag/a",)).start()
+    taken = AcquireSliceOperator(deferrable=False, **args).execute(task_context(dag_id="dag", run_id="b"))  # type: ignore[arg-type]
+    assert taken["holder"] == "dag/b" and [lease.holder for lease in store.holders(1).values()] == ["dag/b"]
+
+
 def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tpuflow.cli import main
 

@@ -5,16 +5,14 @@ simulated v6e 2x4 slice (two 4-chip hosts) for the tests that need a real multi-
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ray_in_process import in_process_ray
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 if str(WORKLOADS) not in sys.path:
@@ -23,52 +21,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 DATE = "2026-01-01"
 
-# RAY_AUTH_MODE: a local cluster with token auth can hang drivers that connect to it;
-# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray on loopback.
-RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-    "JAX_PLATFORMS": "cpu",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[dict[str, Any]]:
-    """A private local Ray cluster for this test session (never `ray stop`: it kills other clusters)."""
-    import ray
-
-    saved = {k: os.environ.get(k) for k in [*RAY_ENV, "RAY_ADDRESS"]}
-    os.environ.pop("RAY_ADDRESS", None)  # never attach to someone else's cluster
-    os.environ.update(RAY_ENV)
-    temp_dir = tempfile.mkdtemp(prefix="tfw-", dir="/tmp")  # short: Ray's socket paths are length-limited
+    """A private local Ray cluster for this test session (support.ray_in_process)."""
     # 4 logical CPUs on a 2-core machine: two train workers hold one each and Ray Data's
     # read tasks need CPUs of their own, or ingest waits forever.
-    ctx = ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        _temp_dir=temp_dir,
-        runtime_env={"working_dir": str(WORKLOADS), "env_vars": {"JAX_PLATFORMS": "cpu"}},
-        logging_level="WARNING",
-    )
-    try:
-        yield {"address": ctx.address_info["gcs_address"], "temp_dir": temp_dir}
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with in_process_ray(num_cpus=4, prefix="tfw-") as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

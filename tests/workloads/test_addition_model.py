@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from addition import checkpoint as ckpt
 from addition import data
-from addition.inference import Predictor, generate
+from addition.inference import Predictor, completions, generate_stream
 from addition.model_jax import ModelConfig, forward, init_params, param_shapes
 
 SPEC = data.TaskSpec(2)
@@ -69,13 +69,13 @@ def test_greedy_generation_stops_at_eos_and_respects_budget() -> None:
     eos_always = lambda ids: np.eye(data.VOCAB_SIZE)[np.full(ids.shape, data.EOS)]  # noqa: E731
     seven = lambda ids: np.eye(data.VOCAB_SIZE)[np.full(ids.shape, data.encode_prompt("7", SPEC)[-1])]  # noqa: E731
     prompts = np.stack([data.encode_prompt("1+2=", SPEC)] * 2)
-    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(eos_always, prompts, SPEC, 4)] == [
-        ("", "stop", 1)
-    ] * 2
-    out = generate(seven, prompts, SPEC, 2)
+    assert [
+        (c.text, c.finish_reason, c.num_tokens) for c in completions(generate_stream(eos_always, prompts, SPEC, 4))
+    ] == [("", "stop", 1)] * 2
+    out = completions(generate_stream(seven, prompts, SPEC, 2))
     assert [(c.text, c.finish_reason, c.num_tokens) for c in out] == [("77", "length", 2)] * 2
     # never past the model's sequence length
-    assert generate(seven, prompts, SPEC, 100)[0].text == "7" * SPEC.answer_len
+    assert completions(generate_stream(seven, prompts, SPEC, 100))[0].text == "7" * SPEC.answer_len
 
 
 def test_completions_read_as_a_person_writes_the_sum() -> None:
@@ -83,12 +83,12 @@ def test_completions_read_as_a_person_writes_the_sum() -> None:
     answer = data.encode_example("3+4=", "7", SPEC)
     writes_007 = lambda ids: np.eye(data.VOCAB_SIZE)[np.broadcast_to(np.roll(answer, -1), ids.shape)]  # noqa: E731
     prompts = np.stack([data.encode_prompt("3+4=", SPEC)])
-    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 4)] == [
-        ("7", "stop", 2)
-    ]
-    assert [(c.text, c.finish_reason, c.num_tokens) for c in generate(writes_007, prompts, SPEC, 1)] == [
-        ("7", "length", 1)
-    ]
+    assert [
+        (c.text, c.finish_reason, c.num_tokens) for c in completions(generate_stream(writes_007, prompts, SPEC, 4))
+    ] == [("7", "stop", 2)]
+    assert [
+        (c.text, c.finish_reason, c.num_tokens) for c in completions(generate_stream(writes_007, prompts, SPEC, 1))
+    ] == [("7", "length", 1)]
 
 
 def test_checkpoint_roundtrip_and_mismatch(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ SPEC = TaskSpec()
 
 
 def oracle(prompts: list[str], max_new_tokens: int | None = None, temperature: float = 0.0, rng: Any = None):
-    """The model's contract (inference.generate) with exact sums: eos counts as a token, cut at the budget."""
+    """The model's contract (inference.generate_stream) with exact sums: eos counts as a token, cut at the budget."""
     out = []
     for p in prompts:
         encode_prompt(p, SPEC)  # the real tokenizer's refusals (TokenizeError)

@@ -14,7 +14,7 @@ import numpy as np
 import openai
 import pytest
 from addition import data
-from addition.inference import Completion, Predictor, Step, generate, generate_stream
+from addition.inference import Completion, Predictor, Step, completions, generate_stream
 from addition.model_jax import ModelConfig, init_params
 from addition.openai_api import Limits, OpenAIService, build_app
 from fastapi.testclient import TestClient
@@ -127,18 +127,19 @@ def finished(steps: list[Step]) -> list[Completion]:
 
 
 @pytest.mark.parametrize(("temperature", "limit"), [(0.0, 4), (1.0, 4), (1.5, 2), (1.0, 0)])
-def test_generate_is_the_stream_run_to_its_end(temperature: float, limit: int) -> None:
+def test_completions_are_the_stream_run_to_its_end(temperature: float, limit: int) -> None:
     pred = predictor()
     prompts = ["17+25=", "3+4=", "99+99=", "0+0="] * 4
     ids = np.stack([data.encode_prompt(p, SPEC) for p in prompts])
     steps = list(generate_stream(pred._logits, ids, SPEC, limit, temperature, np.random.default_rng(11)))
-    outs = generate(pred._logits, ids, SPEC, limit, temperature, np.random.default_rng(11))
+    outs = completions(generate_stream(pred._logits, ids, SPEC, limit, temperature, np.random.default_rng(11)))
     assert finished(steps) == outs
     assert ["".join(s.text[i] for s in steps) for i in range(len(prompts))] == [o.text for o in outs]
     assert outs == pred.complete(prompts, limit, temperature, np.random.default_rng(11))
     assert finished(list(pred.stream(prompts, limit, temperature, np.random.default_rng(11)))) == outs
     if temperature and limit:  # seeded: the same samples however the stream is read, others for another seed
-        assert outs != generate(pred._logits, ids, SPEC, limit, temperature, np.random.default_rng(12))
+        resampled = generate_stream(pred._logits, ids, SPEC, limit, temperature, np.random.default_rng(12))
+        assert outs != completions(resampled)
 
 
 def test_stream_holds_leading_zeros_until_a_digit_decides_them() -> None:

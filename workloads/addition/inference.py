@@ -3,12 +3,15 @@
 A `Predictor` loads a checkpoint's canonical parameters once and runs the forward pass with
 numpy (default: no jax/torch import, fast to start), jax, or torch. The decode loop is one generator,
 `generate_stream` (a `Step` per forward pass: each sequence's new text, then its finished completion),
-which `generate` runs to its end and `Predictor.stream` hands to a streaming server.
+which `completions` runs to its end and `Predictor.stream` hands to a streaming server. `Decoder` is what
+a server calls (`complete`, `stream`), for one process (`Predictor`) or a whole slice
+(`addition.slice_serving.SlicePredictor`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,8 +107,13 @@ def generate_stream(
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
 ) -> Iterator[Step]:
-    """The decode loop, one `Step` per forward pass, as soon as it returns (see `generate`).
+    """Decode prompts [B, prompt_len], one `Step` per forward pass, as soon as it returns; logits_fn maps
+    [B, seq_len] ids to [B, seq_len, V] logits (`completions` gathers the finished ones).
 
+    The model always writes its whole zero-padded answer ("007" and eos). A caller sees that answer
+    as a person writes it ("7"), one token per character plus the eos, cut at `max_new_tokens`.
+    The buffer always has the full sequence length, so a jitted logits_fn compiles once per batch
+    size; causal attention keeps the not-yet-written positions from influencing earlier ones.
     The loop ends once every sequence has finished: at eos, at `max_new_tokens` tokens of its
     completion, or at the model's sequence length. Sampling draws for every row at every step, finished
     or not, so a seeded rng gives the same completions however soon some rows finish.
@@ -142,24 +150,11 @@ def generate_stream(
             return
 
 
-def generate(
-    logits_fn: LogitsFn,
-    prompt_ids: np.ndarray,
-    spec: TaskSpec,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    rng: np.random.Generator | None = None,
-) -> list[Completion]:
-    """Decode prompts [B, prompt_len]; logits_fn maps [B, seq_len] ids to [B, seq_len, V] logits.
-
-    The model always writes its whole zero-padded answer ("007" and eos). A caller sees that answer
-    as a person writes it ("7"), one token per character plus the eos, cut at `max_new_tokens`.
-    The buffer always has the full sequence length, so a jitted logits_fn compiles once per batch
-    size; causal attention keeps the not-yet-written positions from influencing earlier ones.
-    This is `generate_stream` run to its end.
-    """
-    out: list[Completion | None] = [None] * prompt_ids.shape[0]
-    for step in generate_stream(logits_fn, prompt_ids, spec, max_new_tokens, temperature, rng):
+def completions(steps: Iterable[Step]) -> list[Completion]:
+    """Each sequence's finished `Completion`, in batch order: a decode's steps run to their end."""
+    out: list[Completion | None] = []
+    for step in steps:
+        out = out or [None] * len(step.finished)
         for i, finished in enumerate(step.finished):
             if finished is not None:
                 out[i] = finished
@@ -205,17 +200,28 @@ def logits_fn_for(backend: str, params: dict[str, np.ndarray], cfg: ModelConfig)
     raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS}")
 
 
-class Predictor:
-    """Parameters loaded for completing text prompts such as "17+25="."""
+@dataclass(frozen=True)
+class Batch:
+    """Text prompts tokenized for one decode, with each completion's token budget."""
 
-    def __init__(self, params: dict[str, np.ndarray], meta: ckpt.Meta, backend: str = "numpy"):
-        self.params, self.meta, self.spec, self.backend = params, meta, meta.task, backend
-        self._logits = logits_fn_for(backend, params, meta.model)
+    prompt_ids: np.ndarray  # [B, prompt_len]
+    spec: TaskSpec
+    max_new_tokens: int
 
     @classmethod
-    def from_checkpoint(cls, directory: str | Path, backend: str = "numpy") -> Predictor:
-        meta = ckpt.load_meta(directory)
-        return cls(ckpt.load_params(directory, meta.model), meta, backend)
+    def of(cls, prompts: Sequence[str], spec: TaskSpec, max_new_tokens: int | None) -> Batch:
+        """Raises TokenizeError for a prompt the model cannot read; no max_new_tokens: the whole answer."""
+        ids = np.stack([encode_prompt(p, spec) for p in prompts])
+        return cls(ids, spec, spec.answer_len if max_new_tokens is None else max_new_tokens)
+
+
+class Decoder(ABC):
+    """Completes text prompts such as "17+25=": `complete` and `stream`, as the OpenAI routes call them.
+
+    The prompts are tokenized here, so a bad one raises TokenizeError before anything is decoded; a
+    subclass decodes the tokenized, non-empty `Batch` in `stream_batch` (and `complete_batch`)."""
+
+    spec: TaskSpec
 
     def complete(
         self,
@@ -226,7 +232,7 @@ class Predictor:
     ) -> list[Completion]:
         if not prompts:
             return []
-        return generate(self._logits, *self._decode_args(prompts, max_new_tokens), temperature, rng)
+        return self.complete_batch(Batch.of(prompts, self.spec, max_new_tokens), temperature, rng)
 
     def stream(
         self,
@@ -235,15 +241,40 @@ class Predictor:
         temperature: float = 0.0,
         rng: np.random.Generator | None = None,
     ) -> Iterator[Step]:
-        """`complete` step by step (`generate_stream`). The prompts are tokenized now, so a bad prompt
-        raises TokenizeError here rather than at the first step."""
+        """`complete` step by step (`generate_stream`)."""
         if not prompts:
             return iter(())
-        return generate_stream(self._logits, *self._decode_args(prompts, max_new_tokens), temperature, rng)
+        return self.stream_batch(Batch.of(prompts, self.spec, max_new_tokens), temperature, rng)
 
-    def _decode_args(self, prompts: Sequence[str], max_new_tokens: int | None) -> tuple[np.ndarray, TaskSpec, int]:
-        ids = np.stack([encode_prompt(p, self.spec) for p in prompts])
-        return ids, self.spec, self.spec.answer_len if max_new_tokens is None else max_new_tokens
+    def complete_batch(self, batch: Batch, temperature: float, rng: np.random.Generator | None) -> list[Completion]:
+        return completions(self.stream_batch(batch, temperature, rng))
+
+    @abstractmethod
+    def stream_batch(self, batch: Batch, temperature: float, rng: np.random.Generator | None) -> Iterator[Step]:
+        """The decode of a tokenized, non-empty batch, one `Step` per forward pass."""
+
+
+class LogitsDecoder(Decoder):
+    """A `Decoder` running `generate_stream` over one logits function in this process."""
+
+    def __init__(self, logits: LogitsFn, spec: TaskSpec) -> None:
+        self._logits, self.spec = logits, spec
+
+    def stream_batch(self, batch: Batch, temperature: float, rng: np.random.Generator | None) -> Iterator[Step]:
+        return generate_stream(self._logits, batch.prompt_ids, batch.spec, batch.max_new_tokens, temperature, rng)
+
+
+class Predictor(LogitsDecoder):
+    """A checkpoint's parameters loaded once, decoded with the numpy, jax or torch forward pass."""
+
+    def __init__(self, params: dict[str, np.ndarray], meta: ckpt.Meta, backend: str = "numpy"):
+        super().__init__(logits_fn_for(backend, params, meta.model), meta.task)
+        self.params, self.meta, self.backend = params, meta, backend
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, backend: str = "numpy") -> Predictor:
+        meta = ckpt.load_meta(directory)
+        return cls(ckpt.load_params(directory, meta.model), meta, backend)
 
 
 def exact_match(predictor: Predictor, prompts: Sequence[str], answers: Sequence[str], batch_size: int = 256) -> float:

@@ -8,10 +8,12 @@ inference backend only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from addition.data import TaskSpec, loss_mask
 from addition.model_jax import LN_EPS, ModelConfig, param_shapes
 from torch import nn
 
@@ -83,3 +85,42 @@ def make_optimizer(
         return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def make_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: dict,
+    spec: TaskSpec,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One optimizer step on a batch of tokens: the masked loss, backward, the gradient norm clipped to
+    grad_clip (adamw only), the schedule advanced; returns the (detached) loss of this worker's batch."""
+    mask = torch.from_numpy(loss_mask(spec))
+    clip = float(config["grad_clip"]) if config["optimizer"] == "adamw" else 0.0
+
+    def train_step(tokens: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, tokens, mask)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        scheduler.step()
+        return loss.detach()
+
+    return train_step
+
+
+def mean_loss(world: int) -> Callable[[torch.Tensor], float]:
+    """A worker's loss as the mean over the `world` workers of the process group (all of them call it at
+    the same steps), so rank 0 reports the global mean."""
+
+    def fetch(loss: torch.Tensor) -> float:
+        if world > 1:
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss)
+            loss /= world
+        return float(loss)
+
+    return fetch

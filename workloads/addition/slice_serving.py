@@ -8,9 +8,9 @@ answers each request with one SPMD program over that mesh. Without a topology (t
 kept only so tests can show it) Serve hands the replica per-chip bundles of its own placement group,
 which may cover hosts of two slices.
 
-``SlicePredictor.complete`` and ``SlicePredictor.stream`` have the signatures of
-``addition.inference.Predictor``'s, so the OpenAI routes call either one. Every host runs the same
-decode loop (``addition.inference.generate_stream``, same prompts, same rng state), each step one SPMD
+``SlicePredictor`` is an ``addition.inference.Decoder``, as ``Predictor`` is, so the OpenAI routes call
+either one. Every host runs the same decode loop (``addition.inference.LogitsDecoder`` over the mesh,
+same prompts, same rng state), each step one SPMD
 program over the mesh: ``complete`` runs a whole decode per call, ``stream`` one step per call on every
 host, so a streamed token leaves the replica as soon as the step that wrote it returns. Calls are sent
 to the hosts under one lock, so every host runs the requests' programs in the same order.
@@ -25,14 +25,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
-from addition.data import encode_prompt
-from addition.inference import Completion, Step, generate, generate_stream
+from addition.inference import Batch, Completion, Decoder, LogitsDecoder, Step
 
 logger = logging.getLogger("ray.serve")
 
@@ -91,7 +90,7 @@ class SliceHost:
 
     def __init__(self, params: dict[str, np.ndarray], meta: Any):
         self.params_np, self.meta = params, meta
-        self._logits: Any = None
+        self._decoder: LogitsDecoder | None = None  # once joined: the decode over the whole mesh
         self._joined = False
         self._streams: dict[str, Iterator[Step]] = {}  # decodes streamed one step per call, by request id
 
@@ -138,26 +137,18 @@ class SliceHost:
 
         jax.distributed.initialize(coordinator, len(peers), process_id)
         self._joined = True
-        self._logits = _mesh_logits(self.params_np, self.meta.model)
+        self._decoder = LogitsDecoder(_mesh_logits(self.params_np, self.meta.model), self.meta.task)
         return jax.device_count()
 
-    def complete(
-        self, prompts: list[str], max_new_tokens: int | None, temperature: float, rng: np.random.Generator | None
-    ) -> list[Completion]:
+    def complete(self, batch: Batch, temperature: float, rng: np.random.Generator | None) -> list[Completion]:
         """Every host runs the same decode (same prompts, same rng state): one SPMD program per step."""
-        return generate(self._logits, *self._decode_args(prompts, max_new_tokens), temperature, rng)
+        assert self._decoder is not None, "join the mesh first"
+        return self._decoder.complete_batch(batch, temperature, rng)
 
-    def start(
-        self,
-        request_id: str,
-        prompts: list[str],
-        max_new_tokens: int | None,
-        temperature: float,
-        rng: np.random.Generator | None,
-    ) -> None:
+    def start(self, request_id: str, batch: Batch, temperature: float, rng: np.random.Generator | None) -> None:
         """Set up a decode that `step` advances one step per call (the same on every host)."""
-        args = self._decode_args(prompts, max_new_tokens)
-        self._streams[request_id] = generate_stream(self._logits, *args, temperature, rng)
+        assert self._decoder is not None, "join the mesh first"
+        self._streams[request_id] = self._decoder.stream_batch(batch, temperature, rng)
 
     def step(self, request_id: str) -> Step | None:
         """The decode's next step; None once it is over (or was dropped)."""
@@ -170,11 +161,6 @@ class SliceHost:
     def drop(self, request_id: str) -> None:
         """Forget a decode its request stopped reading (timed out, client gone)."""
         self._streams.pop(request_id, None)
-
-    def _decode_args(self, prompts: list[str], max_new_tokens: int | None) -> tuple[np.ndarray, Any, int]:
-        spec = self.meta.task
-        ids = np.stack([encode_prompt(p, spec) for p in prompts])
-        return ids, spec, spec.answer_len if max_new_tokens is None else max_new_tokens
 
     def ping(self) -> bool:
         return self._joined
@@ -218,7 +204,7 @@ def _mesh_logits(params: dict[str, np.ndarray], cfg: Any) -> Any:
     return logits
 
 
-class SlicePredictor:
+class SlicePredictor(Decoder):
     """The replica's model: a whole slice reserved at start-up, one SliceHost per host, one mesh."""
 
     def __init__(self, params: dict[str, np.ndarray], meta: Any, shape: SliceShape, reserve_timeout_s: float = 900.0):
@@ -344,48 +330,24 @@ class SlicePredictor:
         )
         self.num_devices = devices[0]
 
-    # --- serving -----------------------------------------------------------------
-    def complete(
-        self,
-        prompts: Sequence[str],
-        max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        rng: np.random.Generator | None = None,
-    ) -> list[Completion]:
-        if not prompts:
-            return []
+    # --- serving (Decoder's complete and stream tokenize the prompts) ---------------
+    def complete_batch(self, batch: Batch, temperature: float, rng: np.random.Generator | None) -> list[Completion]:
         with self._send:
-            refs = [w.complete.remote(list(prompts), max_new_tokens, temperature, rng) for w in self.workers]
+            refs = [w.complete.remote(batch, temperature, rng) for w in self.workers]
         return ray.get(refs)[0]  # every host decoded the same completions
 
-    def stream(
-        self,
-        prompts: Sequence[str],
-        max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        rng: np.random.Generator | None = None,
-    ) -> Iterator[Step]:
-        """`complete` one decode step at a time: each step is one call on every host, so its tokens are
-        here as soon as the mesh has computed them. Prompts are checked here (TokenizeError); the hosts
-        start the decode at the first step."""
-        if not prompts:
-            return iter(())
-        for p in prompts:
-            encode_prompt(p, self.spec)
-        return self._steps(uuid.uuid4().hex, list(prompts), max_new_tokens, temperature, rng)
+    def stream_batch(self, batch: Batch, temperature: float, rng: np.random.Generator | None) -> Iterator[Step]:
+        """Each decode step is one call on every host, so its tokens are here as soon as the mesh has
+        computed them; the hosts start the decode at the first step."""
+        return self._steps(uuid.uuid4().hex, batch, temperature, rng)
 
     def _steps(
-        self,
-        request_id: str,
-        prompts: list[str],
-        max_new_tokens: int | None,
-        temperature: float,
-        rng: np.random.Generator | None,
+        self, request_id: str, batch: Batch, temperature: float, rng: np.random.Generator | None
     ) -> Iterator[Step]:
         over = False
         try:
             with self._send:
-                started = [w.start.remote(request_id, prompts, max_new_tokens, temperature, rng) for w in self.workers]
+                started = [w.start.remote(request_id, batch, temperature, rng) for w in self.workers]
             ray.get(started)
             while True:
                 with self._send:

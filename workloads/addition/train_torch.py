@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 from addition import checkpoint as ckpt
-from addition.data import loss_mask
 from addition.model_jax import init_params
 from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config, shuffle_seed
 
@@ -35,7 +34,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    from addition.model_torch import AdditionTransformer, loss_fn, make_optimizer
+    from addition.model_torch import AdditionTransformer, make_optimizer, make_train_step, mean_loss
     from ray.train import Checkpoint
 
     cfg = resolve_config(config)
@@ -84,26 +83,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if opt_state is not None:
         optimizer.load_state_dict(opt_state["optimizer"])
         scheduler.load_state_dict(opt_state["scheduler"])
-    mask = torch.from_numpy(loss_mask(spec))
-    clip = float(cfg["grad_clip"]) if cfg["optimizer"] == "adamw" else 0.0
-
-    def train_step(tokens: torch.Tensor) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model, tokens, mask)
-        loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        scheduler.step()
-        return loss.detach()
-
-    def fetch(loss: torch.Tensor) -> float:
-        # each worker's loss is on its own shard; average so rank 0 reports the global mean
-        if world > 1:
-            loss = loss.clone()
-            torch.distributed.all_reduce(loss)
-            loss /= world
-        return float(loss)
+    train_step, fetch = make_train_step(model, optimizer, scheduler, cfg, spec), mean_loss(world)
 
     shard = ray.train.get_dataset_shard("train")
     shuffle = int(cfg["shuffle_buffer"])

@@ -23,7 +23,6 @@ import yaml
 
 from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args, slice_from_args
 from tpuflow.errors import UserInputError
-from tpuflow.kuberay.k8s_values import parse_key_values
 from tpuflow.kuberay.manifests import (
     DEFAULT_RAY_VERSION,
     DEFAULT_UPGRADE_STRATEGY,
@@ -31,9 +30,10 @@ from tpuflow.kuberay.manifests import (
     RayClusterTemplate,
     raycluster_manifest,
     rayservice_manifest,
-    resource_name,
 )
 from tpuflow.kuberay.serve_config import serve_config_dict
+from tpuflow.kubernetes.ownership import resource_name
+from tpuflow.kubernetes.values import parse_key_values
 from tpuflow.labels import kubernetes_ownership_labels
 from tpuflow.serve.config import check_tpu_placement, place_on_slice
 from tpuflow.tpu import TpuSlice
@@ -195,7 +195,8 @@ def _llm(args: argparse.Namespace) -> Any:
 
 def _rayservice(args: argparse.Namespace) -> int:
     if args.llm:
-        from tpuflow.serve.llm import DEFAULT_VLLM_TPU_IMAGE, llm_rayservice_manifest
+        from tpuflow.kuberay.llm_service import llm_rayservice_manifest
+        from tpuflow.serve.llm import DEFAULT_VLLM_TPU_IMAGE
 
         llm = _llm(args)
         template = _template(args, DEFAULT_VLLM_TPU_IMAGE)

@@ -21,7 +21,7 @@ import time
 from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args
 from tpuflow.gke.nodepool_spec import plan_node_pools
 from tpuflow.gke.workload_policy import COMPUTE_API
-from tpuflow.kuberay.k8s_values import parse_key_values
+from tpuflow.kubernetes.values import parse_key_values
 from tpuflow.validation import check_number
 
 

@@ -13,23 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
-from tpuflow.templating import is_static
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def _check_slices(slices: Any, rendered: bool) -> None:
-    if not (rendered or is_static(slices)):
-        return
+def _check_slices(slices: Any) -> None:
     if not isinstance(slices, list) or not slices:
         raise UserInputError("slices", slices, 'give a list of {"role", "tpu", "task_id"} dicts')
     for entry in slices:
         if not isinstance(entry, Mapping) or not {"role", "tpu", "task_id"} <= set(entry):
             raise UserInputError("slices", entry, 'each slice is a dict with "role", "tpu" and "task_id"')
         tpu = entry["tpu"]
-        if (rendered or is_static(tpu)) and tpu is not None and not isinstance(tpu, Mapping):
+        if tpu is not None and not isinstance(tpu, Mapping):
             raise UserInputError("slices", entry, "tpu is check_params' slice (a dict with chips, num_slices)")
 
 
@@ -39,7 +37,7 @@ def slice_chips(tpu: Mapping[str, Any] | None) -> int:
     return int(tpu.get("chips", 0)) * int(tpu.get("num_slices", 1) or 1)
 
 
-class ChipLedgerOperator(BaseOperator):
+class ChipLedgerOperator(ArgumentChecks, BaseOperator):
     """Write the run's chip-hour ledger: ledger.json, a ``ledger`` key in report.json, and the task's XCom.
 
     A teardown: it runs after the slices' deletes whatever failed, and never changes the run's outcome.
@@ -71,7 +69,10 @@ class ChipLedgerOperator(BaseOperator):
         self.output_dir = output_dir
         self.prices = prices
         self.gcp_conn_id = gcp_conn_id
-        _check_slices(self.slices, rendered=False)
+        self.check_static_arguments()
+
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [*super().argument_checks(), ((self.slices,), lambda: _check_slices(self.slices))]
 
     @abc.abstractmethod
     def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
@@ -81,7 +82,7 @@ class ChipLedgerOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from tpuflow.cost.ledger import build_ledger, check_prices, slice_entry
 
-        _check_slices(self.slices, rendered=True)
+        self.validate_arguments()
         prices = check_prices(self.prices)
         now = time.time()
         lines = []
@@ -174,7 +175,7 @@ def gke_slice_spans(
     return out
 
 
-class ChipBudgetGuardOperator(BaseOperator):
+class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     """Refuse to provision when the run's estimated chip-hours exceed ``max_chip_hours``.
 
     The estimate is this run's slices' chips times the durations of the DAG's previous run (its
@@ -193,19 +194,26 @@ class ChipBudgetGuardOperator(BaseOperator):
         super().__init__(**kwargs)
         self.max_chip_hours = max_chip_hours
         self.slices = slices
-        self._check_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def _check_arguments(self, *, rendered: bool) -> float | None:
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((self.slices,), self._check_planned_slices),
+            ((self.max_chip_hours,), self.budget),
+        ]
+
+    def _check_planned_slices(self) -> None:
+        if not isinstance(self.slices, list) or not all(
+            isinstance(s, Mapping) and {"role", "tpu"} <= set(s) for s in self.slices
+        ):
+            raise UserInputError("slices", self.slices, 'give a list of {"role", "tpu"} dicts')
+
+    def budget(self) -> float | None:
+        """The (rendered) max_chip_hours as a number; None: no budget."""
         from tpuflow.cost.budget import check_max_chip_hours
 
-        if rendered or is_static(self.slices):
-            if not isinstance(self.slices, list) or not all(
-                isinstance(s, Mapping) and {"role", "tpu"} <= set(s) for s in self.slices
-            ):
-                raise UserInputError("slices", self.slices, 'give a list of {"role", "tpu"} dicts')
-        if rendered or is_static(self.max_chip_hours):
-            return check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
-        return None
+        return check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
@@ -213,7 +221,8 @@ class ChipBudgetGuardOperator(BaseOperator):
         from tpuflow.cost.budget import estimate_chip_hours
         from tpuflow.cost.ledger import LEDGER_TASK_ID
 
-        budget = self._check_arguments(rendered=True)
+        self.validate_arguments()
+        budget = self.budget()
         wanted = [{"role": s["role"], "chips": slice_chips(s["tpu"])} for s in self.slices]
         previous = None
         if budget is not None:
@@ -234,7 +243,7 @@ class ChipBudgetGuardOperator(BaseOperator):
         return result
 
 
-class ReapOrphansOperator(BaseOperator):
+class ReapOrphansOperator(ArgumentChecks, BaseOperator):
     """One reaper run (tpuflow.cost.reaper) from inside Airflow: what finished, killed or expired runs
     of ``dag_ids`` left behind is deleted; a failed list deletes nothing and fails the task.
 
@@ -291,18 +300,24 @@ class ReapOrphansOperator(BaseOperator):
         self.cluster_name = cluster_name
         self.kubernetes_conn_id = kubernetes_conn_id
         self.namespace = namespace
-        self._check_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def _check_arguments(self, *, rendered: bool) -> float | None:
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((self.dag_ids,), self._check_dag_ids),
+            ((self.older_than,), self.older_than_seconds),
+        ]
+
+    def _check_dag_ids(self) -> None:
+        if not (isinstance(self.dag_ids, list) and all(isinstance(d, str) and d for d in self.dag_ids)):
+            raise UserInputError("dag_ids", self.dag_ids, "give a list of DAG ids")
+
+    def older_than_seconds(self) -> float:
+        """The (rendered) older_than in seconds."""
         from tpuflow.cost.reaper import parse_duration
 
-        if (rendered or is_static(self.dag_ids)) and not (
-            isinstance(self.dag_ids, list) and all(isinstance(d, str) and d for d in self.dag_ids)
-        ):
-            raise UserInputError("dag_ids", self.dag_ids, "give a list of DAG ids")
-        if rendered or is_static(self.older_than):
-            return parse_duration(self.older_than, "older_than")
-        return None
+        return parse_duration(self.older_than, "older_than")
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
@@ -310,7 +325,8 @@ class ReapOrphansOperator(BaseOperator):
         from tpuflow.cost.reaper import ReaperListError, ReaperScope, TaskSdkRunStates, collect_orphans, reap
         from tpuflow.templating import is_true
 
-        older_than = self._check_arguments(rendered=True) or 0.0
+        self.validate_arguments()
+        older_than = self.older_than_seconds()
         scope = ReaperScope(
             gcp_conn_id=self.gcp_conn_id,
             project_id=self.project_id or None,

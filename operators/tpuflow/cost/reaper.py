@@ -465,7 +465,8 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
     """The orphan RayServices and RayClusters (a RayService's own RayCluster is judged with it, never alone);
     the kept ones (with the kept mark) are added to ``kept``, ours whose owner cannot be read to ``unreadable``."""
     from tpuflow.cost.ledger import rfc3339_to_unix
-    from tpuflow.kuberay import GROUP, KIND_BY_PLURAL, RAYCLUSTERS, RAYSERVICES, VERSION
+    from tpuflow.kuberay import GROUP, RAYCLUSTERS, RAYSERVICES, VERSION
+    from tpuflow.kuberay.kinds import KIND_BY_PLURAL
     from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE, is_kept
 
     found = []
@@ -715,7 +716,8 @@ class ReaperScope:
 
 
 def _kube_hook(scope: ReaperScope) -> Any:
-    from tpuflow.kuberay.hooks import GKEKubeRayHook, KubeRayHook, resolve_gke_target
+    from tpuflow.kuberay.hooks import GKEKubeRayHook, KubeRayHook
+    from tpuflow.kubernetes.hooks import resolve_gke_target
 
     if scope.kubernetes_conn_id:
         return KubeRayHook(conn_id=scope.kubernetes_conn_id)

@@ -57,6 +57,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         self.project_id = project_id
         self.location = location
         self._budget_deadline: float | None = None
+        self.check_static_arguments()
 
     def budget_left(self, context: Context) -> tuple[float | None, str]:
         """(seconds until the ledger crosses the budget, what it is made of); None: no budget."""
@@ -100,7 +101,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         if isinstance(event, dict) and event.get("status") == "timeout" and self.max_chip_hours not in (None, ""):
             left, said = self.budget_left(context)
             if left is not None and left < float(self.poll_interval) + 5:
-                self._owned_submission_id = None
+                self._owned = None
                 self._keep_log(context, event)
                 raise AirflowFailException(
                     f"Training stopped: the run reached its chip-hour budget ({said}). Ray Train's last checkpoint "

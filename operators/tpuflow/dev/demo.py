@@ -25,8 +25,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from tpuflow.dev.demo_env import REPO, demo_env, demo_storage
 from tpuflow.dev.supervise import (
-    Interrupted,
     LeaseWaitReporter,
     Supervisor,
     release_supervised_leases,
@@ -35,60 +35,7 @@ from tpuflow.dev.supervise import (
 )
 from tpuflow.errors import UserInputError
 
-REPO = Path(__file__).resolve().parents[3]
 DAG_ID = "tpu_llm_pipeline_local"
-
-
-def demo_env(home: Path, output_root: Path | str) -> dict[str, str]:
-    """A throw-away Airflow home so the demo never touches a user's own Airflow."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-            "TPUFLOW_OUTPUT_ROOT": str(output_root),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        }
-    )
-    return env
-
-
-@contextlib.contextmanager
-def _storage(output_root: str, sup: Supervisor | None = None) -> Iterator[dict[str, str]]:
-    """Environment for a gs:// output root: STORAGE_EMULATOR_HOST of the emulator the demo writes to."""
-    if not output_root.startswith("gs://"):
-        yield {}
-        return
-    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, emulator_for
-    from tpuflow.storage import split_gs_uri
-
-    bucket, _ = split_gs_uri(output_root, "--output-root")
-    started = not os.environ.get(EMULATOR_ENV, "").strip()
-    with _noting(sup, "stopped the GCS emulator it started" if started else ""), emulator_for([bucket]) as url:
-        print(f"tpuflow demo: outputs go to {output_root} on the GCS emulator at {url}", flush=True)
-        before = os.environ.get(EMULATOR_ENV)
-        os.environ[EMULATOR_ENV] = url  # for reading the report back here
-        try:
-            yield {EMULATOR_ENV: url}
-        finally:
-            if before is None:
-                os.environ.pop(EMULATOR_ENV, None)
-            else:
-                os.environ[EMULATOR_ENV] = before
-
-
-@contextlib.contextmanager
-def _noting(sup: Supervisor | None, cleaned: str) -> Iterator[None]:
-    """Tell ``sup`` that unwinding the blocks inside this one cleaned ``cleaned`` when a signal unwinds it."""
-    try:
-        yield
-    except Interrupted:
-        if sup is not None and cleaned:
-            sup.note(cleaned)
-        raise
 
 
 @contextlib.contextmanager
@@ -182,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
         output_root = (args.output_root or str(work / "outputs")).rstrip("/")
         if not output_root.startswith("gs:") and "://" not in output_root:
             output_root = str(Path(output_root).resolve())  # gs:/... stays as given: check_params rejects it
-        with _storage(output_root, sup) as storage_env:
+        with demo_storage(output_root, sup) as storage_env:
             return _run_pipeline(args, home, output_root, storage_env, conf, sup)
 
 

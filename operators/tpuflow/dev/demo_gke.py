@@ -99,7 +99,7 @@ def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_b
 
 def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     """``conf``: the run's conf, already checked (tpuflow.dev.demo.demo_conf)."""
-    from tpuflow.dev.demo import _storage, demo_env
+    from tpuflow.dev.demo_env import demo_env, demo_storage
     from tpuflow.dev.ray_launcher import LocalRayLauncher
     from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
     from tpuflow.dev.standins.stack import StandinStack
@@ -136,7 +136,7 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     )
     print(f"tpuflow demo --backend gke: starting the GKE and Kubernetes stand-ins in {stack.workdir}", flush=True)
     started = time.time()
-    with _storage(output_root) as storage_env, stack:
+    with demo_storage(output_root) as storage_env, stack:
         print(
             f"  GKE API {stack.gke.url}, Kubernetes API {stack.kube.api.url} (kubeconfig {stack.kube.kubeconfig_path})"
         )

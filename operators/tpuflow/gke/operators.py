@@ -9,44 +9,75 @@ worker. Validation happens before any API call and raises UserInputError naming 
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 
+from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
-from tpuflow.naming import TaskIdentity
-from tpuflow.tpu.slice_argument import slice_is_templated
+from tpuflow.naming import (
+    TaskIdentity,
+    check_cluster_location,
+    check_cluster_name,
+    check_node_pool_name,
+    check_project,
+)
+from tpuflow.validation import check_count, check_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
     from tpuflow.gke.nodepool_spec import NodePoolPlan
-    from tpuflow.gke.provisioning import Progress, RetryPolicy, _Loop
+    from tpuflow.gke.provisioning import Progress, RetryPolicy, Sleep, WaitForOperation, _Loop
     from tpuflow.tpu.slice_argument import SliceArgument
 
 ON_KILL_ACTIONS = ("delete", "keep")
+# What GKECreateTPUNodePoolOperator.plan() reads: checked together, at parse time when all are static.
+PLANNED_FIELDS = (
+    "project_id",
+    "location",
+    "cluster_name",
+    "tpu_slice",
+    "capacity",
+    "fallback_capacity",
+    "node_zone",
+    "node_pool_name",
+    "node_labels",
+    "node_taints",
+    "service_account",
+    "workload_policy",
+)
 
 
-class _NodePoolOperatorBase(BaseOperator):
-    """Runs a provisioning loop in the worker, or across deferrals when ``deferrable``.
+@dataclass(frozen=True)
+class PendingWait:
+    """A wait the provisioning loop needs before its next step, for the triggerer (execute_async) or this
+    worker (execute_sync): a backoff (``Sleep``) or a GKE operation (``WaitForOperation``)."""
 
-    Subclasses check their arguments with one function (``_check_arguments``) at the start of
-    execute, and once when the DAG is parsed if the values it reads (``_checked_fields``) are static.
+    loop: _Loop
+    step: Sleep | WaitForOperation
+    resume: dict[str, Any]  # what the event hands back: the progress and the operation waited on
+    delete_on_kill: dict[str, Any] | None  # what killing the task deletes (the triggers' on_kill)
+
+
+class _NodePoolOperatorBase(ArgumentChecks, BaseOperator):
+    """Runs a provisioning loop: ``execute`` steps it up to its first wait; ``execute_async`` defers that wait
+    to a trigger, ``execute_sync`` runs the trigger's own wait coroutine here; both hand the event to
+    ``execute_complete``, which resumes the loop from the event's progress up to the next wait or the end.
+
+    Arguments: one check list (``argument_checks``, tpuflow.arguments), run on static values at parse time
+    and on rendered ones at the start of ``execute``. What ``on_kill`` deletes is ``self._owned``, set while
+    this worker creates pools and waits on them.
     """
-
-    _checked_fields: tuple[str, ...] = ()
-
-    def _checked_values_templated(self) -> bool:
-        """Whether a value the check reads is rendered only at run time (a TpuSlice is static: is_templated
-        treats any object as a template, slice_is_templated does not, and agrees with it on everything else)."""
-        return any(slice_is_templated(getattr(self, name)) for name in self._checked_fields)
 
     def __init__(
         self,
@@ -76,23 +107,25 @@ class _NodePoolOperatorBase(BaseOperator):
         self.max_backoff = max_backoff
         self.max_busy_retries = max_busy_retries
         self.operation_timeout = operation_timeout
-        # What on_kill cleans up, set once the loop knows it: (hook, owned pools as in _owned_pools).
-        self._kill_with: tuple[GKENodePoolHook, dict[str, Any]] | None = None
+        # What on_kill cleans up: (hook, the pools this task owns as in _owned_pools), set while the loop runs here.
+        self._owned: tuple[GKENodePoolHook, dict[str, Any]] | None = None
 
     # --- argument checks ---------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def _check_arguments(self) -> Any: ...
+    def argument_checks(self) -> list[ArgumentCheck]:
+        seconds = ("poll_interval", "retry_backoff", "max_backoff", "operation_timeout")
+        return [
+            *super().argument_checks(),
+            *(((getattr(self, f),), lambda f=f: check_seconds(f, getattr(self, f))) for f in seconds),
+            ((self.max_busy_retries,), lambda: check_count("max_busy_retries", self.max_busy_retries, minimum=0)),
+        ]
 
-    def _check_static_arguments(self) -> None:
-        """Parse time: bad static values become a DAG import error; templated ones are checked once rendered."""
-        from tpuflow.validation import check_count, check_seconds
-
-        # Never templated: checked whatever the other arguments are.
-        for field in ("poll_interval", "retry_backoff", "max_backoff", "operation_timeout"):
-            check_seconds(field, getattr(self, field))
-        check_count("max_busy_retries", self.max_busy_retries, minimum=0)
-        if not self._checked_values_templated():
-            self._check_arguments()
+    def cluster_name_checks(self) -> list[ArgumentCheck]:
+        """The cluster's coordinates, each on its own: a static one is checked at parse time whatever the others."""
+        return [
+            ((self.project_id,), lambda: check_project(self.project_id)),
+            ((self.location,), lambda: check_cluster_location(self.location)),
+            ((self.cluster_name,), lambda: check_cluster_name(self.cluster_name)),
+        ]
 
     # --- shared plumbing -------------------------------------------------------------------------------
     def _policy(self, **extra: Any) -> RetryPolicy:
@@ -131,24 +164,27 @@ class _NodePoolOperatorBase(BaseOperator):
         """What killing the task deletes; None: nothing."""
         return owned
 
-    def _drive(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
+    # --- the skeleton: execute -> execute_sync | execute_async -> execute_complete --------------------------
+    def run_loop(self, context: Context, progress: Progress) -> Any:
+        """The rest of ``execute``: step the loop up to its first wait, then wait in the triggerer
+        (``advance`` defers) or in this worker (``execute_sync``)."""
+        try:
+            outcome = self.advance(context, progress)
+            return self.execute_sync(context, outcome) if isinstance(outcome, PendingWait) else outcome
+        finally:
+            self._owned = None
+
+    def advance(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
+        """Step the loop (``waiting``: the operation the last wait was on): the result once done; else defer the
+        next wait (deferrable) or return it (a PendingWait) for execute_sync to run here."""
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-        from tpuflow.gke.provisioning import (
-            Done,
-            NodePoolFailed,
-            Sleep,
-            WaitForOperation,
-            run_to_completion,
-        )
+        from tpuflow.gke.provisioning import Done, NodePoolFailed, WaitForOperation
 
         loop = self._loop(context, progress)
         owned = self._owned_pools(loop)
-        self._kill_with = (loop.hook, owned) if owned else None  # for on_kill, on the worker side
-        delete_on_kill = self._delete_on_kill(owned)
+        self._owned = (loop.hook, owned) if owned else None  # the step may create pools: on_kill deletes them
         try:
-            if not self.deferrable:
-                return run_to_completion(loop, progress)
             finished = None
             if waiting is not None:
                 wait = WaitForOperation(**waiting)
@@ -158,19 +194,34 @@ class _NodePoolOperatorBase(BaseOperator):
             # Fail at once (no Airflow retries) unless a later try could succeed, e.g. capacity returns.
             raise (AirflowException if err.retryable else AirflowFailException)(str(err)) from err
         if isinstance(step, Done):
+            self._owned = None
             return step.result
+        resume = {
+            "progress": progress.to_dict(),
+            "waiting": step.to_dict() if isinstance(step, WaitForOperation) else None,
+        }
+        pending = PendingWait(loop, step, resume, self._delete_on_kill(owned))
+        if self.deferrable:
+            self.execute_async(context, pending)
+        return pending
+
+    def execute_async(self, context: Context, pending: PendingWait) -> None:
+        """Defer the wait: NodePoolBackoffTrigger (a backoff) or GKENodePoolOperationTrigger (an operation)."""
+        from tpuflow.gke.provisioning import Sleep
         from tpuflow.gke.triggers import GKENodePoolOperationTrigger, NodePoolBackoffTrigger
 
+        step, loop = pending.step, pending.loop
         trigger: Any
         if isinstance(step, Sleep):
             self.log.info("Deferring for %.1f s: %s", step.seconds, step.reason)
-            resume = {"progress": progress.to_dict(), "waiting": None}
             trigger = NodePoolBackoffTrigger(
-                wake_at=time.time() + step.seconds, reason=step.reason, resume=resume, delete_on_kill=delete_on_kill
+                wake_at=time.time() + step.seconds,
+                reason=step.reason,
+                resume=pending.resume,
+                delete_on_kill=pending.delete_on_kill,
             )
         else:
             self.log.info("Deferring until operation %s (%s %s) is done", step.operation, step.action, step.pool)
-            resume = {"progress": progress.to_dict(), "waiting": step.to_dict()}
             trigger = GKENodePoolOperationTrigger(
                 operation_name=step.operation,
                 project_id=loop.project_id,
@@ -178,13 +229,44 @@ class _NodePoolOperatorBase(BaseOperator):
                 gcp_conn_id=self.gcp_conn_id,
                 impersonation_chain=self.impersonation_chain,
                 poll_interval=self.poll_interval,
-                resume=resume,
-                delete_on_kill=delete_on_kill,
+                resume=pending.resume,
+                delete_on_kill=pending.delete_on_kill,
                 operation_timeout=float(self.operation_timeout),
             )
         self.defer(trigger=trigger, method_name="execute_complete")
 
+    def execute_sync(self, context: Context, pending: PendingWait) -> Any:
+        """Wait here, wait after wait: each the triggers' own coroutine (tpuflow.gke.waits) run with asyncio.run,
+        its event (with the progress) resumed by execute_complete, until the loop is done. A loop, not a
+        recursion: a long run of backoffs must not grow the stack."""
+        outcome: Any = pending
+        while isinstance(outcome, PendingWait):
+            event = asyncio.run(self._wait_here(outcome))
+            outcome = self.execute_complete(context, {**event, "resume": outcome.resume})
+        return outcome
+
+    def _wait_here(self, pending: PendingWait) -> Coroutine[Any, Any, dict[str, Any]]:
+        from tpuflow.gke.provisioning import Sleep
+        from tpuflow.gke.waits import wait_for_operation, wait_until
+
+        step, loop = pending.step, pending.loop
+        if isinstance(step, Sleep):
+            self.log.info("Waiting %.1f s: %s", step.seconds, step.reason)
+            return wait_until(time.time() + step.seconds, step.reason)
+
+        async def get_operation(name: str = step.operation) -> Any:
+            return loop.hook.get_operation(name, project_id=loop.project_id)
+
+        return wait_for_operation(
+            get_operation,
+            step.operation,
+            poll_interval=float(self.poll_interval),
+            log=self.log,
+            timeout=float(self.operation_timeout),
+        )
+
     def execute_complete(self, context: Context, event: Any = None) -> Any:
+        """A wait's event (from the trigger, or from execute_sync): resume the loop from its progress."""
         event = raise_for_event(event, f"Task {self.task_id} waiting on GKE")
         from airflow.sdk.exceptions import AirflowException
 
@@ -193,7 +275,7 @@ class _NodePoolOperatorBase(BaseOperator):
         resume = event.get("resume")
         if not isinstance(resume, Mapping):
             raise AirflowException(f"Trigger event {dict(event)!r} carries no progress; clear the task to start over")
-        return self._drive(context, Progress.from_dict(resume.get("progress")), resume.get("waiting"))
+        return self.advance(context, Progress.from_dict(resume.get("progress")), resume.get("waiting"))
 
 
 class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
@@ -252,22 +334,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     Pushes XCom ``node_pool_name``, ``node_pool_names`` and returns a dict describing the pools.
     """
 
-    # what plan() reads: checked together, at parse time when all are static
-    _checked_fields = (
-        "project_id",
-        "location",
-        "cluster_name",
-        "tpu_slice",
-        "capacity",
-        "fallback_capacity",
-        "node_zone",
-        "node_pool_name",
-        "node_labels",
-        "node_taints",
-        "service_account",
-        "workload_policy",
-    )
-    template_fields: Sequence[str] = (*_checked_fields, "gcp_conn_id", "impersonation_chain")
+    template_fields: Sequence[str] = (*PLANNED_FIELDS, "gcp_conn_id", "impersonation_chain")
     operator_extra_links = (GKENodePoolLink(), GKEClusterNodesLink())
     ui_color = "#d5e8ff"
 
@@ -301,43 +368,27 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.expires_after = expires_after
         self.stockout_retries = stockout_retries
         self.on_kill_action = on_kill_action
-        self._check_static_arguments()
+        self.check_static_arguments()
 
-    def _check_static_arguments(self) -> None:
-        # Never templated: checked whatever the other arguments are.
-        from tpuflow.validation import check_count
+    def argument_checks(self) -> list[ArgumentCheck]:
+        # The names the plan reads are also checked one by one: with the slice templated (the plan waits for
+        # execute) a bad static name still fails the DAG import, not this task after an earlier one made a pool.
+        planned = tuple(getattr(self, field) for field in PLANNED_FIELDS)
+        return [
+            ((self.on_kill_action,), self._check_on_kill_action),
+            ((self.expires_after,), self._expires_in),
+            ((self.stockout_retries,), lambda: check_count("stockout_retries", self.stockout_retries, minimum=0)),
+            *super().argument_checks(),
+            *self.cluster_name_checks(),
+            ((self.node_pool_name,), lambda: not self.node_pool_name or check_node_pool_name(self.node_pool_name)),
+            (planned, lambda: self.plan(TaskIdentity("parse", "parse", self.task_id), None)),
+        ]
 
+    def _check_on_kill_action(self) -> None:
         if self.on_kill_action not in ON_KILL_ACTIONS:
             raise UserInputError("on_kill_action", self.on_kill_action, "use 'delete' (the default) or 'keep'")
-        self._expires_in()
-        check_count("stockout_retries", self.stockout_retries, minimum=0)
-        super()._check_static_arguments()
-        if self._checked_values_templated():
-            self._check_static_names()
-
-    def _check_static_names(self) -> None:
-        """With the slice templated (the plan waits for execute), the names that are static are still
-        checked now: a bad one fails the DAG import, not this task after an earlier one made a pool."""
-        from tpuflow import naming
-        from tpuflow.templating import is_static
-
-        checks = {
-            "project_id": naming.check_project,
-            "location": naming.check_cluster_location,
-            "cluster_name": naming.check_cluster_name,
-        }
-        for field, check in checks.items():
-            if is_static(getattr(self, field)):
-                check(getattr(self, field))
-        if self.node_pool_name and is_static(self.node_pool_name):
-            naming.check_node_pool_name(self.node_pool_name)
-
-    def _check_arguments(self) -> NodePoolPlan:
-        return self.plan(TaskIdentity("parse", "parse", self.task_id), None)
 
     def _expires_in(self) -> float:
-        from tpuflow.validation import check_seconds
-
         return float(check_seconds("expires_after", self.expires_after))  # type: ignore[arg-type]
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
@@ -399,9 +450,9 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         still running on a pool (GKE refuses the delete until then); those pools are named in the log.
         A deferred task is handled by its trigger's on_kill, which does wait.
         """
-        if self._kill_with is None:
+        if self._owned is None:
             return
-        hook, owned = self._kill_with
+        hook, owned = self._owned
         where = f"--cluster={owned['cluster_name']} --location={owned['location']} --project={owned['project_id']}"
         if self.on_kill_action == "keep":
             self.log.warning(
@@ -425,15 +476,16 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     def execute(self, context: Context) -> Any:
         from tpuflow.gke.provisioning import Progress
 
+        self.validate_arguments()  # the rendered values, before any API call
         progress = Progress(expires_at=int(time.time() + self._expires_in()))
-        plan = self.plan(TaskIdentity.from_context(context), progress.expires_at)  # the rendered values' check
+        plan = self.plan(TaskIdentity.from_context(context), progress.expires_at)
         where = {"project_id": plan.project_id, "location": plan.location, "cluster_name": plan.cluster_name}
         GKENodePoolLink.persist(context, node_pool_name=plan.names[0], **where)
         GKEClusterNodesLink.persist(context, **where)
         context["ti"].xcom_push(key="node_pool_name", value=plan.names[0])
         context["ti"].xcom_push(key="node_pool_names", value=list(plan.names))
         self.log.info("Node pool plan: %s", plan.describe())
-        return self._drive(context, progress)
+        return self.run_loop(context, progress)
 
 
 class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
@@ -465,8 +517,15 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     Returns ``{"deleted": [...], "absent": [...]}`` with the cluster's coordinates.
     """
 
-    _checked_fields = ("project_id", "location", "cluster_name", "node_pool_name", "created_by_task_id")
-    template_fields: Sequence[str] = (*_checked_fields, "gcp_conn_id", "impersonation_chain")
+    template_fields: Sequence[str] = (
+        "project_id",
+        "location",
+        "cluster_name",
+        "node_pool_name",
+        "created_by_task_id",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
     operator_extra_links = (GKEClusterNodesLink(),)
     ui_color = "#ffd9d5"
 
@@ -480,7 +539,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         super().__init__(**kwargs)
         self.node_pool_name = node_pool_name
         self.created_by_task_id = created_by_task_id
-        self._check_static_arguments()
+        self.check_static_arguments()
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
         from tpuflow.labels import OWNER_KEY_LABEL
@@ -489,21 +548,25 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
             key = TaskIdentity.from_context(context, self.created_by_task_id).key
             pools = hook.list_node_pools(project_id=self.project_id, cluster_name=self.cluster_name)
             return [p.name for p in pools if p.config.resource_labels.get(OWNER_KEY_LABEL) == key]
+        return self._given_names()
+
+    def _given_names(self) -> list[str]:
         value = self.node_pool_name
         return [value] if isinstance(value, str) else list(value or [])
 
-    def _check_arguments(self) -> None:
-        from tpuflow.naming import check_cluster_location, check_cluster_name, check_node_pool_name, check_project
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            *self.cluster_name_checks(),
+            ((self.node_pool_name, self.created_by_task_id), self._check_pools),
+        ]
 
-        check_project(self.project_id)
-        check_cluster_location(self.location)
-        check_cluster_name(self.cluster_name)
+    def _check_pools(self) -> None:
         if bool(self.node_pool_name) == bool(self.created_by_task_id):
             raise UserInputError(
                 "node_pool_name", self.node_pool_name, "give exactly one of node_pool_name and created_by_task_id"
             )
-        names = [self.node_pool_name] if isinstance(self.node_pool_name, str) else list(self.node_pool_name or [])
-        for name in names:
+        for name in self._given_names():
             check_node_pool_name(name)
 
     def _loop(self, context: Context, progress: Progress) -> _Loop:
@@ -529,8 +592,8 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     def execute(self, context: Context) -> Any:
         from tpuflow.gke.provisioning import Progress
 
-        self._check_arguments()
+        self.validate_arguments()
         GKEClusterNodesLink.persist(
             context, project_id=self.project_id, location=self.location, cluster_name=self.cluster_name
         )
-        return self._drive(context, Progress())
+        return self.run_loop(context, Progress())

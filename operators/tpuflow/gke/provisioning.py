@@ -10,9 +10,7 @@ names, adopts matching ones and waits for operations still running.
 from __future__ import annotations
 
 import abc
-import asyncio
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +19,6 @@ from google.api_core.exceptions import GoogleAPICallError
 from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
 from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
 from tpuflow.gke.nodepool_spec import NodePoolPlan, match_capacity
-from tpuflow.gke.waits import wait_for_operation, wait_until
 from tpuflow.labels import OWNER_KEY_LABEL
 
 log = logging.getLogger(__name__)
@@ -446,38 +443,6 @@ class NodePoolKeeper(_Loop):
                 "absent": absent,
             }
         )
-
-
-def run_to_completion(loop: _Loop, progress: Progress) -> dict[str, Any]:
-    """Drive the loop in this process (the non-deferrable path), through the waits the triggers run."""
-    from tpuflow.events import raise_for_event
-
-    finished: tuple[WaitForOperation, Any] | None = None
-    while True:
-        step = loop.step(progress, finished)
-        finished = None
-        if isinstance(step, Done):
-            return step.result
-        if isinstance(step, Sleep):
-            log.info("Waiting %.1f s: %s", step.seconds, step.reason)
-            asyncio.run(wait_until(time.time() + step.seconds, step.reason))
-            continue
-        name = step.operation
-
-        async def get_operation(name: str = name) -> Any:
-            return loop.hook.get_operation(name, project_id=loop.project_id)
-
-        event = asyncio.run(
-            wait_for_operation(
-                get_operation,
-                name,
-                poll_interval=loop.policy.poll_interval,
-                log=log,
-                timeout=loop.policy.operation_timeout,
-            )
-        )
-        raise_for_event(event, f"waiting to {step.action} node pool {step.pool}")
-        finished = (step, loop.hook.get_operation(name, project_id=loop.project_id))
 
 
 def kill_owned_pools(hook: GKENodePoolHook, owned: dict[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ VERSION = "v1"
 API_VERSION = f"{GROUP}/{VERSION}"
 RAYCLUSTERS = "rayclusters"
 RAYSERVICES = "rayservices"
-KIND_BY_PLURAL = {RAYCLUSTERS: "RayCluster", RAYSERVICES: "RayService"}
+# Each kind (name, plural, manifest builder, verdict, diagnosis) is one class in tpuflow.kuberay.kinds.
 
 # Names the operators need when their module is imported (argument defaults, label keys); the
 # manifest builders that use them (tpuflow.kuberay.manifests) load only when a manifest is built.
@@ -29,7 +29,6 @@ __all__ = [
     "DEFAULT_RAY_VERSION",
     "DEFAULT_UPGRADE_STRATEGY",
     "GROUP",
-    "KIND_BY_PLURAL",
     "LABEL_PREFIX",
     "RUN_KEY_LABEL",
     "MANAGED_BY",

@@ -23,7 +23,7 @@ A token-authenticated cluster (authOptions mode ``token``, the default) adds ``r
 *reference* to the Secret holding its Ray token (``secret_name``, ``namespace``, ``key``) and the
 Kubernetes target to read it through (``kube_target``: KubeTarget.to_dict(), a connection id or a GKE
 endpoint with its public CA certificate). The token itself never enters XCom; the Ray hooks read it
-from the Secret when they call the dashboard (tpuflow.rayjob.connection).
+from the Secret when they call the dashboard (tpuflow.ray.connection).
 """
 
 from __future__ import annotations

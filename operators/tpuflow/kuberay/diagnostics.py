@@ -1,13 +1,26 @@
 """Why a RayCluster or RayService is not ready, in words: pods, Warning events, head pod log tail.
 
 Pure functions over plain dicts (pods and events as the API returns them), shared by the synchronous
-waits and the triggers.
+waits and the triggers; ``cluster_diagnostics`` gathers them for one RayCluster through a ``Reader``
+(AsyncKubeRayHook in the triggerer, tpuflow.kuberay.waits.SyncReader in a worker).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+
+class Reader(Protocol):
+    """What the waits and the kinds' diagnoses read: custom objects, pods, events, a pod's log tail."""
+
+    async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None: ...
+
+    async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
+
+    async def events_for(self, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]: ...
+
+    async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]: ...
 
 
 def pod_problems(pods: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -71,3 +84,22 @@ def render(
     if log:
         parts.append(f"Last {len(log)} log lines of head pod {head_pod or ''}:\n  " + "\n  ".join(log))
     return "\n".join(p for p in parts if p)
+
+
+async def cluster_diagnostics(
+    reader: Reader, cluster_name: str, namespace: str, headline: str, log_lines: int, extra_objects: Sequence[str] = ()
+) -> str:
+    """Pods, Warning events and the head pod's last log lines of one RayCluster, as text."""
+    try:
+        pods = await reader.pods(namespace, f"ray.io/cluster={cluster_name}")
+        names = [cluster_name, *extra_objects, *((p.get("metadata") or {}).get("name", "") for p in pods)]
+        events = await reader.events_for(namespace, names)
+        head = next(
+            (p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type") == "head"), None
+        )
+        head_name = (head or {}).get("metadata", {}).get("name")
+        container = (((head or {}).get("spec") or {}).get("containers") or [{}])[0].get("name")
+        log = await reader.pod_log_tail(head_name, namespace, log_lines, container) if head_name else []
+    except Exception as err:  # diagnostics are best effort: never hide the real failure behind them
+        return f"{headline}\n(could not collect diagnostics: {type(err).__name__}: {err})"
+    return render(headline, pods, events, log, head_name)

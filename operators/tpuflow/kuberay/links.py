@@ -11,7 +11,7 @@ from __future__ import annotations
 from tpuflow.links import CONSOLE, StoredUrlLink
 
 # The cluster's dashboard is the same link whichever backend started the cluster.
-from tpuflow.rayjob.links import RayDashboardLink as RayDashboardLink
+from tpuflow.ray.links import RayDashboardLink as RayDashboardLink
 
 
 class GKEWorkloadsLink(StoredUrlLink):

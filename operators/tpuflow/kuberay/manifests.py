@@ -16,18 +16,15 @@ from typing import Any
 
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay import API_VERSION, DEFAULT_RAY_VERSION, DEFAULT_UPGRADE_STRATEGY
-from tpuflow.kuberay.k8s_values import check_env, check_name, check_namespace, check_quantities
 from tpuflow.kuberay.ray_auth import MIN_TOKEN_AUTH_RAY, auth_mode, with_cluster_auth
 from tpuflow.kuberay.serve_config import SERVE_PORT, serve_config_v2
+from tpuflow.kubernetes.values import check_env, check_name, check_namespace, check_quantities
 from tpuflow.labels import (
     EXPIRES_LABEL,
     SLICE_ANNOTATION,
     SPEC_HASH_ANNOTATION,
     check_labels,
-    kubernetes_ownership_annotations,
-    kubernetes_ownership_labels,
 )
-from tpuflow.naming import TaskIdentity, dns_name, run_key
 from tpuflow.tpu import TpuSlice
 from tpuflow.tpu.slice import TPU_RESOURCE
 
@@ -53,24 +50,6 @@ _RAY_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 AUTH_TOKEN_SECRET_KEY = "auth_token"
 
 
-def resource_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
-    """The RayCluster/RayService name for one task instance: the same on every try."""
-    return dns_name(dag_id, task_id, key=run_key(dag_id, run_id, task_id, map_index))
-
-
-def ownership_labels(
-    dag_id: str, run_id: str, task_id: str, map_index: int = -1, expires_at: int | None = None
-) -> dict[str, str]:
-    """The Kubernetes ownership labels of one task instance (tpuflow.labels.kubernetes_ownership_labels),
-    with ``expires_at`` (unix time) its ``tpuflow-expires`` label too."""
-    return kubernetes_ownership_labels(TaskIdentity(dag_id, run_id, task_id, map_index), expires_at)
-
-
-def ownership_annotations(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, str]:
-    """The annotation recording the task instance's full owner record (what the orphan reaper judges by)."""
-    return kubernetes_ownership_annotations(TaskIdentity(dag_id, run_id, task_id, map_index))
-
-
 def spec_hash(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -92,7 +71,7 @@ class RayClusterTemplate:
     service_account: str | None = None
     shm_size: str | None = None
     image_pull_policy: str = "IfNotPresent"
-    # queued capacity: the TPU worker pods consume this ProvisioningRequest's nodes (tpuflow.gke.provisioning_request)
+    # queued capacity: the TPU worker pods consume this ProvisioningRequest's nodes (tpuflow.capacity.provisioning_request)
     provisioning_request: str | None = None
     auth_mode: str = "token"
 
@@ -193,7 +172,7 @@ class RayClusterTemplate:
         pod_spec["nodeSelector"] = dict(tpu.node_selector)
         template: dict[str, Any] = {**_pod_metadata(pod_labels), "spec": pod_spec}
         if self.provisioning_request:
-            from tpuflow.gke.provisioning_request import consume_annotations
+            from tpuflow.capacity.provisioning_request import consume_annotations
 
             template["metadata"] = {
                 **template.get("metadata", {}),

@@ -1,12 +1,15 @@
 """Shared plumbing of the KubeRay operators: Kubernetes target, argument checks, the one create/deploy flow.
 
-- ``KubeRayBaseOperator``: where the Kubernetes API is, how long to wait, the argument checks (one
-  validation function, run on static values at parse time and on rendered values at the start of
-  execute) and the delete wait.
+- ``KubeRayBaseOperator``: the Kubernetes-object operator skeleton (tpuflow.kubernetes.operator_base:
+  where the API is, how long to wait, one argument-check shape) on KubeRay's hook, for one KubeRay kind
+  (``kuberay_kind``, tpuflow.kuberay.kinds: its name, plural, manifest builder, verdict and diagnosis),
+  plus the console links.
 - ``KubeRayApplyOperator``: the one flow of the RayCluster create and the RayService deploy: apply
-  (create, or adopt/update what an earlier try or run left), wait (defer or poll), finish (the
-  address payload). What ``on_kill`` deletes is ``self._owned``, set while this task waits on an
-  object it created.
+  (create, or adopt/update what an earlier try or run left), wait, finish (the address payload). Every
+  waiting KubeRay operator follows one skeleton: ``execute`` does the work up to the wait, then
+  ``execute_async`` (defer to the trigger) or ``execute_sync`` (run the trigger's own wait coroutine in
+  this worker), and both hand the event to ``execute_complete``. What ``on_kill`` deletes is
+  ``self._owned``, set while this task waits in the worker on an object it created.
 - ``SliceArgumentsMixin``: the Ray cluster's shape arguments.
 
 Cheap to import: the hooks (kubernetes, providers) and triggers load inside the methods that run in
@@ -19,65 +22,47 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import DEFAULT_RAY_VERSION
 from tpuflow.kuberay.addresses import check_address_mode
-from tpuflow.kuberay.k8s_values import check_name, check_namespace
+from tpuflow.kuberay.kinds import KubeRayKind
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
+from tpuflow.kubernetes.operator_base import (
+    GKE_CLUSTER_KEYS,
+    ArgumentCheck,
+    KubernetesBaseOperator,
+    check_choice,
+    check_gke_cluster,
+    check_seconds,
+)
+from tpuflow.kubernetes.ownership import check_expires_after, object_name, owner_annotations, owner_labels
+from tpuflow.kubernetes.values import check_name
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
-from tpuflow.tpu.slice_argument import slice_is_templated
-from tpuflow.validation import check_count
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from tpuflow.kuberay.hooks import KubeRayHook, KubeTarget
+    from tpuflow.kuberay.hooks import KubeRayHook
     from tpuflow.kuberay.manifests import RayClusterTemplate
     from tpuflow.tpu import TpuSlice
     from tpuflow.tpu.slice_argument import SliceArgument
 
-_GKE_KEYS = ("project_id", "location", "cluster_name")
-# (the values a check reads, the check): run at parse time when every value is static, always in execute
-ArgumentCheck = tuple[tuple[Any, ...], Callable[[], object]]
-
-
-def check_gke_cluster(gke_cluster: Mapping[str, Any] | None) -> None:
-    if gke_cluster is None:
-        return
-    if not isinstance(gke_cluster, Mapping):
-        raise UserInputError("gke_cluster", gke_cluster, f"give a mapping with {', '.join(_GKE_KEYS)}")
-    missing = [k for k in _GKE_KEYS if not gke_cluster.get(k)]
-    if missing:
-        raise UserInputError("gke_cluster", gke_cluster, f"give {', '.join(_GKE_KEYS)} (missing: {', '.join(missing)})")
-
-
-def check_seconds(field: str, value: object) -> None:
-    """A positive, finite number of seconds (tpuflow.validation.check_seconds)."""
-    from tpuflow.validation import check_seconds as _check_seconds
-
-    _check_seconds(field, value)
-
-
-def check_expires_after(value: object) -> float | None:
-    """``expires_after`` in seconds: positive and finite, or None (no ``tpuflow-expires`` label)."""
-    from tpuflow.validation import check_seconds as _check_seconds
-
-    return _check_seconds("expires_after", value, optional=True)
-
-
-def check_choice(field: str, value: object, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise UserInputError(field, value, f"use one of {', '.join(choices)}")
+__all__ = [  # the operators module builds on these; their home is the Kubernetes layer
+    "ArgumentCheck",
+    "check_choice",
+    "check_gke_cluster",
+    "check_seconds",
+    "object_name",
+    "owner_labels",
+]
 
 
 @dataclass(frozen=True)
@@ -90,138 +75,37 @@ class OwnedObject:
     run_key: str
 
 
-class KubeRayBaseOperator(BaseOperator):
-    """Where the Kubernetes API is, how long to wait, and how to report.
+class KubeRayBaseOperator(KubernetesBaseOperator):
+    """The Kubernetes-object operator skeleton (tpuflow.kubernetes.operator_base) on KubeRay's hook, for
+    the KubeRay kind ``kuberay_kind``, with the Ray / GKE console links."""
 
-    :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
-        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given.
-    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
-        ``use_dns_endpoint``) of the GKE cluster. Alone, the operator reaches the cluster through the
-        google provider's GKE hooks; together with ``kubernetes_conn_id`` it only feeds the console links.
-    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``.
-    :param impersonation_chain: service account(s) the GKE hooks impersonate.
-    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default".
-    :param deferrable: wait in the triggerer (KubeRay status polling with kubernetes_asyncio).
-    :param poll_interval: seconds between status reads.
-    :param wait_timeout: seconds until the task fails with KubeRay's reason, pod states, Warning
-        events and the head pod's last log lines.
-    :param log_lines: head pod log lines to include on failure or timeout.
-    """
-
-    template_fields: Sequence[str] = ("namespace", "kubernetes_conn_id", "gke_cluster", "gcp_conn_id")
     operator_extra_links = (RayDashboardLink(), GKEWorkloadsLink(), GKERayHeadPodLink())
     ui_color = "#e6f0ff"
+    kuberay_kind: ClassVar[type[KubeRayKind]]
 
-    def __init__(
-        self,
-        *,
-        namespace: str | None = None,
-        kubernetes_conn_id: str | None = None,
-        gke_cluster: Mapping[str, Any] | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        poll_interval: float = 10.0,
-        wait_timeout: float = 1800.0,
-        log_lines: int = 50,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.namespace = namespace
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.gke_cluster = gke_cluster
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self.deferrable = deferrable
-        self.poll_interval = poll_interval
-        self.wait_timeout = wait_timeout
-        self.log_lines = log_lines
-        self._hook_cache: KubeRayHook | None = None
-        self._target_cache: KubeTarget | None = None
+    @property
+    def kind(self) -> str:
+        """The kind's name, as messages, events and return values carry it."""
+        return self.kuberay_kind.name
 
-    # --- argument checks: one validation function, two moments ---
-    def argument_checks(self) -> list[ArgumentCheck]:
-        """Every check of this operator's arguments, with the values it reads (subclasses extend it)."""
-        return [
-            ((self.gke_cluster,), lambda: check_gke_cluster(self.gke_cluster)),
-            ((self.poll_interval,), lambda: check_seconds("poll_interval", self.poll_interval)),
-            ((self.wait_timeout,), lambda: check_seconds("wait_timeout", self.wait_timeout)),
-            ((self.log_lines,), lambda: check_count("log_lines", self.log_lines, minimum=0)),
-            # empty (a Variable left unset) means the connection's namespace, as resolve_namespace() reads it
-            ((self.namespace,), lambda: not self.namespace or check_namespace(self.namespace)),
-        ]
+    @property
+    def plural(self) -> str:
+        """The kind's plural, as the custom-object API names it."""
+        return self.kuberay_kind.plural
 
-    def validate_arguments(self, *, static_only: bool = False) -> None:
-        """Raise UserInputError for the first bad argument; ``static_only``: skip checks of templated values."""
-        for values, check in self.argument_checks():
-            # slice_is_templated is is_templated, except that a TpuSlice (an object) counts as static
-            if not (static_only and any(slice_is_templated(value) for value in values)):
-                check()
-
-    def _check_static_arguments(self) -> None:
-        """The parse-time step (called at the end of each operator's ``__init__``): static values only."""
-        self.validate_arguments(static_only=True)
-
-    # --- Kubernetes access (worker side) ---
-    def kube_target(self) -> KubeTarget:
-        from tpuflow.kuberay.hooks import KubeTarget, resolve_gke_target
-
-        if self._target_cache is None:
-            if self.gke_cluster and not self.kubernetes_conn_id:
-                self._target_cache = resolve_gke_target(self.gke_cluster, self.gcp_conn_id, self.impersonation_chain)
-            else:
-                self._target_cache = KubeTarget(kubernetes_conn_id=self.kubernetes_conn_id or "kubernetes_default")
-        return self._target_cache
-
-    def kube_hook(self) -> KubeRayHook:
+    def hook_class(self) -> type[KubeRayHook]:
         from tpuflow.kuberay.hooks import KubeRayHook
 
-        if self._hook_cache is None:
-            self._hook_cache = KubeRayHook.for_target(self.kube_target())
-        return self._hook_cache
+        return KubeRayHook
 
-    def resolve_namespace(self) -> str:
-        from tpuflow.kuberay.k8s_values import check_namespace
-
-        return check_namespace(self.namespace or self.kube_hook().default_namespace())
-
-    def wait_gone(self, kind: str, name: str, namespace: str, method_name: str = "execute_complete") -> dict[str, Any]:
-        """Defer to KubeRayDeletedTrigger, or poll here; returns the event (non-deferrable only)."""
-        deadline = time.time() + float(self.wait_timeout)
-        if self.deferrable:
-            from tpuflow.kuberay.triggers import KubeRayDeletedTrigger
-
-            self.defer(
-                trigger=KubeRayDeletedTrigger(
-                    kind=kind,
-                    name=name,
-                    namespace=namespace,
-                    target=self.kube_target().to_dict(),
-                    deadline=deadline,
-                    poll_interval=float(self.poll_interval),
-                ),
-                method_name=method_name,
-            )
-        from tpuflow.kuberay.waits import SyncReader, wait_gone
-
-        return dict(
-            asyncio.run(
-                wait_gone(
-                    SyncReader(self.kube_hook()),
-                    kind=kind,
-                    name=name,
-                    namespace=namespace,
-                    deadline=deadline,
-                    poll_interval=float(self.poll_interval),
-                )
-            )
-        )
+    def kube_hook(self) -> KubeRayHook:
+        return cast("KubeRayHook", super().kube_hook())
 
     # --- links ---
     def persist_gke_links(self, context: Context, namespace: str, head_pod: str | None = None) -> None:
         if not self.gke_cluster:
             return
-        where = {k: self.gke_cluster[k] for k in _GKE_KEYS}
+        where = {k: self.gke_cluster[k] for k in GKE_CLUSTER_KEYS}
         GKEWorkloadsLink.persist(context, namespace=namespace, **where)
         if head_pod:
             GKERayHeadPodLink.persist(context, namespace=namespace, pod=head_pod, **where)
@@ -230,14 +114,11 @@ class KubeRayBaseOperator(BaseOperator):
 class KubeRayApplyOperator(KubeRayBaseOperator):
     """The one create/deploy flow: apply (create, or adopt/update), wait until ready, finish.
 
-    A subclass says what it applies: ``kind`` / ``plural``, ``build_body`` (the manifest, with the
-    task's ownership labels and ``expires_after`` as its ``tpuflow-expires`` label), ``reconcile_existing``
+    A subclass says what it applies: ``kuberay_kind``, ``build_body`` (the manifest, with the task's
+    ownership labels and ``expires_after`` as its ``tpuflow-expires`` label), ``reconcile_existing``
     (adopt or update an object of that name, or refuse it), ``rejection`` (the error text when the API
     refuses the create) and ``finish`` (the XCom payload of the ready object).
     """
-
-    kind: ClassVar[str]
-    plural: ClassVar[str]
 
     def __init__(
         self,
@@ -294,9 +175,8 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
 
     # --- the flow ---
     def execute(self, context: Context) -> dict[str, Any]:
+        """Apply the object; ready already: finish; else wait in the triggerer or in this worker."""
         from kubernetes.client import ApiException
-
-        from tpuflow.kuberay.status import raycluster_verdict, rayservice_verdict
 
         self.validate_arguments()
         hook = self.kube_hook()
@@ -313,14 +193,27 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
                 if err.status != 409:
                     raise AirflowFailException(self.rejection(err, body, namespace)) from err
                 obj = self._apply_existing(hook, body, namespace)  # created concurrently (a second try)
-        verdict = (raycluster_verdict if self.kind == "RayCluster" else rayservice_verdict)(obj)
+        verdict = self.kuberay_kind.verdict(obj)
         if verdict.ready:
             return self.finish(context, name, namespace)
         self.log.info(
             "Waiting up to %.0fs for %s %s/%s: %s", self.wait_timeout, self.kind, namespace, name, verdict.reason
         )
-        event = self.wait_ready(name, namespace, run_key=TaskIdentity.from_context(context).key)
-        return self.execute_complete(context, event)
+        wait = {
+            "kind": self.kind,
+            "name": name,
+            "namespace": namespace,
+            "deadline": time.time() + float(self.wait_timeout),
+            "poll_interval": float(self.poll_interval),
+            "log_lines": int(self.log_lines),
+        }
+        # Killing the task while it waits deletes the object if it carries this task's run-key label (the
+        # task created it) and deletes_on_kill(): the trigger's on_kill, or this operator's.
+        run_key = TaskIdentity.from_context(context).key
+        owned = OwnedObject(self.kind, name, namespace, run_key) if self.deletes_on_kill() else None
+        if self.deferrable:
+            self.execute_async(context, wait, owned)
+        return self.execute_sync(context, wait, owned)
 
     def _apply_existing(self, hook: KubeRayHook, body: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
         name = body["metadata"]["name"]
@@ -334,51 +227,30 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
             )
         return self.reconcile_existing(hook, existing, body, namespace)
 
-    def wait_ready(self, name: str, namespace: str, *, run_key: str) -> dict[str, Any]:
-        """Defer to KubeRayReadyTrigger, or poll here; returns the event (non-deferrable only).
+    def execute_async(self, context: Context, wait: dict[str, Any], owned: OwnedObject | None) -> None:
+        """Defer: KubeRayReadyTrigger waits in the triggerer (and deletes ``owned`` if the task is killed)."""
+        from tpuflow.kuberay.triggers import KubeRayReadyTrigger
 
-        Killing the task while it waits deletes the object if it carries this task's run-key label (the
-        task created it) and ``deletes_on_kill()``: the trigger's on_kill, or this operator's.
-        """
-        deadline = time.time() + float(self.wait_timeout)
-        owner = run_key if self.deletes_on_kill() else None
-        if self.deferrable:
-            from tpuflow.kuberay.triggers import KubeRayReadyTrigger
+        self.defer(
+            trigger=KubeRayReadyTrigger(
+                target=self.kube_target().to_dict(), owner_run_key=owned.run_key if owned else None, **wait
+            ),
+            method_name="execute_complete",
+        )
 
-            self.defer(
-                trigger=KubeRayReadyTrigger(
-                    kind=self.kind,
-                    name=name,
-                    namespace=namespace,
-                    target=self.kube_target().to_dict(),
-                    deadline=deadline,
-                    poll_interval=float(self.poll_interval),
-                    log_lines=int(self.log_lines),
-                    owner_run_key=owner,
-                ),
-                method_name="execute_complete",
-            )
+    def execute_sync(self, context: Context, wait: dict[str, Any], owned: OwnedObject | None) -> dict[str, Any]:
+        """Wait in this worker: the trigger's own wait, run here (``on_kill`` deletes ``owned`` meanwhile)."""
         from tpuflow.kuberay.waits import SyncReader, wait_ready
 
-        self._owned = OwnedObject(self.kind, name, namespace, owner) if owner else None
+        self._owned = owned
         try:
-            return dict(
-                asyncio.run(
-                    wait_ready(
-                        SyncReader(self.kube_hook()),
-                        kind=self.kind,
-                        name=name,
-                        namespace=namespace,
-                        deadline=deadline,
-                        poll_interval=float(self.poll_interval),
-                        log_lines=int(self.log_lines),
-                    )
-                )
-            )
+            event = asyncio.run(wait_ready(SyncReader(self.kube_hook()), **wait))
         finally:
             self._owned = None
+        return self.execute_complete(context, dict(event))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The wait's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
         raise_for_event(event, f"{self.kind} {event.get('namespace')}/{event.get('name')}")
         return self.finish(context, event["name"], event["namespace"])
 
@@ -462,36 +334,3 @@ class SliceArgumentsMixin:
             auth_mode=self.ray_auth,
             **kwargs,
         ).validated()
-
-
-def object_name(context: Context, explicit: str | None, task_id: str | None = None) -> str:
-    """The object's name: the explicit one (checked), else the task instance's deterministic name."""
-    from tpuflow.kuberay.k8s_values import check_name
-    from tpuflow.kuberay.manifests import resource_name
-
-    if explicit:
-        return check_name("name", explicit)
-    who = TaskIdentity.from_context(context, task_id)
-    return resource_name(who.dag_id, who.run_id, who.task_id, who.map_index)
-
-
-def owner_annotations(context: Context) -> dict[str, str]:
-    """The task instance's full owner record (dag, run, task, map index) as the object's annotation."""
-    from tpuflow.kuberay.manifests import ownership_annotations
-
-    who = TaskIdentity.from_context(context)
-    return ownership_annotations(who.dag_id, who.run_id, who.task_id, who.map_index)
-
-
-def owner_labels(
-    context: Context, extra: Mapping[str, str] | None, expires_after: timedelta | float | None = None
-) -> dict[str, str]:
-    """``extra`` plus the task instance's ownership labels; with ``expires_after`` (from now) the
-    ``tpuflow-expires`` label too, so the reaper takes the object past it whatever its run's state."""
-    from tpuflow.kuberay.manifests import ownership_labels
-
-    who = TaskIdentity.from_context(context)
-    seconds = check_expires_after(expires_after)
-    expires_at = None if seconds is None else int(time.time() + seconds)
-    owned = ownership_labels(who.dag_id, who.run_id, who.task_id, who.map_index, expires_at)
-    return {**dict(extra or {}), **owned}

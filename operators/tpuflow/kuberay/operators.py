@@ -19,6 +19,8 @@ time only when the arguments they read are static).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,14 +28,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
-from tpuflow.kuberay import (
-    DEFAULT_UPGRADE_STRATEGY,
-    MANAGED_BY,
-    RAYCLUSTERS,
-    RAYSERVICES,
-    RUN_KEY_LABEL,
-    SPEC_HASH,
-)
+from tpuflow.kuberay import API_VERSION, DEFAULT_UPGRADE_STRATEGY, MANAGED_BY, RUN_KEY_LABEL, SPEC_HASH
+from tpuflow.kuberay.kinds import RayClusterKind, RayServiceKind
 from tpuflow.kuberay.links import RayDashboardLink
 from tpuflow.kuberay.operator_base import (
     ArgumentCheck,
@@ -68,8 +64,8 @@ def _slice_dict(spec: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _rejection(err: Exception, kind: str, namespace: str, name: str, cluster_spec: Mapping[str, Any]) -> str:
     """Why the API refused the create; for the GKE TPU webhook's denial, which group and the numOfHosts to set."""
-    from tpuflow.kuberay.hooks import api_error_parts
     from tpuflow.kuberay.webhook_rules import WEBHOOK_DENIAL, tpu_group_problems
+    from tpuflow.kubernetes.errors import api_error_parts
 
     code, reason, message = api_error_parts(err)
     text = f"Kubernetes rejected {kind} {namespace}/{name} ({code} {reason}): {message}"
@@ -151,7 +147,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param log_lines: head pod log lines to include on failure or timeout.
     """
 
-    kind, plural = "RayCluster", RAYCLUSTERS
+    kuberay_kind = RayClusterKind
     template_fields: Sequence[str] = (
         *KubeRayBaseOperator.template_fields,
         "name",
@@ -168,7 +164,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         super().__init__(**kwargs)
         self.manifest = manifest
         self.tpu_preflight = tpu_preflight
-        self._check_static_arguments()
+        self.check_static_arguments()
 
     # --- checks ---
     def argument_checks(self) -> list[ArgumentCheck]:
@@ -195,16 +191,16 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         except yaml.YAMLError as err:
             problem = " ".join(str(err).split())  # one line: YAML errors span several
             raise UserInputError("manifest", str(self.manifest)[:80], f"not valid YAML: {problem}") from err
-        if not isinstance(raw, Mapping) or raw.get("kind") != "RayCluster" or raw.get("apiVersion") != "ray.io/v1":
-            raise UserInputError("manifest", str(raw)[:80], "give a ray.io/v1 RayCluster manifest")
+        if not isinstance(raw, Mapping) or not self.kuberay_kind.is_manifest(raw):
+            raise UserInputError("manifest", str(raw)[:80], f"give a {API_VERSION} {self.kind} manifest")
         return dict(raw)
 
     def _manifest_spec(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """The user manifest's spec, checked (the TPU webhook's rule too, unless tpu_preflight is off) and
         carrying the authOptions ``ray_auth`` asks for; and whether authOptions had to be added."""
-        from tpuflow.kuberay.k8s_values import stringify_ray_group_values
         from tpuflow.kuberay.ray_auth import with_cluster_auth
         from tpuflow.kuberay.webhook_rules import tpu_group_problems
+        from tpuflow.kubernetes.values import stringify_ray_group_values
 
         spec = stringify_ray_group_values(body.get("spec") or {})
         if not spec.get("headGroupSpec"):
@@ -236,13 +232,11 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return {**body, "metadata": meta, "spec": spec}
 
     def build_body(self, context: Context, namespace: str) -> dict[str, Any]:
-        from tpuflow.kuberay.manifests import raycluster_manifest
-
         labels = owner_labels(context, self.labels, self.expires_after)
         if self.manifest is not None:
             manifest_name = (self._parsed_manifest().get("metadata") or {}).get("name")
             return self._manifest_from_user(object_name(context, self.name or manifest_name), namespace, labels)
-        return raycluster_manifest(
+        return self.kuberay_kind.manifest(
             self.build_template(),
             name=object_name(context, self.name),
             namespace=namespace,
@@ -276,11 +270,11 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return existing
 
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
-        return _rejection(err, "RayCluster", namespace, body["metadata"]["name"], body["spec"])
+        return _rejection(err, self.kind, namespace, body["metadata"]["name"], body["spec"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
         hook = self.kube_hook()
-        cluster = hook.get(RAYCLUSTERS, name, namespace)
+        cluster = hook.get(self.plural, name, namespace)
         if cluster is None:
             raise AirflowFailException(f"RayCluster {namespace}/{name} disappeared right after becoming ready")
         payload = _cluster_addresses(hook, cluster, namespace, self.address_mode, self.kube_target().to_dict())
@@ -365,7 +359,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param log_lines: head pod log lines to include on failure or timeout.
     """
 
-    kind, plural = "RayService", RAYSERVICES
+    kuberay_kind = RayServiceKind
     template_fields: Sequence[str] = (
         *KubeRayBaseOperator.template_fields,
         "name",
@@ -399,7 +393,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         self.deployment_options = deployment_options
         self.upgrade_strategy = upgrade_strategy
         self.on_kill_action = on_kill_action
-        self._check_static_arguments()
+        self.check_static_arguments()
 
     # --- checks ---
     def argument_checks(self) -> list[ArgumentCheck]:
@@ -470,7 +464,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
         On a multi-host slice an application whose args leave out its placement gets it from the slice
         (``log_derived``: each derived value logged); a declared value the slice contradicts is refused."""
-        from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
+        from tpuflow.kuberay.manifests import spec_hash
 
         template = self.build_template()
         common: dict[str, Any] = {
@@ -482,7 +476,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             "pod_labels": self.labels or {},
         }
         if self.llm_model_id is not None:
-            from tpuflow.serve.llm import llm_rayservice_manifest
+            from tpuflow.kuberay.llm_service import llm_rayservice_manifest
 
             manifest = llm_rayservice_manifest(template, self._llm(), **common)
         else:
@@ -497,7 +491,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
                 serve_config = with_token_digest(serve_config, token_digest)
             check_tpu_placement(serve_config, template.tpu)  # what is left must fit the slice
-            manifest = rayservice_manifest(template, serve_config, **common)
+            manifest = self.kuberay_kind.manifest(template, serve_config=serve_config, **common)
         manifest["metadata"]["annotations"][CLUSTER_SPEC_HASH] = spec_hash(manifest["spec"]["rayClusterConfig"])
         return manifest
 
@@ -542,7 +536,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             if cluster_changed
             else {"serveConfigV2": body["spec"]["serveConfigV2"], "upgradeStrategy": body["spec"]["upgradeStrategy"]},
         }
-        updated = hook.patch(RAYSERVICES, name, patch, namespace)
+        updated = hook.patch(self.plural, name, patch, namespace)
         self.log.info(
             "Updated RayService %s/%s (%s)",
             namespace,
@@ -552,18 +546,18 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return updated
 
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
-        return _rejection(err, "RayService", namespace, body["metadata"]["name"], body["spec"]["rayClusterConfig"])
+        return _rejection(err, self.kind, namespace, body["metadata"]["name"], body["spec"]["rayClusterConfig"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
         from tpuflow.kuberay.addresses import service_payload
         from tpuflow.kuberay.status import service_cluster_name
 
         hook = self.kube_hook()
-        service = hook.get(RAYSERVICES, name, namespace)
+        service = hook.get(self.plural, name, namespace)
         if service is None:
             raise AirflowFailException(f"RayService {namespace}/{name} disappeared right after becoming ready")
         cluster_name = service_cluster_name(service)
-        cluster = hook.get(RAYCLUSTERS, cluster_name, namespace) if cluster_name else None
+        cluster = hook.get(RayClusterKind.plural, cluster_name, namespace) if cluster_name else None
         target = self.kube_target().to_dict()
         cluster_info = _cluster_addresses(hook, cluster, namespace, self.address_mode, target) if cluster else {}
         payload = service_payload(
@@ -582,8 +576,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
 
 class _KubeRayDeleteOperator(KubeRayBaseOperator):
-    kind = "RayCluster"
-    plural = RAYCLUSTERS
+    """Delete one object of ``kuberay_kind``; with ``wait``, wait until it is gone (in the triggerer or here)."""
+
     operator_extra_links = ()
     template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
 
@@ -601,7 +595,7 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         self.name = name
         self.owner_task_id = owner_task_id
         self.wait = wait
-        self._check_static_arguments()
+        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.name,), self._check_target)]
@@ -610,11 +604,12 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         if not self.name and not self.owner_task_id:
             raise UserInputError("name", self.name, "give the object's name, or the task id that created it")
         if self.name:
-            from tpuflow.kuberay.k8s_values import check_name
+            from tpuflow.kubernetes.values import check_name
 
             check_name("name", self.name)
 
     def execute(self, context: Context) -> dict[str, Any]:
+        """Request the deletion; wait until the object is gone in the triggerer or in this worker."""
         self.validate_arguments()
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
@@ -628,10 +623,35 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         if not self.wait or hook.get(self.plural, name, namespace) is None:
             result["deleted"] = hook.get(self.plural, name, namespace) is None
             return result
-        event = self.wait_gone(self.kind, name, namespace)
-        return self.execute_complete(context, event)
+        wait = {
+            "kind": self.kind,
+            "name": name,
+            "namespace": namespace,
+            "deadline": time.time() + float(self.wait_timeout),
+            "poll_interval": float(self.poll_interval),
+        }
+        if self.deferrable:
+            self.execute_async(context, wait)
+        return self.execute_sync(context, wait)
+
+    def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
+        """Defer: KubeRayDeletedTrigger waits in the triggerer until the object is gone."""
+        from tpuflow.kuberay.triggers import KubeRayDeletedTrigger
+
+        self.defer(
+            trigger=KubeRayDeletedTrigger(target=self.kube_target().to_dict(), **wait),
+            method_name="execute_complete",
+        )
+
+    def execute_sync(self, context: Context, wait: dict[str, Any]) -> dict[str, Any]:
+        """Wait in this worker: the trigger's own wait, run here."""
+        from tpuflow.kuberay.waits import SyncReader, wait_gone
+
+        event = asyncio.run(wait_gone(SyncReader(self.kube_hook()), **wait))
+        return self.execute_complete(context, dict(event))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The deletion's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
         raise_for_event(event, f"deleting {self.kind} {event.get('namespace')}/{event.get('name')}")
         return {
             "kind": self.kind,
@@ -665,7 +685,7 @@ class KubeRayDeleteClusterOperator(_KubeRayDeleteOperator):
     :param log_lines: unused by deletes (accepted for symmetry with the create operator).
     """
 
-    kind, plural = "RayCluster", RAYCLUSTERS
+    kuberay_kind = RayClusterKind
 
     def __init__(self, *, name: str | None = None, cluster_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(name=name, owner_task_id=cluster_task_id, **kwargs)
@@ -694,7 +714,7 @@ class KubeRayDeleteServiceOperator(_KubeRayDeleteOperator):
     :param log_lines: unused by deletes (accepted for symmetry with the deploy operator).
     """
 
-    kind, plural = "RayService", RAYSERVICES
+    kuberay_kind = RayServiceKind
 
     def __init__(self, *, name: str | None = None, service_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(name=name, owner_task_id=service_task_id, **kwargs)

@@ -1,8 +1,9 @@
 """Deferral triggers: wait for a RayCluster/RayService to be ready, or for one to be gone.
 
 They live in the installed package (never beside DAG files) so the triggerer can import them; they
-are ``TpuflowTrigger``s (plain-JSON kwargs: the Kubernetes target as KubeTarget.to_dict(), the
-deadline as epoch seconds) and fire the ``tpuflow.events`` shape (``KubeRayEvent``). The polling
+are ``TpuflowTrigger``s (plain-JSON kwargs: the kind by its name, resolved with
+tpuflow.kuberay.kinds.kind_named; the Kubernetes target as KubeTarget.to_dict(); the deadline as epoch
+seconds) and fire the ``tpuflow.events`` shape (``KubeRayEvent``). The polling
 itself is `tpuflow.kuberay.waits`, shared with the non-deferrable path.
 
 Kill semantics: a user marking a deferred create/deploy task failed/success or clearing it makes the
@@ -20,8 +21,10 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from tpuflow.kuberay import RUN_KEY_LABEL
-from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeTarget
-from tpuflow.kuberay.waits import KINDS, KubeRayEvent, kuberay_event, wait_gone, wait_ready
+from tpuflow.kuberay.hooks import AsyncKubeRayHook
+from tpuflow.kuberay.kinds import kind_named
+from tpuflow.kuberay.waits import KubeRayEvent, kuberay_event, wait_gone, wait_ready
+from tpuflow.kubernetes.hooks import KubeTarget
 from tpuflow.triggers import TpuflowTrigger
 
 
@@ -112,7 +115,7 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
         if not self.owner_run_key:
             return
         hook = self.hook()
-        plural = KINDS[self.kind]
+        plural = kind_named(self.kind).plural
         obj = await hook.get(plural, self.name, self.namespace)
         if obj is None:
             return

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
-from tpuflow.rayjob.links import RayDashboardLink
+from tpuflow.ray.links import RayDashboardLink
 from tpuflow.templating import is_true
-from tpuflow.tpu.slice_argument import slice_is_templated
+from tpuflow.validation import check_count, check_seconds
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -42,7 +43,7 @@ def _state_dir(base_dir: str | None, identity: TaskIdentity) -> Path:
     return Path(base_dir or default_base_dir()) / local_cluster_name(identity)
 
 
-class LocalRayClusterCreateOperator(BaseOperator):
+class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
     """Start (or adopt, on a retry) a local Ray cluster simulating the requested TPU slice.
 
     Each simulated TPU host is its own Ray node carrying the TPU_* variables GKE injects. The
@@ -92,26 +93,28 @@ class LocalRayClusterCreateOperator(BaseOperator):
         self.host_cpus = host_cpus
         self.start_timeout = start_timeout
         self.expires_after = expires_after
-        self._starting: Path | None = None  # what on_kill stops: the state dir of the cluster being started
-        self._check_static_arguments()
+        self._owned: Path | None = None  # what on_kill stops: the state dir of the cluster being started
+        self.check_static_arguments()
 
-    def _check_arguments(self) -> TpuSlice:
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((self.head_cpus,), lambda: check_count("head_cpus", self.head_cpus, minimum=1)),
+            ((self.host_cpus,), lambda: self.host_cpus is None or check_count("host_cpus", self.host_cpus, minimum=1)),
+            ((self.start_timeout,), lambda: check_seconds("start_timeout", self.start_timeout)),
+            ((self.expires_after,), self._lifetime),
+            ((self.tpu_slice,), self.resolved_slice),
+        ]
+
+    def resolved_slice(self) -> TpuSlice:
         """The slice to simulate (UserInputError naming ``tpu_slice.<key>`` when Ray cannot run it)."""
-        from tpuflow.rayjob.workload_operators import ray_slice
+        from tpuflow.tpu.slice_argument import resolve_slice
 
-        return ray_slice(self.tpu_slice)
+        return resolve_slice(self.tpu_slice, ray=True)
 
-    def _check_static_arguments(self) -> None:
-        """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
-        from tpuflow.validation import check_count, check_seconds
-
-        check_count("head_cpus", self.head_cpus, minimum=1)
-        if self.host_cpus is not None:
-            check_count("host_cpus", self.host_cpus, minimum=1)
-        check_seconds("start_timeout", self.start_timeout)
-        check_seconds("expires_after", self.expires_after, optional=True)
-        if not slice_is_templated(self.tpu_slice):
-            self._check_arguments()
+    def _lifetime(self) -> float | None:
+        """Seconds the cluster may live (``expires_after``); None: no limit."""
+        return check_seconds("expires_after", self.expires_after, optional=True)
 
     def execute(self, context: Context) -> dict[str, Any]:
         import time
@@ -119,14 +122,14 @@ class LocalRayClusterCreateOperator(BaseOperator):
         from airflow.sdk.exceptions import AirflowTaskTerminated
 
         from tpuflow.local.cluster import LocalRayCluster
-        from tpuflow.validation import check_seconds
 
-        tpu = self._check_arguments()
-        lifetime = check_seconds("expires_after", self.expires_after, optional=True)
+        self.validate_arguments()
+        tpu = self.resolved_slice()
+        lifetime = self._lifetime()
         identity = TaskIdentity.from_context(context)
         name = local_cluster_name(identity)
         self.log.info("Starting local Ray cluster %s simulating %s", name, tpu.summary())
-        self._starting = state_dir = _state_dir(self.base_dir, identity)
+        self._owned = state_dir = _state_dir(self.base_dir, identity)
         try:
             cluster = LocalRayCluster.start(
                 tpu,
@@ -142,7 +145,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
             _stop_recorded(state_dir)  # and an adopted cluster, which start() leaves alone
             raise
         finally:
-            self._starting = None
+            self._owned = None
         RayDashboardLink.persist(context, url=cluster.dashboard_url)
         self.log.info(
             "Ray dashboard: %s  Serve: %s  state: %s", cluster.dashboard_url, cluster.serve_url, cluster.state_dir
@@ -161,7 +164,7 @@ class LocalRayClusterCreateOperator(BaseOperator):
 
         from airflow.sdk.exceptions import AirflowTaskTerminated
 
-        state_dir = self._starting
+        state_dir = self._owned
         if state_dir is None:
             return
         if threading.current_thread() is threading.main_thread():

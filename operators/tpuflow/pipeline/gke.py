@@ -54,15 +54,15 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import DAG, Param
 
 from tpuflow import paths
-from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
-from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
-from tpuflow.cost.training import BudgetedRayTrainOperator
-from tpuflow.errors import UserInputError
-from tpuflow.gke.capacity_operators import (
+from tpuflow.capacity.operators import (
     GKECreateProvisioningRequestOperator,
     GKEDeleteProvisioningRequestOperator,
     GKEWaitForFlexStartCapacityOperator,
 )
+from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
+from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
+from tpuflow.cost.training import BudgetedRayTrainOperator
+from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
@@ -195,7 +195,7 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
 
 def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
-    from tpuflow.gke.provisioning_request import check_max_run_duration
+    from tpuflow.capacity.provisioning_request import check_max_run_duration
     from tpuflow.tpu import TpuSlice
 
     train = validate_params(params, local_serve=False)
@@ -280,7 +280,7 @@ class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         if not is_true(self.keep):
             return super().execute(context)
-        from tpuflow.kuberay.operator_base import object_name
+        from tpuflow.kubernetes.ownership import object_name
 
         self.validate_arguments()
         namespace = self.resolve_namespace()

@@ -8,6 +8,7 @@ cluster or node pool exists.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
@@ -17,12 +18,22 @@ from tpuflow.tpu.generations import GENERATIONS
 if TYPE_CHECKING:
     from airflow.sdk import Param
 
+
+def _catalog_topologies() -> list[str]:
+    """Every shape some generation's slice can take in a pipeline (every pipeline requires Ray to accept
+    it: validate_params, the GKE pipeline's check), 2D before 3D, each by chip count. Read from the
+    generation table, not tpuflow.tpu.slice: DAG parsing must not load the slice arithmetic."""
+    shapes = set().union(*(g.ray_topologies for g in GENERATIONS.values()))
+    dims = {t: tuple(int(d) for d in t.split("x")) for t in shapes}
+    return sorted(shapes, key=lambda t: (len(dims[t]), math.prod(dims[t]), dims[t]))
+
+
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
-TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
+TOPOLOGIES = _catalog_topologies()
 FRAMEWORKS = ["jax", "torch"]
 RESUME_POLICIES = ["auto", "never"]  # RayTrainOperator(resume=...)
 # Shapes a serve slice may take (which ones exist depends on the generation); "": one host.
-SERVE_TOPOLOGIES = ["", "1x1", "2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
+SERVE_TOPOLOGIES = ["", *TOPOLOGIES]
 
 
 class ParamSpec:
@@ -64,7 +75,7 @@ MAX_RUN_DURATION_PARAM = "max_run_duration_seconds"
 
 
 def max_run_duration_param() -> Param:
-    """The GKE pipeline's maxRunDurationSeconds for queued capacity (tpuflow.gke.provisioning_request)."""
+    """The GKE pipeline's maxRunDurationSeconds for queued capacity (tpuflow.capacity.provisioning_request)."""
     return ParamSpec(
         None,
         type=["null", "integer"],
@@ -168,10 +179,15 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
     }
 
 
+_FIX_CHOICES = 16  # a rejected value's fix names at most this many of its Param's choices
+
+
 def schema_fix(schema: dict[str, Any]) -> str:
     """What a Param's JSON schema accepts, in words (the fix of a rejected value)."""
     if "enum" in schema:
-        names = dict.fromkeys("(empty)" if v in (None, "") else str(v) for v in schema["enum"])
+        names = list(dict.fromkeys("(empty)" if v in (None, "") else str(v) for v in schema["enum"]))
+        if len(names) > _FIX_CHOICES:  # the topologies: one line, not all of them
+            return f"use one of {', '.join(names[:_FIX_CHOICES])}, ... ({len(names)} choices in all)"
         return "use one of " + ", ".join(names)
     types = schema.get("type")
     kinds = set(types) if isinstance(types, list) else {types}
@@ -191,8 +207,6 @@ def schema_fix(schema: dict[str, Any]) -> str:
 def check_param(name: str, value: Any, params: dict[str, ParamSpec] | None = None) -> Any:
     """One Param's value against its JSON schema (what the trigger form and ``dags trigger`` enforce),
     finite where it is a number; UserInputError ``params.NAME`` otherwise. Returns the value."""
-    import math
-
     from jsonschema import ValidationError, validate
 
     schema = (params or param_specs())[name].schema

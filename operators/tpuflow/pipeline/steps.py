@@ -10,14 +10,15 @@ Arguments listed in ``template_fields`` are rendered (Jinja, and XComArgs resolv
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import validate_params
-from tpuflow.templating import is_static
-from tpuflow.tpu.slice_argument import resolve_slice, slice_is_templated
+from tpuflow.tpu.slice_argument import resolve_slice
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -68,7 +69,7 @@ class CheckParamsOperator(BaseOperator):
         return checked
 
 
-class BuildServeConfigOperator(BaseOperator):
+class BuildServeConfigOperator(ArgumentChecks, BaseOperator):
     """The Serve config of the trained model on ``cluster``: one application, the workload's ``serve_app``.
 
     :param workload: the pipeline's workload (its ``serve_app``, ``app_name`` and ``serve_deployment``).
@@ -106,8 +107,6 @@ class BuildServeConfigOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if workload.serve_app is None:
-            raise UserInputError("workload.serve_app", None, "give the Serve app's import path to build its config")
         self.workload = workload
         self.code_uri = code_uri
         self.cluster = cluster
@@ -115,30 +114,42 @@ class BuildServeConfigOperator(BaseOperator):
         self.workloads_uri = workloads_uri
         self.deployment_options = deployment_options
         self.tpu_slice = tpu_slice
-        self._check_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def _check_arguments(self, *, rendered: bool) -> None:
-        """All arguments once rendered (the start of execute); at parse time only plain values."""
-        if (rendered or is_static(self.cluster)) and not isinstance(self.cluster, dict):
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((), self._check_serve_app),  # the workload is never templated
+            ((self.cluster,), self._check_cluster),
+            ((self.trained,), self._check_trained),
+            ((self.workloads_uri,), lambda: _check_nonempty_text("workloads_uri", self.workloads_uri)),
+            ((self.deployment_options,), self._check_deployment_options),
+            ((self.tpu_slice,), lambda: self.tpu_slice is None or resolve_slice(self.tpu_slice)),
+        ]
+
+    def _check_serve_app(self) -> None:
+        if self.workload.serve_app is None:
+            raise UserInputError("workload.serve_app", None, "give the Serve app's import path to build its config")
+
+    def _check_cluster(self) -> None:
+        if not isinstance(self.cluster, dict):
             raise UserInputError("cluster", self.cluster, "pass the cluster-start task's XCom (a dict)")
-        if (rendered or is_static(self.trained)) and not (
-            isinstance(self.trained, dict) and self.trained.get("checkpoint")
-        ):
-            raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
-        _check_nonempty_text("workloads_uri", self.workloads_uri, rendered)
-        if rendered or is_static(self.deployment_options):
-            from tpuflow.serve.deployment_options import DeploymentOptions
 
-            options = DeploymentOptions.from_value(self.deployment_options)
-            if not options.is_empty() and self.workload.serve_deployment is None:
-                raise UserInputError(
-                    "workload.serve_deployment", None, "name the app's deployment that deployment_options configure"
-                )
-        if self.tpu_slice is not None and (rendered or not slice_is_templated(self.tpu_slice)):
-            resolve_slice(self.tpu_slice)
+    def _check_trained(self) -> None:
+        if not (isinstance(self.trained, dict) and self.trained.get("checkpoint")):
+            raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
+
+    def _check_deployment_options(self) -> None:
+        from tpuflow.serve.deployment_options import DeploymentOptions
+
+        options = DeploymentOptions.from_value(self.deployment_options)
+        if not options.is_empty() and self.workload.serve_deployment is None:
+            raise UserInputError(
+                "workload.serve_deployment", None, "name the app's deployment that deployment_options configure"
+            )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        self._check_arguments(rendered=True)
+        self.validate_arguments()
         return serve_config_for(
             self.cluster,
             self.trained,
@@ -220,7 +231,7 @@ def _deployments(workload: Workload, options: Any) -> list[dict[str, Any]] | Non
     return [entry]
 
 
-class WriteReportOperator(BaseOperator):
+class WriteReportOperator(ArgumentChecks, BaseOperator):
     """The run's report (accuracy, a sample completion, the endpoint) as report.json in ``output_dir``.
 
     :param output_dir: the run's output folder (local path, or a remote URI where only the XCom is kept); templated.
@@ -255,20 +266,23 @@ class WriteReportOperator(BaseOperator):
         self.endpoint_path = endpoint_path
         # Which inputs the pipeline has: a wired one must carry its task's XCom once rendered.
         self._wired = {f for f in ("evaluation", "answer", "deployed") if getattr(self, f) is not None}
-        self._check_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def _check_arguments(self, *, rendered: bool) -> None:
-        """All arguments once rendered (the start of execute); at parse time only plain values."""
-        _check_nonempty_text("output_dir", self.output_dir, rendered)
-        for field in sorted(self._wired, key=("evaluation", "answer", "deployed").index):
-            value = getattr(self, field)
-            if (rendered or is_static(value)) and not isinstance(value, dict):
-                raise UserInputError(field, value, "pass the upstream task's XCom (a dict)")
-        if "deployed" in self._wired and (rendered or is_static(self.deployed)) and not self.deployed.get("serve_url"):
+    def argument_checks(self) -> list[ArgumentCheck]:
+        wired = [f for f in ("evaluation", "answer", "deployed") if f in self._wired]
+        return [
+            *super().argument_checks(),
+            ((self.output_dir,), lambda: _check_nonempty_text("output_dir", self.output_dir)),
+            *(((getattr(self, f),), partial(_check_xcom, f, getattr(self, f))) for f in wired),
+            ((self.deployed,), self._check_deployed),
+        ]
+
+    def _check_deployed(self) -> None:
+        if "deployed" in self._wired and not self.deployed.get("serve_url"):
             raise UserInputError("deployed", self.deployed, 'pass the deploy task\'s XCom (a dict with "serve_url")')
 
     def execute(self, context: Context) -> dict[str, Any]:
-        self._check_arguments(rendered=True)
+        self.validate_arguments()
         return write_report(
             self.output_dir,
             self.evaluation,
@@ -297,9 +311,14 @@ def training_summary(trained: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _check_nonempty_text(field: str, value: Any, rendered: bool) -> None:
-    if (rendered or is_static(value)) and not (isinstance(value, str) and value.strip()):
+def _check_nonempty_text(field: str, value: Any) -> None:
+    if not (isinstance(value, str) and value.strip()):
         raise UserInputError(field, value, "give a non-empty string")
+
+
+def _check_xcom(field: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise UserInputError(field, value, "pass the upstream task's XCom (a dict)")
 
 
 def write_report(

@@ -5,7 +5,7 @@ The sync side is Ray's own ``ray.job_submission.JobSubmissionClient``. Ray's cli
 documented job REST paths (``/api/jobs/...``) with aiohttp (``RayDashboardHook.arequest``), and
 follows a driver log through the dashboard's log tail websocket (``/api/jobs/{id}/logs/tail``, what
 ``JobSubmissionClient.tail_job_logs`` uses), which sends each part of the log once, instead of the
-whole log per request. Addressing and authentication live in ``tpuflow.rayjob.connection``.
+whole log per request. Addressing and authentication live in ``tpuflow.ray.connection``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from tpuflow.rayjob.connection import RayDashboardHook
+from tpuflow.ray.connection import RayDashboardHook
 
 if TYPE_CHECKING:
     from ray.job_submission import JobDetails, JobSubmissionClient

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import shlex
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from tpuflow import workloads_dir
+from tpuflow.arguments import RUN_TIME, ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.naming import TaskIdentity
 from tpuflow.output_links import OutputsLink
-from tpuflow.rayjob.connection import check_cluster
-from tpuflow.rayjob.links import RayDashboardLink, RayJobLink, RayJobLogLink
-from tpuflow.templating import is_static
+from tpuflow.ray.connection import check_cluster
+from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
+from tpuflow.validation import check_number, check_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -78,7 +81,23 @@ def _check_text(field: str, value: Any) -> None:
         raise UserInputError(field, value, "give a string (or leave it unset)")
 
 
-class RaySubmitJobOperator(BaseOperator):
+def _check_min_result(value: Any) -> None:
+    """Each quality-gate minimum is a finite number."""
+    for key, minimum in (value or {}).items():
+        try:
+            float(minimum)
+        except (TypeError, ValueError):
+            raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable number") from None
+        if not math.isfinite(float(minimum)):
+            raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable (finite) number")
+
+
+def _check_cpus(value: Any) -> None:
+    if value is not None:
+        check_number("entrypoint_num_cpus", value, minimum=0)
+
+
+class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
     """Run ``entrypoint`` as a Ray job on a cluster and return its result (the last TPUFLOW_RESULT line).
 
     The submission id derives from (dag id, run id, task id, map index), never the try number:
@@ -89,6 +108,9 @@ class RaySubmitJobOperator(BaseOperator):
 
     Killing the task stops its job, while it waits in the worker (``on_kill``) and while it is
     deferred (the trigger's ``on_kill``).
+
+    A subclass adds its checks to ``argument_checks()`` and ends its own ``__init__`` with
+    ``self.check_static_arguments()`` (this one's runs them only when no subclass ``__init__`` follows).
 
     :param entrypoint: what the job driver runs on the head node: an argument list
         (``["python", "-m", "pkg.job", "--out", path]``; each item is templated, then the list is quoted with
@@ -174,51 +196,40 @@ class RaySubmitJobOperator(BaseOperator):
         self.log_uri = log_uri
         self.train_run_path = train_run_path
         # What on_kill stops: the job this task submitted or re-attached to, while the worker follows it.
-        self._owned_submission_id: str | None = None
-        self._check_job_arguments(rendered=False)
+        self._owned: str | None = None
+        if type(self).__init__ is RaySubmitJobOperator.__init__:  # else the subclass's __init__, once its own are set
+            self.check_static_arguments()
 
     # --- arguments ---------------------------------------------------------------
-    def validate_arguments(self) -> None:
-        """Check every argument once rendered (the start of execute, before anything is submitted).
+    def argument_checks(self) -> list[ArgumentCheck]:
+        """The job's arguments, checked at parse time when static and once rendered at the start of execute
+        (before anything is submitted); subclasses add theirs."""
+        return [
+            *super().argument_checks(),
+            ((self.entrypoint,), lambda: self.entrypoint is None or _check_entrypoint(self.entrypoint)),
+            ((self.cluster,), lambda: check_cluster(self.cluster, self.ray_conn_id)),
+            *(
+                ((getattr(self, field),), partial(_check_mapping, field, getattr(self, field)))
+                for field in ("runtime_env", "env_vars", "min_result")
+            ),
+            *(
+                ((getattr(self, field),), partial(_check_text, field, getattr(self, field)))
+                for field in ("working_dir", "submission_id", "log_uri", "train_run_path")
+            ),
+            ((self.min_result,), lambda: _check_min_result(self.min_result)),
+            # Never templated: checked at parse time whatever the others are.
+            ((), lambda: check_seconds("poll_interval", self.poll_interval)),
+            ((), lambda: check_seconds("job_timeout", self.job_timeout, optional=True)),
+            ((), lambda: _check_cpus(self.entrypoint_num_cpus)),
+            ((RUN_TIME,), self._check_code_shipping),
+        ]
 
-        Subclasses add the checks of their own arguments."""
-        self._check_job_arguments(rendered=True)
+    def _check_code_shipping(self) -> None:
+        """The code Ray would upload with the job: a mistake there fails the task now, without retries."""
         from tpuflow.rayjob.code_shipping import check_code_shipping
 
-        # The code Ray would upload with the job: a mistake there fails now, without retries.
         field = "runtime_env['working_dir']" if "working_dir" in (self.runtime_env or {}) else "working_dir"
         check_code_shipping(self.build_runtime_env(), working_dir_field=field, logger=self.log)
-
-    def _check_job_arguments(self, *, rendered: bool) -> None:
-        """The job's arguments: all of them once rendered; at parse time (``rendered=False``, the end
-        of ``__init__``) only those that are not templates."""
-        import math
-
-        from tpuflow.validation import check_number, check_seconds
-
-        if (rendered or is_static(self.entrypoint)) and self.entrypoint is not None:
-            _check_entrypoint(self.entrypoint)
-        if rendered or is_static(self.cluster):
-            check_cluster(self.cluster, self.ray_conn_id)
-        for field in ("runtime_env", "env_vars", "min_result"):
-            if rendered or is_static(getattr(self, field)):
-                _check_mapping(field, getattr(self, field))
-        for field in ("working_dir", "submission_id", "log_uri", "train_run_path"):
-            if rendered or is_static(getattr(self, field)):
-                _check_text(field, getattr(self, field))
-        if rendered or is_static(self.min_result):
-            for key, minimum in (self.min_result or {}).items():
-                try:
-                    float(minimum)
-                except (TypeError, ValueError):
-                    raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable number") from None
-                if not math.isfinite(float(minimum)):
-                    raise UserInputError(f"min_result[{key}]", minimum, "give the lowest acceptable (finite) number")
-        # Never templated: checked at parse time whatever the others are.
-        check_seconds("poll_interval", self.poll_interval)
-        check_seconds("job_timeout", self.job_timeout, optional=True)
-        if self.entrypoint_num_cpus is not None:
-            check_number("entrypoint_num_cpus", self.entrypoint_num_cpus, minimum=0)
 
     # --- helpers -----------------------------------------------------------------
     def _cluster_info(self) -> dict[str, Any]:
@@ -263,6 +274,10 @@ class RaySubmitJobOperator(BaseOperator):
     # --- execution ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         self.validate_arguments()
+        return self._execute_checked(context)
+
+    def _execute_checked(self, context: Context) -> Any:
+        """``execute`` once the arguments are checked: the Outputs link, then the job."""
         OutputsLink.persist(context, uri=self.output_uri())
         return self._submit_and_follow(context, may_restart=True)
 
@@ -271,7 +286,7 @@ class RaySubmitJobOperator(BaseOperator):
         hook = self.hook()
         RayDashboardLink.persist(context, url=hook.dashboard_url)
         sid, status, reattached = self._attach_or_submit(hook, self.base_submission_id(context), context)
-        self._owned_submission_id = sid
+        self._owned = sid
         RayJobLink.persist(context, dashboard_url=hook.dashboard_url, submission_id=sid)
         # A cleared task's new try can find its old job still RUNNING while the previous try's kill
         # is stopping it (the scheduler does not wait for the triggerer's on_kill). If a job this try
@@ -309,7 +324,7 @@ class RaySubmitJobOperator(BaseOperator):
         try:
             raise_for_event(event, f"Ray job {event.get('submission_id') if isinstance(event, Mapping) else ''}")
         finally:
-            self._owned_submission_id = None
+            self._owned = None
             self._keep_log(context, event)  # whatever the outcome
         if event["job_status"] == "STOPPED":  # a restart_if_stopped wait: the re-attached job was stopped
             self.log.warning("%s: %s", event["submission_id"], event["message"])
@@ -367,7 +382,8 @@ class RaySubmitJobOperator(BaseOperator):
         if not self.log_uri or not sid:
             return
         try:
-            from tpuflow.storage import browse_url, write_text
+            from tpuflow.output_links import browse_url
+            from tpuflow.storage import write_text
 
             write_text(self.log_uri, self.hook().get_job_logs(sid))
             RayJobLogLink.persist(context, url=browse_url(self.log_uri))
@@ -395,6 +411,6 @@ class RaySubmitJobOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Killed while the worker follows the job (not deferred): stop the job."""
-        if self._owned_submission_id:
-            self.log.info("Task killed: stopping Ray job %s", self._owned_submission_id)
-            self.hook().stop_job(self._owned_submission_id)
+        if self._owned:
+            self.log.info("Task killed: stopping Ray job %s", self._owned)
+            self.hook().stop_job(self._owned)

@@ -11,10 +11,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import RaySubmitJobOperator
-from tpuflow.templating import is_static, is_true
-from tpuflow.tpu.slice_argument import slice_is_templated
+from tpuflow.templating import is_true
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -67,13 +67,17 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
         self.deadline_s = deadline_s
         self.collective = collective
         self.enabled = enabled
-        self._check_preflight_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def validate_arguments(self) -> None:
-        super().validate_arguments()
-        self._check_preflight_arguments(rendered=True)
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((), self._check_deadline_and_collective),  # never templated
+            ((self.enabled,), self._check_enabled),
+            ((self.tpu_slice,), self._tpu_slice),
+        ]
 
-    def _check_preflight_arguments(self, *, rendered: bool) -> None:
+    def _check_deadline_and_collective(self) -> None:
         if (
             isinstance(self.deadline_s, bool)
             or not isinstance(self.deadline_s, int | float)
@@ -82,10 +86,10 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
             raise UserInputError("deadline_s", self.deadline_s, "give the seconds each step may take, 1 to 600")
         if self.collective not in COLLECTIVES:
             raise UserInputError("collective", self.collective, f"use one of {', '.join(COLLECTIVES)}")
-        if (rendered or is_static(self.enabled)) and not isinstance(self.enabled, bool | str | int | None):
+
+    def _check_enabled(self) -> None:
+        if not isinstance(self.enabled, bool | str | int | None):
             raise UserInputError("enabled", self.enabled, "give true or false")
-        if rendered or not slice_is_templated(self.tpu_slice):
-            self._tpu_slice()
 
     def _tpu_slice(self) -> TpuSlice:
         from tpuflow.rayjob.workload_operators import ray_slice
@@ -108,12 +112,12 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
             env["env_vars"] = {"JAX_PLATFORMS": "cpu", **env.get("env_vars", {})}
         return env
 
-    def execute(self, context: Context) -> Any:
-        self.validate_arguments()
+    def _execute_checked(self, context: Context) -> Any:
+        """The job, unless ``enabled`` rendered false (a bad argument fails the task either way)."""
         if not is_true(self.enabled):
             self.log.info("Slice preflight turned off (enabled=%r): training starts unchecked", self.enabled)
             return {"skipped": True}
-        return super().execute(context)
+        return super()._execute_checked(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException

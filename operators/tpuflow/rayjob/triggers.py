@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
-from tpuflow.rayjob.connection import RayDashboardHook
+from tpuflow.ray.connection import RayDashboardHook
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.waits import wait_for_job
 from tpuflow.triggers import TpuflowTrigger

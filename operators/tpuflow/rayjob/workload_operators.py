@@ -11,12 +11,13 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tpuflow.arguments import RUN_TIME, ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.output_links import OutputsLink
 from tpuflow.rayjob.operators import RaySubmitJobOperator
-from tpuflow.templating import is_static
 from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
-from tpuflow.tpu.slice_argument import resolve_slice, slice_is_templated
+from tpuflow.tpu.slice_argument import resolve_slice
+from tpuflow.validation import check_count, check_mapping, check_train_loop_config
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -68,6 +69,42 @@ def check_multislice(tpu: Any, framework: Any, *, simulated: bool, field: str = 
         )
 
 
+_DICT_OR_UNSET = "give a dict (or leave it unset)"
+
+
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserInputError(field, value, f"use one of {', '.join(choices)}")
+
+
+def _check_nonempty(field: str, value: Any) -> None:
+    if not (isinstance(value, str) and value.strip()):
+        raise UserInputError(field, value, "give a non-empty string")
+
+
+def _check_dict(field: str, value: Any, fix: str) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise UserInputError(field, value, fix)
+
+
+def _check_module(value: Any) -> None:
+    if not (isinstance(value, str) and _MODULE.match(value)):
+        raise UserInputError("module", value, 'give a dotted module name, e.g. "my_pkg.prep"')
+
+
+def _check_train_loop(value: Any) -> None:
+    if not (isinstance(value, str) and ":" in value):
+        raise UserInputError("train_loop", value, 'give "module:function", e.g. "my_pkg.fit:train_loop"')
+
+
+def _check_run_name(value: str) -> None:
+    """A name of its own: not a path, not one of resume="never"'s fresh runs (the non-empty check came first)."""
+    if "/" in value or _FRESH_RUN.search(value):
+        raise UserInputError(
+            "run_name", value, 'give a name without "/" that does not end in -fresh<N> (resume="never"\'s)'
+        )
+
+
 class RayDataPrepOperator(RaySubmitJobOperator):
     """Run a Ray Data preparation module (``python -m <module> --arg value ...``) as a Ray job.
 
@@ -89,22 +126,17 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         super().__init__(**kwargs)
         self.module = module
         self.arguments = arguments
-        self._check_prep_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def validate_arguments(self) -> None:
-        super().validate_arguments()
-        self._check_prep_arguments(rendered=True)
-
-    def _check_prep_arguments(self, *, rendered: bool) -> None:
-        """The module and its arguments: once rendered; at parse time only when they are not templates."""
-        if (rendered or is_static(self.module)) and not (isinstance(self.module, str) and _MODULE.match(self.module)):
-            raise UserInputError("module", self.module, 'give a dotted module name, e.g. "my_pkg.prep"')
-        if (
-            (rendered or is_static(self.arguments))
-            and self.arguments is not None
-            and not isinstance(self.arguments, dict)
-        ):
-            raise UserInputError("arguments", self.arguments, "give the module's arguments as a dict")
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((self.module,), lambda: _check_module(self.module)),
+            (
+                (self.arguments,),
+                lambda: _check_dict("arguments", self.arguments, "give the module's arguments as a dict"),
+            ),
+        ]
 
     def build_entrypoint(self, context: Context) -> list[str]:
         return module_entrypoint(self.module, self.arguments or {})
@@ -201,51 +233,43 @@ class RayTrainOperator(RaySubmitJobOperator):
         self.torch_backend = torch_backend
         self.resume = resume
         self.worker_env = worker_env
-        self._check_train_arguments(rendered=False)
+        if type(self).__init__ is RayTrainOperator.__init__:  # else the subclass's __init__, once its own are set
+            self.check_static_arguments()
 
-    def validate_arguments(self) -> None:
-        super().validate_arguments()
-        self._check_train_arguments(rendered=True)
-        check_multislice(self._tpu_slice(), self.framework, simulated=self._cluster_info().get("backend") == "local")
+    def argument_checks(self) -> list[ArgumentCheck]:
+        """The training arguments, as Ray Train and the driver would take them: rejected before submitting."""
+        return [
+            *super().argument_checks(),
+            ((self.framework,), lambda: _check_choice("framework", self.framework, FRAMEWORKS)),
+            ((self.train_loop,), lambda: _check_train_loop(self.train_loop)),
+            ((self.resume,), lambda: _check_choice("resume", self.resume, RESUME_POLICIES)),
+            ((self.storage_path,), lambda: _check_nonempty("storage_path", self.storage_path)),
+            ((self.run_name,), lambda: _check_nonempty("run_name", self.run_name)),
+            ((self.run_name,), lambda: _check_run_name(self.run_name)),
+            ((self.datasets,), lambda: _check_dict("datasets", self.datasets, _DICT_OR_UNSET)),
+            (
+                (self.train_loop_config,),
+                lambda: _check_dict("train_loop_config", self.train_loop_config, _DICT_OR_UNSET),
+            ),
+            ((self.tpu_slice,), self._tpu_slice),
+            ((self.train_loop_config,), self._check_train_loop_config),
+            ((), self._check_ray_train_configs),  # never templated
+            ((self.framework,), self._check_torch_backend_framework),
+            ((), lambda: check_mapping("worker_env", self.worker_env)),
+            # Checked only once rendered: the cluster the task is handed says whether its hosts are simulated.
+            ((RUN_TIME,), lambda: check_multislice(self._tpu_slice(), self.framework, simulated=self._simulated())),
+        ]
 
-    def _check_train_arguments(self, *, rendered: bool) -> None:
-        """The training arguments: all once rendered; at parse time only those that are not templates."""
-        if (rendered or is_static(self.framework)) and self.framework not in FRAMEWORKS:
-            raise UserInputError("framework", self.framework, f"use one of {', '.join(FRAMEWORKS)}")
-        if (rendered or is_static(self.train_loop)) and not (
-            isinstance(self.train_loop, str) and ":" in self.train_loop
-        ):
-            raise UserInputError("train_loop", self.train_loop, 'give "module:function", e.g. "my_pkg.fit:train_loop"')
-        if (rendered or is_static(self.resume)) and self.resume not in RESUME_POLICIES:
-            raise UserInputError("resume", self.resume, f"use one of {', '.join(RESUME_POLICIES)}")
-        for field in ("storage_path", "run_name"):
-            value = getattr(self, field)
-            if (rendered or is_static(value)) and not (isinstance(value, str) and value.strip()):
-                raise UserInputError(field, value, "give a non-empty string")
-        if (rendered or is_static(self.run_name)) and ("/" in self.run_name or _FRESH_RUN.search(self.run_name)):
-            raise UserInputError(
-                "run_name", self.run_name, 'give a name without "/" that does not end in -fresh<N> (resume="never"\'s)'
-            )
-        for field in ("datasets", "train_loop_config"):
-            value = getattr(self, field)
-            if (rendered or is_static(value)) and value is not None and not isinstance(value, dict):
-                raise UserInputError(field, value, "give a dict (or leave it unset)")
-        if rendered or not slice_is_templated(self.tpu_slice):
-            self._tpu_slice()
-        from tpuflow.validation import check_count, check_mapping, check_train_loop_config
-
-        # What the driver would reject on the cluster, once the slice is up: rejected before submitting.
-        if (rendered or is_static(self.train_loop_config)) and isinstance(self.train_loop_config, dict):
+    def _check_train_loop_config(self) -> None:
+        if isinstance(self.train_loop_config, dict):
             check_train_loop_config("train_loop_config", self.train_loop_config)
+
+    def _check_ray_train_configs(self) -> None:
+        """FailureConfig, CheckpointConfig and TorchConfig's backend, as Ray Train would take them."""
         check_count("max_failures", self.max_failures, minimum=-1, what="a whole number (-1: no limit)")
         if self.checkpoint_num_to_keep is not None:  # None: keep every checkpoint
             check_count("checkpoint_num_to_keep", self.checkpoint_num_to_keep, minimum=1)
-        self._check_ray_train_configs(rendered=rendered)
-        check_mapping("worker_env", self.worker_env)
-
-    def _check_ray_train_configs(self, *, rendered: bool) -> None:
-        """CheckpointConfig's score and TorchConfig's backend, as Ray Train would take them."""
-        attribute, order, backend = self.checkpoint_score_attribute, self.checkpoint_score_order, self.torch_backend
+        attribute, order = self.checkpoint_score_attribute, self.checkpoint_score_order
         if attribute is not None and not (isinstance(attribute, str) and attribute.strip()):
             raise UserInputError(
                 "checkpoint_score_attribute", attribute, "give the name of a metric the train loop reports, or None"
@@ -256,12 +280,20 @@ class RayTrainOperator(RaySubmitJobOperator):
             raise UserInputError(
                 "checkpoint_score_order", order, "set checkpoint_score_attribute too: the metric the order applies to"
             )
-        if backend is None:
-            return
-        if backend not in TORCH_BACKENDS:
-            raise UserInputError("torch_backend", backend, f"use one of {', '.join(TORCH_BACKENDS)} (or None)")
-        if (rendered or is_static(self.framework)) and self.framework != "torch":
-            raise UserInputError("torch_backend", backend, "leave it unset: it is TorchConfig's, for framework torch")
+        if self.torch_backend is not None and self.torch_backend not in TORCH_BACKENDS:
+            raise UserInputError(
+                "torch_backend", self.torch_backend, f"use one of {', '.join(TORCH_BACKENDS)} (or None)"
+            )
+
+    def _check_torch_backend_framework(self) -> None:
+        if self.torch_backend is not None and self.framework != "torch":
+            raise UserInputError(
+                "torch_backend", self.torch_backend, "leave it unset: it is TorchConfig's, for framework torch"
+            )
+
+    def _simulated(self) -> bool:
+        """Whether the cluster's hosts are simulated (the local backend)."""
+        return self._cluster_info().get("backend") == "local"
 
     def _tpu_slice(self) -> TpuSlice:
         """The slice ``tpu_slice`` names (raises UserInputError naming ``tpu_slice.<key>``)."""
@@ -270,7 +302,7 @@ class RayTrainOperator(RaySubmitJobOperator):
     def build_spec(self) -> dict[str, Any]:
         """The training spec tpuflow_driver.train runs (arguments already validated)."""
         tpu = self._tpu_slice()
-        simulated = self._cluster_info().get("backend") == "local"
+        simulated = self._simulated()
         spec: dict[str, Any] = {
             "framework": self.framework,
             "train_loop": self.train_loop,

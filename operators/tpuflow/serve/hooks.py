@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuflow.rayjob.connection import RayDashboardHook
+from tpuflow.ray.connection import RayDashboardHook
 
 if TYPE_CHECKING:
     from ray.dashboard.modules.serve.sdk import ServeSubmissionClient

@@ -1,8 +1,8 @@
-"""Ray Serve LLM (vLLM) on a TPU slice: the serve config and the RayService, derived from the TpuSlice.
+"""Ray Serve LLM (vLLM) on a TPU slice: the serve config and the pods' vLLM fields, derived from the TpuSlice
+(tpuflow.kuberay.llm_service.llm_rayservice_manifest wraps them in a RayService).
 
     tpu = TpuSlice.from_spec("v6e", "4x4")
     config = llm_serve_config(tpu, LlmServe("qwen", model_source="Qwen/Qwen2.5-7B-Instruct"))
-    manifest = llm_rayservice_manifest(RayClusterTemplate(tpu, image=DEFAULT_VLLM_TPU_IMAGE), LlmServe(...), name=...)
 
 The application is `ray.serve.llm:build_openai_app` with one LLMConfig: `accelerator_type` and
 `accelerator_config {kind: tpu, topology}` from the slice (Serve then skips its up-front placement
@@ -220,35 +220,3 @@ def add_vllm_pod_fields(cluster_spec: dict[str, Any], llm: LlmServe) -> dict[str
             _add_env(container, [*extra, *common])
             container.setdefault("volumeMounts", []).append({"name": CACHE_VOLUME, "mountPath": XLA_CACHE_PATH})
     return cluster_spec
-
-
-def llm_rayservice_manifest(
-    template: Any,
-    llm: LlmServe,
-    *,
-    name: str,
-    namespace: str = "default",
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    upgrade_strategy: str | None = None,
-    pod_labels: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """A RayService running Ray Serve LLM on the template's slice (template: a RayClusterTemplate)."""
-    from tpuflow.kuberay import DEFAULT_UPGRADE_STRATEGY
-    from tpuflow.kuberay.manifests import rayservice_manifest, spec_hash
-    from tpuflow.labels import SPEC_HASH_ANNOTATION
-
-    manifest = rayservice_manifest(
-        template,
-        llm_serve_config(template.tpu, llm),
-        name=name,
-        namespace=namespace,
-        labels=labels,
-        annotations=annotations,
-        upgrade_strategy=upgrade_strategy or DEFAULT_UPGRADE_STRATEGY,
-        pod_labels=pod_labels,
-    )
-    add_vllm_pod_fields(manifest["spec"]["rayClusterConfig"], llm)
-    # The hash records what is sent: recompute it over the finished spec.
-    manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = spec_hash(manifest["spec"])
-    return manifest

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.links import StoredUrlLink
-from tpuflow.rayjob.connection import check_cluster
-from tpuflow.rayjob.links import RayDashboardLink
-from tpuflow.templating import is_static, is_templated
-from tpuflow.tpu.slice_argument import slice_is_templated
+from tpuflow.ray.connection import check_cluster
+from tpuflow.ray.links import RayDashboardLink
+from tpuflow.validation import check_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,7 +37,7 @@ class RayServeDeploymentFailedError(RuntimeError):
     """A deployed endpoint did not answer as expected within its deadline."""
 
 
-class RayServeDeployOperator(BaseOperator):
+class RayServeDeployOperator(ArgumentChecks, BaseOperator):
     """PUT a Serve config (what KubeRay's RayService controller does) and wait until every app is RUNNING.
 
     Returns ``{"serve_url", "routes": {app: route_prefix}}``. A DEPLOY_FAILED or UNHEALTHY app fails
@@ -100,20 +100,27 @@ class RayServeDeployOperator(BaseOperator):
         self.deferrable = deferrable
         self.on_kill_action = on_kill_action
         # What on_kill deletes: the applications this task created, while the worker waits for them.
-        self._owned_apps: list[str] | None = None
-        self._check_deploy_arguments(rendered=False)
+        self._owned: list[str] | None = None
+        self.check_static_arguments()
 
-    def _check_deploy_arguments(self, *, rendered: bool) -> None:
-        """All arguments once rendered (the start of execute); at parse time only plain values."""
-        from tpuflow.validation import check_seconds
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((), self._check_waiting),  # never templated
+            ((self.cluster,), lambda: check_cluster(self.cluster, self.ray_conn_id)),
+            ((self.serve_config,), self._check_serve_config),
+            ((self.tpu_slice,), self._tpu_slice),
+            ((self.serve_config, self.tpu_slice), self._placed_config),
+        ]
 
+    def _check_waiting(self) -> None:
         if self.on_kill_action not in ON_KILL_ACTIONS:
             raise UserInputError("on_kill_action", self.on_kill_action, f"use one of {', '.join(ON_KILL_ACTIONS)}")
         check_seconds("deploy_timeout", self.deploy_timeout)
         check_seconds("poll_interval", self.poll_interval)
-        if rendered or is_static(self.cluster):
-            check_cluster(self.cluster, self.ray_conn_id)
-        if (rendered or is_static(self.serve_config)) and not (
+
+    def _check_serve_config(self) -> None:
+        if not (
             isinstance(self.serve_config, dict)
             and isinstance(self.serve_config.get("applications"), list)
             and self.serve_config["applications"]
@@ -123,10 +130,6 @@ class RayServeDeployOperator(BaseOperator):
                 self.serve_config,
                 'give the Serve config as a dict with its "applications" (see tpuflow.serve.config.serve_config)',
             )
-        if rendered or not slice_is_templated(self.tpu_slice):
-            self._tpu_slice()
-        if rendered or not (is_templated(self.serve_config) or slice_is_templated(self.tpu_slice)):
-            self._placed_config()
 
     def _placed_config(self, *, log: bool = False) -> dict[str, Any]:
         """The Serve config with each multi-host app's placement derived from tpu_slice where its args
@@ -156,14 +159,14 @@ class RayServeDeployOperator(BaseOperator):
     def execute(self, context: Context) -> Any:
         from tpuflow.serve.config import application_names
 
-        self._check_deploy_arguments(rendered=True)
+        self.validate_arguments()
         hook = self.hook()
         RayDashboardLink.persist(context, url=f"{hook.dashboard_url}/#/serve")
         RayServeEndpointLink.persist(context, url=hook.serve_url)
         names = application_names(self.serve_config)
         created = self._absent_apps(hook, names) if self.on_kill_action == "delete" else []
         self.log.info("Deploying Serve applications %s to %s", names, hook.dashboard_url)
-        self._owned_apps = created
+        self._owned = created
         hook.deploy_applications(self._config_to_deploy())
         wait = {"app_names": names, "timeout": self.deploy_timeout, "poll_interval": self.poll_interval}
         if self.deferrable:
@@ -188,7 +191,7 @@ class RayServeDeployOperator(BaseOperator):
         try:
             event = asyncio.run(wait_for_applications(self.hook(), started_at=time.time(), log=self.log, **wait))
         finally:
-            self._owned_apps = None
+            self._owned = None
         return self.execute_complete(context, dict(event))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
@@ -227,13 +230,13 @@ class RayServeDeployOperator(BaseOperator):
 
         Same rule as RayServeApplicationsTrigger.on_kill: only when every app on the cluster is one of them.
         """
-        if not self._owned_apps:
+        if not self._owned:
             return
         from tpuflow.serve.status import deletable_on_kill
 
         hook = self.hook()
-        if deletable_on_kill(hook.get_serve_details(), self._owned_apps):
-            self.log.warning("Task killed: deleting Serve applications %s", self._owned_apps)
+        if deletable_on_kill(hook.get_serve_details(), self._owned):
+            self.log.warning("Task killed: deleting Serve applications %s", self._owned)
             hook.delete_applications()
 
 
@@ -241,7 +244,7 @@ class RayServeDeployOperator(BaseOperator):
 _NOT_READY = (404, 408, 425, 429)
 
 
-class ServeEndpointSmokeTestOperator(BaseOperator):
+class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
     """POST a request to a deployed endpoint and check the answer contains what it should.
 
     An endpoint that is not answering yet (connection refused, a timeout, 404 before the route is
@@ -277,29 +280,35 @@ class ServeEndpointSmokeTestOperator(BaseOperator):
         self.payload = payload
         self.expect = expect
         self.timeout = timeout
-        self._check_smoke_arguments(rendered=False)
+        self.check_static_arguments()
 
-    def _check_smoke_arguments(self, *, rendered: bool) -> None:
-        """All arguments once rendered (the start of execute); at parse time only plain values."""
-        from tpuflow.validation import check_seconds
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((), lambda: check_seconds("timeout", self.timeout)),  # never templated
+            ((self.url,), self._check_url),
+            ((self.expect,), self._check_expect),
+            ((self.payload,), self._check_payload),
+        ]
 
-        check_seconds("timeout", self.timeout)
-        if (rendered or is_static(self.url)) and not (
-            isinstance(self.url, str) and self.url.startswith(("http://", "https://"))
-        ):
+    def _check_url(self) -> None:
+        if not (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))):
             raise UserInputError("url", self.url, 'give the endpoint\'s http(s) URL, e.g. "http://host:8000/app"')
-        if (rendered or is_static(self.expect)) and (self.expect is None or str(self.expect) == ""):
+
+    def _check_expect(self) -> None:
+        if self.expect is None or str(self.expect) == "":
             raise UserInputError("expect", self.expect, "give the text the answer must contain")
-        if rendered or is_static(self.payload):
-            try:
-                json.dumps(self.payload)
-            except (TypeError, ValueError):
-                raise UserInputError("payload", self.payload, "give a JSON-serialisable body") from None
+
+    def _check_payload(self) -> None:
+        try:
+            json.dumps(self.payload)
+        except (TypeError, ValueError):
+            raise UserInputError("payload", self.payload, "give a JSON-serialisable body") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
         import requests
 
-        self._check_smoke_arguments(rendered=True)
+        self.validate_arguments()
         headers = self._auth_headers()
         deadline = time.time() + self.timeout
         last = ""

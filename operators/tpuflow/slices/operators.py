@@ -9,14 +9,16 @@ without a deploy: "{{ var.value.get('tpuflow_max_slices', 1) }}".
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.events import raise_for_event
-from tpuflow.templating import is_templated
-from tpuflow.tpu.slice_argument import slice_is_templated
+from tpuflow.validation import check_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -46,8 +48,8 @@ def run_is_over(ti: Any, dag_id: str, run_id: str) -> str | None:
     return state if state in ("success", "failed", "gone from the metadata DB") else None
 
 
-class AcquireSliceOperator(BaseOperator):
-    """Claim one of ``max_slices`` slice leases; wait deferred (on the triggerer) while all are taken.
+class AcquireSliceOperator(ArgumentChecks, BaseOperator):
+    """Claim one of ``max_slices`` slice leases; wait (deferred, on the triggerer) while all are taken.
 
     One lease per DAG run: every try and every task of the run names the same holder
     (``DAG_ID/RUN_ID``), so a retry keeps its slot. Returns ``{"slot", "holder", "lease_root",
@@ -63,6 +65,8 @@ class AcquireSliceOperator(BaseOperator):
     :param gcp_conn_id: Google Cloud connection for a ``gs://`` lease root.
     :param poll_interval: seconds between looks at the leases while waiting.
     :param wait_timeout: seconds to wait for a lease before failing (default: wait as long as it takes).
+    :param deferrable: wait for a free lease in the triggerer (default: the wait may last as long as other
+        runs hold the slices); False: in this worker, through the same wait.
     """
 
     template_fields: Sequence[str] = ("max_slices", "lease_root", "tpu_slice")
@@ -77,6 +81,7 @@ class AcquireSliceOperator(BaseOperator):
         gcp_conn_id: str = "google_cloud_default",
         poll_interval: float = 5.0,
         wait_timeout: float | None = None,
+        deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -86,9 +91,18 @@ class AcquireSliceOperator(BaseOperator):
         self.gcp_conn_id = gcp_conn_id
         self.poll_interval = poll_interval
         self.wait_timeout = wait_timeout
-        self._check_static_arguments()
+        self.deferrable = deferrable
+        self.check_static_arguments()
 
-    def _check_arguments(self) -> tuple[int, str | None, int]:
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((self.poll_interval,), lambda: check_seconds("poll_interval", self.poll_interval)),
+            ((self.wait_timeout,), lambda: check_seconds("wait_timeout", self.wait_timeout, optional=True)),
+            ((self.max_slices, self.lease_root, self.tpu_slice), self.lease_request),
+        ]
+
+    def lease_request(self) -> tuple[int, str | None, int]:
         """The slot count, lease root (None: the default) and slices wanted, or UserInputError naming the field."""
         from tpuflow.slices.leases import check_lease_root, parse_count, parse_slots
         from tpuflow.tpu.slice_argument import resolve_slice
@@ -97,23 +111,15 @@ class AcquireSliceOperator(BaseOperator):
         wanted = 1 if self.tpu_slice is None else resolve_slice(self.tpu_slice).num_slices
         return slots, check_lease_root(self.lease_root), parse_count(wanted, slots, "tpu_slice.num_slices")
 
-    def _check_static_arguments(self) -> None:
-        """Parse time: static values fail the DAG import; templated ones are checked once rendered."""
-        from tpuflow.validation import check_seconds
-
-        check_seconds("poll_interval", self.poll_interval)
-        check_seconds("wait_timeout", self.wait_timeout, optional=True)
-        if not is_templated(self.max_slices, self.lease_root) and not slice_is_templated(self.tpu_slice):
-            self._check_arguments()
-
     def execute(self, context: Context) -> dict[str, Any]:
+        self.validate_arguments()  # the rendered values, before any lease is touched
         return self._claim(context)
 
     def _claim(self, context: Context) -> dict[str, Any]:
+        """Take the run's lease(s); while all are held, wait for a free one (triggerer or here), then claim again."""
         from tpuflow.slices.leases import default_lease_root, lease_store
-        from tpuflow.slices.triggers import SliceLeaseTrigger
 
-        slots, root, count = self._check_arguments()
+        slots, root, count = self.lease_request()
         root = root or default_lease_root()
         store = lease_store(root, self.gcp_conn_id)
         holder = lease_holder(context)
@@ -131,31 +137,51 @@ class AcquireSliceOperator(BaseOperator):
             return {"slot": lease.slot, "holder": holder, "lease_root": root, "max_slices": slots, "num_slices": count}
         held = sorted(x.holder_line() for x in store.holders(slots).values())
         self.log.info(
-            "All %d slice lease(s) in %s are held (%s): waiting in the triggerer. A lease left by a deleted or "
+            "All %d slice lease(s) in %s are held (%s): waiting in %s. A lease left by a deleted or "
             "killed run is freed with `tpuflow leases free DAG_ID/RUN_ID`.",
             slots,
             store.describe(),
             ", ".join(held),
+            "the triggerer" if self.deferrable else "this worker",
         )
+        wait = {"lease_root": root, "slots": slots, "holder": holder, "count": count}
+        if self.deferrable:
+            self.execute_async(context, wait)
+        return self.execute_sync(context, wait)
+
+    def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
+        """Defer: SliceLeaseTrigger watches the leases in the triggerer."""
+        from tpuflow.slices.triggers import SliceLeaseTrigger
+
         self.defer(
             trigger=SliceLeaseTrigger(
-                lease_root=root,
-                slots=slots,
-                holder=holder,
-                count=count,
-                gcp_conn_id=self.gcp_conn_id,
-                poll_interval=self.poll_interval,
-                timeout=self.wait_timeout,
+                gcp_conn_id=self.gcp_conn_id, poll_interval=self.poll_interval, timeout=self.wait_timeout, **wait
             ),
             method_name="execute_complete",
         )
+
+    def execute_sync(self, context: Context, wait: dict[str, Any]) -> dict[str, Any]:
+        """Wait here: the trigger's own coroutine (wait_for_free_slot) with asyncio.run."""
+        from tpuflow.slices.leases import lease_store
+        from tpuflow.slices.triggers import wait_for_free_slot
+
+        event = asyncio.run(
+            wait_for_free_slot(
+                lease_store(wait["lease_root"], self.gcp_conn_id),
+                slots=wait["slots"],
+                holder=wait["holder"],
+                count=wait["count"],
+                deadline=None if self.wait_timeout is None else time.time() + float(self.wait_timeout),
+                poll_interval=float(self.poll_interval),
+                log=self.log,
+            )
+        )
+        return self.execute_complete(context, dict(event))
 
     def _renew_for_live_runs(self, context: Context, store: Any, slots: int, holder: str) -> list[int]:
         """Renew the expired gs:// leases of runs the metadata DB says are still running or queued: a run
         that outlives the expiry (a long training) keeps its slice. Only a run that is over, or whose state
         cannot be read, loses an expired lease."""
-        import time
-
         renewed: list[int] = []
         now = time.time()
         for other in sorted(
@@ -198,10 +224,10 @@ class AcquireSliceOperator(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         raise_for_event(event, f"waiting for a slice lease (wait_timeout={self.wait_timeout}s)")
-        return self._claim(context)  # may defer again if another run claimed the slot first
+        return self._claim(context)  # may wait again if another run claimed the slot first
 
 
-class ReleaseSliceOperator(BaseOperator):
+class ReleaseSliceOperator(ArgumentChecks, BaseOperator):
     """Give back this run's slice lease (a teardown: runs even when the pipeline failed).
 
     Frees every slot the run (``DAG_ID/RUN_ID``) holds and returns their numbers.
@@ -219,22 +245,22 @@ class ReleaseSliceOperator(BaseOperator):
         super().__init__(**kwargs)
         self.lease_root = lease_root
         self.gcp_conn_id = gcp_conn_id
-        self._check_static_arguments()
+        self.check_static_arguments()
 
-    def _check_arguments(self) -> str | None:
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [*super().argument_checks(), ((self.lease_root,), self.checked_lease_root)]
+
+    def checked_lease_root(self) -> str | None:
+        """The lease root (None: the default), or UserInputError naming ``lease_root``."""
         from tpuflow.slices.leases import check_lease_root
 
         return check_lease_root(self.lease_root)
 
-    def _check_static_arguments(self) -> None:
-        """Parse time: a static lease root fails the DAG import if bad (none given: the default, nothing to check)."""
-        if self.lease_root and not is_templated(self.lease_root):
-            self._check_arguments()
-
     def execute(self, context: Context) -> list[int]:
         from tpuflow.slices.leases import default_lease_root, lease_store
 
-        store = lease_store(self._check_arguments() or default_lease_root(), self.gcp_conn_id)
+        self.validate_arguments()
+        store = lease_store(self.checked_lease_root() or default_lease_root(), self.gcp_conn_id)
         holder = lease_holder(context)
         freed = store.release(holder)
         self.log.info("Released slice lease(s) %s of %s in %s", freed or "none", holder, store.describe())

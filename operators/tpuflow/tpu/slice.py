@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from tpuflow.errors import UserInputError
 from tpuflow.tpu.generations import (
@@ -154,6 +154,8 @@ class TpuSlice:
     topology: str
     chips_per_host: int
     num_slices: int = 1
+    # built from literals and checked on construction: never a template (tpuflow.templating.is_static)
+    static_value: ClassVar[bool] = True
 
     @classmethod
     def from_spec(

@@ -15,7 +15,6 @@ anything billable.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -35,10 +34,8 @@ _FIX = (
 
 
 def slice_is_templated(value: Any) -> bool:
-    """True while the slice (or one of its fields) is rendered only at run time."""
-    # Without importing the slice arithmetic at DAG parse time: a TpuSlice exists only once its module is loaded.
-    module = sys.modules.get("tpuflow.tpu.slice")
-    return not (module is not None and isinstance(value, module.TpuSlice)) and is_templated(value)
+    """True while the slice (or one of its fields) is rendered only at run time (a TpuSlice is static)."""
+    return is_templated(value)
 
 
 def slice_spec(value: Any, field: str = FIELD) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import inspect
 from airflow.sdk import BaseOperatorLink
 
 LINK_MODULES = (
-    "tpuflow.rayjob.links",
+    "tpuflow.ray.links",
     "tpuflow.serve.operators",
     "tpuflow.output_links",
     "tpuflow.gke.links",

@@ -7,21 +7,21 @@ wires them; requests go through the real kubernetes client where the operators w
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, config
+from support.polling import until
 
+from tpuflow.capacity.provisioning_request import CONSUME_ANNOTATION, plan_provisioning_request
 from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
 from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
 from tpuflow.gke.nodepool_spec import plan_node_pools
-from tpuflow.gke.provisioning_request import CONSUME_ANNOTATION, plan_provisioning_request
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest
 from tpuflow.kuberay.status import raycluster_verdict
 from tpuflow.tpu import TpuSlice
@@ -48,15 +48,6 @@ def stack(tmp_path: Path) -> Iterator[tuple[GKEApiStandin, KubeRayStandin]]:
         yield gke, kube
     assert kube.capacity is not None and kube.capacity.errors == []
     assert kube.controller.errors == []
-
-
-def until(get: Callable[[], Any], check: Callable[[Any], bool], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if check(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def make_pool(gke: GKEApiStandin, capacity: str) -> dict[str, Any]:

@@ -4,12 +4,12 @@ token handed to the launched Ray processes (fake launcher: no Ray)."""
 from __future__ import annotations
 
 import base64
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.polling import until
 
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kuberay_controller.auth import SECRETS, check_name
@@ -31,13 +31,6 @@ def kube(tmp_path: Path) -> Iterator[KubeRayStandin]:
     with standin:
         yield standin
     assert standin.controller.errors == []
-
-
-def until(get: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while (value := get()) in (None, [], {}) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return value
 
 
 def launched(kube: KubeRayStandin) -> list[Any]:

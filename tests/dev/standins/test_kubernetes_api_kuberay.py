@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, config
+from support.polling import until
 
 from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
@@ -45,15 +45,6 @@ def add_pool(kube: KubeRayStandin, tpu: TpuSlice, nodes: int | None = None) -> N
     pools = kube.controller.node_pools
     assert isinstance(pools, StaticNodePools)
     pools.pools.append((dict(tpu.node_selector), nodes if nodes is not None else tpu.total_hosts))
-
-
-def until(get: Callable[[], Any], check: Callable[[Any], bool], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if check(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def cluster_verdict(kube: KubeRayStandin, name: str) -> Verdict:

@@ -19,18 +19,18 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from support.airflow_context import FakeTaskInstance, task_context
 from support.gke_standin import CLUSTER, CLUSTER_PATH, CONN_ID, PROJECT, ZONE
 
+from tpuflow.capacity.operators import (
+    GKECreateProvisioningRequestOperator,
+    GKEDeleteProvisioningRequestOperator,
+    GKEWaitForFlexStartCapacityOperator,
+)
+from tpuflow.capacity.provisioning_request import CONSUME_ANNOTATION
 from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
 from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
 from tpuflow.errors import UserInputError
-from tpuflow.gke.capacity_operators import (
-    GKECreateProvisioningRequestOperator,
-    GKEDeleteProvisioningRequestOperator,
-    GKEWaitForFlexStartCapacityOperator,
-)
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
-from tpuflow.gke.provisioning_request import CONSUME_ANNOTATION
 from tpuflow.kuberay.operators import KubeRayDeleteClusterOperator
 
 KUBE_CONN = "kube_standin"
@@ -256,7 +256,7 @@ def test_bad_max_run_duration_fails_before_anything_is_created(gke, stack, value
 
 
 def test_the_wait_runs_deferred_in_a_trigger(gke, stack):
-    from tpuflow.gke.capacity_triggers import ProvisioningRequestTrigger
+    from tpuflow.capacity.triggers import ProvisioningRequestTrigger
 
     run = Run()
     run.execute(pool_op(capacity="queued"))
@@ -267,7 +267,7 @@ def test_the_wait_runs_deferred_in_a_trigger(gke, stack):
         run.execute(op)
     trigger = deferred.value.trigger
     classpath, kwargs = trigger.serialize()
-    assert classpath == "tpuflow.gke.capacity_triggers.ProvisioningRequestTrigger"
+    assert classpath == "tpuflow.capacity.triggers.ProvisioningRequestTrigger"
     revived = ProvisioningRequestTrigger(**kwargs)
 
     async def first_event() -> Any:
@@ -295,7 +295,7 @@ def first_event(trigger: Any) -> dict[str, Any]:
 
 def defer_flex_start(gke: GKEApiStandin, stack: KubeRayStandin, **kwargs: Any) -> tuple[Run, Any, dict[str, Any]]:
     """A flex-start pool, the RayCluster's pending TPU pods, and the flex-start wait deferred: (run, op, kwargs)."""
-    from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+    from tpuflow.capacity.triggers import FlexStartCapacityTrigger
 
     run = Run()
     run.execute(pool_op(capacity="flex-start"))
@@ -312,7 +312,7 @@ def defer_flex_start(gke: GKEApiStandin, stack: KubeRayStandin, **kwargs: Any) -
     trigger = deferred.value.trigger
     assert isinstance(trigger, FlexStartCapacityTrigger)
     classpath, trigger_kwargs = trigger.serialize()
-    assert classpath == "tpuflow.gke.capacity_triggers.FlexStartCapacityTrigger"
+    assert classpath == "tpuflow.capacity.triggers.FlexStartCapacityTrigger"
     # what the triggerer stores and rebuilds from: plain JSON
     assert json.loads(json.dumps(trigger_kwargs)) == trigger_kwargs
     assert trigger_kwargs["expected_pods"] == 4 and "ray.io/node-type=worker" in trigger_kwargs["label_selector"]
@@ -325,7 +325,7 @@ def assert_nothing_left(gke: GKEApiStandin, stack: KubeRayStandin) -> None:
 
 
 def test_the_flex_start_wait_runs_deferred_in_a_trigger(gke, stack):
-    from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+    from tpuflow.capacity.triggers import FlexStartCapacityTrigger
 
     run, op, kwargs = defer_flex_start(gke, stack)
     event = first_event(FlexStartCapacityTrigger(**kwargs))
@@ -341,7 +341,7 @@ def test_the_flex_start_wait_runs_deferred_in_a_trigger(gke, stack):
 
 
 def test_the_deferred_flex_start_wait_without_capacity_fails_with_the_autoscalers_reason(gke, stack):
-    from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+    from tpuflow.capacity.triggers import FlexStartCapacityTrigger
 
     gke.capacity.update({"flex-start": {"available": False}})
     run, op, kwargs = defer_flex_start(gke, stack, wait_timeout=1.5, poll_interval=0.1)
@@ -362,7 +362,7 @@ def test_capacity_revoked_before_the_trigger_looks_fails_the_task_with_gkes_reas
     """The stand-in revokes a request's nodes maxRunDurationSeconds after provisioning them. The wait
     returns at Provisioned=True, so only a trigger that first polls after that (a busy triggerer) sees
     CapacityRevoked: the final condition wins over Provisioned=True and the task fails with GKE's reason."""
-    from tpuflow.gke.capacity_triggers import ProvisioningRequestTrigger
+    from tpuflow.capacity.triggers import ProvisioningRequestTrigger
 
     run = Run()
     run.execute(pool_op(capacity="queued"))
@@ -370,7 +370,7 @@ def test_capacity_revoked_before_the_trigger_looks_fails_the_task_with_gkes_reas
     with pytest.raises(TaskDeferred) as deferred:
         run.execute(op)
     classpath, kwargs = deferred.value.trigger.serialize()
-    assert classpath == "tpuflow.gke.capacity_triggers.ProvisioningRequestTrigger"
+    assert classpath == "tpuflow.capacity.triggers.ProvisioningRequestTrigger"
     name = kwargs["name"]
 
     def conditions() -> dict[str, dict[str, Any]]:
@@ -427,7 +427,7 @@ def request_with(*conditions: tuple[str, str, str, str]) -> dict[str, Any]:
 def test_a_request_revoked_or_expired_while_waiting_fails_with_gkes_reason(kind, reason, message):
     import logging
 
-    from tpuflow.gke.capacity_triggers import wait_provisioned
+    from tpuflow.capacity.triggers import wait_provisioned
 
     accepted = ("Accepted", "True", "Accepted", "ProvisioningRequest is accepted")
     waiting = ("Provisioned", "False", "CapacityIsNotFound", "Capacity is not found, CA will try to find it later.")
@@ -463,7 +463,7 @@ def test_a_request_revoked_or_expired_while_waiting_fails_with_gkes_reason(kind,
 
 # --- the pure parts: request bodies, the annotations, the pipeline's Param check ------------------------
 def test_one_pod_set_per_slice_and_pool_with_the_slices_selector_and_chips():
-    from tpuflow.gke.provisioning_request import plan_provisioning_request
+    from tpuflow.capacity.provisioning_request import plan_provisioning_request
     from tpuflow.tpu import TpuSlice
 
     tpu = TpuSlice.from_spec("v6e", "4x4", num_slices=2)
@@ -482,7 +482,7 @@ def test_one_pod_set_per_slice_and_pool_with_the_slices_selector_and_chips():
 
 @pytest.mark.parametrize(("value", "seconds"), [(None, None), ("", None), (1, 1), ("3600", 3600), (604800, 604800)])
 def test_max_run_duration_accepts_gkes_range(value, seconds):
-    from tpuflow.gke.provisioning_request import check_max_run_duration
+    from tpuflow.capacity.provisioning_request import check_max_run_duration
 
     assert check_max_run_duration(value) == seconds
 
@@ -540,3 +540,46 @@ def test_the_old_slice_kwargs_are_refused_and_a_static_bad_slice_fails_at_parse_
     with pytest.raises(UserInputError) as err:
         request_op(tpu_slice={"accelerator": "v6e"})
     assert err.value.field == "tpu_slice.topology"
+
+
+def test_a_templated_request_name_waits_for_rendering_and_a_static_bad_one_fails_at_parse_time():
+    op = request_op(name="{{ params.request }}")  # the plan reads the name: not checked before rendering
+    op.name = "Bad_Name"  # what the template rendered to
+    with pytest.raises(UserInputError) as err:
+        op.validate_arguments()
+    assert err.value.field == "name"
+    with pytest.raises(UserInputError, match="name='Bad_Name'"):
+        request_op(name="Bad_Name")
+
+
+def test_killing_the_request_while_it_waits_in_the_worker_withdraws_it(gke, stack):
+    """on_kill cleans up self._owned: set while this worker waits on the request it created, None before and after."""
+    import threading
+    import time
+
+    gke.capacity.update({"queued": {"available": False, "failAfterSeconds": 600}})
+    run = Run()
+    run.execute(pool_op(capacity="queued"))
+    op = request_op(wait_timeout=5)
+    assert op._owned is None
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run.execute(op)
+        except Exception as err:  # the wait runs on after the kill here; in Airflow SIGKILL ends it
+            failed.append(err)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while op._owned is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    namespace, name, templates = op._owned
+    assert [r["metadata"]["name"] for r in stack.store.list(PROVISIONING_REQUESTS)] == [name]
+    op.on_kill()  # what the task runner's SIGTERM handler calls
+    assert stack.store.list(PROVISIONING_REQUESTS) == [] and stack.store.list(POD_TEMPLATES) == []
+    worker.join(timeout=15)
+    assert op._owned is None and failed  # the withdrawn request never got its nodes
+    teardown(run)

@@ -4,7 +4,7 @@
   PodTemplate(s) and the ProvisioningRequest asking for the slice's nodes (names from the task
   instance, so a retry adopts them), then wait (deferrable) for ``Provisioned=True``. It fails with
   GKE's reason on ``Failed`` / ``CapacityRevoked`` / ``BookingExpired`` or at ``wait_timeout``, and then
-  deletes what it created. The TPU worker pods must carry ``tpuflow.gke.provisioning_request.
+  deletes what it created. The TPU worker pods must carry ``tpuflow.capacity.provisioning_request.
   consume_annotations(name)`` (the returned ``annotations``; RayClusterTemplate.provisioning_request).
 - ``GKEDeleteProvisioningRequestOperator``: delete the request and its PodTemplates; a teardown.
 - ``GKEWaitForFlexStartCapacityOperator``: wait until GKE's autoscaler has grown a flex-start pool
@@ -20,20 +20,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
-from tpuflow.kuberay.operator_base import KubeRayBaseOperator
+from tpuflow.kubernetes.operator_base import KubernetesBaseOperator
 from tpuflow.naming import TaskIdentity
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from tpuflow.gke.capacity_hooks import CapacityHook
-    from tpuflow.gke.provisioning_request import ProvisioningRequestPlan
+    from tpuflow.capacity.hooks import CapacityHook
+    from tpuflow.capacity.provisioning_request import ProvisioningRequestPlan
     from tpuflow.tpu import TpuSlice
     from tpuflow.tpu.slice_argument import SliceArgument
 
@@ -51,8 +52,8 @@ def _pool_capacity(result: Mapping[str, Any]) -> str:
     return str((result.get("capacity") or {}).get(names[0]) or "")
 
 
-class _CapacityOperator(KubeRayBaseOperator):
-    """KubeRayBaseOperator's Kubernetes target and checks, with the capacity hook, and the slice."""
+class _CapacityOperator(KubernetesBaseOperator):
+    """The Kubernetes-object operator skeleton on the capacity hook, and the slice."""
 
     operator_extra_links = ()
     ui_color = "#d5e8ff"
@@ -68,12 +69,13 @@ class _CapacityOperator(KubeRayBaseOperator):
         self.tpu_slice = tpu_slice
         self.node_pool_task_id = node_pool_task_id
 
-    def kube_hook(self) -> CapacityHook:  # type: ignore[override]
-        from tpuflow.gke.capacity_hooks import CapacityHook
+    def hook_class(self) -> type[CapacityHook]:
+        from tpuflow.capacity.hooks import CapacityHook
 
-        if self._hook_cache is None:
-            self._hook_cache = CapacityHook.for_target(self.kube_target())
-        return self._hook_cache  # type: ignore[return-value]
+        return CapacityHook
+
+    def kube_hook(self) -> CapacityHook:
+        return cast("CapacityHook", super().kube_hook())
 
     def resolved_slice(self) -> TpuSlice:
         """The (rendered) ``tpu_slice``, in a shape GKE takes; else one line naming ``tpu_slice.<key>``."""
@@ -115,7 +117,7 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
     """
 
     template_fields: Sequence[str] = (
-        *KubeRayBaseOperator.template_fields,
+        *KubernetesBaseOperator.template_fields,
         "tpu_slice",
         "node_pool_name",
         "max_run_duration_seconds",
@@ -134,20 +136,20 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         self.node_pool_name = node_pool_name
         self.max_run_duration_seconds = max_run_duration_seconds
         self.name = name
-        # What on_kill withdraws while this worker waits: (namespace, request, PodTemplates); deferred, the
+        # What on_kill withdraws, set while this worker waits: (namespace, request, PodTemplates); deferred, the
         # trigger's on_kill does.
-        self._kill_with: tuple[str, str, tuple[str, ...]] | None = None
-        self._check_static_arguments()
+        self._owned: tuple[str, str, tuple[str, ...]] | None = None
+        self.check_static_arguments()
 
-    def argument_checks(self) -> list[Any]:
-        values = (self.tpu_slice, self.node_pool_name, self.node_pool_task_id, self.max_run_duration_seconds)
+    def argument_checks(self) -> list[ArgumentCheck]:
+        values = (self.tpu_slice, self.node_pool_name, self.node_pool_task_id, self.max_run_duration_seconds, self.name)
         return [*super().argument_checks(), (values, lambda: self.plan(None, "default"))]
 
     def plan(
         self, identity: TaskIdentity | None, namespace: str, pools: Sequence[str] | None = None
     ) -> ProvisioningRequestPlan:
         """The one check of the request's arguments (UserInputError naming the field), and the objects."""
-        from tpuflow.gke.provisioning_request import plan_provisioning_request, request_name
+        from tpuflow.capacity.provisioning_request import plan_provisioning_request, request_name
         from tpuflow.labels import kubernetes_ownership_labels
 
         if bool(self.node_pool_name) == bool(self.node_pool_task_id):
@@ -185,40 +187,36 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         self._apply(hook, plan, identity.key)
         self.log.info("ProvisioningRequest %s/%s asks for %s", plan.namespace, plan.name, plan.describe())
         started = time.time()
-        deadline = started + float(self.wait_timeout)
+        wait = {
+            "name": plan.name,
+            "namespace": plan.namespace,
+            "deadline": started + float(self.wait_timeout),
+            "poll_interval": float(self.poll_interval),
+            "started_at": started,
+        }
         if self.deferrable:
-            from tpuflow.gke.capacity_triggers import ProvisioningRequestTrigger
+            self.execute_async(context, wait, plan)
+        return self.execute_sync(context, wait, plan)
 
-            self.defer(
-                trigger=ProvisioningRequestTrigger(
-                    name=plan.name,
-                    namespace=plan.namespace,
-                    target=self.kube_target().to_dict(),
-                    deadline=deadline,
-                    poll_interval=float(self.poll_interval),
-                    started_at=started,
-                    plan=plan.describe(),
-                ),
-                method_name="execute_complete",
-            )
-        from tpuflow.gke.capacity_hooks import SyncCapacityReader
-        from tpuflow.gke.capacity_triggers import wait_provisioned
+    def execute_async(self, context: Context, wait: dict[str, Any], plan: ProvisioningRequestPlan) -> None:
+        """Defer: ProvisioningRequestTrigger waits for Provisioned=True in the triggerer (its on_kill withdraws)."""
+        from tpuflow.capacity.triggers import ProvisioningRequestTrigger
 
-        self._kill_with = (plan.namespace, plan.name, plan.template_names)
+        self.defer(
+            trigger=ProvisioningRequestTrigger(target=self.kube_target().to_dict(), plan=plan.describe(), **wait),
+            method_name="execute_complete",
+        )
+
+    def execute_sync(self, context: Context, wait: dict[str, Any], plan: ProvisioningRequestPlan) -> dict[str, Any]:
+        """Wait here: the trigger's own coroutine (wait_provisioned) with asyncio.run."""
+        from tpuflow.capacity.hooks import SyncCapacityReader
+        from tpuflow.capacity.triggers import wait_provisioned
+
+        self._owned = (plan.namespace, plan.name, plan.template_names)
         try:
-            event = asyncio.run(
-                wait_provisioned(
-                    SyncCapacityReader(hook),
-                    name=plan.name,
-                    namespace=plan.namespace,
-                    deadline=deadline,
-                    poll_interval=float(self.poll_interval),
-                    started_at=started,
-                    log=self.log,
-                )
-            )
+            event = asyncio.run(wait_provisioned(SyncCapacityReader(self.kube_hook()), log=self.log, **wait))
         finally:
-            self._kill_with = None
+            self._owned = None
         return self.execute_complete(context, event, plan.describe())
 
     def execute_complete(self, context: Context, event: Any, plan: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -228,14 +226,14 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         except Exception:
             if described.get("name"):
                 # Nothing came of it: withdraw the request (and free a queue slot) before failing.
-                self._delete(described["namespace"], described["name"], tuple(described.get("pod_templates") or ()))
+                self.withdraw(described["namespace"], described["name"], tuple(described.get("pod_templates") or ()))
             raise
         return {**described, "message": event.get("message", "")}
 
     def _apply(self, hook: CapacityHook, plan: ProvisioningRequestPlan, run_key: str) -> None:
         """Create the PodTemplates and the request, or adopt those an earlier try of this task made."""
-        from tpuflow.gke.provisioning_request import request_verdict
-        from tpuflow.kuberay import RUN_KEY_LABEL
+        from tpuflow.capacity.provisioning_request import request_verdict
+        from tpuflow.labels import RUN_KEY_LABEL
 
         def owner(obj: Mapping[str, Any]) -> str | None:
             return ((obj.get("metadata") or {}).get("labels") or {}).get(RUN_KEY_LABEL)
@@ -260,7 +258,7 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
             self.log.warning(
                 "ProvisioningRequest %s/%s ended (%s): asking again", plan.namespace, plan.name, verdict.reason
             )
-            self._delete(plan.namespace, plan.name, ())
+            self.withdraw(plan.namespace, plan.name, ())
         for template in plan.pod_templates():
             name = template["metadata"]["name"]
             found = hook.get_pod_template(name, plan.namespace)
@@ -273,7 +271,8 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         hook.create_provisioning_request(plan.provisioning_request(), plan.namespace)
         self.log.info("Created ProvisioningRequest %s/%s", plan.namespace, plan.name)
 
-    def _delete(self, namespace: str, name: str, templates: Sequence[str]) -> None:
+    def withdraw(self, namespace: str, name: str, templates: Sequence[str]) -> None:
+        """Delete the request and its PodTemplates (its queue slot and any booked nodes go back)."""
         hook = self.kube_hook()
         hook.delete_provisioning_request(name, namespace)
         for template in templates:
@@ -281,10 +280,10 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
 
     def on_kill(self) -> None:
         """Killed while waiting in the worker: withdraw the request this task created."""
-        if self._kill_with is not None:
-            namespace, name, templates = self._kill_with
+        if self._owned is not None:
+            namespace, name, templates = self._owned
             self.log.warning("Task killed: deleting ProvisioningRequest %s/%s", namespace, name)
-            self._delete(namespace, name, templates)
+            self.withdraw(namespace, name, templates)
 
 
 class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
@@ -297,19 +296,19 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
     Kubernetes target and namespace as for the KubeRay operators. Returns ``{"deleted": [...], "absent": [...]}``.
     """
 
-    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
+    template_fields: Sequence[str] = (*KubernetesBaseOperator.template_fields, "name")
 
     def __init__(self, *, name: str | None = None, created_by_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name = name
         self.created_by_task_id = created_by_task_id
-        self._check_static_arguments()
+        self.check_static_arguments()
 
-    def argument_checks(self) -> list[Any]:
+    def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.name, self.created_by_task_id), self._check_target)]
 
     def _check_target(self) -> None:
-        from tpuflow.kuberay.k8s_values import check_name
+        from tpuflow.kubernetes.values import check_name
 
         if bool(self.name) == bool(self.created_by_task_id):
             raise UserInputError("name", self.name, "give exactly one of name and created_by_task_id")
@@ -318,8 +317,8 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
 
     def request_and_templates(self, context: Context, namespace: str) -> tuple[str, list[str]]:
         """The request's name and its PodTemplates' (those it names, and those carrying its creator's run key)."""
-        from tpuflow.gke.provisioning_request import request_name
-        from tpuflow.kuberay import RUN_KEY_LABEL
+        from tpuflow.capacity.provisioning_request import request_name
+        from tpuflow.labels import RUN_KEY_LABEL
 
         hook = self.kube_hook()
         templates: list[str] = []
@@ -367,7 +366,7 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
     """
 
     template_fields: Sequence[str] = (
-        *KubeRayBaseOperator.template_fields,
+        *KubernetesBaseOperator.template_fields,
         "tpu_slice",
         "ray_cluster_name",
     )
@@ -378,34 +377,36 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
         super().__init__(**kwargs)
         self.ray_cluster_name = ray_cluster_name
         self.ray_cluster_task_id = ray_cluster_task_id
-        self._check_static_arguments()
+        self.check_static_arguments()
 
-    def argument_checks(self) -> list[Any]:
-        values = (self.tpu_slice, self.ray_cluster_name, self.ray_cluster_task_id)
-        return [*super().argument_checks(), (values, self._check)]
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [
+            *super().argument_checks(),
+            ((self.ray_cluster_name, self.ray_cluster_task_id), self._check_cluster),
+            ((self.tpu_slice,), self.resolved_slice),
+        ]
 
-    def _check(self) -> TpuSlice:
+    def _check_cluster(self) -> None:
         if bool(self.ray_cluster_name) == bool(self.ray_cluster_task_id):
             raise UserInputError(
                 "ray_cluster_name",
                 self.ray_cluster_name,
                 "give exactly one of ray_cluster_name and ray_cluster_task_id",
             )
-        return self.resolved_slice()
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from tpuflow.kuberay.operator_base import object_name
+        from tpuflow.kubernetes.ownership import object_name
 
         self.validate_arguments()
         skipped = self._skip(context, "flex-start")
         if skipped is not None:
             return skipped
-        tpu = self._check()
+        tpu = self.resolved_slice()
         namespace = self.resolve_namespace()
         cluster = object_name(context, self.ray_cluster_name, self.ray_cluster_task_id)
         selector = f"ray.io/cluster={cluster},ray.io/node-type=worker"
         started = time.time()
-        kwargs = {
+        wait = {
             "namespace": namespace,
             "label_selector": selector,
             "expected_pods": tpu.total_hosts,
@@ -417,16 +418,24 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
             "waiting for flex-start capacity: %d TPU host(s) for RayCluster %s/%s", tpu.total_hosts, namespace, cluster
         )
         if self.deferrable:
-            from tpuflow.gke.capacity_triggers import FlexStartCapacityTrigger
+            self.execute_async(context, wait)
+        return self.execute_sync(context, wait)
 
-            self.defer(
-                trigger=FlexStartCapacityTrigger(target=self.kube_target().to_dict(), **kwargs),
-                method_name="execute_complete",
-            )
-        from tpuflow.gke.capacity_hooks import SyncCapacityReader
-        from tpuflow.gke.capacity_triggers import wait_flex_start
+    def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
+        """Defer: FlexStartCapacityTrigger watches the pods in the triggerer."""
+        from tpuflow.capacity.triggers import FlexStartCapacityTrigger
 
-        event = asyncio.run(wait_flex_start(SyncCapacityReader(self.kube_hook()), log=self.log, **kwargs))
+        self.defer(
+            trigger=FlexStartCapacityTrigger(target=self.kube_target().to_dict(), **wait),
+            method_name="execute_complete",
+        )
+
+    def execute_sync(self, context: Context, wait: dict[str, Any]) -> dict[str, Any]:
+        """Wait here: the trigger's own coroutine (wait_flex_start) with asyncio.run."""
+        from tpuflow.capacity.hooks import SyncCapacityReader
+        from tpuflow.capacity.triggers import wait_flex_start
+
+        event = asyncio.run(wait_flex_start(SyncCapacityReader(self.kube_hook()), log=self.log, **wait))
         return self.execute_complete(context, event)
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""ProvisioningRequests and PodTemplates on the cluster: the KubeRay hooks (same targets, same auth) plus those calls.
+"""ProvisioningRequests and PodTemplates on the cluster: the Kubernetes layer's hooks (same targets, same
+auth) with the ProvisioningRequest API group.
 
-``CapacityHook`` / ``GKECapacityHook`` extend tpuflow.kuberay.hooks' ``KubeRayHook`` /
-``GKEKubeRayHook`` (a ``kubernetes`` connection, or a GKE endpoint through the google provider);
+``CapacityHook`` / ``GKECapacityHook`` extend tpuflow.kubernetes.hooks' ``KubeObjectsHook`` /
+``GKEKubeObjectsHook`` (a ``kubernetes`` connection, or a GKE endpoint through the google provider);
 ``AsyncCapacityHook`` / ``GKEAsyncCapacityHook`` the async ones the triggers poll with. Objects come
 back as plain JSON dicts; a missing object is None (get) or False (delete).
 """
@@ -14,43 +15,40 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
 from kubernetes_asyncio import client as async_client
 
-from tpuflow.gke.provisioning_request import GROUP, PLURAL, VERSION
-from tpuflow.kuberay.hooks import (
-    _BACKGROUND,
-    _DELETED,
-    AsyncKubeRayHook,
-    GKEAsyncKubeRayHook,
-    GKEKubeRayHook,
-    KubeRayHook,
+from tpuflow.capacity.provisioning_request import GROUP, PLURAL, VERSION
+from tpuflow.kubernetes.hooks import (
+    DELETED,
+    AsyncKubeObjectsHook,
+    GKEAsyncKubeObjectsHook,
+    GKEKubeObjectsHook,
+    KubeObjectsHook,
     KubeTarget,
-    _as_dict,
-    _await_unless_missing,
-    _for_target,
-    _unless_missing,
+    await_unless_missing,
+    hook_for_target,
+    unless_missing,
 )
 
 
-class CapacityHook(KubeRayHook):
-    """KubeRayHook plus ProvisioningRequests (autoscaling.x-k8s.io/v1) and core/v1 PodTemplates."""
+class CapacityHook(KubeObjectsHook):
+    """ProvisioningRequests (autoscaling.x-k8s.io/v1) and core/v1 PodTemplates, plus the layer's core reads."""
+
+    group, version = GROUP, VERSION
 
     @staticmethod
     def for_target(target: KubeTarget) -> CapacityHook:
-        return _for_target(target, CapacityHook, GKECapacityHook)
+        return hook_for_target(target, CapacityHook, GKECapacityHook)
 
     def get_provisioning_request(self, name: str, namespace: str) -> dict[str, Any] | None:
-        return _as_dict(_unless_missing(lambda: self.get_custom_object(GROUP, VERSION, PLURAL, name, namespace), None))
+        return self.get(PLURAL, name, namespace)
 
     def create_provisioning_request(self, body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         return dict(self.create_custom_object(GROUP, VERSION, PLURAL, dict(body), namespace))
 
     def delete_provisioning_request(self, name: str, namespace: str) -> bool:
-        answer = _unless_missing(
-            lambda: self.delete_custom_object(GROUP, VERSION, PLURAL, name, namespace, **_BACKGROUND), _DELETED
-        )
-        return answer is not _DELETED
+        return self.delete(PLURAL, name, namespace)
 
     def get_pod_template(self, name: str, namespace: str) -> dict[str, Any] | None:
-        found = _unless_missing(lambda: self.core_v1_client.read_namespaced_pod_template(name, namespace), None)
+        found = unless_missing(lambda: self.core_v1_client.read_namespaced_pod_template(name, namespace), None)
         return None if found is None else self._plain(found)
 
     def create_pod_template(self, body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
@@ -61,8 +59,8 @@ class CapacityHook(KubeRayHook):
         return [item.metadata.name for item in found.items]
 
     def delete_pod_template(self, name: str, namespace: str) -> bool:
-        answer = _unless_missing(lambda: self.core_v1_client.delete_namespaced_pod_template(name, namespace), _DELETED)
-        return answer is not _DELETED
+        answer = unless_missing(lambda: self.core_v1_client.delete_namespaced_pod_template(name, namespace), DELETED)
+        return answer is not DELETED
 
     # --- the kept mark (a keep_endpoint teardown; tpuflow.labels.kept_metadata_patch): False when it does not exist
     @generic_api_retry
@@ -70,7 +68,7 @@ class CapacityHook(KubeRayHook):
         from tpuflow.labels import kept_metadata_patch
 
         client, patch = self.custom_object_client, kept_metadata_patch()
-        found = _unless_missing(
+        found = unless_missing(
             lambda: client.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch), None
         )
         return found is not None
@@ -80,46 +78,38 @@ class CapacityHook(KubeRayHook):
         from tpuflow.labels import kept_metadata_patch
 
         patch = kept_metadata_patch()
-        found = _unless_missing(lambda: self.core_v1_client.patch_namespaced_pod_template(name, namespace, patch), None)
+        found = unless_missing(lambda: self.core_v1_client.patch_namespaced_pod_template(name, namespace, patch), None)
         return found is not None
 
 
-class GKECapacityHook(CapacityHook, GKEKubeRayHook):
-    """CapacityHook authenticated to a GKE endpoint (GKEKubeRayHook's arguments)."""
+class GKECapacityHook(CapacityHook, GKEKubeObjectsHook):
+    """CapacityHook authenticated to a GKE endpoint (GKEKubeObjectsHook's arguments)."""
 
 
-class AsyncCapacityHook(AsyncKubeRayHook):
-    """AsyncKubeRayHook plus the ProvisioningRequest read the triggers poll."""
+class AsyncCapacityHook(AsyncKubeObjectsHook):
+    """The ProvisioningRequest read the triggers poll, plus the layer's async core reads."""
+
+    group, version = GROUP, VERSION
 
     @staticmethod
     def for_target(target: KubeTarget) -> AsyncCapacityHook:
-        return _for_target(target, AsyncCapacityHook, GKEAsyncCapacityHook)
+        return hook_for_target(target, AsyncCapacityHook, GKEAsyncCapacityHook)
 
-    @generic_api_retry
     async def get_provisioning_request(self, name: str, namespace: str) -> dict[str, Any] | None:
-        async with self.get_conn() as api:
-            read = async_client.CustomObjectsApi(api).get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name
-            )
-            return _as_dict(await _await_unless_missing(read, None))
+        return await self.get(PLURAL, name, namespace)
 
-    @generic_api_retry
     async def delete_provisioning_request(self, name: str, namespace: str) -> bool:
-        async with self.get_conn() as api:
-            request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, **_BACKGROUND
-            )
-            return await _await_unless_missing(request, _DELETED) is not _DELETED
+        return await self.delete(PLURAL, name, namespace)
 
     @generic_api_retry
     async def delete_pod_template(self, name: str, namespace: str) -> bool:
         async with self.get_conn() as api:
             request = async_client.CoreV1Api(api).delete_namespaced_pod_template(name, namespace)
-            return await _await_unless_missing(request, _DELETED) is not _DELETED
+            return await await_unless_missing(request, DELETED) is not DELETED
 
 
-class GKEAsyncCapacityHook(AsyncCapacityHook, GKEAsyncKubeRayHook):
-    """AsyncCapacityHook authenticated to a GKE endpoint (GKEAsyncKubeRayHook's arguments)."""
+class GKEAsyncCapacityHook(AsyncCapacityHook, GKEAsyncKubeObjectsHook):
+    """AsyncCapacityHook authenticated to a GKE endpoint (GKEAsyncKubeObjectsHook's arguments)."""
 
 
 class SyncCapacityReader:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
@@ -32,6 +34,23 @@ if TYPE_CHECKING:
     import aiohttp
 
 ClientT = TypeVar("ClientT")
+
+# Ray's JobSubmissionClient lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override the address it is given
+# (ray.dashboard.utils.get_address_for_submission_client), so a worker whose environment names another
+# cluster (`eval "$(tpuflow local env)"` in the shell that starts Airflow) would send the run's jobs there.
+# The hook's cluster is the run's: the variables are hidden while a client resolves its address.
+_ADDRESS_OVERRIDES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+_ADDRESS_LOCK = threading.Lock()
+
+
+@contextmanager
+def _address_as_given() -> Iterator[None]:
+    with _ADDRESS_LOCK:
+        hidden = {k: os.environ.pop(k) for k in _ADDRESS_OVERRIDES if k in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(hidden)
 
 
 class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
@@ -65,7 +84,8 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
 
     def get_client(self) -> ClientT:
         if self._client is None:
-            self._client = self.create_client()
+            with _address_as_given():
+                self._client = self.create_client()
         return self._client
 
     @property
@@ -100,9 +120,9 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
         if self._token is None:
             ref = self._secret_reference()
             if ref is not None:
-                from tpuflow.kuberay.hooks import KubeRayHook, KubeTarget
+                from tpuflow.kubernetes.hooks import KubeObjectsHook, KubeTarget
 
-                hook = KubeRayHook.for_target(KubeTarget.from_dict(ref["kube_target"]))
+                hook = KubeObjectsHook.for_target(KubeTarget.from_dict(ref["kube_target"]))
                 self._token = self._require_token(hook.secret_value(ref["secret_name"], ref["namespace"], ref["key"]))
             else:
                 self._token = self._local_token() or ""
@@ -113,9 +133,9 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
         if self._token is None:
             ref = self._secret_reference()
             if ref is not None:
-                from tpuflow.kuberay.hooks import AsyncKubeRayHook, KubeTarget
+                from tpuflow.kubernetes.hooks import AsyncKubeObjectsHook, KubeTarget
 
-                hook = AsyncKubeRayHook.for_target(KubeTarget.from_dict(ref["kube_target"]))
+                hook = AsyncKubeObjectsHook.for_target(KubeTarget.from_dict(ref["kube_target"]))
                 value = await hook.secret_value(ref["secret_name"], ref["namespace"], ref["key"])
                 self._token = self._require_token(value)
             else:

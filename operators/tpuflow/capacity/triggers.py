@@ -2,7 +2,7 @@
 
 One coroutine per wait (``wait_provisioned``, ``wait_flex_start``), run by the triggers here in the
 triggerer or by ``asyncio.run`` in the non-deferrable path, over a reader with the async reads of
-tpuflow.gke.capacity_hooks (``AsyncCapacityHook``, or ``SyncCapacityReader`` over the sync hook).
+tpuflow.capacity.hooks (``AsyncCapacityHook``, or ``SyncCapacityReader`` over the sync hook).
 Both fire the tpuflow.events shape; a failure or timeout carries GKE's own reason (the
 ProvisioningRequest's condition, or the cluster autoscaler's event on the pending pods).
 Trigger kwargs are plain JSON (the target as KubeTarget.to_dict(), times as epoch seconds).
@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from airflow.triggers.base import TriggerEvent
 
+from tpuflow.capacity.provisioning_request import request_verdict
 from tpuflow.events import make_event
-from tpuflow.gke.provisioning_request import request_verdict
-from tpuflow.kuberay.waits import is_transient
+from tpuflow.kubernetes.errors import is_transient
 from tpuflow.triggers import TpuflowTrigger
 
 AUTOSCALER_REASONS = ("NotTriggerScaleUp", "FailedScaleUp", "TriggeredScaleUp", "ScaleUpTimedOut")
@@ -129,8 +129,8 @@ async def wait_flex_start(
 
 class _CapacityTrigger(TpuflowTrigger):
     def hook(self) -> Any:
-        from tpuflow.gke.capacity_hooks import AsyncCapacityHook
-        from tpuflow.kuberay.hooks import KubeTarget
+        from tpuflow.capacity.hooks import AsyncCapacityHook
+        from tpuflow.kubernetes.hooks import KubeTarget
 
         return AsyncCapacityHook.for_target(KubeTarget.from_dict(self.target))  # type: ignore[attr-defined]
 

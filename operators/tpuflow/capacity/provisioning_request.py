@@ -163,7 +163,7 @@ def plan_provisioning_request(
 ) -> ProvisioningRequestPlan:
     """Check the inputs (UserInputError naming the field) and plan the objects."""
     from tpuflow.gke.nodepool_spec import check_node_pool_name
-    from tpuflow.kuberay.k8s_values import check_name, check_namespace
+    from tpuflow.kubernetes.values import check_name, check_namespace
 
     seconds = check_max_run_duration(max_run_duration_seconds)
     pools = [node_pools] if isinstance(node_pools, str) else list(node_pools or [])
