@@ -327,14 +327,18 @@ class NodePoolProvisioner(_Loop):
         }
 
 
-class NodePoolRemover(_Loop):
-    """Delete node pools and wait until they are gone; a pool that does not exist counts as deleted."""
+class _NamedPoolsLoop(_Loop):
+    """A loop over node pools named up front (delete, mark kept)."""
 
     def __init__(
         self, hook: GKENodePoolHook, project_id: str, cluster_name: str, names: list[str], policy: RetryPolicy
     ) -> None:
         super().__init__(hook, project_id, cluster_name, policy)
         self.names = names
+
+
+class NodePoolRemover(_NamedPoolsLoop):
+    """Delete node pools and wait until they are gone; a pool that does not exist counts as deleted."""
 
     def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
         self._absorb_delete(progress, wait, failure)
@@ -361,16 +365,10 @@ class NodePoolRemover(_Loop):
         )
 
 
-class NodePoolKeeper(_Loop):
+class NodePoolKeeper(_NamedPoolsLoop):
     """Mark node pools kept (a ``keep_endpoint`` teardown): GKE replaces their resourceLabels with the same ones
     plus ``tpuflow-kept=true`` and without ``tpuflow-expires`` (nodePools.update, waited for like a delete), so
     the orphan reaper leaves them. A pool that does not exist is absent; one already marked is left as it is."""
-
-    def __init__(
-        self, hook: GKENodePoolHook, project_id: str, cluster_name: str, names: list[str], policy: RetryPolicy
-    ) -> None:
-        super().__init__(hook, project_id, cluster_name, policy)
-        self.names = names
 
     def _absorb(self, progress: Progress, wait: WaitForOperation, failure: GKEFailure | None) -> None:
         if wait.action != "label" or (failure is not None and failure.kind is FailureKind.NOT_FOUND):

@@ -101,6 +101,16 @@ class KubeRayBaseOperator(KubernetesBaseOperator):
     def kube_hook(self) -> KubeRayHook:
         return cast("KubeRayHook", super().kube_hook())
 
+    def wait_arguments(self, name: str, namespace: str) -> dict[str, Any]:
+        """What a wait on one of this kind's objects takes (the trigger's kwargs; the sync path's too)."""
+        return {
+            "kind": self.kind,
+            "name": name,
+            "namespace": namespace,
+            "deadline": time.time() + float(self.wait_timeout),
+            "poll_interval": float(self.poll_interval),
+        }
+
     # --- links ---
     def persist_gke_links(self, context: Context, namespace: str, head_pod: str | None = None) -> None:
         if not self.gke_cluster:
@@ -199,14 +209,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         self.log.info(
             "Waiting up to %.0fs for %s %s/%s: %s", self.wait_timeout, self.kind, namespace, name, verdict.reason
         )
-        wait = {
-            "kind": self.kind,
-            "name": name,
-            "namespace": namespace,
-            "deadline": time.time() + float(self.wait_timeout),
-            "poll_interval": float(self.poll_interval),
-            "log_lines": int(self.log_lines),
-        }
+        wait = {**self.wait_arguments(name, namespace), "log_lines": int(self.log_lines)}
         # Killing the task while it waits deletes the object if it carries this task's run-key label (the
         # task created it) and deletes_on_kill(): the trigger's on_kill, or this operator's.
         run_key = TaskIdentity.from_context(context).key

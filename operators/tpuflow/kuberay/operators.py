@@ -20,7 +20,6 @@ time only when the arguments they read are static).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -623,13 +622,7 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         if not self.wait or hook.get(self.plural, name, namespace) is None:
             result["deleted"] = hook.get(self.plural, name, namespace) is None
             return result
-        wait = {
-            "kind": self.kind,
-            "name": name,
-            "namespace": namespace,
-            "deadline": time.time() + float(self.wait_timeout),
-            "poll_interval": float(self.poll_interval),
-        }
+        wait = self.wait_arguments(name, namespace)
         if self.deferrable:
             self.execute_async(context, wait)
         return self.execute_sync(context, wait)
