@@ -251,7 +251,9 @@ class ReleaseSliceOperator(ArgumentChecks, BaseOperator):
         return [*super().argument_checks(), ((self.lease_root,), self.checked_lease_root)]
 
     def checked_lease_root(self) -> str | None:
-        """The lease root (None: the default), or UserInputError naming ``lease_root``."""
+        """The lease root (None: the default, nothing to check), or UserInputError naming ``lease_root``."""
+        if self.lease_root is None or self.lease_root == "":
+            return None  # without loading the lease store at DAG parse time
         from tpuflow.slices.leases import check_lease_root
 
         return check_lease_root(self.lease_root)
