@@ -22,7 +22,7 @@ from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
-from tpuflow.labels import DEFAULT_EXPIRES_AFTER
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER, OWNER_KEY_LABEL
 from tpuflow.naming import (
     TaskIdentity,
     check_cluster_location,
@@ -424,7 +424,6 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         return NodePoolProvisioner(self.get_hook(plan.location), plan, policy)
 
     def _owned_pools(self, loop: _Loop) -> dict[str, Any] | None:
-        from tpuflow.labels import OWNER_KEY_LABEL
 
         plan = loop.plan  # type: ignore[attr-defined]
         chain = self.impersonation_chain
@@ -542,7 +541,6 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         self.check_static_arguments()
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
-        from tpuflow.labels import OWNER_KEY_LABEL
 
         if self.created_by_task_id:
             key = TaskIdentity.from_context(context, self.created_by_task_id).key

@@ -29,20 +29,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from tpuflow.arguments import ArgumentCheck
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import DEFAULT_RAY_VERSION
 from tpuflow.kuberay.addresses import check_address_mode
 from tpuflow.kuberay.kinds import KubeRayKind
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
-from tpuflow.kubernetes.operator_base import (
-    GKE_CLUSTER_KEYS,
-    ArgumentCheck,
-    KubernetesBaseOperator,
-    check_choice,
-    check_gke_cluster,
-    check_seconds,
-)
-from tpuflow.kubernetes.ownership import check_expires_after, object_name, owner_annotations, owner_labels
+from tpuflow.kubernetes.operator_base import GKE_CLUSTER_KEYS, KubernetesBaseOperator
+from tpuflow.kubernetes.ownership import check_expires_after, owner_annotations
 from tpuflow.kubernetes.values import check_name
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
@@ -54,15 +48,6 @@ if TYPE_CHECKING:
     from tpuflow.kuberay.manifests import RayClusterTemplate
     from tpuflow.tpu import TpuSlice
     from tpuflow.tpu.slice_argument import SliceArgument
-
-__all__ = [  # the operators module builds on these; their home is the Kubernetes layer
-    "ArgumentCheck",
-    "check_choice",
-    "check_gke_cluster",
-    "check_seconds",
-    "object_name",
-    "owner_labels",
-]
 
 
 @dataclass(frozen=True)

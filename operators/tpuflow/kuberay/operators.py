@@ -25,20 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import API_VERSION, DEFAULT_UPGRADE_STRATEGY, MANAGED_BY, RUN_KEY_LABEL, SPEC_HASH
 from tpuflow.kuberay.kinds import RayClusterKind, RayServiceKind
 from tpuflow.kuberay.links import RayDashboardLink
-from tpuflow.kuberay.operator_base import (
-    ArgumentCheck,
-    KubeRayApplyOperator,
-    KubeRayBaseOperator,
-    SliceArgumentsMixin,
-    check_choice,
-    object_name,
-    owner_labels,
-)
+from tpuflow.kuberay.operator_base import KubeRayApplyOperator, KubeRayBaseOperator, SliceArgumentsMixin
+from tpuflow.kubernetes.operator_base import check_choice
+from tpuflow.kubernetes.ownership import object_name, owner_labels
 from tpuflow.labels import CLUSTER_SPEC_HASH_ANNOTATION as CLUSTER_SPEC_HASH
 from tpuflow.labels import MANAGED_BY_VALUE
 

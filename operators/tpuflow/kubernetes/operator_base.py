@@ -16,7 +16,7 @@ from airflow.sdk import BaseOperator, conf
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.kubernetes.values import check_namespace
-from tpuflow.validation import check_count
+from tpuflow.validation import check_count, check_seconds
 
 if TYPE_CHECKING:
     from tpuflow.kubernetes.hooks import KubeObjectsHook, KubeTarget
@@ -34,13 +34,6 @@ def check_gke_cluster(gke_cluster: Mapping[str, Any] | None) -> None:
         raise UserInputError(
             "gke_cluster", gke_cluster, f"give {', '.join(GKE_CLUSTER_KEYS)} (missing: {', '.join(missing)})"
         )
-
-
-def check_seconds(field: str, value: object) -> None:
-    """A positive, finite number of seconds (tpuflow.validation.check_seconds)."""
-    from tpuflow.validation import check_seconds as _check_seconds
-
-    _check_seconds(field, value)
 
 
 def check_choice(field: str, value: object, choices: Sequence[str]) -> None:

@@ -18,7 +18,7 @@ from tpuflow.arguments import RUN_TIME, ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.naming import TaskIdentity
-from tpuflow.output_links import OutputsLink
+from tpuflow.output_links import OutputsLink, browse_url
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
 from tpuflow.validation import check_number, check_seconds
@@ -382,7 +382,6 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         if not self.log_uri or not sid:
             return
         try:
-            from tpuflow.output_links import browse_url
             from tpuflow.storage import write_text
 
             write_text(self.log_uri, self.hook().get_job_logs(sid))
