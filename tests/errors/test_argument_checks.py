@@ -20,7 +20,6 @@ class SizedOperator(ArgumentChecks, BaseOperator):
     def __init__(self, *, size: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.size = size
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.size,), lambda: check_count("size", self.size, minimum=1))]
@@ -38,6 +37,36 @@ def test_a_template_waits_for_its_rendered_value() -> None:
         op.validate_arguments()
     op.size = 3
     op.validate_arguments()
+
+
+class CountingOperator(SizedOperator):
+    """A team's subclass: its own __init__ sets what its own check reads, after the base's __init__."""
+
+    runs: list[str] = []
+
+    def __init__(self, *, team: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.team = team
+
+    def argument_checks(self) -> list[ArgumentCheck]:
+        return [*super().argument_checks(), ((self.team,), lambda: self.runs.append(self.team))]
+
+
+def test_the_parse_time_checks_run_once_after_the_outermost_init() -> None:
+    CountingOperator.runs = []
+    op = CountingOperator(task_id="t", size=2, team="mine")  # the base's checks would fail without team
+    assert CountingOperator.runs == ["mine"]
+    assert not any("init_depth" in key for key in vars(op)), "the bookkeeping stays out of the operator"
+    with pytest.raises(UserInputError, match="size"):
+        CountingOperator(task_id="u", size=0, team="mine")
+
+
+def test_a_subclass_without_its_own_init_is_checked_too() -> None:
+    class Plain(SizedOperator):
+        pass
+
+    with pytest.raises(UserInputError, match="size"):
+        Plain(task_id="t", size=-1)
 
 
 def test_a_tpu_slice_is_a_static_value() -> None:

@@ -139,7 +139,6 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
         # What on_kill withdraws, set while this worker waits: (namespace, request, PodTemplates); deferred, the
         # trigger's on_kill does.
         self._owned: tuple[str, str, tuple[str, ...]] | None = None
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         values = (self.tpu_slice, self.node_pool_name, self.node_pool_task_id, self.max_run_duration_seconds, self.name)
@@ -302,7 +301,6 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
         super().__init__(**kwargs)
         self.name = name
         self.created_by_task_id = created_by_task_id
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.name, self.created_by_task_id), self._check_target)]
@@ -377,7 +375,6 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
         super().__init__(**kwargs)
         self.ray_cluster_name = ray_cluster_name
         self.ray_cluster_task_id = ray_cluster_task_id
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [

@@ -69,7 +69,6 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         self.output_dir = output_dir
         self.prices = prices
         self.gcp_conn_id = gcp_conn_id
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.slices,), lambda: _check_slices(self.slices))]
@@ -194,7 +193,6 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
         super().__init__(**kwargs)
         self.max_chip_hours = max_chip_hours
         self.slices = slices
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -300,7 +298,6 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         self.cluster_name = cluster_name
         self.kubernetes_conn_id = kubernetes_conn_id
         self.namespace = namespace
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [

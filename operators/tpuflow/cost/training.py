@@ -57,7 +57,6 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         self.project_id = project_id
         self.location = location
         self._budget_deadline: float | None = None
-        self.check_static_arguments()
 
     def budget_left(self, context: Context) -> tuple[float | None, str]:
         """(seconds until the ledger crosses the budget, what it is made of); None: no budget."""

@@ -368,7 +368,6 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.expires_after = expires_after
         self.stockout_retries = stockout_retries
         self.on_kill_action = on_kill_action
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         # The names the plan reads are also checked one by one: with the slice templated (the plan waits for
@@ -538,7 +537,6 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         super().__init__(**kwargs)
         self.node_pool_name = node_pool_name
         self.created_by_task_id = created_by_task_id
-        self.check_static_arguments()
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
 

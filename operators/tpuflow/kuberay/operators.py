@@ -158,7 +158,6 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         super().__init__(**kwargs)
         self.manifest = manifest
         self.tpu_preflight = tpu_preflight
-        self.check_static_arguments()
 
     # --- checks ---
     def argument_checks(self) -> list[ArgumentCheck]:
@@ -387,7 +386,6 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         self.deployment_options = deployment_options
         self.upgrade_strategy = upgrade_strategy
         self.on_kill_action = on_kill_action
-        self.check_static_arguments()
 
     # --- checks ---
     def argument_checks(self) -> list[ArgumentCheck]:
@@ -589,7 +587,6 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         self.name = name
         self.owner_task_id = owner_task_id
         self.wait = wait
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.name,), self._check_target)]

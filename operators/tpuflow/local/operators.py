@@ -94,7 +94,6 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
         self.start_timeout = start_timeout
         self.expires_after = expires_after
         self._owned: Path | None = None  # what on_kill stops: the state dir of the cluster being started
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [

@@ -114,7 +114,6 @@ class BuildServeConfigOperator(ArgumentChecks, BaseOperator):
         self.workloads_uri = workloads_uri
         self.deployment_options = deployment_options
         self.tpu_slice = tpu_slice
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -266,7 +265,6 @@ class WriteReportOperator(ArgumentChecks, BaseOperator):
         self.endpoint_path = endpoint_path
         # Which inputs the pipeline has: a wired one must carry its task's XCom once rendered.
         self._wired = {f for f in ("evaluation", "answer", "deployed") if getattr(self, f) is not None}
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         wired = [f for f in ("evaluation", "answer", "deployed") if f in self._wired]

@@ -109,8 +109,8 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
     Killing the task stops its job, while it waits in the worker (``on_kill``) and while it is
     deferred (the trigger's ``on_kill``).
 
-    A subclass adds its checks to ``argument_checks()`` and ends its own ``__init__`` with
-    ``self.check_static_arguments()`` (this one's runs them only when no subclass ``__init__`` follows).
+    A subclass adds its checks to ``argument_checks()``; they run at parse time once its own ``__init__``
+    has set its attributes (``tpuflow.arguments``).
 
     :param entrypoint: what the job driver runs on the head node: an argument list
         (``["python", "-m", "pkg.job", "--out", path]``; each item is templated, then the list is quoted with
@@ -197,8 +197,6 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         self.train_run_path = train_run_path
         # What on_kill stops: the job this task submitted or re-attached to, while the worker follows it.
         self._owned: str | None = None
-        if type(self).__init__ is RaySubmitJobOperator.__init__:  # else the subclass's __init__, once its own are set
-            self.check_static_arguments()
 
     # --- arguments ---------------------------------------------------------------
     def argument_checks(self) -> list[ArgumentCheck]:

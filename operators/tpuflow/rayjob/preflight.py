@@ -67,7 +67,6 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
         self.deadline_s = deadline_s
         self.collective = collective
         self.enabled = enabled
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [

@@ -126,7 +126,6 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         super().__init__(**kwargs)
         self.module = module
         self.arguments = arguments
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -233,8 +232,6 @@ class RayTrainOperator(RaySubmitJobOperator):
         self.torch_backend = torch_backend
         self.resume = resume
         self.worker_env = worker_env
-        if type(self).__init__ is RayTrainOperator.__init__:  # else the subclass's __init__, once its own are set
-            self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         """The training arguments, as Ray Train and the driver would take them: rejected before submitting."""

@@ -101,7 +101,6 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         self.on_kill_action = on_kill_action
         # What on_kill deletes: the applications this task created, while the worker waits for them.
         self._owned: list[str] | None = None
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -280,7 +279,6 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
         self.payload = payload
         self.expect = expect
         self.timeout = timeout
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [

@@ -92,7 +92,6 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
         self.poll_interval = poll_interval
         self.wait_timeout = wait_timeout
         self.deferrable = deferrable
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -245,7 +244,6 @@ class ReleaseSliceOperator(ArgumentChecks, BaseOperator):
         super().__init__(**kwargs)
         self.lease_root = lease_root
         self.gcp_conn_id = gcp_conn_id
-        self.check_static_arguments()
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.lease_root,), self.checked_lease_root)]
