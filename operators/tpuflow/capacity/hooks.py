@@ -22,9 +22,7 @@ from tpuflow.kubernetes.hooks import (
     GKEAsyncKubeObjectsHook,
     GKEKubeObjectsHook,
     KubeObjectsHook,
-    KubeTarget,
     await_unless_missing,
-    hook_for_target,
     unless_missing,
 )
 
@@ -33,10 +31,6 @@ class CapacityHook(KubeObjectsHook):
     """ProvisioningRequests (autoscaling.x-k8s.io/v1) and core/v1 PodTemplates, plus the layer's core reads."""
 
     group, version = GROUP, VERSION
-
-    @staticmethod
-    def for_target(target: KubeTarget) -> CapacityHook:
-        return hook_for_target(target, CapacityHook, GKECapacityHook)
 
     def get_provisioning_request(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.get(PLURAL, name, namespace)
@@ -82,7 +76,7 @@ class CapacityHook(KubeObjectsHook):
         return found is not None
 
 
-class GKECapacityHook(CapacityHook, GKEKubeObjectsHook):
+class GKECapacityHook(CapacityHook, GKEKubeObjectsHook, gke_variant_of=CapacityHook):
     """CapacityHook authenticated to a GKE endpoint (GKEKubeObjectsHook's arguments)."""
 
 
@@ -90,10 +84,6 @@ class AsyncCapacityHook(AsyncKubeObjectsHook):
     """The ProvisioningRequest read the triggers poll, plus the layer's async core reads."""
 
     group, version = GROUP, VERSION
-
-    @staticmethod
-    def for_target(target: KubeTarget) -> AsyncCapacityHook:
-        return hook_for_target(target, AsyncCapacityHook, GKEAsyncCapacityHook)
 
     async def get_provisioning_request(self, name: str, namespace: str) -> dict[str, Any] | None:
         return await self.get(PLURAL, name, namespace)
@@ -108,7 +98,7 @@ class AsyncCapacityHook(AsyncKubeObjectsHook):
             return await await_unless_missing(request, DELETED) is not DELETED
 
 
-class GKEAsyncCapacityHook(AsyncCapacityHook, GKEAsyncKubeObjectsHook):
+class GKEAsyncCapacityHook(AsyncCapacityHook, GKEAsyncKubeObjectsHook, gke_variant_of=AsyncCapacityHook):
     """AsyncCapacityHook authenticated to a GKE endpoint (GKEAsyncKubeObjectsHook's arguments)."""
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.docstrings import InheritedParamDocs
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
@@ -69,7 +70,7 @@ class PendingWait:
     delete_on_kill: dict[str, Any] | None  # what killing the task deletes (the triggers' on_kill)
 
 
-class _NodePoolOperatorBase(ArgumentChecks, BaseOperator):
+class _NodePoolOperatorBase(InheritedParamDocs, ArgumentChecks, BaseOperator):
     """Runs a provisioning loop: ``execute`` steps it up to its first wait; ``execute_async`` defers that wait
     to a trigger, ``execute_sync`` runs the trigger's own wait coroutine here; both hand the event to
     ``execute_complete``, which resumes the loop from the event's progress up to the next wait or the end.
@@ -77,6 +78,20 @@ class _NodePoolOperatorBase(ArgumentChecks, BaseOperator):
     Arguments: one check list (``argument_checks``, tpuflow.arguments), run on static values at parse time
     and on rendered ones at the start of ``execute``. What ``on_kill`` deletes is ``self._owned``, set while
     this worker creates pools and waits on them.
+
+    :param project_id: Google Cloud project ID of the cluster.
+    :param location: the cluster's zone (zonal cluster) or region (regional cluster).
+    :param cluster_name: the GKE cluster.
+    :param gcp_conn_id: Google Cloud connection; its extras may point the GKE API elsewhere
+        (``container_api_endpoint``, ``container_api_transport``; see tpuflow.gke.hooks).
+    :param impersonation_chain: service account(s) to impersonate, as in the google provider.
+    :param deferrable: wait for GKE operations and backoffs in the triggerer, not in a worker slot.
+    :param poll_interval: seconds between looks at a running GKE operation.
+    :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
+    :param max_backoff: longest wait (seconds) between retries.
+    :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
+    :param operation_timeout: seconds a GKE operation on the pool may run (counted from its start) before the
+        task stops waiting and fails, naming the operation (default one hour; a TPU pool create takes minutes).
     """
 
     def __init__(
@@ -288,19 +303,6 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     Static arguments are checked when the DAG file is parsed (a bad one is an import error);
     templated ones when the task starts, before any API call.
 
-    :param project_id: Google Cloud project ID of the cluster.
-    :param location: the cluster's zone (zonal cluster) or region (regional cluster).
-    :param cluster_name: the GKE cluster.
-    :param gcp_conn_id: Google Cloud connection; its extras may point the GKE API elsewhere
-        (``container_api_endpoint``, ``container_api_transport``; see tpuflow.gke.hooks).
-    :param impersonation_chain: service account(s) to impersonate, as in the google provider.
-    :param deferrable: wait for GKE operations and backoffs in the triggerer, not in a worker slot.
-    :param poll_interval: seconds between looks at a running GKE operation.
-    :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
-    :param max_backoff: longest wait (seconds) between retries.
-    :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
-    :param operation_timeout: seconds a GKE operation on the pool may run (counted from its start) before the
-        task stops waiting and fails, naming the operation (default one hour; a TPU pool create takes minutes).
     :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice (``TpuSlice.from_spec("v6e", "4x4")``),
         its ``to_dict()``, or ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` whose values may be
         templates. ``accelerator`` in any of its names (``v6e``, ``TPU-V6E``, ``tpu-v6e-slice``); ``topology`` the
@@ -493,19 +495,6 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
     whose ``tpuflow-key`` label says that task of this DAG run (same map index) created it. Static
     arguments are checked when the DAG file is parsed, templated ones when the task starts.
 
-    :param project_id: Google Cloud project ID of the cluster.
-    :param location: the cluster's zone (zonal cluster) or region (regional cluster).
-    :param cluster_name: the GKE cluster.
-    :param gcp_conn_id: Google Cloud connection; its extras may point the GKE API elsewhere
-        (``container_api_endpoint``, ``container_api_transport``; see tpuflow.gke.hooks).
-    :param impersonation_chain: service account(s) to impersonate, as in the google provider.
-    :param deferrable: wait for GKE operations and backoffs in the triggerer, not in a worker slot.
-    :param poll_interval: seconds between looks at a running GKE operation.
-    :param retry_backoff: first wait (seconds) after GKE reports it is busy; doubles up to ``max_backoff``.
-    :param max_backoff: longest wait (seconds) between retries.
-    :param max_busy_retries: waits on "too many operations" or transient errors before the task fails.
-    :param operation_timeout: seconds a GKE operation on the pool may run (counted from its start) before the
-        task stops waiting and fails, naming the operation (default one hour; a TPU pool create takes minutes).
     :param node_pool_name: a pool name or a list of them, e.g. the create task's ``node_pool_names`` XCom.
     :param created_by_task_id: the create task whose pools to delete (instead of ``node_pool_name``).
 

@@ -14,8 +14,6 @@ from tpuflow.kubernetes.hooks import (
     GKEAsyncKubeObjectsHook,
     GKEKubeObjectsHook,
     KubeObjectsHook,
-    KubeTarget,
-    hook_for_target,
 )
 
 
@@ -27,13 +25,8 @@ class KubeRayHook(KubeObjectsHook):
 
     group, version = GROUP, VERSION
 
-    @staticmethod
-    def for_target(target: KubeTarget) -> KubeRayHook:
-        """The hook for a target: GKEKubeRayHook for a GKE endpoint, else one on the kubernetes connection."""
-        return hook_for_target(target, KubeRayHook, GKEKubeRayHook)
 
-
-class GKEKubeRayHook(KubeRayHook, GKEKubeObjectsHook):
+class GKEKubeRayHook(KubeRayHook, GKEKubeObjectsHook, gke_variant_of=KubeRayHook):
     """KubeRayHook authenticated to a GKE cluster endpoint (GKEKubeObjectsHook's arguments)."""
 
 
@@ -45,10 +38,6 @@ class AsyncKubeRayHook(AsyncKubeObjectsHook):
 
     group, version = GROUP, VERSION
 
-    @staticmethod
-    def for_target(target: KubeTarget) -> AsyncKubeRayHook:
-        return hook_for_target(target, AsyncKubeRayHook, GKEAsyncKubeRayHook)
 
-
-class GKEAsyncKubeRayHook(AsyncKubeRayHook, GKEAsyncKubeObjectsHook):
+class GKEAsyncKubeRayHook(AsyncKubeRayHook, GKEAsyncKubeObjectsHook, gke_variant_of=AsyncKubeRayHook):
     """AsyncKubeRayHook authenticated to a GKE endpoint (GKEAsyncKubeObjectsHook's arguments)."""

@@ -125,17 +125,6 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         deletes it whatever its run's state. None: no label. A retry that adopts the cluster keeps the first.
     :param tpu_preflight: check TPU worker groups against the GKE TPU webhook's numOfHosts rule before
         sending (turn off only for features the check does not model, such as TPU sub-slicing).
-    :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
-        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
-    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
-        ``use_dns_endpoint``). Alone, the operator reaches the cluster through the google provider's GKE
-        hooks; with ``kubernetes_conn_id`` it only feeds the console links; templated.
-    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
-    :param impersonation_chain: service account(s) the GKE hooks impersonate.
-    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
-        templated.
-    :param deferrable: wait in the triggerer (KubeRay status polling with kubernetes_asyncio).
-    :param poll_interval: seconds between status reads.
     :param wait_timeout: seconds until the task fails with KubeRay's reason, pod states, Warning events and
         the head pod's last log lines.
     :param log_lines: head pod log lines to include on failure or timeout.
@@ -337,17 +326,6 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         (optional, serve_config only): every application gets the token's SHA-256 as ``args.token_sha256``
         (never the token) and must answer 401 without ``Authorization: Bearer <token>``
         (tpuflow_driver.endpoint_token checks it).
-    :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
-        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
-    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
-        ``use_dns_endpoint``). Alone, the operator reaches the cluster through the google provider's GKE
-        hooks; with ``kubernetes_conn_id`` it only feeds the console links; templated.
-    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
-    :param impersonation_chain: service account(s) the GKE hooks impersonate.
-    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
-        templated.
-    :param deferrable: wait in the triggerer (KubeRay status polling with kubernetes_asyncio).
-    :param poll_interval: seconds between status reads.
     :param wait_timeout: seconds until the task fails naming the stuck application or deployment.
     :param log_lines: head pod log lines to include on failure or timeout.
     """
@@ -568,7 +546,13 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 
 
 class _KubeRayDeleteOperator(KubeRayBaseOperator):
-    """Delete one object of ``kuberay_kind``; with ``wait``, wait until it is gone (in the triggerer or here)."""
+    """Delete one object of ``kuberay_kind``; with ``wait``, wait until it is gone (in the triggerer or here).
+
+    :param wait: wait until the object is gone (default True).
+    :param poll_interval: seconds between reads (default 5).
+    :param wait_timeout: seconds until the task fails naming the object's finalizers (default 600).
+    :param log_lines: unused by deletes (accepted for symmetry with the create and deploy operators).
+    """
 
     operator_extra_links = ()
     template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
@@ -657,17 +641,6 @@ class KubeRayDeleteClusterOperator(_KubeRayDeleteOperator):
     :param cluster_task_id: instead of ``name``, the KubeRayCreateClusterOperator task whose deterministic
         name to use (works as a teardown even when that task failed before pushing XCom).
     :param wait: wait until the RayCluster is gone (default True).
-    :param kubernetes_conn_id: a ``kubernetes`` connection; default ``kubernetes_default`` unless
-        ``gke_cluster`` is given; templated.
-    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` of the GKE cluster; templated.
-    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
-    :param impersonation_chain: service account(s) the GKE hooks impersonate.
-    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
-        templated.
-    :param deferrable: wait in the triggerer.
-    :param poll_interval: seconds between reads (default 5).
-    :param wait_timeout: seconds until the task fails naming the RayCluster's finalizers (default 600).
-    :param log_lines: unused by deletes (accepted for symmetry with the create operator).
     """
 
     kuberay_kind = RayClusterKind
@@ -686,17 +659,6 @@ class KubeRayDeleteServiceOperator(_KubeRayDeleteOperator):
     :param service_task_id: instead of ``name``, the KubeRayDeployServiceOperator task whose deterministic
         name to use.
     :param wait: wait until the RayService is gone (default True).
-    :param kubernetes_conn_id: a ``kubernetes`` connection; default ``kubernetes_default`` unless
-        ``gke_cluster`` is given; templated.
-    :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` of the GKE cluster; templated.
-    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
-    :param impersonation_chain: service account(s) the GKE hooks impersonate.
-    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
-        templated.
-    :param deferrable: wait in the triggerer.
-    :param poll_interval: seconds between reads (default 5).
-    :param wait_timeout: seconds until the task fails naming the RayService's finalizers (default 600).
-    :param log_lines: unused by deletes (accepted for symmetry with the deploy operator).
     """
 
     kuberay_kind = RayServiceKind

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import tenacity
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
@@ -133,7 +133,6 @@ def resolve_gke_target(
 # --- what both hooks do with the answers ------------------------------------------------------------------
 T = TypeVar("T")
 D = TypeVar("D")
-H = TypeVar("H", bound=KubernetesHook)
 
 
 def unless_missing(call: Callable[[], T], default: D) -> T | D:
@@ -189,15 +188,32 @@ def _no_log(exc: BaseException) -> list[str]:
     return [f"(no log: {api_error_parts(exc)[2]})"]
 
 
-def hook_for_target(target: KubeTarget, on_connection: type[H], on_gke: type[H]) -> H:
-    return on_gke(**target.gke_hook_kwargs()) if target.gke else on_connection(conn_id=target.kubernetes_conn_id)
+class TargetedHook:
+    """A hook family with a GKE variant: ``for_target`` builds the one a KubeTarget needs. The variant names
+    the hook it stands in for (``class GKEKubeRayHook(KubeRayHook, GKEKubeObjectsHook, gke_variant_of=KubeRayHook)``).
+    """
+
+    gke_variant: ClassVar[type[TargetedHook]]
+
+    def __init_subclass__(cls, *, gke_variant_of: type[TargetedHook] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if gke_variant_of is not None:
+            gke_variant_of.gke_variant = cls
+
+    @classmethod
+    def for_target(cls, target: KubeTarget) -> Self:
+        """The GKE variant for a GKE endpoint (the google provider's GKE hooks), else this hook on the
+        ``kubernetes`` connection."""
+        if target.gke:
+            return cls.gke_variant(**target.gke_hook_kwargs())  # type: ignore[return-value]
+        return cls(conn_id=target.kubernetes_conn_id)  # type: ignore[call-arg]
 
 
 DELETED = object()
 BACKGROUND_DELETE = {"propagation_policy": "Background"}
 
 
-class KubeObjectsHook(KubernetesHook):
+class KubeObjectsHook(TargetedHook, KubernetesHook):
     """Custom objects of one API group (``group`` / ``version``, set by each product's subclass), and the
     core objects (pods, events, services, secrets, logs), on a ``kubernetes`` connection (``conn_id``).
 
@@ -206,11 +222,6 @@ class KubeObjectsHook(KubernetesHook):
 
     group: ClassVar[str] = ""
     version: ClassVar[str] = ""
-
-    @staticmethod
-    def for_target(target: KubeTarget) -> KubeObjectsHook:
-        """The hook for a target: GKEKubeObjectsHook for a GKE endpoint, else one on the kubernetes connection."""
-        return hook_for_target(target, KubeObjectsHook, GKEKubeObjectsHook)
 
     def default_namespace(self) -> str:
         return str(self.get_namespace() or "default")
@@ -282,7 +293,7 @@ class KubeObjectsHook(KubernetesHook):
             return _no_log(exc)
 
 
-class GKEKubeObjectsHook(KubeObjectsHook, GKEKubernetesHook):
+class GKEKubeObjectsHook(KubeObjectsHook, GKEKubernetesHook, gke_variant_of=KubeObjectsHook):
     """KubeObjectsHook authenticated to a GKE cluster endpoint by the google provider's GKEKubernetesHook.
 
     :param cluster_url: the cluster's endpoint (``resolve_gke_target``).
@@ -300,7 +311,7 @@ class GKEKubeObjectsHook(KubeObjectsHook, GKEKubernetesHook):
         return False
 
 
-class AsyncKubeObjectsHook(AsyncKubernetesHook):
+class AsyncKubeObjectsHook(TargetedHook, AsyncKubernetesHook):
     """The reads the triggers poll with, and the trigger's kill-time delete, on kubernetes_asyncio.
 
     Each call opens the provider's ``get_conn()`` client and retries transient errors with the
@@ -311,10 +322,6 @@ class AsyncKubeObjectsHook(AsyncKubernetesHook):
 
     group: ClassVar[str] = ""
     version: ClassVar[str] = ""
-
-    @staticmethod
-    def for_target(target: KubeTarget) -> AsyncKubeObjectsHook:
-        return hook_for_target(target, AsyncKubeObjectsHook, GKEAsyncKubeObjectsHook)
 
     @generic_api_retry
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
@@ -366,7 +373,7 @@ class AsyncKubeObjectsHook(AsyncKubernetesHook):
                 return _no_log(exc)
 
 
-class GKEAsyncKubeObjectsHook(AsyncKubeObjectsHook, GKEKubernetesAsyncHook):
+class GKEAsyncKubeObjectsHook(AsyncKubeObjectsHook, GKEKubernetesAsyncHook, gke_variant_of=AsyncKubeObjectsHook):
     """AsyncKubeObjectsHook authenticated to a GKE endpoint by the google provider's GKEKubernetesAsyncHook.
 
     :param cluster_url: the cluster's endpoint.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.docstrings import InheritedParamDocs
 from tpuflow.errors import UserInputError
 from tpuflow.kubernetes.values import check_namespace
 from tpuflow.validation import check_count, check_seconds
@@ -41,17 +42,18 @@ def check_choice(field: str, value: object, choices: Sequence[str]) -> None:
         raise UserInputError(field, value, f"use one of {', '.join(choices)}")
 
 
-class KubernetesBaseOperator(ArgumentChecks, BaseOperator):
+class KubernetesBaseOperator(InheritedParamDocs, ArgumentChecks, BaseOperator):
     """Where the Kubernetes API is, how long to wait, and the argument checks.
 
     :param kubernetes_conn_id: a ``kubernetes`` connection (kube_config_path / kube_config / in_cluster
-        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given.
+        extras). Default: ``kubernetes_default`` unless ``gke_cluster`` is given; templated.
     :param gke_cluster: ``{"project_id", "location", "cluster_name"}`` (optional ``use_internal_ip``,
-        ``use_dns_endpoint``) of the GKE cluster. Alone, the operator reaches the cluster through the
-        google provider's GKE hooks; together with ``kubernetes_conn_id`` it only feeds the console links.
-    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``.
+        ``use_dns_endpoint``). Alone, the operator reaches the cluster through the google provider's GKE
+        hooks; with ``kubernetes_conn_id`` it only feeds the console links; templated.
+    :param gcp_conn_id: the Google Cloud connection for ``gke_cluster``; templated.
     :param impersonation_chain: service account(s) the GKE hooks impersonate.
-    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default".
+    :param namespace: Kubernetes namespace; default: the connection's ``namespace`` extra, else "default";
+        templated.
     :param deferrable: wait in the triggerer (status polling with kubernetes_asyncio).
     :param poll_interval: seconds between status reads.
     :param wait_timeout: seconds until the task fails with the object's last word and diagnostics.
