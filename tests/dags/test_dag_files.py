@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.pipeline_steps import TRAIN_TO_REPORT
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 # What a DAG file must not load while the dag processor parses it (a fresh interpreter with airflow.sdk
@@ -94,12 +95,7 @@ def test_local_pipeline_shape(migrated_airflow_db):
         "acquire_slice",
         "start_cluster",
         "prep",
-        "train",
-        "evaluate",
-        "build_serve_config",
-        "deploy",
-        "smoke_test",
-        "write_report",
+        *TRAIN_TO_REPORT,
         "stop_cluster",
         "release_slice",
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from support.node_pool_plans import node_pool_plan
 
 from tpuflow.errors import UserInputError
 from tpuflow.gke.errors import FailureKind, classify, classify_operation
@@ -13,7 +14,6 @@ from tpuflow.gke.nodepool_spec import (
     match_capacity,
     parse_capacity,
     parse_capacity_order,
-    plan_node_pools,
 )
 from tpuflow.labels import gce_ownership_labels as ownership_labels
 from tpuflow.naming import TaskIdentity
@@ -22,17 +22,7 @@ GKE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 GCE_LABEL = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
-def plan(**overrides):
-    args = dict(
-        project_id="tpu-proj-123",
-        location="us-east5-b",
-        cluster_name="c1",
-        accelerator="v6e",
-        topology="4x4",
-        identity=TaskIdentity("dag", "run", "task"),
-        expires_at=1_900_000_000,
-    )
-    return plan_node_pools(**{**args, **overrides})
+plan = node_pool_plan
 
 
 @pytest.mark.parametrize(

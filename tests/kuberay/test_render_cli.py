@@ -92,28 +92,12 @@ def test_render_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_render_rayservice_llm_serves_the_model_on_the_slice(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = render(
-        capsys,
-        "rayservice",
-        "--accelerator",
-        "v6e",
-        "--topology",
-        "4x4",
-        "--llm",
-        "Qwen/Qwen2.5-7B-Instruct",
-        "--max-model-len",
-        "8192",
-        "--engine-kwarg",
-        "dtype=bfloat16",
-        "--engine-kwarg",
-        "enable_prefix_caching=true",
-        "--cache-bucket",
-        "xla-cache",
-        "--max-ongoing-requests",
-        "32",
-        "--request-timeout",
-        "300",
+    command = (
+        "rayservice --accelerator v6e --topology 4x4 --llm Qwen/Qwen2.5-7B-Instruct --max-model-len 8192"
+        " --engine-kwarg dtype=bfloat16 --engine-kwarg enable_prefix_caching=true --cache-bucket xla-cache"
+        " --max-ongoing-requests 32 --request-timeout 300"
     )
+    rc, out, _ = render(capsys, *command.split())
     assert rc == 0
     assert "&id" not in out  # head and workers get their own copies, no YAML aliases
     manifest = yaml.safe_load(out)
@@ -141,37 +125,14 @@ def test_render_rayservice_llm_serves_the_model_on_the_slice(capsys: pytest.Capt
     [
         (["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--import-path", "a:b"], "--llm"),
         (
-            [
-                "rayservice",
-                "--accelerator",
-                "v6e",
-                "--topology",
-                "2x4",
-                "--machine-type",
-                "ct6e-standard-4t",
-                "--llm",
-                "m",
-            ],
+            "rayservice --accelerator v6e --topology 2x4 --machine-type ct6e-standard-4t --llm m".split(),
             "ct6e-standard-8t",
-        ),  # fmt: skip
+        ),
+        ("rayservice --accelerator v6e --topology 4x4 --llm m --num-replicas 2".split(), "num_replicas"),
         (
-            ["rayservice", "--accelerator", "v6e", "--topology", "4x4", "--llm", "m", "--num-replicas", "2"],
-            "num_replicas",
-        ),  # fmt: skip
-        (
-            [
-                "rayservice",
-                "--accelerator",
-                "v6e",
-                "--topology",
-                "4x4",
-                "--llm",
-                "m",
-                "--engine-kwarg",
-                "tensor_parallel_size=4",
-            ],
+            "rayservice --accelerator v6e --topology 4x4 --llm m --engine-kwarg tensor_parallel_size=4".split(),
             "16 chips",
-        ),  # fmt: skip
+        ),
         (["raycluster", "--accelerator", "v6e", "--topology", "16"], "topology='16'"),
         (["raycluster", "--accelerator", "tpu-v5e", "--topology", "2x2"], "TPU-V5LITEPOD"),
         (["raycluster", "--accelerator", "v6e", "--topology", "4x4", "--env", "NOEQUALS"], "--env"),

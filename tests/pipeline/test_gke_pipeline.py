@@ -27,6 +27,7 @@ from support.gke_pipeline import (
     task_states,
     wait_until_empty,
 )
+from support.pipeline_steps import TRAIN_TO_REPORT
 
 from tpuflow.cost.ledger import rfc3339_to_unix
 from tpuflow.dev.standins.gke_api import GKEApiStandin
@@ -47,12 +48,7 @@ ORDER = [
     "budget_guard",
     "create_node_pool",
     "create_ray_cluster",
-    "train",
-    "evaluate",
-    "build_serve_config",
-    "deploy",
-    "smoke_test",
-    "write_report",
+    *TRAIN_TO_REPORT,
 ]
 TEARDOWNS = [
     "delete_service",

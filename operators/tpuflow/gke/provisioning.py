@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -124,6 +125,18 @@ class _Loop(abc.ABC):
         log.warning("GKE is busy (%s); retrying in %.1f s", failure.message, delay)
         return Sleep(delay, f"{failure.kind.value}: {failure.message}")
 
+    def _pool_call_failed(
+        self, progress: Progress, exc: GoogleAPICallError, action: str, name: str, explain: Callable[[str], str]
+    ) -> Step | None:
+        """A pool call GKE refused: None for a pool that is gone, a backoff when GKE is busy, else
+        NodePoolFailed (not retryable) with ``explain`` of GKE's reason."""
+        failure = classify_exception(exc)
+        if failure.kind is FailureKind.NOT_FOUND:
+            return None
+        if failure.kind.wait_and_retry:
+            return self._busy(progress, failure, action, f"node pool {name}")
+        raise NodePoolFailed(explain(self._explain(failure, action, f"node pool {name}")), retryable=False) from exc
+
     def _delete(self, progress: Progress, name: str) -> Step | None:
         """Start deleting one pool; None when there is nothing to wait for (look again)."""
         try:
@@ -131,12 +144,7 @@ class _Loop(abc.ABC):
                 project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name
             )
         except GoogleAPICallError as exc:
-            failure = classify_exception(exc)
-            if failure.kind is FailureKind.NOT_FOUND:
-                return None
-            if failure.kind.wait_and_retry:
-                return self._busy(progress, failure, "delete", f"node pool {name}")
-            raise NodePoolFailed(self._explain(failure, "delete", f"node pool {name}"), retryable=False) from exc
+            return self._pool_call_failed(progress, exc, "delete", name, str)
         if operation is None:
             return None
         return WaitForOperation(operation.name, "delete", name)
@@ -394,14 +402,7 @@ class NodePoolKeeper(_NamedPoolsLoop):
                 project_id=self.project_id, cluster_name=self.cluster_name, node_pool_name=name, labels=labels
             )
         except GoogleAPICallError as exc:
-            failure = classify_exception(exc)
-            if failure.kind is FailureKind.NOT_FOUND:
-                return None
-            if failure.kind.wait_and_retry:
-                return self._busy(progress, failure, "update", f"node pool {name}")
-            raise NodePoolFailed(
-                self._unmarked(name, self._explain(failure, "update", f"node pool {name}")), retryable=False
-            ) from exc
+            return self._pool_call_failed(progress, exc, "update", name, lambda why: self._unmarked(name, why))
         log.info("Marking node pool %s kept: operation %s", name, operation.name)
         return WaitForOperation(operation.name, "label", name)
 

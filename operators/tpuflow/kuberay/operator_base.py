@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tpuflow.arguments import ArgumentCheck
+from tpuflow.docstrings import InheritedParamDocs
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import DEFAULT_RAY_VERSION
 from tpuflow.kuberay.addresses import check_address_mode
@@ -113,7 +114,11 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
     ownership labels and ``expires_after`` as its ``tpuflow-expires`` label), ``reconcile_existing``
     (adopt or update an object of that name, or refuse it), ``rejection`` (the error text when the API
     refuses the create) and ``finish`` (the XCom payload of the ready object).
+
+    :param log_lines: head pod log lines to include on failure or timeout.
     """
+
+    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name", "labels")
 
     def __init__(
         self,
@@ -255,10 +260,25 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
             hook.delete(self.plural, owned.name, owned.namespace)
 
 
-class SliceArgumentsMixin:
-    """The Ray cluster's shape arguments: ``tpu_slice`` (tpuflow.tpu.slice_argument: a TpuSlice, its
-    to_dict(), or a mapping whose values may be templates), plus image, env and resources (documented on
-    the operators that take them)."""
+class SliceArgumentsMixin(InheritedParamDocs):
+    """The Ray cluster's shape arguments: the slice, the image, env and resources.
+
+    :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice, its to_dict(), or
+        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` (accelerator: TPU generation or
+        accelerator name, e.g. "v6e", "TPU-V6E"; topology e.g. "4x4"; machine_type of the TPU hosts, default
+        the slice's; num_slices: worker replicas) whose values may be templates; templated.
+    :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
+    :param ray_version: the Ray version in the image (X.Y.Z).
+    :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
+    :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
+    :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
+        always comes from the slice.
+    :param service_account: Kubernetes service account of the Ray pods.
+    :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
+    """
+
+    # the templated ones, for the template_fields of the operators that take them
+    slice_template_fields: ClassVar[tuple[str, ...]] = ("image", "env", "tpu_slice")
 
     def __init__(
         self,

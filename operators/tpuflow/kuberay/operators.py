@@ -95,24 +95,12 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     "head_service", "head_pod", "in_cluster_dns": {...}, "slice": TpuSlice.to_dict()}. Killing the task
     while it waits deletes the RayCluster it created.
 
-    :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice, its to_dict(), or
-        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` (accelerator: TPU generation or
-        accelerator name, e.g. "v6e", "TPU-V6E"; topology e.g. "4x4"; machine_type of the TPU hosts, default
-        the slice's; num_slices: worker replicas) whose values may be templates; templated.
-    :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
-    :param ray_version: the Ray version in the image (X.Y.Z).
-    :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
-    :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
-    :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
-        always comes from the slice.
-    :param service_account: Kubernetes service account of the Ray pods.
     :param ray_auth: ``"token"`` (default): KubeRay's authOptions turn on Ray token authentication, the
         token lives in the Secret KubeRay creates and downstream hooks read it from there (XCom carries
         only a reference to it); ``"disabled"`` (or ``"none"``) opts out by name and leaves the dashboard
         and Jobs API open to anything that reaches the head Service. Applies to ``manifest`` too: one
         without authOptions is completed (and the task log says so); one that sets ``mode: disabled``
         itself is refused unless ray_auth opts out.
-    :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param manifest: instead of the slice arguments, a complete RayCluster (dict or YAML), e.g. an edited
         ``tpuflow render raycluster``; name/namespace/ownership labels are set by the operator, authOptions
         as ``ray_auth`` says; templated.
@@ -127,17 +115,12 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         sending (turn off only for features the check does not model, such as TPU sub-slicing).
     :param wait_timeout: seconds until the task fails with KubeRay's reason, pod states, Warning events and
         the head pod's last log lines.
-    :param log_lines: head pod log lines to include on failure or timeout.
     """
 
     kuberay_kind = RayClusterKind
     template_fields: Sequence[str] = (
-        *KubeRayBaseOperator.template_fields,
-        "name",
-        "image",
-        "env",
-        "labels",
-        "tpu_slice",
+        *KubeRayApplyOperator.template_fields,
+        *SliceArgumentsMixin.slice_template_fields,
         "manifest",
     )
 
@@ -292,22 +275,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param deployment_options: with llm_model_id, Serve deployment settings
         (tpuflow.serve.deployment_options.DeploymentOptions or its fields as a dict: num_replicas or
         autoscaling_config, max_ongoing_requests, max_queued_requests, request_timeout_s, ...); templated.
-    :param tpu_slice: the slice (tpuflow.tpu.slice_argument): a TpuSlice, its to_dict(), or
-        ``{"accelerator", "topology", "machine_type"?, "num_slices"?}`` (accelerator: TPU generation or
-        accelerator name, e.g. "v6e", "TPU-V6E"; topology e.g. "4x4"; machine_type of the TPU hosts, default
-        the slice's; num_slices: worker replicas) whose values may be templates; templated.
-    :param image: container image with Ray ``ray_version`` (head and TPU workers); templated.
-    :param ray_version: the Ray version in the image (X.Y.Z).
-    :param env: environment for head and workers (the slice's own, e.g. tpu7x's, is added); templated.
-    :param head_resources: head container requests = limits (default cpu 2, memory 8Gi; Ray num-cpus 0).
-    :param worker_resources: extra TPU-host container requests = limits (cpu, memory); google.com/tpu
-        always comes from the slice.
-    :param service_account: Kubernetes service account of the Ray pods.
     :param ray_auth: ``"token"`` (default): KubeRay's authOptions turn on Ray token authentication, the
         token lives in the Secret KubeRay creates and downstream hooks read it from there (XCom carries
         only a reference to it); ``"disabled"`` (or ``"none"``) opts out by name and leaves the dashboard,
         Jobs and Serve REST APIs open on the head Service (the Serve endpoint itself stays ClusterIP).
-    :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
     :param name: a stable name makes the task update one long-lived endpoint across runs; default: per
         task instance; templated.
     :param labels: extra labels on the RayService and its Ray pods (keep per-run values out: they would
@@ -327,17 +298,12 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         (never the token) and must answer 401 without ``Authorization: Bearer <token>``
         (tpuflow_driver.endpoint_token checks it).
     :param wait_timeout: seconds until the task fails naming the stuck application or deployment.
-    :param log_lines: head pod log lines to include on failure or timeout.
     """
 
     kuberay_kind = RayServiceKind
     template_fields: Sequence[str] = (
-        *KubeRayBaseOperator.template_fields,
-        "name",
-        "image",
-        "env",
-        "labels",
-        "tpu_slice",
+        *KubeRayApplyOperator.template_fields,
+        *SliceArgumentsMixin.slice_template_fields,
         "serve_config",
         "llm_model_id",
         "llm_options",

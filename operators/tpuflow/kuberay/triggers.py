@@ -41,11 +41,28 @@ class _KubeRayTrigger(TpuflowTrigger):
     waiting_for = "to be ready"
 
     def __init__(
-        self, *, kind: str, name: str, namespace: str, target: dict[str, Any], deadline: float, poll_interval: float
+        self,
+        *,
+        kind: str,
+        name: str,
+        namespace: str,
+        target: dict[str, Any],
+        deadline: float,
+        poll_interval: float = 10.0,
     ) -> None:
         super().__init__()
         self.kind, self.name, self.namespace = kind, name, namespace
         self.target, self.deadline, self.poll_interval = dict(target), float(deadline), float(poll_interval)
+
+    def waited_for(self) -> dict[str, Any]:
+        """The wait coroutine's arguments: the object, the deadline and the poll interval."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "namespace": self.namespace,
+            "deadline": self.deadline,
+            "poll_interval": self.poll_interval,
+        }
 
     def hook(self) -> AsyncKubeRayHook:
         return AsyncKubeRayHook.for_target(KubeTarget.from_dict(self.target))
@@ -77,34 +94,13 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
 
     serialize_fields = (*_KubeRayTrigger.serialize_fields, "log_lines", "owner_run_key")
 
-    def __init__(
-        self,
-        *,
-        kind: str,
-        name: str,
-        namespace: str,
-        target: dict[str, Any],
-        deadline: float,
-        poll_interval: float = 10.0,
-        log_lines: int = 50,
-        owner_run_key: str | None = None,
-    ) -> None:
-        super().__init__(
-            kind=kind, name=name, namespace=namespace, target=target, deadline=deadline, poll_interval=poll_interval
-        )
+    def __init__(self, *, log_lines: int = 50, owner_run_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.log_lines = int(log_lines)
         self.owner_run_key = owner_run_key
 
     def wait(self) -> Awaitable[KubeRayEvent]:
-        return wait_ready(
-            self.hook(),
-            kind=self.kind,
-            name=self.name,
-            namespace=self.namespace,
-            deadline=self.deadline,
-            poll_interval=self.poll_interval,
-            log_lines=self.log_lines,
-        )
+        return wait_ready(self.hook(), **self.waited_for(), log_lines=self.log_lines)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: delete what it created.
@@ -133,26 +129,5 @@ class KubeRayDeletedTrigger(_KubeRayTrigger):
 
     waiting_for = "to be deleted"
 
-    def __init__(
-        self,
-        *,
-        kind: str,
-        name: str,
-        namespace: str,
-        target: dict[str, Any],
-        deadline: float,
-        poll_interval: float = 5.0,
-    ) -> None:
-        super().__init__(
-            kind=kind, name=name, namespace=namespace, target=target, deadline=deadline, poll_interval=poll_interval
-        )
-
     def wait(self) -> Awaitable[KubeRayEvent]:
-        return wait_gone(
-            self.hook(),
-            kind=self.kind,
-            name=self.name,
-            namespace=self.namespace,
-            deadline=self.deadline,
-            poll_interval=self.poll_interval,
-        )
+        return wait_gone(self.hook(), **self.waited_for())

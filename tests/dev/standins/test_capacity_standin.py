@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client, config
+from support.node_pool_plans import node_pool_plan
 from support.polling import until
 
 from tpuflow.capacity.provisioning_request import CONSUME_ANNOTATION, plan_provisioning_request
@@ -21,7 +22,6 @@ from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
 from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
-from tpuflow.gke.nodepool_spec import plan_node_pools
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest
 from tpuflow.kuberay.status import raycluster_verdict
 from tpuflow.tpu import TpuSlice
@@ -51,9 +51,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[GKEApiStandin, KubeRayStandin]]:
 
 
 def make_pool(gke: GKEApiStandin, capacity: str) -> dict[str, Any]:
-    plan = plan_node_pools(
-        project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, accelerator="v6e", topology="4x4", capacity=capacity
-    )
+    plan = node_pool_plan(project_id=PROJECT, location=ZONE, cluster_name=CLUSTER, capacity=capacity)
     gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": plan.body()})
     [pool] = until(gke.node_pools, lambda pools: pools[0]["status"] == "RUNNING")
     assert pool["status"] == "RUNNING" and pool["nodeCount"] == 0  # queued and flex-start pools start empty

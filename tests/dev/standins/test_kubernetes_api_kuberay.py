@@ -293,9 +293,10 @@ def test_rayservice_new_cluster_strategy_needs_a_second_slice(kube: KubeRayStand
 def test_tpu_workers_schedule_once_the_gke_standin_has_the_node_pool(tmp_path: Path, by_url: bool) -> None:
     import urllib.request
 
+    from support.node_pool_plans import node_pool_plan
+
     from tpuflow.dev.standins.gke_api import GKEApiStandin
     from tpuflow.dev.standins.kuberay_controller import GkeNodePools
-    from tpuflow.gke.nodepool_spec import plan_node_pools
 
     cluster = "projects/tpuflow-test/locations/us-east5/clusters/ml"
     with GKEApiStandin(operation_seconds=0.1) as gke:
@@ -304,13 +305,8 @@ def test_tpu_workers_schedule_once_the_gke_standin_has_the_node_pool(tmp_path: P
             kube.store.create(RAYCLUSTERS, NS, manifest("rc"))
             events = until(lambda: kube.store.list(EVENTS, NS, field_selector="reason=FailedScheduling"), bool)
             assert "didn't match Pod's node affinity/selector" in events[0]["message"]
-            plan = plan_node_pools(
-                project_id="tpuflow-test",
-                location="us-east5",
-                cluster_name="ml",
-                accelerator="v6e",
-                topology="4x4",
-                node_zone="us-east5-b",
+            plan = node_pool_plan(
+                project_id="tpuflow-test", location="us-east5", cluster_name="ml", node_zone="us-east5-b"
             )
             [body] = plan.bodies()
             request = urllib.request.Request(
