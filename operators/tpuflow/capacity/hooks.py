@@ -25,6 +25,7 @@ from tpuflow.kubernetes.hooks import (
     await_unless_missing,
     unless_missing,
 )
+from tpuflow.labels import kept_metadata_patch
 
 
 class CapacityHook(KubeObjectsHook):
@@ -59,7 +60,6 @@ class CapacityHook(KubeObjectsHook):
     # --- the kept mark (a keep_endpoint teardown; tpuflow.labels.kept_metadata_patch): False when it does not exist
     @generic_api_retry
     def mark_provisioning_request_kept(self, name: str, namespace: str) -> bool:
-        from tpuflow.labels import kept_metadata_patch
 
         client, patch = self.custom_object_client, kept_metadata_patch()
         found = unless_missing(
@@ -69,7 +69,6 @@ class CapacityHook(KubeObjectsHook):
 
     @generic_api_retry
     def mark_pod_template_kept(self, name: str, namespace: str) -> bool:
-        from tpuflow.labels import kept_metadata_patch
 
         patch = kept_metadata_patch()
         found = unless_missing(lambda: self.core_v1_client.patch_namespaced_pod_template(name, namespace, patch), None)

@@ -28,6 +28,9 @@ from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.kubernetes.operator_base import KubernetesBaseOperator
+from tpuflow.kubernetes.ownership import object_name
+from tpuflow.kubernetes.values import check_name
+from tpuflow.labels import RUN_KEY_LABEL, kubernetes_ownership_labels
 from tpuflow.naming import TaskIdentity
 
 if TYPE_CHECKING:
@@ -149,7 +152,6 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
     ) -> ProvisioningRequestPlan:
         """The one check of the request's arguments (UserInputError naming the field), and the objects."""
         from tpuflow.capacity.provisioning_request import plan_provisioning_request, request_name
-        from tpuflow.labels import kubernetes_ownership_labels
 
         if bool(self.node_pool_name) == bool(self.node_pool_task_id):
             raise UserInputError(
@@ -232,7 +234,6 @@ class GKECreateProvisioningRequestOperator(_CapacityOperator):
     def _apply(self, hook: CapacityHook, plan: ProvisioningRequestPlan, run_key: str) -> None:
         """Create the PodTemplates and the request, or adopt those an earlier try of this task made."""
         from tpuflow.capacity.provisioning_request import request_verdict
-        from tpuflow.labels import RUN_KEY_LABEL
 
         def owner(obj: Mapping[str, Any]) -> str | None:
             return ((obj.get("metadata") or {}).get("labels") or {}).get(RUN_KEY_LABEL)
@@ -306,7 +307,6 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
         return [*super().argument_checks(), ((self.name, self.created_by_task_id), self._check_target)]
 
     def _check_target(self) -> None:
-        from tpuflow.kubernetes.values import check_name
 
         if bool(self.name) == bool(self.created_by_task_id):
             raise UserInputError("name", self.name, "give exactly one of name and created_by_task_id")
@@ -316,7 +316,6 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
     def request_and_templates(self, context: Context, namespace: str) -> tuple[str, list[str]]:
         """The request's name and its PodTemplates' (those it names, and those carrying its creator's run key)."""
         from tpuflow.capacity.provisioning_request import request_name
-        from tpuflow.labels import RUN_KEY_LABEL
 
         hook = self.kube_hook()
         templates: list[str] = []
@@ -392,7 +391,6 @@ class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):
             )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from tpuflow.kubernetes.ownership import object_name
 
         self.validate_arguments()
         skipped = self._skip(context, "flex-start")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuflow.errors import UserInputError
+from tpuflow.kubernetes.values import check_name, check_namespace
 from tpuflow.labels import check_labels
 from tpuflow.naming import TaskIdentity, dns_name
 from tpuflow.tpu import TpuSlice
@@ -163,7 +164,6 @@ def plan_provisioning_request(
 ) -> ProvisioningRequestPlan:
     """Check the inputs (UserInputError naming the field) and plan the objects."""
     from tpuflow.gke.nodepool_spec import check_node_pool_name
-    from tpuflow.kubernetes.values import check_name, check_namespace
 
     seconds = check_max_run_duration(max_run_duration_seconds)
     pools = [node_pools] if isinstance(node_pools, str) else list(node_pools or [])

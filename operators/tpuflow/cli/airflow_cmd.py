@@ -6,12 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from tpuflow.dev.supervise import Supervisor
 from tpuflow.errors import UserInputError
+from tpuflow.validation import check_count, check_folder, check_port
 
 
 def _work_dir(args: argparse.Namespace) -> Path:
     from tpuflow.dev.airflow_services import DEFAULT_WORK_DIR
-    from tpuflow.validation import check_folder
 
     check_folder("--work-dir", args.work_dir)
     return Path(args.work_dir).resolve() if args.work_dir else DEFAULT_WORK_DIR
@@ -38,7 +39,6 @@ def _stop_if_ours(work: Path, before: str | None) -> list[str]:
 
 def _up(args: argparse.Namespace) -> int:
     from tpuflow.dev.airflow_services import STATE_FILE
-    from tpuflow.dev.supervise import Supervisor
 
     work = _work_dir(args)
     before = (work / STATE_FILE).read_text() if (work / STATE_FILE).exists() else None
@@ -49,7 +49,6 @@ def _up(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     from tpuflow.dev.airflow_services import ADMIN_USER, DEFAULT_WORK_DIR, AirflowServices, AirflowServicesError
-    from tpuflow.validation import check_count, check_port
 
     if args.port is not None:
         check_port("--port", args.port)

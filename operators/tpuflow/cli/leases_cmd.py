@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from tpuflow.validation import check_count
+
 
 def _store(args: argparse.Namespace):  # -> LeaseStore
     from tpuflow.slices.leases import default_lease_root, lease_store
@@ -14,7 +16,6 @@ def _store(args: argparse.Namespace):  # -> LeaseStore
 
 def _list(args: argparse.Namespace) -> int:
     from tpuflow.slices.leases import MAX_LEASE_SLOTS
-    from tpuflow.validation import check_count
 
     store = _store(args)
     if args.max_slices is None:

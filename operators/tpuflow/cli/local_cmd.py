@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 
 from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
+from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
 from tpuflow.errors import UserInputError
-from tpuflow.validation import check_folder, check_port
+from tpuflow.naming import check_dns_label
+from tpuflow.storage import split_gs_uri
+from tpuflow.validation import check_count, check_folder, check_port
 
 DEFAULT_NAME = "tpuflow-local"
 
@@ -41,10 +44,8 @@ def _clusters(args: argparse.Namespace) -> list:
 
 def _up(args: argparse.Namespace) -> int:
     from tpuflow.local.cluster import LocalRayCluster
-    from tpuflow.naming import check_dns_label
 
     check_dns_label("--name", args.name)
-    from tpuflow.validation import check_count
 
     tpu = slice_from_args(args).require(ray=True)
     if args.host_cpus is not None:
@@ -114,8 +115,6 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _gcs_up(args: argparse.Namespace) -> int:
-    from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
-    from tpuflow.storage import split_gs_uri
 
     if args.port is not None:
         check_port("--port", args.port)
@@ -141,7 +140,6 @@ def _gcs_up(args: argparse.Namespace) -> int:
 
 
 def _gcs_down(args: argparse.Namespace) -> int:
-    from tpuflow.dev.gcs_emulator import GcsEmulator
 
     check_folder("--state-dir", args.state_dir)
     emulator = GcsEmulator.load(Path(args.state_dir) if args.state_dir else None)

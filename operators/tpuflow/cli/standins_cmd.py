@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tpuflow import workloads_dir
+from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
 from tpuflow.errors import UserInputError
 from tpuflow.validation import check_folder, check_seconds
 
@@ -61,7 +63,6 @@ def airflow_env(state: Mapping[str, Any], work: Path, emulator_url: str | None) 
     """What points an Airflow (the shipped GKE DAG, a `tpuflow_backend=gke` DAG) at running stand-ins: their
     AIRFLOW_CONN_* (state.json's), the AIRFLOW_VAR_* tpuflow.pipeline.gke.variable_settings() reads, and
     STORAGE_EMULATOR_HOST with a gs:// output root when a GCS emulator runs beside them."""
-    from tpuflow import workloads_dir
 
     try:
         connections = dict(state["airflow_connections"])
@@ -95,14 +96,12 @@ def export_lines(env: Mapping[str, str]) -> list[str]:
 
 def _emulator(work: Path) -> Any:
     """The GCS emulator `up` started for the stand-ins in `work`, or None."""
-    from tpuflow.dev.gcs_emulator import GcsEmulator
 
     return GcsEmulator.load(work / GCS_DIR)
 
 
 def _start_emulator(work: Path) -> str:
     """Start the stand-ins' GCS emulator (one a crashed `up` left here is stopped first); returns its URL."""
-    from tpuflow.dev.gcs_emulator import GcsEmulator
 
     stale = _emulator(work)
     if stale is not None:
@@ -150,8 +149,6 @@ def _up(args: argparse.Namespace) -> int:
     (work / STATE_FILE).unlink(missing_ok=True)
     emulator_url = None
     if args.gcs:
-        from tpuflow.dev.gcs_emulator import GcsEmulatorError
-
         try:
             emulator_url = _start_emulator(work)
         except GcsEmulatorError as err:

@@ -6,10 +6,12 @@ A module of its own so the GKE DAG file never loads the local operators when it 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.operators import ChipLedgerOperator
-from tpuflow.local.operators import LocalRayClusterDeleteOperator
+from tpuflow.local.operators import LocalRayClusterDeleteOperator, _state_dir
+from tpuflow.naming import TaskIdentity
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -32,11 +34,8 @@ class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
     ``{"name", "started_at", "stopped_at"}`` (``stopped_at`` None when the cluster is kept)."""
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from pathlib import Path
 
         from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
-        from tpuflow.local.operators import _state_dir
-        from tpuflow.naming import TaskIdentity
 
         if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
             state_dir = Path(self.cluster["state_dir"])

@@ -56,13 +56,23 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, Protocol
 
+from tpuflow.cost.ledger import pool_span, rfc3339_to_unix
 from tpuflow.errors import UserInputError
+from tpuflow.gke.workload_policy import owner_digests_of, owner_of, region_of
+from tpuflow.kuberay import GROUP, RAYCLUSTERS, RAYSERVICES, VERSION
+from tpuflow.kuberay.kinds import KIND_BY_PLURAL
+from tpuflow.labels import EXPIRES_LABEL, GCE_MANAGED_LABEL, KEPT_LABEL, is_kept
+from tpuflow.liveness import dead_reason
+from tpuflow.naming import OWNER_DIGEST_LEN, TaskIdentity, owner_dag_digest, owner_run_digest
+from tpuflow.slices.operators import run_is_over
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +117,17 @@ def _covers(covered: Collection[str] | None, dag_id: str | None) -> bool:
 
 def _covers_digest(covered: Collection[str] | None, dag_digest: str) -> bool:
     """_covers for a resource that carries only its DAG's digest (tpuflow.naming.owner_dag_digest)."""
-    from tpuflow.naming import owner_dag_digest
 
     return covered is None or any(owner_dag_digest(dag) == dag_digest for dag in covered)
 
 
 def _running_digests(running: Mapping[str, list[str]]) -> set[str]:
     """The owner-run digests (tpuflow.naming.owner_run_digest) of every running run, whatever its DAG."""
-    from tpuflow.naming import owner_run_digest
 
     return {owner_run_digest(dag, run) for dag, runs in running.items() for run in runs}
 
 
 def _is_digest(value: object) -> bool:
-    from tpuflow.naming import OWNER_DIGEST_LEN
 
     return isinstance(value, str) and len(value) == OWNER_DIGEST_LEN and all(c in "0123456789abcdef" for c in value)
 
@@ -159,7 +166,6 @@ class Orphans(list[Orphan]):
 
 
 def _kept_reason() -> str:
-    from tpuflow.labels import KEPT_LABEL
 
     return f"kept by its run's keep_endpoint ({KEPT_LABEL}): still running, and billed"
 
@@ -168,7 +174,6 @@ def _kept_reason() -> str:
 def expiry_reason(expires: object, now: float, what: str = "label") -> str | None:
     """Why a resource is past its expiry (unix seconds: a label's digits, or a number); None: it is not,
     or it has none. Applies whatever its run's state, and to DAGs the run states do not cover."""
-    from tpuflow.labels import EXPIRES_LABEL
 
     if isinstance(expires, str):
         expires = int(expires) if expires.isdigit() else None
@@ -194,7 +199,6 @@ def pool_orphan_reason(
         GCE_RUN_LABEL,
         is_kept,
     )
-    from tpuflow.naming import owner_dag_digest
 
     if labels.get(GCE_MANAGED_LABEL) != "true" or is_kept(labels):
         return None
@@ -237,7 +241,6 @@ def kube_orphan_reason(
         OWNER_RUN_LABEL,
         is_kept,
     )
-    from tpuflow.naming import TaskIdentity
 
     if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or is_kept(labels):
         return None
@@ -275,7 +278,6 @@ def policy_orphan_reason(
     never an orphan, so its policy stays with it), its run is running (the create task makes the policy before
     its pools) or its DAG is not ``covered``; an OwnerUnreadable: ours, its description naming no owner digests
     (never deleted)."""
-    from tpuflow.gke.workload_policy import owner_digests_of, owner_of
 
     if owner_of(description) is None:
         return None
@@ -316,7 +318,6 @@ def local_orphan_reason(
     ``expires_at`` at ``now``, default the current time) its DAG is not ``covered``; an OwnerUnreadable: a run's
     cluster whose ``owner`` record (its state.json's, TaskIdentity.record()) is missing or malformed (never
     deleted). The run is the record's exact dag and run, whatever task started it and its map index."""
-    from tpuflow.naming import TaskIdentity
 
     if not _is_run_cluster(name, owner):
         return None  # started by `tpuflow local up` or by hand: not a run's
@@ -362,8 +363,6 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
                       unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan pools; the kept ones (ours, with the kept mark) are added to ``kept``, ours whose owner cannot
     be read to ``unreadable``."""
-    from tpuflow.cost.ledger import pool_span
-    from tpuflow.labels import GCE_MANAGED_LABEL, is_kept
 
     where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
     found = []
@@ -395,7 +394,6 @@ def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[
                         wait_timeout: float = 600.0, covered: Collection[str] | None = None,
                         unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The workload policies tpuflow made in ``region`` that nothing live needs (``pools``: the cluster's, REST JSON)."""
-    from tpuflow.cost.ledger import rfc3339_to_unix
     from tpuflow.gke.hooks import to_rest_json
 
     try:
@@ -464,9 +462,6 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
                       unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan RayServices and RayClusters (a RayService's own RayCluster is judged with it, never alone);
     the kept ones (with the kept mark) are added to ``kept``, ours whose owner cannot be read to ``unreadable``."""
-    from tpuflow.cost.ledger import rfc3339_to_unix
-    from tpuflow.kuberay import GROUP, RAYCLUSTERS, RAYSERVICES, VERSION
-    from tpuflow.kuberay.kinds import KIND_BY_PLURAL
     from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE, is_kept
 
     found = []
@@ -509,7 +504,6 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
                        unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan local clusters; the kept ones still running are added to ``kept``, a run's whose owner record
     cannot be read to ``unreadable``."""
-    from pathlib import Path
 
     from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
 
@@ -584,7 +578,6 @@ def find_lease_orphans(
 def _supervisor_dead(cluster: Any) -> str | None:
     """Why a run's local cluster is an orphan by its supervising process (tpuflow.liveness: provably dead),
     whatever its run's state says; None: alive, not provable, kept on purpose, or not a run's cluster."""
-    from tpuflow.liveness import dead_reason
 
     if cluster.kept or not _is_run_cluster(cluster.name, cluster.owner):
         return None
@@ -594,7 +587,6 @@ def _supervisor_dead(cluster: Any) -> str | None:
 
 def _stop_and_remove(cluster: Any) -> None:
     """Stop the cluster's processes and remove its state folder (nothing of a dead run is left)."""
-    import shutil
 
     cluster.stop()
     shutil.rmtree(cluster.state_dir, ignore_errors=True)
@@ -735,7 +727,6 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
     kept, unreadable = orphans.kept, orphans.unreadable
     if scope.gke:
         from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
-        from tpuflow.gke.workload_policy import region_of
 
         project, cluster = scope.project_id or "", scope.cluster_name or ""
         hook = GKENodePoolHook(gcp_conn_id=scope.gcp_conn_id, location=scope.location)
@@ -799,7 +790,6 @@ class TaskSdkRunStates:
         self.dag_ids: list[str] = list(dag_ids)
 
     def running(self) -> dict[str, list[str]]:
-        from tpuflow.slices.operators import run_is_over
 
         out: dict[str, list[str]] = {}
         for dag_id in self.dag_ids:

@@ -13,6 +13,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk.exceptions import AirflowFailException
+
+from tpuflow.cost.budget import check_max_chip_hours
+from tpuflow.cost.operators import gke_slice_spans, slice_chips
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 if TYPE_CHECKING:
@@ -60,8 +64,6 @@ class BudgetedRayTrainOperator(RayTrainOperator):
 
     def budget_left(self, context: Context) -> tuple[float | None, str]:
         """(seconds until the ledger crosses the budget, what it is made of); None: no budget."""
-        from tpuflow.cost.budget import check_max_chip_hours
-        from tpuflow.cost.operators import gke_slice_spans, slice_chips
 
         budget = check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
         if budget is None or not self.ledger_slices:
@@ -82,7 +84,6 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         return (budget - used) * 3600.0 / open_chips, said
 
     def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
 
         left, said = self.budget_left(context)
         if left is not None:
@@ -95,7 +96,6 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         return super()._submit_and_follow(context, may_restart=may_restart)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
 
         if isinstance(event, dict) and event.get("status") == "timeout" and self.max_chip_hours not in (None, ""):
             left, said = self.budget_left(context)

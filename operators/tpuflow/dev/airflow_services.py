@@ -15,10 +15,12 @@ deployment uses PostgreSQL (Cloud Composer, the Helm chart); `database_url` take
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,6 +41,7 @@ from tpuflow.local.cluster import (  # one process-group logic for all local ser
     _signal_owned,
     free_port,
 )
+from tpuflow.paths import output_root
 from tpuflow.secret_files import write_secret_file
 
 REPO = Path(__file__).resolve().parents[3]
@@ -92,7 +95,6 @@ class AirflowServices:
     @property
     def output_root(self) -> str:
         """Where the services' runs write outputs (tpuflow.paths.output_root in their environment)."""
-        from tpuflow.paths import output_root
 
         return output_root(self.process_env())
 
@@ -351,7 +353,6 @@ def _airflow_bin() -> str:
 
 
 def _fernet_key() -> str:
-    import base64
 
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
 
@@ -364,6 +365,5 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def _shell_quote(value: str) -> str:
-    import shlex
 
     return shlex.quote(value)

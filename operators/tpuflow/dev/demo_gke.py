@@ -21,10 +21,17 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuflow import workloads_dir
+from tpuflow.dev.demo_env import demo_env, demo_storage
+from tpuflow.dev.ray_launcher import LocalRayLauncher
+from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
+from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
+from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+from tpuflow.dev.standins.stack import StandinStack
 from tpuflow.errors import UserInputError
+from tpuflow.storage import read_text
 
 if TYPE_CHECKING:
-    from tpuflow.dev.standins.stack import StandinStack
     from tpuflow.local.cluster import LocalRayCluster
 
 DAG_ID = "tpu_llm_pipeline_gke"
@@ -39,7 +46,6 @@ CHECKED = (
 
 def pipeline_variables(stack: Any, output_root: str) -> dict[str, str]:
     """AIRFLOW_VAR_* that point tpu_llm_pipeline_gke at the stand-ins (tpuflow.pipeline.gke.variable_settings)."""
-    from tpuflow import workloads_dir
 
     variables = {
         "tpuflow_gcp_conn_id": GCP_CONN_ID,  # the project comes from this connection's extra
@@ -55,8 +61,6 @@ def pipeline_variables(stack: Any, output_root: str) -> dict[str, str]:
 
 def standin_leftovers(stack: StandinStack) -> list[str]:
     """What the teardowns delete, still in the stand-ins: node pools, workload policies, Kubernetes objects."""
-    from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
-    from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
 
     out = [f"node pool {p['name']}" for p in stack.gke.node_pools()]
     out += [f"workload policy {p['name']}" for p in stack.gke.compute.policies()]
@@ -99,10 +103,6 @@ def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_b
 
 def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     """``conf``: the run's conf, already checked (tpuflow.dev.demo.demo_conf)."""
-    from tpuflow.dev.demo_env import demo_env, demo_storage
-    from tpuflow.dev.ray_launcher import LocalRayLauncher
-    from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
-    from tpuflow.dev.standins.stack import StandinStack
 
     if args.keep_endpoint:
         raise UserInputError(
@@ -188,7 +188,6 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
 
 
 def _report(output_root: str, run_date: str) -> dict[str, Any] | None:
-    from tpuflow.storage import read_text
 
     text = read_text(f"{output_root}/{DAG_ID}/{run_date}/report.json")
     return json.loads(text) if text else None

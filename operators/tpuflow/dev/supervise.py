@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -189,7 +190,6 @@ class Supervisor:
 # --- what a run supervised by ``record`` left -------------------------------------------------------------
 def stop_supervised_clusters(record: dict[str, Any], base_dir: Any = None) -> list[str]:
     """Stop the local Ray clusters whose run ``record`` supervised (not kept ones) and remove their state."""
-    from pathlib import Path
 
     from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, default_base_dir
 

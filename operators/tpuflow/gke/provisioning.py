@@ -20,7 +20,7 @@ from google.api_core.exceptions import GoogleAPICallError
 from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
 from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
 from tpuflow.gke.nodepool_spec import NodePoolPlan, match_capacity
-from tpuflow.labels import OWNER_KEY_LABEL
+from tpuflow.labels import EXPIRES_LABEL, OWNER_KEY_LABEL, is_kept, kept_labels
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +407,6 @@ class NodePoolKeeper(_NamedPoolsLoop):
         return WaitForOperation(operation.name, "label", name)
 
     def _pass(self, progress: Progress) -> Step | None:
-        from tpuflow.labels import EXPIRES_LABEL, is_kept, kept_labels
 
         kept, absent = [], []
         for name in self.names:

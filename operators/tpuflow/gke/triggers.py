@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from airflow.sdk import conf
 from airflow.triggers.base import TriggerEvent
 
 from tpuflow.gke.hooks import GKENodePoolAsyncHook
@@ -72,7 +73,6 @@ async def _delete_when_possible(owned: dict[str, Any], log: Any) -> None:
 
 async def delete_owned_node_pools(owned: dict[str, Any], log: Any) -> None:
     """on_kill of the create task's waits: delete its pools, waiting out creates still running."""
-    from airflow.sdk import conf
 
     task = asyncio.ensure_future(_delete_when_possible(owned, log))
     _KILLS.add(task)

@@ -41,6 +41,7 @@ from tpuflow.kubernetes.ownership import check_expires_after, owner_annotations
 from tpuflow.kubernetes.values import check_name
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
+from tpuflow.tpu.slice_argument import resolve_slice
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -321,7 +322,6 @@ class SliceArgumentsMixin(InheritedParamDocs):
 
     def resolved_slice(self) -> TpuSlice:
         """The (rendered) ``tpu_slice``, in a shape GKE and Ray take; else one line naming ``tpu_slice.<key>``."""
-        from tpuflow.tpu.slice_argument import resolve_slice
 
         return resolve_slice(self.tpu_slice, gke=True, ray=True)
 

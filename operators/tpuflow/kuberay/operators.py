@@ -29,13 +29,19 @@ from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.kuberay import API_VERSION, DEFAULT_UPGRADE_STRATEGY, MANAGED_BY, RUN_KEY_LABEL, SPEC_HASH
+from tpuflow.kuberay.addresses import cluster_payload, service_payload
 from tpuflow.kuberay.kinds import RayClusterKind, RayServiceKind
 from tpuflow.kuberay.links import RayDashboardLink
 from tpuflow.kuberay.operator_base import KubeRayApplyOperator, KubeRayBaseOperator, SliceArgumentsMixin
+from tpuflow.kuberay.ray_auth import with_cluster_auth
+from tpuflow.kuberay.serve_config import serve_config_dict
+from tpuflow.kuberay.status import head_service_name, service_cluster_name
 from tpuflow.kubernetes.operator_base import check_choice
 from tpuflow.kubernetes.ownership import object_name, owner_labels
+from tpuflow.kubernetes.values import check_name, stringify_ray_group_values
 from tpuflow.labels import CLUSTER_SPEC_HASH_ANNOTATION as CLUSTER_SPEC_HASH
 from tpuflow.labels import MANAGED_BY_VALUE
+from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -76,8 +82,6 @@ def _rejection(err: Exception, kind: str, namespace: str, name: str, cluster_spe
 def _cluster_addresses(
     hook: KubeRayHook, cluster: Mapping[str, Any], namespace: str, mode: str, target: Mapping[str, Any]
 ) -> dict[str, Any]:
-    from tpuflow.kuberay.addresses import cluster_payload
-    from tpuflow.kuberay.status import head_service_name
 
     return cluster_payload(
         cluster,
@@ -163,9 +167,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def _manifest_spec(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """The user manifest's spec, checked (the TPU webhook's rule too, unless tpu_preflight is off) and
         carrying the authOptions ``ray_auth`` asks for; and whether authOptions had to be added."""
-        from tpuflow.kuberay.ray_auth import with_cluster_auth
         from tpuflow.kuberay.webhook_rules import tpu_group_problems
-        from tpuflow.kubernetes.values import stringify_ray_group_values
 
         spec = stringify_ray_group_values(body.get("spec") or {})
         if not spec.get("headGroupSpec"):
@@ -371,7 +373,6 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         self._llm()
 
     def _serve_config(self) -> dict[str, Any]:
-        from tpuflow.kuberay.serve_config import serve_config_dict
 
         return serve_config_dict(self.serve_config)
 
@@ -423,8 +424,6 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             for line in derived_placement(given, serve_config, template.tpu) if log_derived else []:
                 self.log.info("%s", line)
             if token_digest:
-                from tpuflow.serve.endpoint_token import with_token_digest
-
                 serve_config = with_token_digest(serve_config, token_digest)
             check_tpu_placement(serve_config, template.tpu)  # what is left must fit the slice
             manifest = self.kuberay_kind.manifest(template, serve_config=serve_config, **common)
@@ -435,8 +434,6 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         labels = owner_labels(context, self.labels, self.expires_after)
         digest = None
         if self.serve_token_conn_id:
-            from tpuflow.serve.endpoint_token import serve_token, token_digest
-
             digest = token_digest(serve_token(self.serve_token_conn_id))
             self.log.info("Endpoint guarded by the bearer token of connection %r", self.serve_token_conn_id)
         return self.build_manifest_for(object_name(context, self.name), namespace, labels, digest, log_derived=True)
@@ -485,8 +482,6 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return _rejection(err, self.kind, namespace, body["metadata"]["name"], body["spec"]["rayClusterConfig"])
 
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
-        from tpuflow.kuberay.addresses import service_payload
-        from tpuflow.kuberay.status import service_cluster_name
 
         hook = self.kube_hook()
         service = hook.get(self.plural, name, namespace)
@@ -545,8 +540,6 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         if not self.name and not self.owner_task_id:
             raise UserInputError("name", self.name, "give the object's name, or the task id that created it")
         if self.name:
-            from tpuflow.kubernetes.values import check_name
-
             check_name("name", self.name)
 
     def execute(self, context: Context) -> dict[str, Any]:

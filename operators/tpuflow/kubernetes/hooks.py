@@ -25,6 +25,7 @@ module.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -44,6 +45,7 @@ from kubernetes.client import ApiException
 from kubernetes_asyncio import client as async_client
 
 from tpuflow.kubernetes.errors import CONFLICT, NOT_FOUND, api_error_parts
+from tpuflow.labels import kept_metadata_patch
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +172,6 @@ def _involving(events: Iterable[Mapping[str, Any]], names: Sequence[str]) -> lis
 
 def _secret_value(data: Mapping[str, Any] | None, key: str) -> str | None:
     """One key of a Secret's data (base64, as the API returns it), decoded; None when absent."""
-    import base64
 
     value = (data or {}).get(key)
     return base64.b64decode(value).decode().strip() if value else None
@@ -250,7 +251,6 @@ class KubeObjectsHook(TargetedHook, KubernetesHook):
     def mark_kept(self, plural: str, name: str, namespace: str) -> bool:
         """Label an object kept (a ``keep_endpoint`` teardown: tpuflow.labels.kept_metadata_patch, so the orphan
         reaper leaves it); False when it does not exist."""
-        from tpuflow.labels import kept_metadata_patch
 
         return unless_missing(lambda: self.patch(plural, name, kept_metadata_patch(), namespace), None) is not None
 

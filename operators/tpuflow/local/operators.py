@@ -7,22 +7,25 @@ seconds Ray needs to boot its nodes, and the operator does it directly. Everythi
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowTaskTerminated
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
 from tpuflow.ray.links import RayDashboardLink
 from tpuflow.templating import is_true
+from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_count, check_seconds
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from airflow.sdk import Context
 
     from tpuflow.tpu import TpuSlice
@@ -36,7 +39,6 @@ def local_cluster_name(identity: TaskIdentity) -> str:
 
 
 def _state_dir(base_dir: str | None, identity: TaskIdentity) -> Path:
-    from pathlib import Path
 
     from tpuflow.local.cluster import default_base_dir
 
@@ -107,7 +109,6 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
 
     def resolved_slice(self) -> TpuSlice:
         """The slice to simulate (UserInputError naming ``tpu_slice.<key>`` when Ray cannot run it)."""
-        from tpuflow.tpu.slice_argument import resolve_slice
 
         return resolve_slice(self.tpu_slice, ray=True)
 
@@ -116,9 +117,6 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
         return check_seconds("expires_after", self.expires_after, optional=True)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        import time
-
-        from airflow.sdk.exceptions import AirflowTaskTerminated
 
         from tpuflow.local.cluster import LocalRayCluster
 
@@ -159,9 +157,6 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
         spawned, including one not yet in the state file. From any other thread: stop what the state
         file lists.
         """
-        import threading
-
-        from airflow.sdk.exceptions import AirflowTaskTerminated
 
         state_dir = self._owned
         if state_dir is None:
@@ -208,7 +203,6 @@ class LocalRayClusterDeleteOperator(BaseOperator):
         self.create_task_id = create_task_id
 
     def execute(self, context: Context) -> None:
-        from pathlib import Path
 
         from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 

@@ -47,6 +47,7 @@ Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -64,12 +65,16 @@ from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperato
 from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+from tpuflow.gke.quota import check_tpu_quota, run_quota_needs
+from tpuflow.gke.workload_policy import region_of
 from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
     KubeRayDeleteClusterOperator,
     KubeRayDeleteServiceOperator,
     KubeRayDeployServiceOperator,
 )
+from tpuflow.kuberay.ray_auth import with_cluster_auth
+from tpuflow.kubernetes.ownership import object_name
 from tpuflow.pipeline.factory import (
     SERVE_SLICE,
     build_serve_config,
@@ -172,8 +177,6 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
         from tpuflow.gke.hooks import CloudQuotasHook
         from tpuflow.gke.nodepool_spec import parse_capacity_order
-        from tpuflow.gke.quota import check_tpu_quota, run_quota_needs
-        from tpuflow.gke.workload_policy import region_of
 
         capacities = parse_capacity_order(self.capacity, self.fallback_capacity)
         hook = CloudQuotasHook(gcp_conn_id=self.gcp_conn_id)
@@ -223,7 +226,6 @@ class _ConsumesProvisioningRequest:
     provisioning_request: str | None
 
     def build_template(self) -> Any:
-        import dataclasses
 
         template = super().build_template()  # type: ignore[misc]
         # getattr: the parse-time check runs inside BaseOperator's __init__, before this is assigned
@@ -280,7 +282,6 @@ class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         if not is_true(self.keep):
             return super().execute(context)
-        from tpuflow.kubernetes.ownership import object_name
 
         self.validate_arguments()
         namespace = self.resolve_namespace()
@@ -419,7 +420,6 @@ PREP_CLUSTER_CPUS = "2"
 def prep_cluster_manifest(image: str, env: Mapping[str, str] | None = None, ray_auth: str = "token") -> dict[str, Any]:
     """A head-only RayCluster for the CPU steps (prep, evaluate): Ray tasks run on its head; token
     authentication on unless ``ray_auth`` opts out by name (tpuflow.kuberay.ray_auth)."""
-    from tpuflow.kuberay.ray_auth import with_cluster_auth
 
     container: dict[str, Any] = {
         "name": "ray-head",

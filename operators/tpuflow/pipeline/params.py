@@ -9,14 +9,14 @@ cluster or node pool exists.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from airflow.sdk import Param
 
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
 from tpuflow.errors import UserInputError
+from tpuflow.rayjob.workload_operators import check_multislice
 from tpuflow.tpu.generations import GENERATIONS
-
-if TYPE_CHECKING:
-    from airflow.sdk import Param
 
 
 def _catalog_topologies() -> list[str]:
@@ -44,7 +44,6 @@ class ParamSpec:
         self.schema = schema  # what Param(default, **schema).schema holds
 
     def param(self) -> Param:
-        from airflow.sdk import Param
 
         return Param(self.value, **self.schema)
 
@@ -234,7 +233,6 @@ def check_conf(conf: dict[str, Any]) -> dict[str, Any]:
 def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict[str, Any]:
     """Cross-field validation; returns the training slice's description, with the local serve slice
     under ``serve`` (``local_serve``; the GKE pipeline derives its own)."""
-    from tpuflow.rayjob.workload_operators import check_multislice
     from tpuflow.tpu import TpuSlice
 
     framework = params.get("framework")

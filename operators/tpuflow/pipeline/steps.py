@@ -9,6 +9,7 @@ Arguments listed in ``template_fields`` are rendered (Jinja, and XComArgs resolv
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ from airflow.sdk import BaseOperator
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.params import validate_params
+from tpuflow.serve.deployment_options import DeploymentOptions
+from tpuflow.storage import check_writable, emulator_env, write_text
 from tpuflow.tpu.slice_argument import resolve_slice
 
 if TYPE_CHECKING:
@@ -63,8 +66,6 @@ class CheckParamsOperator(BaseOperator):
         if workload_check is not None:
             workload_check(params)
         if self.output_dir:
-            from tpuflow.storage import check_writable
-
             check_writable(self.output_dir, "output_dir", self.gcp_conn_id)
         return checked
 
@@ -139,7 +140,6 @@ class BuildServeConfigOperator(ArgumentChecks, BaseOperator):
             raise UserInputError("trained", self.trained, 'pass the train task\'s XCom (a dict with its "checkpoint")')
 
     def _check_deployment_options(self) -> None:
-        from tpuflow.serve.deployment_options import DeploymentOptions
 
         options = DeploymentOptions.from_value(self.deployment_options)
         if not options.is_empty() and self.workload.serve_deployment is None:
@@ -176,8 +176,6 @@ def serve_config_for(
 
     ``code_uri``: the workload's code for the replicas' runtime_env ``py_modules`` (None: none shipped)."""
     from tpuflow.serve.config import check_tpu_placement, serve_application, serve_config, serve_tpu_args
-    from tpuflow.serve.deployment_options import DeploymentOptions
-    from tpuflow.storage import emulator_env
 
     options = DeploymentOptions.from_value(deployment_options)
     name, import_path = workload.app_name, workload.serve_app
@@ -330,7 +328,6 @@ def write_report(
     training: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """report.json; the keys of a step the pipeline does not have are None."""
-    import json
 
     evaluation, answer = evaluation or {}, answer or {}
     report = {
@@ -344,7 +341,6 @@ def write_report(
         "endpoint": f"{deployed['serve_url']}{endpoint_path}" if deployed else None,
         "training": training,  # training_summary(the train task's XCom)
     }
-    from tpuflow.storage import write_text
 
     write_text(f"{output_dir.rstrip('/')}/report.json", json.dumps(report, indent=2))
     print(f"TPUFLOW_REPORT {json.dumps(report)}")

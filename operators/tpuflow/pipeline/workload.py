@@ -36,6 +36,7 @@ Cheap to import (a DAG file builds its Workload while it is parsed): no Airflow,
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow.errors import UserInputError
+from tpuflow.serve.deployment_options import check_user_config
 
 FRAMEWORK = "{framework}"
 # What FRAMEWORK becomes in the DAG: the run's Param, rendered by Airflow.
@@ -129,8 +131,6 @@ class Workload:
                     raise _error(field, getattr(self, field), "give serve_app too (nothing is deployed without it)")
             return
         if self.serve_user_config is not None:
-            from tpuflow.serve.deployment_options import check_user_config
-
             check_user_config("workload.serve_user_config", self.serve_user_config)
             if self.serve_deployment is None:
                 raise _error("serve_deployment", None, "name the app's deployment that serve_user_config configures")
@@ -219,7 +219,6 @@ class Workload:
         path = getattr(self, field)
         if not path:
             return None
-        import importlib
 
         if self.code_dir and str(Path(self.code_dir).parent) not in sys.path:
             sys.path.insert(0, str(Path(self.code_dir).parent))

@@ -11,9 +11,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
 from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.workload_operators import ray_slice
 from tpuflow.templating import is_true
 
 if TYPE_CHECKING:
@@ -91,7 +94,6 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
             raise UserInputError("enabled", self.enabled, "give true or false")
 
     def _tpu_slice(self) -> TpuSlice:
-        from tpuflow.rayjob.workload_operators import ray_slice
 
         return ray_slice(self.tpu_slice)
 
@@ -119,7 +121,6 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
         return super()._execute_checked(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
         try:
             return super().execute_complete(context, event)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 from typing import Any
 
 from tpuflow.rayjob.failures import UserInputFailure
+from tpuflow.storage import emulator_host, request_timeout
 
 FIELD = "train_run_path"
 SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train v2's CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
@@ -27,8 +29,6 @@ def _filesystem(path: str) -> tuple[Any, str]:
     tpuflow_driver.storage.gcs_filesystem does (pyarrow's from_uri ignores it). That module lives with the
     workloads, which the operators cannot import, so its few lines are repeated here."""
     import pyarrow.fs as pafs
-
-    from tpuflow.storage import emulator_host, request_timeout
 
     if not path.startswith("gs://"):
         return pafs.FileSystem.from_uri(path if "://" in path else f"file://{path}")
@@ -48,7 +48,6 @@ def read_train_result(train_run_path: str) -> dict[str, Any]:
 
     A folder without Ray Train's snapshot, or whose snapshot records no checkpoint, raises UserInputFailure
     (fails the task without retries: the same script writes the same folder again)."""
-    import os
 
     import pyarrow.fs as pafs
 

@@ -12,6 +12,8 @@ import copy
 import hashlib
 from typing import Any
 
+from airflow.sdk import BaseHook
+
 from tpuflow.errors import UserInputError
 
 TOKEN_ARG = "token_sha256"  # = tpuflow_driver.endpoint_token.ARG (the workloads are not importable here)
@@ -19,7 +21,6 @@ TOKEN_ARG = "token_sha256"  # = tpuflow_driver.endpoint_token.ARG (the workloads
 
 def serve_token(conn_id: str) -> str:
     """The token in Connection ``conn_id``'s password; a missing connection or empty password names the argument."""
-    from airflow.sdk import BaseHook
 
     try:
         password = BaseHook.get_connection(conn_id).password

@@ -16,6 +16,10 @@ from tpuflow.events import raise_for_event
 from tpuflow.links import StoredUrlLink
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink
+from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
+from tpuflow.serve.status import deletable_on_kill
+from tpuflow.serve.waits import wait_for_applications
+from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_seconds
 
 if TYPE_CHECKING:
@@ -146,7 +150,6 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         """The slice ``tpu_slice`` names (None: none given), or one line naming ``tpu_slice.<key>``."""
         if self.tpu_slice is None:
             return None
-        from tpuflow.tpu.slice_argument import resolve_slice
 
         return resolve_slice(self.tpu_slice)
 
@@ -185,7 +188,6 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
 
     def execute_sync(self, context: Context, wait: dict[str, Any]) -> Any:
         """Wait in this worker: the trigger's own wait, run here."""
-        from tpuflow.serve.waits import wait_for_applications
 
         try:
             event = asyncio.run(wait_for_applications(self.hook(), started_at=time.time(), log=self.log, **wait))
@@ -207,7 +209,6 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         config = self._placed_config(log=True)
         if not self.serve_token_conn_id:
             return config
-        from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
 
         digest = token_digest(serve_token(self.serve_token_conn_id))
         self.log.info(
@@ -231,7 +232,6 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         """
         if not self._owned:
             return
-        from tpuflow.serve.status import deletable_on_kill
 
         hook = self.hook()
         if deletable_on_kill(hook.get_serve_details(), self._owned):

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from tpuflow import liveness
 from tpuflow.errors import UserInputError
 from tpuflow.paths import tpuflow_home
-from tpuflow.storage import request_timeout
+from tpuflow.storage import request_timeout, split_gs_uri
 
 MAX_LEASE_SLOTS = 1024
 # How long a gs:// lease lives unless its run takes it again (a retry, the next acquire): a run killed
@@ -272,7 +272,6 @@ class GcsLeaseStore:
     expires LEASE_TTL_S after its run last took it (a retry or a new acquire renews it)."""
 
     def __init__(self, uri: str, gcp_conn_id: str = "google_cloud_default") -> None:
-        from tpuflow.storage import split_gs_uri
 
         bucket, prefix = split_gs_uri(uri, "lease_root")
         self.bucket_name, self.prefix, self.gcp_conn_id = bucket, prefix, gcp_conn_id
@@ -445,8 +444,6 @@ def check_lease_root(root: object) -> str | None:
     if root.startswith("gs://") and not root[len("gs://") :].split("/", 1)[0]:
         raise UserInputError("lease_root", root, "name the bucket: gs://BUCKET/PREFIX")
     if root.startswith("gs://"):
-        from tpuflow.storage import split_gs_uri
-
         split_gs_uri(root, "lease_root")
     return root
 

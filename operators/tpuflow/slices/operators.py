@@ -18,6 +18,8 @@ from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.events import raise_for_event
+from tpuflow.slices.triggers import SliceLeaseTrigger, wait_for_free_slot
+from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_seconds
 
 if TYPE_CHECKING:
@@ -104,7 +106,6 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
     def lease_request(self) -> tuple[int, str | None, int]:
         """The slot count, lease root (None: the default) and slices wanted, or UserInputError naming the field."""
         from tpuflow.slices.leases import check_lease_root, parse_count, parse_slots
-        from tpuflow.tpu.slice_argument import resolve_slice
 
         slots = parse_slots(self.max_slices)
         wanted = 1 if self.tpu_slice is None else resolve_slice(self.tpu_slice).num_slices
@@ -150,7 +151,6 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
 
     def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
         """Defer: SliceLeaseTrigger watches the leases in the triggerer."""
-        from tpuflow.slices.triggers import SliceLeaseTrigger
 
         self.defer(
             trigger=SliceLeaseTrigger(
@@ -162,7 +162,6 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
     def execute_sync(self, context: Context, wait: dict[str, Any]) -> dict[str, Any]:
         """Wait here: the trigger's own coroutine (wait_for_free_slot) with asyncio.run."""
         from tpuflow.slices.leases import lease_store
-        from tpuflow.slices.triggers import wait_for_free_slot
 
         event = asyncio.run(
             wait_for_free_slot(

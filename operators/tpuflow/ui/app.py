@@ -29,6 +29,12 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from tpuflow import paths
+from tpuflow.cost.ledger import LEDGER_TASK_ID
+from tpuflow.output_links import LOCAL_OUTPUTS_ROUTE
+from tpuflow.storage import gcs_client, split_gs_uri
+from tpuflow.ui.ledger import ledger_chart_svg, ledger_rows, ledger_table
+
 app = FastAPI(title="tpuflow", openapi_url=None, docs_url=None, redoc_url=None)
 _STYLE = "body{font-family:sans-serif;margin:1.5em}td,th{padding:.25em .8em;text-align:left}code{background:#f4f4f4}"
 
@@ -63,7 +69,6 @@ def _page(title: str, body: str) -> str:
 
 @app.get("/outputs/{dag_id}/{rest:path}")
 async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
-    from tpuflow import paths
 
     await _authorize(request, dag_id)
     root = paths.output_root()
@@ -108,7 +113,6 @@ def serving(name: str) -> tuple[str, dict[str, str]]:
 
 def _listing(shown: str, location: str, parent: str | None, entries: list[tuple[str, str, int | None]]) -> HTMLResponse:
     """One folder of outputs: entries are (name, path relative to the root, size or None for a folder)."""
-    from tpuflow.output_links import LOCAL_OUTPUTS_ROUTE
 
     rows = [
         f"<tr><td><a href='{LOCAL_OUTPUTS_ROUTE}/{quote(rel)}'>{html.escape(name)}{'' if size is not None else '/'}"
@@ -141,7 +145,6 @@ _CHUNK = 1 << 20
 def _bucket_outputs(root: str, dag_id: str, rest: str) -> Response:
     """The same page for a gs:// output root, read with the Airflow side's storage client (the
     connection's credentials, or the emulator). Runs in a worker thread: the client blocks."""
-    from tpuflow.storage import gcs_client, split_gs_uri
 
     parts = [p for p in rest.split("/") if p]
     if any(p in (".", "..") for p in parts) or "/" in dag_id or dag_id in (".", ".."):
@@ -222,8 +225,6 @@ def _ledger_records(limit: int = 200) -> list[tuple[str, str, object]]:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from tpuflow.cost.ledger import LEDGER_TASK_ID
-
     with create_session() as session:
         rows = session.execute(
             select(XComModel.dag_id, XComModel.run_id, XComModel.value)
@@ -240,8 +241,6 @@ def _ledger_records(limit: int = 200) -> list[tuple[str, str, object]]:
 async def ledger(request: Request) -> str:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
-
-    from tpuflow.ui.ledger import ledger_chart_svg, ledger_rows, ledger_table
 
     user = await _authorize(request)
     manager = get_auth_manager()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tpuflow.dev.standins.capacity import CapacitySettings
 from tpuflow.dev.standins.gke_tpu import SliceShape
 
 
@@ -54,7 +56,6 @@ class GkeNodePools:
         self.gke, self.cluster, self.cpu_nodes = gke, cluster, cpu_nodes
 
     def _http(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        import urllib.request
 
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
@@ -86,7 +87,6 @@ class GkeNodePools:
 
     def capacity_settings(self) -> Any:
         """The GKE stand-in's knobs (in-process), or a CapacitySettings read over HTTP."""
-        from tpuflow.dev.standins.capacity import CapacitySettings
 
         if not isinstance(self.gke, str):
             return self.gke.capacity  # type: ignore[attr-defined]

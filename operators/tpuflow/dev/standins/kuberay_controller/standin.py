@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import signal
 import threading
 from pathlib import Path
 
+from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.standins.capacity import CapacityController
 from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayLauncher
 from tpuflow.dev.standins.kuberay_controller.reconciler import KubeRayController
@@ -42,8 +45,6 @@ class KubeRayStandin:
         self.namespace = namespace
         self.api = KubernetesApiStandin(crds=crds)
         if launcher is None:
-            from tpuflow.dev.ray_launcher import LocalRayLauncher
-
             launcher = LocalRayLauncher(self.workdir / "ray-clusters")
         self.launcher = launcher
         self.controller = KubeRayController(self.api.store, self.launcher, node_pools, interval=interval)
@@ -88,8 +89,6 @@ class KubeRayStandin:
 def main(argv: list[str] | None = None) -> int:
     """``python -m tpuflow.dev.standins.kuberay_controller --workdir DIR [--gke-url URL] [--fake]``: serve
     until SIGTERM, after printing the kubeconfig path and the AIRFLOW_CONN_<ID> line to export."""
-    import argparse
-    import signal
 
     parser = argparse.ArgumentParser(prog="python -m tpuflow.dev.standins.kuberay_controller", description=main.__doc__)
     parser.add_argument("--workdir", required=True, help="kubeconfig and local Ray clusters go here")
