@@ -14,7 +14,7 @@ from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
 from tpuflow.errors import UserInputError
 from tpuflow.naming import check_dns_label
 from tpuflow.storage import split_gs_uri
-from tpuflow.validation import check_count, check_folder, check_port
+from tpuflow.validation import check_count, check_folder, check_port, check_seconds
 
 DEFAULT_NAME = "tpuflow-local"
 
@@ -94,7 +94,6 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _preempt(args: argparse.Namespace) -> int:
-    from tpuflow.validation import check_count, check_seconds
 
     check_count("--host", args.host, minimum=0, what="a TPU worker id")
     check_count("--slice", args.slice, minimum=0, what="a slice index")

@@ -69,7 +69,22 @@ from tpuflow.errors import UserInputError
 from tpuflow.gke.workload_policy import owner_digests_of, owner_of, region_of
 from tpuflow.kuberay import GROUP, RAYCLUSTERS, RAYSERVICES, VERSION
 from tpuflow.kuberay.kinds import KIND_BY_PLURAL
-from tpuflow.labels import EXPIRES_LABEL, GCE_MANAGED_LABEL, KEPT_LABEL, is_kept
+from tpuflow.labels import (
+    DAG_ID_LABEL,
+    EXPIRES_LABEL,
+    GCE_DAG_LABEL,
+    GCE_MANAGED_LABEL,
+    GCE_OWNER_DAG_LABEL,
+    GCE_OWNER_RUN_LABEL,
+    GCE_RUN_LABEL,
+    KEPT_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    OWNER_ANNOTATION,
+    OWNER_DAG_LABEL,
+    OWNER_RUN_LABEL,
+    is_kept,
+)
 from tpuflow.liveness import dead_reason
 from tpuflow.naming import OWNER_DIGEST_LEN, TaskIdentity, owner_dag_digest, owner_run_digest
 from tpuflow.slices.operators import run_is_over
@@ -190,15 +205,6 @@ def pool_orphan_reason(
     is not ours; an OwnerUnreadable: ours, without a readable owner (never deleted). The owner is the exact run
     (the ``tpuflow-owner-run`` digest, compared with the digests of every DAG's running runs) and DAG
     (``tpuflow-owner-dag``, compared with the covered DAGs' digests), never a label value two ids may share."""
-    from tpuflow.labels import (
-        EXPIRES_LABEL,
-        GCE_DAG_LABEL,
-        GCE_MANAGED_LABEL,
-        GCE_OWNER_DAG_LABEL,
-        GCE_OWNER_RUN_LABEL,
-        GCE_RUN_LABEL,
-        is_kept,
-    )
 
     if labels.get(GCE_MANAGED_LABEL) != "true" or is_kept(labels):
         return None
@@ -231,16 +237,6 @@ def kube_orphan_reason(
     readable owner (never deleted). The owner is the full record of the ``tpuflow.dev/owner`` annotation (exact
     dag and run, whatever the task or map index); without it, the ``tpuflow.dev/owner-run`` and ``owner-dag``
     digest labels."""
-    from tpuflow.labels import (
-        DAG_ID_LABEL,
-        EXPIRES_LABEL,
-        MANAGED_BY,
-        MANAGED_BY_VALUE,
-        OWNER_ANNOTATION,
-        OWNER_DAG_LABEL,
-        OWNER_RUN_LABEL,
-        is_kept,
-    )
 
     if labels.get(MANAGED_BY) != MANAGED_BY_VALUE or is_kept(labels):
         return None
@@ -462,7 +458,6 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
                       unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan RayServices and RayClusters (a RayService's own RayCluster is judged with it, never alone);
     the kept ones (with the kept mark) are added to ``kept``, ours whose owner cannot be read to ``unreadable``."""
-    from tpuflow.labels import MANAGED_BY, MANAGED_BY_VALUE, is_kept
 
     found = []
     # services first: deleting a RayService removes its own RayCluster

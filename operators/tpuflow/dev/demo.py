@@ -35,6 +35,7 @@ from tpuflow.dev.supervise import (
     stop_supervised_clusters,
 )
 from tpuflow.errors import UserInputError
+from tpuflow.pipeline.gke import check_gke_params
 from tpuflow.pipeline.params import check_conf, validate_params
 from tpuflow.storage import read_text, split_gs_uri
 from tpuflow.validation import check_date, check_folder, check_seconds
@@ -99,8 +100,6 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
     try:
         params = check_conf(conf)
         if args.backend == "gke":
-            from tpuflow.pipeline.gke import check_gke_params
-
             check_gke_params(params)
         else:
             validate_params(params)

@@ -23,7 +23,7 @@ from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
 from tpuflow.rayjob.code_shipping import check_code_shipping, with_driver
 from tpuflow.rayjob.train_result import read_train_result
-from tpuflow.storage import emulator_env
+from tpuflow.storage import emulator_env, write_text
 from tpuflow.validation import check_number, check_seconds
 
 if TYPE_CHECKING:
@@ -380,8 +380,6 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         if not self.log_uri or not sid:
             return
         try:
-            from tpuflow.storage import write_text
-
             write_text(self.log_uri, self.hook().get_job_logs(sid))
             RayJobLogLink.persist(context, url=browse_url(self.log_uri))
             self.log.info("Full driver log of %s kept at %s", sid, self.log_uri)

@@ -16,7 +16,7 @@ from tpuflow.events import raise_for_event
 from tpuflow.links import StoredUrlLink
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink
-from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
+from tpuflow.serve.endpoint_token import bearer_header, serve_token, token_digest, with_token_digest
 from tpuflow.serve.status import deletable_on_kill
 from tpuflow.serve.waits import wait_for_applications
 from tpuflow.tpu.slice_argument import resolve_slice
@@ -343,6 +343,5 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
     def _auth_headers(self) -> dict[str, str]:
         if not self.serve_token_conn_id:
             return {}
-        from tpuflow.serve.endpoint_token import bearer_header, serve_token
 
         return bearer_header(serve_token(self.serve_token_conn_id))

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from tpuflow import liveness
 from tpuflow.errors import UserInputError
 from tpuflow.paths import tpuflow_home
-from tpuflow.storage import request_timeout, split_gs_uri
+from tpuflow.storage import gcs_client, request_timeout, split_gs_uri
 
 MAX_LEASE_SLOTS = 1024
 # How long a gs:// lease lives unless its run takes it again (a retry, the next acquire): a run killed
@@ -277,7 +277,6 @@ class GcsLeaseStore:
         self.bucket_name, self.prefix, self.gcp_conn_id = bucket, prefix, gcp_conn_id
 
     def _bucket(self) -> Any:
-        from tpuflow.storage import gcs_client  # GCSHook's client, or the emulator's (STORAGE_EMULATOR_HOST)
 
         return gcs_client(self.gcp_conn_id).bucket(self.bucket_name)
 
