@@ -63,8 +63,11 @@ def test_airflow_base_matches_the_lock() -> None:
     image = base_image(DOCKER / "airflow.Dockerfile")
     assert image == f"apache/airflow:{lock_version('apache-airflow')}-python{lock_python()}"
     runs = " ".join(args for kw, args in instructions(DOCKER / "airflow.Dockerfile") if kw == "RUN")
-    assert "-r /opt/tpuflow/requirements.lock" in runs, "the Airflow image must install the project's lock"
-    assert "--no-deps /opt/tpuflow" in runs, "the project itself goes in without re-resolving"
+    assert "-c /opt/tpuflow/requirements.lock /opt/tpuflow" in runs, "the project goes in under the lock's pins"
+    # The lock also pins the [jax] and [dev] extras (the project's own installs): as requirements (-r) it
+    # would put JAX and pytest into every Airflow container.
+    assert lock_version("jax") and lock_version("pytest"), "the lock no longer holds the extras: revisit this"
+    assert "-r /opt/tpuflow/requirements.lock" not in runs, "the lock constrains the Airflow image, never adds"
 
 
 @pytest.mark.parametrize("name,platform", [("ray-tpu.Dockerfile", "tpu"), ("ray-cpu.Dockerfile", "cpu")])
@@ -134,7 +137,8 @@ def test_airflow_image_builds_the_wheel_from_operators_and_workloads_and_install
     for words in installs:
         assert not {"-e", "--editable"} & set(words), f"an editable install in the image: pip install {' '.join(words)}"
     project = [w for w in installs if "/opt/tpuflow" in w]
-    assert len(project) == 1 and "--no-deps" in project[0], f"the project is pip-installed once, --no-deps: {project}"
+    assert len(project) == 1, f"the project is pip-installed once: {project}"
+    assert "-c" in project[0] and "-r" not in project[0], f"the lock constrains the project's install: {project}"
     install_step = next(i for i, (kw, args) in enumerate(steps) if kw == "RUN" and "/opt/tpuflow " in args + " ")
     assert all(copied[src][0] < install_step for src in ("pyproject.toml", "operators", "workloads")), (
         "the sources must be copied before the project is installed"
