@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
 EventStatus = Literal["success", "failed", "timeout", "error"]
 STATUSES: frozenset[str] = frozenset({"success", "failed", "timeout", "error"})
 
@@ -42,6 +40,7 @@ def raise_for_event(event: Any, what: str) -> Mapping[str, Any]:
     fail again); ``timeout``, ``error`` and retryable failures raise AirflowException, so the
     task's retries apply. The message names ``what`` was waited for and carries the diagnostics.
     """
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     if not isinstance(event, Mapping) or event.get("status") not in STATUSES:
         raise AirflowException(f"{what}: unexpected trigger event {event!r}; clear the task to start over")

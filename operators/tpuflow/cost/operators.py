@@ -12,14 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
-from tpuflow.cost.budget import check_max_chip_hours, estimate_chip_hours
-from tpuflow.cost.ledger import LEDGER_FILE, LEDGER_TASK_ID, build_ledger, check_prices, pool_span, slice_entry
-from tpuflow.cost.reaper import ReaperListError, ReaperScope, TaskSdkRunStates, collect_orphans, parse_duration, reap
 from tpuflow.errors import UserInputError
-from tpuflow.storage import read_text, write_text
 from tpuflow.templating import is_true
 
 if TYPE_CHECKING:
@@ -85,6 +80,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         ...
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from tpuflow.cost.ledger import build_ledger, check_prices, slice_entry
 
         self.validate_arguments()
         prices = check_prices(self.prices)
@@ -109,6 +105,8 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         return ledger
 
     def _record(self, ledger: dict[str, Any]) -> None:
+        from tpuflow.cost.ledger import LEDGER_FILE
+        from tpuflow.storage import read_text, write_text
 
         root = self.output_dir.rstrip("/")
         write_text(f"{root}/{LEDGER_FILE}", json.dumps(ledger, indent=2), self.gcp_conn_id)
@@ -156,6 +154,7 @@ def gke_slice_spans(
     context: Context, slices: Sequence[Mapping[str, Any]], gcp_conn_id: str, project_id: str, location: str
 ) -> list[Span]:
     """(created_at, deleted_at, pools) per slice, from the GKE operations on the pools its create task made."""
+    from tpuflow.cost.ledger import pool_span
     from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
 
     hook = GKENodePoolHook(gcp_conn_id=gcp_conn_id, location=location)
@@ -211,10 +210,15 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
 
     def budget(self) -> float | None:
         """The (rendered) max_chip_hours as a number; None: no budget."""
+        from tpuflow.cost.budget import check_max_chip_hours
 
         return check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from tpuflow.cost.budget import estimate_chip_hours
+        from tpuflow.cost.ledger import LEDGER_TASK_ID
 
         self.validate_arguments()
         budget = self.budget()
@@ -309,10 +313,14 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
 
     def older_than_seconds(self) -> float:
         """The (rendered) older_than in seconds."""
+        from tpuflow.cost.reaper import parse_duration
 
         return parse_duration(self.older_than, "older_than")
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from tpuflow.cost.reaper import ReaperListError, ReaperScope, TaskSdkRunStates, collect_orphans, reap
 
         self.validate_arguments()
         older_than = self.older_than_seconds()

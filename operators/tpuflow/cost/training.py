@@ -13,8 +13,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
 from tpuflow.cost.budget import check_max_chip_hours
 from tpuflow.cost.operators import gke_slice_spans, slice_chips
 from tpuflow.rayjob.workload_operators import RayTrainOperator
@@ -84,6 +82,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         return (budget - used) * 3600.0 / open_chips, said
 
     def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
 
         left, said = self.budget_left(context)
         if left is not None:
@@ -96,6 +95,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         return super()._submit_and_follow(context, may_restart=may_restart)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
 
         if isinstance(event, dict) and event.get("status") == "timeout" and self.max_chip_hours not in (None, ""):
             left, said = self.budget_left(context)

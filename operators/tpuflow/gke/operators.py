@@ -17,7 +17,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.docstrings import InheritedParamDocs
@@ -193,6 +192,7 @@ class _NodePoolOperatorBase(InheritedParamDocs, ArgumentChecks, BaseOperator):
     def advance(self, context: Context, progress: Progress, waiting: dict[str, Any] | None = None) -> Any:
         """Step the loop (``waiting``: the operation the last wait was on): the result once done; else defer the
         next wait (deferrable) or return it (a PendingWait) for execute_sync to run here."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
         from tpuflow.gke.provisioning import Done, NodePoolFailed, WaitForOperation
 
@@ -283,6 +283,7 @@ class _NodePoolOperatorBase(InheritedParamDocs, ArgumentChecks, BaseOperator):
     def execute_complete(self, context: Context, event: Any = None) -> Any:
         """A wait's event (from the trigger, or from execute_sync): resume the loop from its progress."""
         event = raise_for_event(event, f"Task {self.task_id} waiting on GKE")
+        from airflow.sdk.exceptions import AirflowException
 
         from tpuflow.gke.provisioning import Progress
 

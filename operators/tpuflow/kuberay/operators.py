@@ -34,14 +34,12 @@ from tpuflow.kuberay.kinds import RayClusterKind, RayServiceKind
 from tpuflow.kuberay.links import RayDashboardLink
 from tpuflow.kuberay.operator_base import KubeRayApplyOperator, KubeRayBaseOperator, SliceArgumentsMixin
 from tpuflow.kuberay.ray_auth import with_cluster_auth
-from tpuflow.kuberay.serve_config import serve_config_dict
 from tpuflow.kuberay.status import head_service_name, service_cluster_name
 from tpuflow.kubernetes.operator_base import check_choice
 from tpuflow.kubernetes.ownership import object_name, owner_labels
 from tpuflow.kubernetes.values import check_name, stringify_ray_group_values
 from tpuflow.labels import CLUSTER_SPEC_HASH_ANNOTATION as CLUSTER_SPEC_HASH
 from tpuflow.labels import MANAGED_BY_VALUE
-from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -373,6 +371,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         self._llm()
 
     def _serve_config(self) -> dict[str, Any]:
+        from tpuflow.kuberay.serve_config import serve_config_dict
 
         return serve_config_dict(self.serve_config)
 
@@ -424,6 +423,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
             for line in derived_placement(given, serve_config, template.tpu) if log_derived else []:
                 self.log.info("%s", line)
             if token_digest:
+                from tpuflow.serve.endpoint_token import with_token_digest
+
                 serve_config = with_token_digest(serve_config, token_digest)
             check_tpu_placement(serve_config, template.tpu)  # what is left must fit the slice
             manifest = self.kuberay_kind.manifest(template, serve_config=serve_config, **common)
@@ -434,6 +435,8 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         labels = owner_labels(context, self.labels, self.expires_after)
         digest = None
         if self.serve_token_conn_id:
+            from tpuflow.serve.endpoint_token import serve_token, token_digest
+
             digest = token_digest(serve_token(self.serve_token_conn_id))
             self.log.info("Endpoint guarded by the bearer token of connection %r", self.serve_token_conn_id)
         return self.build_manifest_for(object_name(context, self.name), namespace, labels, digest, log_derived=True)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowTaskTerminated
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
@@ -118,6 +117,8 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
 
+        from airflow.sdk.exceptions import AirflowTaskTerminated
+
         from tpuflow.local.cluster import LocalRayCluster
 
         self.validate_arguments()
@@ -157,6 +158,8 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
         spawned, including one not yet in the state file. From any other thread: stop what the state
         file lists.
         """
+
+        from airflow.sdk.exceptions import AirflowTaskTerminated
 
         state_dir = self._owned
         if state_dir is None:

@@ -22,11 +22,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import DAG, Variable
+from airflow.sdk import DAG
 
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.factory import build_pipeline_dag
-from tpuflow.pipeline.gke import build_gke_pipeline_dag, variable_settings
 from tpuflow.pipeline.workload import Workload
 
 BACKEND_VARIABLE = "tpuflow_backend"
@@ -38,6 +37,8 @@ def configured_backend() -> str:
     else ``local``."""
     raw = os.environ.get(f"AIRFLOW_VAR_{BACKEND_VARIABLE.upper()}")
     if raw is None:
+        from airflow.sdk import Variable
+
         raw = Variable.get(BACKEND_VARIABLE, default=None)
     return checked_backend(raw if raw is not None else "local", source=f"Variable {BACKEND_VARIABLE}")
 
@@ -77,6 +78,7 @@ def tpu_pipeline(
     common = {"workload": workload, "schedule": schedule, "start_date": start_date, **dag_kwargs}
     if chosen == "local":
         return build_pipeline_dag(dag_id, output_root=output_root, serve_token_conn_id=serve_token_conn_id, **common)
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag, variable_settings
 
     settings = variable_settings()
     if output_root is not None:
@@ -87,6 +89,8 @@ def tpu_pipeline(
 
 def _gke_overrides(gke: Mapping[str, Any] | None, *, taken: Mapping[str, Any]) -> dict[str, Any]:
     """``gke`` checked against build_gke_pipeline_dag's own arguments (one line for an unknown one)."""
+
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag
 
     if gke is None:
         return {}

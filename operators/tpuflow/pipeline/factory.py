@@ -15,10 +15,8 @@ from airflow.sdk import DAG, BaseOperator
 
 from tpuflow import paths, workloads_dir
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
-from tpuflow.cost.local import LocalChipLedgerOperator, LocalStopRecordingSpanOperator
 from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
-from tpuflow.local.operators import LocalRayClusterCreateOperator
 from tpuflow.pipeline.params import pipeline_params
 from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
 from tpuflow.pipeline.workload import Workload, templated
@@ -26,7 +24,6 @@ from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
-from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.xcom_arg import XComArg
@@ -287,6 +284,9 @@ def build_pipeline_dag(
     ``workload``: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task."""
     # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
     # steps) does not load them when it is parsed.
+    from tpuflow.cost.local import LocalChipLedgerOperator, LocalStopRecordingSpanOperator
+    from tpuflow.local.operators import LocalRayClusterCreateOperator
+    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     run_dir = run_dir_for(dag_id, output_root)
     with pipeline_dag(

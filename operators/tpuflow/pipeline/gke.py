@@ -65,8 +65,6 @@ from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperato
 from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
-from tpuflow.gke.quota import check_tpu_quota, run_quota_needs
-from tpuflow.gke.workload_policy import region_of
 from tpuflow.kuberay.operators import (
     KubeRayCreateClusterOperator,
     KubeRayDeleteClusterOperator,
@@ -177,6 +175,8 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
         from tpuflow.gke.hooks import CloudQuotasHook
         from tpuflow.gke.nodepool_spec import parse_capacity_order
+        from tpuflow.gke.quota import check_tpu_quota, run_quota_needs
+        from tpuflow.gke.workload_policy import region_of
 
         capacities = parse_capacity_order(self.capacity, self.fallback_capacity)
         hook = CloudQuotasHook(gcp_conn_id=self.gcp_conn_id)

@@ -9,14 +9,15 @@ cluster or node pool exists.
 from __future__ import annotations
 
 import math
-from typing import Any
-
-from airflow.sdk import Param
+from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.workload_operators import check_multislice
 from tpuflow.tpu.generations import GENERATIONS
+
+if TYPE_CHECKING:
+    from airflow.sdk import Param
 
 
 def _catalog_topologies() -> list[str]:
@@ -44,6 +45,7 @@ class ParamSpec:
         self.schema = schema  # what Param(default, **schema).schema holds
 
     def param(self) -> Param:
+        from airflow.sdk import Param
 
         return Param(self.value, **self.schema)
 

@@ -21,8 +21,6 @@ from tpuflow.naming import TaskIdentity
 from tpuflow.output_links import OutputsLink, browse_url
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
-from tpuflow.rayjob.code_shipping import check_code_shipping, with_driver
-from tpuflow.rayjob.train_result import read_train_result
 from tpuflow.storage import emulator_env, write_text
 from tpuflow.validation import check_number, check_seconds
 
@@ -227,6 +225,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
 
     def _check_code_shipping(self) -> None:
         """The code Ray would upload with the job: a mistake there fails the task now, without retries."""
+        from tpuflow.rayjob.code_shipping import check_code_shipping
 
         field = "runtime_env['working_dir']" if "working_dir" in (self.runtime_env or {}) else "working_dir"
         check_code_shipping(self.build_runtime_env(), working_dir_field=field, logger=self.log)
@@ -249,6 +248,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
 
     def build_runtime_env(self) -> dict[str, Any]:
         """The job's runtime_env: the user's keys, the working_dir, and tpuflow's driver beside the code."""
+        from tpuflow.rayjob.code_shipping import with_driver
 
         env = dict(self.runtime_env or {})
         working_dir = workloads_dir() if self.working_dir is None else self.working_dir
@@ -390,6 +390,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         """The job's result over its Ray Train run's record (train_run_path), the job's own keys winning."""
         if not self.train_run_path:
             return result
+        from tpuflow.rayjob.train_result import read_train_result
 
         recorded = read_train_result(self.train_run_path)
         self.log.info("Ray Train run %s: latest checkpoint %s", self.train_run_path, recorded["checkpoint"])

@@ -11,8 +11,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
 from tpuflow.arguments import ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import RaySubmitJobOperator
@@ -121,6 +119,7 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
         return super()._execute_checked(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
         try:
             return super().execute_complete(context, event)

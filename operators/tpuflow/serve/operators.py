@@ -16,9 +16,6 @@ from tpuflow.events import raise_for_event
 from tpuflow.links import StoredUrlLink
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink
-from tpuflow.serve.endpoint_token import bearer_header, serve_token, token_digest, with_token_digest
-from tpuflow.serve.status import deletable_on_kill
-from tpuflow.serve.waits import wait_for_applications
 from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_seconds
 
@@ -188,6 +185,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
 
     def execute_sync(self, context: Context, wait: dict[str, Any]) -> Any:
         """Wait in this worker: the trigger's own wait, run here."""
+        from tpuflow.serve.waits import wait_for_applications
 
         try:
             event = asyncio.run(wait_for_applications(self.hook(), started_at=time.time(), log=self.log, **wait))
@@ -209,6 +207,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         config = self._placed_config(log=True)
         if not self.serve_token_conn_id:
             return config
+        from tpuflow.serve.endpoint_token import serve_token, token_digest, with_token_digest
 
         digest = token_digest(serve_token(self.serve_token_conn_id))
         self.log.info(
@@ -232,6 +231,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         """
         if not self._owned:
             return
+        from tpuflow.serve.status import deletable_on_kill
 
         hook = self.hook()
         if deletable_on_kill(hook.get_serve_details(), self._owned):
@@ -343,5 +343,6 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
     def _auth_headers(self) -> dict[str, str]:
         if not self.serve_token_conn_id:
             return {}
+        from tpuflow.serve.endpoint_token import bearer_header, serve_token
 
         return bearer_header(serve_token(self.serve_token_conn_id))

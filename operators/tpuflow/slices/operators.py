@@ -18,7 +18,6 @@ from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.events import raise_for_event
-from tpuflow.slices.triggers import SliceLeaseTrigger, wait_for_free_slot
 from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_seconds
 
@@ -151,6 +150,7 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
 
     def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
         """Defer: SliceLeaseTrigger watches the leases in the triggerer."""
+        from tpuflow.slices.triggers import SliceLeaseTrigger
 
         self.defer(
             trigger=SliceLeaseTrigger(
@@ -162,6 +162,7 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
     def execute_sync(self, context: Context, wait: dict[str, Any]) -> dict[str, Any]:
         """Wait here: the trigger's own coroutine (wait_for_free_slot) with asyncio.run."""
         from tpuflow.slices.leases import lease_store
+        from tpuflow.slices.triggers import wait_for_free_slot
 
         event = asyncio.run(
             wait_for_free_slot(
