@@ -5,8 +5,12 @@ from __future__ import annotations
 import http.server
 import threading
 import urllib.request
+from pathlib import Path
 
-from bench.core import Result, goal_check, percentile, ratio
+import pytest
+
+from bench.core import REPO, Result, goal_check, percentile, ratio
+from bench.dag_parse import dag_shapes, same_shape_source
 from bench.ray_jobs import CountingProxy
 
 
@@ -58,3 +62,13 @@ def test_counting_proxy_counts_the_bytes_each_request_got() -> None:
         assert all(len(_Big.body) < r["down"] < len(_Big.body) + 1000 for r in proxy.records)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("dag_file", sorted(p.name for p in (REPO / "dags").glob("*.py")))
+def test_the_parse_baseline_is_the_same_dag_by_hand(dag_file: str, tmp_path: Path) -> None:
+    """dag_parse_ratio's baseline: the same task ids, setup/teardown roles, dependencies and Params."""
+    shapes = dag_shapes(REPO / "dags" / dag_file)
+    by_hand = tmp_path / f"by_hand_{dag_file}"
+    by_hand.write_text(same_shape_source(shapes))
+    assert shapes and dag_shapes(by_hand) == shapes
+    assert "from tpuflow" not in by_hand.read_text() and "import tpuflow" not in by_hand.read_text(), "stock only"
