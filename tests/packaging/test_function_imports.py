@@ -1,6 +1,7 @@
 """An import inside a function is there for one reason: the module must not pay for what it loads when it is
 imported. A module the shipped DAGs load while parsing keeps out what parsing does not otherwise load (the
-dag processor parses every file again and again); a worker-side module (hooks, triggers, the dev tools) keeps
+dag processor parses every file again and again), and so does a module the ``tpuflow`` command loads at its
+start (every subcommand's module, before one runs); a worker-side module (hooks, triggers, the dev tools) keeps
 out only what is heavy (support.parse_cost.HEAVY: Ray, the ML stacks, the cloud and Kubernetes clients, the
 project's worker-side modules; and any third-party library outside the standard library and the task SDK).
 Anything else is imported at the top of its module, where a reader looks for it.
@@ -116,14 +117,26 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
+# The `tpuflow` command's start: every subcommand's module is imported before one runs.
+CLI_START = """
+import json, sys
+before = set(sys.modules)
+import tpuflow.cli
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def loaded_by(*argv: str) -> frozenset[str]:
+    out = subprocess.run([sys.executable, "-c", *argv], capture_output=True, text=True, check=True)
+    return frozenset(json.loads(out.stdout.splitlines()[-1]))
+
+
 @cache
 def parse_loads() -> tuple[frozenset[str], ...]:
-    """What parsing each shipped DAG file loads (a fresh interpreter that imported airflow.sdk first)."""
-    found = []
-    for dag in sorted((REPO / "dags").glob("*.py")):
-        out = subprocess.run([sys.executable, "-c", PARSE, str(dag)], capture_output=True, text=True, check=True)
-        found.append(frozenset(json.loads(out.stdout.splitlines()[-1])))
-    return tuple(found)
+    """What each entry point loads before it does any work: parsing each shipped DAG file (a fresh
+    interpreter that imported airflow.sdk first) and the ``tpuflow`` command's start."""
+    dags = [loaded_by(PARSE, str(dag)) for dag in sorted((REPO / "dags").glob("*.py"))]
+    return (*dags, loaded_by(CLI_START))
 
 
 def needless(module: str, target: str) -> bool:
@@ -131,7 +144,7 @@ def needless(module: str, target: str) -> bool:
     parsing = [loads for loads in parse_loads() if module in loads]
     if target.split(".")[0] in sys.stdlib_module_names:
         return True
-    if parsing:  # a module the DAGs load: deferring pays off for what some DAG would otherwise not load
+    if parsing:  # an entry point loads it: deferring pays off for what one of them would otherwise not load
         return all(target in loads for loads in parsing)
     return not heavy(target)
 
@@ -153,6 +166,7 @@ def test_the_rule_tells_light_from_heavy() -> None:
     assert not needless("tpuflow.gke.hooks", "google.api_core.exceptions")
     assert not needless("tpuflow.gke.operators", "tpuflow.gke.hooks"), "a parse-time module defers the hook"
     assert needless("tpuflow.gke.operators", "tpuflow.errors"), "every DAG that loads it has loaded errors"
+    assert not needless("tpuflow.cli.reap_cmd", "tpuflow.cost.reaper"), "the command's start stays light"
     assert heavy("tpuflow.gke.hooks") and heavy("ray.train") and heavy("yaml")
     assert heavy("tpuflow.tpu.slice"), "in the parse-cost list"
     assert not heavy("json") and not heavy("airflow.sdk.exceptions")

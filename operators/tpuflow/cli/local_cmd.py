@@ -10,10 +10,8 @@ import sys
 from pathlib import Path
 
 from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
-from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
 from tpuflow.errors import UserInputError
 from tpuflow.naming import check_dns_label
-from tpuflow.storage import split_gs_uri
 from tpuflow.validation import check_count, check_folder, check_port, check_seconds
 
 DEFAULT_NAME = "tpuflow-local"
@@ -114,6 +112,8 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _gcs_up(args: argparse.Namespace) -> int:
+    from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
+    from tpuflow.storage import split_gs_uri
 
     if args.port is not None:
         check_port("--port", args.port)
@@ -139,6 +139,7 @@ def _gcs_up(args: argparse.Namespace) -> int:
 
 
 def _gcs_down(args: argparse.Namespace) -> int:
+    from tpuflow.dev.gcs_emulator import GcsEmulator
 
     check_folder("--state-dir", args.state_dir)
     emulator = GcsEmulator.load(Path(args.state_dir) if args.state_dir else None)

@@ -15,20 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tpuflow.cost.reaper import (
-    FixedRunStates,
-    MetadataDbRunStates,
-    ReaperListError,
-    ReaperScope,
-    collect_orphans,
-    parse_duration,
-    reap,
-)
-
 
 def _run_states(without_db: bool):  # -> RunStates
     """The metadata DB's running runs; without one, run states that cover no DAG (only what is provably
     over is reaped: a dead supervisor, an expiry, processes gone)."""
+    from tpuflow.cost.reaper import FixedRunStates, MetadataDbRunStates
 
     if not without_db:
         try:
@@ -44,6 +35,7 @@ def _run_states(without_db: bool):  # -> RunStates
 
 
 def _reap(args: argparse.Namespace) -> int:
+    from tpuflow.cost.reaper import ReaperListError, ReaperScope, collect_orphans, parse_duration, reap
 
     older_than = parse_duration(args.older_than)
     scope = ReaperScope(

@@ -36,7 +36,6 @@ from tpuflow.kubernetes.ownership import resource_name
 from tpuflow.kubernetes.values import parse_key_values
 from tpuflow.labels import kubernetes_ownership_labels
 from tpuflow.serve.config import check_tpu_placement, place_on_slice
-from tpuflow.serve.deployment_options import DeploymentOptions
 from tpuflow.tpu import TpuSlice
 
 
@@ -160,6 +159,7 @@ def _json_value(text: str) -> Any:
 
 
 def _llm(args: argparse.Namespace) -> Any:
+    from tpuflow.serve.deployment_options import DeploymentOptions
     from tpuflow.serve.llm import LlmServe
 
     if args.serve_config or args.import_path:

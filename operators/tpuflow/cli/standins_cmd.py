@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow import workloads_dir
-from tpuflow.dev.gcs_emulator import GcsEmulator, GcsEmulatorError
 from tpuflow.errors import UserInputError
 from tpuflow.validation import check_folder, check_seconds
 
@@ -96,12 +95,14 @@ def export_lines(env: Mapping[str, str]) -> list[str]:
 
 def _emulator(work: Path) -> Any:
     """The GCS emulator `up` started for the stand-ins in `work`, or None."""
+    from tpuflow.dev.gcs_emulator import GcsEmulator
 
     return GcsEmulator.load(work / GCS_DIR)
 
 
 def _start_emulator(work: Path) -> str:
     """Start the stand-ins' GCS emulator (one a crashed `up` left here is stopped first); returns its URL."""
+    from tpuflow.dev.gcs_emulator import GcsEmulator
 
     stale = _emulator(work)
     if stale is not None:
@@ -149,6 +150,8 @@ def _up(args: argparse.Namespace) -> int:
     (work / STATE_FILE).unlink(missing_ok=True)
     emulator_url = None
     if args.gcs:
+        from tpuflow.dev.gcs_emulator import GcsEmulatorError
+
         try:
             emulator_url = _start_emulator(work)
         except GcsEmulatorError as err:

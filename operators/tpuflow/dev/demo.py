@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow.dev.demo_env import REPO, demo_env, demo_storage
-from tpuflow.dev.demo_gke import run_gke
 from tpuflow.dev.supervise import (
     LeaseWaitReporter,
     Supervisor,
@@ -35,9 +34,6 @@ from tpuflow.dev.supervise import (
     stop_supervised_clusters,
 )
 from tpuflow.errors import UserInputError
-from tpuflow.pipeline.gke import check_gke_params
-from tpuflow.pipeline.params import check_conf, validate_params
-from tpuflow.storage import read_text, split_gs_uri
 from tpuflow.validation import check_date, check_folder, check_seconds
 
 DAG_ID = "tpu_llm_pipeline_local"
@@ -83,6 +79,7 @@ FLAG_PARAMS = {
 def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
     """The run's conf from the flags, checked as the pipeline checks its Params (the same functions),
     before anything starts; a bad flag is a UserInputError naming it (one line, exit 2)."""
+    from tpuflow.pipeline.params import check_conf, validate_params
 
     conf: dict[str, Any] = {
         "framework": args.framework,
@@ -100,6 +97,8 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
     try:
         params = check_conf(conf)
         if args.backend == "gke":
+            from tpuflow.pipeline.gke import check_gke_params
+
             check_gke_params(params)
         else:
             validate_params(params)
@@ -111,6 +110,8 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
         check_date("--date", args.date)  # strictly YYYY-MM-DD: the run's output folder is named so
     check_folder("--work-dir", args.work_dir)
     if args.output_root and (args.output_root.startswith("gs:") or "://" in args.output_root):
+        from tpuflow.storage import split_gs_uri
+
         split_gs_uri(args.output_root, "--output-root")
     return conf
 
@@ -119,6 +120,8 @@ def _run(args: argparse.Namespace) -> int:
     conf = demo_conf(args)
     with _supervised() as sup:
         if args.backend == "gke":
+            from tpuflow.dev.demo_gke import run_gke
+
             return run_gke(args, conf)
         work = Path(args.work_dir).resolve()
         home = work / "airflow"
@@ -138,6 +141,7 @@ def _run_pipeline(
     conf: dict[str, Any],
     sup: Supervisor,
 ) -> int:
+    from tpuflow.storage import read_text
 
     env = {**demo_env(home, output_root), **storage_env, **sup.env()}
     if args.num_slices > 1:  # the demo's own lease limit (the Variable tpuflow_max_slices, default 1)

@@ -9,9 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tpuflow.dev.gcs_emulator import EMULATOR_ENV, emulator_for
 from tpuflow.dev.supervise import Interrupted, Supervisor
-from tpuflow.storage import split_gs_uri
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -39,6 +37,8 @@ def demo_storage(output_root: str, sup: Supervisor | None = None) -> Iterator[di
     if not output_root.startswith("gs://"):
         yield {}
         return
+    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, emulator_for
+    from tpuflow.storage import split_gs_uri
 
     bucket, _ = split_gs_uri(output_root, "--output-root")
     started = not os.environ.get(EMULATOR_ENV, "").strip()
