@@ -79,11 +79,17 @@ def test_cli_up_status_down_leaves_no_process(tmp_path):
         [*cli, "up", "--accelerator", "v6e", "--topology", "2x2", *base], capture_output=True, text=True, timeout=600
     )
     assert up.returncode == 0, up.stderr[-3000:]
-    info = json.loads(up.stdout)
     state = LocalRayCluster.load(tmp_path / "cli-test")
-    assert state.is_alive() and info["dashboard_url"] == state.dashboard_url
-    status = subprocess.run([*cli, "status", "--base-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert "cli-test: running; v6e 2x2; 2 Ray nodes" in status.stdout
+    try:
+        info = json.loads(up.stdout)
+        assert state.is_alive() and info["dashboard_url"] == state.dashboard_url
+        status = subprocess.run(
+            [*cli, "status", "--base-dir", str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+        assert "cli-test: running; v6e 2x2; 2 Ray nodes" in status.stdout
+    except BaseException:
+        state.stop()  # a failed check leaves no cluster behind
+        raise
     down = subprocess.run([*cli, "down", *base], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0 and "stopped cli-test" in down.stdout
     assert _pids_referencing(state.temp_dir) == []
