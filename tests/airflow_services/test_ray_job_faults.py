@@ -147,3 +147,43 @@ def test_triggerer_restart_mid_job_keeps_the_job_and_the_log_whole(services, api
     assert len(streamed_by) == 2, f"expected two triggerers' logs with job output, got {streamed_by}"
     # ... and the task log shows every progress line once, in order: none lost, none repeated.
     assert _streamed_steps(api, run_id) == list(range(steps))
+
+
+def _worker_log_after_defer(services: Any, run_id: str) -> list[str]:
+    """The worker's part of try 1's log after it deferred: empty when no worker process resumed the task."""
+    folder = Path(services.home) / "logs" / f"dag_id={DRILL}" / f"run_id={run_id}" / f"task_id={TASK}"
+    lines = (folder / "attempt=1.log").read_text().splitlines()
+    deferred = [i for i, line in enumerate(lines) if "Pausing task as DEFERRED" in line]
+    assert deferred, "the worker never deferred the task"
+    return [line for line in lines[deferred[-1] + 1 :] if '"event":"::endgroup::"' not in line]
+
+
+def test_a_succeeded_job_ends_its_task_in_the_triggerer_with_the_result(services, api, drill, drill_cluster) -> None:
+    run_id = _trigger(api, drill_cluster, steps=3, delay=0.1)
+    run = wait_for_runs(api, DRILL, [run_id], 300)[run_id]
+    assert run["state"] == "success", explain(api, DRILL, run)
+    xcom = api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/xcomEntries/return_value").json()
+    assert xcom.get("value") == {"steps": 3, "accuracy": 0.5}, xcom
+    # The trigger ended the task (TaskSuccessEvent): no worker process was started to run execute_complete.
+    assert _worker_log_after_defer(services, run_id) == []
+    assert "[ray job] step 2" in _task_log_lines_raw(api, run_id)
+
+
+def test_a_failed_job_still_resumes_on_a_worker_and_fails_without_retry(services, api, drill, drill_cluster) -> None:
+    conf = {"cluster": drill_cluster.connection_info(), "steps": 1, "delay": 0.1, "outcome": "fail"}
+    resp = api.post(f"/dags/{DRILL}/dagRuns", json={"logical_date": None, "conf": conf})
+    assert resp.status_code == 200, resp.text
+    run_id = str(resp.json()["dag_run_id"])
+    run = wait_for_runs(api, DRILL, [run_id], 300)[run_id]
+    assert run["state"] == "failed"
+    ti = run["tis"][TASK]
+    assert ti["state"] == "failed" and ti["try_number"] == 1, ti  # the user's code is broken: no retry
+    assert any("the user's code is broken" in line for line in _worker_log_after_defer(services, run_id))
+
+
+def _task_log_lines_raw(api: Any, run_id: str) -> str:
+    resp = api.get(
+        f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/1", headers={"Accept": "application/json"}
+    )
+    resp.raise_for_status()
+    return "\n".join(str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in resp.json()["content"])

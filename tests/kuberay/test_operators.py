@@ -664,3 +664,39 @@ def test_the_object_carries_its_tpuflow_expires_label(factory: Any) -> None:
     assert abs(int(labels(expires_after=600)["tpuflow-expires"]) - (time.time() + 600)) <= 2
     assert "tpuflow-expires" not in labels(expires_after=None)
     assert labels(expires_after=None)["app.kubernetes.io/managed-by"] == "tpuflow"
+
+
+def test_a_deferred_delete_ends_its_task_in_the_triggerer_once_the_object_is_gone(kube: KubeRayStandin) -> None:
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time.xcom import XCom
+
+    from tpuflow.triggers import TaskEndedEvent
+
+    add_pool(kube)
+    created = run(create_op())
+    op = KubeRayDeleteClusterOperator(
+        task_id="delete_ray_cluster",
+        cluster_task_id="ray_cluster",
+        kubernetes_conn_id=CONN,
+        poll_interval=0.1,
+        deferrable=True,
+    )
+    context: Any = task_context(ti_for("delete_ray_cluster"))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, cls = classpath.rpartition(".")
+    trigger = getattr(importlib.import_module(module), cls)(**json.loads(json.dumps(kwargs)))
+    trigger.task_instance = SimpleNamespace(dag_id="d", run_id="r", task_id="delete_ray_cluster", map_index=-1)
+    stored: dict[str, Any] = {}
+
+    async def aset(key: str, value: Any, **where: Any) -> None:
+        stored[key] = value
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(XCom, "aset", staticmethod(aset))
+        event = asyncio.run(anext(trigger.run()))
+    assert isinstance(event, TaskEndedEvent) and kube.store.list(RAYCLUSTERS) == []
+    assert stored["return_value"] == op.execute_complete(context, event.payload)
+    assert stored["return_value"]["name"] == created["name"] and stored["return_value"]["deleted"]

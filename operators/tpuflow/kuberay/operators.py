@@ -566,11 +566,17 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         return self.execute_sync(context, wait)
 
     def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
-        """Defer: KubeRayDeletedTrigger waits in the triggerer until the object is gone."""
+        """Defer: KubeRayDeletedTrigger waits in the triggerer until the object is gone, and ends the task there."""
         from tpuflow.kuberay.triggers import KubeRayDeletedTrigger
+        from tpuflow.triggers import task_end
 
+        gone = self._gone(wait["name"], wait["namespace"])
         self.defer(
-            trigger=KubeRayDeletedTrigger(target=self.kube_target().to_dict(), **wait),
+            trigger=KubeRayDeletedTrigger(
+                target=self.kube_target().to_dict(),
+                end_task=task_end(self, gone),
+                **wait,
+            ),
             method_name="execute_complete",
         )
 
@@ -584,13 +590,11 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The deletion's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
         raise_for_event(event, f"deleting {self.kind} {event.get('namespace')}/{event.get('name')}")
-        return {
-            "kind": self.kind,
-            "name": event["name"],
-            "namespace": event["namespace"],
-            "existed": True,
-            "deleted": True,
-        }
+        return self._gone(event["name"], event["namespace"])
+
+    def _gone(self, name: str, namespace: str) -> dict[str, Any]:
+        """The task's value once the object it deleted is gone."""
+        return {"kind": self.kind, "name": name, "namespace": namespace, "existed": True, "deleted": True}
 
 
 class KubeRayDeleteClusterOperator(_KubeRayDeleteOperator):

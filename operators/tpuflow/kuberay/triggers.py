@@ -82,7 +82,7 @@ class _KubeRayTrigger(TpuflowTrigger):
                 f"waiting for {self.kind} {self.namespace}/{self.name} {self.waiting_for} failed: "
                 f"{type(err).__name__}: {err}",
             )
-        yield TriggerEvent(dict(event))
+        yield await self.event(event)
 
 
 class KubeRayReadyTrigger(_KubeRayTrigger):
@@ -125,9 +125,18 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
 
 
 class KubeRayDeletedTrigger(_KubeRayTrigger):
-    """Fires once a KubeRayEvent: success (the object is gone), timeout or error."""
+    """Fires once a KubeRayEvent: success (the object is gone), timeout or error.
 
+    :param end_task: ``{"xcoms": {...}}``: once the object is gone, end the task here with these XComs
+        (``tpuflow.triggers``); None: the task resumes on a worker.
+    """
+
+    serialize_fields = (*_KubeRayTrigger.serialize_fields, "end_task")
     waiting_for = "to be deleted"
+
+    def __init__(self, *, end_task: dict[str, Any] | None = None, **wait: Any) -> None:
+        super().__init__(**wait)
+        self.end_task = end_task
 
     def wait(self) -> Awaitable[KubeRayEvent]:
         return wait_gone(self.hook(), **self.waited_for())

@@ -306,7 +306,9 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         from tpuflow.rayjob.triggers import RayJobTrigger
 
         self.defer(
-            trigger=RayJobTrigger(cluster=self._cluster_info(), ray_conn_id=self.ray_conn_id, **wait),
+            trigger=RayJobTrigger(
+                cluster=self._cluster_info(), ray_conn_id=self.ray_conn_id, end_task=self.task_end(), **wait
+            ),
             method_name="execute_complete",
         )
 
@@ -397,12 +399,23 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         return {**recorded, **result}
 
     def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
-        metrics = result.get("metrics") if isinstance(result.get("metrics"), Mapping) else {}
-        for key, minimum in (self.min_result or {}).items():
-            value = result[key] if key in result else metrics.get(key)
-            if not isinstance(value, int | float) or value < float(minimum):
-                raise QualityGateError(f"quality gate: {key}={value!r} is below the required {minimum}; not continuing")
+        from tpuflow.rayjob.quality_gate import gate_failure
+
+        failure = gate_failure(result, self.min_result)
+        if failure:
+            raise QualityGateError(failure)
         return result
+
+    def task_end(self) -> dict[str, Any] | None:
+        """What RayJobTrigger needs to end this task itself when the job succeeds (no worker process
+        resumes it): the quality gate and whether the result is the return value. None where the success
+        has work of its own on the worker: keeping the driver log (``log_uri``) or reading the Ray Train
+        run's record (``train_run_path``); a subclass with more success work returns None too."""
+        from tpuflow.triggers import may_end_in_triggerer
+
+        if self.log_uri or self.train_run_path or not may_end_in_triggerer(self):
+            return None
+        return {"min_result": dict(self.min_result or {}), "return_result": bool(self.do_xcom_push)}
 
     def on_kill(self) -> None:
         """Killed while the worker follows the job (not deferred): stop the job."""

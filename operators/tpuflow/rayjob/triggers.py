@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
 from tpuflow.ray.connection import RayDashboardHook
 from tpuflow.rayjob.hooks import RayJobHook
+from tpuflow.rayjob.quality_gate import gate_failure
 from tpuflow.rayjob.waits import wait_for_job
 from tpuflow.triggers import TpuflowTrigger
 
@@ -44,6 +45,9 @@ class RayJobTrigger(TpuflowTrigger):
     :param started_at: epoch seconds the wait (and its timeout) began; default now.
     :param restart_if_stopped: a STOPPED end is the earlier try's kill landing late: report it as
         ``success`` with ``job_status`` STOPPED so the task submits a fresh job.
+    :param end_task: ``RaySubmitJobOperator.task_end()``: ``{"min_result", "return_result"}`` to end the
+        task here when the job SUCCEEDED and its result passes the gate (the result is the task's return
+        value when ``return_result``); None, or any other outcome: the task resumes on a worker.
     """
 
     serialize_fields = (
@@ -55,6 +59,7 @@ class RayJobTrigger(TpuflowTrigger):
         "log_offset",
         "started_at",
         "restart_if_stopped",
+        "end_task",
     )
 
     def __init__(
@@ -67,6 +72,7 @@ class RayJobTrigger(TpuflowTrigger):
         log_offset: int = 0,
         started_at: float | None = None,
         restart_if_stopped: bool = False,
+        end_task: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.submission_id = submission_id
@@ -77,6 +83,7 @@ class RayJobTrigger(TpuflowTrigger):
         self.log_offset = log_offset
         self.started_at = started_at if started_at is not None else time.time()
         self.restart_if_stopped = restart_if_stopped
+        self.end_task = end_task
         self._cursor_broken = False
 
     def _hook(self) -> RayJobHook:
@@ -102,7 +109,16 @@ class RayJobTrigger(TpuflowTrigger):
                 save_offset=self._save_offset,
                 log=self.log,
             )
-        yield TriggerEvent(dict(event))
+        yield await self.event(event)
+
+    def task_end_xcoms(self, payload: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A SUCCEEDED job whose result passes the gate ends here; a stopped job to replace, or a result
+        below the gate (the worker raises QualityGateError, one home for the message), resumes the task."""
+        end = self.end_task or {}
+        result = payload.get("result") if isinstance(payload.get("result"), Mapping) else {}
+        if payload.get("job_status") != "SUCCEEDED" or gate_failure(result, end.get("min_result")):
+            return None
+        return {"return_value": dict(result)} if end.get("return_result") else {}
 
     def _xcom_address(self) -> dict[str, Any] | None:
         ti = self.task_instance  # set by the triggerer; None when the trigger runs on its own

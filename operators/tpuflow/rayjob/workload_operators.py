@@ -339,6 +339,11 @@ class RayTrainOperator(RaySubmitJobOperator):
                 per_worker[self._slice_resource(0)] = 1 / tpu.logical_devices_per_host
         return spec
 
+    def task_end(self) -> None:
+        """A training job's success resumes the task on a worker: it may warn that a finished run was
+        reused (below), and a worker start is small against a training run."""
+        return None
+
     def _check_result(self, result: dict[str, Any]) -> dict[str, Any]:
         if result.get("reused_finished"):
             self.log.warning(REUSED_FINISHED, result.get("resumed_from") or result.get("checkpoint"))

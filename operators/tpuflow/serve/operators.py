@@ -175,10 +175,16 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
     def execute_async(self, context: Context, wait: dict[str, Any], created: list[str]) -> None:
         """Defer: RayServeApplicationsTrigger waits in the triggerer (and deletes ``created`` if killed)."""
         from tpuflow.serve.triggers import RayServeApplicationsTrigger
+        from tpuflow.triggers import task_end
 
         self.defer(
             trigger=RayServeApplicationsTrigger(
-                cluster=self.cluster or None, ray_conn_id=self.ray_conn_id, delete_on_kill=created or None, **wait
+                cluster=self.cluster or None,
+                ray_conn_id=self.ray_conn_id,
+                delete_on_kill=created or None,
+                # nothing is left to do once the apps are RUNNING: the trigger ends the task with its value
+                end_task=task_end(self, self._deployed()),
+                **wait,
             ),
             method_name="execute_complete",
         )
@@ -196,10 +202,14 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The deployment's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
         raise_for_event(event, "Serve deployment")
-        serve_url = self.hook().serve_url
+        deployed = self._deployed()
+        self.log.info("Serve applications RUNNING: %s at %s", deployed["routes"], deployed["serve_url"])
+        return deployed
+
+    def _deployed(self) -> dict[str, Any]:
+        """The task's value once its applications are RUNNING: where they answer."""
         routes = {a["name"]: a.get("route_prefix", "/") for a in self.serve_config.get("applications", [])}
-        self.log.info("Serve applications RUNNING: %s at %s", routes, serve_url)
-        return {"serve_url": serve_url, "routes": routes}
+        return {"serve_url": self.hook().serve_url, "routes": routes}
 
     def _config_to_deploy(self) -> dict[str, Any]:
         """The Serve config placed on tpu_slice (what was derived is logged), with the bearer token's digest

@@ -32,6 +32,8 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
     :param poll_interval: seconds between polls.
     :param started_at: epoch seconds the wait began; default now.
     :param delete_on_kill: the applications a kill deletes (those the task created); None: none.
+    :param end_task: ``{"xcoms": {...}}``: once every app is RUNNING, end the task here with these XComs
+        (``tpuflow.triggers``); None: the task resumes on a worker.
     """
 
     serialize_fields = (
@@ -42,6 +44,7 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
         "poll_interval",
         "started_at",
         "delete_on_kill",
+        "end_task",
     )
 
     def __init__(
@@ -53,6 +56,7 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
         poll_interval: float = 2.0,
         started_at: float | None = None,
         delete_on_kill: list[str] | None = None,
+        end_task: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.app_names = list(app_names)
@@ -62,6 +66,7 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
         self.poll_interval = poll_interval
         self.started_at = started_at if started_at is not None else time.time()
         self.delete_on_kill = list(delete_on_kill) if delete_on_kill else None
+        self.end_task = end_task
 
     def _hook(self) -> RayServeHook:
         return RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster)
@@ -76,7 +81,7 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
                 poll_interval=self.poll_interval,
                 log=self.log,
             )
-        yield TriggerEvent(dict(event))
+        yield await self.event(event)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: delete the apps it created."""

@@ -26,12 +26,14 @@ with DAG(
         "cluster": Param({}, type="object", description="connection info of a running local Ray cluster"),
         "steps": Param(60, type="integer", minimum=1),
         "delay": Param(0.5, type="number", minimum=0),
+        "outcome": Param("ok", enum=["ok", "fail"]),
     },
     tags=["tpuflow-tests"],
 ):
     RaySubmitJobOperator(
         task_id="long_job",
-        entrypoint="python counter.py {{ params.steps }} {{ params.delay }} ok",
+        entrypoint="python counter.py {{ params.steps }} {{ params.delay }} {{ params.outcome }}",
+        retries=1,
         cluster="{{ params.cluster }}",
         working_dir=str(JOBS),
         poll_interval=1.0,

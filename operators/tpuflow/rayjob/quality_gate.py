@@ -1,0 +1,18 @@
+"""The quality gate on a Ray job's result (``min_result``), for the operator and for the trigger
+that ends the task in the triggerer: one rule, so both ends of a job judge its result alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def gate_failure(result: Mapping[str, Any], min_result: Mapping[str, Any] | None) -> str | None:
+    """Why ``result`` fails the gate (a key missing or below its minimum; a key is looked up in the
+    result, then in its ``metrics``), or None when it passes."""
+    metrics = result.get("metrics") if isinstance(result.get("metrics"), Mapping) else {}
+    for key, minimum in (min_result or {}).items():
+        value = result[key] if key in result else metrics.get(key)
+        if not isinstance(value, int | float) or value < float(minimum):
+            return f"quality gate: {key}={value!r} is below the required {minimum}; not continuing"
+    return None
