@@ -183,6 +183,7 @@ class Context:
         self._data: dict[str, str] | None = None
         self._checkpoint: str | None = None
         self.log_lines: list[str] = []
+        self.shared: dict[str, Any] = {}  # what several measures use, made once per run (the plain pipeline)
 
     def log(self, msg: str) -> None:
         line = f"[bench {time.strftime('%H:%M:%S')}] {msg}"

@@ -72,3 +72,52 @@ def test_the_parse_baseline_is_the_same_dag_by_hand(dag_file: str, tmp_path: Pat
     by_hand.write_text(same_shape_source(shapes))
     assert shapes and dag_shapes(by_hand) == shapes
     assert "from tpuflow" not in by_hand.read_text() and "import tpuflow" not in by_hand.read_text(), "stock only"
+
+
+class _ScriptedApi:
+    """The REST calls `_scheduled_pipeline` makes, answered like Airflow's API; the run ends on the third poll."""
+
+    def __init__(self) -> None:
+        self.polls, self.posted = 0, None
+
+    def patch(self, path: str, json: dict) -> _Answer:
+        return _Answer({})
+
+    def post(self, path: str, json: dict) -> _Answer:
+        self.posted = json
+        return _Answer({"dag_run_id": "r1"})
+
+    def get(self, path: str) -> _Answer:
+        if path.endswith("/taskInstances"):
+            return _Answer({"task_instances": [
+                {"task_id": "train", "state": "success", "queued_when": "2026-11-03T00:00:12Z",
+                 "start_date": "2026-11-03T00:00:13Z", "end_date": "2026-11-03T00:01:13Z"},
+                {"task_id": "prep", "state": "success", "queued_when": "2026-11-03T00:00:01Z",
+                 "start_date": "2026-11-03T00:00:02Z", "end_date": "2026-11-03T00:00:10Z"},
+            ]})  # fmt: skip
+        self.polls += 1
+        state = "success" if self.polls >= 3 else "running"
+        return _Answer({"state": state, "start_date": "2026-11-03T00:00:00Z", "end_date": "2026-11-03T00:01:20Z"})
+
+
+class _Answer:
+    def __init__(self, body: dict) -> None:
+        self.body = body
+
+    def raise_for_status(self) -> None:
+        pass
+
+    def json(self) -> dict:
+        return self.body
+
+
+def test_the_scheduler_pipeline_measure_times_the_run_and_each_tasks_queue_start_and_end(monkeypatch) -> None:
+    import bench.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline.time, "sleep", lambda s: None)
+    api = _ScriptedApi()
+    wall, timeline = pipeline._scheduled_pipeline(api)
+    assert wall == 80.0 and api.polls == 3
+    assert list(timeline) == ["prep", "train"]  # in the order they started
+    assert timeline["train"] == {"queued": 12.0, "start": 13.0, "end": 73.0}
+    assert api.posted["conf"]["train_steps"] == pipeline.TRAIN_STEPS
