@@ -82,6 +82,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["demo", "--topology", "16"], ("--topology", "'16'", "use one of")),
     (["demo", "--accelerator", "TPU-V9"], ("--accelerator", "'TPU-V9'", "TPU-V6E")),
     (["demo", "--train-steps", "0"], ("--train-steps", "0", ">= 1")),
+    (["demo", "--checkpoint-every", "0"], ("--checkpoint-every", "0", ">= 1")),
     (["demo", "--num-train", "5"], ("--num-train", "5", ">= 100")),
     (["demo", "--accuracy-threshold", "1.5"], ("--accuracy-threshold", "1.5", "<= 1")),
     (["demo", "--accuracy-threshold", "nan"], ("--accuracy-threshold", "nan", "")),

@@ -104,11 +104,14 @@ def test_a_workloads_own_params_join_the_form_and_reach_its_train_loop(tmp_path:
         assert dag.get_task("train").train_loop_config == {
             "horizon": "{{ params.horizon }}",
             "num_steps": "{{ params.train_steps }}",
+            "checkpoint_every": "{{ params.checkpoint_every }}",
         }
     with pytest.raises(UserInputError) as caught:
         build(Workload(**spec, params={"topology": "2x2"}), tmp_path, backend="local")
     assert "workload.params['topology']" in str(caught.value) and "has a Param topology" in str(caught.value)
     with pytest.raises(UserInputError, match=r"train_loop_config\['num_steps'\].*train_steps"):
         Workload(**spec, train_loop_config={"num_steps": 5})
+    with pytest.raises(UserInputError, match=r"train_loop_config\['checkpoint_every'\].*Param checkpoint_every"):
+        Workload(**spec, train_loop_config={"checkpoint_every": 50})
     with pytest.raises(UserInputError, match=r"params\['bad-name'\]"):
         Workload(**spec, params={"bad-name": 1})

@@ -28,6 +28,8 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"train_steps": 2.5}, "params.train_steps", "whole number"),
     ({"train_steps": True}, "params.train_steps", "whole number"),
     ({"train_steps": "100"}, "params.train_steps", "whole number"),
+    ({"checkpoint_every": 0}, "params.checkpoint_every", "give a whole number >= 1 and <= 100000"),
+    ({"checkpoint_every": 2.5}, "params.checkpoint_every", "whole number"),
     ({"accuracy_threshold": 1.5}, "params.accuracy_threshold", "give a number >= 0 and <= 1"),
     ({"accuracy_threshold": math.nan}, "params.accuracy_threshold", "finite"),
     ({"keep_endpoint": "yes"}, "params.keep_endpoint", "true or false"),

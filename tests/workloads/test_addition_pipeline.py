@@ -39,6 +39,26 @@ def test_the_params_that_become_training_options_are_checked_by_name() -> None:
     check_params({"train_steps": 1500, "framework": "jax"})
     with pytest.raises(UserInputError, match=r"^params.train_steps=0 is invalid: give a whole number >= 1$"):
         check_params({"train_steps": 0})
+    check_params({"checkpoint_every": 50})
+    with pytest.raises(UserInputError, match=r"^params.checkpoint_every=0 is invalid: give a whole number >= 1$"):
+        check_params({"checkpoint_every": 0})
+
+
+def test_the_checkpoint_every_param_sets_where_the_demos_loop_checkpoints(tmp_path) -> None:
+    """The train task's config as the pipeline builds it, rendered for checkpoint_every=10: the loop checkpoints
+    every 10 steps (and at the end), not at its default of 500."""
+    from addition.training import fit, resolve_config
+    from jinja2 import Template
+
+    from tpuflow.pipeline.dag import tpu_pipeline
+
+    dag = tpu_pipeline("ckpt_probe", workload=ADDITION, backend="local", output_root=str(tmp_path))
+    params = {"train_steps": 25, "checkpoint_every": 10}
+    config = {k: Template(v).render(params=params) for k, v in dag.get_task("train").train_loop_config.items()}
+    checkpoints: list[int] = []
+    fit(lambda b: 0.0, float, resolve_config(config), lambda e: iter(range(100)),
+        on_checkpoint=lambda step, epoch, loss: checkpoints.append(step), log=lambda line: None)  # fmt: skip
+    assert checkpoints == [10, 20, 25]
 
 
 def test_the_spec_module_is_cheap_for_a_dag_file_to_import() -> None:

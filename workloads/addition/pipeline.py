@@ -38,7 +38,7 @@ USER_CONFIG_KEYS = (*USER_CONFIG_SECONDS, *USER_CONFIG_COUNTS, "batch_wait_timeo
 USER_CONFIG_FIELD = "deployment_options.user_config"
 
 # The Params that become training options (tpuflow.pipeline.factory.training_steps' train_loop_config).
-PARAM_OPTIONS = {"train_steps": "num_steps"}
+PARAM_OPTIONS = {"train_steps": "num_steps", "checkpoint_every": "checkpoint_every"}
 
 
 def _parsed(text: str) -> Any:

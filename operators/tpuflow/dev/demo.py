@@ -69,6 +69,7 @@ FLAG_PARAMS = {
     "num_slices": "--num-slices",
     "preflight": "--no-preflight",
     "train_steps": "--train-steps",
+    "checkpoint_every": "--checkpoint-every",
     "keep_endpoint": "--keep-endpoint",
     "accuracy_threshold": "--accuracy-threshold",
     "num_train": "--num-train",
@@ -89,6 +90,7 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
         "num_slices": args.num_slices,
         "preflight": args.preflight,
         "train_steps": args.train_steps,
+        "checkpoint_every": args.checkpoint_every,
         "keep_endpoint": args.keep_endpoint,
         "accuracy_threshold": args.accuracy_threshold,
         "num_train": args.num_train,
@@ -192,6 +194,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-preflight", dest="preflight", action="store_false", help="skip the slice preflight before training"
     )
     parser.add_argument("--train-steps", type=int, default=1500)
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=500, help="steps between checkpoints (a preempted run resumes there)"
+    )
     parser.add_argument("--num-train", type=int, default=20000, help="training examples")
     parser.add_argument("--accuracy-threshold", type=float, default=0.9, help="quality gate on held-out accuracy")
     parser.add_argument(

@@ -185,7 +185,11 @@ def training_steps(
         storage_path=f"{run_dir}/train",
         run_name="{{ params.framework }}-{{ params.accelerator | lower }}-{{ params.topology }}",
         datasets={"train": f"{run_dir}/data/train"} if prep else None,
-        train_loop_config={**(workload.train_loop_config or {}), "num_steps": "{{ params.train_steps }}"},
+        train_loop_config={
+            **(workload.train_loop_config or {}),
+            "num_steps": "{{ params.train_steps }}",
+            "checkpoint_every": "{{ params.checkpoint_every }}",
+        },
         resume="{{ params.resume }}",
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
         **code,

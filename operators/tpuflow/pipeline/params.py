@@ -135,6 +135,16 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             description="JaxTrainer (ray.train.v2.jax) or TorchTrainer.",
         ),
         "train_steps": ParamSpec(1500, type="integer", minimum=1, maximum=100_000, title="Training steps"),
+        "checkpoint_every": ParamSpec(
+            500,
+            type="integer",
+            minimum=1,
+            maximum=100_000,
+            title="Checkpoint every (steps)",
+            description="Steps between the training's checkpoints on the run's storage (its train loop's "
+            "checkpoint_every). A preempted or failed run resumes from the latest: fewer steps between them lose "
+            "less work, and spend more time saving.",
+        ),
         "resume": ParamSpec(
             "auto",
             type="string",

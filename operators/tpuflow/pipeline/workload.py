@@ -10,7 +10,8 @@ The steps' contracts (what each is called with on the Ray cluster):
   it writes the training dataset to RUN/data/train (and the held-out set to RUN/data/heldout), which the
   train loop gets as its ``train`` dataset shard.
 - ``train_loop``: Ray Train's ``train_loop_per_worker`` (JaxTrainer or TorchTrainer, Param ``framework``),
-  given ``train_loop_config={"num_steps": <Param train_steps>}``.
+  given ``train_loop_config={"num_steps": <Param train_steps>, "checkpoint_every": <Param checkpoint_every>}``
+  (steps between the checkpoints it reports to Ray Train).
 - ``evaluate``: ``python -m <evaluate> --framework F --checkpoint CKPT --output RUN/eval/F.json``
   (``--data RUN/data/heldout`` with ``prep``; ``--num-hosts``, ``--tpu-per-host``, ``--accelerator-type``
   when it runs on the training slice); its result line's ``accuracy`` is gated by Param
@@ -25,7 +26,7 @@ The steps' contracts (what each is called with on the Ray cluster):
   entry), runs in the ``build_serve_config`` task and raises ``UserInputError`` before anything is deployed.
 - ``params`` / ``train_loop_config``: the workload's own Params (added to the trigger form beside the
   pipeline's; a name the pipeline already has is refused) and what its train loop gets besides
-  ``num_steps`` (values may be templates, e.g. ``{"horizon": "{{ params.horizon }}"}``).
+  ``num_steps`` and ``checkpoint_every`` (values may be templates, e.g. ``{"horizon": "{{ params.horizon }}"}``).
 - ``check_params``: runs in the ``check_params`` task (on the Airflow worker, not on the cluster), called
   with the run's Params (a dict); raises ``tpuflow.errors.UserInputError`` for a value the workload
   cannot train with, before any slice is leased.
@@ -79,7 +80,7 @@ class Workload:
     :param smoke_expect: text the smoke test's answer must contain (required with ``smoke_request``).
     :param check_params: import path of ``function(params: dict) -> None`` checking the workload's own Params.
     :param params: the workload's own Params, name -> ``airflow.sdk.Param`` (or a plain default); None: none.
-    :param train_loop_config: more of the train loop's config (templated), beside ``num_steps``.
+    :param train_loop_config: more of the train loop's config (templated), beside ``num_steps`` and ``checkpoint_every``.
     :param serve_user_config: the app deployment's user_config defaults (JSON values); None: none.
     :param check_serve_user_config: import path of the function checking the app's user_config before deploy.
     """
@@ -152,12 +153,11 @@ class Workload:
                     raise _error(
                         f"{field}[{key!r}]", value[key], "name it with letters, digits and '_' (a Python name)"
                     )
-        if self.train_loop_config and "num_steps" in self.train_loop_config:
-            raise _error(
-                "train_loop_config['num_steps']",
-                self.train_loop_config["num_steps"],
-                "set it with the Param train_steps",
-            )
+        for key, param in (("num_steps", "train_steps"), ("checkpoint_every", "checkpoint_every")):
+            if self.train_loop_config and key in self.train_loop_config:
+                raise _error(
+                    f"train_loop_config[{key!r}]", self.train_loop_config[key], f"set it with the Param {param}"
+                )
 
     def _check_smoke(self) -> None:
         if not isinstance(self.smoke_request, Mapping):
