@@ -122,6 +122,14 @@ def test_a_task_that_a_mapped_task_expands_over_or_that_has_multiple_outputs_res
     assert not may_end_in_triggerer(SimpleNamespace(multiple_outputs=True))
 
 
+def test_a_task_with_outlets_resumes_on_a_worker_which_records_their_asset_events() -> None:
+    from airflow.sdk import Asset
+
+    with DAG("user_dag", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+        publishes = _op("publishes", dag, outlets=[Asset("gs://acme/models/latest")])
+    assert not may_end_in_triggerer(publishes) and task_end(publishes, {"a": 1}) is None
+
+
 def test_the_end_task_travels_in_the_serialized_kwargs() -> None:
     classpath, kwargs = OneShot(SUCCESS, {"xcoms": {"k": [1, 2]}}).serialize()
     assert classpath.endswith("OneShot") and kwargs["end_task"] == {"xcoms": {"k": [1, 2]}}

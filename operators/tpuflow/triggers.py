@@ -83,8 +83,9 @@ class TpuflowTrigger(BaseTrigger):
 
 def may_end_in_triggerer(operator: Any) -> bool:
     """Whether ``operator``'s task may be ended by its trigger: not when a mapped task expands over its
-    return value or it has ``multiple_outputs``; then the worker's own XCom push does that bookkeeping."""
-    if getattr(operator, "multiple_outputs", False):
+    return value or it has ``multiple_outputs`` (the worker's XCom push does that bookkeeping), nor when it
+    has ``outlets`` (the worker records their asset events; a task ended in the triggerer records none)."""
+    if getattr(operator, "multiple_outputs", False) or getattr(operator, "outlets", None):
         return False
     # outside a DAG (an operator driven by hand) nothing can expand over it
     return not operator.has_dag() or next(operator.iter_mapped_dependants(), None) is None
