@@ -251,16 +251,21 @@ def test_service_deploy_failed_fails_fast(kube: KubeRayStandin) -> None:
     assert "application 'llm' is DEPLOY_FAILED" in str(err.value) and "ModuleNotFoundError" in str(err.value)
 
 
-def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> None:
-    add_pool(kube)
-    created = run(create_op())
-    op = KubeRayDeleteClusterOperator(
+def delete_cluster_op() -> KubeRayDeleteClusterOperator:
+    """A deferrable teardown of the RayCluster the task "ray_cluster" created."""
+    return KubeRayDeleteClusterOperator(
         task_id="delete_ray_cluster",
         cluster_task_id="ray_cluster",
         kubernetes_conn_id=CONN,
         poll_interval=0.1,
         deferrable=True,
     )
+
+
+def test_delete_cluster_by_task_id_waits_until_gone(kube: KubeRayStandin) -> None:
+    add_pool(kube)
+    created = run(create_op())
+    op = delete_cluster_op()
     result = run(op, ti_for("delete_ray_cluster"))
     assert result["name"] == created["name"] and result["deleted"] and result["existed"]
     assert kube.store.list(RAYCLUSTERS) == []
@@ -667,36 +672,17 @@ def test_the_object_carries_its_tpuflow_expires_label(factory: Any) -> None:
 
 
 def test_a_deferred_delete_ends_its_task_in_the_triggerer_once_the_object_is_gone(kube: KubeRayStandin) -> None:
-    from types import SimpleNamespace
-
-    from airflow.sdk.execution_time.xcom import XCom
+    from support.triggerer import first_event, rebuilt
 
     from tpuflow.triggers import TaskEndedEvent
 
     add_pool(kube)
     created = run(create_op())
-    op = KubeRayDeleteClusterOperator(
-        task_id="delete_ray_cluster",
-        cluster_task_id="ray_cluster",
-        kubernetes_conn_id=CONN,
-        poll_interval=0.1,
-        deferrable=True,
-    )
+    op = delete_cluster_op()
     context: Any = task_context(ti_for("delete_ray_cluster"))
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, cls = classpath.rpartition(".")
-    trigger = getattr(importlib.import_module(module), cls)(**json.loads(json.dumps(kwargs)))
-    trigger.task_instance = SimpleNamespace(dag_id="d", run_id="r", task_id="delete_ray_cluster", map_index=-1)
-    stored: dict[str, Any] = {}
-
-    async def aset(key: str, value: Any, **where: Any) -> None:
-        stored[key] = value
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(XCom, "aset", staticmethod(aset))
-        event = asyncio.run(anext(trigger.run()))
+    event, stored = first_event(rebuilt(deferred.value))
     assert isinstance(event, TaskEndedEvent) and kube.store.list(RAYCLUSTERS) == []
     assert stored["return_value"] == op.execute_complete(context, event.payload)
     assert stored["return_value"]["name"] == created["name"] and stored["return_value"]["deleted"]

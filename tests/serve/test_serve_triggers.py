@@ -237,24 +237,14 @@ def test_a_templated_serve_config_is_checked_once_rendered(dashboard):
 
 
 def test_running_apps_end_the_deferred_task_in_the_triggerer_with_the_value_execute_complete_returns(dashboard):
-    from types import SimpleNamespace
-
-    from airflow.sdk.execution_time.xcom import XCom
+    from support.triggerer import first_event
 
     from tpuflow.triggers import TaskEndedEvent
 
     op = deploy_op(dashboard, deferrable=True)
     trigger = deferred_trigger(op)
     dashboard.apps["llm"]["status"] = "RUNNING"
-    trigger.task_instance = SimpleNamespace(dag_id="d", run_id="r", task_id="deploy", map_index=-1)
-    stored: dict[str, Any] = {}
-
-    async def aset(key: str, value: Any, **where: Any) -> None:
-        stored[key] = value
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(XCom, "aset", staticmethod(aset))
-        event = asyncio.run(anext(trigger.run()))
+    event, stored = first_event(trigger)
     assert isinstance(event, TaskEndedEvent)
     assert stored["return_value"] == op.execute_complete(task_context(), event.payload)
     assert stored["return_value"] == {"serve_url": "http://127.0.0.1:1", "routes": {"llm": "/"}}
