@@ -37,6 +37,8 @@ TAIL_LINES = 40
 # After the job ends, how long the log tail may take to deliver the rest (Ray's tail re-reads the
 # file about once a second) before the wait fetches the whole log once instead.
 _TAIL_DRAIN_S = 15.0
+# A log shorter than this when the job ends is fetched whole instead (see _drain).
+_SMALL_LOG_CHARS = 1 << 20
 # Tail connections that fail in a row before the wait falls back to fetching the whole log per poll
 # (e.g. a proxy in front of the dashboard that refuses websocket upgrades).
 _TAIL_FAILURES_BEFORE_POLLING = 3
@@ -334,8 +336,15 @@ async def _drain(
     tail: asyncio.Future[None],
     emit: Callable[[list[str]], Awaitable[None]],
 ) -> None:
-    """The job ended: let the tail deliver the rest of its log, or else fetch the whole log once."""
+    """The job ended: let the tail deliver the rest of its log, or else fetch the whole log once.
+
+    A log still short when the job ended (under ``_SMALL_LOG_CHARS`` seen) is fetched whole at once: its
+    file is complete once Ray reports the job terminal, while Ray's tail loop closes up to seconds later
+    (it re-reads the file once a second and asks the job's status in between; 3 s under 20 concurrent
+    tails), and the task's end waits for the event."""
     try:
+        if not tail.done() and follower.seen < _SMALL_LOG_CHARS:
+            raise ConnectionError("a short log: fetched whole rather than waiting for the tail to close")
         if not (tail.done() or follower.tailing):
             raise ConnectionError("no log tail is delivering the log")
         await asyncio.wait_for(asyncio.shield(tail), _TAIL_DRAIN_S)
