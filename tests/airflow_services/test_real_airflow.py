@@ -98,6 +98,7 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "preflight": True,
             "framework": "jax",
             "train_steps": "1500",
+            "checkpoint_every": "500",
             "accuracy_threshold": "0.9",
             "keep_endpoint": False,
             "num_train": "20000",
