@@ -174,8 +174,8 @@ def test_a_failed_job_still_resumes_on_a_worker_and_fails_without_retry(services
     resp = api.post(f"/dags/{DRILL}/dagRuns", json={"logical_date": None, "conf": conf})
     assert resp.status_code == 200, resp.text
     run_id = str(resp.json()["dag_run_id"])
-    run = wait_for_runs(api, DRILL, [run_id], 300)[run_id]
-    assert run["state"] == "failed"
+    run = wait_for_runs(api, DRILL, [run_id], 600)[run_id]
+    assert run["state"] == "failed", explain(api, DRILL, run)
     ti = run["tis"][TASK]
     assert ti["state"] == "failed" and ti["try_number"] == 1, ti  # the user's code is broken: no retry
     assert any("the user's code is broken" in line for line in _worker_log_after_defer(services, run_id))

@@ -171,3 +171,17 @@ def test_a_long_log_is_drained_from_the_tail_not_downloaded_again(caplog) -> Non
     event = _wait(job)
     assert event["result"] == {"ok": 1} and job.full_fetches == 0
     assert _logged(caplog) == job.text.splitlines()
+
+
+def test_a_short_log_whose_whole_fetch_fails_still_comes_whole_from_the_tail(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    job = LingeringTail(30, linger=0.2)
+
+    async def refused(sid: str) -> str:
+        job.full_fetches += 1
+        raise ConnectionError("dashboard busy")
+
+    job.aget_job_logs = refused  # type: ignore[method-assign]
+    event = _wait(job)
+    assert event["result"] == {"steps": 30} and job.full_fetches == 1
+    assert _logged(caplog) == job.text.splitlines()

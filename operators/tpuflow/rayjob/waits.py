@@ -342,9 +342,19 @@ async def _drain(
     file is complete once Ray reports the job terminal, while Ray's tail loop closes up to seconds later
     (it re-reads the file once a second and asks the job's status in between; 3 s under 20 concurrent
     tails), and the task's end waits for the event."""
+    if not tail.done() and follower.seen < _SMALL_LOG_CHARS:
+        try:
+            whole = await reader.aget_job_logs(submission_id)
+        except Exception:  # the tail still delivers it, as for a long log
+            whole = None
+        if whole is not None:
+            tail.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await tail
+            await emit(follower.feed(whole, 0))
+            await emit(follower.finish())
+            return
     try:
-        if not tail.done() and follower.seen < _SMALL_LOG_CHARS:
-            raise ConnectionError("a short log: fetched whole rather than waiting for the tail to close")
         if not (tail.done() or follower.tailing):
             raise ConnectionError("no log tail is delivering the log")
         await asyncio.wait_for(asyncio.shield(tail), _TAIL_DRAIN_S)

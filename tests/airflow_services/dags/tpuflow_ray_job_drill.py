@@ -6,7 +6,7 @@ this DAG with its connection info, then kill things around the deferred job.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
@@ -33,7 +33,8 @@ with DAG(
     RaySubmitJobOperator(
         task_id="long_job",
         entrypoint="python counter.py {{ params.steps }} {{ params.delay }} {{ params.outcome }}",
-        retries=1,
+        retries=1,  # a retryable failure would show as try 2 within seconds; a user-code error must not retry
+        retry_delay=timedelta(seconds=2),
         cluster="{{ params.cluster }}",
         working_dir=str(JOBS),
         poll_interval=1.0,
