@@ -45,6 +45,13 @@ class TpuflowTrigger(BaseTrigger):
             {name: getattr(self, name) for name in self.serialize_fields},
         )
 
+    def xcom_address(self) -> dict[str, Any] | None:
+        """Where the deferred task's XComs live (set by the triggerer); None when the trigger runs on its own."""
+        ti = self.task_instance
+        if ti is None:
+            return None
+        return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
+
     async def event(self, payload: Mapping[str, Any]) -> TriggerEvent:
         """The event that ends the wait: ``TaskEndedEvent`` for a success that ``task_end_xcoms`` finds
         final once its XComs are stored, else the payload for the operator's ``execute_complete``."""
@@ -66,12 +73,11 @@ class TpuflowTrigger(BaseTrigger):
         ``XComModel.set(serialize=True)``, a JSON string inside the JSON column, so a downstream
         ``xcom_pull`` would get a string where a worker's push gives the dict.
         """
-        ti = self.task_instance
-        if ti is None:  # run in line (dag.test, tests): the payload resumes the operator, which pushes
+        where = self.xcom_address()
+        if where is None:  # run in line (dag.test, tests): the payload resumes the operator, which pushes
             return True
         from airflow.sdk.execution_time.xcom import XCom
 
-        where = {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
         try:
             for key, value in xcoms.items():
                 await XCom.aset(key, value, **where)

@@ -121,10 +121,7 @@ class RayJobTrigger(TpuflowTrigger):
         return {"return_value": dict(result)} if end.get("return_result") else {}
 
     def _xcom_address(self) -> dict[str, Any] | None:
-        ti = self.task_instance  # set by the triggerer; None when the trigger runs on its own
-        if ti is None or self._cursor_broken:
-            return None
-        return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
+        return None if self._cursor_broken else self.xcom_address()
 
     async def _saved_offset(self) -> int:
         where = self._xcom_address()
