@@ -167,3 +167,46 @@ def input_feed_overhead(ctx: Context) -> list[Result]:
         details={"ray_data_ms": ray_ms, "preloaded_ms": pre_ms, "series_unit": "ms/step", "series_x": "step"},
         series={"iter_jax_batches": res["ray_data_ms"], "preloaded": res["preloaded_ms"]},
     )]  # fmt: skip
+
+
+@measure("preemption_check_overhead")
+def preemption_check_overhead(ctx: Context) -> list[Result]:
+    """What looking at Ray Train's preemption notice costs a step: the demo's JaxTrainer loop looking at the
+    default cadence (and every step) vs never looking, same run."""
+    _workloads_path()
+    from addition.training import DEFAULTS
+
+    default = int(DEFAULTS["preemption_check_every"])
+    data = ctx.data()
+    workers, steps, log_every = 2, (150 if ctx.quick else 400), 25
+    ms: dict[int, float | None] = {}
+    series: dict[str, list[float]] = {}
+    for every in sorted({0, 1, default}):
+        spec = {
+            "framework": "jax",
+            "train_loop": "addition.train_jax:train_loop_per_worker",
+            "run_name": f"bench-notice{every}-{time.time_ns() % 10**9}",
+            "storage_path": str(ctx.work / "train"),
+            "scaling_config": {"num_workers": workers, "resources_per_worker": {"CPU": 1}},
+            "train_loop_config": {"num_steps": steps, "log_every": log_every, "preemption_check_every": every},
+            "datasets": {"train": data["train"]},
+            "worker_env": {"JAX_PLATFORMS": "cpu"},
+        }
+        _, logs = ctx.run_job(f"python -m tpuflow_driver.train --spec-json '{json.dumps(spec)}'",
+                              name=f"train-notice{every}")  # fmt: skip
+        _, step_ms = _step_times(logs)
+        ms[every], series[f"every {every} steps" if every else "never"] = _steady(step_ms), step_ms
+    value = ratio(ms[default], ms[0])
+    every_step = ratio(ms[1], ms[0])
+    overhead = None if value is None else value - 1
+    return [Result(
+        "preemption_check_overhead", overhead, "fraction", 0.0, value, "value <= 0.05",
+        goal_check(overhead, "<=", 0.05),
+        baseline_is=f"the same JaxTrainer loop never looking ({ms[0]} ms/step), {workers} workers, {steps} steps",
+        ratio_means=f"ms/step looking every {default} steps (the default) ÷ ms/step never looking",
+        notes=f"ray.train.get_preemption_info() (a barrier of the workers) every {default} steps; every step: "
+              f"ratio {every_step}; median of the {log_every}-step windows after the first",
+        details={"ms_per_step": {str(k): v for k, v in ms.items()}, "every_step_ratio": every_step,
+                 "series_unit": "ms/step"},
+        series=series,
+    )]  # fmt: skip

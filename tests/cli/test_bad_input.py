@@ -59,6 +59,8 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["local", "env", "--name", "nope", "--base-dir", P], ("name", "'nope'", "no local cluster")),
     (["local", "preempt", "--host", "-1", "--base-dir", P], ("--host", "-1", ">= 0")),
     (["local", "preempt", "--host", "0", "--restart-after", "inf", "--base-dir", P], ("--restart-after", "inf", "")),
+    (["local", "preempt", "--host", "0", "--notice", "soon", "--base-dir", P], ("--notice", "soon", "unit s, m")),
+    (["local", "preempt", "--host", "0", "--notice", "2h", "--base-dir", P], ("--notice", "7200", "<= 3600")),
     (["local", "gcs", "up", "--port", "70000", "--state-dir", P], ("--port", "70000", "<= 65535")),
     (["local", "gcs", "up", "--bucket", "No Such!", "--state-dir", P], ("--bucket", "No Such!", "bucket name")),
     (["local", "gcs", "down", "--state-dir", f"{P}/a-file"], ("--state-dir", "a-file", "not a file")),

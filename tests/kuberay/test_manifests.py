@@ -118,6 +118,26 @@ def test_tpu7x_declares_two_logical_devices_per_chip() -> None:
     assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
 
 
+def test_tpu_workers_drain_their_ray_node_on_a_termination_notice() -> None:
+    """GKE gives a spot VM's pods 15 s of graceful shutdown; the hook drains the Ray node for preemption and
+    holds it for them, so Ray Train sees the notice (tests/ray/test_drain.py runs the hook's check)."""
+    group = worker(cluster("v6e", "4x4"))
+    pod = group["template"]["spec"]
+    hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["/bin/sh", "-c"] and "ray drain-node --reason=DRAIN_NODE_REASON_PREEMPTION" in hook[2]
+    assert "--deadline-remaining-seconds=15" in hook[2] and hook[2].endswith("sleep 15")
+    assert pod["terminationGracePeriodSeconds"] == 20  # the hold plus Ray's own exit
+    head = cluster("v6e", "4x4")["spec"]["headGroupSpec"]["template"]["spec"]
+    assert "lifecycle" not in head["containers"][0] and "terminationGracePeriodSeconds" not in head
+    longer = worker(cluster("v6e", "4x4", preemption_notice_s=110))["template"]["spec"]
+    assert (
+        longer["terminationGracePeriodSeconds"] == 115
+        and "sleep 110" in longer["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2]
+    )
+    off = worker(cluster("v6e", "4x4", preemption_notice_s=None))["template"]["spec"]
+    assert "lifecycle" not in off["containers"][0] and "terminationGracePeriodSeconds" not in off
+
+
 def test_v6e_lets_kuberay_derive_the_tpu_resource() -> None:
     group = worker(cluster("v6e", "4x4"))
     assert "resources" not in group["rayStartParams"]
@@ -214,6 +234,12 @@ def test_serve_config_object_with_to_dict_is_accepted() -> None:
             "env['1X']",
         ),
         (lambda: cluster_named("Bad_Name"), "name"),
+        (
+            lambda: RayClusterTemplate(
+                TpuSlice.from_spec("v6e", "4x4"), image=IMAGE, preemption_notice_s=0
+            ).validated(),
+            "preemption_notice_s",
+        ),
         (
             lambda: rayservice_manifest(
                 RayClusterTemplate(TpuSlice.from_spec("v5e", "2x2"), image=IMAGE),

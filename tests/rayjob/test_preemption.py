@@ -16,10 +16,11 @@ import uuid
 import pytest
 from support.gcs_bucket import list_bucket
 from support.ray_cluster import alive_actors, slice_index, slice_of_node
-from support.workload_operators import addition_prep, addition_train
+from support.workload_operators import IN_THE_WORKER, addition_prep, addition_train
 
 from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.rayjob.workload_operators import RayTrainOperator
 from tpuflow.storage import EMULATOR_ENV, read_text
 
 pytestmark = pytest.mark.slow
@@ -110,3 +111,154 @@ def _logs(hook, sid: str) -> str:
         return hook.get_job_logs(sid)
     except Exception:
         return ""
+
+
+# Only the last step is a periodic checkpoint: whatever survives a preemption is the notice's checkpoint.
+NOTICE_S = 20
+NOTICE_STEPS = 600
+
+
+@pytest.mark.long  # prep and 600 steps of the demo (about 3 min): the team's loop below shows the same in `make test`
+def test_preempted_host_with_notice_saves_inside_it_and_redoes_no_step(
+    slice_cluster, gcs_emulator, fresh_context, monkeypatch
+):
+    bucket = f"tpuflow-notice-{uuid.uuid4().hex[:8]}"
+    ensure_buckets(gcs_emulator.url, [bucket])
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
+    root = f"gs://{bucket}/notice"
+    info = slice_cluster.connection_info()
+    addition_prep(info, f"{root}/data", num_train=20000).execute(fresh_context("prep"))
+    log_uri = f"{root}/logs/train-jax.log"
+    train = addition_train(
+        info,
+        {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
+        f"{root}/data",
+        f"{root}/train",
+        "notice",
+        train_loop_config={"num_steps": NOTICE_STEPS, "checkpoint_every": NOTICE_STEPS, "log_every": 10},
+        log_uri=log_uri,
+    )
+    ctx = fresh_context("train")
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
+    worker.start()
+
+    hook = train.hook()
+    sid = train.base_submission_id(ctx)
+    drained: list[float] = []
+    deadline = time.time() + 600
+    while time.time() < deadline and worker.is_alive() and not drained:
+        steps = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", _logs(hook, sid))]
+        if steps and max(steps) >= 100:
+            (training,) = {
+                slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
+            }
+            slice_cluster.preempt_host(
+                slice_index(slice_cluster, training), 1, restart_after=2, notice_s=NOTICE_S, on_drained=drained.append
+            )
+        time.sleep(1)
+    assert drained, "training never reached step 100"
+    worker.join(timeout=900)
+    assert "result" in outcome, f"training did not finish: {_logs(hook, sid)[-3000:]}"
+    assert outcome["result"]["resumed"] is True
+
+    kept = read_text(log_uri) or ""
+    (noticed,) = [int(s) for s in re.findall(r"preemption notice at step (\d+): checkpoint saved", kept)]
+    (resumed,) = [int(s) for s in re.findall(r"resumed from checkpoint \S+ at step (\d+)", kept)]
+    assert resumed == noticed  # the notice's checkpoint is the one resumed from
+    before_restart = kept[: kept.index("resumed from checkpoint")]
+    computed = max(int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", before_restart))
+    assert computed <= noticed  # no step after the notice's checkpoint: none is computed twice
+    saved = _checkpoints(bucket, "notice/train/notice/")
+    assert sorted(saved.values()) == [noticed, NOTICE_STEPS]
+
+
+# A team's own loop (not the demo's): a counter checkpointed as JSON, saving inside the notice with the
+# documented helper, shipped as its working_dir the way `ray job submit --working-dir` ships code.
+ACME_LOOP = """\
+import json
+import os
+import tempfile
+import time
+
+
+def train(config):
+    import ray.train
+    from tpuflow_driver.preemption import PreemptionNotice
+
+    rank = ray.train.get_context().get_world_rank()
+    step = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            with open(os.path.join(folder, "state.json")) as f:
+                step = json.load(f)["step"]
+        if rank == 0:
+            print(f"acme resumed at {step}", flush=True)
+
+    def save(at):
+        with tempfile.TemporaryDirectory() as folder:
+            if rank == 0:
+                with open(os.path.join(folder, "state.json"), "w") as f:
+                    json.dump({"step": at}, f)
+            chosen = ray.train.Checkpoint.from_directory(folder) if rank == 0 else None
+            ray.train.report({"step": at}, checkpoint=chosen)
+
+    notice = PreemptionNotice()
+    while step < int(config["num_steps"]):
+        time.sleep(0.05)
+        step += 1
+        if rank == 0:
+            print(f"acme computed {step}", flush=True)
+        if notice.arrived():
+            save(step)
+            if rank == 0:
+                print(f"acme notice at {step}", flush=True)
+            notice.hold()
+    save(step)
+"""
+
+
+def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster, fresh_context, tmp_path):
+    code = tmp_path / "code"
+    (code / "acme_counter").mkdir(parents=True)
+    (code / "acme_counter" / "__init__.py").write_text("")
+    (code / "acme_counter" / "loop.py").write_text(ACME_LOOP)
+    train = RayTrainOperator(
+        task_id="fit_counter",
+        cluster=slice_cluster.connection_info(),
+        framework="jax",
+        train_loop="acme_counter.loop:train",
+        tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
+        storage_path=str(tmp_path / "runs"),
+        run_name="counter",
+        working_dir=str(code),
+        train_loop_config={"num_steps": 600},
+        **IN_THE_WORKER,
+    )
+    ctx = fresh_context("fit_counter")
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
+    worker.start()
+    hook, sid = train.hook(), train.base_submission_id(ctx)
+    drained: list[float] = []
+    deadline = time.time() + 600
+    while time.time() < deadline and worker.is_alive() and not drained:
+        computed = [int(s) for s in re.findall(r"acme computed (\d+)", _logs(hook, sid))]
+        if computed and max(computed) >= 100:
+            (training,) = {
+                slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
+            }
+            slice_cluster.preempt_host(
+                slice_index(slice_cluster, training), 0, restart_after=2, notice_s=NOTICE_S, on_drained=drained.append
+            )
+        time.sleep(1)
+    assert drained, "the loop never reached step 100"
+    worker.join(timeout=900)
+    logs = _logs(hook, sid)
+    assert "result" in outcome, f"training did not finish: {logs[-3000:]}"
+    (noticed,) = [int(s) for s in re.findall(r"acme notice at (\d+)", logs)]
+    (resumed,) = [int(s) for s in re.findall(r"acme resumed at (\d+)", logs)]
+    before = logs[: logs.index("acme resumed at")]
+    assert resumed == noticed == max(int(s) for s in re.findall(r"acme computed (\d+)", before))
+    assert outcome["result"]["metrics"]["step"] == 600

@@ -22,7 +22,16 @@ import numpy as np
 from addition import checkpoint as ckpt
 from addition.data import loss_mask
 from addition.model_jax import init_params, make_optimizer, make_train_step
-from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config, shuffle_seed
+from addition.training import (
+    CachedEpochs,
+    RunMetrics,
+    fingerprint,
+    fit,
+    model_config,
+    preemption_notice,
+    resolve_config,
+    shuffle_seed,
+)
 
 
 class DataParallelState:
@@ -336,7 +345,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     checkpoint=Checkpoint.from_directory(tmp) if rank == 0 else None,
                 )
 
-        fit(state.step, state.fetch_float, cfg, epochs, step=step, epoch=epoch, on_checkpoint=on_checkpoint, log=log)
+        fit(
+            state.step,
+            state.fetch_float,
+            cfg,
+            epochs,
+            step=step,
+            epoch=epoch,
+            on_checkpoint=on_checkpoint,
+            notice=preemption_notice(cfg),
+            log=log,
+        )
     finally:
         if joined_here:
             jax.distributed.shutdown()

@@ -15,7 +15,16 @@ from typing import Any
 import numpy as np
 from addition import checkpoint as ckpt
 from addition.model_jax import init_params
-from addition.training import CachedEpochs, RunMetrics, fingerprint, fit, model_config, resolve_config, shuffle_seed
+from addition.training import (
+    CachedEpochs,
+    RunMetrics,
+    fingerprint,
+    fit,
+    model_config,
+    preemption_notice,
+    resolve_config,
+    shuffle_seed,
+)
 
 
 def _threads(cfg: dict[str, Any], local_world: int) -> int:
@@ -140,4 +149,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 checkpoint=Checkpoint.from_directory(tmp) if rank == 0 else None,
             )
 
-    fit(train_step, fetch, cfg, epochs, step=step, epoch=epoch, on_checkpoint=on_checkpoint, log=log)
+    fit(
+        train_step,
+        fetch,
+        cfg,
+        epochs,
+        step=step,
+        epoch=epoch,
+        on_checkpoint=on_checkpoint,
+        notice=preemption_notice(cfg),
+        log=log,
+    )

@@ -7,6 +7,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
@@ -91,19 +92,40 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _notice_seconds(text: str) -> float:
+    """``30s``, ``2m`` or plain seconds (``0``: no notice, a sudden kill)."""
+    from tpuflow.cost.reaper import parse_duration
+
+    value = float(text) if str(text).strip().isdigit() else parse_duration(text, "--notice")
+    return check_seconds("--notice", value, allow_zero=True, maximum=3600) or 0.0
+
+
 def _preempt(args: argparse.Namespace) -> int:
 
     check_count("--host", args.host, minimum=0, what="a TPU worker id")
     check_count("--slice", args.slice, minimum=0, what="a slice index")
     check_seconds("--restart-after", args.restart_after, allow_zero=True, maximum=3600)
+    notice = _notice_seconds(args.notice)
     (cluster,) = _clusters(args)
+    if args.no_restart and notice:
+        raise UserInputError("--notice", args.notice, "--no-restart kills at once; drop --notice or --no-restart")
     if args.no_restart:
         pid = cluster.kill_host(args.slice, args.host)
         print(
             f"killed simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); it stays down"
         )
         return 0
-    pid = cluster.preempt_host(args.slice, args.host, restart_after=args.restart_after)
+
+    def drained(deadline: float) -> None:
+        print(
+            f"drained simulated TPU host {args.slice}/{args.host} of {cluster.name} for preemption "
+            f"(reason PREEMPTION); it is killed in {deadline - time.time():.0f}s",
+            flush=True,
+        )
+
+    pid = cluster.preempt_host(
+        args.slice, args.host, restart_after=args.restart_after, notice_s=notice, on_drained=drained
+    )
     print(
         f"preempted simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
         f"a replacement joined after {args.restart_after:.0f}s"
@@ -185,7 +207,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status": ("list local clusters", None, _status),
         "down": ("stop a cluster (default: every local cluster) by pid, never `ray stop`", None, _down),
         "env": ("print the environment for ray CLI / ray.init against a cluster", DEFAULT_NAME, _env),
-        "preempt": ("kill one simulated TPU host, as a spot preemption would", DEFAULT_NAME, _preempt),
+        "preempt": (
+            "preempt one simulated TPU host, with or without notice, as a spot reclaim would",
+            DEFAULT_NAME,
+            _preempt,
+        ),
     }
     parsers = {}
     for verb, (help_text, name_default, func) in commands.items():
@@ -205,5 +231,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     preempt.add_argument("--slice", type=int, default=0, help="slice index (default 0)")
     preempt.add_argument("--restart-after", type=float, default=5.0, help="seconds until the replacement host starts")
     preempt.add_argument("--no-restart", action="store_true", help="leave the host down (the slice stays broken)")
+    preempt.add_argument(
+        "--notice",
+        default="0",
+        help="termination notice, e.g. 30s: the host's Ray node is drained with reason PREEMPTION and this "
+        "deadline, as on GKE, and killed at it (default 0: a sudden kill)",
+    )
     preempt.set_defaults(func=_preempt)
     _register_gcs(verbs)

@@ -25,8 +25,10 @@ from tpuflow.labels import (
     SPEC_HASH_ANNOTATION,
     check_labels,
 )
+from tpuflow.ray.drain import GKE_SPOT_POD_NOTICE_S, prestop_hook
 from tpuflow.tpu import TpuSlice
 from tpuflow.tpu.slice import TPU_RESOURCE
+from tpuflow.validation import check_count
 
 DEFAULT_HEAD_RESOURCES: Mapping[str, str] = {"cpu": "2", "memory": "8Gi"}
 WORKER_GROUP = "tpu-group"
@@ -34,6 +36,7 @@ HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 # Ports KubeRay's TPU samples put on the head; the head Service exposes them under these names.
 HEAD_PORTS: Mapping[str, int] = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT}
+PRESTOP_MARGIN_S = 5  # grace period beyond the preStop hook's hold: Ray's own exit after SIGTERM
 MXLA_PORT = 8081  # multi-host TPU workers talk XLA collectives on it (samples: name "mxla")
 
 # DEFAULT_RAY_VERSION and DEFAULT_UPGRADE_STRATEGY ("None": a RayService updates serveConfigV2 in place; the
@@ -74,6 +77,9 @@ class RayClusterTemplate:
     # queued capacity: the TPU worker pods consume this ProvisioningRequest's nodes (tpuflow.capacity.provisioning_request)
     provisioning_request: str | None = None
     auth_mode: str = "token"
+    # seconds a TPU host's Ray node is kept up, drained for preemption, once its VM gets a termination notice
+    # (tpuflow.ray.drain.prestop_hook); None: no preStop hook, the pod stops at once
+    preemption_notice_s: int | None = GKE_SPOT_POD_NOTICE_S
 
     def validated(self) -> RayClusterTemplate:
         if not isinstance(self.tpu, TpuSlice):
@@ -105,6 +111,8 @@ class RayClusterTemplate:
             raise UserInputError("image_pull_policy", self.image_pull_policy, "use Always, IfNotPresent or Never")
         if self.provisioning_request is not None:
             check_name("provisioning_request", self.provisioning_request, max_len=63)
+        if self.preemption_notice_s is not None:
+            check_count("preemption_notice_s", self.preemption_notice_s, minimum=1, maximum=3600, what="seconds")
         if (
             auth_mode(self.auth_mode) == "token"
             and tuple(int(p) for p in self.ray_version.split(".")) < MIN_TOKEN_AUTH_RAY
@@ -164,12 +172,17 @@ class RayClusterTemplate:
         }
         if tpu.multi_host:
             container["ports"] = [{"containerPort": MXLA_PORT, "name": "mxla"}]
+        if self.preemption_notice_s is not None:
+            container["lifecycle"] = {"preStop": prestop_hook(self.preemption_notice_s)}
         start_params: dict[str, str] = {}
         if tpu.logical_devices_per_host != tpu.chips_per_host:
             # KubeRay declares TPU = google.com/tpu by itself; tpu7x counts 2 logical devices per chip.
             start_params["resources"] = json.dumps(json.dumps(tpu.ray_worker_resources))
         pod_spec = self._pod_spec(container)
         pod_spec["nodeSelector"] = dict(tpu.node_selector)
+        if self.preemption_notice_s is not None:
+            # the hook's wait counts against the pod's grace period: a shorter one would cut the notice
+            pod_spec["terminationGracePeriodSeconds"] = self.preemption_notice_s + PRESTOP_MARGIN_S
         template: dict[str, Any] = {**_pod_metadata(pod_labels), "spec": pod_spec}
         if self.provisioning_request:
             from tpuflow.capacity.provisioning_request import consume_annotations

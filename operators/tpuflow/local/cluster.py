@@ -37,6 +37,7 @@ from tpuflow import liveness, workloads_dir
 from tpuflow.errors import UserInputError
 from tpuflow.local.node_env import node_environment
 from tpuflow.paths import tpuflow_home
+from tpuflow.ray.drain import drain_node_args
 from tpuflow.secret_files import write_secret_file
 from tpuflow.tpu import TpuSlice
 
@@ -299,12 +300,52 @@ class LocalRayCluster:
         _signal_owned([node.pid], self.temp_dir, signal.SIGKILL)
         return node.pid
 
-    def preempt_host(self, slice_index: int, worker_id: int, restart_after: float = 5.0, timeout: float = 180.0) -> int:
-        """Kill a host, then bring a replacement up in its place, as GKE recreates a preempted TPU VM."""
+    def preempt_host(
+        self,
+        slice_index: int,
+        worker_id: int,
+        restart_after: float = 5.0,
+        timeout: float = 180.0,
+        notice_s: float = 0.0,
+        on_drained: Callable[[float], None] | None = None,
+    ) -> int:
+        """Kill a host, then bring a replacement up in its place, as GKE recreates a preempted TPU VM.
+
+        With a notice, the host's Ray node is first drained with reason PREEMPTION and a deadline that far
+        ahead (what the TPU worker pods' preStop hook does on GKE), and killed at the deadline.
+        """
+        if notice_s > 0:
+            deadline = self.drain_host(slice_index, worker_id, notice_s)
+            if on_drained is not None:
+                on_drained(deadline)
+            time.sleep(max(deadline - time.time(), 0.0))
         pid = self.kill_host(slice_index, worker_id)
         time.sleep(restart_after)
         self.replace_host(slice_index, worker_id, timeout)
         return pid
+
+    def drain_host(self, slice_index: int, worker_id: int, notice_s: float) -> float:
+        """Drain a host's Ray node for preemption, ``notice_s`` seconds to its deadline; returns the deadline (unix s)."""
+        node = self._host(slice_index, worker_id)
+        tpu = TpuSlice.from_dict(self.slice or {})
+        ip = host_ip(slice_index, worker_id, tpu.num_hosts)
+        alive = [n for n in self.nodes_summary() if n.get("node_ip") == ip and n.get("state") == "ALIVE"]
+        if not alive:
+            raise LocalClusterError(f"simulated host {node.slice_name}/worker-{worker_id} ({ip}) has no live Ray node")
+        seconds = max(1, round(notice_s))
+        deadline = time.time() + seconds
+        message = f"tpuflow local preempt: {node.slice_name}/worker-{worker_id}"
+        args = drain_node_args(seconds, message, node_id=alive[0]["node_id"], address=self.gcs_address)
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "ray"), *args],
+            env={**os.environ, **self.client_env()},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise LocalClusterError(f"ray drain-node failed: {_last_line(done.stderr or done.stdout)}")
+        return deadline
 
     def replace_host(self, slice_index: int, worker_id: int, timeout: float = 180.0) -> None:
         """Start a new Ray node in place of a (killed) host.
@@ -867,3 +908,8 @@ def _tail(path: str, lines: int = 30) -> str:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
