@@ -78,6 +78,23 @@ def check_seconds(
     return float(seconds)
 
 
+def check_whole_seconds(field: str, value: Any, *, maximum: int | None = None, fix: str | None = None) -> int | None:
+    """Whole seconds > 0 (at most ``maximum``) as an int, a whole float or digits; None or empty: None."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    seconds: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, float) and value.is_integer():
+        seconds = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        seconds = int(value.strip())
+    if seconds is None or seconds <= 0 or (maximum is not None and seconds > maximum):
+        bound = f"from 1 to {maximum}" if maximum is not None else "> 0"
+        raise UserInputError(field, value, fix or f"give whole seconds {bound}, or leave it empty")
+    return seconds
+
+
 def check_count(
     field: str, value: Any, *, minimum: int = 1, maximum: int | None = None, what: str = "a whole number"
 ) -> int:

@@ -39,6 +39,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     ([*NODEPOOL, *V6E, "--expires-after-hours", "nan"], ("--expires-after-hours", "nan", "> 0")),
     ([*NODEPOOL, *V6E, "--expires-after-hours", "-3"], ("--expires-after-hours", "-3", "> 0")),
     ([*NODEPOOL, *V6E, "--node-pool-name", "Bad_Name"], ("node_pool_name", "'Bad_Name'", "")),
+    ([*NODEPOOL, *V6E, "--max-run-duration", "1h"], ("--max-run-duration", "'1h'", "whole seconds")),
     (["render", "raycluster", "--accelerator", "v6e", "--topology", "3x3"], ("topology", "'3x3'", "valid shapes")),
     (["render", "raycluster", *V6E, "--namespace", "Not_A_NS"], ("namespace", "'Not_A_NS'", "RFC 1123")),
     (

@@ -9,7 +9,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from cost_support import RunTaskInstance
 from support.airflow_context import task_context
 
-from tpuflow.cost.budget import check_max_chip_hours, estimate_chip_hours
+from tpuflow.cost.budget import check_max_chip_hours, estimate_chip_hours, max_run_seconds
 from tpuflow.errors import UserInputError
 
 V6E_4X4 = {"generation": "v6e", "chips": 16, "num_slices": 1}
@@ -73,7 +73,22 @@ def test_guard_without_history_or_budget_lets_the_run_go() -> None:
         "max_chip_hours": None,
         "estimate": None,
         "basis": "no previous run's ledger to estimate from",
+        "max_run_seconds": {"train": None, "serve": None},  # no bound: the pools keep their expiry
     }
+
+
+def test_guard_bounds_each_slices_life_by_the_budget_and_the_runs_timeout() -> None:
+    """What the GKE pipeline's node pools get as maxRunDuration: GKE ends them even when Airflow is down."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    ti = RunTaskInstance(task_id="budget_guard")
+    # 16 chips x 0.5 h = 8 chip-hours: the whole budget on the 4x4 alone; the 1x1 could hold it 8 h
+    assert guard(8).execute(task_context(ti))["max_run_seconds"] == {"train": 1800 + 900, "serve": 28800 + 900}
+    ctx = {**task_context(ti), "dag": SimpleNamespace(dagrun_timeout=timedelta(hours=2))}
+    assert guard(8).execute(ctx)["max_run_seconds"] == {"train": 1800 + 900, "serve": 7200 + 900}
+    assert guard(None).execute(ctx)["max_run_seconds"] == {"train": 7200 + 900, "serve": 7200 + 900}
+    assert max_run_seconds(0.001, 16) == 1 + 900  # rounded up, never 0
 
 
 def test_guard_rejects_a_bad_static_budget_at_parse_time() -> None:

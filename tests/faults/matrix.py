@@ -239,6 +239,26 @@ def raises_after_its_work(task_id: str) -> Callable[[Any], None]:
     return patch
 
 
+def airflow_down_past_max_run(seconds: float = 2.0) -> Callable[[Any], None]:
+    """Airflow (scheduler, workers, triggerer, reaper) down for longer than the training pool's maxRunDuration:
+    the pool is made with a `seconds` one, and nothing runs for `seconds` + 1.5 after it (the next task starts
+    that late). GKE ends the nodes by itself; the RayCluster then finds none, the run fails at the cluster's
+    deadline and the teardowns delete the pool GKE emptied."""
+
+    def patch(dag: Any) -> None:
+        dag.get_task("create_node_pool").max_run_duration = seconds
+        task = dag.get_task("create_ray_cluster")
+        base = type(task)
+
+        def execute(self: Any, context: Any) -> Any:
+            time.sleep(seconds + 1.5)
+            return base.execute(self, context)
+
+        task.__class__ = type(base.__name__, (base,), {"execute": execute})
+
+    return patch
+
+
 # One row per stage; `ci` marks the slice make test runs (one transient fault per API: GKE, Kubernetes), make faults
 # runs all.
 CASES: list[FaultCase] = [
@@ -282,6 +302,13 @@ CASES: list[FaultCase] = [
         no_fault,
         False,
         patch_dag=raises_after_its_work("create_ray_cluster"),
+    ),
+    FaultCase(
+        "create_ray_cluster",
+        "airflow-down-past-max-run",
+        no_fault,
+        recovers=False,
+        patch_dag=airflow_down_past_max_run(),
     ),
     FaultCase(
         "create_prep_cluster",

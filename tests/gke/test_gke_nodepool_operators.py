@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -70,12 +71,31 @@ def test_create_provisions_the_slice_and_reports_it(gke):
     assert labels["tpuflow-dag"] == "train_dag" and labels["tpuflow-task"] == "create_pool"
     assert labels["tpuflow-run"] == "manual__2026-11-29t10_00_00_00_00"
     assert int(labels["tpuflow-expires"]) > time.time() + 23 * 3600
+    # ... and GKE itself ends the nodes at that expiry, whether or not Airflow and the reaper are up
+    assert pool["config"]["maxRunDuration"] == "86400s" and result["max_run_duration_s"] == 86400
     assert result["created"] == [pool["name"]] and result["adopted"] == []
     assert result["capacity"] == {pool["name"]: "spot"}
     assert result["node_selector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
     assert ctx["ti"].xcoms["gke_node_pool"] == (
         f"https://console.cloud.google.com/kubernetes/nodepool/{ZONE}/{CLUSTER}/{pool['name']}?project={PROJECT}"
     )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "sent"),
+    [
+        ({"expires_after": timedelta(hours=2)}, "7200s"),
+        ({"max_run_duration": timedelta(minutes=90, seconds=0.5)}, "5401s"),
+        ({"max_run_duration": "3600"}, "3600s"),  # as a template renders it
+        ({"max_run_duration": None}, None),
+        ({"max_run_duration": ""}, None),
+        ({"capacity": "flex-start", "expires_after": timedelta(days=9)}, "604800s"),  # GKE's cap for flex-start
+    ],
+)
+def test_the_pools_max_run_duration(gke, arguments, sent):
+    create_op(**arguments).execute(context())
+    [pool] = gke.node_pools()
+    assert pool["config"].get("maxRunDuration") == sent
 
 
 def test_a_retry_adopts_the_pool_instead_of_creating_a_second(gke):

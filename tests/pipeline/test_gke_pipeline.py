@@ -464,6 +464,8 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             "train_steps": 300,
             "accuracy_threshold": 0,
             "num_train": 3000,
+            # bounds each pool's GKE maxRunDuration: the budget spent on that slice alone, plus 900 s
+            "max_chip_hours": 10,
         }
         multi_host_serve = capacity == "on-demand"
         if multi_host_serve:
@@ -521,6 +523,17 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             if r["method"] == "POST" and r["path"].endswith("/nodePools")
         ]
         assert sorted(created) == sorted(["ct6e-standard-4t", serve_machine]), gke.requests
+        # GKE's own hard stop on each pool, from the budget guard's bound for its role
+        max_runs = {
+            r["body"]["nodePool"]["name"]: r["body"]["nodePool"]["config"].get("maxRunDuration")
+            for r in gke.requests
+            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+        }
+        bounds = tis["budget_guard"].xcom_pull(task_ids="budget_guard")["max_run_seconds"]
+        assert bounds == {"train": 10 * 3600 // 4 + 900, "serve": 10 * 3600 // serve_chips + 900}, bounds
+        for entry in ledger["slices"]:
+            (pool,) = entry["pools"]
+            assert max_runs[pool] == f"{bounds[entry['role']]}s", max_runs
         queued = [
             (r["body"] or {}).get("nodePool", {}).get("queuedProvisioning")
             for r in gke.requests

@@ -25,6 +25,7 @@ from tpuflow.kubernetes.values import check_name, check_namespace
 from tpuflow.labels import check_labels
 from tpuflow.naming import TaskIdentity, dns_name
 from tpuflow.tpu import TpuSlice
+from tpuflow.validation import check_whole_seconds
 
 API_VERSION = "autoscaling.x-k8s.io/v1"
 GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
@@ -33,7 +34,7 @@ CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 # GKE: flex-start (queued provisioning included) runs VMs for at most seven days, also the default
-# when maxRunDurationSeconds is not given.
+# when maxRunDurationSeconds is not given (tpuflow.gke.nodepool_spec caps a pool's maxRunDuration alike).
 MAX_RUN_DURATION_SECONDS = 7 * 24 * 3600
 FINAL_CONDITIONS = ("Failed", "CapacityRevoked", "BookingExpired")
 NAME_MAX = 63
@@ -47,23 +48,13 @@ def consume_annotations(request_name: str) -> dict[str, str]:
 
 def check_max_run_duration(value: object) -> int | None:
     """maxRunDurationSeconds: whole seconds, 1 to 604800 (seven days, GKE's limit); None/empty: GKE's default."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    seconds: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        seconds = value
-    elif isinstance(value, float) and value.is_integer():
-        seconds = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
-        seconds = int(value.strip())
-    if seconds is None or not 0 < seconds <= MAX_RUN_DURATION_SECONDS:
-        raise UserInputError(
-            "max_run_duration_seconds",
-            value,
-            f"give whole seconds from 1 to {MAX_RUN_DURATION_SECONDS} (GKE runs flex-start and queued nodes at "
-            "most seven days), or leave it empty for GKE's default of seven days",
-        )
-    return seconds
+    return check_whole_seconds(
+        "max_run_duration_seconds",
+        value,
+        maximum=MAX_RUN_DURATION_SECONDS,
+        fix=f"give whole seconds from 1 to {MAX_RUN_DURATION_SECONDS} (GKE runs flex-start and queued nodes at "
+        "most seven days), or leave it empty for GKE's default of seven days",
+    )
 
 
 def request_name(identity: TaskIdentity) -> str:

@@ -16,13 +16,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args
 from tpuflow.gke.nodepool_spec import plan_node_pools
 from tpuflow.gke.workload_policy import COMPUTE_API
 from tpuflow.kubernetes.values import parse_key_values
-from tpuflow.validation import check_number
+from tpuflow.validation import check_number, check_whole_seconds
+
+
+def _max_run_s(value: str | None, expires_after_hours: float) -> int | None:
+    """--max-run-duration: seconds, or "none"; default: the expiry's span, as the create operator does."""
+    if value is None:
+        return math.ceil(expires_after_hours * 3600)
+    if value.strip().lower() == "none":
+        return None
+    return check_whole_seconds("--max-run-duration", value, fix="give whole seconds > 0, or none for no limit")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -45,6 +55,7 @@ def _run(args: argparse.Namespace) -> int:
         workload_policy=args.workload_policy,
         identity=identity,
         expires_at=int(time.time() + hours * 3600) if identity else None,
+        max_run_duration_s=_max_run_s(args.max_run_duration, hours),
     )
     bodies = [{"nodePool": body} for body in plan.bodies()]
     made = plan.made_workload_policy
@@ -92,5 +103,12 @@ def register(renderers: argparse._SubParsersAction) -> None:
     parser.add_argument("--service-account", default=None, help="node service account email")
     add_identity_arguments(parser)
     parser.add_argument("--expires-after-hours", type=float, default=24.0)
+    parser.add_argument(
+        "--max-run-duration",
+        default=None,
+        metavar="SECONDS",
+        help="GKE deletes each node this long after it started (config.maxRunDuration); default: the expiry's "
+        "span; none: no limit",
+    )
     parser.add_argument("--json", action="store_true", help="print the request body as JSON")
     parser.set_defaults(func=_run)

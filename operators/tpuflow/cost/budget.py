@@ -7,12 +7,15 @@ guessed: the run goes ahead and the ledger watch during training still holds it 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tpuflow.errors import UserInputError
 
 MAX_CHIP_HOURS_PARAM = "max_chip_hours"
+# past a slice's bound: the teardowns' time, and a retry's
+MAX_RUN_MARGIN_S = 900
 
 
 def check_max_chip_hours(value: Any, field: str = f"params.{MAX_CHIP_HOURS_PARAM}") -> float | None:
@@ -47,3 +50,10 @@ def estimate_chip_hours(
 
 def over_budget(ledger_chip_hours: float, max_chip_hours: float | None) -> bool:
     return max_chip_hours is not None and ledger_chip_hours > max_chip_hours
+
+
+def max_run_seconds(max_chip_hours: float | None, chips: int, run_timeout_s: float | None = None) -> int | None:
+    """How long one slice of ``chips`` may live in a run, for GKE's maxRunDuration: no longer than the whole
+    budget spent on it alone, nor than the run may last (its dagrun_timeout), plus a margin; None: no bound."""
+    bounds = [b for b in (max_chip_hours and max_chip_hours * 3600.0 / max(chips, 1), run_timeout_s) if b]
+    return math.ceil(min(bounds)) + MAX_RUN_MARGIN_S if bounds else None

@@ -184,7 +184,9 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     :param max_chip_hours: templated; the budget (None/empty: none). <= 0 or not a number is rejected.
     :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices).
 
-    Returns ``{"max_chip_hours", "estimate", "basis"}``.
+    Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds"}``: ``max_run_seconds`` is, per role, how
+    long that slice may live (the budget spent on it alone, the DAG's ``dagrun_timeout``, plus a margin; None: no
+    bound), what its node pool's ``max_run_duration`` is set to so that GKE ends it even when Airflow is down.
     """
 
     template_fields: Sequence[str] = ("max_chip_hours", "slices")
@@ -217,7 +219,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from tpuflow.cost.budget import estimate_chip_hours
+        from tpuflow.cost.budget import estimate_chip_hours, max_run_seconds
         from tpuflow.cost.ledger import LEDGER_TASK_ID
 
         self.validate_arguments()
@@ -227,7 +229,14 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
         if budget is not None:
             previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
         estimate, basis = estimate_chip_hours(wanted, previous if isinstance(previous, Mapping) else None)
-        result = {"max_chip_hours": budget, "estimate": estimate, "basis": basis}
+        timeout = getattr(context.get("dag"), "dagrun_timeout", None)
+        timeout_s = timeout.total_seconds() if timeout else None
+        result = {
+            "max_chip_hours": budget,
+            "estimate": estimate,
+            "basis": basis,
+            "max_run_seconds": {s["role"]: max_run_seconds(budget, s["chips"], timeout_s) for s in wanted},
+        }
         if budget is None:
             self.log.info("No max_chip_hours: no budget to hold the run to")
         elif estimate is None:

@@ -29,6 +29,7 @@ from tpuflow.naming import (
 from tpuflow.tpu import TpuSlice
 from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
 from tpuflow.tpu.slice_argument import resolve_slice
+from tpuflow.validation import check_whole_seconds
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
@@ -47,6 +48,9 @@ _TAINT_EFFECTS = {
 }
 # Node label prefixes GKE owns; GKE rejects pools that try to set them.
 _RESERVED_LABEL_PREFIXES = ("cloud.google.com/", "kubernetes.io/", "k8s.io/", "node.kubernetes.io/")
+
+# GKE runs flex-start (queued provisioning included) VMs for at most seven days, also their default.
+FLEX_MAX_RUN_DURATION_S = 7 * 24 * 3600
 
 CAPACITY_KINDS = ("on-demand", "spot", "reservation", "flex-start", "queued")
 _CAPACITY_FORMS = "on-demand, spot, reservation:NAME, flex-start or queued"
@@ -254,6 +258,14 @@ class NodePoolPlan:
     workload_policy: str | None = None
     resource_labels: dict[str, str] = field(default_factory=dict)
     made_workload_policy: WorkloadPolicyPlan | None = None  # the task makes it: no workload_policy was given
+    # NodeConfig.maxRunDuration: GKE deletes each node this long after it started, whatever Airflow does
+    max_run_duration_s: int | None = None
+
+    def max_run_duration(self, capacity: Capacity) -> int | None:
+        """The pool's maxRunDuration with ``capacity``: flex-start and queued nodes live seven days at most."""
+        if self.max_run_duration_s is None or not capacity.autoscaled:
+            return self.max_run_duration_s
+        return min(self.max_run_duration_s, FLEX_MAX_RUN_DURATION_S)
 
     @property
     def parent(self) -> str:
@@ -288,6 +300,9 @@ class NodePoolPlan:
             config["spot"] = True
         if cap.autoscaled:
             config["flexStart"] = True
+        max_run = self.max_run_duration(cap)
+        if max_run is not None:
+            config["maxRunDuration"] = f"{max_run}s"
 
         nodes = self.nodes_per_pool
         pool: dict[str, Any] = {
@@ -332,6 +347,7 @@ class NodePoolPlan:
             "nodes_per_pool": self.nodes_per_pool,
             "node_selector": self.tpu.node_selector,
             "capacity_order": [str(c) for c in self.capacities],
+            "max_run_duration_s": self.max_run_duration_s,
             **({"workload_policy": self.workload_policy} if self.workload_policy else {}),
             **({"made_workload_policy": self.made_workload_policy.describe()} if self.made_workload_policy else {}),
         }
@@ -365,6 +381,7 @@ def plan_node_pools(
     workload_policy: str | None = None,
     identity: TaskIdentity | None = None,
     expires_at: int | None = None,
+    max_run_duration_s: int | None = None,
 ) -> NodePoolPlan:
     """Validate every input (raising UserInputError / SliceSpecError naming the field) and plan the pools.
 
@@ -414,6 +431,7 @@ def plan_node_pools(
         workload_policy=workload_policy or None,
         resource_labels=labels,
         made_workload_policy=made_policy,
+        max_run_duration_s=check_whole_seconds("max_run_duration", max_run_duration_s),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ from tpuflow.naming import (
     check_project,
 )
 from tpuflow.validation import check_count, check_seconds
+
+# max_run_duration's default: the pool's expires_after, enforced by GKE itself
+EXPIRES_AFTER = "expires_after"
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -326,6 +330,11 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         operator removes it after the pools (tpuflow.gke.workload_policy). A given one is never deleted.
     :param expires_after: recorded on the VMs as the ``tpuflow-expires`` label (unix time), with
         ``tpuflow-dag/-run/-task/-key`` labels, so an orphaned pool can be found and removed.
+    :param max_run_duration: GKE's ``NodeConfig.maxRunDuration``: GKE deletes each node this long after it
+        started, so the slice stops billing even when Airflow, its triggerer and the reaper are all down.
+        ``"expires_after"`` (default): the same span as ``expires_after``; seconds or a timedelta; None or
+        ``""``: no limit (e.g. a pool meant to outlive its run). Flex-start and queued pools are capped at
+        GKE's seven days. Templated.
     :param stockout_retries: extra tries of the last capacity choice after a stockout.
     :param on_kill_action: what killing the task (marking it failed or success, clearing it) does
         with the pools it created: ``"delete"`` (default; in a worker and while deferred, waiting
@@ -336,7 +345,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     Pushes XCom ``node_pool_name``, ``node_pool_names`` and returns a dict describing the pools.
     """
 
-    template_fields: Sequence[str] = (*PLANNED_FIELDS, "gcp_conn_id", "impersonation_chain")
+    template_fields: Sequence[str] = (*PLANNED_FIELDS, "max_run_duration", "gcp_conn_id", "impersonation_chain")
     operator_extra_links = (GKENodePoolLink(), GKEClusterNodesLink())
     ui_color = "#d5e8ff"
 
@@ -353,6 +362,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         service_account: str | None = None,
         workload_policy: str | None = None,
         expires_after: timedelta | float = DEFAULT_EXPIRES_AFTER,
+        max_run_duration: timedelta | float | str | None = EXPIRES_AFTER,
         stockout_retries: int = 2,
         on_kill_action: str = "delete",
         **kwargs: Any,
@@ -368,6 +378,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.service_account = service_account
         self.workload_policy = workload_policy
         self.expires_after = expires_after
+        self.max_run_duration = max_run_duration
         self.stockout_retries = stockout_retries
         self.on_kill_action = on_kill_action
 
@@ -378,6 +389,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         return [
             ((self.on_kill_action,), self._check_on_kill_action),
             ((self.expires_after,), self._expires_in),
+            ((self.max_run_duration, self.expires_after), self._max_run_s),
             ((self.stockout_retries,), lambda: check_count("stockout_retries", self.stockout_retries, minimum=0)),
             *super().argument_checks(),
             *self.cluster_name_checks(),
@@ -391,6 +403,22 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
 
     def _expires_in(self) -> float:
         return float(check_seconds("expires_after", self.expires_after))  # type: ignore[arg-type]
+
+    def _max_run_s(self) -> int | None:
+        """The (rendered) max_run_duration as whole seconds (rounded up); None: no limit."""
+        value = self.max_run_duration
+        if value == EXPIRES_AFTER:
+            value = self._expires_in()
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+            return None
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise UserInputError(
+                    "max_run_duration", value, "give seconds, a timedelta, 'expires_after' or None"
+                ) from None
+        return math.ceil(check_seconds("max_run_duration", value) or 0)
 
     def plan(self, identity: TaskIdentity, expires_at: int | None) -> NodePoolPlan:
         """The pools this task instance makes: the one check of every planned argument (UserInputError)."""
@@ -411,6 +439,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
             workload_policy=self.workload_policy,
             identity=identity,
             expires_at=expires_at,
+            max_run_duration_s=self._max_run_s(),
         )
 
     def _loop(self, context: Context, progress: Progress) -> _Loop:

@@ -217,6 +217,12 @@ def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
 
 # --- queued capacity: the Ray pods consume the ProvisioningRequest ------------------------------------
 _REQUESTED = "{{ (ti.xcom_pull(task_ids='%s') or {}).get('name') or '' }}"
+# A slice pool's GKE maxRunDuration: the budget guard's bound for its role (the budget spent on it alone, the
+# dagrun_timeout, plus a margin), else the pool's expiry (GKECreateTPUNodePoolOperator's "expires_after").
+_MAX_RUN_EXPR = (
+    "((ti.xcom_pull(task_ids='budget_guard') or {}).get('max_run_seconds') or {}).get('%s') or 'expires_after'"
+)
+_MAX_RUN = "{{ " + _MAX_RUN_EXPR + " }}"
 
 
 class _ConsumesProvisioningRequest:
@@ -610,7 +616,9 @@ def build_gke_pipeline_dag(
                 wait_timeout=cluster_ready_timeout,
                 **{k: v for k, v in rays.items() if k not in ("image", "env")},
             )
-        create_pool = GKECreateTPUNodePoolOperator(task_id="create_node_pool", tpu_slice=checked_slice(), **creates)
+        create_pool = GKECreateTPUNodePoolOperator(
+            task_id="create_node_pool", tpu_slice=checked_slice(), max_run_duration=_MAX_RUN % "train", **creates
+        )
         # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
         queued: dict[str, Any] = {
             **kube,
@@ -757,7 +765,11 @@ def _serve_steps(
         code_uri=code_uri,
     )
     create_serve_pool = GKECreateTPUNodePoolOperator(
-        task_id="create_serve_node_pool", tpu_slice=checked_slice(serve=True), **creates
+        task_id="create_serve_node_pool",
+        tpu_slice=checked_slice(serve=True),
+        # a kept endpoint outlives its run: its pool gets no GKE deadline (the reaper leaves kept pools too)
+        max_run_duration="{{ '' if params.keep_endpoint else (%s) }}" % (_MAX_RUN_EXPR % "serve"),
+        **creates,
     )
     request_serve_capacity = GKECreateProvisioningRequestOperator(
         task_id="request_serve_capacity",

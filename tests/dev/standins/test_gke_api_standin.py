@@ -100,11 +100,35 @@ def test_create_get_delete_lifecycle_takes_the_configured_time(client, standin):
         (pool(machine="tpu7x-standard-4t", nodes=2, placementPolicy={"policyName": "nope"}), '"nope" was not found'),
         (pool(name="Bad_Name"), "Invalid node pool name"),
         (pool(**compact("3x3")), 'Invalid TPU topology "3x3"'),
+        (
+            pool(
+                nodes=0,
+                config={"machineType": "ct6e-standard-4t", "flexStart": True, "maxRunDuration": "700000s"},
+                autoscaling={"enabled": True, "maxNodeCount": 4},
+                **compact("4x4"),
+            ),
+            "exceeds the 604800s",
+        ),
     ],
 )
 def test_requests_gke_would_reject_are_rejected(client, node_pool, message):
     with pytest.raises(exceptions.BadRequest, match=message):
         client.create_node_pool(parent=PARENT, node_pool=node_pool)
+
+
+def test_nodes_are_deleted_once_they_ran_for_the_pools_max_run_duration(client, standin):
+    """GKE's own hard stop: nothing else (Airflow, the reaper) needs to be up for the nodes to go."""
+    body = pool(config={"machineType": "ct6e-standard-4t", "maxRunDuration": "1s"}, **compact("4x4"))
+    wait_done(client, client.create_node_pool(parent=PARENT, node_pool=body))
+    (running,) = standin.node_pools()
+    assert running["nodeCount"] == 4 and running["config"]["maxRunDuration"] == "1s"
+    time.sleep(1.2)
+    (expired,) = standin.node_pools()
+    assert expired["nodeCount"] == 0 and "ran for maxRunDuration (1s)" in expired["statusMessage"]
+    # the pool stays (a teardown deletes it), with no node to bill or to schedule on
+    assert standin.find_node_pools({"cloud.google.com/gke-tpu-topology": "4x4"}, 4) == []
+    wait_done(client, client.delete_node_pool(name=f"{PARENT}/nodePools/np"))
+    assert standin.node_pools() == []
 
 
 def test_valid_tpu_shapes_are_accepted(client):

@@ -19,6 +19,10 @@ for rejected requests, ``Operation.error`` plus ``nodepoolConditions`` for faile
 GKE's wording (409 "Already exists", 429 "Too many operations: cluster ... hits the concurrent
 operations quota", "[GCE_STOCKOUT]", "Quota '...' exceeded", 403 "Required ... permission").
 
+A pool's ``config.maxRunDuration`` is enforced as GKE does: each node is deleted that long after it started
+(the pool stays, with no nodes, until it is deleted), whether or not anything else is up; flex-start and
+queued pools may not ask for more than seven days.
+
 Validation follows GKE for TPU pools: machine type vs topology, a tpuTopology (with or without
 ``type: COMPACT``: gcloud's ``--tpu-topology`` sends the topology alone, as in the GKE tutorials) only for
 multi-host slices (never on single-host ones), multi-host tpu7x placed by a workload policy or by its
@@ -160,6 +164,17 @@ def _node_count(pool: Mapping[str, Any]) -> tuple[int, int]:
     return initial, ceiling
 
 
+FLEX_MAX_RUN_S = 7 * 24 * 3600
+
+
+def max_run_seconds(pool: Mapping[str, Any]) -> float | None:
+    """NodeConfig.maxRunDuration (protobuf JSON Duration, e.g. "3600s") in seconds; None when unset."""
+    raw = (pool.get("config") or {}).get("maxRunDuration")
+    if not raw:
+        return None
+    return float(str(raw).removesuffix("s"))
+
+
 def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, str]) -> str | None:
     """Check a NodePool like GKE does for TPU pools; return the TPU topology its nodes get (None: not TPU)."""
     name = pool.get("name") or ""
@@ -183,6 +198,14 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
             raise _invalid(
                 "A SPECIFIC_RESERVATION affinity needs key compute.googleapis.com/reservation-name and a value."
             )
+    max_run = max_run_seconds(pool)
+    if max_run is not None and max_run <= 0:
+        raise _invalid(f"config.maxRunDuration must be positive, got {config.get('maxRunDuration')!r}.")
+    if max_run is not None and _capacity_kind(pool) in ("flex-start", "queued") and max_run > FLEX_MAX_RUN_S:
+        raise _invalid(
+            f"config.maxRunDuration {config.get('maxRunDuration')} exceeds the {FLEX_MAX_RUN_S}s (7 days) that "
+            "flex-start and queued provisioning nodes may run."
+        )
     if config.get("flexStart"):
         if affinity not in (None, "NO_RESERVATION"):
             raise _invalid("Flex-start node pools cannot consume reservations; set reservationAffinity NO_RESERVATION.")
@@ -272,6 +295,8 @@ class _Pool:
     status_message: str = ""
     nodes: int = 0
     bookings: dict[str, int] = field(default_factory=dict)  # queued pools: nodes per ProvisioningRequest
+    nodes_since: float | None = None  # monotonic time the pool's nodes started (maxRunDuration counts from it)
+    expired: bool = False  # its nodes ran for maxRunDuration and were deleted: nothing schedules on it
 
     @property
     def name(self) -> str:
@@ -559,7 +584,7 @@ class GKEApiStandin:
             wanted = self._parse_cluster(cluster) if cluster else None
             matches = []
             for pool in self._pools.values():
-                if pool.status != "RUNNING" or (wanted is not None and pool.cluster != wanted):
+                if pool.status != "RUNNING" or pool.expired or (wanted is not None and pool.cluster != wanted):
                     continue
                 labels = pool.labels()
                 if any(labels.get(k) != str(v) for k, v in node_selector.items()):
@@ -613,6 +638,23 @@ class GKEApiStandin:
                 pool.status, pool.status_message, pool.nodes = "ERROR", op.failure["detail"], 0
             elif pool is not None:
                 pool.status, pool.nodes = "RUNNING", _node_count(pool.body)[0]
+        for pool in self._pools.values():
+            self._expire_nodes(pool, now)
+
+    @staticmethod
+    def _expire_nodes(pool: _Pool, now: float) -> None:
+        """GKE deletes a node once it has run for its pool's maxRunDuration, whoever else is up or down."""
+        if pool.nodes <= 0:
+            pool.nodes_since = None
+            return
+        if pool.nodes_since is None:
+            pool.nodes_since = now
+        limit = max_run_seconds(pool.body)
+        if limit is not None and now - pool.nodes_since >= limit:
+            pool.nodes, pool.nodes_since, pool.bookings, pool.expired = 0, None, {}, True
+            pool.status_message = (
+                f"The nodes ran for maxRunDuration ({pool.body['config']['maxRunDuration']}) and were deleted."
+            )
 
     def _cluster(self, project: str, location: str, cluster: str) -> tuple[str, str, str]:
         key = (project, location, cluster)
