@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.gke_pipeline import CLUSTER_PATH, load_dag, point_airflow_at, task_states
+from support.gke_pipeline import CLUSTER_PATH, ZONE, load_dag, point_airflow_at, task_states
 
 from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
 from tpuflow.dev.standins.gke_api import GKEApiStandin
@@ -44,6 +44,8 @@ class FaultCase:
     launcher: Callable[[], FakeRayLauncher] = FakeRayLauncher
     ci: bool = False
     patch_dag: Callable[[Any], None] | None = None  # changes a task of the loaded DAG
+    # a regional cluster and the zones its slices may use, in order (Variable tpuflow_gke_node_zone)
+    zones: tuple[str, ...] = ()
     pipeline = "gke"
 
     @property
@@ -95,11 +97,19 @@ OUTCOMES: list[Outcome] = []  # every case run in this session, for the report
 
 def run_case(case: FaultCase, dags_folder: Path, gke: GKEApiStandin, tmp_path: Path, monkeypatch: Any) -> Outcome:
     launcher = case.launcher()
+    cluster_path = CLUSTER_PATH
+    if case.zones:
+        region = case.zones[0].rsplit("-", 1)[0]
+        cluster_path = CLUSTER_PATH.replace(f"/locations/{ZONE}/", f"/locations/{region}/")
+        gke.add_cluster(cluster_path)
     kube = KubeRayStandin(
-        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
+        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=cluster_path), interval=0.1
     )
     with kube:
         point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+        if case.zones:
+            monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_GKE_LOCATION", region)
+            monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_GKE_NODE_ZONE", ",".join(case.zones))
         dag = load_dag(dags_folder, poll=0.3)
         for task_id in ("create_prep_cluster", "create_ray_cluster"):
             dag.get_task(task_id).wait_timeout = CLUSTER_DEADLINE
@@ -108,8 +118,23 @@ def run_case(case: FaultCase, dags_folder: Path, gke: GKEApiStandin, tmp_path: P
             case.patch_dag(dag)
         run = dag.test(run_conf=CONF)
         states = task_states(run)
+        landed = _landed(gke, run) if case.zones else ""
         leftovers = _leftovers(gke, kube, launcher)
-        return Outcome(case, states.get(case.stage, "absent"), leftovers, _duplicates(gke, kube), _made(gke, kube))
+        outcome = Outcome(case, states.get(case.stage, "absent"), leftovers, _duplicates(gke, kube), _made(gke, kube))
+        outcome.explanation = landed
+        return outcome
+
+
+def _landed(gke: GKEApiStandin, run: Any) -> str:
+    """Where the training slice landed: the create task's zone, and the zones its creates were sent to."""
+    (ti,) = [ti for ti in run.get_task_instances() if ti.task_id == "create_node_pool"]
+    result = ti.xcom_pull(task_ids="create_node_pool") or {}
+    sent = [
+        ((r.get("body") or {}).get("nodePool") or {}).get("locations", ["?"])[0]
+        for r in gke.requests
+        if r["method"] == "POST" and r["path"].endswith("/nodePools")
+    ]
+    return f"landed in {result.get('node_zone')} after creates in {', '.join(sent)}"
 
 
 def _leftovers(gke: GKEApiStandin, kube: KubeRayStandin, launcher: FakeRayLauncher) -> dict[str, int]:
@@ -199,6 +224,14 @@ def kube_fault(code: int, method: str, plural: str, times: int = 1) -> Callable[
 
 def crash_looping_head() -> FakeRayLauncher:
     return FakeRayLauncher(fail_with="ray start failed: the head's raylet exited (simulated)")
+
+
+def zone_faults(kinds: dict[str, str]) -> Callable[[GKEApiStandin, KubeRayStandin], None]:
+    def inject(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
+        for zone, kind in kinds.items():
+            gke.add_fault(kind, zone=zone, times=10)
+
+    return inject
 
 
 def no_fault(gke: GKEApiStandin, kube: KubeRayStandin) -> None:
@@ -309,6 +342,15 @@ CASES: list[FaultCase] = [
         no_fault,
         recovers=False,
         patch_dag=airflow_down_past_max_run(),
+    ),
+    # A regional cluster with three zones: no room in the first, no quota in the second; the slice lands in the
+    # third, and every later step (RayCluster, ledger, teardowns) follows it there.
+    FaultCase(
+        "create_node_pool",
+        "zone-a-stockout-zone-b-quota",
+        zone_faults({"us-east5-a": "stockout", "us-east5-b": "quota"}),
+        recovers=True,
+        zones=("us-east5-a", "us-east5-b", "us-east5-c"),
     ),
     FaultCase(
         "create_prep_cluster",

@@ -31,6 +31,8 @@ def test_fault_leaves_nothing_behind(
     assert not outcome.leaked, outcome.row()
     assert not outcome.duplicated, outcome.row()
     assert outcome.recovered == case.recovers, outcome.row()
+    if case.zones:  # the slice landed in the last zone, after one create in each zone before it
+        assert outcome.explanation == f"landed in {case.zones[-1]} after creates in {', '.join(case.zones)}"
     if case.patch_dag is not None:  # the task failed after its create (raised, or timed out): it made one
         made = (
             outcome.made.get("node_pools", 0)

@@ -617,3 +617,77 @@ def test_a_deferred_wait_times_out_from_the_operations_start_and_the_task_fails_
     assert not isinstance(err.value, AirflowFailException)  # a retry may find the create finished
     [name] = _statuses(gke)
     assert delete_op(node_pool_name=name).execute(context(task_id="delete_pool"))["deleted"] == [name]
+
+
+REGION = "us-east5"
+ZONES = ["us-east5-a", "us-east5-b", "us-east5-c"]
+
+
+def regional(gke: Any) -> None:
+    gke.add_cluster(f"projects/{PROJECT}/locations/{REGION}/clusters/{CLUSTER}")
+
+
+def test_a_stockout_and_a_quota_error_move_the_slice_to_its_third_zone(gke):
+    regional(gke)
+    gke.add_fault("stockout", zone="us-east5-a", times=5)
+    gke.add_fault("quota", zone="us-east5-b", times=5)
+    ctx = context()
+    result = create_op(location=REGION, node_zone=ZONES).execute(ctx)
+    [pool] = gke.node_pools()
+    assert pool["locations"] == ["us-east5-c"] and pool["status"] == "RUNNING"
+    assert result["node_zone"] == "us-east5-c" and result["zone"] == {pool["name"]: "us-east5-c"}
+    assert result["stockouts"] == ["on-demand in us-east5-a", "on-demand in us-east5-b"]
+    creates = [r["body"]["nodePool"]["locations"] for r in posts(gke)]
+    assert creates == [["us-east5-a"], ["us-east5-b"], ["us-east5-c"]]
+    # a retry adopts the pool where it landed, creating nothing
+    again = create_op(location=REGION, node_zone=",".join(ZONES)).execute(context(try_number=2))
+    assert again["adopted"] == [pool["name"]] and again["node_zone"] == "us-east5-c" and len(posts(gke)) == 3
+
+
+@pytest.mark.parametrize(
+    ("order", "tried"),
+    [
+        ("zone-first", ["spot in us-east5-a", "spot in us-east5-b", "on-demand in us-east5-a"]),
+        ("capacity-first", ["spot in us-east5-a", "on-demand in us-east5-a", "spot in us-east5-b"]),
+    ],
+)
+def test_the_failover_order_is_the_users(gke, order, tried):
+    regional(gke)
+    gke.add_fault("stockout", zone="us-east5-a", times=5)  # no room in us-east5-a
+    gke.add_fault("stockout", capacity="spot", times=5)  # no spot anywhere: it lands on demand in us-east5-b
+    result = create_op(
+        location=REGION, node_zone=ZONES[:2], capacity="spot", fallback_capacity=["on-demand"], zone_failover=order
+    ).execute(context())
+    assert result["stockouts"] == tried
+    [pool] = gke.node_pools()
+    assert (pool["locations"], result["capacity"][pool["name"]]) == (["us-east5-b"], "on-demand")
+
+
+def test_every_slice_of_a_task_lands_in_one_zone(gke):
+    """Slice 1 finds no room where slice 0 already runs: slice 0 is made again where both fit."""
+    from tpuflow.gke.hooks import GKENodePoolHook
+    from tpuflow.naming import TaskIdentity
+
+    regional(gke)
+    op = create_op(location=REGION, node_zone=ZONES[:2], tpu_slice=V5P_2X2X2_TWICE)
+    plan = op.plan(TaskIdentity.from_context(context()), 2_000_000_000)
+    hook = GKENodePoolHook(gcp_conn_id=CONN_ID, location=REGION)
+    hook.create_node_pool(project_id=PROJECT, cluster_name=CLUSTER, node_pool=plan.body(0, None, "us-east5-a"))
+    time.sleep(0.3)  # the stand-in's 0.2 s operation: slice 0 runs in us-east5-a
+    gke.add_fault("stockout", zone="us-east5-a", times=5)
+    result = op.execute(context(try_number=2))
+    pools = gke.node_pools()
+    assert sorted(p["locations"][0] for p in pools) == ["us-east5-b", "us-east5-b"]
+    assert result["node_zone"] == "us-east5-b" and set(result["zone"].values()) == {"us-east5-b"}
+
+
+def test_zones_are_checked_before_anything_is_made(gke):
+    from tpuflow.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="name each zone once"):
+        create_op(location=REGION, node_zone=["us-east5-a", "us-east5-a"])
+    with pytest.raises(UserInputError, match="pick a zone of the cluster's region"):
+        create_op(location=REGION, node_zone="us-east5-a,europe-west4-a")
+    with pytest.raises(UserInputError, match="zone-first"):
+        create_op(location=REGION, node_zone=ZONES, zone_failover="nearest")
+    assert posts(gke) == []

@@ -509,7 +509,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             ops = {o["operationType"]: o for o in operations if o["targetLink"].endswith(f"/nodePools/{pool}")}
             start = rfc3339_to_unix(ops["CREATE_NODE_POOL"]["startTime"])
             end = rfc3339_to_unix(ops["DELETE_NODE_POOL"]["endTime"])
-            assert entry["chips"] == chips and entry["open"] is False
+            assert entry["chips"] == chips and entry["open"] is False and entry["zone"] == "us-east5-b"
             assert abs(entry["created_at"] - start) < 1 and abs(entry["deleted_at"] - end) < 1, (entry, ops)
         assert [s["role"] for s in ledger["slices"]] == ["train", "serve"]
         train = tis["train"].xcom_pull(task_ids="train")

@@ -12,6 +12,7 @@ import re
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 from support.gcs_bucket import list_bucket
@@ -29,6 +30,30 @@ CHECKPOINT_EVERY = 150
 NUM_STEPS = 900
 
 
+def _demo_training(
+    slice_cluster, gcs_emulator, fresh_context, monkeypatch, prefix: str, run_name: str, config: dict
+) -> tuple[str, str, str, RayTrainOperator]:
+    """The demo's data prepared in a fresh bucket of the GCS emulator, and its jax training on the session's
+    first v6e 2x4 slice shape with ``config``, keeping its log there: (bucket, root, log URI, train operator)."""
+    bucket = f"tpuflow-{prefix}-{uuid.uuid4().hex[:8]}"
+    ensure_buckets(gcs_emulator.url, [bucket])
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # gs:// here, and in the jobs the operators submit
+    root = f"gs://{bucket}/{prefix}"
+    info = slice_cluster.connection_info()
+    addition_prep(info, f"{root}/data", num_train=20000).execute(fresh_context("prep"))
+    log_uri = f"{root}/logs/train-jax.log"
+    train = addition_train(
+        info,
+        {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
+        f"{root}/data",
+        f"{root}/train",
+        run_name,
+        train_loop_config=config,
+        log_uri=log_uri,
+    )
+    return bucket, root, log_uri, train
+
+
 def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
     """checkpoint folder -> step, from each checkpoint's meta.json in the bucket."""
     return {
@@ -41,22 +66,11 @@ def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
 def test_preempted_host_resumes_from_the_buckets_checkpoint_and_passes_the_gate(
     slice_cluster, gcs_emulator, fresh_context, monkeypatch
 ):
-    bucket = f"tpuflow-drill-{uuid.uuid4().hex[:8]}"
-    ensure_buckets(gcs_emulator.url, [bucket])
-    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # gs:// here, and in the jobs the operators submit
-    root = f"gs://{bucket}/drill"
+    bucket, root, log_uri, train = _demo_training(
+        slice_cluster, gcs_emulator, fresh_context, monkeypatch, "drill", "preempt",
+        {"num_steps": NUM_STEPS, "checkpoint_every": CHECKPOINT_EVERY},
+    )  # fmt: skip
     info = slice_cluster.connection_info()
-    addition_prep(info, f"{root}/data", num_train=20000).execute(fresh_context("prep"))
-    log_uri = f"{root}/logs/train-jax.log"
-    train = addition_train(
-        info,
-        {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
-        f"{root}/data",
-        f"{root}/train",
-        "preempt",
-        train_loop_config={"num_steps": NUM_STEPS, "checkpoint_every": CHECKPOINT_EVERY},
-        log_uri=log_uri,
-    )
     ctx = fresh_context("train")
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
@@ -106,6 +120,35 @@ def test_preempted_host_resumes_from_the_buckets_checkpoint_and_passes_the_gate(
     assert json.loads(read_text(f"{root}/eval/jax.json") or "{}")["accuracy"] == evaluation["accuracy"]
 
 
+def _train_preempted_with_notice(slice_cluster, train, ctx, step_pattern: str, host: int) -> tuple[dict, Any, str]:
+    """Run ``train``; once its log shows step 100, preempt ``host`` of its slice with a NOTICE_S notice (a
+    replacement joins 2 s after the kill); returns (outcome with the result, the job hook, the submission id)."""
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
+    worker.start()
+    hook, sid = train.hook(), train.base_submission_id(ctx)
+    drained: list[float] = []
+    deadline = time.time() + 600
+    while time.time() < deadline and worker.is_alive() and not drained:
+        steps = [int(s) for s in re.findall(step_pattern, _logs(hook, sid))]
+        if steps and max(steps) >= 100:
+            (training,) = {
+                slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
+            }
+            slice_cluster.preempt_host(
+                slice_index(slice_cluster, training),
+                host,
+                restart_after=2,
+                notice_s=NOTICE_S,
+                on_drained=drained.append,
+            )
+        time.sleep(1)
+    assert drained, "training never reached step 100"
+    worker.join(timeout=900)
+    assert "result" in outcome, f"training did not finish: {_logs(hook, sid)[-3000:]}"
+    return outcome, hook, sid
+
+
 def _logs(hook, sid: str) -> str:
     try:
         return hook.get_job_logs(sid)
@@ -122,44 +165,13 @@ NOTICE_STEPS = 600
 def test_preempted_host_with_notice_saves_inside_it_and_redoes_no_step(
     slice_cluster, gcs_emulator, fresh_context, monkeypatch
 ):
-    bucket = f"tpuflow-notice-{uuid.uuid4().hex[:8]}"
-    ensure_buckets(gcs_emulator.url, [bucket])
-    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
-    root = f"gs://{bucket}/notice"
-    info = slice_cluster.connection_info()
-    addition_prep(info, f"{root}/data", num_train=20000).execute(fresh_context("prep"))
-    log_uri = f"{root}/logs/train-jax.log"
-    train = addition_train(
-        info,
-        {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
-        f"{root}/data",
-        f"{root}/train",
-        "notice",
-        train_loop_config={"num_steps": NOTICE_STEPS, "checkpoint_every": NOTICE_STEPS, "log_every": 10},
-        log_uri=log_uri,
+    bucket, _, log_uri, train = _demo_training(
+        slice_cluster, gcs_emulator, fresh_context, monkeypatch, "notice", "notice",
+        {"num_steps": NOTICE_STEPS, "checkpoint_every": NOTICE_STEPS, "log_every": 10},
+    )  # fmt: skip
+    outcome, hook, sid = _train_preempted_with_notice(
+        slice_cluster, train, fresh_context("train"), r"\[train_jax\] step (\d+)/", host=1
     )
-    ctx = fresh_context("train")
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
-    worker.start()
-
-    hook = train.hook()
-    sid = train.base_submission_id(ctx)
-    drained: list[float] = []
-    deadline = time.time() + 600
-    while time.time() < deadline and worker.is_alive() and not drained:
-        steps = [int(s) for s in re.findall(r"\[train_jax\] step (\d+)/", _logs(hook, sid))]
-        if steps and max(steps) >= 100:
-            (training,) = {
-                slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
-            }
-            slice_cluster.preempt_host(
-                slice_index(slice_cluster, training), 1, restart_after=2, notice_s=NOTICE_S, on_drained=drained.append
-            )
-        time.sleep(1)
-    assert drained, "training never reached step 100"
-    worker.join(timeout=900)
-    assert "result" in outcome, f"training did not finish: {_logs(hook, sid)[-3000:]}"
     assert outcome["result"]["resumed"] is True
 
     kept = read_text(log_uri) or ""
@@ -236,27 +248,10 @@ def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster,
         train_loop_config={"num_steps": 600},
         **IN_THE_WORKER,
     )
-    ctx = fresh_context("fit_counter")
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
-    worker.start()
-    hook, sid = train.hook(), train.base_submission_id(ctx)
-    drained: list[float] = []
-    deadline = time.time() + 600
-    while time.time() < deadline and worker.is_alive() and not drained:
-        computed = [int(s) for s in re.findall(r"acme computed (\d+)", _logs(hook, sid))]
-        if computed and max(computed) >= 100:
-            (training,) = {
-                slice_of_node(slice_cluster)[a["node_id"]] for a in alive_actors(slice_cluster, "RayTrainWorker")
-            }
-            slice_cluster.preempt_host(
-                slice_index(slice_cluster, training), 0, restart_after=2, notice_s=NOTICE_S, on_drained=drained.append
-            )
-        time.sleep(1)
-    assert drained, "the loop never reached step 100"
-    worker.join(timeout=900)
+    outcome, hook, sid = _train_preempted_with_notice(
+        slice_cluster, train, fresh_context("fit_counter"), r"acme computed (\d+)", host=0
+    )
     logs = _logs(hook, sid)
-    assert "result" in outcome, f"training did not finish: {logs[-3000:]}"
     (noticed,) = [int(s) for s in re.findall(r"acme notice at (\d+)", logs)]
     (resumed,) = [int(s) for s in re.findall(r"acme resumed at (\d+)", logs)]
     before = logs[: logs.index("acme resumed at")]

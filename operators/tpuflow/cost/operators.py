@@ -88,11 +88,13 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         lines = []
         for entry, (created, deleted, pools) in zip(self.slices, self.spans(context), strict=True):
             tpu = entry["tpu"] or {}
-            lines.append(
-                slice_entry(
-                    entry["role"], tpu.get("generation", ""), slice_chips(tpu), created, deleted, pools=pools, now=now
-                )
+            line = slice_entry(
+                entry["role"], tpu.get("generation", ""), slice_chips(tpu), created, deleted, pools=pools, now=now
             )
+            made = context["ti"].xcom_pull(task_ids=entry["task_id"])
+            if isinstance(made, Mapping) and made.get("node_zone"):
+                line["zone"] = made["node_zone"]  # where the slice landed (a zone failover's choice)
+            lines.append(line)
         trained = self.trained if isinstance(self.trained, Mapping) else {}
         train_tpu = next((e["tpu"] for e in self.slices if e["role"] == "train"), None)
         ledger = build_ledger(

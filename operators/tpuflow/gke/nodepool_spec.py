@@ -154,6 +154,39 @@ def check_location(location: str, node_zone: str | None = None) -> tuple[str, st
     return location, node_zone
 
 
+ZONE_FAILOVER_ORDERS = ("zone-first", "capacity-first")
+
+
+def check_zones(location: str, node_zone: object) -> tuple[str, tuple[str, ...]]:
+    """The cluster location and the zones to try in order: ``node_zone`` is one zone, or several (a list, or
+    a comma-separated string) of a regional cluster's region."""
+    if isinstance(node_zone, str) and "," in node_zone:
+        items: list[object] = [z.strip() for z in node_zone.split(",") if z.strip()]
+    elif isinstance(node_zone, list | tuple):
+        items = list(node_zone)
+    else:
+        location, zone = check_location(location, node_zone or None)  # type: ignore[arg-type]
+        return location, (zone,)
+    if not items:
+        location, zone = check_location(location, None)
+        return location, (zone,)
+    zones = tuple(check_location(location, item)[1] for item in items)  # type: ignore[arg-type]
+    if len(set(zones)) != len(zones):
+        raise UserInputError("node_zone", node_zone, "name each zone once, in the order to try them")
+    return location, zones
+
+
+def check_zone_failover(value: object) -> str:
+    if value not in ZONE_FAILOVER_ORDERS:
+        raise UserInputError(
+            "zone_failover",
+            value,
+            "use zone-first (every zone with the first capacity, then the next capacity) or capacity-first "
+            "(every capacity in the first zone, then the next zone)",
+        )
+    return str(value)
+
+
 def node_pool_names(
     tpu: TpuSlice, *, identity: TaskIdentity | None = None, explicit: str | None = None
 ) -> tuple[str, ...]:
@@ -260,6 +293,17 @@ class NodePoolPlan:
     made_workload_policy: WorkloadPolicyPlan | None = None  # the task makes it: no workload_policy was given
     # NodeConfig.maxRunDuration: GKE deletes each node this long after it started, whatever Airflow does
     max_run_duration_s: int | None = None
+    # the zones to try, in order (node_zone is the first); on a stockout or a quota error the next choice
+    zones: tuple[str, ...] = ()
+    zone_failover: str = "zone-first"
+
+    @property
+    def choices(self) -> tuple[tuple[str, Capacity], ...]:
+        """Every (zone, capacity) to try, in order: zone-first tries each zone before the next capacity."""
+        zones = self.zones or (self.node_zone,)
+        if self.zone_failover == "capacity-first":
+            return tuple((zone, cap) for zone in zones for cap in self.capacities)
+        return tuple((zone, cap) for cap in self.capacities for zone in zones)
 
     def max_run_duration(self, capacity: Capacity) -> int | None:
         """The pool's maxRunDuration with ``capacity``: flex-start and queued nodes live seven days at most."""
@@ -275,8 +319,8 @@ class NodePoolPlan:
     def nodes_per_pool(self) -> int:
         return self.tpu.num_hosts if self.tpu.multi_host else self.tpu.total_hosts
 
-    def body(self, index: int = 0, capacity: Capacity | None = None) -> dict[str, Any]:
-        """The NodePool message for pool `index` with `capacity` (default: the first choice)."""
+    def body(self, index: int = 0, capacity: Capacity | None = None, zone: str | None = None) -> dict[str, Any]:
+        """The NodePool message for pool `index` with `capacity` in `zone` (default: the first choice)."""
         cap = capacity or self.capacities[0]
         config: dict[str, Any] = {"machineType": self.tpu.machine_type}
         if self.node_labels:
@@ -309,7 +353,7 @@ class NodePoolPlan:
             "name": self.names[index],
             "config": config,
             "initialNodeCount": 0 if cap.autoscaled else nodes,
-            "locations": [self.node_zone],
+            "locations": [zone or self.node_zone],
         }
         if self.tpu.multi_host:
             if self.tpu.generation.multi_host_uses_workload_policy:
@@ -347,6 +391,7 @@ class NodePoolPlan:
             "nodes_per_pool": self.nodes_per_pool,
             "node_selector": self.tpu.node_selector,
             "capacity_order": [str(c) for c in self.capacities],
+            **({"zones": list(self.zones), "zone_failover": self.zone_failover} if len(self.zones) > 1 else {}),
             "max_run_duration_s": self.max_run_duration_s,
             **({"workload_policy": self.workload_policy} if self.workload_policy else {}),
             **({"made_workload_policy": self.made_workload_policy.describe()} if self.made_workload_policy else {}),
@@ -373,7 +418,8 @@ def plan_node_pools(
     num_slices: int | str = 1,
     capacity: object = "on-demand",
     fallback_capacity: object = (),
-    node_zone: str | None = None,
+    node_zone: object = None,
+    zone_failover: str = "zone-first",
     node_pool_name: str | None = None,
     node_labels: Mapping[str, str] | None = None,
     node_taints: Sequence[object] | str | None = None,
@@ -388,7 +434,9 @@ def plan_node_pools(
     The slice: ``tpu_slice`` (the operators' argument, tpuflow.tpu.slice_argument), else ``accelerator``,
     ``topology``, ``machine_type`` and ``num_slices`` (the ``tpuflow render nodepool`` flags)."""
     check_project(project_id)
-    location, zone = check_location(location, node_zone)
+    location, zones = check_zones(location, node_zone)
+    zone = zones[0]
+    zone_failover = check_zone_failover(zone_failover)
     check_cluster_name(cluster_name)
     if tpu_slice is _FROM_FLAGS:
         tpu_slice = TpuSlice.from_spec(accelerator, topology, machine_type, num_slices)  # type: ignore[arg-type]
@@ -432,6 +480,8 @@ def plan_node_pools(
         resource_labels=labels,
         made_workload_policy=made_policy,
         max_run_duration_s=check_whole_seconds("max_run_duration", max_run_duration_s),
+        zones=zones,
+        zone_failover=zone_failover,
     )
 
 
@@ -503,13 +553,20 @@ def spec_differences(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> l
     return diffs
 
 
-def match_capacity(plan: NodePoolPlan, index: int, actual: Mapping[str, Any]) -> tuple[Capacity | None, list[str]]:
-    """The capacity choice an existing pool was created with, or (None, differences to the closest choice)."""
+def match_choice(plan: NodePoolPlan, index: int, actual: Mapping[str, Any]) -> tuple[int | None, list[str]]:
+    """The index of the (zone, capacity) choice an existing pool was created with, or (None, differences to the
+    closest choice)."""
     best: list[str] | None = None
-    for cap in plan.capacities:
-        diffs = spec_differences(plan.body(index, cap), actual)
+    for number, (zone, cap) in enumerate(plan.choices):
+        diffs = spec_differences(plan.body(index, cap, zone), actual)
         if not diffs:
-            return cap, []
+            return number, []
         if best is None or len(diffs) < len(best):
             best = diffs
     return None, best or []
+
+
+def match_capacity(plan: NodePoolPlan, index: int, actual: Mapping[str, Any]) -> tuple[Capacity | None, list[str]]:
+    """The capacity choice an existing pool was created with, or (None, differences to the closest choice)."""
+    number, diffs = match_choice(plan, index, actual)
+    return (None, diffs) if number is None else (plan.choices[number][1], [])

@@ -55,6 +55,7 @@ PLANNED_FIELDS = (
     "capacity",
     "fallback_capacity",
     "node_zone",
+    "zone_failover",
     "node_pool_name",
     "node_labels",
     "node_taints",
@@ -317,7 +318,11 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         ``["on-demand"]`` after ``capacity="spot"``. After the last one, the create is retried
         ``stockout_retries`` times with backoff, then the task fails (an Airflow retry adopts or
         starts over).
-    :param node_zone: the zone of the slice when ``location`` is a region (regional cluster).
+    :param node_zone: the zone of the slice when ``location`` is a region (regional cluster); or several zones
+        of that region (a list, or comma-separated), tried in order on a stockout or a quota error: every slice
+        of the task lands in the one zone that had room, named in the result's ``node_zone``.
+    :param zone_failover: with several zones, ``"zone-first"`` (default: every zone with the first capacity, then
+        the next capacity) or ``"capacity-first"`` (every capacity in the first zone, then the next zone).
     :param node_pool_name: default: derived from dag id, run id, task id and map index, so a retry
         adopts the pool its earlier try made; a pool of that name with another spec is an error.
     :param node_labels: Kubernetes labels for the nodes (tpuflow.labels rules; not under GKE's own
@@ -355,7 +360,8 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         tpu_slice: SliceArgument,
         capacity: str = "on-demand",
         fallback_capacity: Sequence[str] | str = (),
-        node_zone: str | None = None,
+        node_zone: str | Sequence[str] | None = None,
+        zone_failover: str = "zone-first",
         node_pool_name: str | None = None,
         node_labels: Mapping[str, str] | None = None,
         node_taints: Sequence[Any] | str | None = None,
@@ -372,6 +378,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         self.capacity = capacity
         self.fallback_capacity = fallback_capacity
         self.node_zone = node_zone
+        self.zone_failover = zone_failover
         self.node_pool_name = node_pool_name
         self.node_labels = node_labels
         self.node_taints = node_taints
@@ -432,6 +439,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
             capacity=self.capacity,
             fallback_capacity=self.fallback_capacity,
             node_zone=self.node_zone or None,
+            zone_failover=self.zone_failover,
             node_pool_name=self.node_pool_name or None,
             node_labels=self.node_labels,
             node_taints=self.node_taints,

@@ -19,7 +19,7 @@ from google.api_core.exceptions import GoogleAPICallError
 
 from tpuflow.gke.errors import FailureKind, GKEFailure, classify_exception, classify_operation, explain
 from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
-from tpuflow.gke.nodepool_spec import NodePoolPlan, match_capacity
+from tpuflow.gke.nodepool_spec import NodePoolPlan, match_choice
 from tpuflow.labels import EXPIRES_LABEL, OWNER_KEY_LABEL, is_kept, kept_labels
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class RetryPolicy:
 
 @dataclass
 class Progress:
-    choice: int = 0  # index into plan.capacities
+    choice: int = 0  # index into plan.choices: (zone, capacity) in the order to try them
     last_choice_stockouts: int = 0
     busy_retries: int = 0
     delay_next_create: float = 0.0
@@ -59,6 +59,7 @@ class Progress:
     created: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     capacity_of: dict[str, str] = field(default_factory=dict)
+    zone_of: dict[str, str] = field(default_factory=dict)
     pools: list[str] | None = None  # the delete operator's resolved pool names
     failure: str | None = None  # set: delete what we made, then raise this
     failure_retryable: bool = False
@@ -203,8 +204,14 @@ class NodePoolProvisioner(_Loop):
         slices = f" x {tpu.num_slices}" if tpu.num_slices > 1 else ""
         self.what = f"a {tpu.generation.name} {tpu.topology} slice{slices} ({tpu.machine_type})"
 
-    def _fail(self, failure: GKEFailure, action: str = "create", **extra: Any) -> str:
-        return self._explain(failure, action, self.what, zone=self.plan.node_zone, **extra)
+    def _fail(self, failure: GKEFailure, action: str = "create", choice: int | None = None, **extra: Any) -> str:
+        zone = self.plan.choices[choice][0] if choice is not None else self.plan.node_zone
+        zones = self.plan.zones if len(self.plan.zones) > 1 else ()
+        return self._explain(failure, action, self.what, zone=", ".join(zones) or zone, **extra)
+
+    def _choice_text(self, choice: int) -> str:
+        zone, capacity = self.plan.choices[choice]
+        return f"{capacity} in {zone}" if len(self.plan.zones) > 1 else str(capacity)
 
     def _owned(self, progress: Progress, name: str, pool: dict[str, Any]) -> bool:
         if name in progress.created:
@@ -216,23 +223,47 @@ class NodePoolProvisioner(_Loop):
     def _mismatch(self, name: str, diffs: list[str]) -> NodePoolFailed:
         return NodePoolFailed(
             f"Node pool {name} already exists in cluster {self.cluster_name} but is not {self.what} with capacity "
-            f"{' or '.join(str(c) for c in self.plan.capacities)}: {'; '.join(diffs)}. It was not reused. Delete it "
+            f"{' or '.join(self._choice_text(i) for i in range(len(self.plan.choices)))}: {'; '.join(diffs)}. It was "
+            "not reused. Delete it "
             "(if it is stale) or give this task another node_pool_name.",
             retryable=False,
         )
 
+    def _next_zone(self, choice: int) -> int | None:
+        """The first later choice in another zone (a quota is regional or zonal: another capacity in the same
+        zone draws on the same one)."""
+        zone = self.plan.choices[choice][0]
+        return next((i for i in range(choice + 1, len(self.plan.choices)) if self.plan.choices[i][0] != zone), None)
+
+    def _quota(self, progress: Progress, choice: int | None, failure: GKEFailure) -> bool:
+        """A quota error: move on to the next zone if there is one (True), else it fails the task."""
+        choice = progress.choice if choice is None else choice
+        following = self._next_zone(choice)
+        if following is None:
+            return False
+        progress.tried.append(self._choice_text(choice))
+        if choice >= progress.choice:
+            log.warning(
+                "Quota too small in %s (%s); trying %s",
+                self.plan.choices[choice][0],
+                failure.message,
+                self._choice_text(following),
+            )
+            progress.choice = following
+        return True
+
     def _stockout(self, progress: Progress, choice: int | None, failure: GKEFailure) -> None:
         choice = progress.choice if choice is None else choice
-        progress.tried.append(str(self.plan.capacities[choice]))
+        progress.tried.append(self._choice_text(choice))
         if choice < progress.choice:
             return  # an older attempt; we already moved on
-        if progress.choice + 1 < len(self.plan.capacities):
+        if progress.choice + 1 < len(self.plan.choices):
             progress.choice += 1
             log.warning(
                 "No %s capacity (%s); falling back to %s",
-                self.plan.capacities[choice],
+                self._choice_text(choice),
                 failure.message,
-                self.plan.capacities[progress.choice],
+                self._choice_text(progress.choice),
             )
             return
         progress.last_choice_stockouts += 1
@@ -253,6 +284,8 @@ class NodePoolProvisioner(_Loop):
         log.warning("Creating node pool %s failed: %s", wait.pool, failure)
         if failure.kind is FailureKind.STOCKOUT:
             self._stockout(progress, wait.choice, failure)
+        elif failure.kind is FailureKind.QUOTA and self._quota(progress, wait.choice, failure):
+            return
         elif failure.kind.wait_and_retry:
             progress.busy_retries += 1
             progress.delay_next_create = self.policy.delay(progress.busy_retries)
@@ -265,10 +298,12 @@ class NodePoolProvisioner(_Loop):
             delay, progress.delay_next_create = progress.delay_next_create, 0.0
             return Sleep(delay, "backing off before the next create")
         name = self.plan.names[index]
-        capacity = self.plan.capacities[progress.choice]
+        zone, capacity = self.plan.choices[progress.choice]
         try:
             operation = self.hook.create_node_pool(
-                project_id=self.project_id, cluster_name=self.cluster_name, node_pool=self.plan.body(index, capacity)
+                project_id=self.project_id,
+                cluster_name=self.cluster_name,
+                node_pool=self.plan.body(index, capacity, zone),
             )
         except GoogleAPICallError as exc:
             failure = classify_exception(exc)
@@ -281,13 +316,16 @@ class NodePoolProvisioner(_Loop):
             if failure.kind is FailureKind.STOCKOUT:
                 self._stockout(progress, progress.choice, failure)
                 return None
+            if failure.kind is FailureKind.QUOTA and self._quota(progress, progress.choice, failure):
+                return None
             if failure.kind.wait_and_retry:
                 return self._busy(progress, failure, "create", self.what)
             # Quota, permission, invalid argument, missing cluster: retrying will not help.
             raise NodePoolFailed(self._fail(failure), retryable=False) from exc
         progress.created.append(name)
         progress.capacity_of[name] = str(capacity)
-        log.info("Creating node pool %s (%s, %s): operation %s", name, self.what, capacity, operation.name)
+        progress.zone_of[name] = zone
+        log.info("Creating node pool %s (%s, %s in %s): operation %s", name, self.what, capacity, zone, operation.name)
         return WaitForOperation(operation.name, "create", name, progress.choice)
 
     def _pass(self, progress: Progress) -> Step | None:
@@ -312,16 +350,37 @@ class NodePoolProvisioner(_Loop):
                 return self._delete(progress, name)
             choice = None
             if status != "STOPPING":
-                capacity, diffs = match_capacity(self.plan, index, pool)
-                if capacity is None:
+                choice, diffs = match_choice(self.plan, index, pool)
+                if choice is None:
                     raise self._mismatch(name, diffs)
-                choice = self.plan.capacities.index(capacity)
+                zone, capacity = self.plan.choices[choice]
                 progress.capacity_of[name] = str(capacity)
+                progress.zone_of[name] = zone
+                moved = self._one_zone(progress, name, pool, choice)
+                if moved is not None:
+                    return moved
             if status in _BUSY_STATES:
                 return self._wait_on_busy_pool(name, status, choice)
         if cleaning:
             raise NodePoolFailed(progress.failure or "", retryable=progress.failure_retryable)
         return Done(self.result(progress))
+
+    def _one_zone(self, progress: Progress, name: str, pool: dict[str, Any], choice: int) -> Step | None:
+        """Keep every slice of a run in one zone: a pool found at a later choice (a retry adopting it) moves the
+        run there; one of ours left in a zone the run has since left is deleted, to be made again where the run
+        is now."""
+        if len(self.plan.zones) < 2:
+            return None
+        if choice > progress.choice:
+            progress.choice = choice
+            return None
+        zone, current = self.plan.choices[choice][0], self.plan.choices[progress.choice][0]
+        if zone == current or not self._owned(progress, name, pool):
+            return None
+        log.warning("Node pool %s is in %s but the run's slices moved to %s; deleting it", name, zone, current)
+        progress.created = [n for n in progress.created if n != name]
+        progress.zone_of.pop(name, None)
+        return self._delete(progress, name)
 
     def result(self, progress: Progress) -> dict[str, Any]:
         names = list(self.plan.names)
@@ -329,6 +388,9 @@ class NodePoolProvisioner(_Loop):
             **self.plan.describe(),
             "node_pool_name": names[0],
             "capacity": {n: progress.capacity_of.get(n) for n in names},
+            # where the slice landed: every later step (RayCluster, ledger) follows this zone
+            "node_zone": progress.zone_of.get(names[0], self.plan.node_zone),
+            "zone": {n: progress.zone_of.get(n, self.plan.node_zone) for n in names},
             "created": [n for n in names if n in progress.created],
             "adopted": [n for n in names if n not in progress.created],
             "stockouts": list(progress.tried),

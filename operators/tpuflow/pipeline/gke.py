@@ -48,6 +48,7 @@ Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,16 @@ from tpuflow.pipeline.factory import (
     smoke_test_and_report,
     training_steps,
 )
-from tpuflow.pipeline.params import MAX_RUN_DURATION_PARAM, max_run_duration_param, pipeline_params, validate_params
+from tpuflow.pipeline.params import (
+    MAX_RUN_DURATION_PARAM,
+    ZONE_FAILOVER_PARAM,
+    ZONES_PARAM,
+    max_run_duration_param,
+    pipeline_params,
+    validate_params,
+    zone_failover_param,
+    zones_param,
+)
 from tpuflow.pipeline.steps import CheckParamsOperator
 from tpuflow.templating import is_true
 
@@ -102,7 +112,20 @@ DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
 def gke_pipeline_params() -> dict[str, Param]:
     """The shared Params (serve_topology included: tpuflow.pipeline.params), and queued capacity's
     max_run_duration_seconds."""
-    return {**pipeline_params(), MAX_RUN_DURATION_PARAM: max_run_duration_param()}
+    return {
+        **pipeline_params(),
+        MAX_RUN_DURATION_PARAM: max_run_duration_param(),
+        ZONES_PARAM: zones_param(),
+        ZONE_FAILOVER_PARAM: zone_failover_param(),
+    }
+
+
+def _or_param(param: str, value: str | None) -> str:
+    """A template: the Param's value when the run sets one, else ``value`` (a literal, or one template)."""
+    text = value or ""
+    whole = re.fullmatch(r"\{\{(.*)\}\}", text.strip(), flags=re.S)
+    fallback = whole.group(1).strip() if whole and "{{" not in whole.group(1) else repr(text)
+    return "{{ params." + param + " or " + fallback + " }}"
 
 
 def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
@@ -129,7 +152,7 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
     :param project_id: the GKE cluster's project; templated; empty: quota not checked.
     :param location: the cluster's zone or region; templated.
-    :param node_zone: the slices' zone when ``location`` is a region; templated.
+    :param node_zone: the slices' zone (or zones, tried in order) when ``location`` is a region; templated.
     :param capacity: ``fallback_capacity``: the node pools' capacities (GKECreateTPUNodePoolOperator); templated.
 
     Takes CheckParamsOperator's arguments (BaseOperator's: ``task_id`` and the like).
@@ -165,7 +188,14 @@ class CheckGkeParamsOperator(CheckParamsOperator):
         return check_gke_params(params)
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from tpuflow.gke.nodepool_spec import check_zones
+
         checked = super().execute(context)
+        if self.location:
+            try:  # the zones a run names (Param zones), before anything is made
+                check_zones(self.location, self.node_zone)
+            except UserInputError as err:
+                raise UserInputError(f"params.{ZONES_PARAM}", err.value, err.fix) from None
         if self.project_id:
             self._check_quota(checked)
         return checked
@@ -190,7 +220,7 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
         check_tpu_quota(
             info,
-            region=region_of(self.node_zone or self.location),
+            region=region_of(self.location),  # a zone's region, or the regional cluster's
             needs=run_quota_needs(checked, checked.get("serve")),
             capacities=capacities,
             say=self.log.info,
@@ -385,7 +415,9 @@ def variable_settings() -> dict[str, Any]:
     tpuflow_kubernetes_conn_id   (empty)                a ``kubernetes`` connection to the cluster instead
     tpuflow_gke_project          (empty)                empty: the GCP connection's ``project`` extra
     tpuflow_gke_location         us-east5-b             the cluster's zone or region
-    tpuflow_gke_node_zone        (empty)                the slices' zone when the location is a region
+    tpuflow_gke_node_zone        (empty)                the slices' zone when the location is a region, or
+                                                        several (comma-separated) tried in order; Param
+                                                        ``zones`` overrides it per run
     tpuflow_gke_cluster          tpuflow
     tpuflow_kuberay_namespace    (empty)                empty: the connection's namespace, else default
     tpuflow_ray_image            rayproject/ray:2.60.0-py311   must carry workloads/ at the URI below
@@ -551,11 +583,13 @@ def build_gke_pipeline_dag(
         "poll_interval": node_pool_poll_interval,
         "retry_backoff": node_pool_poll_interval,
     }
+    node_zone = _or_param(ZONES_PARAM, node_zone)  # the run's Param zones, else the builder's
     creates: dict[str, Any] = {
         **pools,
         "capacity": capacity,
         "fallback_capacity": fallback_capacity,
         "node_zone": node_zone,
+        "zone_failover": "{{ params." + ZONE_FAILOVER_PARAM + " }}",
     }
     kube: dict[str, Any] = {
         "kubernetes_conn_id": kubernetes_conn_id,

@@ -88,6 +88,32 @@ def max_run_duration_param() -> Param:
     ).param()
 
 
+ZONES_PARAM = "zones"
+ZONE_FAILOVER_PARAM = "zone_failover"
+
+
+def zones_param() -> Param:
+    """The GKE pipeline's zones to try, in order (GKECreateTPUNodePoolOperator's node_zone)."""
+    return ParamSpec(
+        "",
+        type="string",
+        title="Zones to try (optional)",
+        description="Zones of the cluster's region, comma-separated, tried in order when one has no room or no "
+        "quota for the slice, e.g. us-east5-a,us-east5-b,us-east5-c. Empty: the tpuflow_gke_node_zone Variable.",
+    ).param()
+
+
+def zone_failover_param() -> Param:
+    return ParamSpec(
+        "zone-first",
+        type="string",
+        enum=["zone-first", "capacity-first"],
+        title="Zone failover order",
+        description="With several zones: zone-first tries every zone with the first capacity before the next "
+        "capacity (fallback_capacity); capacity-first tries every capacity in a zone before the next zone.",
+    ).param()
+
+
 def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, ParamSpec]:
     """Each Param's default and JSON schema, as plain data: `tpuflow demo` checks its flags with them
     without loading Airflow."""

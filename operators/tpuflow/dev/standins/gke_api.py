@@ -39,7 +39,8 @@ Stand-in only paths (not GKE):
   quota, as on GKE). ``stuck`` (creates only, stage operation): the create's operation stays RUNNING for
   ``seconds`` (default 3600), then succeeds; GKE refuses other operations on the pool meanwhile and cannot
   cancel it (operations.cancel is for node pool upgrades only, and is not served here).
-  ``capacity``: on-demand | spot | reservation | flex-start | queued.
+  ``capacity``: on-demand | spot | reservation | flex-start | queued. ``zone``: only pools in that zone
+  (a zone's stockout or quota, as a regional cluster sees one zone run dry while the next has room).
   ``GET`` lists pending faults, ``DELETE`` clears them.
 - ``POST /_standin/match`` ``{"nodeSelector": {...}, "nodes": 4}``: RUNNING pools whose simulated
   node labels include the selector and that have (or can scale to) that many nodes.
@@ -457,6 +458,7 @@ class GKEApiStandin:
         message: str | None = None,
         quota_metric: str | None = None,
         seconds: float | None = None,
+        zone: str | None = None,
     ) -> dict[str, Any]:
         if kind not in FAULT_KINDS:
             raise ValueError(f"fault kind {kind!r}: use one of {', '.join(FAULT_KINDS)}")
@@ -482,6 +484,7 @@ class GKEApiStandin:
             "times": int(times),
             "message": message,
             "quota_metric": quota_metric,
+            "zone": zone,
         }
         if kind == "stuck":
             fault["seconds"] = 3600.0 if seconds is None else float(seconds)
@@ -530,9 +533,9 @@ class GKEApiStandin:
                 and (p.body.get("placementPolicy") or {}).get("policyName") == policy
             ]
 
-    def _take_fault(self, on: str, capacity: str) -> dict[str, Any] | None:
+    def _take_fault(self, on: str, capacity: str, zone: str | None = None) -> dict[str, Any] | None:
         for fault in self._faults:
-            if fault["on"] == on and fault["capacity"] in (None, capacity):
+            if fault["on"] == on and fault["capacity"] in (None, capacity) and fault.get("zone") in (None, zone):
                 fault["times"] -= 1
                 if fault["times"] <= 0:
                     self._faults.remove(fault)
@@ -772,7 +775,7 @@ class GKEApiStandin:
         with self._lock:
             self._tick()
             key = self._cluster(project, location, cluster)
-            fault = self._take_fault("create", _capacity_kind(pool))
+            fault = self._take_fault("create", _capacity_kind(pool), (pool.get("locations") or [location])[0])
             if fault is not None and fault["stage"] == "request":
                 raise self._request_fault(fault, key, pool)
             self._busy_check(key)
@@ -797,7 +800,9 @@ class GKEApiStandin:
             self._tick()
             key = self._cluster(project, location, cluster)
             pool = self._pools.get((*key, name))
-            fault = self._take_fault("delete", _capacity_kind(pool.body) if pool else "on-demand")
+            fault = self._take_fault(
+                "delete", _capacity_kind(pool.body) if pool else "on-demand", pool.zone if pool else location
+            )
             if fault is not None:
                 raise self._request_fault(fault, key, pool.body if pool else {"name": name})
             pool = self._existing_pool(key, name, pool)
@@ -1078,7 +1083,7 @@ def _not_json(raw: bytes, err: ValueError) -> Any:
 
 
 def _fault_kwargs(item: Mapping[str, Any]) -> dict[str, Any]:
-    allowed = {"kind", "capacity", "stage", "on", "times", "message", "quota_metric", "seconds"}
+    allowed = {"kind", "capacity", "stage", "on", "times", "message", "quota_metric", "seconds", "zone"}
     unknown = set(item) - allowed - {"quotaMetric"}
     if unknown:
         raise ValueError(f"unknown fault fields {sorted(unknown)}; use {sorted(allowed)}")
