@@ -170,3 +170,21 @@ def test_stop_returns_only_once_every_ray_worker_is_gone(tmp_path: Path) -> None
     finally:
         cluster.stop()
     assert _pids_referencing(cluster.temp_dir) == [], "Ray workers outlived stop()"
+
+
+def test_a_preemption_interrupted_inside_its_notice_still_ends_with_the_host_replaced(monkeypatch) -> None:
+    """A drained Ray node never takes work again: Ctrl-C during the notice kills it and starts its replacement
+    rather than leave the slice with a host nothing can use."""
+    calls: list[str] = []
+    cluster = LocalRayCluster("c", "/nonexistent", "/nonexistent", "", "", 0, None)
+    monkeypatch.setattr(cluster, "drain_host", lambda s, w, n: calls.append(f"drain {s}/{w} {n}") or 1e12)
+    monkeypatch.setattr(cluster, "kill_host", lambda s, w: calls.append(f"kill {s}/{w}") or 42)
+    monkeypatch.setattr(cluster, "replace_host", lambda s, w, t: calls.append(f"replace {s}/{w}"))
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cluster_mod.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.preempt_host(0, 1, notice_s=30)
+    assert calls == ["drain 0/1 30", "kill 0/1", "replace 0/1"]

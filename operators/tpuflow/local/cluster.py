@@ -316,9 +316,16 @@ class LocalRayCluster:
         """
         if notice_s > 0:
             deadline = self.drain_host(slice_index, worker_id, notice_s)
-            if on_drained is not None:
-                on_drained(deadline)
-            time.sleep(max(deadline - time.time(), 0.0))
+            try:
+                if on_drained is not None:
+                    on_drained(deadline)
+                time.sleep(max(deadline - time.time(), 0.0))
+            except KeyboardInterrupt:
+                # A drained Ray node never takes work again: interrupted, the preemption ends now rather than
+                # leave the slice with a host nothing can use.
+                self.kill_host(slice_index, worker_id)
+                self.replace_host(slice_index, worker_id, timeout)
+                raise
         pid = self.kill_host(slice_index, worker_id)
         time.sleep(restart_after)
         self.replace_host(slice_index, worker_id, timeout)
