@@ -102,24 +102,29 @@ def _steady(ms: list[float]) -> float | None:
     return median(ms[1:]) if len(ms) > 1 else None
 
 
+def _train_job(ctx: Context, data: dict, fw: str, name: str, workers: int, config: dict) -> str:
+    """The demo's training (``fw``) through tpuflow_driver.train as a Ray job, one CPU per worker; its logs."""
+    spec = {
+        "framework": fw,
+        "train_loop": f"addition.train_{fw}:train_loop_per_worker",
+        "run_name": f"bench-{name}-{time.time_ns() % 10**9}",
+        "storage_path": str(ctx.work / "train"),
+        "scaling_config": {"num_workers": workers, "resources_per_worker": {"CPU": 1}},
+        "train_loop_config": config,
+        "datasets": {"train": data["train"]},
+        "worker_env": {"JAX_PLATFORMS": "cpu"},
+    }
+    _, logs = ctx.run_job(f"python -m tpuflow_driver.train --spec-json '{json.dumps(spec)}'", name=name)
+    return logs
+
+
 @measure("train_step_ratio")
 def train_step_ratio(ctx: Context) -> list[Result]:
     data = ctx.data()
     workers, steps, log_every = 2, (150 if ctx.quick else 400), 25
     rows = []
     for fw in ("jax", "torch"):
-        spec = {
-            "framework": fw,
-            "train_loop": f"addition.train_{fw}:train_loop_per_worker",
-            "run_name": f"bench-{fw}-{time.time_ns() % 10**9}",
-            "storage_path": str(ctx.work / "train"),
-            "scaling_config": {"num_workers": workers, "resources_per_worker": {"CPU": 1}},
-            "train_loop_config": {"num_steps": steps, "log_every": log_every},
-            "datasets": {"train": data["train"]},
-            "worker_env": {"JAX_PLATFORMS": "cpu"},
-        }
-        _, ray_logs = ctx.run_job(f"python -m tpuflow_driver.train --spec-json '{json.dumps(spec)}'",
-                                  name=f"train-{fw}")  # fmt: skip
+        ray_logs = _train_job(ctx, data, fw, f"train-{fw}", workers, {"num_steps": steps, "log_every": log_every})
         log = ctx.work / f"plain-{fw}.log"
         env = {**os.environ, "PYTHONPATH": str(WORKLOADS), "JAX_PLATFORMS": "cpu"}
         with spawned([sys.executable, str(JOBS / "plain_train.py"), fw, str(workers), str(steps), str(log_every)],
@@ -182,18 +187,8 @@ def preemption_check_overhead(ctx: Context) -> list[Result]:
     ms: dict[int, float | None] = {}
     series: dict[str, list[float]] = {}
     for every in sorted({0, 1, default}):
-        spec = {
-            "framework": "jax",
-            "train_loop": "addition.train_jax:train_loop_per_worker",
-            "run_name": f"bench-notice{every}-{time.time_ns() % 10**9}",
-            "storage_path": str(ctx.work / "train"),
-            "scaling_config": {"num_workers": workers, "resources_per_worker": {"CPU": 1}},
-            "train_loop_config": {"num_steps": steps, "log_every": log_every, "preemption_check_every": every},
-            "datasets": {"train": data["train"]},
-            "worker_env": {"JAX_PLATFORMS": "cpu"},
-        }
-        _, logs = ctx.run_job(f"python -m tpuflow_driver.train --spec-json '{json.dumps(spec)}'",
-                              name=f"train-notice{every}")  # fmt: skip
+        config = {"num_steps": steps, "log_every": log_every, "preemption_check_every": every}
+        logs = _train_job(ctx, data, "jax", f"train-notice{every}", workers, config)
         _, step_ms = _step_times(logs)
         ms[every], series[f"every {every} steps" if every else "never"] = _steady(step_ms), step_ms
     value = ratio(ms[default], ms[0])

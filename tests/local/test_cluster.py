@@ -188,3 +188,31 @@ def test_a_preemption_interrupted_inside_its_notice_still_ends_with_the_host_rep
     with pytest.raises(KeyboardInterrupt):
         cluster.preempt_host(0, 1, notice_s=30)
     assert calls == ["drain 0/1 30", "kill 0/1", "replace 0/1"]
+
+
+def test_sigterm_to_tpuflow_local_preempt_inside_its_notice_is_an_interrupt(monkeypatch) -> None:
+    """`kill PID` of the command during the notice reaches preempt_host's cleanup (as Ctrl-C does) instead of
+    ending the process with the host left drained; the command exits 130."""
+    import os
+    import signal
+    import time
+
+    from tpuflow.cli import local_cmd, main
+
+    seen: list[str] = []
+
+    class Cluster:
+        name = "c"
+
+        def preempt_host(self, *args, **kwargs):
+            try:  # the handler raises as soon as the signal is delivered
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            except KeyboardInterrupt:
+                seen.append("interrupted")
+                raise
+
+    monkeypatch.setattr(local_cmd, "_clusters", lambda args: [Cluster()])
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["local", "preempt", "--host", "1", "--notice", "30s"]) == 130
+    assert seen == ["interrupted"] and signal.getsignal(signal.SIGTERM) == before

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuflow.errors import UserInputError
+from tpuflow.gke.nodepool_spec import FLEX_MAX_RUN_DURATION_S
 from tpuflow.kubernetes.values import check_name, check_namespace
 from tpuflow.labels import check_labels
 from tpuflow.naming import TaskIdentity, dns_name
@@ -34,8 +35,8 @@ CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 # GKE: flex-start (queued provisioning included) runs VMs for at most seven days, also the default
-# when maxRunDurationSeconds is not given (tpuflow.gke.nodepool_spec caps a pool's maxRunDuration alike).
-MAX_RUN_DURATION_SECONDS = 7 * 24 * 3600
+# when maxRunDurationSeconds is not given.
+MAX_RUN_DURATION_SECONDS = FLEX_MAX_RUN_DURATION_S
 FINAL_CONDITIONS = ("Failed", "CapacityRevoked", "BookingExpired")
 NAME_MAX = 63
 _TPU_TOLERATION = {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -100,6 +101,10 @@ def _notice_seconds(text: str) -> float:
     return check_seconds("--notice", value, allow_zero=True, maximum=3600) or 0.0
 
 
+def _as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _preempt(args: argparse.Namespace) -> int:
 
     check_count("--host", args.host, minimum=0, what="a TPU worker id")
@@ -123,9 +128,14 @@ def _preempt(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    pid = cluster.preempt_host(
-        args.slice, args.host, restart_after=args.restart_after, notice_s=notice, on_drained=drained
-    )
+    # SIGTERM as Ctrl-C: an interrupted notice still ends with the drained host replaced (preempt_host)
+    previous = signal.signal(signal.SIGTERM, _as_interrupt)
+    try:
+        pid = cluster.preempt_host(
+            args.slice, args.host, restart_after=args.restart_after, notice_s=notice, on_drained=drained
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(
         f"preempted simulated TPU host {args.slice}/{args.host} of {cluster.name} (process group {pid}); "
         f"a replacement joined after {args.restart_after:.0f}s"

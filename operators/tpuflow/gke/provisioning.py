@@ -204,10 +204,10 @@ class NodePoolProvisioner(_Loop):
         slices = f" x {tpu.num_slices}" if tpu.num_slices > 1 else ""
         self.what = f"a {tpu.generation.name} {tpu.topology} slice{slices} ({tpu.machine_type})"
 
-    def _fail(self, failure: GKEFailure, action: str = "create", choice: int | None = None, **extra: Any) -> str:
-        zone = self.plan.choices[choice][0] if choice is not None else self.plan.node_zone
-        zones = self.plan.zones if len(self.plan.zones) > 1 else ()
-        return self._explain(failure, action, self.what, zone=", ".join(zones) or zone, **extra)
+    def _fail(self, failure: GKEFailure, action: str = "create", **extra: Any) -> str:
+        return self._explain(
+            failure, action, self.what, zone=", ".join(self.plan.zones) or self.plan.node_zone, **extra
+        )
 
     def _choice_text(self, choice: int) -> str:
         zone, capacity = self.plan.choices[choice]
@@ -224,8 +224,7 @@ class NodePoolProvisioner(_Loop):
         return NodePoolFailed(
             f"Node pool {name} already exists in cluster {self.cluster_name} but is not {self.what} with capacity "
             f"{' or '.join(self._choice_text(i) for i in range(len(self.plan.choices)))}: {'; '.join(diffs)}. It was "
-            "not reused. Delete it "
-            "(if it is stale) or give this task another node_pool_name.",
+            "not reused. Delete it (if it is stale) or give this task another node_pool_name.",
             retryable=False,
         )
 
@@ -320,7 +319,7 @@ class NodePoolProvisioner(_Loop):
                 return None
             if failure.kind.wait_and_retry:
                 return self._busy(progress, failure, "create", self.what)
-            # Quota, permission, invalid argument, missing cluster: retrying will not help.
+            # Quota (no other zone left to try), permission, invalid argument, missing cluster: retrying will not help.
             raise NodePoolFailed(self._fail(failure), retryable=False) from exc
         progress.created.append(name)
         progress.capacity_of[name] = str(capacity)

@@ -340,7 +340,6 @@ class LocalRayCluster:
         if not alive:
             raise LocalClusterError(f"simulated host {node.slice_name}/worker-{worker_id} ({ip}) has no live Ray node")
         seconds = max(1, round(notice_s))
-        deadline = time.time() + seconds
         message = f"tpuflow local preempt: {node.slice_name}/worker-{worker_id}"
         args = drain_node_args(seconds, message, node_id=alive[0]["node_id"], address=self.gcs_address)
         done = subprocess.run(
@@ -352,7 +351,8 @@ class LocalRayCluster:
         )
         if done.returncode != 0:
             raise LocalClusterError(f"ray drain-node failed: {_last_line(done.stderr or done.stdout)}")
-        return deadline
+        # Ray set its deadline when the command ran: killing no earlier than this gives the full notice
+        return time.time() + seconds
 
     def replace_host(self, slice_index: int, worker_id: int, timeout: float = 180.0) -> None:
         """Start a new Ray node in place of a (killed) host.

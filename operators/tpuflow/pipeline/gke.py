@@ -110,8 +110,8 @@ DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
 
 # --- Params ------------------------------------------------------------------------------------------
 def gke_pipeline_params() -> dict[str, Param]:
-    """The shared Params (serve_topology included: tpuflow.pipeline.params), and queued capacity's
-    max_run_duration_seconds."""
+    """The shared Params (serve_topology included: tpuflow.pipeline.params), queued capacity's
+    max_run_duration_seconds, and the zones to try (zones, zone_failover)."""
     return {
         **pipeline_params(),
         MAX_RUN_DURATION_PARAM: max_run_duration_param(),
@@ -192,10 +192,11 @@ class CheckGkeParamsOperator(CheckParamsOperator):
 
         checked = super().execute(context)
         if self.location:
-            try:  # the zones a run names (Param zones), before anything is made
+            try:  # the zones a run names (Param zones, else the builder's node_zone), before anything is made
                 check_zones(self.location, self.node_zone)
             except UserInputError as err:
-                raise UserInputError(f"params.{ZONES_PARAM}", err.value, err.fix) from None
+                field = f"params.{ZONES_PARAM}" if context["params"].get(ZONES_PARAM) else err.field
+                raise UserInputError(field, err.value, err.fix) from None
         if self.project_id:
             self._check_quota(checked)
         return checked
