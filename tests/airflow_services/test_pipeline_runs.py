@@ -71,6 +71,32 @@ def test_rest_triggered_run_defers_to_the_triggerer(services: Any, api: Any, unp
     deploy_links = api.get(f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/deploy/links").json()["extra_links"]
     assert deploy_links["Serve Endpoint"].startswith("http://127.0.0.1:")
     _task_page_shows_links(services, run_id)
+    # every task that ran work on the slice recorded it, through the real triggerer: the ledger's timeline has it
+    seconds = report["ledger"]["slices"][0]["timeline"]["seconds"]
+    assert {"cluster_start", "data_prep", "preflight", "productive", "evaluation", "serving"} <= set(seconds), seconds
+    assert 0 < report["ledger"]["goodput"]["goodput"] < 1
+    _ledger_page_shows_the_timeline(services, run_id)
+
+
+def _ledger_page_shows_the_timeline(services: Any, run_id: str) -> None:
+    """The plugin's ledger page draws the run's goodput bar and its slice's timeline, cut by cause."""
+    from support.ui_browser import airflow_page, wait_for
+
+    with airflow_page(services.url, services.token()) as page:
+        page.goto(f"{services.url}/tpuflow/ledger")
+        causes = wait_for(
+            page,
+            "(() => { const c = [...document.querySelectorAll(\"svg[aria-label='slice timeline'] rect\")]"
+            ".map(r => r.dataset.cause); return c.length ? c : null; })()",
+            60,
+            "the slice timeline on the ledger page",
+        )
+        assert {"cluster_start", "training", "evaluation", "serving"} <= set(causes), causes
+        assert page.locator("svg[aria-label='goodput per run']").count() == 1
+        assert run_id in page.inner_text("body")
+        shot = ARTIFACTS / "ledger_timeline.png"
+        page.screenshot(path=shot, full_page=True)
+        assert shot.stat().st_size > 20_000
 
 
 def _task_page_shows_links(services: Any, run_id: str) -> None:

@@ -47,6 +47,29 @@ def test_estimate_is_chips_times_previous_durations() -> None:
     assert estimate_chip_hours([{"role": "eval", "chips": 4}], PREVIOUS)[0] is None
 
 
+def test_a_measured_previous_run_scales_its_training_by_the_steps_asked() -> None:
+    # the previous run: 1800 s on the train slice, of which 1200 s were 1200 productive steps (1 s each)
+    previous = {
+        "slices": [{"role": "train", "seconds": 1800.0, "timeline": {"seconds": {"productive": 1200.0}}}],
+        "goodput": {"steps": {"productive": 1200, "compile": 1}},
+    }
+    estimate, basis = estimate_chip_hours([{"role": "train", "chips": 16, "steps": "3000"}], previous)
+    assert estimate == pytest.approx(16 * (600.0 + 3000 * 1.0) / 3600.0)  # its badput, then 3000 steps
+    assert "600 s not training as measured + 3000 steps x 1.000 s" in basis
+    # without the steps asked (or a measured previous run) the previous duration stands
+    assert estimate_chip_hours([{"role": "train", "chips": 16}], previous)[0] == pytest.approx(8.0)
+    unmeasured = {"slices": [{"role": "train", "seconds": 1800.0}]}
+    assert estimate_chip_hours([{"role": "train", "chips": 16, "steps": 3000}], unmeasured)[0] == pytest.approx(8.0)
+
+
+def test_the_guard_refuses_steps_that_are_not_a_count() -> None:
+    from tpuflow.cost.operators import ChipBudgetGuardOperator
+
+    with pytest.raises(UserInputError) as err:
+        ChipBudgetGuardOperator(task_id="g", slices=[{"role": "train", "tpu": V6E_4X4, "steps": "many"}])
+    assert err.value.field == "slices[train].steps"
+
+
 def guard(max_chip_hours: Any) -> Any:
     from tpuflow.cost.operators import ChipBudgetGuardOperator
 

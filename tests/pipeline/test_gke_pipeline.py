@@ -515,6 +515,17 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         train = tis["train"].xcom_pull(task_ids="train")
         assert ledger["training_chip_hours"] == pytest.approx(4 * train["fit_s"] / 3600, rel=1e-3)
         print(f"chip-hours on the stand-ins: {ledger['chip_hours']:.5f} billed, ratio {ledger['chip_hours_ratio']}")
+        # Goodput: every billed second of each slice has one cause, from the GKE operations and the work spans
+        train_slice, serve_slice = ledger["slices"]
+        for entry in ledger["slices"]:
+            assert sum(entry["timeline"]["seconds"].values()) == pytest.approx(entry["seconds"], abs=0.01), entry
+        measured = train_slice["timeline"]["seconds"]
+        assert {"provisioning", "cluster_start", "preflight", "compile", "productive"} <= set(measured), measured
+        assert "evaluation" not in measured and "data_prep" not in measured  # both ran on the CPU cluster
+        assert serve_slice["timeline"]["seconds"]["serving"] > 0 and "productive" not in serve_slice["timeline"]
+        assert ledger["goodput"]["steps"]["productive"] + ledger["goodput"]["steps"]["compile"] == 300
+        assert 0 < ledger["goodput"]["goodput"] < 1
+        print(f"goodput on the stand-ins: {ledger['goodput']['goodput']}; {ledger['goodput']['chip_seconds']}")
 
         # Node pools: the training slice (one ct6e-standard-4t node) and the serve slice (1x1), both deleted.
         created = [

@@ -105,6 +105,11 @@ def test_preempted_host_resumes_from_the_buckets_checkpoint_and_passes_the_gate(
     assert resumed, "the kept log must say which checkpoint training resumed from"
     assert re.search(rf"resumed from checkpoint {bucket}/drill/train/preempt/checkpoint_\S+ at step", kept)
     assert preempted_at - resumed[-1] <= CHECKPOINT_EVERY + 100  # lost at most one interval (+ log granularity)
+    # the driver's goodput: the steps after the checkpoint were computed again, and their time is named
+    measured = result["goodput"]
+    assert measured["attempts"] == 2 and measured["seconds"]["preemption"] > 0
+    assert preempted_at - resumed[-1] <= measured["steps"]["redone"] <= CHECKPOINT_EVERY + 100
+    assert measured["seconds"]["redone"] > 0
     assert max(_checkpoints(bucket, "drill/train/preempt/").values()) == NUM_STEPS
 
     evaluation = RaySubmitJobOperator(
@@ -124,9 +129,12 @@ def _train_preempted_with_notice(slice_cluster, train, ctx, step_pattern: str, h
     """Run ``train``; once its log shows step 100, preempt ``host`` of its slice with a NOTICE_S notice (a
     replacement joins 2 s after the kill); returns (outcome with the result, the job hook, the submission id)."""
     outcome: dict = {}
+    hook, sid = train.hook(), train.base_submission_id(ctx)
+    # Ray's job client loaded here first: two threads loading Ray's runtime_env modules at once (this one to read
+    # the log, the task's to ship its code) can see one half-initialised
+    _logs(hook, sid)
     worker = threading.Thread(target=lambda: outcome.update(result=train.execute(ctx)), daemon=True)
     worker.start()
-    hook, sid = train.hook(), train.base_submission_id(ctx)
     drained: list[float] = []
     deadline = time.time() + 600
     while time.time() < deadline and worker.is_alive() and not drained:
@@ -196,8 +204,10 @@ import time
 
 def train(config):
     import ray.train
+    from tpuflow_driver.goodput import StepClock
     from tpuflow_driver.preemption import PreemptionNotice
 
+    clock = StepClock.for_worker()
     rank = ray.train.get_context().get_world_rank()
     step = 0
     checkpoint = ray.train.get_checkpoint()
@@ -217,17 +227,23 @@ def train(config):
             ray.train.report({"step": at}, checkpoint=chosen)
 
     notice = PreemptionNotice()
+    clock.begin(step)
     while step < int(config["num_steps"]):
         time.sleep(0.05)
         step += 1
+        clock.step(step)
         if rank == 0:
             print(f"acme computed {step}", flush=True)
         if notice.arrived():
             save(step)
+            clock.mark("checkpoint")
             if rank == 0:
                 print(f"acme notice at {step}", flush=True)
+            clock.flush()
             notice.hold()
     save(step)
+    clock.mark("checkpoint")
+    clock.flush()
 """
 
 
@@ -257,3 +273,8 @@ def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster,
     before = logs[: logs.index("acme resumed at")]
     assert resumed == noticed == max(int(s) for s in re.findall(r"acme computed (\d+)", before))
     assert outcome["result"]["metrics"]["step"] == 600
+    # the goodput the loop's StepClock measured: the notice held, then the restart, is the preemption's time
+    measured = outcome["result"]["goodput"]
+    assert measured["attempts"] == 2 and "redone" not in measured["steps"]
+    assert measured["steps"]["productive"] + measured["steps"]["compile"] == 600
+    assert measured["seconds"]["preemption"] >= NOTICE_S / 2 and measured["seconds"]["productive"] >= 600 * 0.05 * 0.9

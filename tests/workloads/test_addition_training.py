@@ -169,3 +169,50 @@ def test_no_notice_no_hold_and_a_deadline_less_notice_waits_rays_default() -> No
     assert clock.slept == pytest.approx(120.0 + 60.0)
     with pytest.raises(ValueError, match="preemption_check_every"):
         resolve_config({"preemption_check_every": -1})
+
+
+def test_fit_charges_each_second_to_its_cause_and_the_notice_hold_to_preemption() -> None:
+    from tpuflow_driver.goodput import StepClock
+
+    cfg = resolve_config({"num_steps": 8, "checkpoint_every": 4, "log_every": 100})
+    notice, _, time_ = _notice(at_call=6, deadline_in=10.0)
+    sent: list[dict[str, Any]] = []
+    clock = StepClock(send=lambda key, record: sent.append(record), redo_until=2, clock=time_, flush_s=1e9)
+    time_.now += 5.0  # the worker's setup before fit: restoring the checkpoint of step 1
+
+    def batches(epoch: int) -> Iterator[int]:
+        for i in range(100):
+            time_.now += 0.5  # the data
+            yield i
+
+    def step_fn(batch: int) -> float:
+        time_.now += 2.0 if batch == 0 else 1.0  # the first step compiles
+        return 0.0
+
+    def save(step: int, epoch: int, loss: float) -> None:
+        time_.now += 3.0
+
+    fit(step_fn, float, cfg, batches, step=1, on_checkpoint=save, notice=notice, clock=clock, log=lambda m: None)
+    assert len(sent) == 2  # flushed before the hold (the kill would come inside it), and at the end
+    record = sent[0]
+    assert record["start_step"] == 1 and record["step"] == 7
+    # step 2 (the earlier attempt had reached it) compiled: a restarted worker's first step compiles whatever it is
+    assert record["steps"] == {"compile": 1, "productive": 5}
+    assert record["seconds"]["restore"] == pytest.approx(5.0)
+    assert record["seconds"]["compile"] == pytest.approx(2.0)
+    assert record["seconds"]["productive"] == pytest.approx(5.0)
+    assert record["seconds"]["data_wait"] == pytest.approx(6 * 0.5)
+    assert record["seconds"]["checkpoint"] == pytest.approx(2 * 3.0)  # step 5 (periodic) and step 7 (the notice)
+    # no reclaim came: the hold (what the save left of the 10 s notice, then 60 s of grace) is preemption, and
+    # training went on to step 8
+    assert clock.seconds["preemption"] == pytest.approx(10.0 - 3.0 + 60.0) and clock.step_no == 8
+
+
+def test_steps_an_earlier_attempt_reached_are_redone() -> None:
+    from tpuflow_driver.goodput import StepClock
+
+    cfg = resolve_config({"num_steps": 10, "checkpoint_every": 100, "log_every": 100})
+    clock = StepClock(redo_until=7)
+    fit(lambda b: 0.0, float, cfg, lambda e: iter(range(100)), step=4, clock=clock, log=lambda m: None)
+    # step 5 compiles (a restarted worker compiles again), 6 and 7 repeat the earlier attempt, 8-10 are new
+    assert dict(clock.steps) == {"compile": 1, "redone": 2, "productive": 3}

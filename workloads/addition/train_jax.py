@@ -32,6 +32,7 @@ from addition.training import (
     resolve_config,
     shuffle_seed,
 )
+from tpuflow_driver.goodput import StepClock
 
 
 class DataParallelState:
@@ -263,6 +264,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     from ray.train import Checkpoint
 
+    clock = StepClock.for_worker()
     cfg = resolve_config(config)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -354,6 +356,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             epoch=epoch,
             on_checkpoint=on_checkpoint,
             notice=preemption_notice(cfg),
+            clock=clock,
             log=log,
         )
     finally:

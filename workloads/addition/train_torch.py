@@ -25,6 +25,7 @@ from addition.training import (
     resolve_config,
     shuffle_seed,
 )
+from tpuflow_driver.goodput import StepClock
 
 
 def _threads(cfg: dict[str, Any], local_world: int) -> int:
@@ -46,6 +47,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     from addition.model_torch import AdditionTransformer, make_optimizer, make_train_step, mean_loss
     from ray.train import Checkpoint
 
+    clock = StepClock.for_worker()
     cfg = resolve_config(config)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -158,5 +160,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         epoch=epoch,
         on_checkpoint=on_checkpoint,
         notice=preemption_notice(cfg),
+        clock=clock,
         log=log,
     )

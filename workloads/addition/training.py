@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from addition.data import TaskSpec
 from addition.model_jax import ModelConfig
+from tpuflow_driver.goodput import StepClock
 from tpuflow_driver.preemption import PreemptionNotice
 
 DEFAULTS: dict[str, Any] = {
@@ -73,20 +74,25 @@ def fit(
     epoch: int = 0,
     on_checkpoint: Callable[[int, int, float], None] | None = None,
     notice: PreemptionNotice | None = None,
+    clock: StepClock | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[int, int, float]:
     """Run steps until num_steps; returns (step, epoch of the last step, last loss). One epoch = one pass over the data.
 
     step_fn returns the loss as a device value; it is fetched (a host sync) only when logged
     or checkpointed. With a preemption notice (tpuflow_driver.preemption), the step the notice
-    arrives at is checkpointed and no further step is taken until the reclaim.
+    arrives at is checkpointed and no further step is taken until the reclaim. ``clock`` (default: one
+    that reports nowhere) is charged with where the time went (tpuflow_driver.goodput).
     """
     num_steps, log_every, ckpt_every = int(cfg["num_steps"]), int(cfg["log_every"]), int(cfg["checkpoint_every"])
+    clock = clock or StepClock()
+    clock.begin(step)
     loss_value = float("nan")
     t_log, s_log = time.perf_counter(), step
     while step < num_steps:
         batches = 0
         for batch in epoch_batches(epoch):
+            clock.mark("data_wait")
             loss = step_fn(batch)
             step += 1
             batches += 1
@@ -101,15 +107,23 @@ def fit(
                     f"({(now - t_log) / max(step - s_log, 1) * 1000:.1f} ms/step)"
                 )
                 t_log, s_log = now, step
+            clock.step(step)
             if checkpointed:
                 assert on_checkpoint is not None
                 on_checkpoint(step, epoch, loss_value)
+                clock.mark("checkpoint")
             if step >= num_steps:
                 break
-            if notice is not None and on_checkpoint is not None and notice.arrived():
+            if notice is None or on_checkpoint is None:
+                continue
+            arrived = notice.arrived()
+            clock.mark(clock.step_cause)  # a look at the notice is part of the step
+            if arrived:
                 if not checkpointed:
                     loss_value = fetch(loss)
                     on_checkpoint(step, epoch, loss_value)
+                    clock.mark("checkpoint")
+                clock.flush()  # the hold may end in the kill
                 left = notice.seconds_left()
                 log(
                     f"preemption notice at step {step}: checkpoint saved"
@@ -117,11 +131,13 @@ def fit(
                     + "; no further step until then"
                 )
                 notice.hold()
+                clock.mark("preemption")
                 log(f"still running {notice.grace_s:.0f}s past the reclaim deadline: training goes on")
         if batches == 0:
             raise RuntimeError("the training data yielded no full batch; lower global_batch_size or add data")
         if step < num_steps:
             epoch += 1
+    clock.flush()
     return step, epoch, loss_value
 
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuflow_driver import storage
+from tpuflow_driver import goodput, storage
 from tpuflow_driver.result import emit_result
 
 FRAMEWORKS = ("jax", "torch")
@@ -406,10 +406,19 @@ def run(spec: TrainSpec) -> dict[str, Any]:
 
     if not ray.is_initialized():
         ray.init()
-    t0 = time.perf_counter()
+    recorder = goodput.start_recorder()
+    t0, fit_started_at = time.perf_counter(), time.time()
     with HostWatch(ray.nodes) as watch:
         result = trainer.fit()
     fit_s = time.perf_counter() - t0
+    timeline = goodput.training_timeline(
+        ray.get(recorder.records.remote()),
+        fit_started_at,
+        time.time(),
+        hosts_lost=bool(watch.lost),
+        checkpoint_every=_whole(spec.train_loop_config.get("checkpoint_every")),
+    )
+    ray.kill(recorder)
     if result.error is not None:
         raise result.error
     metrics = dict(result.metrics or {})
@@ -435,6 +444,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         "steps_trained": steps_trained(earlier, metrics, reused),
         "fit_s": round(fit_s, 2),
         "hosts_lost": [{"slice": s, "worker": w} for s, w in watch.lost],
+        # the fit's wall seconds by cause, as the loop's StepClock recorded them (none: the loop keeps none)
+        "goodput": timeline,
     }
 
 

@@ -33,19 +33,47 @@ def check_max_chip_hours(value: Any, field: str = f"params.{MAX_CHIP_HOURS_PARAM
     return number
 
 
+def _step_seconds(previous: Mapping[str, Any], entry: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(seconds of the previous run's slice that were not productive steps, seconds per productive step), from
+    its measured goodput; None where it has none (no timeline, or no productive step counted)."""
+    productive = float(((entry.get("timeline") or {}).get("seconds") or {}).get("productive") or 0.0)
+    steps = int(((previous.get("goodput") or {}).get("steps") or {}).get("productive") or 0)
+    if productive <= 0 or steps <= 0:
+        return None
+    return max(0.0, float(entry.get("seconds") or 0.0) - productive), productive / steps
+
+
 def estimate_chip_hours(
     slices: Sequence[Mapping[str, Any]], previous: Mapping[str, Any] | None
 ) -> tuple[float | None, str]:
-    """(estimate, basis): ``slices`` are ``{"role", "chips"}``; ``previous`` a previous run's ledger."""
+    """(estimate, basis): ``slices`` are ``{"role", "chips"}`` (and ``steps``: the training steps this run takes
+    on that slice); ``previous`` a previous run's ledger.
+
+    A slice is expected to last as long as the previous run's did; a training slice whose previous timeline
+    measured its productive steps lasts that run's measured badput (everything but productive steps) plus
+    this run's steps at the measured time per step."""
     if not previous or not previous.get("slices"):
         return None, "no previous run's ledger to estimate from"
-    seconds = {s["role"]: float(s.get("seconds") or 0.0) for s in previous["slices"]}
-    missing = [s["role"] for s in slices if s["role"] not in seconds]
+    entries = {s["role"]: s for s in previous["slices"] if isinstance(s, Mapping)}
+    missing = [s["role"] for s in slices if s["role"] not in entries]
     if missing:
         return None, f"the previous run's ledger has no {', '.join(missing)} slice"
-    total = sum(int(s["chips"]) * seconds[s["role"]] / 3600.0 for s in slices)
-    basis = ", ".join(f"{s['role']}: {s['chips']} chips x {seconds[s['role']]:.0f} s" for s in slices)
-    return round(total, 6), f"previous run's durations ({basis})"
+    total, basis = 0.0, []
+    for s in slices:
+        entry, chips = entries[s["role"]], int(s["chips"])
+        measured = _step_seconds(previous, entry) if s.get("steps") not in (None, "") else None
+        if measured is None:
+            seconds = float(entry.get("seconds") or 0.0)
+            basis.append(f"{s['role']}: {chips} chips x {seconds:.0f} s")
+        else:
+            badput, per_step = measured
+            seconds = badput + per_step * int(s["steps"])
+            basis.append(
+                f"{s['role']}: {chips} chips x ({badput:.0f} s not training as measured + {int(s['steps'])} steps x "
+                f"{per_step:.3f} s)"
+            )
+        total += chips * seconds / 3600.0
+    return round(total, 6), f"previous run's measured times ({', '.join(basis)})"
 
 
 def over_budget(ledger_chip_hours: float, max_chip_hours: float | None) -> bool:

@@ -45,6 +45,21 @@ def pool_span(operations: Iterable[Mapping[str, Any]], pool: str) -> tuple[float
     return created, deleted
 
 
+def pool_ready(operations: Iterable[Mapping[str, Any]], pool: str) -> float | None:
+    """When the node pool's latest create finished (its nodes ready), from GKE operations (REST JSON)."""
+    suffix = f"/nodePools/{pool}"
+    ends = [
+        rfc3339_to_unix(op["endTime"])
+        for op in operations
+        if str(op.get("targetLink", "")).endswith(suffix)
+        and op.get("operationType") == "CREATE_NODE_POOL"
+        and op.get("status") == "DONE"
+        and op.get("endTime")
+        and not op.get("error")
+    ]
+    return max(ends, default=None)
+
+
 def slice_entry(
     role: str,
     generation: str,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuflow.cost.operators import ChipLedgerOperator
+from tpuflow.cost.operators import ChipLedgerOperator, SliceSpan
 from tpuflow.local.operators import LocalRayClusterDeleteOperator, _state_dir
 from tpuflow.naming import TaskIdentity
 
@@ -21,17 +21,26 @@ class LocalChipLedgerOperator(ChipLedgerOperator):
     """ChipLedgerOperator for the local backend: a slice's ``task_id`` is the stop task
     (LocalStopRecordingSpanOperator), whose XCom holds the simulated cluster's start and stop."""
 
-    def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
-        out: list[tuple[float | None, float | None, list[str]]] = []
+    def spans(self, context: Context) -> list[SliceSpan]:
+        out: list[SliceSpan] = []
         for entry in self.slices:
             span = context["ti"].xcom_pull(task_ids=entry["task_id"]) or {}
-            out.append((span.get("started_at"), span.get("stopped_at"), [span["name"]] if span.get("name") else []))
+            # a simulated slice has no pool to provision: its time to come up is the cluster's start
+            out.append(
+                SliceSpan(
+                    span.get("started_at"),
+                    span.get("stopped_at"),
+                    [span["name"]] if span.get("name") else [],
+                    provisioned_at=span.get("started_at"),
+                    cluster_ready_at=span.get("ready_at"),
+                )
+            )
         return out
 
 
 class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
     """LocalRayClusterDeleteOperator that returns the cluster's span for the ledger:
-    ``{"name", "started_at", "stopped_at"}`` (``stopped_at`` None when the cluster is kept)."""
+    ``{"name", "started_at", "ready_at", "stopped_at"}`` (``stopped_at`` None when the cluster is kept)."""
 
     def execute(self, context: Context) -> dict[str, Any]:
 
@@ -41,9 +50,10 @@ class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
             state_dir = Path(self.cluster["state_dir"])
         else:
             state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
-        span: dict[str, Any] = {"name": state_dir.name, "started_at": None, "stopped_at": None}
+        span: dict[str, Any] = {"name": state_dir.name, "started_at": None, "ready_at": None, "stopped_at": None}
         if (state_dir / STATE_FILE).exists():
-            span["started_at"] = LocalRayCluster.load(state_dir).started_at or None
+            state = LocalRayCluster.load(state_dir)
+            span["started_at"], span["ready_at"] = state.started_at or None, state.ready_at
         super().execute(context)
         if not (state_dir / STATE_FILE).exists() and span["started_at"] is not None:
             span["stopped_at"] = time.time()

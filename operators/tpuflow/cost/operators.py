@@ -9,7 +9,7 @@ import abc
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow.sdk import BaseOperator
 
@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
+class SliceSpan(NamedTuple):
+    """What the ledger knows of one slice's life (unix seconds; None: not known)."""
+
+    created_at: float | None
+    deleted_at: float | None
+    pools: list[str]
+    provisioned_at: float | None = None  # its nodes ready (GKE's create operation ended)
+    cluster_ready_at: float | None = None  # its Ray cluster up (the local cluster's every node joined)
+
+
 def _check_slices(slices: Any) -> None:
     if not isinstance(slices, list) or not slices:
         raise UserInputError("slices", slices, 'give a list of {"role", "tpu", "task_id"} dicts')
@@ -30,6 +40,34 @@ def _check_slices(slices: Any) -> None:
         tpu = entry["tpu"]
         if tpu is not None and not isinstance(tpu, Mapping):
             raise UserInputError("slices", entry, "tpu is check_params' slice (a dict with chips, num_slices)")
+        work = entry.get("work", [])
+        if not (
+            isinstance(work, list | tuple)
+            and all(isinstance(t, str) and t for t in work)
+            or isinstance(work, Mapping)
+            and all(isinstance(t, str) and isinstance(c, str) for t, c in work.items())
+        ):
+            raise UserInputError(
+                f"slices[{entry['role']}].work",
+                work,
+                'give the task ids that ran work on the slice, a list or {"task_id": "cause"} '
+                '(e.g. {"evaluate": "evaluation"})',
+            )
+
+
+def work_spans(context: Context, work: Any) -> list[dict[str, Any]]:
+    """The work_span records the slice's work tasks pushed (every map index of a mapped task), with the
+    cause the slice entry names for a task, if it names one."""
+    from tpuflow.work_spans import WORK_SPAN_KEY
+
+    causes = dict(work) if isinstance(work, Mapping) else dict.fromkeys(work or [])
+    out = []
+    for task_id, cause in causes.items():
+        # a list of task ids: every map index's value, a mapped task's too
+        for span in context["ti"].xcom_pull(task_ids=[task_id], key=WORK_SPAN_KEY) or []:
+            if isinstance(span, Mapping) and span.get("started_at") is not None:
+                out.append({**span, "cause": cause or span.get("cause", "job"), "task_id": task_id})
+    return out
 
 
 def slice_chips(tpu: Mapping[str, Any] | None) -> int:
@@ -44,7 +82,10 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
     A teardown: it runs after the slices' deletes whatever failed, and never changes the run's outcome.
 
     :param slices: templated; one ``{"role", "tpu", "task_id"}`` per slice: ``tpu`` is check_params'
-        slice dict (chips, num_slices, generation), ``task_id`` the task whose record gives the span.
+        slice dict (chips, num_slices, generation), ``task_id`` the task whose record gives the span; and
+        optionally ``work``: the tasks that ran work on the slice (their ``work_span`` XCom: Ray jobs, Serve
+        deploys), a list of task ids or ``{task_id: cause}`` to name what a task's time counts as
+        (tpuflow.cost.goodput); the slice's timeline and the run's goodput are built from them.
     :param trained: templated; the train task's XCom (its ``fit_s`` is the training time), None if it failed.
     :param output_dir: templated; the run's output folder.
     :param prices: templated; JSON {generation: price per chip-hour} (Variable ``tpuflow_chip_hour_prices``).
@@ -75,25 +116,40 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         return [*super().argument_checks(), ((self.slices,), lambda: _check_slices(self.slices))]
 
     @abc.abstractmethod
-    def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
-        """(created_at, deleted_at, pool names) for each of ``slices``."""
+    def spans(self, context: Context) -> list[SliceSpan]:
+        """What is known of each of ``slices``' life."""
         ...
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from tpuflow.cost.goodput import run_goodput, slice_timeline
         from tpuflow.cost.ledger import build_ledger, check_prices, slice_entry
 
         self.validate_arguments()
         prices = check_prices(self.prices)
         now = time.time()
         lines = []
-        for entry, (created, deleted, pools) in zip(self.slices, self.spans(context), strict=True):
+        for entry, span in zip(self.slices, self.spans(context), strict=True):
             tpu = entry["tpu"] or {}
             line = slice_entry(
-                entry["role"], tpu.get("generation", ""), slice_chips(tpu), created, deleted, pools=pools, now=now
+                entry["role"],
+                tpu.get("generation", ""),
+                slice_chips(tpu),
+                span.created_at,
+                span.deleted_at,
+                pools=span.pools,
+                now=now,
             )
             made = context["ti"].xcom_pull(task_ids=entry["task_id"])
             if isinstance(made, Mapping) and made.get("node_zone"):
                 line["zone"] = made["node_zone"]  # where the slice landed (a zone failover's choice)
+            line["timeline"] = slice_timeline(
+                span.created_at,
+                span.deleted_at,
+                work_spans(context, entry.get("work")),
+                now=now,
+                provisioned_at=span.provisioned_at,
+                cluster_ready_at=span.cluster_ready_at,
+            )
             lines.append(line)
         trained = self.trained if isinstance(self.trained, Mapping) else {}
         train_tpu = next((e["tpu"] for e in self.slices if e["role"] == "train"), None)
@@ -103,6 +159,11 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             training_chips=slice_chips(train_tpu),
             prices=prices,
         )
+        ledger["goodput"] = run_goodput(lines)
+        measured = trained.get("goodput") if isinstance(trained.get("goodput"), Mapping) else {}
+        for key in ("steps", "checkpoint", "attempts"):  # the training loop's own counts, beside the seconds
+            if key in measured:
+                ledger["goodput"][key] = measured[key]
         self._record(ledger)
         return ledger
 
@@ -118,11 +179,14 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             report["ledger"] = ledger
             write_text(f"{root}/report.json", json.dumps(report, indent=2), self.gcp_conn_id)
         print(f"TPUFLOW_LEDGER {json.dumps(ledger)}")
+        from tpuflow.cost.goodput import summary_line
+
         self.log.info(
-            "Chip-hours: %.4f billed, %.4f training (ratio %s)",
+            "Chip-hours: %.4f billed, %.4f training (ratio %s); %s",
             ledger["chip_hours"],
             ledger["training_chip_hours"],
             ledger["chip_hours_ratio"],
+            summary_line(ledger["goodput"]),
         )
 
 
@@ -145,24 +209,21 @@ class GKEChipLedgerOperator(ChipLedgerOperator):
         self.location = location
         self.cluster_name = cluster_name
 
-    def spans(self, context: Context) -> list[tuple[float | None, float | None, list[str]]]:
+    def spans(self, context: Context) -> list[SliceSpan]:
         return gke_slice_spans(context, self.slices, self.gcp_conn_id, self.project_id, self.location)
-
-
-Span = tuple[float | None, float | None, list[str]]
 
 
 def gke_slice_spans(
     context: Context, slices: Sequence[Mapping[str, Any]], gcp_conn_id: str, project_id: str, location: str
-) -> list[Span]:
-    """(created_at, deleted_at, pools) per slice, from the GKE operations on the pools its create task made."""
-    from tpuflow.cost.ledger import pool_span
+) -> list[SliceSpan]:
+    """Each slice's span from the GKE operations on the pools its create task made."""
+    from tpuflow.cost.ledger import pool_ready, pool_span
     from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
 
     hook = GKENodePoolHook(gcp_conn_id=gcp_conn_id, location=location)
     response = hook.get_cluster_manager_client().list_operations(parent=f"projects/{project_id}/locations/{location}")
     operations = [to_rest_json(op) for op in response.operations]
-    out: list[Span] = []
+    out: list[SliceSpan] = []
     for entry in slices:
         names = context["ti"].xcom_pull(task_ids=entry["task_id"], key="node_pool_names") or []
         starts, ends = [], []
@@ -173,7 +234,10 @@ def gke_slice_spans(
         created_at = min((s for s in starts if s is not None), default=None)
         # the slice is billed until its last pool is gone; one pool still there keeps it open
         deleted_at = None if not ends or None in ends else max(e for e in ends if e is not None)
-        out.append((created_at, deleted_at, list(names)))
+        ready = [pool_ready(operations, name) for name in names]
+        # a multislice is ready when its last pool is
+        provisioned_at = None if not ready or None in ready else max(r for r in ready if r is not None)
+        out.append(SliceSpan(created_at, deleted_at, list(names), provisioned_at))
     return out
 
 
@@ -184,7 +248,9 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     chip_ledger XCom); without one there is no estimate and the run goes ahead (logged).
 
     :param max_chip_hours: templated; the budget (None/empty: none). <= 0 or not a number is rejected.
-    :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices).
+    :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices), and
+        ``steps`` for the slice that trains: the steps this run takes, so the estimate is the previous run's
+        measured badput plus these steps at its measured time per step (its ledger's goodput).
 
     Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds"}``: ``max_run_seconds`` is, per role, how
     long that slice may live (the budget spent on it alone, the DAG's ``dagrun_timeout``, plus a margin; None: no
@@ -211,6 +277,10 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
             isinstance(s, Mapping) and {"role", "tpu"} <= set(s) for s in self.slices
         ):
             raise UserInputError("slices", self.slices, 'give a list of {"role", "tpu"} dicts')
+        for s in self.slices:
+            steps = s.get("steps")
+            if steps not in (None, "") and not (str(steps).isdigit() and int(steps) > 0):
+                raise UserInputError(f"slices[{s['role']}].steps", steps, "give the training steps, an integer > 0")
 
     def budget(self) -> float | None:
         """The (rendered) max_chip_hours as a number; None: no budget."""
@@ -226,7 +296,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
 
         self.validate_arguments()
         budget = self.budget()
-        wanted = [{"role": s["role"], "chips": slice_chips(s["tpu"])} for s in self.slices]
+        wanted = [{"role": s["role"], "chips": slice_chips(s["tpu"]), "steps": s.get("steps")} for s in self.slices]
         previous = None
         if budget is not None:
             previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)

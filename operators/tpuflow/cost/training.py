@@ -69,7 +69,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         now = time.time()
         spans = gke_slice_spans(context, self.ledger_slices, self.gcp_conn_id, self.project_id, self.location)
         used, open_chips = 0.0, 0
-        for entry, (created, deleted, _) in zip(self.ledger_slices, spans, strict=True):
+        for entry, (created, deleted, *_) in zip(self.ledger_slices, spans, strict=True):
             if created is None:
                 continue
             chips = slice_chips(entry["tpu"])

@@ -25,6 +25,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from tpuflow.cost.goodput import ledger_lines
 from tpuflow.dev.demo_env import REPO, demo_env, demo_storage
 from tpuflow.dev.supervise import (
     LeaseWaitReporter,
@@ -170,6 +171,8 @@ def _run_pipeline(
     print(f"outputs:            {report['output_dir']}")
     print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
     print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
+    for line in ledger_lines(report.get("ledger")):
+        print(line)
     if args.keep_endpoint:
         print(f"endpoint (kept):    {report['endpoint']}  (stop it with: tpuflow local down)")
     return 0

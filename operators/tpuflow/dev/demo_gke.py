@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuflow import workloads_dir
+from tpuflow.cost.goodput import ledger_lines
 from tpuflow.dev.demo_env import demo_env, demo_storage
 from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
@@ -176,9 +177,10 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         print(f"outputs:            {report['output_dir']}")
         print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
         print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
-        for key in ("chip_hours", "ledger"):
-            if key in report:
-                print(f"{key.replace('_', ' ') + ':':<20}{json.dumps(report[key])}")
+        if "chip_hours" in report:
+            print(f"{'chip hours:':<20}{json.dumps(report['chip_hours'])}")
+        for line in ledger_lines(report.get("ledger")):
+            print(line)
         print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
     if left:
         print(f"tpuflow demo: FAILED: left behind after the run: {', '.join(left)}", file=sys.stderr)

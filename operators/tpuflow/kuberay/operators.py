@@ -40,6 +40,7 @@ from tpuflow.kubernetes.ownership import object_name, owner_labels
 from tpuflow.kubernetes.values import check_name, stringify_ray_group_values
 from tpuflow.labels import CLUSTER_SPEC_HASH_ANNOTATION as CLUSTER_SPEC_HASH
 from tpuflow.labels import MANAGED_BY_VALUE
+from tpuflow.work_spans import SERVING, push_open_span
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -387,6 +388,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
         return self.on_kill_action == "delete"
 
     # --- manifest ---
+    def execute(self, context: Context) -> dict[str, Any]:
+        push_open_span(context, SERVING)  # the ledger's timeline: serving from here until the slice goes
+        return super().execute(context)
+
     def build_manifest_for(
         self,
         name: str,

@@ -158,6 +158,8 @@ class LocalRayCluster:
     # False while start() is still bringing nodes up (the state is saved as each node spawns, so what a
     # start killed half-way spawned stays findable): a retry stops such a cluster rather than adopting it
     complete: bool = True
+    # when every node had joined (None: not yet, or a state saved before it was recorded)
+    ready_at: float | None = None
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -248,6 +250,7 @@ class LocalRayCluster:
             cluster.stop()
             raise
         cluster.complete = True
+        cluster.ready_at = time.time()
         cluster.save()
         return cluster
 

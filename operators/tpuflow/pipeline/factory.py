@@ -24,6 +24,7 @@ from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
+from tpuflow.work_spans import DATA_PREP, EVALUATION, PREFLIGHT, SERVING, TRAINING
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.xcom_arg import XComArg
@@ -344,11 +345,18 @@ def build_pipeline_dag(
         guard = ChipBudgetGuardOperator(
             task_id="budget_guard",
             max_chip_hours="{{ params.max_chip_hours }}",
-            slices=[{"role": "train", "tpu": train_slice}],
+            slices=[{"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"}],
         )
+        # everything runs on the one simulated slice (the ledger's timeline)
+        slice_work = {
+            task.task_id: cause
+            for task, cause in ((prep, DATA_PREP), (train, TRAINING), (evaluate, EVALUATION), (deploy, SERVING))
+            if task is not None
+        }
+        slice_work["preflight"] = PREFLIGHT
         ledger = LocalChipLedgerOperator(
             task_id=LEDGER_TASK_ID,
-            slices=[{"role": "train", "tpu": train_slice, "task_id": "stop_cluster"}],
+            slices=[{"role": "train", "tpu": train_slice, "task_id": "stop_cluster", "work": slice_work}],
             trained="{{ ti.xcom_pull(task_ids='train') }}",
             output_dir=run_dir,
             prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",

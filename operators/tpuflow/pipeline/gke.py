@@ -96,6 +96,7 @@ from tpuflow.pipeline.params import (
 )
 from tpuflow.pipeline.steps import CheckParamsOperator
 from tpuflow.templating import is_true
+from tpuflow.work_spans import PREFLIGHT, SERVING, TRAINING
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
@@ -638,7 +639,7 @@ def build_gke_pipeline_dag(
             task_id="budget_guard",
             max_chip_hours="{{ params.max_chip_hours }}",
             slices=[
-                {"role": "train", "tpu": train_slice},
+                {"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"},
                 *([{"role": "serve", "tpu": serve_slice_}] if serving else []),
             ],
         )
@@ -678,7 +679,9 @@ def build_gke_pipeline_dag(
             **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
         )
         cpu_cluster = create_prep.output if create_prep else None
-        train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool"}]
+        # the work each slice was held for (the ledger's timeline): evaluation and prep run on the CPU cluster
+        train_work = {"preflight": PREFLIGHT, "train": TRAINING}
+        train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool", "work": train_work}]
         prep, train, evaluate = training_steps(
             cpu_cluster,
             run_dir,
@@ -732,7 +735,11 @@ def build_gke_pipeline_dag(
             delete_prep = KubeRayDeleteClusterOperator(
                 task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **deletes
             )
-        serve_ledger = [{"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool"}] if serving else []
+        serve_ledger = (
+            [{"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool", "work": {"deploy": SERVING}}]
+            if serving
+            else []
+        )
         ledger = GKEChipLedgerOperator(
             task_id=LEDGER_TASK_ID,
             slices=[*train_ledger, *serve_ledger],

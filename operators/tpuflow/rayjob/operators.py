@@ -23,6 +23,7 @@ from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
 from tpuflow.storage import emulator_env, write_text
 from tpuflow.validation import check_number, check_seconds
+from tpuflow.work_spans import WORK_SPAN_KEY, job_work_span
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -159,6 +160,8 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
     template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
     operator_extra_links = (RayJobLink(), RayDashboardLink(), RayJobLogLink())
     ui_color = "#c7e8ff"
+    # what the job's time on the slice counts as in the ledger's timeline (tpuflow.work_spans)
+    work_cause = "job"
 
     def __init__(
         self,
@@ -326,6 +329,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         finally:
             self._owned = None
             self._keep_log(context, event)  # whatever the outcome
+            self._record_work_span(context, event)
         if event["job_status"] == "STOPPED":  # a restart_if_stopped wait: the re-attached job was stopped
             self.log.warning("%s: %s", event["submission_id"], event["message"])
             return self._submit_and_follow(context, may_restart=False)
@@ -376,6 +380,12 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         if store is not None:
             store.set(SUBMISSION_STATE_KEY, sid)
 
+    def _record_work_span(self, context: Context, event: Any) -> None:
+        """The job's time on its cluster, for the ledger's timeline (XCom ``work_span``), whatever the outcome."""
+        span = job_work_span(self.work_cause, event, event.get("submission_id")) if isinstance(event, Mapping) else None
+        if span is not None:
+            context["ti"].xcom_push(key=WORK_SPAN_KEY, value=span)
+
     def _keep_log(self, context: Context, event: Any) -> None:
         """Keep the job's full driver log at log_uri (best effort: never masks the job's outcome)."""
         sid = event.get("submission_id") if isinstance(event, Mapping) else None
@@ -415,7 +425,11 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
 
         if self.log_uri or self.train_run_path or not may_end_in_triggerer(self):
             return None
-        return {"min_result": dict(self.min_result or {}), "return_result": bool(self.do_xcom_push)}
+        return {
+            "min_result": dict(self.min_result or {}),
+            "return_result": bool(self.do_xcom_push),
+            "work_cause": self.work_cause,
+        }
 
     def on_kill(self) -> None:
         """Killed while the worker follows the job (not deferred): stop the job."""

@@ -47,6 +47,7 @@ class RaySlicePreflightOperator(RaySubmitJobOperator):
         templated, e.g. "{{ params.preflight }}".
     """
 
+    work_cause = "preflight"
     template_fields: Sequence[str] = (
         *RaySubmitJobOperator.template_fields,
         "tpu_slice",

@@ -14,6 +14,7 @@ from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.quality_gate import gate_failure
 from tpuflow.rayjob.waits import wait_for_job
 from tpuflow.triggers import TpuflowTrigger
+from tpuflow.work_spans import WORK_SPAN_KEY, job_work_span
 
 # XCom of the deferred task holding how far its log has streamed the job's driver log.
 LOG_CURSOR_XCOM_KEY = "ray_job_log_cursor"
@@ -118,7 +119,11 @@ class RayJobTrigger(TpuflowTrigger):
         result = payload.get("result") if isinstance(payload.get("result"), Mapping) else {}
         if payload.get("job_status") != "SUCCEEDED" or gate_failure(result, end.get("min_result")):
             return None
-        return {"return_value": dict(result)} if end.get("return_result") else {}
+        xcoms: dict[str, Any] = {"return_value": dict(result)} if end.get("return_result") else {}
+        span = job_work_span(str(end.get("work_cause", "job")), payload, self.submission_id)
+        if span is not None:
+            xcoms[WORK_SPAN_KEY] = span
+        return xcoms
 
     def _xcom_address(self) -> dict[str, Any] | None:
         return None if self._cursor_broken else self.xcom_address()

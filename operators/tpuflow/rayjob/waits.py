@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NotRequired, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
@@ -56,6 +56,7 @@ class RayJobEvent(TriggerEventPayload):
     job_status: str  # Ray's JobStatus when the wait ended (SUCCEEDED, FAILED, STOPPED, RUNNING, ...)
     log_tail: NotRequired[str]
     result: NotRequired[dict[str, Any]]
+    job_span: NotRequired[list[float]]  # [start, end] unix seconds by Ray's clock, for a job that ended
 
 
 class JobReader(Protocol):
@@ -89,6 +90,14 @@ def _job_event(
             **fields,
         ),
     )
+
+
+def job_span(info: Mapping[str, Any]) -> list[float] | None:
+    """[start, end] of an ended job in unix seconds, from Ray's job details (milliseconds); None if unknown."""
+    start, end = info.get("start_time"), info.get("end_time")
+    if not isinstance(start, int | float) or not isinstance(end, int | float) or isinstance(start, bool):
+        return None
+    return [start / 1000.0, end / 1000.0]
 
 
 def _ended(
@@ -309,7 +318,7 @@ async def _poll(
         job_status = str(info.get("status", "UNKNOWN"))
         if job_status in TERMINAL_JOB_STATES:
             await _drain(reader, submission_id, follower, tail, emit)
-            return _ended(
+            event = _ended(
                 submission_id,
                 job_status,
                 str(info.get("message") or ""),
@@ -317,6 +326,10 @@ async def _poll(
                 restart_if_stopped,
                 follower.result,
             )
+            span = job_span(info)
+            if span is not None:
+                event["job_span"] = span
+            return event
         if timeout is not None and time.time() - started_at > timeout:
             await reader.astop_job(submission_id)
             return _job_event(

@@ -118,6 +118,7 @@ class RayDataPrepOperator(RaySubmitJobOperator):
         given, is the task's Outputs link; templated.
     """
 
+    work_cause = "data_prep"
     template_fields: Sequence[str] = (*RaySubmitJobOperator.template_fields, "module", "arguments")
     template_fields_renderers = {**RaySubmitJobOperator.template_fields_renderers, "arguments": "json"}
     operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
@@ -180,6 +181,7 @@ class RayTrainOperator(RaySubmitJobOperator):
     :param worker_env: environment variables of the training workers (on top of the slice's own).
     """
 
+    work_cause = "training"
     template_fields: Sequence[str] = (
         *RaySubmitJobOperator.template_fields,
         "framework",

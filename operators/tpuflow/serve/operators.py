@@ -18,6 +18,7 @@ from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink
 from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_seconds
+from tpuflow.work_spans import SERVING, push_open_span
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -159,6 +160,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         from tpuflow.serve.config import application_names
 
         self.validate_arguments()
+        push_open_span(context, SERVING)
         hook = self.hook()
         RayDashboardLink.persist(context, url=f"{hook.dashboard_url}/#/serve")
         RayServeEndpointLink.persist(context, url=hook.serve_url)

@@ -33,7 +33,7 @@ from tpuflow import paths
 from tpuflow.cost.ledger import LEDGER_TASK_ID
 from tpuflow.output_links import LOCAL_OUTPUTS_ROUTE
 from tpuflow.storage import gcs_client, split_gs_uri
-from tpuflow.ui.ledger import ledger_chart_svg, ledger_rows, ledger_table
+from tpuflow.ui.ledger import goodput_chart_svg, ledger_chart_svg, ledger_rows, ledger_table, timelines_html
 
 app = FastAPI(title="tpuflow", openapi_url=None, docs_url=None, redoc_url=None)
 _STYLE = "body{font-family:sans-serif;margin:1.5em}td,th{padding:.25em .8em;text-align:left}code{background:#f4f4f4}"
@@ -251,7 +251,9 @@ async def ledger(request: Request) -> str:
     body = (
         "<p>What each run's TPU slices were billed: chips x (node pool deleted - created), and the part spent "
         "training. Prices come from the Variable <code>tpuflow_chip_hour_prices</code> "
-        '(e.g. <code>{"v6e": 2.97}</code>); without one no money is shown.</p>'
-        f"{ledger_chart_svg(rows[:40])}{ledger_table(rows)}"
+        '(e.g. <code>{"v6e": 2.97}</code>); without one no money is shown. Goodput: the share of billed '
+        "chip-seconds spent on steps that took the model further.</p>"
+        f"{ledger_chart_svg(rows[:40])}<h2>Goodput over recent runs</h2>{goodput_chart_svg(rows[:40])}"
+        f"{ledger_table(rows)}{timelines_html(rows[:10])}"
     )
     return _page("Chip-hour ledger", body)
