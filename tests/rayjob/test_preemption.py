@@ -19,6 +19,7 @@ from support.gcs_bucket import list_bucket
 from support.ray_cluster import alive_actors, slice_index, slice_of_node
 from support.workload_operators import IN_THE_WORKER, addition_prep, addition_train
 
+from tpuflow.cost.goodput import run_goodput, slice_timeline, summary_line
 from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayTrainOperator
@@ -264,9 +265,8 @@ def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster,
         train_loop_config={"num_steps": 600},
         **IN_THE_WORKER,
     )
-    outcome, hook, sid = _train_preempted_with_notice(
-        slice_cluster, train, fresh_context("fit_counter"), r"acme computed (\d+)", host=0
-    )
+    ctx = fresh_context("fit_counter")
+    outcome, hook, sid = _train_preempted_with_notice(slice_cluster, train, ctx, r"acme computed (\d+)", host=0)
     logs = _logs(hook, sid)
     (noticed,) = [int(s) for s in re.findall(r"acme notice at (\d+)", logs)]
     (resumed,) = [int(s) for s in re.findall(r"acme resumed at (\d+)", logs)]
@@ -278,3 +278,11 @@ def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster,
     assert measured["attempts"] == 2 and "redone" not in measured["steps"]
     assert measured["steps"]["productive"] + measured["steps"]["compile"] == 600
     assert measured["seconds"]["preemption"] >= NOTICE_S / 2 and measured["seconds"]["productive"] >= 600 * 0.05 * 0.9
+    # and the run's goodput report names it: the task's work span, through the ledger's timeline of its slice
+    span = ctx["ti"].xcoms["work_span"]
+    assert span["cause"] == "training" and span["breakdown"] == measured["seconds"]
+    timeline = slice_timeline(span["started_at"], span["ended_at"], [span], now=time.time())
+    report = run_goodput([{"chips": 8, "timeline": timeline}])
+    badput = {b["cause"]: b["chip_seconds"] for b in report["badput"]}
+    assert badput["preemption"] >= 8 * NOTICE_S / 2 and "redone" not in badput
+    assert "preemption" in summary_line(report), summary_line(report)  # one of the top two badput causes
