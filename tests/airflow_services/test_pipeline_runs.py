@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,66 @@ def _task_page_shows_links(services: Any, run_id: str) -> None:
         wait_for(page, "document.title.startsWith('Outputs:')", 30, "the outputs page")
         listing = page.inner_text("body")
         assert "checkpoint" in listing.lower() or "jax-tpu-v6e-2x2" in listing, listing[:1000]
+
+
+def _awaiting_approval(api: Any, run_id: str, timeout: float = 300) -> dict[str, Any]:
+    """The run's approve_budget request once the task waits for a person (Airflow's HITL details)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = {ti["task_id"]: ti["state"] for ti in task_instances(api, PIPELINE, run_id)}
+        if states.get("approve_budget") == "awaiting_input":
+            # as a person would: not within the second the task paused. Airflow 3.3's scheduler marks a task
+            # answered before it took in the executor's report of the pause up_for_retry, and the retry asks again
+            time.sleep(10)
+            return dict(
+                api.get(f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/approve_budget/-1/hitlDetails").json()
+            )
+        assert states.get("approve_budget") not in ("success", "failed", "skipped"), states
+        time.sleep(2)
+    raise AssertionError(f"approve_budget never waited for a person: {states}")
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 600)
+def test_a_run_over_its_budget_waits_for_a_person_rejected_in_the_ui_approved_through_the_api(
+    services: Any, api: Any, unpaused: None
+) -> None:
+    """After the run above left a ledger, a run whose budget its estimate exceeds, with over_budget=ask, waits in
+    Airflow's human-in-the-loop (awaiting input) before anything is provisioned. One is rejected in the browser
+    (nothing starts), the next approved through the REST API's hitlDetails (it runs to the end)."""
+    from support.ui_browser import airflow_page, wait_for
+
+    conf = {**BACKFILL_CONF, "max_chip_hours": 1e-6, "over_budget": "ask"}
+    rejected = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-05T00:00:00Z", "conf": conf})
+    assert rejected.status_code == 200, rejected.text
+    run_id = rejected.json()["dag_run_id"]
+    request = _awaiting_approval(api, run_id)
+    assert "over its chip-hour budget" in request["subject"] and "max_chip_hours=1e-06" in request["body"]
+    assert "previous run's measured times" in request["body"] and request["options"] == ["Approve", "Reject"]
+    with airflow_page(services.url, services.token()) as page:
+        page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/approve_budget/required_actions")
+        wait_for(page, "document.body.innerText.includes('chip-hours')", 90, "the approval request with its estimate")
+        page.screenshot(path=ARTIFACTS / "budget_approval.png")
+        page.get_by_role("button", name="Reject").first.click()
+        run = wait_for_runs(api, PIPELINE, [run_id], 300)[run_id]
+    states = {ti["task_id"]: ti["state"] for ti in task_instances(api, PIPELINE, run_id)}
+    assert states["approve_budget"] == "success" and states["acquire_slice"] == "skipped", states
+    assert states["start_cluster"] == "skipped" and states["train"] == "skipped", states
+    assert run["state"] == "success", explain(api, PIPELINE, run)  # a person's no is not a failure
+    _no_live_cluster(services)
+
+    approved = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-06T00:00:00Z", "conf": conf})
+    run_id = approved.json()["dag_run_id"]
+    _awaiting_approval(api, run_id)
+    answer = api.patch(
+        f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/approve_budget/-1/hitlDetails",
+        json={"chosen_options": ["Approve"], "params_input": {}},
+    )
+    assert answer.status_code == 200, answer.text
+    run = wait_for_runs(api, PIPELINE, [run_id], RUN_TIMEOUT)[run_id]
+    assert run["state"] == "success", explain(api, PIPELINE, run)
+    states = {ti["task_id"]: ti["state"] for ti in task_instances(api, PIPELINE, run_id)}
+    assert states["train"] == "success" and states["chip_ledger"] == "success", states
+    _no_live_cluster(services)
 
 
 @pytest.mark.long  # two pipeline runs; make test checks the lease across a backfill with the probe DAG (test_real_airflow)

@@ -104,6 +104,7 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "num_train": "20000",
             "num_eval": "200",
             "max_chip_hours": "",
+            "over_budget": "fail",
             "serve_topology": "__null__",  # the form's select shows None as its null choice
             "resume": "auto",
         }

@@ -62,6 +62,18 @@ def test_a_measured_previous_run_scales_its_training_by_the_steps_asked() -> Non
     assert estimate_chip_hours([{"role": "train", "chips": 16, "steps": 3000}], unmeasured)[0] == pytest.approx(8.0)
 
 
+def test_the_estimate_is_from_the_newest_previous_run_that_billed_a_slice() -> None:
+    from tpuflow.cost.budget import latest_billed_ledger
+
+    def ledger(created: float | None, seconds: float) -> dict:
+        return {"slices": [{"role": "train", "created_at": created, "seconds": seconds}]}
+
+    older, newer, rejected = ledger(100.0, 60.0), ledger(900.0, 30.0), ledger(None, 0.0)
+    # Airflow 3 gives several prior runs' values as a list, in no date order
+    assert latest_billed_ledger([newer, rejected, older]) is newer and latest_billed_ledger(older) is older
+    assert latest_billed_ledger([rejected]) is None and latest_billed_ledger(None) is None
+
+
 def test_the_guard_refuses_steps_that_are_not_a_count() -> None:
     from tpuflow.cost.operators import ChipBudgetGuardOperator
 
@@ -70,14 +82,41 @@ def test_the_guard_refuses_steps_that_are_not_a_count() -> None:
     assert err.value.field == "slices[train].steps"
 
 
-def guard(max_chip_hours: Any) -> Any:
+def guard(max_chip_hours: Any, over_budget: str = "fail") -> Any:
     from tpuflow.cost.operators import ChipBudgetGuardOperator
 
     return ChipBudgetGuardOperator(
         task_id="budget_guard",
         max_chip_hours=max_chip_hours,
         slices=[{"role": "train", "tpu": V6E_4X4}, {"role": "serve", "tpu": V6E_1X1}],
+        over_budget=over_budget,
     )
+
+
+def test_over_budget_ask_lets_the_guard_pass_and_the_approval_ask_with_the_estimate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    from tpuflow.cost.approval import ChipBudgetApprovalOperator
+
+    ti = RunTaskInstance(task_id="budget_guard", prior={"chip_ledger": PREVIOUS})
+    verdict = guard(8, over_budget="ask").execute(task_context(ti))  # no exception: a person decides
+    assert verdict["over_budget"] is True and verdict["over_budget_action"] == "ask"
+    asked: list[str] = []
+    monkeypatch.setattr(ApprovalOperator, "execute", lambda self, context: asked.append(self.body) or "waiting")
+    approval = ChipBudgetApprovalOperator(task_id="approve_budget")
+    approver = RunTaskInstance(task_id="approve_budget", others={("budget_guard", "return_value"): verdict})
+    assert approval.execute(task_context(approver)) == "waiting"
+    (body,) = asked
+    assert "about **9.000 chip-hours**" in body and "max_chip_hours=8.0" in body and "train: 16 chips" in body
+    # within the budget (or failing by itself) nothing is asked
+    within = RunTaskInstance(task_id="approve_budget", others={("budget_guard", "return_value"): guard(10, "ask").execute(
+        task_context(ti))})  # fmt: skip
+    assert approval.execute(task_context(within)) == {"asked": False} and len(asked) == 1
+    with pytest.raises(UserInputError) as err:
+        guard(8, over_budget="maybe")
+    assert err.value.field == "over_budget"
 
 
 def test_guard_refuses_a_run_the_previous_ledger_says_is_over_budget() -> None:
@@ -97,6 +136,8 @@ def test_guard_without_history_or_budget_lets_the_run_go() -> None:
         "estimate": None,
         "basis": "no previous run's ledger to estimate from",
         "max_run_seconds": {"train": None, "serve": None},  # no bound: the pools keep their expiry
+        "over_budget": False,
+        "over_budget_action": "fail",
     }
 
 

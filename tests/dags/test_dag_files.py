@@ -48,6 +48,8 @@ def test_local_pipeline_shape(migrated_airflow_db):
     assert dag.catchup is False and dag.max_active_runs == 1 and dag.schedule is not None
     order = [
         "check_params",
+        "budget_guard",
+        "approve_budget",  # a run over its budget may wait for a person: before the lease, holding nothing
         "acquire_slice",
         "start_cluster",
         "prep",
@@ -85,7 +87,8 @@ def test_local_pipeline_records_its_ledger_and_checks_its_budget(migrated_airflo
     assert ledger.is_teardown and "stop_cluster" in ledger.upstream_task_ids
     assert ledger.slices[0]["task_id"] == "stop_cluster"
     guard = dag.get_task("budget_guard")
-    assert "check_params" in guard.upstream_task_ids and "start_cluster" in guard.downstream_task_ids
+    assert "check_params" in guard.upstream_task_ids and guard.downstream_task_ids == {"approve_budget"}
+    assert dag.get_task("approve_budget").downstream_task_ids == {"acquire_slice"}  # then the lease, then start
     assert "max_chip_hours" in dag.params
 
 

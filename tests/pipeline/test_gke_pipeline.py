@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 ORDER = [
     "check_params",
     "budget_guard",
+    "approve_budget",
     "create_node_pool",
     "create_ray_cluster",
     *TRAIN_TO_REPORT,

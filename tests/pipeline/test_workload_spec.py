@@ -81,6 +81,7 @@ def test_a_user_workload_builds_the_local_pipeline_without_evaluate_or_serve(acm
         "check_params",
         "acquire_slice",
         "budget_guard",
+        "approve_budget",
         "start_cluster",
         "prep",
         "preflight",

@@ -43,6 +43,21 @@ def _step_seconds(previous: Mapping[str, Any], entry: Mapping[str, Any]) -> tupl
     return max(0.0, float(entry.get("seconds") or 0.0) - productive), productive / steps
 
 
+def latest_billed_ledger(pulled: Any) -> Mapping[str, Any] | None:
+    """The newest of the DAG's previous ledgers that billed a slice, from what an XCom pull with
+    ``include_prior_dates`` gives: one ledger, or (Airflow 3 with several prior runs) a list in no date order.
+    A run that provisioned nothing (rejected, failed before its slice) is no basis for an estimate."""
+    ledgers = pulled if isinstance(pulled, list | tuple) else [pulled]
+    billed = [
+        (max(float(s.get("created_at") or 0.0) for s in ledger["slices"]), ledger)
+        for ledger in ledgers
+        if isinstance(ledger, Mapping)
+        and isinstance(ledger.get("slices"), list)
+        and any(isinstance(s, Mapping) and float(s.get("seconds") or 0.0) > 0 for s in ledger["slices"])
+    ]
+    return max(billed, key=lambda pair: pair[0])[1] if billed else None
+
+
 def estimate_chip_hours(
     slices: Sequence[Mapping[str, Any]], previous: Mapping[str, Any] | None
 ) -> tuple[float | None, str]:

@@ -248,29 +248,42 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     chip_ledger XCom); without one there is no estimate and the run goes ahead (logged).
 
     :param max_chip_hours: templated; the budget (None/empty: none). <= 0 or not a number is rejected.
+    :param over_budget: templated; "fail" (default): an estimate over the budget fails the run; "ask": the guard
+        succeeds saying so (``over_budget``), and ChipBudgetApprovalOperator asks a person.
     :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices), and
         ``steps`` for the slice that trains: the steps this run takes, so the estimate is the previous run's
         measured badput plus these steps at its measured time per step (its ledger's goodput).
 
-    Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds"}``: ``max_run_seconds`` is, per role, how
-    long that slice may live (the budget spent on it alone, the DAG's ``dagrun_timeout``, plus a margin; None: no
-    bound), what its node pool's ``max_run_duration`` is set to so that GKE ends it even when Airflow is down.
+    Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds", "over_budget", "over_budget_action"}``:
+    ``max_run_seconds`` is, per role, how long that slice may live (the budget spent on it alone, the DAG's
+    ``dagrun_timeout``, plus a margin; None: no bound), what its node pool's ``max_run_duration`` is set to so
+    that GKE ends it even when Airflow is down.
     """
 
-    template_fields: Sequence[str] = ("max_chip_hours", "slices")
+    template_fields: Sequence[str] = ("max_chip_hours", "slices", "over_budget")
     ui_color = "#fff3cd"
 
-    def __init__(self, *, max_chip_hours: Any = None, slices: Any, **kwargs: Any) -> None:
+    def __init__(self, *, max_chip_hours: Any = None, slices: Any, over_budget: str = "fail", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_chip_hours = max_chip_hours
         self.slices = slices
+        self.over_budget = over_budget
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
             *super().argument_checks(),
             ((self.slices,), self._check_planned_slices),
             ((self.max_chip_hours,), self.budget),
+            ((self.over_budget,), self._check_over_budget),
         ]
+
+    def _check_over_budget(self) -> None:
+        from tpuflow.cost.approval import OVER_BUDGET_CHOICES
+
+        if self.over_budget not in OVER_BUDGET_CHOICES:
+            raise UserInputError(
+                "over_budget", self.over_budget, 'give "fail" (refuse the run) or "ask" (wait for a person\'s approval)'
+            )
 
     def _check_planned_slices(self) -> None:
         if not isinstance(self.slices, list) or not all(
@@ -291,7 +304,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from tpuflow.cost.budget import estimate_chip_hours, max_run_seconds
+        from tpuflow.cost.budget import estimate_chip_hours, latest_billed_ledger, max_run_seconds
         from tpuflow.cost.ledger import LEDGER_TASK_ID
 
         self.validate_arguments()
@@ -300,7 +313,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
         previous = None
         if budget is not None:
             previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
-        estimate, basis = estimate_chip_hours(wanted, previous if isinstance(previous, Mapping) else None)
+        estimate, basis = estimate_chip_hours(wanted, latest_billed_ledger(previous))
         timeout = getattr(context.get("dag"), "dagrun_timeout", None)
         timeout_s = timeout.total_seconds() if timeout else None
         result = {
@@ -308,11 +321,21 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
             "estimate": estimate,
             "basis": basis,
             "max_run_seconds": {s["role"]: max_run_seconds(budget, s["chips"], timeout_s) for s in wanted},
+            "over_budget": budget is not None and estimate is not None and estimate > budget,
+            "over_budget_action": self.over_budget,
         }
         if budget is None:
             self.log.info("No max_chip_hours: no budget to hold the run to")
         elif estimate is None:
             self.log.info("max_chip_hours %s: no estimate (%s); the training watch holds the run to it", budget, basis)
+        elif estimate > budget and self.over_budget == "ask":
+            self.log.warning(
+                "max_chip_hours=%s: this run would use about %.3f chip-hours (%s); a person is asked to approve it "
+                "before anything is provisioned",
+                budget,
+                estimate,
+                basis,
+            )
         elif estimate > budget:
             raise AirflowFailException(
                 f"max_chip_hours={budget}: this run would use about {estimate:.3f} chip-hours ({basis}); nothing "

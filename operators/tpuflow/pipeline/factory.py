@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import DAG, BaseOperator
 
 from tpuflow import paths, workloads_dir
+from tpuflow.cost.approval import ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
@@ -346,7 +347,9 @@ def build_pipeline_dag(
             task_id="budget_guard",
             max_chip_hours="{{ params.max_chip_hours }}",
             slices=[{"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"}],
+            over_budget="{{ params.over_budget }}",
         )
+        approve = ChipBudgetApprovalOperator(task_id="approve_budget")
         # everything runs on the one simulated slice (the ledger's timeline)
         slice_work = {
             task.task_id: cause
@@ -361,8 +364,8 @@ def build_pipeline_dag(
             output_dir=run_dir,
             prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",
         )
-        checked >> [lease, guard]
-        [lease, guard] >> start
+        # a run over its budget may wait for a person: it holds no slice lease while it waits
+        checked >> guard >> approve >> lease >> start
         if prep:
             start >> prep
         report >> stop >> [release, ledger]

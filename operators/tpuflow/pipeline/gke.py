@@ -5,9 +5,9 @@ RayCluster), the TPU RayCluster joins once the pool is ready, and the training s
 soon as training has produced its checkpoint; evaluation runs on the CPU cluster, serving on its own
 slice::
 
-    check_params -> budget_guard -> create_prep_cluster (setup, CPU) -> prep ----------------------------+
-                                 -> create_node_pool (setup) -> request_capacity -> create_ray_cluster -> train
-                                                                                 -> wait_for_flex_start -+
+    check_params -> budget_guard -> approve_budget -> create_prep_cluster (setup, CPU) -> prep ----------------------+
+                                                   -> create_node_pool (setup) -> request_capacity -> create_ray_cluster -> train
+                                                                                                   -> wait_for_flex_start -+
       train -> delete_ray_cluster -> delete_provisioning_request -> delete_node_pool   (at once, always)
       train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> request_serve_capacity
         -> deploy (RayService) -> smoke_test -> write_report
@@ -61,6 +61,7 @@ from tpuflow.capacity.operators import (
     GKEDeleteProvisioningRequestOperator,
     GKEWaitForFlexStartCapacityOperator,
 )
+from tpuflow.cost.approval import ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
 from tpuflow.cost.training import BudgetedRayTrainOperator
@@ -642,7 +643,9 @@ def build_gke_pipeline_dag(
                 {"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"},
                 *([{"role": "serve", "tpu": serve_slice_}] if serving else []),
             ],
+            over_budget="{{ params.over_budget }}",
         )
+        approve = ChipBudgetApprovalOperator(task_id="approve_budget")
         # The CPU cluster runs prep and evaluate: a workload with neither gets none.
         create_prep = None
         if workload.prep or workload.evaluate:
@@ -752,7 +755,7 @@ def build_gke_pipeline_dag(
             cluster_name=cluster_name,
         )
 
-        checked >> guard >> [t for t in (create_prep, create_pool) if t]
+        checked >> guard >> approve >> [t for t in (create_prep, create_pool) if t]
         if create_prep and prep:
             create_prep >> prep
         create_pool >> request_capacity >> [create_cluster, wait_flex]

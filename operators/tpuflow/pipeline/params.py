@@ -212,6 +212,15 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             description="Refuse to provision when the estimate (the previous run's durations) exceeds it; "
             "training is stopped at its last checkpoint when the ledger reaches it. Empty: no budget.",
         ),
+        "over_budget": ParamSpec(
+            "fail",
+            type="string",
+            enum=["fail", "ask"],
+            title="Over the budget",
+            description="What happens when the estimate exceeds max_chip_hours: fail (the run ends before anything is "
+            "provisioned) or ask (the approve_budget task waits for a person to approve or reject it in the UI's "
+            "Required Actions, up to 4 hours).",
+        ),
         "serve_topology": _serve_topology_spec(),
     }
 
