@@ -72,9 +72,21 @@ def test_prices_give_money_only_for_priced_generations() -> None:
     assert "cost" not in partial["slices"][1]
 
 
+def test_a_zones_price_follows_the_zone_the_slice_landed_in() -> None:
+    prices = check_prices('{"v6e": {"us-east5-b": 2.0, "*": 3.0}, "v5e": {"us-west4-a": 1.0}}')
+    landed_b = {**slice_entry("train", "v6e", 8, 0.0, 3600.0), "zone": "us-east5-b"}
+    landed_c = {**slice_entry("train", "v6e", 8, 0.0, 3600.0), "zone": "us-east5-c"}
+    assert build_ledger([landed_b], prices=prices)["cost"] == pytest.approx(16.0)
+    assert build_ledger([landed_c], prices=prices)["cost"] == pytest.approx(24.0)  # "*": any other zone
+    # a zone with no price of its own and no "*": no money for that slice, and no total
+    elsewhere = {**slice_entry("serve", "v5e", 1, 0.0, 3600.0), "zone": "us-east1-c"}
+    assert build_ledger([landed_b, elsewhere], prices=prices)["cost"] is None and "cost" not in elsewhere
+
+
 @pytest.mark.parametrize(
     ("value", "field"),
     [
+        ('{"v6e": {"us-east5-b": -2}}', "tpuflow_chip_hour_prices[v6e][us-east5-b]"),
         ('{"v6e": -1}', "tpuflow_chip_hour_prices[v6e]"),
         ('{"v6e": "cheap"}', "tpuflow_chip_hour_prices[v6e]"),
         ('{"v9": 1}', "tpuflow_chip_hour_prices"),

@@ -89,8 +89,18 @@ def slice_entry(
     }
 
 
-def check_prices(value: Any) -> dict[str, float]:
-    """The Variable ``tpuflow_chip_hour_prices``: JSON {generation: price per chip-hour}; empty: no prices."""
+Price = float | dict[str, float]  # per chip-hour: one price, or per zone ("*": any other zone)
+
+
+def _check_price(field: str, price: Any) -> float:
+    if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
+        raise UserInputError(field, price, "give a price per chip-hour >= 0")
+    return float(price)
+
+
+def check_prices(value: Any) -> dict[str, Price]:
+    """The Variable ``tpuflow_chip_hour_prices``: JSON {generation: price per chip-hour}; a generation's price may be
+    per zone, ``{"us-east5-b": 2.97, "*": 3.1}`` ("*": every other zone); empty: no prices."""
     from tpuflow.tpu import resolve_generation
 
     if value in (None, "", {}):
@@ -104,16 +114,27 @@ def check_prices(value: Any) -> dict[str, float]:
             ) from None
     if not isinstance(value, Mapping):
         raise UserInputError(PRICES_VARIABLE, value, 'give a JSON object like {"v6e": 2.97} (price per chip-hour)')
-    prices: dict[str, float] = {}
+    prices: dict[str, Price] = {}
     for name, price in value.items():
         try:
             generation = resolve_generation(str(name)).name
         except UserInputError:
             raise UserInputError(PRICES_VARIABLE, name, "name a TPU generation (v4, v5e, v5p, v6e, tpu7x)") from None
-        if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
-            raise UserInputError(f"{PRICES_VARIABLE}[{name}]", price, "give a price per chip-hour >= 0")
-        prices[generation] = float(price)
+        if isinstance(price, Mapping):
+            prices[generation] = {
+                str(zone): _check_price(f"{PRICES_VARIABLE}[{name}][{zone}]", p) for zone, p in price.items()
+            }
+        else:
+            prices[generation] = _check_price(f"{PRICES_VARIABLE}[{name}]", price)
     return prices
+
+
+def slice_price(prices: Mapping[str, Price], generation: str, zone: str | None) -> float | None:
+    """The price per chip-hour of a slice of ``generation`` in ``zone`` (where it landed); None: none set."""
+    price = prices.get(generation)
+    if not isinstance(price, Mapping):
+        return price
+    return price.get(zone or "", price.get("*"))
 
 
 def build_ledger(
@@ -121,10 +142,11 @@ def build_ledger(
     *,
     training_seconds: float | None = None,
     training_chips: int = 0,
-    prices: Mapping[str, float] | None = None,
+    prices: Mapping[str, Price] | None = None,
     currency: str = "USD",
 ) -> dict[str, Any]:
-    """The run's ledger: its slices, the total, the training part and (with prices) the money."""
+    """The run's ledger: its slices, the total, the training part and (with prices) the money (a slice's price is
+    its generation's in the zone it landed in, its ``zone``)."""
     billed = round(sum(s["chip_hours"] for s in slices), 6)
     training = round(training_chips * (training_seconds or 0.0) / 3600.0, 6)
     ledger: dict[str, Any] = {
@@ -138,9 +160,12 @@ def build_ledger(
     }
     prices = dict(prices or {})
     if prices:
-        priced = [s for s in slices if s["generation"] in prices]
-        for s in priced:
-            s["cost"] = round(s["chip_hours"] * prices[s["generation"]], 4)
+        priced = []
+        for s in slices:
+            price = slice_price(prices, s["generation"], s.get("zone"))
+            if price is not None:
+                s["cost"] = round(s["chip_hours"] * price, 4)
+                priced.append(s)
         ledger["currency"] = currency
         # only when every slice has a price: a partial sum would look like the whole bill
         ledger["cost"] = round(sum(s["cost"] for s in priced), 4) if len(priced) == len(slices) else None
