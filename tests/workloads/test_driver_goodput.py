@@ -25,12 +25,12 @@ def test_the_gap_between_attempts_is_the_preemption_or_the_failure() -> None:
 def test_a_loop_without_a_clock_is_all_startup_and_the_recorder_tells_how_far_attempts_got() -> None:
     assert training_timeline([], 10.0, 40.0, hosts_lost=False)["seconds"] == {"startup": 30.0}
     recorder = Recorder()
-    assert recorder.begin(1.0) == 0
+    assert recorder.begin() == 0
     clock = StepClock(send=recorder.update, flush_s=0.0)
     clock.begin(0)
     for step in (1, 2, 3):
         clock.step(step)
-    assert recorder.begin(2.0) == 3 and recorder.records()[0]["steps"] == {"compile": 1, "productive": 2}
+    assert recorder.begin() == 3 and recorder.records()[0]["steps"] == {"compile": 1, "productive": 2}
 
 
 def test_a_recorder_gone_never_stops_training() -> None:

@@ -84,7 +84,7 @@ class StepClock:
             return cls(**kwargs)
         try:
             recorder = ray.get_actor(RECORDER_NAME)
-            reached = int(ray.get(recorder.begin.remote(began), timeout=30))
+            reached = int(ray.get(recorder.begin.remote(), timeout=30))
         except Exception:  # no recorder: a loop run without tpuflow's driver records nothing
             return cls(**kwargs)
 
@@ -150,7 +150,7 @@ class Recorder:
     def __init__(self) -> None:
         self.attempts: dict[str, dict[str, Any]] = {}
 
-    def begin(self, began_at: float) -> int:
+    def begin(self) -> int:
         """A new attempt starts: the furthest step the earlier ones computed."""
         return max((int(a["step"]) for a in self.attempts.values()), default=0)
 

@@ -115,18 +115,15 @@ def slice_timeline(
     intervals.append((created_at, ready, "provisioning"))
     first_work = min((float(w["started_at"]) for w in works), default=end)
     intervals.append((ready, cluster_ready_at if cluster_ready_at is not None else first_work, "cluster_start"))
-    breakdowns: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for w in works:
         stop = float(w["ended_at"]) if w.get("ended_at") is not None else end
         intervals.append((float(w["started_at"]), stop, str(w["cause"])))
-        if w["cause"] == "training":
-            breakdowns["training"].append(w)
     cut = segments(created_at, end, intervals)
     seconds: dict[str, float] = defaultdict(float)
     for a, b, cause in cut:
         if cause != "training":
             seconds[cause] += b - a
-    for w in breakdowns["training"]:
+    for w in (w for w in works if w["cause"] == "training"):
         stop = float(w["ended_at"]) if w.get("ended_at") is not None else end
         # the part of this job the cut gave to training (a job is never hidden by higher-priority work)
         shown = sum(max(0.0, min(b, stop) - max(a, float(w["started_at"]))) for a, b, c in cut if c == "training")

@@ -168,6 +168,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         return ledger
 
     def _record(self, ledger: dict[str, Any]) -> None:
+        from tpuflow.cost.goodput import summary_line
         from tpuflow.cost.ledger import LEDGER_FILE
         from tpuflow.storage import read_text, write_text
 
@@ -179,8 +180,6 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             report["ledger"] = ledger
             write_text(f"{root}/report.json", json.dumps(report, indent=2), self.gcp_conn_id)
         print(f"TPUFLOW_LEDGER {json.dumps(ledger)}")
-        from tpuflow.cost.goodput import summary_line
-
         self.log.info(
             "Chip-hours: %.4f billed, %.4f training (ratio %s); %s",
             ledger["chip_hours"],
