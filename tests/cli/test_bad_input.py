@@ -102,6 +102,8 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["demo", "--output-root", "gs://Bad_Bucket!/x"], ("--output-root", "gs://Bad_Bucket!/x", "bucket name")),
     (["demo", "--backend", "gke", "--serve-topology", "2x2x1"], ("--serve-topology", "2x2x1", "2D")),
     (["demo", "--backend", "gke", "--keep-endpoint"], ("--keep-endpoint", "True", "stand-ins stop")),
+    (["demo", "--idle-timeout", "5"], ("--idle-timeout", "5.0", "add --keep-endpoint")),
+    (["demo", "--keep-endpoint", "--idle-timeout", "-1"], ("--idle-timeout", "-1.0", ">= 0")),
 ]
 
 # argparse's own rejections (a type or a choice): exit 2 and one "error:" line naming the flag.

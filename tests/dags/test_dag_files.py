@@ -11,6 +11,8 @@ import pytest
 from support.parse_cost import HEAVY
 from support.pipeline_steps import TRAIN_TO_REPORT
 
+from tpuflow.pipeline.factory import KEEP_AFTER_WATCH
+
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 PARSE = """
 import importlib.util, json, sys
@@ -54,11 +56,13 @@ def test_local_pipeline_shape(migrated_airflow_db):
         "start_cluster",
         "prep",
         *TRAIN_TO_REPORT,
+        "serve_until_idle",  # a kept endpoint with idle_timeout waits here (deferred) until it is idle
         "stop_cluster",
         "release_slice",
     ]
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids
+    assert dag.get_task("stop_cluster").keep == KEEP_AFTER_WATCH
     start, stop = dag.get_task("start_cluster"), dag.get_task("stop_cluster")
     assert start.is_setup and stop.is_teardown
     # the evaluation runs on the slice it trained on: one actor per host, each with the host's TPU
@@ -74,6 +78,7 @@ def test_local_pipeline_shape(migrated_airflow_db):
         "resume",
         "accuracy_threshold",
         "keep_endpoint",
+        "idle_timeout",
     }
     assert dag.params["resume"] == "auto" and dag.get_task("train").resume == "{{ params.resume }}"
 

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from faults.local_matrix import CONF  # a one-host slice, a short training, no a
 from faults.matrix import Outcome, settled
 
 RUN_TIMEOUT = 900.0
+KEPT_IDLE = {"keep_endpoint": True, "idle_timeout": 1}  # kept until no request for a minute
 FROZEN_S = 30.0  # how long the dashboard stays unreachable
 
 
@@ -68,6 +69,7 @@ class AirflowFaultCase:
     recovers: bool  # whether the run still succeeds
     reaped: bool = False  # nothing of the run can tear down: `tpuflow reap` cleans up after it
     ci: bool = False
+    conf: Mapping[str, Any] | None = None  # the run's conf beyond the matrix's CONF
 
     pipeline = "airflow"
 
@@ -97,6 +99,11 @@ def _restart(service: str) -> Callable[[Drill], None]:
         d.services.restart(service)
 
     return inject
+
+
+def _restart_scheduler_and_triggerer(d: Drill) -> None:
+    d.services.restart("scheduler")
+    d.services.restart("triggerer")
 
 
 def _sigkill_task(d: Drill) -> None:
@@ -144,7 +151,13 @@ AIRFLOW_CASES: list[AirflowFaultCase] = [
     AirflowFaultCase("start_cluster", "sigkill-running", "running", _sigkill_task, False),
     AirflowFaultCase("prep", "dashboard-frozen-30s", "deferred", _freeze_dashboard, True),
     AirflowFaultCase("train", "run-deleted-deferred", "deferred", _delete_run, False, reaped=True),
-]
+    # a kept endpoint waiting to be idle (serve_until_idle, deferred): the wait is rebuilt after both restarts and
+    # the teardowns delete the endpoint once it is idle; marked failed, the teardowns delete it at once
+    AirflowFaultCase("serve_until_idle", "scheduler-and-triggerer-restart-deferred", "deferred",
+                     _restart_scheduler_and_triggerer, True, ci=True, conf=KEPT_IDLE),
+    AirflowFaultCase("serve_until_idle", "marked-failed-deferred", "deferred", _set_state("failed"), False,
+                     conf=KEPT_IDLE),
+]  # fmt: skip
 
 
 def airflow_case_params() -> list[Any]:
@@ -241,7 +254,7 @@ def _leftovers(home: Path) -> dict[str, int]:
 
 
 def run_airflow_case(case: AirflowFaultCase, services: Any, api: Any) -> Outcome:
-    resp = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": None, "conf": CONF})
+    resp = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": None, "conf": {**CONF, **(case.conf or {})}})
     assert resp.status_code == 200, resp.text
     d = Drill(services, api, str(resp.json()["dag_run_id"]), case.stage)
     _wait_for_stage(d, case.when)

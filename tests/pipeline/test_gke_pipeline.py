@@ -41,6 +41,7 @@ from tpuflow.dev.standins.kuberay_controller import (
 )
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.errors import UserInputError
+from tpuflow.serve.idle_stop import NOT_KEPT
 
 REPO = Path(__file__).resolve().parents[2]
 ORDER = [
@@ -469,6 +470,9 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             "max_chip_hours": 10,
         }
         multi_host_serve = capacity == "on-demand"
+        kept = not multi_host_serve
+        if kept:  # the endpoint is kept while it serves, and goes once Serve saw no request for 6 s (+ 30 s margin)
+            conf.update(keep_endpoint=True, idle_timeout=0.1)
         if multi_host_serve:
             conf["serve_topology"] = "4x4"  # v6e 2x4 would be one 8-chip host (ct6e-standard-8t)
         serve_chips, serve_machine = (16, "ct6e-standard-4t") if multi_host_serve else (1, "ct6e-standard-1t")
@@ -500,10 +504,18 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert report["output_dir"] == f"gs://{bucket}/{run_dir}"
         assert 0 <= report["accuracy"] <= 1 and isinstance(report["sample_completion"], str)  # eval and the endpoint
         assert report["endpoint"] == f"{deployed['serve_url']}/addition/v1"
+        verdict = tis["serve_until_idle"].xcom_pull(task_ids="serve_until_idle")
+        if kept:  # read from the RayService head's metrics port (KubeRay's 8080, the stand-in's live one)
+            assert deployed["metrics_url"].startswith("http://127.0.0.1:"), deployed
+            assert verdict["keep"] is False and verdict["stopped"] == "idle" and verdict["requests"] >= 1, verdict
+            assert verdict["stopped_at"] - verdict["last_busy_at"] >= 6 + 30
+        else:
+            assert verdict == {"keep": False, "reason": NOT_KEPT}
 
         # The ledger: per slice, chips x (delete end - create start) of the stand-in's own operations
         ledger = tis["chip_ledger"].xcom_pull(task_ids="chip_ledger")
         assert report["ledger"] == ledger
+        assert ledger["endpoint"] == verdict  # why the serve slice went
         operations = gke.state()["operations"]
         for entry, chips in zip(ledger["slices"], (4, serve_chips), strict=True):
             (pool,) = entry["pools"]
@@ -545,7 +557,9 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert bounds == {"train": 10 * 3600 // 4 + 900, "serve": 10 * 3600 // serve_chips + 900}, bounds
         for entry in ledger["slices"]:
             (pool,) = entry["pools"]
-            assert max_runs[pool] == f"{bounds[entry['role']]}s", max_runs
+            # a kept endpoint outlives its run: its pool has no GKE deadline (the idle watch ends it here)
+            deadline = None if kept and entry["role"] == "serve" else f"{bounds[entry['role']]}s"
+            assert max_runs[pool] == deadline, max_runs
         queued = [
             (r["body"] or {}).get("nodePool", {}).get("queuedProvisioning")
             for r in gke.requests

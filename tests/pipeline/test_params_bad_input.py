@@ -33,6 +33,8 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"accuracy_threshold": 1.5}, "params.accuracy_threshold", "give a number >= 0 and <= 1"),
     ({"accuracy_threshold": math.nan}, "params.accuracy_threshold", "finite"),
     ({"keep_endpoint": "yes"}, "params.keep_endpoint", "true or false"),
+    ({"idle_timeout": -5}, "params.idle_timeout", ">= 0"),
+    ({"idle_timeout": "soon"}, "params.idle_timeout", "number"),
     ({"num_train": 10}, "params.num_train", ">= 100"),
     ({"num_eval": 6000}, "params.num_eval", "<= 5000"),
     ({"max_chip_hours": 0}, "params.max_chip_hours", "> 0"),

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from support.airflow_context import task_context
-from support.json_http import answer_json
+from support.json_http import answer_json, serving
 
 from tpuflow.errors import UserInputError
 from tpuflow.serve.operators import RayServeDeployOperator
@@ -74,13 +74,8 @@ class FakeDashboard:
 @pytest.fixture
 def dashboard() -> Iterator[FakeDashboard]:
     fake = FakeDashboard()
-    thread = threading.Thread(target=fake.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with serving(fake.server):
         yield fake
-    finally:
-        fake.server.shutdown()
-        fake.server.server_close()
 
 
 def deploy_op(dashboard: FakeDashboard, **kwargs: Any) -> RayServeDeployOperator:

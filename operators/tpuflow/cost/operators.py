@@ -45,7 +45,7 @@ def _check_slices(slices: Any) -> None:
             isinstance(work, list | tuple)
             and all(isinstance(t, str) and t for t in work)
             or isinstance(work, Mapping)
-            and all(isinstance(t, str) and isinstance(c, str) for t, c in work.items())
+            and all(isinstance(t, str) and (c is None or isinstance(c, str)) for t, c in work.items())
         ):
             raise UserInputError(
                 f"slices[{entry['role']}].work",
@@ -85,14 +85,16 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         slice dict (chips, num_slices, generation), ``task_id`` the task whose record gives the span; and
         optionally ``work``: the tasks that ran work on the slice (their ``work_span`` XCom: Ray jobs, Serve
         deploys), a list of task ids or ``{task_id: cause}`` to name what a task's time counts as
-        (tpuflow.cost.goodput); the slice's timeline and the run's goodput are built from them.
+        (None: the cause the task recorded; tpuflow.cost.goodput); the slice's timeline and the run's goodput are built from them.
     :param trained: templated; the train task's XCom (its ``fit_s`` is the training time), None if it failed.
     :param output_dir: templated; the run's output folder.
     :param prices: templated; JSON {generation: price per chip-hour} (Variable ``tpuflow_chip_hour_prices``).
     :param gcp_conn_id: templated; connection for a gs:// output folder (and, on GKE, the GKE API).
+    :param endpoint: templated; the kept-endpoint watch's verdict (RayServeWaitForIdleOperator's XCom: kept, or
+        stopped idle with its reason), recorded as the ledger's ``endpoint``; None: no endpoint.
     """
 
-    template_fields: Sequence[str] = ("slices", "trained", "output_dir", "prices", "gcp_conn_id")
+    template_fields: Sequence[str] = ("slices", "trained", "output_dir", "prices", "gcp_conn_id", "endpoint")
     ui_color = "#fff3cd"
 
     def __init__(
@@ -103,6 +105,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         output_dir: str,
         prices: Any = None,
         gcp_conn_id: str = "google_cloud_default",
+        endpoint: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -111,6 +114,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         self.output_dir = output_dir
         self.prices = prices
         self.gcp_conn_id = gcp_conn_id
+        self.endpoint = endpoint
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.slices,), lambda: _check_slices(self.slices))]
@@ -164,6 +168,8 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         for key in ("steps", "checkpoint", "attempts"):  # the training loop's own counts, beside the seconds
             if key in measured:
                 ledger["goodput"][key] = measured[key]
+        if isinstance(self.endpoint, Mapping):  # why a kept endpoint's slice was let go, or that it is kept
+            ledger["endpoint"] = dict(self.endpoint)
         self._record(ledger)
         return ledger
 

@@ -72,6 +72,7 @@ FLAG_PARAMS = {
     "train_steps": "--train-steps",
     "checkpoint_every": "--checkpoint-every",
     "keep_endpoint": "--keep-endpoint",
+    "idle_timeout": "--idle-timeout",
     "accuracy_threshold": "--accuracy-threshold",
     "num_train": "--num-train",
     "serve_topology": "--serve-topology",
@@ -93,10 +94,13 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
         "train_steps": args.train_steps,
         "checkpoint_every": args.checkpoint_every,
         "keep_endpoint": args.keep_endpoint,
+        "idle_timeout": args.idle_timeout,
         "accuracy_threshold": args.accuracy_threshold,
         "num_train": args.num_train,
         "serve_topology": args.serve_topology,
     }
+    if args.idle_timeout and not args.keep_endpoint:
+        raise UserInputError("--idle-timeout", args.idle_timeout, "it stops a kept endpoint: add --keep-endpoint")
     try:
         params = check_conf(conf)
         if args.backend == "gke":
@@ -173,7 +177,10 @@ def _run_pipeline(
     print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
     for line in ledger_lines(report.get("ledger")):
         print(line)
-    if args.keep_endpoint:
+    stopped = ((report.get("ledger") or {}).get("endpoint") or {}).get("stopped")
+    if stopped:
+        print(f"endpoint (stopped): {report['ledger']['endpoint']['reason']}")
+    elif args.keep_endpoint:
         print(f"endpoint (kept):    {report['endpoint']}  (stop it with: tpuflow local down)")
     return 0
 
@@ -209,6 +216,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serves one model from all its hosts (one JAX mesh over the slice)",
     )
     parser.add_argument("--keep-endpoint", action="store_true", help="leave the cluster and Serve endpoint running")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="with --keep-endpoint: serve until this many minutes pass without a request, then tear down "
+        "(the demo waits for it)",
+    )
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
     parser.add_argument(
         "--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)"

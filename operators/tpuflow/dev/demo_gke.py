@@ -105,11 +105,12 @@ def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_b
 def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     """``conf``: the run's conf, already checked (tpuflow.dev.demo.demo_conf)."""
 
-    if args.keep_endpoint:
+    if args.keep_endpoint and not args.idle_timeout:
         raise UserInputError(
             "--keep-endpoint",
             True,
-            "the GKE stand-ins stop with the demo; keep an endpoint with `tpuflow standins up` and your own DAG run",
+            "the GKE stand-ins stop with the demo: add --idle-timeout MINUTES (the demo serves until it is idle "
+            "that long), or keep an endpoint with `tpuflow standins up` and your own DAG run",
         )
     work = Path(args.work_dir).resolve() / "gke"
     home = work / "airflow"
@@ -149,7 +150,6 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         }
         airflow = str(Path(sys.executable).with_name("airflow"))
         subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-        conf = {**conf, "keep_endpoint": False}
         if not conf.get("serve_topology"):
             conf.pop("serve_topology", None)
         run_date = args.date or date.today().isoformat()

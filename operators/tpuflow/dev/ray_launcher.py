@@ -83,6 +83,7 @@ class LocalRayHandle:
         self.dashboard_url: str = cluster.dashboard_url
         self.gcs_address: str = cluster.gcs_address
         self.serve_port: int = cluster.serve_port
+        self.metrics_port: int = cluster.metrics_port
 
     def stop(self) -> None:
         self.cluster.stop()

@@ -9,8 +9,9 @@ Address modes (operator argument ``address_mode``):
   is only routable inside the VPC-native cluster network. The Kubernetes stand-in reports 127.0.0.1
   and the local Ray head's real ports here, so in local runs this is the reachable address.
 - ``port_forward``: ``127.0.0.1`` with the head container's ports, for Airflow outside the cluster
-  with a long-lived ``kubectl port-forward svc/<name>-head-svc 8265 8000 6379`` (a forward started by
-  the task would die with it, so the operator does not start one).
+  with a long-lived ``kubectl port-forward svc/<name>-head-svc 8265 8000 6379 8080`` (8080: the head's
+  metrics, which a kept endpoint's idle watch reads; a forward started by the task would die with it, so
+  the operator does not start one).
 - ``auto`` (default): ``in_cluster_dns`` when the Kubernetes hook runs in-cluster, else ``head_service``.
 
 Every payload also carries ``in_cluster_dns`` so a task inside the cluster can always use DNS.
@@ -88,6 +89,8 @@ def _urls(host: str, ports: Mapping[str, str]) -> dict[str, str]:
         out["serve_url"] = f"http://{host}:{_named(ports, 'serve')}"
     if _named(ports, *_GCS_NAMES):
         out["gcs_address"] = f"{host}:{_named(ports, *_GCS_NAMES)}"
+    if _named(ports, "metrics"):
+        out["metrics_url"] = f"http://{host}:{_named(ports, 'metrics')}/metrics"
     if _named(ports, "client"):
         out["client_address"] = f"ray://{host}:{_named(ports, 'client')}"
     return out
@@ -143,7 +146,7 @@ def cluster_payload(
         "name": name,
         "namespace": namespace,
         **{k: chosen.get(k, "") for k in ("dashboard_url", "serve_url", "gcs_address")},
-        **({"client_address": chosen["client_address"]} if "client_address" in chosen else {}),
+        **({k: chosen[k] for k in ("client_address", "metrics_url") if k in chosen}),
         "address_mode": resolved,
         "head_service": svc_name,
         "head_pod": (status.get("head") or {}).get("podName", ""),
@@ -187,6 +190,7 @@ def service_payload(
         "serve_url": serve_url,
         "dashboard_url": cluster_payload_.get("dashboard_url", ""),
         "gcs_address": cluster_payload_.get("gcs_address", ""),
+        **({"metrics_url": cluster_payload_["metrics_url"]} if cluster_payload_.get("metrics_url") else {}),
         "ray_cluster_name": active.get("rayClusterName", ""),
         "applications": apps,
         "address_mode": resolved,

@@ -35,7 +35,8 @@ WORKER_GROUP = "tpu-group"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 # Ports KubeRay's TPU samples put on the head; the head Service exposes them under these names.
-HEAD_PORTS: Mapping[str, int] = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT}
+# metrics: Ray's Prometheus exporter (KubeRay's --metrics-export-port); Serve's request counters are read there
+HEAD_PORTS: Mapping[str, int] = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT, "metrics": 8080}
 PRESTOP_MARGIN_S = 5  # grace period beyond the preStop hook's hold: Ray's own exit after SIGTERM
 MXLA_PORT = 8081  # multi-host TPU workers talk XLA collectives on it (samples: name "mxla")
 

@@ -160,6 +160,8 @@ class LocalRayCluster:
     complete: bool = True
     # when every node had joined (None: not yet, or a state saved before it was recorded)
     ready_at: float | None = None
+    # the head's Prometheus exporter (Ray's metrics, Serve's request counters among them); 0: none
+    metrics_port: int = 0
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -436,6 +438,11 @@ class LocalRayCluster:
     def serve_url(self) -> str:
         return f"http://127.0.0.1:{self.serve_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        """The head's Prometheus endpoint (Ray's metrics exporter); "" for a cluster started without one."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
+
     def client_env(self) -> dict[str, str]:
         """Environment a local process needs to use this cluster with the Ray CLI or ray.init()."""
         return {
@@ -455,6 +462,7 @@ class LocalRayCluster:
             "dashboard_url": self.dashboard_url,
             "serve_url": self.serve_url,
             "serve_port": self.serve_port,
+            "metrics_url": self.metrics_url,
             "gcs_address": self.gcs_address,
             "state_dir": self.state_dir,
             "auth_token_path": str(Path(self.state_dir) / TOKEN_FILE),
@@ -479,8 +487,8 @@ class LocalRayCluster:
                 "RAY_USAGE_STATS_ENABLED": "0",
                 # Loopback stays loopback (the head binds 127.0.0.1; drivers reach it there): tpuflow.local.ray_node.
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                # No per-node Prometheus exporter: it would listen on every interface of a host and answer
-                # without the token; nothing here reads Ray's metrics.
+                # No Prometheus exporter on a simulated host: it would listen on every interface and answer
+                # without the token. The head's (on 127.0.0.1 only: _start_head) serves Serve's counters.
                 "RAY_enable_metrics_collection": "0",
                 # A raylet starts as many idle workers as it has CPUs when a job's driver registers; hosts have
                 # a CPU per chip but share this machine's cores: start workers when work asks for them.
@@ -514,6 +522,7 @@ class LocalRayCluster:
         node_ip: str,
         slice_name: str = "",
         worker_id: int = -1,
+        metrics_port: int = 0,
     ) -> None:
         label = "head" if role == "head" else f"{slice_name}-w{worker_id}"
         log = Path(self.state_dir) / f"{label}.log"
@@ -532,7 +541,7 @@ class LocalRayCluster:
             "--disable-usage-stats",
             "--object-store-memory=200000000",
             f"--dashboard-agent-listen-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            f"--metrics-export-port={metrics_port or free_port()}",
             f"--runtime-env-agent-port={free_port()}",
             f"--dashboard-agent-grpc-port={free_port()}",
             f"--node-manager-port={free_port()}",
@@ -561,7 +570,11 @@ class LocalRayCluster:
                 f"--num-cpus={cpus}",
                 f"--ray-client-server-port={free_port()}",
             ]
-            self._spawn("head", args, env, HEAD_IP)
+            # The Serve proxy runs on the head (proxy_location HeadOnly): its request counters are what an
+            # idle endpoint is judged by (tpuflow.serve.idle). Ray binds the exporter to 127.0.0.1 here.
+            self.metrics_port = free_port()
+            head_env = {**env, "RAY_enable_metrics_collection": "1"}
+            self._spawn("head", args, head_env, HEAD_IP, metrics_port=self.metrics_port)
 
         def ready(deadline: float) -> None:
             self._wait_for_dashboard(deadline)

@@ -24,6 +24,7 @@ from tpuflow.pipeline.workload import Workload, templated
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
+from tpuflow.serve.idle_stop import RayServeWaitForIdleOperator
 from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
 from tpuflow.work_spans import DATA_PREP, EVALUATION, PREFLIGHT, SERVING, TRAINING
 
@@ -259,16 +260,38 @@ def smoke_test_and_report(
 
 # Keep the endpoint only when it was actually serving; a failed run never leaves a cluster behind.
 KEEP_ENDPOINT = "{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}"
+IDLE_WATCH_TASK_ID = "serve_until_idle"
+ENDPOINT_VERDICT = "{{ ti.xcom_pull(task_ids='serve_until_idle') }}"
+# The teardowns keep what the watch says to keep; a watch that failed or never ran says nothing: torn down.
+KEEP_AFTER_WATCH = "{{ (ti.xcom_pull(task_ids='serve_until_idle') or {}).get('keep', False) }}"
 
 
-def keep_endpoint(workload: Workload) -> str | bool:
-    """The teardowns' ``keep``: KEEP_ENDPOINT; without a smoke test, kept when the deploy succeeded; without
-    serving, never."""
+def wants_endpoint(workload: Workload) -> str | bool:
+    """Whether the run asks to keep its endpoint: KEEP_ENDPOINT; without a smoke test, when the deploy
+    succeeded; without serving, never."""
     if workload.serve_app is None:
         return False
     if workload.smoke_request is None:
         return "{{ params.keep_endpoint and ti.xcom_pull(task_ids='deploy') is not none }}"
     return KEEP_ENDPOINT
+
+
+def keep_endpoint(workload: Workload) -> str | bool:
+    """The teardowns' ``keep``: the idle watch's verdict (serve_until_idle_task); without serving, never."""
+    return KEEP_AFTER_WATCH if workload.serve_app is not None else False
+
+
+def serve_until_idle_task(workload: Workload, cluster: str) -> BaseOperator:
+    """The task that says whether the teardowns keep the endpoint, and while kept with the ``idle_timeout``
+    Param, waits in the triggerer until it has served no request for that long (tpuflow.serve.idle_stop).
+
+    ``cluster``: the XCom where the endpoint's metrics are read (``metrics_url``)."""
+    return RayServeWaitForIdleOperator(
+        task_id=IDLE_WATCH_TASK_ID,
+        cluster=cluster,
+        keep=wants_endpoint(workload),
+        idle_timeout="{{ params.idle_timeout }}",
+    )
 
 
 def build_pipeline_dag(
@@ -342,6 +365,7 @@ def build_pipeline_dag(
             keep=keep_endpoint(workload),
         )
         release = ReleaseSliceOperator(task_id="release_slice")
+        watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='start_cluster') }}") if deploy else None
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
         guard = ChipBudgetGuardOperator(
             task_id="budget_guard",
@@ -363,12 +387,15 @@ def build_pipeline_dag(
             trained="{{ ti.xcom_pull(task_ids='train') }}",
             output_dir=run_dir,
             prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",
+            endpoint=ENDPOINT_VERDICT if watch else None,
         )
         # a run over its budget may wait for a person: it holds no slice lease while it waits
         checked >> guard >> approve >> lease >> start
         if prep:
             start >> prep
-        report >> stop >> [release, ledger]
+        if watch:
+            report >> watch
+        (watch or report) >> stop >> [release, ledger]
         # check_params is a setup of each teardown too, as in the GKE DAG: a teardown runs when one of its
         # setups succeeded, and a start (or lease) task that failed after its work still left something.
         stop.as_teardown(setups=[checked, start])

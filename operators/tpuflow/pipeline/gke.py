@@ -10,10 +10,11 @@ slice::
                                                                                                    -> wait_for_flex_start -+
       train -> delete_ray_cluster -> delete_provisioning_request -> delete_node_pool   (at once, always)
       train -> evaluate (CPU) -> [build_serve_config, create_serve_node_pool (setup)] -> request_serve_capacity
-        -> deploy (RayService) -> smoke_test -> write_report
+        -> deploy (RayService) -> smoke_test -> write_report -> serve_until_idle
         -> delete_service -> delete_serve_provisioning_request -> delete_serve_node_pool
                                   (kept when keep_endpoint and the endpoint answered: labelled tpuflow-kept,
-                                   which the orphan reaper honours)
+                                   which the orphan reaper honours; with idle_timeout, serve_until_idle waits
+                                   in the triggerer until Serve is idle that long, and then they delete)
         -> delete_prep_cluster                        (always)
       every delete -> chip_ledger  (chips x (delete - create) per slice from the GKE operations; report.json)
 
@@ -76,12 +77,14 @@ from tpuflow.kuberay.operators import (
 from tpuflow.kuberay.ray_auth import with_cluster_auth
 from tpuflow.kubernetes.ownership import object_name
 from tpuflow.pipeline.factory import (
+    ENDPOINT_VERDICT,
     SERVE_SLICE,
     build_serve_config,
     checked_slice,
     keep_endpoint,
     pipeline_dag,
     run_dir_for,
+    serve_until_idle_task,
     smoke_test_and_report,
     training_steps,
 )
@@ -753,6 +756,7 @@ def build_gke_pipeline_dag(
             project_id=project_id,
             location=location,
             cluster_name=cluster_name,
+            endpoint=ENDPOINT_VERDICT if serving else None,
         )
 
         checked >> guard >> approve >> [t for t in (create_prep, create_pool) if t]
@@ -764,7 +768,10 @@ def build_gke_pipeline_dag(
         # the training slice goes as soon as training is over; evaluation and serving do not need it
         train >> delete_cluster >> delete_request >> delete_pool
         delete_cluster >> delete_pool
-        report_next = [t for t in (serve_tasks[1] if serve_tasks else None, delete_prep) if t]
+        watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='deploy') }}") if serve_tasks else None
+        if watch and serve_tasks:
+            report >> watch >> serve_tasks[1]
+        report_next = [t for t in (watch, delete_prep) if t]
         report >> (report_next or [ledger])
         delete_serve_pool = serve_tasks[2] if serve_tasks else None
         [t for t in (delete_pool, delete_serve_pool, delete_prep) if t] >> ledger

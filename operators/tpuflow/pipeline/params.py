@@ -195,6 +195,15 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
             description="Leave the cluster and Serve endpoint up after the run, marked kept so the orphan reaper "
             "leaves them (local: `tpuflow local down` removes them; GKE: see the README's orphan reaper section).",
         ),
+        "idle_timeout": ParamSpec(
+            None,
+            type=["null", "number"],
+            minimum=0,
+            title="Stop a kept endpoint when idle (minutes, optional)",
+            description="With keep_endpoint: the endpoint and its slice are torn down once Ray Serve has answered "
+            "no request for this many minutes (read from Serve's own metrics; the run waits for it in the "
+            "triggerer, and its ledger records the reason). Empty or 0: kept until deleted.",
+        ),
         "num_train": ParamSpec(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
         "num_eval": ParamSpec(
             200,

@@ -112,6 +112,23 @@ class RayDashboardHook(BaseHook, Generic[ClientT], abc.ABC):
             raise UserInputError("cluster", self.cluster, "the cluster info has no serve_url")
         return url.rstrip("/")
 
+    @property
+    def metrics_url(self) -> str:
+        """The head's Prometheus endpoint (Ray's metrics exporter): the cluster info's ``metrics_url``, or the
+        connection's extra ``metrics_url``."""
+        if self.cluster.get("metrics_url"):
+            return str(self.cluster["metrics_url"])
+        conn = self.get_connection(self.ray_conn_id) if self.ray_conn_id else None
+        url = (conn.extra_dejson.get("metrics_url") if conn else None) or ""
+        if not url:
+            raise UserInputError(
+                "cluster",
+                {k: v for k, v in self.cluster.items() if k.endswith("_url")},
+                "the cluster info has no metrics_url (the head's Prometheus port, 8080 on KubeRay): expose it, or "
+                "set the ray connection's extra metrics_url",
+            )
+        return url
+
     def headers(self) -> dict[str, str]:
         """The bearer token of a token-authenticated cluster (RAY_AUTH_MODE=token), else none.
 

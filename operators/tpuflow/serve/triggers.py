@@ -17,8 +17,9 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from tpuflow.serve.hooks import RayServeHook
+from tpuflow.serve.idle import IdleWatch
 from tpuflow.serve.status import deletable_on_kill
-from tpuflow.serve.waits import wait_for_applications
+from tpuflow.serve.waits import wait_for_applications, wait_until_idle
 from tpuflow.triggers import TpuflowTrigger
 
 
@@ -95,3 +96,66 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
             return
         self.log.warning("Task killed: deleting Serve applications %s", self.delete_on_kill)
         await hook.adelete_applications()
+
+
+class RayServeIdleTrigger(TpuflowTrigger):
+    """Waits until a kept endpoint has served no request for ``idle_timeout`` seconds (tpuflow.serve.idle).
+
+    Reads the head's Prometheus exporter (the cluster info's ``metrics_url``) every ``poll_interval`` seconds.
+    Fires ``{"status": "success", "idle_s", "requests", "since"}`` once idle for ``idle_timeout`` + ``margin``
+    seconds, or ``{"status": "error", "reason": "unreadable", "message"}`` when the metrics could not be read for
+    ``unreadable_after`` seconds (the cluster is gone or unreachable).
+
+    The window's start (``since``) and the count then (``requests``) are kwargs, so a triggerer that restarts
+    rebuilds the wait from them: a count unchanged since ``since`` keeps the window, a changed one restarts it
+    (later, never sooner).
+
+    :param cluster: where the endpoint's cluster is (its ``metrics_url``); see RayServeHook.
+    :param ray_conn_id: Airflow connection naming it, when ``cluster`` does not.
+    :param idle_timeout: seconds without a request that make the endpoint idle.
+    :param since: epoch seconds the window began (the watch's start).
+    :param requests: Serve's request count at ``since`` (None: not read yet).
+    :param poll_interval: seconds between reads.
+    :param margin: seconds added to the window for Ray's metric export delay.
+    :param unreadable_after: seconds of failed reads that end the wait as an error.
+    """
+
+    serialize_fields = (
+        "cluster",
+        "ray_conn_id",
+        "idle_timeout",
+        "since",
+        "requests",
+        "poll_interval",
+        "margin",
+        "unreadable_after",
+    )
+
+    def __init__(
+        self,
+        idle_timeout: float,
+        since: float,
+        cluster: dict[str, Any] | None = None,
+        ray_conn_id: str | None = None,
+        requests: float | None = None,
+        poll_interval: float = 30.0,
+        margin: float = 30.0,
+        unreadable_after: float = 600.0,
+    ) -> None:
+        super().__init__()
+        self.cluster = cluster or {}
+        self.ray_conn_id = ray_conn_id
+        self.idle_timeout = float(idle_timeout)
+        self.since = float(since)
+        self.requests = requests
+        self.poll_interval = float(poll_interval)
+        self.margin = float(margin)
+        self.unreadable_after = float(unreadable_after)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        watch = IdleWatch(self.idle_timeout, self.since, self.requests, self.margin)
+        async with RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster) as hook:
+            event = await wait_until_idle(
+                hook, watch, poll_interval=self.poll_interval, unreadable_after=self.unreadable_after, log=self.log
+            )
+        yield TriggerEvent(event)

@@ -4,6 +4,10 @@
 DEPLOY_FAILED or UNHEALTHY, or the deadline passes with some still DEPLOYING (the event then says
 which deployments are stuck and the usual causes). RayServeApplicationsTrigger.run awaits it in
 the triggerer; RayServeDeployOperator.execute_sync runs it with ``asyncio.run``.
+
+``wait_until_idle`` reads Serve's request counters until a kept endpoint has been idle for its window
+(tpuflow.serve.idle): RayServeIdleTrigger.run in the triggerer, RayServeWaitForIdleOperator.execute_sync in a
+worker.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from typing import Any, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
+from tpuflow.serve.idle import IdleWatch, serve_activity
 from tpuflow.serve.status import STUCK_HINT, app_statuses, judge, placement_causes
 
 
@@ -65,4 +70,50 @@ async def wait_for_applications(
                 statuses,
                 diagnostics=STUCK_HINT,
             )
+        await asyncio.sleep(poll_interval)
+
+
+class MetricsReader(Protocol):
+    @property
+    def metrics_url(self) -> str: ...
+
+    async def aread_metrics(self) -> str: ...
+
+
+async def wait_until_idle(
+    reader: MetricsReader,
+    watch: IdleWatch,
+    *,
+    poll_interval: float,
+    unreadable_after: float,
+    log: Any,
+) -> dict[str, Any]:
+    """Read Serve's metrics every ``poll_interval`` seconds until ``watch`` says idle: ``{"status": "success",
+    "idle_s", "requests", "since"}``; or ``{"status": "error", "reason": "unreadable", "message"}`` once they
+    could not be read for ``unreadable_after`` seconds. A failed read never shortens the window."""
+    last_read = time.time()
+    while True:
+        now = time.time()
+        try:
+            activity = serve_activity(await reader.aread_metrics())
+        except Exception as err:  # the head restarting, a network blip
+            if now - last_read >= unreadable_after:
+                return {
+                    "status": "error",
+                    "reason": "unreadable",
+                    "message": f"the endpoint's metrics at {reader.metrics_url} could not be read for "
+                    f"{now - last_read:.0f} s: {err}",
+                }
+            log.info("Serve metrics unreadable (%s); trying again", err)
+        else:
+            last_read = now
+            if watch.observe(activity, now):
+                log.info("Endpoint busy: %g requests so far, %g in flight", activity.requests, activity.ongoing)
+            if watch.is_idle(now):
+                return {
+                    "status": "success",
+                    "idle_s": round(watch.idle_for(now), 1),
+                    "requests": activity.requests,
+                    "since": watch.since,
+                }
         await asyncio.sleep(poll_interval)

@@ -36,6 +36,7 @@ class FakeRayHandle:
         self.dashboard_url = f"http://127.0.0.1:{ports[0]}"
         self.gcs_address = f"127.0.0.1:{ports[1]}"
         self.serve_port = ports[2]
+        self.metrics_port = 0  # no Ray, no metrics
         self.deployed: list[dict[str, Any]] = []
         self._deployed_at = 0.0
         self.stopped = False

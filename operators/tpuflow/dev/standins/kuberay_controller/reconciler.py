@@ -586,6 +586,7 @@ class KubeRayController(RayServiceReconciler):
                 "dashboard": handle.dashboard_url.rsplit(":", 1)[1],
                 "gcs": handle.gcs_address.rsplit(":", 1)[1],
                 "serve": str(handle.serve_port),
+                **({"metrics": str(handle.metrics_port)} if handle.metrics_port else {}),
             }
             for declared in list(ports):
                 if declared in ("gcs-server", "gcs"):
@@ -593,7 +594,7 @@ class KubeRayController(RayServiceReconciler):
                 elif declared in live:
                     ports[declared] = live[declared]
                 else:
-                    ports.pop(declared)  # not simulated locally (client, metrics, ...)
+                    ports.pop(declared)  # not simulated locally (client, ...)
             for key, value in live.items():
                 ports.setdefault(key, value)
         return ports

@@ -134,6 +134,7 @@ class RayClusterHandle(Protocol):
     dashboard_url: str
     gcs_address: str
     serve_port: int
+    metrics_port: int  # the head's Prometheus exporter (KubeRay's "metrics" port, 8080); 0: none
 
     def stop(self) -> None: ...
 

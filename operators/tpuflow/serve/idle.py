@@ -1,0 +1,91 @@
+"""When a kept endpoint is idle, judged from Ray Serve's own metrics (pure functions; no I/O).
+
+Serve's proxy counts every request it answers in ``ray_serve_num_http_requests_total`` (gRPC:
+``ray_serve_num_grpc_requests_total``), labelled with the ``application`` it routed to; its health and routes
+checks (``/-/healthz``, ``/-/routes``: KubeRay's probes among them) carry an empty application and are not
+traffic. ``ray_serve_num_ongoing_http_requests`` is what is in flight. tpuflow deploys with
+``proxy_location: HeadOnly``, so one proxy, on the head, sees every request through the endpoint, and the
+head's Prometheus exporter (Ray's ``--metrics-export-port``; 8080 on KubeRay) is the one place to read.
+
+Ray exports a process's metrics every few seconds, so a count lags the requests by that much; the watch
+adds ``margin_s`` to the window for it. A count that changes at all (a head restarted counts from 0 again)
+is activity: the window starts over, so a doubt only ever makes the endpoint live longer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+REQUEST_COUNTERS = ("ray_serve_num_http_requests", "ray_serve_num_grpc_requests")
+ONGOING_GAUGES = ("ray_serve_num_ongoing_http_requests", "ray_serve_num_ongoing_grpc_requests")
+# Ray's exporter writes counters with the _total suffix (OpenTelemetry); older exporters without it
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class ServeActivity:
+    """What the proxy has served: ``requests`` to applications ever (not health checks), ``ongoing`` now."""
+
+    requests: float
+    ongoing: float
+
+
+def serve_activity(text: str) -> ServeActivity:
+    """The proxy's request count and in-flight requests from a Prometheus text exposition."""
+    requests = ongoing = 0.0
+    for line in text.splitlines():
+        if not line.startswith("ray_serve_num_"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name = match["name"].removesuffix("_total")
+        if name not in REQUEST_COUNTERS and name not in ONGOING_GAUGES:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        if name in ONGOING_GAUGES:
+            ongoing += value
+            continue
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"] or "")}
+        if labels.get("application"):
+            requests += value
+    return ServeActivity(requests=requests, ongoing=ongoing)
+
+
+@dataclass
+class IdleWatch:
+    """The idle window of one endpoint.
+
+    ``since``: when it was last seen busy (or the watch began); ``requests``: the count then (None: not read
+    yet). Idle once ``idle_timeout_s`` + ``margin_s`` passed since then with the count unchanged and nothing in
+    flight.
+    """
+
+    idle_timeout_s: float
+    since: float
+    requests: float | None = None
+    margin_s: float = 30.0
+
+    def observe(self, activity: ServeActivity, now: float) -> bool:
+        """Take one reading; True when it showed activity (the window starts over)."""
+        busy = activity.ongoing > 0 or (self.requests is not None and activity.requests != self.requests)
+        self.requests = activity.requests
+        if busy:
+            self.since = now
+        return busy
+
+    def idle_for(self, now: float) -> float:
+        return max(0.0, now - self.since)
+
+    def is_idle(self, now: float) -> bool:
+        return self.idle_for(now) >= self.idle_timeout_s + self.margin_s
+
+
+def poll_interval_for(idle_timeout_s: float) -> float:
+    """How often to read the metrics: a tenth of the window, between 5 s and a minute."""
+    return min(60.0, max(5.0, idle_timeout_s / 10))
