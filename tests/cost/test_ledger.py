@@ -12,7 +12,7 @@ from cost_support import RunTaskInstance
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 
-from tpuflow.cost.ledger import build_ledger, check_prices, pool_span, rfc3339_to_unix, slice_entry
+from tpuflow.cost.ledger import build_ledger, check_prices, pool_ready, pool_span, rfc3339_to_unix, slice_entry
 from tpuflow.errors import UserInputError
 
 V6E_2X4 = {"generation": "v6e", "chips": 8, "num_slices": 1}
@@ -45,6 +45,23 @@ def test_pool_span_is_create_start_to_delete_end() -> None:
     # a failed delete did not end the bill
     failed = [*ops[:1], op("DELETE_NODE_POOL", "a", "2026-12-01T11:00:00Z", "2026-12-01T11:00:01Z", error={"code": 9})]
     assert pool_span(failed, "a")[1] is None
+
+
+def test_a_create_that_failed_bills_nothing_so_a_zone_failover_bills_from_the_zone_it_landed_in() -> None:
+    stockout = {"code": 8, "message": "GCE_STOCKOUT"}
+    ops = [  # one pool tried in us-east5-a (stockout, the failed pool deleted), then created in us-east5-b
+        op("CREATE_NODE_POOL", "a", "2026-12-01T10:00:00Z", "2026-12-01T10:10:00Z", error=stockout),
+        op("DELETE_NODE_POOL", "a", "2026-12-01T10:10:00Z", "2026-12-01T10:11:00Z"),
+        op("CREATE_NODE_POOL", "a", "2026-12-01T10:11:00Z", "2026-12-01T10:15:00Z"),
+        op("DELETE_NODE_POOL", "a", "2026-12-01T11:00:00Z", "2026-12-01T11:01:00Z"),
+        op("CREATE_NODE_POOL", "b", "2026-12-01T10:00:00Z", "2026-12-01T10:10:00Z", error=stockout),
+        op("DELETE_NODE_POOL", "b", "2026-12-01T10:10:00Z", "2026-12-01T10:11:00Z"),
+    ]
+    assert pool_span(ops, "a") == (rfc3339_to_unix("2026-12-01T10:11:00Z"), rfc3339_to_unix("2026-12-01T11:01:00Z"))
+    assert pool_ready(ops, "a") == rfc3339_to_unix("2026-12-01T10:15:00Z")
+    # a pool whose nodes never ran: no start, so no chip-hours (slice_entry)
+    assert pool_span(ops, "b")[0] is None
+    assert slice_entry("train", "v6e", 8, None, rfc3339_to_unix("2026-12-01T10:11:00Z"), now=0)["chip_hours"] == 0
 
 
 def test_ledger_totals_training_part_and_open_slices() -> None:

@@ -28,7 +28,11 @@ def rfc3339_to_unix(text: str) -> float:
 
 
 def pool_span(operations: Iterable[Mapping[str, Any]], pool: str) -> tuple[float | None, float | None]:
-    """(first create's start, last finished delete's end) of one node pool, from GKE operations (REST JSON)."""
+    """(first create's start, last finished delete's end) of one node pool, from GKE operations (REST JSON).
+
+    A create that ended in an error (a zone's stockout or quota: its TPU VMs never ran) bills nothing: a zone
+    failover's slice is billed from the create that got its nodes, and a pool that never got any is not billed.
+    """
     suffix = f"/nodePools/{pool}"
     created: float | None = None
     deleted: float | None = None
@@ -36,7 +40,7 @@ def pool_span(operations: Iterable[Mapping[str, Any]], pool: str) -> tuple[float
         if not str(op.get("targetLink", "")).endswith(suffix):
             continue
         kind = op.get("operationType", "")
-        if kind == "CREATE_NODE_POOL" and op.get("startTime"):
+        if kind == "CREATE_NODE_POOL" and op.get("startTime") and not op.get("error"):
             start = rfc3339_to_unix(op["startTime"])
             created = start if created is None else min(created, start)
         elif kind == "DELETE_NODE_POOL" and op.get("status") == "DONE" and op.get("endTime") and not op.get("error"):
