@@ -705,3 +705,36 @@ def test_slices_above_the_projects_quota_fail_the_first_task_and_nothing_is_crea
         assert [r for r in gke.requests if r["method"] != "GET"] == []  # not one pool or policy create
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
         assert launcher.launched == []
+
+
+@pytest.mark.parametrize(
+    ("node_zone", "zones_param", "expected"),
+    [
+        ("us-east5-a,us-east5-b", None, "us-east5-a,us-east5-b"),  # the builder's literal
+        ("us-east5-a", "us-east5-c", "us-east5-c"),  # the run's Param wins
+        ("{{ params.region }}-a", None, "us-east5-a"),  # one template with text around it
+        ("{{ params.region }}-a,{{ params.region }}-b", "", "us-east5-a,us-east5-b"),  # several templates
+        ("{{ params.blank }}", None, ""),  # a Variable left empty: no zone, as none given
+        (None, None, ""),
+    ],
+)
+def test_the_node_zone_is_the_runs_zones_param_else_the_builders_value_rendered(
+    node_zone: str | None, zones_param: str | None, expected: str
+) -> None:
+    from tpuflow.workloads.addition.pipeline import ADDITION
+
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag
+
+    dag = build_gke_pipeline_dag(
+        "acme_zones", workload=ADDITION, project_id="acme-ml-prod", location="us-east5", cluster_name="tpus",
+        image="ghcr.io/acme/ray:2.60",
+        node_zone=node_zone,
+    )  # fmt: skip
+    op = dag.get_task("create_node_pool")
+    params = {
+        **{k: v.value if hasattr(v, "value") else v for k, v in dag.params.items()},
+        "region": "us-east5",
+        "blank": "",
+    }
+    params["zones"] = zones_param
+    assert op.render_template(op.node_zone, {"params": params}) == expected

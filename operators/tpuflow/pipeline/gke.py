@@ -49,7 +49,6 @@ Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -126,11 +125,11 @@ def gke_pipeline_params() -> dict[str, Param]:
 
 
 def _or_param(param: str, value: str | None) -> str:
-    """A template: the Param's value when the run sets one, else ``value`` (a literal, or one template)."""
-    text = value or ""
-    whole = re.fullmatch(r"\{\{(.*)\}\}", text.strip(), flags=re.S)
-    fallback = whole.group(1).strip() if whole and "{{" not in whole.group(1) else repr(text)
-    return "{{ params." + param + " or " + fallback + " }}"
+    """A template: the Param's value when the run sets one, else ``value`` rendered as it is (a literal, a
+    template, or text with several templates in it)."""
+    if not value:
+        return "{{ params." + param + " or '' }}"
+    return "{% if params." + param + " %}{{ params." + param + " }}{% else %}" + value + "{% endif %}"
 
 
 def serve_slice(accelerator: str, topology: str | None) -> TpuSlice:
