@@ -101,6 +101,7 @@ def test_trigger_form_shows_params_as_fields_with_choices(services: Any) -> None
             "checkpoint_every": "500",
             "accuracy_threshold": "0.9",
             "keep_endpoint": False,
+            "idle_timeout": "",
             "num_train": "20000",
             "num_eval": "200",
             "max_chip_hours": "",

@@ -172,11 +172,11 @@ def test_stop_returns_only_once_every_ray_worker_is_gone(tmp_path: Path) -> None
     assert _pids_referencing(cluster.temp_dir) == [], "Ray workers outlived stop()"
 
 
-def test_a_preemption_interrupted_inside_its_notice_still_ends_with_the_host_replaced(monkeypatch) -> None:
+def test_a_preemption_interrupted_inside_its_notice_still_ends_with_the_host_replaced(monkeypatch, tmp_path) -> None:
     """A drained Ray node never takes work again: Ctrl-C during the notice kills it and starts its replacement
     rather than leave the slice with a host nothing can use."""
     calls: list[str] = []
-    cluster = LocalRayCluster("c", "/nonexistent", "/nonexistent", "", "", 0, None)
+    cluster = LocalRayCluster("c", str(tmp_path), "/nonexistent", "", "", 0, None)
     monkeypatch.setattr(cluster, "drain_host", lambda s, w, n: calls.append(f"drain {s}/{w} {n}") or 1e12)
     monkeypatch.setattr(cluster, "kill_host", lambda s, w: calls.append(f"kill {s}/{w}") or 42)
     monkeypatch.setattr(cluster, "replace_host", lambda s, w, t: calls.append(f"replace {s}/{w}"))
@@ -188,6 +188,41 @@ def test_a_preemption_interrupted_inside_its_notice_still_ends_with_the_host_rep
     with pytest.raises(KeyboardInterrupt):
         cluster.preempt_host(0, 1, notice_s=30)
     assert calls == ["drain 0/1 30", "kill 0/1", "replace 0/1"]
+    assert LocalRayCluster.load(tmp_path).pending_preemption is None
+
+
+class _Killed(BaseException):
+    """SIGKILL: nothing of the process runs after it (no except, no finally that does work)."""
+
+
+def test_a_preemption_whose_command_was_killed_is_finished_by_the_next_run_that_adopts_the_cluster(
+    monkeypatch, tmp_path
+) -> None:
+    """`kill -9` of `tpuflow local preempt` during the notice leaves the host drained; the state says so, and the
+    next adoption of the cluster (a run's start_cluster) kills and replaces that host before using the slice."""
+    calls: list[str] = []
+    base = tmp_path / "clusters"
+    cluster = LocalRayCluster("c", str(base / "c"), "/nonexistent", "", "", 0, {"fake": "slice"})
+    (base / "c").mkdir(parents=True)
+
+    def killed(seconds: float) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(cluster, "drain_host", lambda s, w, n: calls.append(f"drain {s}/{w}") or 1e12)
+    monkeypatch.setattr(cluster_mod.time, "sleep", killed)
+    with pytest.raises(_Killed):
+        cluster.preempt_host(0, 1, notice_s=30)
+    assert calls == ["drain 0/1"]  # killed inside the notice: the host stays drained
+    assert LocalRayCluster.load(base / "c").pending_preemption == {"slice_index": 0, "worker_id": 1}
+
+    monkeypatch.setattr(LocalRayCluster, "is_alive", lambda self: True)
+    monkeypatch.setattr(LocalRayCluster, "kill_host", lambda self, s, w: calls.append(f"kill {s}/{w}") or 42)
+    monkeypatch.setattr(LocalRayCluster, "replace_host", lambda self, s, w, t: calls.append(f"replace {s}/{w}"))
+    monkeypatch.setattr(cluster_mod.TpuSlice, "to_dict", lambda self: {"fake": "slice"})
+    adopted = LocalRayCluster.start(cluster_mod.TpuSlice.from_spec("TPU-V6E", "2x4"), "c", base)
+    assert calls == ["drain 0/1", "kill 0/1", "replace 0/1"]
+    assert adopted.pending_preemption is None and LocalRayCluster.load(base / "c").pending_preemption is None
+    assert adopted.finish_preemption() is False  # nothing left to finish
 
 
 def test_sigterm_to_tpuflow_local_preempt_inside_its_notice_is_an_interrupt(monkeypatch) -> None:
@@ -204,6 +239,9 @@ def test_sigterm_to_tpuflow_local_preempt_inside_its_notice_is_an_interrupt(monk
     class Cluster:
         name = "c"
 
+        def finish_preemption(self) -> bool:
+            return False
+
         def preempt_host(self, *args, **kwargs):
             try:  # the handler raises as soon as the signal is delivered
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -216,3 +254,36 @@ def test_sigterm_to_tpuflow_local_preempt_inside_its_notice_is_an_interrupt(monk
     before = signal.getsignal(signal.SIGTERM)
     assert main(["local", "preempt", "--host", "1", "--notice", "30s"]) == 130
     assert seen == ["interrupted"] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_kill_9_of_tpuflow_local_preempt_inside_its_notice_blocks_no_later_run(tmp_path: Path) -> None:
+    """The real command, SIGKILLed while its host is drained: the next start_cluster adopting the cluster kills
+    and replaces that host, so the slice has all its hosts alive and none draining."""
+    import os
+    import signal
+
+    from support.ray_cluster import running_cluster
+
+    base = tmp_path / "clusters"
+    with running_cluster("kill9", base, "TPU-V6E", "2x4", "ct6e-standard-4t") as cluster:
+        ip = cluster_mod.host_ip(0, 1, 2)
+        before = {n["node_id"] for n in cluster.nodes_summary() if n.get("node_ip") == ip}
+        cmd = [sys.executable, "-m", "tpuflow.cli", "local", "preempt", "--base-dir", str(base), "--name", "kill9",
+               "--host", "1", "--notice", "300s"]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line.startswith("drained simulated TPU host 0/1"), line
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        assert LocalRayCluster.load(cluster.state_dir).pending_preemption == {"slice_index": 0, "worker_id": 1}
+
+        adopted = LocalRayCluster.start(SLICE, "kill9", base, head_cpus=2, timeout=600)
+        try:
+            assert adopted.pending_preemption is None
+            alive = [n for n in adopted.nodes_summary() if n.get("node_ip") == ip and n.get("state") == "ALIVE"]
+            assert len(alive) == 1 and alive[0]["node_id"] not in before, alive  # a replacement, not the drained node
+            assert not alive[0].get("is_draining"), alive
+        finally:
+            adopted.stop()  # the adopted state knows the replacement host; the fixture's stop checks nothing is left

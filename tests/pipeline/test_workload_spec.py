@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tpuflow.errors import UserInputError
+from tpuflow.pipeline.factory import KEEP_AFTER_WATCH
 from tpuflow.pipeline.workload import Workload
 
 SERVING = {"build_serve_config", "deploy", "smoke_test"}
@@ -186,7 +187,8 @@ def test_gke_serving_of_a_shipped_package_needs_a_uri_the_rayservice_can_fetch(a
     dag = build_gke_pipeline_dag("acme_gke", workload=workload, serve_code_uri="gs://b/acme.zip", **gke)
     assert GKE_SERVING - {"smoke_test"} <= set(dag.task_ids) and "smoke_test" not in dag.task_ids
     # without a smoke test the endpoint is kept when the deploy succeeded
-    assert "task_ids='deploy'" in dag.get_task("delete_service").keep
+    assert dag.get_task("delete_service").keep == KEEP_AFTER_WATCH  # what the idle watch says
+    assert "task_ids='deploy'" in dag.get_task("serve_until_idle").keep
 
 
 def test_both_pipelines_guard_the_endpoint_with_the_serve_token_connection(acme: Path, tmp_path: Path) -> None:

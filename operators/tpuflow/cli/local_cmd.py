@@ -70,6 +70,12 @@ def _status(args: argparse.Namespace) -> int:
         state = "running" if c.is_alive() else "dead (state left behind; `tpuflow local down` cleans it)"
         if c.kept and c.is_alive():
             state += " (kept by its run's keep_endpoint: the reaper leaves it; `tpuflow local down` stops it)"
+        if c.pending_preemption and c.is_alive():
+            p = c.pending_preemption
+            state += (
+                f" (host {p['slice_index']}/{p['worker_id']} left drained by a killed `tpuflow local preempt`: "
+                f"the next `tpuflow local preempt --name {c.name}` or start adopting it replaces it)"
+            )
         shape = f"{c.slice['generation']} {c.slice['topology']}" if c.slice else "no slice"
         print(f"{c.name}: {state}; {shape}; {len(c.nodes)} Ray nodes; dashboard {c.dashboard_url}; serve {c.serve_url}")
     return 0
@@ -112,6 +118,8 @@ def _preempt(args: argparse.Namespace) -> int:
     check_seconds("--restart-after", args.restart_after, allow_zero=True, maximum=3600)
     notice = _notice_seconds(args.notice)
     (cluster,) = _clusters(args)
+    if cluster.finish_preemption():  # an earlier preempt of it was killed with its host drained
+        print(f"finished the earlier preemption of {cluster.name} that its command left unfinished", flush=True)
     if args.no_restart and notice:
         raise UserInputError("--notice", args.notice, "--no-restart kills at once; drop --notice or --no-restart")
     if args.no_restart:

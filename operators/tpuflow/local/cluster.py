@@ -162,6 +162,9 @@ class LocalRayCluster:
     ready_at: float | None = None
     # the head's Prometheus exporter (Ray's metrics, Serve's request counters among them); 0: none
     metrics_port: int = 0
+    # a preemption under way ({"slice_index", "worker_id"}): recorded before the host is drained, cleared once
+    # its replacement joined; one whose command was killed is finished by the next adoption (finish_preemption)
+    pending_preemption: dict[str, int] | None = None
 
     # --- lifecycle ---------------------------------------------------------
     @classmethod
@@ -201,6 +204,7 @@ class LocalRayCluster:
                         "a live local cluster of this name has a different slice; "
                         "stop it (tpuflow local down) or choose another name",
                     )
+                existing.finish_preemption(timeout)
                 return existing
             existing.stop()
         hosts = tpu.total_hosts if tpu else 0
@@ -319,6 +323,8 @@ class LocalRayCluster:
         With a notice, the host's Ray node is first drained with reason PREEMPTION and a deadline that far
         ahead (what the TPU worker pods' preStop hook does on GKE), and killed at the deadline.
         """
+        self.pending_preemption = {"slice_index": slice_index, "worker_id": worker_id}
+        self.save()
         if notice_s > 0:
             deadline = self.drain_host(slice_index, worker_id, notice_s)
             try:
@@ -328,13 +334,30 @@ class LocalRayCluster:
             except KeyboardInterrupt:
                 # A drained Ray node never takes work again: interrupted, the preemption ends now rather than
                 # leave the slice with a host nothing can use.
-                self.kill_host(slice_index, worker_id)
-                self.replace_host(slice_index, worker_id, timeout)
+                self.finish_preemption(timeout)
                 raise
         pid = self.kill_host(slice_index, worker_id)
         time.sleep(restart_after)
         self.replace_host(slice_index, worker_id, timeout)
+        self.pending_preemption = None
+        self.save()
         return pid
+
+    def finish_preemption(self, timeout: float = 180.0) -> bool:
+        """End a preemption whose command was killed (SIGKILL) between draining its host and replacing it: a
+        drained Ray node never takes work again, so the host is killed and replaced now. False: none pending."""
+        pending = self.pending_preemption
+        if not pending:
+            return False
+        slice_index, worker_id = int(pending["slice_index"]), int(pending["worker_id"])
+        logger.warning(
+            "Finishing the preemption of simulated host %s/%s that its command left unfinished", slice_index, worker_id
+        )
+        self.kill_host(slice_index, worker_id)
+        self.replace_host(slice_index, worker_id, timeout)
+        self.pending_preemption = None
+        self.save()
+        return True
 
     def drain_host(self, slice_index: int, worker_id: int, notice_s: float) -> float:
         """Drain a host's Ray node for preemption, ``notice_s`` seconds to its deadline; returns the deadline (unix s)."""
