@@ -177,9 +177,9 @@ def _run_pipeline(
     print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
     for line in ledger_lines(report.get("ledger")):
         print(line)
-    stopped = ((report.get("ledger") or {}).get("endpoint") or {}).get("stopped")
-    if stopped:
-        print(f"endpoint (stopped): {report['ledger']['endpoint']['reason']}")
+    endpoint = (report.get("ledger") or {}).get("endpoint") or {}
+    if endpoint.get("stopped"):
+        print(f"endpoint (stopped): {endpoint['reason']}")
     elif args.keep_endpoint:
         print(f"endpoint (kept):    {report['endpoint']}  (stop it with: tpuflow local down)")
     return 0

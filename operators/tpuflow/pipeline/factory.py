@@ -261,9 +261,10 @@ def smoke_test_and_report(
 # Keep the endpoint only when it was actually serving; a failed run never leaves a cluster behind.
 KEEP_ENDPOINT = "{{ params.keep_endpoint and ti.xcom_pull(task_ids='smoke_test') is not none }}"
 IDLE_WATCH_TASK_ID = "serve_until_idle"
-ENDPOINT_VERDICT = "{{ ti.xcom_pull(task_ids='serve_until_idle') }}"
+_VERDICT = "ti.xcom_pull(task_ids='" + IDLE_WATCH_TASK_ID + "')"
+ENDPOINT_VERDICT = "{{ " + _VERDICT + " }}"
 # The teardowns keep what the watch says to keep; a watch that failed or never ran says nothing: torn down.
-KEEP_AFTER_WATCH = "{{ (ti.xcom_pull(task_ids='serve_until_idle') or {}).get('keep', False) }}"
+KEEP_AFTER_WATCH = "{{ (" + _VERDICT + " or {}).get('keep', False) }}"
 
 
 def wants_endpoint(workload: Workload) -> str | bool:

@@ -769,7 +769,7 @@ def build_gke_pipeline_dag(
         delete_cluster >> delete_pool
         watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='deploy') }}") if serve_tasks else None
         if watch and serve_tasks:
-            report >> watch >> serve_tasks[1]
+            watch >> serve_tasks[1]  # report >> watch below
         report_next = [t for t in (watch, delete_prep) if t]
         report >> (report_next or [ledger])
         delete_serve_pool = serve_tasks[2] if serve_tasks else None

@@ -14,14 +14,11 @@ is activity: the window starts over, so a doubt only ever makes the endpoint liv
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 REQUEST_COUNTERS = ("ray_serve_num_http_requests", "ray_serve_num_grpc_requests")
 ONGOING_GAUGES = ("ray_serve_num_ongoing_http_requests", "ray_serve_num_ongoing_grpc_requests")
-# Ray's exporter writes counters with the _total suffix (OpenTelemetry); older exporters without it
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
+# compared without the _total suffix Ray's exporter gives counters (OpenTelemetry); older exporters omit it
 
 
 @dataclass(frozen=True)
@@ -33,27 +30,21 @@ class ServeActivity:
 
 
 def serve_activity(text: str) -> ServeActivity:
-    """The proxy's request count and in-flight requests from a Prometheus text exposition."""
+    """The proxy's request count and in-flight requests from a Prometheus text exposition.
+
+    Parsed by prometheus_client (Ray's own exporter library), given only Serve's ``ray_serve_num_*`` lines: the
+    head's exposition is several hundred kB of other metrics, and this runs in the triggerer's event loop."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    serve_lines = "\n".join(line for line in text.splitlines() if line.startswith("ray_serve_num_"))
     requests = ongoing = 0.0
-    for line in text.splitlines():
-        if not line.startswith("ray_serve_num_"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name = match["name"].removesuffix("_total")
-        if name not in REQUEST_COUNTERS and name not in ONGOING_GAUGES:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        if name in ONGOING_GAUGES:
-            ongoing += value
-            continue
-        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"] or "")}
-        if labels.get("application"):
-            requests += value
+    for family in text_string_to_metric_families(serve_lines):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in ONGOING_GAUGES:
+                ongoing += sample.value
+            elif name in REQUEST_COUNTERS and sample.labels.get("application"):
+                requests += sample.value
     return ServeActivity(requests=requests, ongoing=ongoing)
 
 
