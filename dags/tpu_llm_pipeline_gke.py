@@ -8,8 +8,12 @@ tpu_llm_pipeline_local can sit side by side; a team's own DAG follows the Variab
 Heavy imports happen inside tasks, never at parse time.
 """
 
+from dataclasses import replace
+
 from tpuflow.workloads.addition.pipeline import ADDITION
 
 from tpuflow.pipeline.dag import tpu_pipeline
 
-dag = tpu_pipeline("tpu_llm_pipeline_gke", workload=ADDITION, backend="gke")
+# Evaluated by a job on the CPU cluster once the training slice is deleted, not by the training workers as
+# in tpu_llm_pipeline_local: on a real slice the evaluation's compile and forward would keep every chip billed.
+dag = tpu_pipeline("tpu_llm_pipeline_gke", workload=replace(ADDITION, evaluate_in_training=False), backend="gke")

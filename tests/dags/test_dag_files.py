@@ -65,9 +65,11 @@ def test_local_pipeline_shape(migrated_airflow_db):
     assert dag.get_task("stop_cluster").keep == KEEP_AFTER_WATCH
     start, stop = dag.get_task("start_cluster"), dag.get_task("stop_cluster")
     assert start.is_setup and stop.is_teardown
-    # the evaluation runs on the slice it trained on: one actor per host, each with the host's TPU
-    assert "--num-hosts" in dag.get_task("evaluate").entrypoint
-    assert "--tpu-per-host" in dag.get_task("evaluate").entrypoint
+    # the evaluation runs on the slice it trained on: its workers answer the held-out set after the last
+    # step, and the train task gates on what they report
+    train = dag.get_task("train")
+    assert "evaluate" not in dag.task_ids and train.train_loop_config["heldout"].endswith("/data/heldout")
+    assert train.min_result == {"evaluation.accuracy": "{{ params.accuracy_threshold }}"}
     # A slice lease spans the cluster's life, so a backfill (own max_active_runs) never holds two slices.
     assert dag.get_task("acquire_slice").is_setup and dag.get_task("release_slice").is_teardown
     assert set(dag.params) >= {

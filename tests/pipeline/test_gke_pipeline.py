@@ -27,7 +27,7 @@ from support.gke_pipeline import (
     task_states,
     wait_until_empty,
 )
-from support.pipeline_steps import TRAIN_TO_REPORT
+from support.pipeline_steps import GKE_TRAIN_TO_REPORT
 
 from tpuflow.cost.ledger import rfc3339_to_unix
 from tpuflow.dev.standins.gke_api import GKEApiStandin
@@ -50,7 +50,7 @@ ORDER = [
     "approve_budget",
     "create_node_pool",
     "create_ray_cluster",
-    *TRAIN_TO_REPORT,
+    *GKE_TRAIN_TO_REPORT,
 ]
 TEARDOWNS = [
     "delete_service",

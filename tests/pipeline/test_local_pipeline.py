@@ -72,9 +72,12 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     assert held["role"] == "train" and held["chips"] == 8 and held["open"] and held["deleted_at"] is None
     assert report["ledger"]["open"] and 0 < report["ledger"]["training_chip_hours"] < report["ledger"]["chip_hours"]
     run_dir = Path(report["output_dir"])
-    assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir() and (run_dir / "eval" / "jax.json").exists()
+    assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir()
     train_log = (run_dir / "logs" / "train-jax.log").read_text()
     assert "[train_jax] step" in train_log
+    # evaluated by the training workers after the last step: no second job, no second start-up
+    assert f"held-out exact match {round(report['accuracy'] * 200)}/200" in train_log
+    assert not (run_dir / "eval").exists() and not (run_dir / "logs" / "evaluate-jax.log").exists()
 
     # The kept endpoint answers the official OpenAI client, then `tpuflow local down` removes it.
     from openai import OpenAI
@@ -141,8 +144,8 @@ def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_b
     assert len(checkpoints) >= 1 and all("/checkpoint_" in c for c in checkpoints)
     # no checkpoint lost to a failed upload: each one is whole (its weights next to its meta.json)
     assert all(any(n.startswith(c + "/") and not n.endswith("meta.json") for n in relative) for c in checkpoints)
-    assert "eval/torch.json" in relative and "report.json" in relative
-    assert {"logs/prep.log", "logs/train-torch.log", "logs/evaluate-torch.log"} <= set(relative)
+    assert "report.json" in relative and not any(n.startswith("eval/") for n in relative)  # evaluated in training
+    assert {"logs/prep.log", "logs/train-torch.log"} <= set(relative)
 
     report = json.loads(read_text(f"gs://{bucket}/{run}/report.json"))
     assert report["output_dir"] == f"gs://{bucket}/{run}" and report["heldout_examples"] == 200
@@ -153,10 +156,9 @@ def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_b
     assert held["chip_hours"] == pytest.approx(held["chips"] * held["seconds"] / 3600, abs=1e-5)
     assert 0 < report["ledger"]["training_chip_hours"] < report["ledger"]["chip_hours"] == held["chip_hours"]
     assert json.loads(read_text(f"gs://{bucket}/{run}/ledger.json")) == report["ledger"]
-    assert "[train_torch]" in read_text(f"gs://{bucket}/{run}/logs/train-torch.log")
-    evaluation = json.loads(read_text(f"gs://{bucket}/{run}/eval/torch.json"))
-    # the Serve replica and the evaluation loaded the checkpoint from the bucket
-    assert evaluation["checkpoint"].startswith(f"gs://{bucket}/{run}/train/") and evaluation["n"] == 200
+    assert "held-out exact match" in read_text(f"gs://{bucket}/{run}/logs/train-torch.log")
+    # the Serve replica loaded the checkpoint from the bucket; the training workers evaluated it
+    assert report["training"]["checkpoint"].startswith(f"gs://{bucket}/{run}/train/")
     assert cluster_states(tmp_path) == [], "the teardown task must stop the cluster"
 
     # a rerun of the date (a redeployed scheduler, a cleared run): prep is skipped, training stops at the
@@ -171,8 +173,10 @@ def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_b
     after = [n[len(run) + 1 :] for n in list_bucket(bucket, run + "/")]
     assert {n for n in after if n.startswith("data/")} == {n for n in relative if n.startswith("data/")}
     assert {n.rsplit("/", 1)[0] for n in after if n.startswith("train/") and n.endswith("/meta.json")} == checkpoints
-    rerun = json.loads(read_text(f"gs://{bucket}/{run}/eval/torch.json"))
-    assert rerun["checkpoint"] == evaluation["checkpoint"] and rerun["accuracy"] == evaluation["accuracy"]
+    # the finished checkpoint's evaluation, as its report recorded it: the same checkpoint, the same accuracy
+    rerun = json.loads(read_text(f"gs://{bucket}/{run}/report.json"))
+    assert rerun["training"]["checkpoint"] == report["training"]["checkpoint"]
+    assert (rerun["accuracy"], rerun["heldout_examples"]) == (report["accuracy"], 200)
     assert cluster_states(tmp_path / "rerun") == []
 
 

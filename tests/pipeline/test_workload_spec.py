@@ -134,6 +134,45 @@ def test_without_prep_or_evaluate_the_gke_pipeline_starts_no_cpu_cluster(acme: P
     assert dag.get_task("train").upstream_task_ids >= {"create_ray_cluster", "wait_for_flex_start", "preflight"}
 
 
+@pytest.mark.parametrize("backend", ["local", "gke"])
+def test_a_loop_that_evaluates_in_training_is_gated_and_reported_without_an_evaluate_job(
+    acme: Path, tmp_path: Path, backend: str
+) -> None:
+    """evaluate_in_training: the loop gets prep's held-out set, the train task carries the quality gate on the
+    evaluation it reports, the report reads it from train's XCom, and no evaluate job runs (a module named
+    for it stays the user's to run on its own)."""
+    from tpuflow.pipeline.factory import build_pipeline_dag
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag
+    from tpuflow.rayjob.quality_gate import gate_failure
+
+    workload = acme_workload(acme, evaluate="acme_forecast.load", evaluate_in_training=True)
+    if backend == "local":
+        dag = build_pipeline_dag("acme_local", workload=workload, schedule=None, output_root=str(tmp_path))
+    else:
+        gke = {"project_id": "acme-proj-1", "location": "us-east5-b", "cluster_name": "acme", "image": "img"}
+        dag = build_gke_pipeline_dag("acme_gke", workload=workload, output_root=str(tmp_path), **gke)
+    assert "evaluate" not in dag.task_ids
+    train = dag.get_task("train")
+    assert train.train_loop_config["heldout"].endswith("/data/heldout")
+    assert train.train_loop_config["heldout"].rsplit("/", 1)[0] == train.datasets["train"].rsplit("/", 1)[0]
+    assert train.min_result == {"evaluation.accuracy": "{{ params.accuracy_threshold }}"}
+    report = dag.get_task("write_report")
+    assert report.evaluation == "{{ ti.xcom_pull(task_ids='train')['evaluation'] }}"
+    assert report.upstream_task_ids == {"train"}
+    # the gate reads the evaluation the loop reported (the driver's result carries it at its top level)
+    assert gate_failure({"evaluation": {"accuracy": 0.95}}, {"evaluation.accuracy": 0.9}) is None
+    assert gate_failure({"metrics": {"evaluation": {"accuracy": 0.95}}}, {"evaluation.accuracy": 0.9}) is None
+    below = gate_failure({"evaluation": {"accuracy": 0.5}}, {"evaluation.accuracy": 0.9})
+    assert below == "quality gate: evaluation.accuracy=0.5 is below the required 0.9; not continuing"
+    assert "evaluation.accuracy=None" in gate_failure({"evaluation": None}, {"evaluation.accuracy": 0.9})
+    # without evaluate_in_training the same workload runs its evaluate module as a job, gated there
+    dag = build_pipeline_dag(
+        "acme_job", workload=acme_workload(acme, evaluate="acme_forecast.load"), output_root=str(tmp_path)
+    )
+    assert "heldout" not in dag.get_task("train").train_loop_config and dag.get_task("train").min_result is None
+    assert dag.get_task("evaluate").min_result == {"accuracy": "{{ params.accuracy_threshold }}"}
+
+
 def test_the_workloads_own_param_check_runs_in_check_params(acme: Path) -> None:
     from tpuflow.pipeline.params import pipeline_params
     from tpuflow.pipeline.steps import CheckParamsOperator
@@ -154,6 +193,12 @@ def test_the_workloads_own_param_check_runs_in_check_params(acme: Path) -> None:
         ({"smoke_request": {"q": 1}}, "workload.smoke_request", "give serve_app too"),
         ({"serve_app": "acme_forecast.serve:app", "smoke_request": {"q": 1}}, "workload.smoke_expect", "together"),
         ({"serve_app": "acme_forecast.serve:app", "serve_name": "a/b"}, "workload.serve_name", "letters, digits"),
+        ({"evaluate_in_training": "yes"}, "workload.evaluate_in_training", "True or False"),
+        (
+            {"evaluate_in_training": True, "train_loop_config": {"heldout": "gs://b/mine"}},
+            "workload.train_loop_config['heldout']",
+            "prep's held-out set",
+        ),
     ],
 )
 def test_a_bad_spec_is_one_line_naming_field_value_and_fix(

@@ -61,6 +61,7 @@ def test_each_actor_holds_one_hosts_tpu_resources() -> None:
 
 def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
     import shlex
+    from dataclasses import replace
 
     import jinja2
     from airflow.sdk import DAG
@@ -70,8 +71,9 @@ def test_the_pipelines_evaluate_step_passes_the_training_slices_hosts() -> None:
     from tpuflow.rayjob.operators import command_line
     from tpuflow.tpu import TpuSlice
 
+    job = replace(ADDITION, evaluate_in_training=False)  # the evaluate job, as tpu_llm_pipeline_gke runs it
     with DAG("eval_args_test", schedule=None):
-        _, _, step = training_steps({"dashboard_url": "http://127.0.0.1:1"}, "/runs/x", workload=ADDITION)
+        _, _, step = training_steps({"dashboard_url": "http://127.0.0.1:1"}, "/runs/x", workload=job)
     checked = TpuSlice.from_spec("TPU-V6E", "4x4").to_dict()
 
     class TI:

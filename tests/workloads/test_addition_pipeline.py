@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from datetime import datetime
+from types import SimpleNamespace
 
 import pytest
 from tpuflow.workloads.addition.pipeline import ADDITION, check_params, check_train_loop_config
@@ -54,7 +56,12 @@ def test_the_checkpoint_every_param_sets_where_the_demos_loop_checkpoints(tmp_pa
 
     dag = tpu_pipeline("ckpt_probe", workload=ADDITION, backend="local", output_root=str(tmp_path))
     params = {"train_steps": 25, "checkpoint_every": 10}
-    config = {k: Template(v).render(params=params) for k, v in dag.get_task("train").train_loop_config.items()}
+    run = SimpleNamespace(logical_date=datetime(2026, 11, 3), run_after=None)
+    config = {
+        k: Template(v).render(params=params, dag_run=run) for k, v in dag.get_task("train").train_loop_config.items()
+    }
+    # and, evaluated in training, where the loop finds the held-out set: prep's, for the run's date
+    assert config["heldout"] == f"{tmp_path}/ckpt_probe/2026-11-03/data/heldout"
     checkpoints: list[int] = []
     fit(lambda b: 0.0, float, resolve_config(config), lambda e: iter(range(100)),
         on_checkpoint=lambda step, epoch, loss: checkpoints.append(step), log=lambda line: None)  # fmt: skip

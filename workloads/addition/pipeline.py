@@ -122,6 +122,8 @@ ADDITION = Workload(
     prep="addition.prep",
     train_loop="addition.train_{framework}:train_loop_per_worker",
     evaluate="addition.evaluate",
+    # on the training workers after the last step (addition.heldout); addition.evaluate stays for a run of its own
+    evaluate_in_training=True,
     serve_app="addition.serve_app:app_builder",
     serve_name=SERVE_APP,
     serve_deployment=SERVE_DEPLOYMENT,

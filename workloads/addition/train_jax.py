@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from addition import checkpoint as ckpt
 from addition.data import loss_mask
+from addition.heldout import evaluation_at_the_end
 from addition.model_jax import init_params, make_optimizer, make_train_step
 from addition.training import (
     CachedEpochs,
@@ -162,6 +163,16 @@ def tokens_collate(on_batch: Callable[[np.ndarray], None] | None = None) -> Any:
             return tokens
 
     return TokensOnly()
+
+
+def sum_across_processes(values: np.ndarray) -> np.ndarray:
+    """Every process's ``values`` summed, on every process (a collective)."""
+    import jax
+    from jax.experimental.multihost_utils import process_allgather
+
+    if jax.process_count() == 1:
+        return values
+    return np.asarray(process_allgather(values)).reshape(-1, len(values)).sum(axis=0)
 
 
 def min_across_processes(value: int) -> int:
@@ -335,7 +346,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
         metrics = RunMetrics("jax", world, step, resumed_from)
 
+        def evaluation(at_step: int, at_epoch: int) -> dict[str, Any]:
+            """The held-out set, answered by every worker with the weights in memory (after the last step)."""
+            from addition.inference import Predictor
+
+            meta = ckpt.Meta("jax", at_step, at_epoch, state.model, state.spec)
+            return evaluation_at_the_end(
+                cfg, at_step, lambda: Predictor(state.params_numpy(), meta, backend="jax"), sum_across_processes, log
+            )
+
         def on_checkpoint(at_step: int, at_epoch: int, loss: float) -> None:
+            evaluated = evaluation(at_step, at_epoch)
+            if evaluated:
+                clock.mark("evaluation")  # not a checkpoint's time: the ledger shows it as the evaluation's
             in_sync = state.replicas_in_sync()
             if in_sync is False:
                 print(f"[train_jax] ERROR: worker parameters diverged at step {at_step} (rank {rank})", flush=True)
@@ -343,7 +366,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 if rank == 0:
                     state.save(tmp, at_step, at_epoch)
                 ray.train.report(
-                    {**metrics(at_step, at_epoch, loss, in_sync), "num_slices": len(slices), "workers": layout},
+                    {
+                        **metrics(at_step, at_epoch, loss, in_sync),
+                        "num_slices": len(slices),
+                        "workers": layout,
+                        **evaluated,
+                    },
                     checkpoint=Checkpoint.from_directory(tmp) if rank == 0 else None,
                 )
 

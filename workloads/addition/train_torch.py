@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from addition import checkpoint as ckpt
+from addition.heldout import evaluation_at_the_end
 from addition.model_jax import init_params
 from addition.training import (
     CachedEpochs,
@@ -135,7 +136,26 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         torch.distributed.all_gather(prints, mine)
         return all(bool(torch.equal(p, prints[0])) for p in prints)
 
+    def sum_across_workers(values: np.ndarray) -> np.ndarray:
+        if world == 1:
+            return values
+        t = torch.from_numpy(values.astype(np.int64))
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        return t.numpy()
+
+    def evaluation(at_step: int, at_epoch: int) -> dict[str, Any]:
+        """The held-out set, answered by every worker with the weights in memory (after the last step)."""
+        from addition.inference import Predictor
+
+        meta = ckpt.Meta("torch", at_step, at_epoch, model_cfg, spec)
+        return evaluation_at_the_end(
+            cfg, at_step, lambda: Predictor(module.canonical(), meta, backend="torch"), sum_across_workers, log
+        )
+
     def on_checkpoint(at_step: int, at_epoch: int, loss: float) -> None:
+        evaluated = evaluation(at_step, at_epoch)
+        if evaluated:
+            clock.mark("evaluation")  # not a checkpoint's time: the ledger shows it as the evaluation's
         in_sync = replicas_in_sync()
         if in_sync is False:
             print(f"[train_torch] ERROR: worker parameters diverged at step {at_step} (rank {rank})", flush=True)
@@ -147,7 +167,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     Path(tmp) / ckpt.TORCH_OPT,
                 )
             ray.train.report(
-                metrics(at_step, at_epoch, loss, in_sync),
+                {**metrics(at_step, at_epoch, loss, in_sync), **evaluated},
                 checkpoint=Checkpoint.from_directory(tmp) if rank == 0 else None,
             )
 

@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "cache_rows": 1_000_000,  # replay a worker's shard from memory after the first pass if it has at most this many rows
     "torch_threads": 0,  # 0: the node's CPUs divided by the workers on it
     "model": {},  # ModelConfig fields: d_model, n_heads, n_layers, d_ff
+    # parquet set (prep's heldout) the workers answer after the last step, reported with the last checkpoint as
+    # the metric "evaluation" (addition.heldout); None: no evaluation in training
+    "heldout": None,
 }
 
 

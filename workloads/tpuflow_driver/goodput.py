@@ -5,7 +5,8 @@ one cause: ``startup`` (loop entry to the first batch), ``restore`` (the same af
 checkpoint is loaded), ``data_wait`` (blocked on the next batch), ``compile`` (an attempt's first step),
 ``productive`` (a step that takes the model further than any attempt did), ``redone`` (a step an earlier
 attempt had already computed), ``checkpoint`` (saving and reporting one), ``preemption`` (holding inside
-a notice). Rank 0 sends its totals, at most every ``flush_s``, to the driver's `recorder`, a named actor
+a notice), ``evaluation`` (a loop that evaluates after its last step). Rank 0 sends its totals, at most
+every ``flush_s``, to the driver's `recorder`, a named actor
 on the driver's node with no CPU; a restarted worker group asks it how far the earlier attempts got,
 which is how a step is known to be redone. The driver then joins the attempts into the run's timeline
 (`training_timeline`): the gap between one attempt's last record and the next one's start is the
@@ -44,7 +45,17 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 RECORDER_NAME = "tpuflow-goodput"
-LOOP_CAUSES = ("startup", "restore", "data_wait", "compile", "productive", "redone", "checkpoint", "preemption")
+LOOP_CAUSES = (
+    "startup",
+    "restore",
+    "data_wait",
+    "compile",
+    "productive",
+    "redone",
+    "checkpoint",
+    "preemption",
+    "evaluation",
+)
 FLUSH_S = 0.5
 
 

@@ -442,6 +442,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         "resumed_from": earlier.checkpoint if earlier is not None else None,
         "reused_finished": reused,
         "steps_trained": steps_trained(earlier, metrics, reused),
+        # what the loop evaluated after its last step, reported with the last checkpoint (None: it did not)
+        "evaluation": metrics.get("evaluation") if isinstance(metrics.get("evaluation"), dict) else None,
         "fit_s": round(fit_s, 2),
         "hosts_lost": [{"slice": s, "worker": w} for s, w in watch.lost],
         # the fit's wall seconds by cause, as the loop's StepClock recorded them (none: the loop keeps none)

@@ -43,6 +43,8 @@ CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 
 # check_params' serve slice (tpuflow.pipeline.params: serve_topology), a dict once rendered.
 SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
+# The quality gate's key when the train loop evaluates (Workload.evaluate_in_training): its reported evaluation.
+IN_TRAINING_GATE = "evaluation.accuracy"
 
 
 def checked(key: str, serve: bool = False) -> str:
@@ -192,22 +194,29 @@ def training_steps(
             **(workload.train_loop_config or {}),
             "num_steps": "{{ params.train_steps }}",
             "checkpoint_every": "{{ params.checkpoint_every }}",
+            **({"heldout": f"{run_dir}/data/heldout"} if workload.evaluate_in_training and prep else {}),
         },
         resume="{{ params.resume }}",
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
+        # evaluated by the loop after its last step: the same gate, on the train task's result
+        **(
+            {"min_result": {IN_TRAINING_GATE: "{{ params.accuracy_threshold }}"}}
+            if workload.evaluate_in_training
+            else {}
+        ),
         **code,
         **train_kwargs,
     )
     # The preflight needs only the training cluster: it runs beside prep, and training waits for both.
     [*([prep] if prep else []), preflight] >> train
-    if not workload.evaluate:
+    if not workload.evaluate_job:
         return prep, train, None
     evaluate = RaySubmitJobOperator(
         task_id="evaluate",
         cluster=cluster,
         # An argument list: each path is one argument once rendered (shlex.join), whatever the output root holds.
         entrypoint=[
-            *("python", "-m", templated(workload.evaluate), "--framework", "{{ params.framework }}"),
+            *("python", "-m", templated(workload.evaluate_job), "--framework", "{{ params.framework }}"),
             *("--checkpoint", "{{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"),
             *(("--data", f"{run_dir}/data/heldout") if prep else ()),
             *("--output", f"{run_dir}/eval/{{{{ params.framework }}}}.json"),
@@ -243,10 +252,13 @@ def smoke_test_and_report(
             serve_token_conn_id=serve_token_conn_id,
         )
     api = posixpath.dirname(workload.smoke_path) if smoke else ""
+    evaluation: Any = evaluate.output if evaluate else None
+    if workload.evaluate_in_training:
+        evaluation = "{{ ti.xcom_pull(task_ids='" + train.task_id + "')['evaluation'] }}"
     report = WriteReportOperator(
         task_id="write_report",
         output_dir=run_dir,
-        evaluation=evaluate.output if evaluate else None,
+        evaluation=evaluation,
         answer=smoke.output if smoke else None,
         deployed=deploy.output if deploy else None,
         sample_prompt=workload.smoke_request.get("prompt") if smoke and workload.smoke_request else None,

@@ -650,7 +650,7 @@ def build_gke_pipeline_dag(
         approve = ChipBudgetApprovalOperator(task_id="approve_budget")
         # The CPU cluster runs prep and evaluate: a workload with neither gets none.
         create_prep = None
-        if workload.prep or workload.evaluate:
+        if workload.prep or workload.evaluate_job:
             create_prep = KubeRayCreateClusterOperator(
                 task_id="create_prep_cluster",
                 manifest=prep_cluster_manifest(image, ray_env, ray_auth),

@@ -16,6 +16,12 @@ The steps' contracts (what each is called with on the Ray cluster):
   (``--data RUN/data/heldout`` with ``prep``; ``--num-hosts``, ``--tpu-per-host``, ``--accelerator-type``
   when it runs on the training slice); its result line's ``accuracy`` is gated by Param
   ``accuracy_threshold`` before anything is deployed.
+- ``evaluate_in_training``: the train loop evaluates instead, on its warm workers after the last step (no
+  second job starts actors, imports the framework and loads the checkpoint again while the slice is held):
+  its config gets ``heldout`` (RUN/data/heldout, with ``prep``), and with the last checkpoint it reports
+  the metric ``evaluation``, a dict with ``accuracy`` (gated by Param ``accuracy_threshold``) and whatever
+  else it measured (``n``, ``examples_per_s``, ``samples``, ...; addition.heldout is the demo's). The
+  ``evaluate`` module is then not run by the pipeline (it stays for a run of its own).
 - ``serve_app``: a Ray Serve application builder, called with args ``checkpoint``, ``framework``,
   ``model_name`` (= ``serve_name``) and the TPU placement of the serve slice; deployed under
   ``/<serve_name>``. The smoke test POSTs ``smoke_request`` to ``/<serve_name>/<smoke_path>`` and expects
@@ -71,6 +77,8 @@ class Workload:
         modules are importable on the cluster already (in its image, or tpuflow's own workloads).
     :param prep: module run as the Ray Data preparation job; None: no ``prep`` task, no dataset given to training.
     :param evaluate: module run as the evaluation job; None: no ``evaluate`` task and no quality gate.
+    :param evaluate_in_training: the train loop evaluates after its last step and reports ``evaluation``
+        (see the module docstring); no ``evaluate`` job runs.
     :param serve_app: import path of the Ray Serve application builder; None: nothing is deployed.
     :param serve_name: the Serve application's name, route prefix and model name (default: the top-level
         package of ``serve_app``).
@@ -89,6 +97,7 @@ class Workload:
     code_dir: str | Path | None = None
     prep: str | None = None
     evaluate: str | None = None
+    evaluate_in_training: bool = False
     serve_app: str | None = None
     serve_name: str | None = None
     serve_deployment: str | None = None
@@ -153,6 +162,14 @@ class Workload:
                     raise _error(
                         f"{field}[{key!r}]", value[key], "name it with letters, digits and '_' (a Python name)"
                     )
+        if not isinstance(self.evaluate_in_training, bool):
+            raise _error("evaluate_in_training", self.evaluate_in_training, "give True or False")
+        if self.evaluate_in_training and self.prep and self.train_loop_config and "heldout" in self.train_loop_config:
+            raise _error(
+                "train_loop_config['heldout']",
+                self.train_loop_config["heldout"],
+                "leave it out: with evaluate_in_training the loop gets prep's held-out set there",
+            )
         for key, param in (("num_steps", "train_steps"), ("checkpoint_every", "checkpoint_every")):
             if self.train_loop_config and key in self.train_loop_config:
                 raise _error(
@@ -200,6 +217,11 @@ class Workload:
         if self.serve_app is None:
             return None
         return self.serve_name or self.serve_app.split(":")[0].split(".")[0]
+
+    @property
+    def evaluate_job(self) -> str | None:
+        """The module the pipeline runs as its evaluate job; None: no such job (none, or the loop evaluates)."""
+        return None if self.evaluate_in_training else self.evaluate
 
     @property
     def has_smoke_test(self) -> bool:
