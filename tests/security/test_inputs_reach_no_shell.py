@@ -74,15 +74,18 @@ class TI:
 
 
 def test_the_pipelines_evaluate_step_with_a_hostile_output_root(marker: Path, echo_python: Path) -> None:
+    from dataclasses import replace
+
     from tpuflow.workloads.addition.pipeline import ADDITION
 
     from tpuflow.pipeline.factory import pipeline_dag, run_dir_for, training_steps
     from tpuflow.tpu import TpuSlice
 
     root = hostile(marker)
+    job = replace(ADDITION, evaluate_in_training=False)  # the evaluate job, as tpu_llm_pipeline_gke runs it
     with pipeline_dag("quoting", schedule=None, start_date=datetime(2026, 11, 1), max_active_runs=1):
         run_dir = run_dir_for("quoting", root)
-        _, _, evaluate = training_steps({"dashboard_url": "http://127.0.0.1:1"}, run_dir, workload=ADDITION)
+        _, _, evaluate = training_steps({"dashboard_url": "http://127.0.0.1:1"}, run_dir, workload=job)
     checkpoint = f"{root}/quoting/{DATE}/train/jax-tpu-v6e-4x4/checkpoint_000001"
     when = datetime(2026, 12, 3)
     context: Any = {
