@@ -20,7 +20,7 @@ The steps' contracts (what each is called with on the Ray cluster):
   second job starts actors, imports the framework and loads the checkpoint again while the slice is held):
   its config gets ``heldout`` (RUN/data/heldout, with ``prep``), and with the last checkpoint it reports
   the metric ``evaluation``, a dict with ``accuracy`` (gated by Param ``accuracy_threshold``) and whatever
-  else it measured (``n``, ``examples_per_s``, ``samples``, ...; addition.heldout is the demo's). The
+  else it measured (``n``, ``examples_per_s``, ``samples``, ...; the demo workload's loop does this). The
   ``evaluate`` module is then not run by the pipeline (it stays for a run of its own).
 - ``serve_app``: a Ray Serve application builder, called with args ``checkpoint``, ``framework``,
   ``model_name`` (= ``serve_name``) and the TPU placement of the serve slice; deployed under

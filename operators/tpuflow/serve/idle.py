@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 REQUEST_COUNTERS = ("ray_serve_num_http_requests", "ray_serve_num_grpc_requests")
 ONGOING_GAUGES = ("ray_serve_num_ongoing_http_requests", "ray_serve_num_ongoing_grpc_requests")
-# compared without the _total suffix Ray's exporter gives counters (OpenTelemetry); older exporters omit it
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,7 @@ def serve_activity(text: str) -> ServeActivity:
     requests = ongoing = 0.0
     for family in text_string_to_metric_families(serve_lines):
         for sample in family.samples:
+            # Ray's exporter gives counters the _total suffix (OpenTelemetry); older exporters omit it
             name = sample.name.removesuffix("_total")
             if name in ONGOING_GAUGES:
                 ongoing += sample.value
