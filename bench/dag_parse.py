@@ -6,11 +6,12 @@ Each file is executed in a fresh process that has already imported airflow.sdk (
 processor's parsing process has): one interpreter imports airflow.sdk once, then forks a child per
 sample, which parses one file and reports the time, so each sample starts from the same state and
 only the DAG file's own cost is timed (and the run pays for one Airflow import, not one per sample).
-The baseline of each file is what its user would otherwise write: a DAG with the same dag_id shape, the same
-tasks (stock EmptyOperators with the same task ids, setup / teardown roles and dependencies) and the same
-Params (defaults and schemas), generated from the parsed DAG (``same_shape_source``) and timed in the same
-run, the files in turn, because this machine is noisy. A one-task DAG is timed too, for the details. The
-project's modules are byte-compiled first, as Airflow's own are (``compile_project``).
+The baseline of each file is what its user would otherwise write: a DAG with the same dag_id and schedule, the
+same tasks (stock EmptyOperators with the same task ids, setup / teardown roles and dependencies; a task that asks
+a person, Airflow's own ApprovalOperator) and the same Params (defaults and schemas), generated from the parsed
+DAG (``same_shape_source``) and timed in the same run, the files in turn, because this machine is noisy. A
+one-task DAG is timed too, for the details. The project's modules are byte-compiled first, as Airflow's own are
+(``compile_project``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ with DAG("baseline", schedule=None, start_date=datetime(2026, 1, 1)):
 SHAPE = """
 import importlib.util, json, sys
 import airflow.sdk
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import DAG
 spec = importlib.util.spec_from_file_location("dagfile", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
@@ -44,10 +46,12 @@ spec.loader.exec_module(module)
 dags = [v for v in vars(module).values() if isinstance(v, DAG)]
 print(json.dumps([{
     "dag_id": dag.dag_id,
+    "schedule": dag.schedule if isinstance(dag.schedule, str) or dag.schedule is None else str(dag.schedule),
     "params": {k: {"default": dag.params.get_param(k).value, "schema": dag.params.get_param(k).schema,
                    "description": dag.params.get_param(k).description} for k in dag.params},
     "tasks": [{"task_id": t.task_id, "setup": t.is_setup, "teardown": t.is_teardown,
-               "upstream": sorted(t.upstream_task_ids)} for t in dag.tasks],
+               "approval": isinstance(t, ApprovalOperator), "upstream": sorted(t.upstream_task_ids)}
+              for t in dag.tasks],
 } for dag in dags], default=str))
 """
 TIMER = """
@@ -85,25 +89,31 @@ def dag_shapes(dag_file: Path) -> list[dict[str, Any]]:
 
 
 def same_shape_source(shapes: list[dict[str, Any]]) -> str:
-    """A DAG file that defines the same DAGs by hand: EmptyOperators, the same ids, roles, edges and Params."""
+    """A DAG file that defines the same DAGs by hand: the same ids, roles, edges, schedule and Params, each task
+    an EmptyOperator, but a person's approval Airflow's own ApprovalOperator (a DAG written by hand asks a person
+    with it too, and pays for its import)."""
     lines = [
         "from datetime import datetime",
         "from airflow.sdk import DAG, Param",
         "from airflow.providers.standard.operators.empty import EmptyOperator",
     ]
+    if any(task["approval"] for shape in shapes for task in shape["tasks"]):
+        lines.append("from airflow.providers.standard.operators.hitl import ApprovalOperator")
     for index, shape in enumerate(shapes):
         params = {
             name: f"Param({p['default']!r}, description={p['description']!r}, **{p['schema']!r})"
             for name, p in shape["params"].items()
         }
         lines.append(
-            f"with DAG({shape['dag_id']!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, "
+            f"with DAG({shape['dag_id']!r}, schedule={shape['schedule']!r}, start_date=datetime(2026, 1, 1), "
+            "catchup=False, "
             f"params={{{', '.join(f'{k!r}: {v}' for k, v in params.items())}}}) as dag_{index}:"
         )
         lines.append("    t = {}")
         for task in shape["tasks"]:
             role = ".as_setup()" if task["setup"] else ".as_teardown()" if task["teardown"] else ""
-            lines.append(f"    t[{task['task_id']!r}] = EmptyOperator(task_id={task['task_id']!r}){role}")
+            kind = "ApprovalOperator(subject='Approve?', " if task["approval"] else "EmptyOperator("
+            lines.append(f"    t[{task['task_id']!r}] = {kind}task_id={task['task_id']!r}){role}")
         for task in shape["tasks"]:
             for up in task["upstream"]:
                 lines.append(f"    t[{up!r}] >> t[{task['task_id']!r}]")

@@ -8,7 +8,10 @@ cluster or node pool exists.
 
 from __future__ import annotations
 
+import copy
 import math
+from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
@@ -32,6 +35,7 @@ def _catalog_topologies() -> list[str]:
 ACCELERATORS = [g.ray_accelerator_type for g in GENERATIONS.values()]
 TOPOLOGIES = _catalog_topologies()
 FRAMEWORKS = ["jax", "torch"]
+START_DATE = datetime(2026, 11, 1)  # the pipelines' default start_date: Airflow runs no task of an earlier run
 RESUME_POLICIES = ["auto", "never"]  # RayTrainOperator(resume=...)
 # Shapes a serve slice may take (which ones exist depends on the generation); "": one host.
 SERVE_TOPOLOGIES = ["", *TOPOLOGIES]
@@ -47,7 +51,26 @@ class ParamSpec:
     def param(self) -> Param:
         from airflow.sdk import Param
 
-        return Param(self.value, **self.schema)
+        return _sharing_schema_in_copies(Param(self.value, **self.schema))
+
+
+def _sharing_schema_in_copies(param: Param) -> Param:
+    """``param``, whose deep copies copy its value and share its schema (and copy themselves alike).
+
+    Airflow deep-copies the DAG's Params once per ``__init__`` of each operator's class chain (``apply_defaults``
+    merges them into each level's kwargs): 93 copies for the GKE DAG's 27 tasks, a fifth of its parse, most of it
+    the schemas' enums (over 100 topologies). A schema is never changed once its Param exists (Airflow's own
+    ``Param.__copy__`` shares it). ``copy.deepcopy`` looks ``__deepcopy__`` up on the object, so the Param stays
+    of Airflow's own class: the DAG serializes, and the scheduler rebuilds it, as any Param."""
+    param.__deepcopy__ = partial(_copy_sharing_schema, param)  # type: ignore[method-assign]
+    return param
+
+
+def _copy_sharing_schema(param: Param, memo: dict[int, Any]) -> Param:
+    clone = object.__new__(type(param))
+    clone.__dict__.update(param.__dict__)
+    clone.value = copy.deepcopy(param.value, memo)
+    return _sharing_schema_in_copies(clone)
 
 
 def serve_topology_param() -> Param:
