@@ -159,9 +159,7 @@ def kubernetes_ownership_labels(identity: TaskIdentity, expires_at: int | None =
         OWNER_RUN_LABEL: identity.run_digest,
         OWNER_DAG_LABEL: identity.dag_digest,
     }
-    if expires_at is not None:
-        labels[EXPIRES_LABEL] = str(int(expires_at))
-    return labels
+    return _with_expiry(labels, expires_at)
 
 
 def kubernetes_ownership_annotations(identity: TaskIdentity) -> dict[str, str]:
@@ -174,23 +172,26 @@ def owner_record_text(identity: TaskIdentity) -> str:
     return json.dumps(identity.record(), sort_keys=True, separators=(",", ":"))
 
 
-def gce_ownership_labels(identity: TaskIdentity, expires_at: int) -> dict[str, str]:
-    """GCE labels on a node pool's VMs: who created it and until when (unix time) it is wanted, so an
-    orphan can be found and billed. OWNER_KEY_LABEL, GCE_OWNER_RUN_LABEL and GCE_OWNER_DAG_LABEL are exact
-    (digests); the readable ones may be cut short."""
-    return check_gce_labels(
-        "resource_labels",
-        {
-            GCE_MANAGED_LABEL: "true",
-            GCE_DAG_LABEL: gce_label_value(identity.dag_id),
-            GCE_RUN_LABEL: gce_label_value(identity.run_id),
-            GCE_TASK_LABEL: gce_label_value(identity.task_id),
-            OWNER_KEY_LABEL: identity.key,
-            GCE_OWNER_RUN_LABEL: identity.run_digest,
-            GCE_OWNER_DAG_LABEL: identity.dag_digest,
-            EXPIRES_LABEL: str(int(expires_at)),
-        },
-    )
+def gce_ownership_labels(identity: TaskIdentity, expires_at: int | None) -> dict[str, str]:
+    """GCE labels on a node pool's VMs: who created it and until when (unix time; None: no expiry, judged by its
+    run alone) it is wanted, so an orphan can be found and billed. OWNER_KEY_LABEL, GCE_OWNER_RUN_LABEL and
+    GCE_OWNER_DAG_LABEL are exact (digests); the readable ones may be cut short."""
+    labels = {
+        GCE_MANAGED_LABEL: "true",
+        GCE_DAG_LABEL: gce_label_value(identity.dag_id),
+        GCE_RUN_LABEL: gce_label_value(identity.run_id),
+        GCE_TASK_LABEL: gce_label_value(identity.task_id),
+        OWNER_KEY_LABEL: identity.key,
+        GCE_OWNER_RUN_LABEL: identity.run_digest,
+        GCE_OWNER_DAG_LABEL: identity.dag_digest,
+    }
+    return check_gce_labels("resource_labels", _with_expiry(labels, expires_at))
+
+
+def _with_expiry(labels: dict[str, str], expires_at: int | None) -> dict[str, str]:
+    if expires_at is not None:
+        labels[EXPIRES_LABEL] = str(int(expires_at))
+    return labels
 
 
 def is_kept(labels: Mapping[str, str] | None) -> bool:

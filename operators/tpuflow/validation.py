@@ -78,6 +78,20 @@ def check_seconds(
     return float(seconds)
 
 
+def check_rendered_seconds(field: str, value: Any) -> float | None:
+    """check_seconds(optional=True) of a value that may be a template rendered without native types: "None"
+    or "" is None, a number's text that number."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text in ("", "None"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            pass  # named as given
+    return check_seconds(field, value, optional=True)
+
+
 def check_whole_seconds(field: str, value: Any, *, maximum: int | None = None, fix: str | None = None) -> int | None:
     """Whole seconds > 0 (at most ``maximum``) as an int, a whole float or digits; None or empty: None."""
     if value is None or (isinstance(value, str) and not value.strip()):

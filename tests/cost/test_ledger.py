@@ -172,3 +172,57 @@ def test_ledger_equals_the_standins_create_and_delete_times(gke: Any, tmp_path: 
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["accuracy"] == 1.0 and report["ledger"] == ledger
     assert json.loads((tmp_path / "ledger.json").read_text()) == ledger
+
+
+def test_a_pool_gke_emptied_at_its_max_run_duration_is_billed_until_then_not_until_its_delete(
+    gke: Any, tmp_path: Path
+) -> None:
+    """Airflow down longer than the pool's maxRunDuration: GKE ended the nodes, the teardown deleted the empty
+    pool later; the chips were billed only while the nodes ran."""
+    from tpuflow.cost.operators import GKEChipLedgerOperator
+    from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
+
+    fast = {"poll_interval": 0.05, "retry_backoff": 0.05, "project_id": PROJECT, "location": ZONE}
+    run = {"dag_id": "reclaimed_dag", "run_id": "manual__reclaimed"}
+    create = GKECreateTPUNodePoolOperator(
+        task_id="make_slice", cluster_name=CLUSTER, gcp_conn_id=CONN_ID, max_run_duration=1, **fast,
+        tpu_slice={"accelerator": "v6e", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
+    )  # fmt: skip
+    create_ctx = task_context(**run, task_id="make_slice")
+    made = create.execute(create_ctx)
+    time.sleep(2.5)  # past the maxRunDuration: the stand-in, as GKE, deletes the nodes
+    (pool,) = gke.node_pools()
+    assert "maxRunDuration" in (pool.get("statusMessage") or ""), pool
+    GKEDeleteNodePoolOperator(
+        task_id="drop_slice", cluster_name=CLUSTER, created_by_task_id="make_slice", gcp_conn_id=CONN_ID, **fast
+    ).execute(task_context(**run, task_id="drop_slice"))
+
+    ti = RunTaskInstance(**run, task_id="ledger")
+    ti.others[("make_slice", "node_pool_names")] = create_ctx["ti"].xcoms["node_pool_names"]
+    ti.others[("make_slice", "return_value")] = made
+    ledger = GKEChipLedgerOperator(
+        task_id="ledger", slices=[{"role": "train", "tpu": V6E_2X4, "task_id": "make_slice"}],
+        output_dir=str(tmp_path), gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
+    ).execute(task_context(ti))  # fmt: skip
+
+    ops = gke.state()["operations"]
+    created = next(o for o in ops if o["operationType"] == "CREATE_NODE_POOL")
+    start, ready = rfc3339_to_unix(created["startTime"]), rfc3339_to_unix(created["endTime"])
+    end = rfc3339_to_unix(next(o for o in ops if o["operationType"] == "DELETE_NODE_POOL")["endTime"])
+    (train,) = ledger["slices"]
+    assert train["reclaimed_at"] == pytest.approx(ready + 1, abs=0.01) and train["deleted_at"] == pytest.approx(end)
+    assert train["seconds"] == pytest.approx(ready + 1 - start, abs=0.01) and end - start > train["seconds"] + 1
+    assert train["open"] is False
+    assert sum(train["timeline"]["seconds"].values()) == pytest.approx(train["seconds"], abs=0.01)
+
+
+def test_reclaimed_at_never_ends_a_bill_early() -> None:
+    from tpuflow.cost.ledger import reclaimed_at
+
+    assert reclaimed_at(100.0, 150.0, 60, now=999.0) is None  # deleted before GKE's deadline
+    assert reclaimed_at(100.0, 200.0, 60, now=999.0) == 160.0
+    assert reclaimed_at(100.0, None, 60, now=130.0) is None  # still within it: open
+    assert reclaimed_at(100.0, None, 60, now=170.0) == 160.0
+    assert reclaimed_at(None, 200.0, 60, now=999.0) is None and reclaimed_at(100.0, 200.0, None, now=999.0) is None
+    line = slice_entry("train", "v6e", 8, 90.0, None, now=500.0, reclaimed=160.0)
+    assert line["seconds"] == 70.0 and line["open"] is False and line["reclaimed_at"] == 160.0

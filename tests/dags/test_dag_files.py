@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,33 @@ def test_reaper_dag_runs_hourly_with_one_task(migrated_airflow_db):
     assert [t.task_id for t in dag.tasks] == ["reap"]
     assert {"older_than", "dry_run", "dag_ids"} <= set(dag.params)
     assert set(dag.params["dag_ids"]) >= {"tpu_llm_pipeline_gke", "tpu_llm_pipeline_local"}
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "serving"),
+    [
+        ("tpu_llm_pipeline_local", ["start_cluster"]),  # the endpoint is served from the training slice
+        ("tpu_llm_pipeline_gke", ["create_serve_node_pool", "deploy"]),
+    ],
+)
+def test_what_serves_a_watched_endpoint_carries_no_expiry(migrated_airflow_db, dag_id: str, serving: list[str]):
+    """keep_endpoint with an idle_timeout: the watch vouches for the endpoint while its run runs, so the reaper
+    judges what serves it by the run alone (no 24 h expiry); any other run keeps the default expiry."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(DAGS / f"{dag_id}.py")).get_dag(dag_id)
+    env = dag.get_template_env(force_sandboxed=False)
+    day = 24 * 3600
+    for params, expected in [
+        ({"keep_endpoint": True, "idle_timeout": 15}, None),
+        ({"keep_endpoint": True, "idle_timeout": 0.1}, None),
+        ({"keep_endpoint": True, "idle_timeout": None}, day),  # kept until deleted: marked kept at teardown
+        ({"keep_endpoint": True, "idle_timeout": 0}, day),
+        ({"keep_endpoint": False, "idle_timeout": 15}, day),
+    ]:
+        for task_id in serving:
+            task = dag.get_task(task_id)
+            rendered = task.render_template(task.expires_after, {"params": params}, jinja_env=env)
+            assert rendered == expected, (task_id, params, rendered)
+    if dag_id.endswith("gke"):  # the training slice is never the endpoint's: always its expiry
+        assert dag.get_task("create_node_pool").expires_after == timedelta(hours=24)

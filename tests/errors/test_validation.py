@@ -144,3 +144,21 @@ def test_single_host_slices_fit_one_gke_node_pool() -> None:
         TpuSlice.from_spec("v6e", "1x1", None, 1001).require(gke=True)
     # Ray alone has no node-pool limit: the same count is fine for a local (simulated) slice description
     assert TpuSlice.from_spec("v6e", "1x1", None, 1001).require(ray=True).num_slices == 1001
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, None), ("", None), ("None", None), ("86400", 86400.0), (" 1.5 ", 1.5), (60, 60.0)]
+)
+def test_a_duration_rendered_without_native_types_reads_as_its_value(value: object, expected: float | None) -> None:
+    from tpuflow.validation import check_rendered_seconds
+
+    assert check_rendered_seconds("expires_after", value) == expected
+
+
+@pytest.mark.parametrize("value", ["a day", "-5", "0", "inf"])
+def test_a_bad_rendered_duration_names_the_field(value: str) -> None:
+    from tpuflow.validation import check_rendered_seconds
+
+    with pytest.raises(UserInputError) as err:
+        check_rendered_seconds("expires_after", value)
+    assert err.value.field == "expires_after" and "give a number of seconds > 0" in str(err.value)

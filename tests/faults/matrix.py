@@ -46,6 +46,7 @@ class FaultCase:
     patch_dag: Callable[[Any], None] | None = None  # changes a task of the loaded DAG
     # a regional cluster and the zones its slices may use, in order (Variable tpuflow_gke_node_zone)
     zones: tuple[str, ...] = ()
+    reclaimed: bool = False  # GKE ends the training pool's nodes at its maxRunDuration: the ledger bills until then
     pipeline = "gke"
 
     @property
@@ -64,6 +65,7 @@ class Outcome:
     # success is not a recovery), or "reaped" where `tpuflow reap` cleaned up after a deleted run
     run_state: str | None = None
     explanation: str = ""  # task states and failed tasks' logs, for an assertion message
+    ledger: dict[str, Any] | None = None  # the run's chip ledger (its chip_ledger XCom), where it has one
 
     @property
     def recovered(self) -> bool:
@@ -122,6 +124,10 @@ def run_case(case: FaultCase, dags_folder: Path, gke: GKEApiStandin, tmp_path: P
         leftovers = _leftovers(gke, kube, launcher)
         outcome = Outcome(case, states.get(case.stage, "absent"), leftovers, _duplicates(gke, kube), _made(gke, kube))
         outcome.explanation = landed
+        (ledger,) = [
+            ti.xcom_pull(task_ids="chip_ledger") for ti in run.get_task_instances() if ti.task_id == "chip_ledger"
+        ]
+        outcome.ledger = ledger
         return outcome
 
 
@@ -342,6 +348,7 @@ CASES: list[FaultCase] = [
         no_fault,
         recovers=False,
         patch_dag=airflow_down_past_max_run(),
+        reclaimed=True,
     ),
     # A regional cluster with three zones: no room in the first, no quota in the second; the slice lands in the
     # third, and every later step (RayCluster, ledger, teardowns) follows it there.

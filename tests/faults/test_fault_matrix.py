@@ -33,6 +33,10 @@ def test_fault_leaves_nothing_behind(
     assert outcome.recovered == case.recovers, outcome.row()
     if case.zones:  # the slice landed in the last zone, after one create in each zone before it
         assert outcome.explanation == f"landed in {case.zones[-1]} after creates in {', '.join(case.zones)}"
+    if case.reclaimed:  # billed while the nodes ran, not until the teardown deleted the pool GKE had emptied
+        train = outcome.ledger["slices"][0] if outcome.ledger else {}
+        assert train.get("reclaimed_at") and train["deleted_at"] > train["reclaimed_at"], (outcome.row(), train)
+        assert train["seconds"] == pytest.approx(train["reclaimed_at"] - train["created_at"], abs=0.01), train
     if case.patch_dag is not None:  # the task failed after its create (raised, or timed out): it made one
         made = (
             outcome.made.get("node_pools", 0)

@@ -41,6 +41,7 @@ from tpuflow.dev.standins.kuberay_controller import (
 )
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.errors import UserInputError
+from tpuflow.labels import EXPIRES_LABEL, GCE_OWNER_RUN_LABEL, OWNER_RUN_LABEL
 from tpuflow.serve.idle_stop import NOT_KEPT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -554,12 +555,26 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             if r["method"] == "POST" and r["path"].endswith("/nodePools")
         }
         bounds = tis["budget_guard"].xcom_pull(task_ids="budget_guard")["max_run_seconds"]
+        pool_labels = {
+            r["body"]["nodePool"]["name"]: r["body"]["nodePool"]["config"].get("resourceLabels") or {}
+            for r in gke.requests
+            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+        }
         assert bounds == {"train": 10 * 3600 // 4 + 900, "serve": 10 * 3600 // serve_chips + 900}, bounds
         for entry in ledger["slices"]:
             (pool,) = entry["pools"]
             # a kept endpoint outlives its run: its pool has no GKE deadline (the idle watch ends it here)
             deadline = None if kept and entry["role"] == "serve" else f"{bounds[entry['role']]}s"
             assert max_runs[pool] == deadline, max_runs
+            # and, watched (idle_timeout), no expiry either: the reaper judges it by its run, running while it serves
+            labels = pool_labels[pool]
+            assert labels[GCE_OWNER_RUN_LABEL] and (EXPIRES_LABEL in labels) != (kept and entry["role"] == "serve")
+        (service_labels,) = [
+            obj["metadata"].get("labels") or {}
+            for _, event, obj in kube.store.events_since(RAYSERVICES, None, 0) or []
+            if event == "ADDED"
+        ]
+        assert (EXPIRES_LABEL in service_labels) != kept and service_labels[OWNER_RUN_LABEL], service_labels
         queued = [
             (r["body"] or {}).get("nodePool", {}).get("queuedProvisioning")
             for r in gke.requests

@@ -64,6 +64,16 @@ def pool_ready(operations: Iterable[Mapping[str, Any]], pool: str) -> float | No
     return max(ends, default=None)
 
 
+def reclaimed_at(ready: float | None, deleted: float | None, max_run_s: float | None, now: float) -> float | None:
+    """When GKE ended a pool's nodes at its ``maxRunDuration`` (NodeConfig: each node is deleted that long after
+    it started), if that came before the pool's delete (``deleted`` None: not deleted by ``now``); None: it did
+    not. The nodes started by the time the create finished (``ready``), so this never ends a bill early."""
+    if ready is None or not max_run_s:
+        return None
+    at = ready + float(max_run_s)
+    return at if at < (deleted if deleted is not None else now) else None
+
+
 def slice_entry(
     role: str,
     generation: str,
@@ -73,24 +83,29 @@ def slice_entry(
     *,
     pools: Iterable[str] = (),
     now: float | None = None,
+    reclaimed: float | None = None,
 ) -> dict[str, Any]:
-    """One slice's line of the ledger; a slice not yet deleted is billed up to ``now`` and marked open."""
+    """One slice's line of the ledger; a slice not yet deleted is billed up to ``now`` and marked open, one whose
+    nodes GKE ended at its maxRunDuration (``reclaimed``, before its delete) up to then."""
     now = time.time() if now is None else now
-    if created_at is None:
-        seconds = 0.0
-    else:
-        seconds = max(0.0, (deleted_at if deleted_at is not None else now) - created_at)
-    return {
+    end = deleted_at if deleted_at is not None else now
+    if reclaimed is not None:
+        end = min(end, reclaimed)
+    seconds = 0.0 if created_at is None else max(0.0, end - created_at)
+    line = {
         "role": role,
         "generation": generation,
         "chips": int(chips),
         "pools": list(pools),
         "created_at": created_at,
         "deleted_at": deleted_at,
-        "open": created_at is not None and deleted_at is None,
+        "open": created_at is not None and deleted_at is None and reclaimed is None,
         "seconds": round(seconds, 3),
         "chip_hours": round(chips * seconds / 3600.0, 6),
     }
+    if reclaimed is not None:
+        line["reclaimed_at"] = reclaimed  # billed until then: GKE's maxRunDuration took the nodes, not a teardown
+    return line
 
 
 Price = float | dict[str, float]  # per chip-hour: one price, or per zone ("*": any other zone)

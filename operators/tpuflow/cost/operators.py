@@ -29,6 +29,7 @@ class SliceSpan(NamedTuple):
     pools: list[str]
     provisioned_at: float | None = None  # its nodes ready (GKE's create operation ended)
     cluster_ready_at: float | None = None  # its Ray cluster up (the local cluster's every node joined)
+    reclaimed_at: float | None = None  # GKE ended its nodes at their maxRunDuration before the delete
 
 
 def _check_slices(slices: Any) -> None:
@@ -142,13 +143,14 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
                 span.deleted_at,
                 pools=span.pools,
                 now=now,
+                reclaimed=span.reclaimed_at,
             )
             made = context["ti"].xcom_pull(task_ids=entry["task_id"])
             if isinstance(made, Mapping) and made.get("node_zone"):
                 line["zone"] = made["node_zone"]  # where the slice landed (a zone failover's choice)
             line["timeline"] = slice_timeline(
                 span.created_at,
-                span.deleted_at,
+                span.deleted_at if span.reclaimed_at is None else span.reclaimed_at,
                 work_spans(context, entry.get("work")),
                 now=now,
                 provisioned_at=span.provisioned_at,
@@ -221,8 +223,10 @@ class GKEChipLedgerOperator(ChipLedgerOperator):
 def gke_slice_spans(
     context: Context, slices: Sequence[Mapping[str, Any]], gcp_conn_id: str, project_id: str, location: str
 ) -> list[SliceSpan]:
-    """Each slice's span from the GKE operations on the pools its create task made."""
-    from tpuflow.cost.ledger import pool_ready, pool_span
+    """Each slice's span from the GKE operations on the pools its create task made, and the maxRunDuration its
+    create task gave them (its XCom's ``max_run_duration_s``): a pool whose nodes GKE ended at it (Airflow
+    down longer than that) is billed until then, not until its delete."""
+    from tpuflow.cost.ledger import pool_ready, pool_span, reclaimed_at
     from tpuflow.gke.hooks import GKENodePoolHook, to_rest_json
 
     hook = GKENodePoolHook(gcp_conn_id=gcp_conn_id, location=location)
@@ -231,18 +235,27 @@ def gke_slice_spans(
     out: list[SliceSpan] = []
     for entry in slices:
         names = context["ti"].xcom_pull(task_ids=entry["task_id"], key="node_pool_names") or []
-        starts, ends = [], []
+        made = context["ti"].xcom_pull(task_ids=entry["task_id"])
+        max_run_s = made.get("max_run_duration_s") if isinstance(made, Mapping) else None
+        now = time.time()
+        starts, ends, ready, reclaims = [], [], [], []
         for name in names:
             created, deleted = pool_span(operations, name)
             starts.append(created)
             ends.append(deleted)
+            ready.append(pool_ready(operations, name))
+            reclaims.append(reclaimed_at(ready[-1], deleted, max_run_s, now))
         created_at = min((s for s in starts if s is not None), default=None)
         # the slice is billed until its last pool is gone; one pool still there keeps it open
         deleted_at = None if not ends or None in ends else max(e for e in ends if e is not None)
-        ready = [pool_ready(operations, name) for name in names]
+        # ... or, once GKE ended some pools' nodes and the others are deleted, until the last of those ends
+        pool_ends = [r if r is not None else d for r, d in zip(reclaims, ends, strict=True)]
+        reclaimed = None
+        if any(r is not None for r in reclaims) and None not in pool_ends:
+            reclaimed = max(e for e in pool_ends if e is not None)
         # a multislice is ready when its last pool is
         provisioned_at = None if not ready or None in ready else max(r for r in ready if r is not None)
-        out.append(SliceSpan(created_at, deleted_at, list(names), provisioned_at))
+        out.append(SliceSpan(created_at, deleted_at, list(names), provisioned_at, reclaimed_at=reclaimed))
     return out
 
 

@@ -444,7 +444,7 @@ def plan_node_pools(
     else:
         tpu = gke_slice(tpu_slice)
     capacities = parse_capacity_order(capacity, fallback_capacity)
-    labels = gce_ownership_labels(identity, expires_at) if identity is not None and expires_at is not None else {}
+    labels = gce_ownership_labels(identity, expires_at) if identity is not None else {}
     made_policy = None
     if tpu.multi_host and tpu.generation.multi_host_uses_workload_policy:
         if not workload_policy:

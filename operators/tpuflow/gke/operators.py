@@ -24,6 +24,7 @@ from tpuflow.docstrings import InheritedParamDocs
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.gke.links import GKEClusterNodesLink, GKENodePoolLink
+from tpuflow.kubernetes.ownership import check_expires_after
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER, OWNER_KEY_LABEL
 from tpuflow.naming import (
     TaskIdentity,
@@ -334,7 +335,8 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         instance; an identical one of that name is adopted, a different one is an error) and the delete
         operator removes it after the pools (tpuflow.gke.workload_policy). A given one is never deleted.
     :param expires_after: recorded on the VMs as the ``tpuflow-expires`` label (unix time), with
-        ``tpuflow-dag/-run/-task/-key`` labels, so an orphaned pool can be found and removed.
+        ``tpuflow-dag/-run/-task/-key`` labels, so an orphaned pool can be found and removed; None: no expiry
+        label (the reaper judges the pool by its run alone). Templated.
     :param max_run_duration: GKE's ``NodeConfig.maxRunDuration``: GKE deletes each node this long after it
         started, so the slice stops billing even when Airflow, its triggerer and the reaper are all down.
         ``"expires_after"`` (default): the same span as ``expires_after``; seconds or a timedelta; None or
@@ -350,7 +352,13 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
     Pushes XCom ``node_pool_name``, ``node_pool_names`` and returns a dict describing the pools.
     """
 
-    template_fields: Sequence[str] = (*PLANNED_FIELDS, "max_run_duration", "gcp_conn_id", "impersonation_chain")
+    template_fields: Sequence[str] = (
+        *PLANNED_FIELDS,
+        "expires_after",
+        "max_run_duration",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
     operator_extra_links = (GKENodePoolLink(), GKEClusterNodesLink())
     ui_color = "#d5e8ff"
 
@@ -367,7 +375,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         node_taints: Sequence[Any] | str | None = None,
         service_account: str | None = None,
         workload_policy: str | None = None,
-        expires_after: timedelta | float = DEFAULT_EXPIRES_AFTER,
+        expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
         max_run_duration: timedelta | float | str | None = EXPIRES_AFTER,
         stockout_retries: int = 2,
         on_kill_action: str = "delete",
@@ -408,8 +416,8 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         if self.on_kill_action not in ON_KILL_ACTIONS:
             raise UserInputError("on_kill_action", self.on_kill_action, "use 'delete' (the default) or 'keep'")
 
-    def _expires_in(self) -> float:
-        return float(check_seconds("expires_after", self.expires_after))  # type: ignore[arg-type]
+    def _expires_in(self) -> float | None:
+        return check_expires_after(self.expires_after)
 
     def _max_run_s(self) -> int | None:
         """The (rendered) max_run_duration as whole seconds (rounded up); None: no limit."""
@@ -514,7 +522,8 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         from tpuflow.gke.provisioning import Progress
 
         self.validate_arguments()  # the rendered values, before any API call
-        progress = Progress(expires_at=int(time.time() + self._expires_in()))
+        expires_in = self._expires_in()
+        progress = Progress(expires_at=None if expires_in is None else int(time.time() + expires_in))
         plan = self.plan(TaskIdentity.from_context(context), progress.expires_at)
         where = {"project_id": plan.project_id, "location": plan.location, "cluster_name": plan.cluster_name}
         GKENodePoolLink.persist(context, node_pool_name=plan.names[0], **where)

@@ -119,7 +119,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
     :param log_lines: head pod log lines to include on failure or timeout.
     """
 
-    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name", "labels")
+    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name", "labels", "expires_after")
 
     def __init__(
         self,

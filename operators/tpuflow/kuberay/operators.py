@@ -114,6 +114,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param expires_after: (seconds or timedelta) the RayCluster's ``tpuflow-expires`` label is the unix time
         this long after the task creates it (default 24 hours, as for node pools): past it the orphan reaper
         deletes it whatever its run's state. None: no label. A retry that adopts the cluster keeps the first.
+        Templated.
     :param tpu_preflight: check TPU worker groups against the GKE TPU webhook's numOfHosts rule before
         sending (turn off only for features the check does not model, such as TPU sub-slicing).
     :param wait_timeout: seconds until the task fails with KubeRay's reason, pod states, Warning events and
@@ -291,7 +292,7 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     :param expires_after: (seconds or timedelta) the RayService's ``tpuflow-expires`` label is the unix time
         this long after the task creates it (default 24 hours, as for node pools): past it the orphan reaper
         deletes it whatever its run's state. None: no label. Adopting or updating the RayService keeps the
-        first: give a long-lived endpoint (a stable ``name``) None or a lifetime that covers it.
+        first: give a long-lived endpoint (a stable ``name``) None or a lifetime that covers it. Templated.
     :param on_kill_action: "delete" (default): killing the task while it waits deletes the RayService it
         created (never one it only updated); "keep": leave it for inspection.
     :param serve_token_conn_id: an Airflow Connection whose password is the endpoint's bearer token

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from tpuflow.kubernetes.values import check_name
 from tpuflow.labels import kubernetes_ownership_annotations, kubernetes_ownership_labels
 from tpuflow.naming import TaskIdentity, dns_name, run_key
-from tpuflow.validation import check_seconds
+from tpuflow.validation import check_rendered_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def check_expires_after(value: object) -> float | None:
     """``expires_after`` in seconds: positive and finite, or None (no ``tpuflow-expires`` label)."""
-    return check_seconds("expires_after", value, optional=True)
+    return check_rendered_seconds("expires_after", value)
 
 
 def resource_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:

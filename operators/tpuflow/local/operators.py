@@ -22,7 +22,7 @@ from tpuflow.naming import TaskIdentity
 from tpuflow.ray.links import RayDashboardLink
 from tpuflow.templating import is_true
 from tpuflow.tpu.slice_argument import resolve_slice
-from tpuflow.validation import check_count, check_seconds
+from tpuflow.validation import check_count, check_rendered_seconds, check_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -69,10 +69,10 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
     :param expires_after: (seconds or timedelta) recorded in the cluster's state as ``expires_at``, this
         long after the start (default 24 hours, as a node pool's ``tpuflow-expires`` label): past it the
         orphan reaper stops the cluster whatever its run's state. None: it never expires. A retry that
-        adopts the cluster keeps the first.
+        adopts the cluster keeps the first. Templated.
     """
 
-    template_fields: Sequence[str] = ("tpu_slice", "base_dir")
+    template_fields: Sequence[str] = ("tpu_slice", "base_dir", "expires_after")
     operator_extra_links = (RayDashboardLink(),)
     ui_color = "#e0f2d9"
 
@@ -113,7 +113,7 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
 
     def _lifetime(self) -> float | None:
         """Seconds the cluster may live (``expires_after``); None: no limit."""
-        return check_seconds("expires_after", self.expires_after, optional=True)
+        return check_rendered_seconds("expires_after", self.expires_after)
 
     def execute(self, context: Context) -> dict[str, Any]:
 

@@ -18,7 +18,8 @@ from tpuflow.cost.approval import ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
-from tpuflow.pipeline.params import pipeline_params
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER
+from tpuflow.pipeline.params import START_DATE, pipeline_params
 from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
 from tpuflow.pipeline.workload import Workload, templated
 from tpuflow.rayjob.operators import RaySubmitJobOperator
@@ -294,6 +295,18 @@ def keep_endpoint(workload: Workload) -> str | bool:
     return KEEP_AFTER_WATCH if workload.serve_app is not None else False
 
 
+def serving_expires_after(workload: Workload) -> str | timedelta:
+    """``expires_after`` of what serves the endpoint: none when the run keeps it with an ``idle_timeout``.
+
+    Its watch (serve_until_idle_task) vouches for it while it serves, and the run is running meanwhile: with no
+    expiry the orphan reaper judges it by its run alone, so an endpoint still serving at the expiry's 24 h is
+    not taken, and once the run ends, however it ends, the teardowns or the reaper remove it."""
+    if workload.serve_app is None:
+        return DEFAULT_EXPIRES_AFTER
+    default = int(DEFAULT_EXPIRES_AFTER.total_seconds())
+    return "{{ None if params.keep_endpoint and ((params.idle_timeout or 0) | float) > 0 else " + f"{default} }}}}"
+
+
 def serve_until_idle_task(workload: Workload, cluster: str) -> BaseOperator:
     """The task that says whether the teardowns keep the endpoint, and while kept with the ``idle_timeout``
     Param, waits in the triggerer until it has served no request for that long (tpuflow.serve.idle_stop).
@@ -344,6 +357,7 @@ def build_pipeline_dag(
         start = LocalRayClusterCreateOperator(
             task_id="start_cluster",
             tpu_slice=checked_slice(),
+            expires_after=serving_expires_after(workload),  # the endpoint is served from the training slice
             retries=0,
         )
         cluster = start.output

@@ -84,11 +84,13 @@ from tpuflow.pipeline.factory import (
     pipeline_dag,
     run_dir_for,
     serve_until_idle_task,
+    serving_expires_after,
     smoke_test_and_report,
     training_steps,
 )
 from tpuflow.pipeline.params import (
     MAX_RUN_DURATION_PARAM,
+    START_DATE,
     ZONE_FAILOVER_PARAM,
     ZONES_PARAM,
     max_run_duration_param,
@@ -820,6 +822,7 @@ def _serve_steps(
         tpu_slice=checked_slice(serve=True),
         # a kept endpoint outlives its run: its pool gets no GKE deadline (the reaper leaves kept pools too)
         max_run_duration="{{ '' if params.keep_endpoint else (%s) }}" % (_MAX_RUN_EXPR % "serve"),
+        expires_after=serving_expires_after(workload),
         **creates,
     )
     request_serve_capacity = GKECreateProvisioningRequestOperator(
@@ -835,6 +838,7 @@ def _serve_steps(
         provisioning_request=_REQUESTED % "request_serve_capacity",
         wait_timeout=wait_timeout,
         serve_token_conn_id=serve_token_conn_id,
+        expires_after=serving_expires_after(workload),
         **rays,
     )
     keep = keep_endpoint(workload)
