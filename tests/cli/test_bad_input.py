@@ -97,6 +97,9 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     # another spelling of a day: the run would look for its outputs under a folder no task wrote
     (["demo", "--date", "20261203"], ("--date", "20261203", "YYYY-MM-DD")),
     (["demo", "--date", "2026-W49-4"], ("--date", "2026-W49-4", "YYYY-MM-DD")),
+    # before the DAG's start_date: Airflow would run none of its tasks and mark the run successful
+    (["demo", "--date", "2026-01-01"], ("--date", "2026-01-01", "on or after the DAG's start_date, 2026-11-01")),
+    (["demo", "--backend", "gke", "--date", "2025-12-31"], ("--date", "2025-12-31", "start_date, 2026-11-01")),
     (["demo", "--num-slices", "99999999999999999999"], ("--num-slices", "99999999999999999999", "<= 64")),
     (["demo", "--operation-seconds", "-1"], ("--operation-seconds", "-1", ">= 0")),
     (["demo", "--output-root", "gs://Bad_Bucket!/x"], ("--output-root", "gs://Bad_Bucket!/x", "bucket name")),

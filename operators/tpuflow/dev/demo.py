@@ -82,7 +82,7 @@ FLAG_PARAMS = {
 def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
     """The run's conf from the flags, checked as the pipeline checks its Params (the same functions),
     before anything starts; a bad flag is a UserInputError naming it (one line, exit 2)."""
-    from tpuflow.pipeline.params import check_conf, validate_params
+    from tpuflow.pipeline.params import START_DATE, check_conf, validate_params
 
     conf: dict[str, Any] = {
         "framework": args.framework,
@@ -115,6 +115,10 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
     check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
     if args.date is not None:
         check_date("--date", args.date)  # strictly YYYY-MM-DD: the run's output folder is named so
+        if date.fromisoformat(args.date) < START_DATE.date():  # Airflow would run no task and call it a success
+            raise UserInputError(
+                "--date", args.date, f"give a date on or after the DAG's start_date, {START_DATE:%Y-%m-%d}"
+            )
     check_folder("--work-dir", args.work_dir)
     if args.output_root and (args.output_root.startswith("gs:") or "://" in args.output_root):
         from tpuflow.storage import split_gs_uri

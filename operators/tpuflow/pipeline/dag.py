@@ -26,6 +26,7 @@ from airflow.sdk import DAG
 
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.factory import build_pipeline_dag
+from tpuflow.pipeline.params import START_DATE
 from tpuflow.pipeline.workload import Workload
 
 BACKEND_VARIABLE = "tpuflow_backend"
@@ -56,7 +57,7 @@ def tpu_pipeline(
     workload: Workload,
     backend: str | None = None,
     schedule: str | None = "@daily",
-    start_date: datetime = datetime(2026, 11, 1),
+    start_date: datetime = START_DATE,
     output_root: str | None = None,
     serve_token_conn_id: str | None = None,
     gke: Mapping[str, Any] | None = None,

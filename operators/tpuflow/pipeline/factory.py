@@ -326,7 +326,7 @@ def build_pipeline_dag(
     workload: Workload,
     schedule: str | None = "@daily",
     output_root: str | None = None,
-    start_date: datetime = datetime(2026, 11, 1),
+    start_date: datetime = START_DATE,
     max_active_runs: int = 1,
     serve_token_conn_id: str | None = None,
     **dag_kwargs: Any,

@@ -529,7 +529,7 @@ def build_gke_pipeline_dag(
     ray_env: Mapping[str, str] | None = None,
     ray_auth: str = "token",
     schedule: str | None = "@daily",
-    start_date: datetime = datetime(2026, 11, 1),
+    start_date: datetime = START_DATE,
     max_active_runs: int = 1,
     **dag_kwargs: Any,
 ) -> DAG:
