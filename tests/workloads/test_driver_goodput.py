@@ -19,6 +19,7 @@ def test_the_gap_between_attempts_is_the_preemption_or_the_failure() -> None:
     assert seconds["startup"] == pytest.approx(5.0 + 10.0 + 5.0)  # before the first attempt, in it, after the last
     assert seconds["productive"] == pytest.approx(136.0) and seconds["redone"] == pytest.approx(10.0)
     assert timeline["attempts"] == 2 and sum(seconds.values()) == pytest.approx(205.0)
+    assert timeline["recorded"] == [{"from": 0, "to": 300}, {"from": 250, "to": 500}]
     assert "failure" in training_timeline([first, second], 100.0, 305.0, hosts_lost=False)["seconds"]
 
 

@@ -6,11 +6,13 @@ checkpoint is loaded), ``data_wait`` (blocked on the next batch), ``compile`` (a
 ``productive`` (a step that takes the model further than any attempt did), ``redone`` (a step an earlier
 attempt had already computed), ``checkpoint`` (saving and reporting one), ``preemption`` (holding inside
 a notice), ``evaluation`` (a loop that evaluates after its last step). Rank 0 sends its totals, at most
-every ``flush_s``, to the driver's `recorder`, a named actor
-on the driver's node with no CPU; a restarted worker group asks it how far the earlier attempts got,
-which is how a step is known to be redone. The driver then joins the attempts into the run's timeline
-(`training_timeline`): the gap between one attempt's last record and the next one's start is the
-``preemption`` (a host was lost) or ``failure`` that caused the restart.
+once every ``flush_s``, to the driver's `recorder`, a named actor on the driver's node with no CPU; a
+restarted worker group asks it how far the earlier attempts got, which is how a step is known to be redone.
+A sudden kill loses at most the last ``flush_s`` of records: those steps' time falls in the gap (the
+preemption), and computing them again counts as productive. The driver then joins the attempts into the
+run's timeline (`training_timeline`): the gap between one attempt's last record and the next one's start is
+the ``preemption`` (a host was lost) or ``failure`` that caused the restart; ``recorded`` says which steps
+each attempt's records reached.
 
 Ray Train 2.60 keeps no per-step timing of its own (its metrics are what the loop reports, with a
 checkpoint); the loop is the only place that knows what a step was waiting for, hence this module.
@@ -230,6 +232,7 @@ def training_timeline(
             "at_risk_s": round(checkpoint_every * step_s, 3) if checkpoint_every and step_s else None,
         },
         "attempts": len(ordered),
+        "recorded": [{"from": int(a["start_step"]), "to": int(a["step"])} for a in ordered],
         "fit_started_at": fit_started_at,
         "fit_ended_at": fit_ended_at,
     }
