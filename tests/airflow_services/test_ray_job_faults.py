@@ -7,6 +7,8 @@ and a few short counter jobs (tests/rayjob/jobs/counter.py).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -177,8 +179,40 @@ def test_a_failed_job_still_resumes_on_a_worker_and_fails_without_retry(services
     run = wait_for_runs(api, DRILL, [run_id], 600)[run_id]
     assert run["state"] == "failed", explain(api, DRILL, run)
     ti = run["tis"][TASK]
-    assert ti["state"] == "failed" and ti["try_number"] == 1, ti  # the user's code is broken: no retry
+    tries = range(1, int(ti["try_number"]) + 1)
+    failures = {n: _task_failure(services, run_id, n) for n in tries}
+    # The user's code is broken: every try that ran it failed without asking for a retry.
+    assert ti["state"] == "failed", ti
+    assert all(
+        kind == "AirflowFailException" and "the user's code is broken" in text for kind, text in failures.values()
+    ), failures
+    # A second try is Airflow's own race, never the operator's: the executor's late "success" for the worker
+    # that deferred lands once the resumed try is RUNNING, and the scheduler fails that try with its retries
+    # (apache/airflow#72716, open in 3.3; CI's loaded machine hit it with this job, which ends within a second).
+    mismatched = _state_mismatch_tries(api, run_id)
+    assert all(n in mismatched for n in tries[:-1]), (mismatched, failures)
     assert any("the user's code is broken" in line for line in _worker_log_after_defer(services, run_id))
+
+
+def _state_mismatch_tries(api: Any, run_id: str) -> set[int]:
+    """The tries Airflow's audit log says the scheduler failed on an executor event ("state mismatch")."""
+    resp = api.get("/eventLogs", params={"dag_id": DRILL, "run_id": run_id, "event": "state mismatch", "limit": 100})
+    resp.raise_for_status()
+    return {int(e["try_number"]) for e in resp.json()["event_logs"] if e.get("try_number") is not None}
+
+
+def _task_failure(services: Any, run_id: str, try_number: int) -> tuple[str, str]:
+    """(exception type, message) of the error a try's worker failed with, from its log file; ("", the log's
+    last lines) when the try's log shows none."""
+    folder = Path(services.home) / "logs" / f"dag_id={DRILL}" / f"run_id={run_id}" / f"task_id={TASK}"
+    path = folder / f"attempt={try_number}.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            for detail in record.get("error_detail") or [] if isinstance(record, dict) else []:
+                return str(detail.get("exc_type")), str(detail.get("exc_value"))
+    return "", "\n".join(lines[-20:])
 
 
 def _task_log_lines_raw(api: Any, run_id: str) -> str:
