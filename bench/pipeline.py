@@ -40,6 +40,33 @@ def _stop_clusters(base: Path) -> None:
         LocalRayCluster.load(state.parent).stop()
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds all of this machine's cores have spent busy since boot (/proc/stat's first line: user,
+    nice, system, irq, softirq and steal; not idle or iowait): read before and after a run, the CPU it and
+    everything beside it used."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _group_cpu_s(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each process group ({name: pgid}): its live processes' own and that of the children
+    they reaped (a LocalExecutor worker reaps the task processes it ran, so the scheduler's group holds them)."""
+    import psutil
+
+    names = {pgid: name for name, pgid in groups.items()}
+    out = dict.fromkeys(groups, 0.0)
+    for proc in psutil.process_iter():
+        try:
+            name = names.get(os.getpgid(proc.pid))
+            if name is not None:
+                t = proc.cpu_times()
+                out[name] += t.user + t.system + t.children_user + t.children_system
+        except (psutil.Error, OSError):  # gone since the listing
+            continue
+    return out
+
+
 def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
     """The demo's Ray work as a plain script: same cluster kind, entrypoints, spec and Serve config."""
     from tpuflow.workloads.addition.pipeline import ADDITION
@@ -110,15 +137,35 @@ def _plain_pipeline(ctx: Context, run_dir: Path) -> dict[str, float]:
     return phases
 
 
-def _task_seconds(airflow_db: Path) -> dict[str, float]:
-    """Each task's wall time in the demo's run (its start to its end, a deferral included), in run order."""
+def _task_spans(airflow_db: Path) -> list[tuple[str, float, float]]:
+    """(task, start, end) of each ended task in the demo's run (epoch seconds; a deferral included), in run order."""
     import sqlite3
 
     with sqlite3.connect(airflow_db) as db:
         rows = db.execute(
             "SELECT task_id, start_date, end_date FROM task_instance WHERE end_date IS NOT NULL ORDER BY start_date"
         ).fetchall()
-    return {task: round(_iso(end) - _iso(start), 1) for task, start, end in rows}
+    return [(task, _utc_seconds(start), _utc_seconds(end)) for task, start, end in rows]
+
+
+def _utc_seconds(stored: str) -> float:
+    """Epoch seconds of a date as Airflow stores it in SQLite (UTC, without an offset)."""
+    when = dt.datetime.fromisoformat(stored)
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def _outside_tasks(spans: list[tuple[str, float, float]], started: float, ended: float) -> dict[str, float]:
+    """Where the demo's wall time was outside every task: before the first started (the CLI, `airflow db migrate`,
+    `airflow dags test` starting), between tasks (dags test's own scheduling loop) and after the last ended."""
+    covered, reach = 0.0, spans[0][1]
+    for _, start, end in spans:
+        covered += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return {
+        "before_first_task": round(spans[0][1] - started, 1),
+        "between_tasks": round(reach - spans[0][1] - covered, 1),
+        "after_last_task": round(ended - reach, 1),
+    }
 
 
 def _fmt(seconds: dict[str, float]) -> str:
@@ -128,7 +175,9 @@ def _fmt(seconds: dict[str, float]) -> str:
 def _plain_phases(ctx: Context) -> dict[str, float]:
     """The plain pipeline's phases, run once per bench run: both pipeline ratios divide by it."""
     if "plain_pipeline" not in ctx.shared:
+        busy = _machine_busy_s()
         ctx.shared["plain_pipeline"] = _plain_pipeline(ctx, ctx.work / "plain-run" / DEMO_DATE)
+        ctx.shared["plain_pipeline_cpu_s"] = round(_machine_busy_s() - busy, 1)
     return dict(ctx.shared["plain_pipeline"])
 
 
@@ -138,17 +187,18 @@ def pipeline_overhead_ratio(ctx: Context) -> list[Result]:
     env = {**os.environ, "TPUFLOW_HOME": str(work / "home")}
     for key in ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER"):
         env.pop(key, None)  # the demo makes its own throw-away Airflow home
-    t = time.perf_counter()
+    t, busy, wall = time.perf_counter(), _machine_busy_s(), time.time()
     try:
         out = subprocess.run([sys.executable, "-m", "tpuflow.cli", "demo", "--work-dir", str(work), "--date", DEMO_DATE,
                               "--framework", "jax", "--train-steps", str(TRAIN_STEPS),
                               "--topology", TOPOLOGY, "--machine-type", MACHINE_TYPE], capture_output=True, text=True, timeout=1500, env=env)  # fmt: skip
     finally:
         _stop_clusters(work / "home" / "clusters")
-    demo_s = time.perf_counter() - t
+    demo_s, demo_cpu_s = time.perf_counter() - t, round(_machine_busy_s() - busy, 1)
     if out.returncode != 0 or "pipeline succeeded" not in out.stdout:
         raise RuntimeError(f"tpuflow demo failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    tasks = _task_seconds(work / "airflow" / "airflow.db")
+    spans = _task_spans(work / "airflow" / "airflow.db")
+    tasks = {task: round(end - start, 1) for task, start, end in spans}
     phases = _plain_phases(ctx)
     r = ratio(demo_s, phases["total"])
     return [Result(
@@ -160,7 +210,9 @@ def pipeline_overhead_ratio(ctx: Context) -> list[Result]:
               f"{MACHINE_TYPE}` (airflow dags test of tpu_llm_pipeline_local); "
               f"demo tasks (s): {_fmt(tasks)}; plain phases (s): "
               + _fmt(phases),
-        details={"plain_phases_s": phases, "demo_tasks_s": tasks, "demo_tasks_sum_s": round(sum(tasks.values()), 1)},
+        details={"plain_phases_s": phases, "demo_tasks_s": tasks, "demo_tasks_sum_s": round(sum(tasks.values()), 1),
+                 "machine_cpu_s": {"demo": demo_cpu_s, "plain": ctx.shared["plain_pipeline_cpu_s"]},
+                 "outside_tasks_s": _outside_tasks(spans, wall, wall + demo_s)},
     )]  # fmt: skip
 
 
@@ -255,7 +307,10 @@ def job_end_to_task_end(ctx: Context) -> list[Result]:
         # one job at a time: what a task sees when its triggerer and workers are not busy with 19 others
         alone = [d for i in range(3) for d in _short_job_deltas(api, conf, 1, f"alone{i}")[0]]
         cluster.stop()  # the pipeline starts its own slice cluster; this one's nodes would crowd its 2 cores
+        airflow_cpu, busy = _group_cpu_s(svc.pids), _machine_busy_s()
         scheduled_s, timeline = _scheduled_pipeline(api)
+        run_cpu_s = round(_machine_busy_s() - busy, 1)
+        airflow_cpu = {name: round(s - airflow_cpu[name], 1) for name, s in _group_cpu_s(svc.pids).items()}
     finally:
         if svc is not None:
             svc.stop()
@@ -272,7 +327,9 @@ def job_end_to_task_end(ctx: Context) -> list[Result]:
         notes=f"{PIPELINE} triggered through the REST API of a real Airflow (scheduler, triggerer, LocalExecutor; "
               f"tpuflow.dev.airflow_services) with the demo's conf ({TRAIN_STEPS} steps, v6e {TOPOLOGY}); the run's "
               "start to its end; each task's queued / start / end (s from the run's start) in details",
-        details={"tasks": timeline, "plain_phases_s": plain},
+        details={"tasks": timeline, "plain_phases_s": plain,
+                 "machine_cpu_s": {"scheduler_run": run_cpu_s, "plain": ctx.shared["plain_pipeline_cpu_s"]},
+                 "airflow_services_cpu_s": airflow_cpu},
     )  # fmt: skip
     return [scheduled, Result(
         "job_end_to_task_end_p95_s", p95, "s", p50, ratio(p95, p50), "value <= 2 s", goal_check(p95, "<=", 2.0),

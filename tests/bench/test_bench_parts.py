@@ -121,3 +121,33 @@ def test_the_scheduler_pipeline_measure_times_the_run_and_each_tasks_queue_start
     assert list(timeline) == ["prep", "train"]  # in the order they started
     assert timeline["train"] == {"queued": 12.0, "start": 13.0, "end": 73.0}
     assert api.posted["conf"]["train_steps"] == pipeline.TRAIN_STEPS
+
+
+def test_the_demo_measure_splits_its_time_outside_tasks_before_between_and_after(tmp_path: Path) -> None:
+    import sqlite3
+    from datetime import UTC, datetime
+
+    import bench.pipeline as pipeline
+
+    db = tmp_path / "airflow.db"
+    with sqlite3.connect(db) as conn:  # as Airflow keeps them in SQLite: UTC, no offset; one task still running
+        conn.execute("CREATE TABLE task_instance (task_id TEXT, start_date TEXT, end_date TEXT)")
+        conn.executemany(
+            "INSERT INTO task_instance VALUES (?, ?, ?)",
+            [
+                ("prep", "2026-11-03 00:00:10", "2026-11-03 00:00:14"),
+                ("preflight", "2026-11-03 00:00:11", "2026-11-03 00:00:16"),  # beside prep: no gap counted twice
+                ("train", "2026-11-03 00:00:17.5", "2026-11-03 00:00:30"),
+                ("stop", "2026-11-03 00:00:29", None),
+            ],
+        )
+    spans = pipeline._task_spans(db)
+    assert [task for task, _, _ in spans] == ["prep", "preflight", "train"]
+    assert spans[0][1] == datetime(2026, 11, 3, 0, 0, 10, tzinfo=UTC).timestamp()  # read as UTC, as time.time() is
+    started = spans[0][1] - 6.0
+    assert spans[2][1] - spans[0][1] == 7.5
+    assert pipeline._outside_tasks(spans, started, spans[2][2] + 2.0) == {
+        "before_first_task": 6.0,
+        "between_tasks": 1.5,
+        "after_last_task": 2.0,
+    }
