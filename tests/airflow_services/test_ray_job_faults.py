@@ -7,8 +7,6 @@ and a few short counter jobs (tests/rayjob/jobs/counter.py).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -69,13 +67,18 @@ def _wait_deferred_with_output(
     raise AssertionError(f"task never deferred with its job printing {line!r} (last state {state})")
 
 
-def _task_log_lines(api: Any, run_id: str, try_number: int = 1) -> list[str]:
-    """The job's lines as the task log of one try shows them (worker and trigger parts merged by Airflow)."""
+def _log_entries(api: Any, run_id: str, try_number: int = 1) -> list[Any]:
+    """One try's task log as the UI reads it (worker and trigger parts merged by Airflow)."""
     resp = api.get(
         f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/{try_number}", headers={"Accept": "application/json"}
     )
     resp.raise_for_status()
-    events = [str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in resp.json()["content"]]
+    return list(resp.json()["content"])
+
+
+def _task_log_lines(api: Any, run_id: str, try_number: int = 1) -> list[str]:
+    """The job's lines as the task log of one try shows them."""
+    events = [str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in _log_entries(api, run_id, try_number)]
     return [e.strip()[len("[ray job] ") :] for e in events if e.strip().startswith("[ray job] ")]
 
 
@@ -180,7 +183,7 @@ def test_a_failed_job_still_resumes_on_a_worker_and_fails_without_retry(services
     assert run["state"] == "failed", explain(api, DRILL, run)
     ti = run["tis"][TASK]
     tries = range(1, int(ti["try_number"]) + 1)
-    failures = {n: _task_failure(services, run_id, n) for n in tries}
+    failures = {n: _task_failure(api, run_id, n) for n in tries}
     # The user's code is broken: every try that ran it failed without asking for a retry.
     assert ti["state"] == "failed", ti
     assert all(
@@ -201,23 +204,13 @@ def _state_mismatch_tries(api: Any, run_id: str) -> set[int]:
     return {int(e["try_number"]) for e in resp.json()["event_logs"] if e.get("try_number") is not None}
 
 
-def _task_failure(services: Any, run_id: str, try_number: int) -> tuple[str, str]:
-    """(exception type, message) of the error a try's worker failed with, from its log file; ("", the log's
-    last lines) when the try's log shows none."""
-    folder = Path(services.home) / "logs" / f"dag_id={DRILL}" / f"run_id={run_id}" / f"task_id={TASK}"
-    path = folder / f"attempt={try_number}.log"
-    lines = path.read_text().splitlines() if path.exists() else []
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            for detail in record.get("error_detail") or [] if isinstance(record, dict) else []:
-                return str(detail.get("exc_type")), str(detail.get("exc_value"))
-    return "", "\n".join(lines[-20:])
+def _task_failure(api: Any, run_id: str, try_number: int) -> tuple[str, str]:
+    """(exception type, message) of the last error a try's log shows; ("", "") when it shows none."""
+    details = [
+        d for e in _log_entries(api, run_id, try_number) if isinstance(e, dict) for d in e.get("error_detail") or []
+    ]
+    return (str(details[-1].get("exc_type")), str(details[-1].get("exc_value"))) if details else ("", "")
 
 
 def _task_log_lines_raw(api: Any, run_id: str) -> str:
-    resp = api.get(
-        f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}/logs/1", headers={"Accept": "application/json"}
-    )
-    resp.raise_for_status()
-    return "\n".join(str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in resp.json()["content"])
+    return "\n".join(str(c.get("event", "")) if isinstance(c, dict) else str(c) for c in _log_entries(api, run_id))
