@@ -97,6 +97,25 @@ def test_xcoms_that_cannot_be_stored_resume_the_task_on_a_worker(monkeypatch: py
     assert type(event) is TriggerEvent and event.payload == SUCCESS
 
 
+def test_a_tasks_xcoms_are_stored_at_once_not_one_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The triggerer's supervisor answers between its own loop's database work: each XCom sent in turn
+    would wait for one more of its loops, so all are sent together."""
+    from airflow.sdk.execution_time.xcom import XCom
+
+    entered: list[str] = []
+    both_sent = asyncio.Event()
+
+    async def aset(key: str, value: Any, **where: Any) -> None:
+        entered.append(key)
+        if len(entered) == 2:
+            both_sent.set()
+        await asyncio.wait_for(both_sent.wait(), 10)  # stored one after another, the first never sees the second
+
+    monkeypatch.setattr(XCom, "aset", staticmethod(aset))
+    event = fire(OneShot(SUCCESS, {"xcoms": {"return_value": 1, "work_span": [0, 1]}}))
+    assert isinstance(event, TaskEndedEvent) and sorted(entered) == ["return_value", "work_span"]
+
+
 def _op(task_id: str, dag: DAG, **kwargs: Any) -> Any:
     from airflow.providers.standard.operators.empty import EmptyOperator
 

@@ -14,6 +14,7 @@ so retries and non-retryable failures keep their one home in ``tpuflow.events.ra
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -78,9 +79,9 @@ class TpuflowTrigger(BaseTrigger):
             return True
         from airflow.sdk.execution_time.xcom import XCom
 
-        try:
-            for key, value in xcoms.items():
-                await XCom.aset(key, value, **where)
+        try:  # at once: the triggerer's supervisor answers between the database work of its loop, so each
+            # request sent in turn would wait for one more of its loops
+            await asyncio.gather(*(XCom.aset(key, value, **where) for key, value in xcoms.items()))
         except Exception as err:
             self.log.warning("Could not store the task's XComs (%s); the task resumes on a worker", err)
             return False

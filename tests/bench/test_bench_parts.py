@@ -83,7 +83,7 @@ class _ScriptedApi:
     def patch(self, path: str, json: dict) -> _Answer:
         return _Answer({})
 
-    def post(self, path: str, json: dict) -> _Answer:
+    def post(self, path: str, json: dict, **kwargs: object) -> _Answer:
         self.posted = json
         return _Answer({"dag_run_id": "r1"})
 
@@ -101,11 +101,12 @@ class _ScriptedApi:
 
 
 class _Answer:
-    def __init__(self, body: dict) -> None:
-        self.body = body
+    def __init__(self, body: dict, status_code: int = 200) -> None:
+        self.body, self.status_code = body, status_code
 
     def raise_for_status(self) -> None:
-        pass
+        if self.status_code >= 400:
+            raise RuntimeError(f"HTTP {self.status_code}")
 
     def json(self) -> dict:
         return self.body
@@ -151,3 +152,45 @@ def test_the_demo_measure_splits_its_time_outside_tasks_before_between_and_after
         "between_tasks": 1.5,
         "after_last_task": 2.0,
     }
+
+
+def test_job_end_delays_count_only_tasks_that_deferred_before_their_job_ended() -> None:
+    from bench.pipeline import _split_by_deferral
+
+    end_ms = 1_000_000_000_000  # the jobs' end, Ray's milliseconds
+    ids = ["r-watched", "r-late", "r-never-seen", "r-failed", "r-no-job", "r-unfinished"]
+    ended = "2001-09-09T01:46:41.500000Z"  # 1.5 s after end_ms
+    tis = {rid: {"state": "success", "end_date": ended} for rid in ids[:5]}
+    tis["r-failed"]["state"] = "failed"
+    job_ends = {f"python ticker.py 2 0.5 {rid} 1e9": end_ms for rid in ids if rid != "r-no-job"}
+    deferred_at = {"r-watched": end_ms / 1000 - 20, "r-late": end_ms / 1000 + 0.2, "r-failed": 0.0}
+    deferred, late, failed = _split_by_deferral(ids, tis, job_ends, deferred_at)
+    assert deferred == [pytest.approx(1.5)] and late == [pytest.approx(1.5)] * 2
+    assert sorted(failed) == ["r-failed", "r-no-job", "r-unfinished"]
+
+
+def test_a_run_is_created_once_through_a_stalled_api_server() -> None:
+    import requests
+
+    from bench.pipeline import _create_run
+
+    class Stalling:
+        def __init__(self, answers: list) -> None:
+            self.answers, self.posts = answers, 0
+
+        def post(self, path: str, json: dict, timeout: float) -> _Answer:
+            self.posts += 1
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    body = {"dag_run_id": "b-1", "conf": {}}
+    made_by_the_timed_out_try = Stalling([requests.ReadTimeout("stalled"), _Answer({}, 409)])
+    assert _create_run(made_by_the_timed_out_try, "d", body) == "b-1" and made_by_the_timed_out_try.posts == 2
+    after_a_500 = Stalling([_Answer({}, 500), _Answer({"dag_run_id": "b-1"})])
+    assert _create_run(after_a_500, "d", body) == "b-1" and after_a_500.posts == 2
+    with pytest.raises(RuntimeError, match="409"):  # a clash on the first try is somebody else's run
+        _create_run(Stalling([_Answer({}, 409)]), "d", body)
+    with pytest.raises(requests.ReadTimeout):
+        _create_run(Stalling([requests.ReadTimeout("stalled")] * 3), "d", body)

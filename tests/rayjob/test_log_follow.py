@@ -185,3 +185,25 @@ def test_a_short_log_whose_whole_fetch_fails_still_comes_whole_from_the_tail(cap
     event = _wait(job)
     assert event["result"] == {"steps": 30} and job.full_fetches == 1
     assert _logged(caplog) == job.text.splitlines()
+
+
+def test_a_short_log_whose_tail_closes_before_the_whole_fetch_answers_ends_with_the_tail(caplog) -> None:
+    """Many jobs ending at once keep the dashboard busy: the tail's last chunk can come before the fetched log,
+    and the wait then ends with the tail rather than waiting for the fetch (which it cancels)."""
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    job = LingeringTail(30, linger=0.05)
+    cancelled: list[bool] = []
+
+    async def slow(sid: str) -> str:
+        job.full_fetches += 1
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return job.text
+
+    job.aget_job_logs = slow  # type: ignore[method-assign]
+    event = _wait(job)
+    assert job.full_fetches == 1 and cancelled == [True], "the fetch was started, then dropped for the tail"
+    assert event["result"] == {"steps": 30} and _logged(caplog) == job.text.splitlines()
