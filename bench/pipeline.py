@@ -155,7 +155,8 @@ def _task_spans(airflow_db: Path) -> list[tuple[str, float, float]]:
 
 
 def _utc_seconds(stored: str) -> float:
-    """Epoch seconds of a date as Airflow stores it in SQLite (UTC, without an offset)."""
+    """Epoch seconds of an Airflow date: from the REST API (ISO 8601 with its offset or "Z") or as Airflow stores
+    it in SQLite (UTC, without an offset)."""
     when = dt.datetime.fromisoformat(stored)
     return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
@@ -222,10 +223,6 @@ def pipeline_overhead_ratio(ctx: Context) -> list[Result]:
     )]  # fmt: skip
 
 
-def _iso(ts: str) -> float:
-    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
 def _scheduled_pipeline(api: Any) -> tuple[float, dict[str, dict[str, float]]]:
     """The demo's pipeline triggered through the REST API of a real Airflow (scheduler, triggerer,
     LocalExecutor) with the demo's conf: the run's wall time (start to end) and, per task, when it was
@@ -244,13 +241,13 @@ def _scheduled_pipeline(api: Any) -> tuple[float, dict[str, dict[str, float]]]:
     if run["state"] != "success":
         raise RuntimeError(f"{PIPELINE} under the scheduler: {run['state']}: " + ", ".join(
             f"{ti['task_id']} {ti['state']}" for ti in tis if ti["state"] != "success"))  # fmt: skip
-    t0 = _iso(run["start_date"])
+    t0 = _utc_seconds(run["start_date"])
     timeline = {
-        ti["task_id"]: {k: round(_iso(ti[f"{k}_date" if k != "queued" else "queued_when"]) - t0, 1)
+        ti["task_id"]: {k: round(_utc_seconds(ti[f"{k}_date" if k != "queued" else "queued_when"]) - t0, 1)
                         for k in ("queued", "start", "end") if ti.get(f"{k}_date" if k != "queued" else "queued_when")}
         for ti in sorted(tis, key=lambda ti: ti.get("start_date") or "")
     }  # fmt: skip
-    return _iso(run["end_date"]) - t0, timeline
+    return _utc_seconds(run["end_date"]) - t0, timeline
 
 
 def _create_run(api: Any, dag_id: str, body: dict[str, Any], tries: int = 3) -> str:
@@ -330,7 +327,7 @@ def _split_by_deferral(
         if ti.get("state") != "success" or end_ms is None:
             failed.append(rid)
             continue
-        delta = _iso(ti["end_date"]) - end_ms / 1000
+        delta = _utc_seconds(ti["end_date"]) - end_ms / 1000
         (deferred if deferred_at.get(rid, float("inf")) < end_ms / 1000 else late).append(delta)
     return deferred, late, failed
 

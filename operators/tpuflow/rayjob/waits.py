@@ -271,9 +271,7 @@ async def wait_for_job(
         return await _poll(reader, submission_id, follower, tail, emit, poll_interval=poll_interval, timeout=timeout,
                            started_at=started_at, restart_if_stopped=restart_if_stopped, log=log)  # fmt: skip
     finally:
-        tail.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await tail
+        await _cancel(tail)
         await save(force=True)
 
 
@@ -342,6 +340,13 @@ async def _poll(
                 await asyncio.wait_for(asyncio.shield(tail), poll_interval)
 
 
+async def _cancel(future: asyncio.Future[Any]) -> None:
+    """Cancel `future` and wait until it has stopped, whatever it ended with."""
+    future.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await future
+
+
 async def _drain(
     reader: JobReader,
     submission_id: str,
@@ -362,23 +367,17 @@ async def _drain(
         await asyncio.wait([fetch, tail], return_when=asyncio.FIRST_COMPLETED)
         whole = fetch.result() if fetch.done() and not fetch.exception() else None
         if whole is not None:
-            tail.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await tail
+            await _cancel(tail)
             await emit(follower.feed(whole, 0))
             await emit(follower.finish())
             return
-        fetch.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await fetch
+        await _cancel(fetch)
     try:
         if not (tail.done() or follower.tailing):
             raise ConnectionError("no log tail is delivering the log")
         await asyncio.wait_for(asyncio.shield(tail), _TAIL_DRAIN_S)
     except Exception:
-        tail.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await tail
+        await _cancel(tail)
         with contextlib.suppress(Exception):
             await emit(follower.feed(await reader.aget_job_logs(submission_id), 0))
     await emit(follower.finish())
