@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.core import MEASURES, REPO, Context, Result, write_json
+from bench.core import MEASURES, REPO, Context, Result, exit_on_sigterm, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODULES = (
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
     parser.add_argument("--list", action="store_true", help="list the measures and exit")
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     _airflow_home()
     sys.path.insert(0, str(REPO))
     for mod in MODULES:

@@ -111,6 +111,13 @@ def measure(name: str, *, quick: bool = True, full: bool = True, produces: tuple
 # --- processes --------------------------------------------------------------------------------
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds the bench like Ctrl-C does (exit 143): every `finally` and context manager on the way
+    out stops what it started (local Airflow, Ray clusters), where Python's default would end the process
+    on the spot and leave them running."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def pids_with_marker(marker: str) -> list[int]:
     """Pids whose command line or environment mentions `marker` (a temp dir unique to this run)."""
     found, me = [], os.getpid()

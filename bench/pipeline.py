@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.core import WORKLOADS, Context, Result, goal_check, measure, median, percentile, ratio
+from bench.core import WORKLOADS, Context, Result, exit_on_sigterm, goal_check, measure, median, percentile, ratio
 
 DEMO_DATE = "2026-11-03"
 # The smallest multi-host slice (two 4-chip hosts, as the tests' demo runs use): the demo's default 4x4
@@ -416,6 +416,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    exit_on_sigterm()
     with tempfile.TemporaryDirectory() as tmp, _local_airflow(Path(tmp), []) as (_, api, cluster):
         conf = {"cluster": cluster.connection_info()}
         for n in range(args.rounds):

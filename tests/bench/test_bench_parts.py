@@ -194,3 +194,31 @@ def test_a_run_is_created_once_through_a_stalled_api_server() -> None:
         _create_run(Stalling([_Answer({}, 409)]), "d", body)
     with pytest.raises(requests.ReadTimeout):
         _create_run(Stalling([requests.ReadTimeout("stalled")] * 3), "d", body)
+
+
+def test_a_sigtermed_bench_still_stops_what_it_started(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready, stopped = tmp_path / "ready", tmp_path / "stopped"
+    script = (
+        "import pathlib, sys, time\n"
+        "from bench.core import exit_on_sigterm\n"
+        "exit_on_sigterm()\n"
+        "try:\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(120)\n"
+        "finally:\n"
+        f"    pathlib.Path({str(stopped)!r}).touch()  # where the bench stops its Airflow and clusters\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        while not ready.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+    assert stopped.exists(), "SIGTERM ended the bench without running its finally blocks"
