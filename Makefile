@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick bench-serving
+.PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick bench-serving controlplane
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,11 @@ install: $(STAMP)
 demo: install
 	$(BIN)/tpuflow demo
 
-test: install test-deps
+test: install test-deps controlplane
 	$(BIN)/python -m pytest -q -m "not long" --durations=25 tests
 
 # What `make test` leaves out for CI's size (tests marked `long`; the README's Tests section lists them).
-test-long: install test-deps
+test-long: install test-deps controlplane
 	$(BIN)/python -m pytest -q -m long tests
 
 lint: install
@@ -39,7 +39,7 @@ lint: install
 
 # The fault matrix in full (tests/faults: every stage x fault of the GKE pipeline on the stand-ins, and the
 # table of what each run left behind); make test runs its CI slice.
-faults: install
+faults: install controlplane
 	$(BIN)/python -m pytest -q -rN tests/faults
 
 # Every performance claim against its baseline, side by side (bench/README.md): writes
@@ -70,3 +70,9 @@ test-deps:
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "make test-deps: install Chromium first: sudo apt-get install -y chromium" >&2; exit 1; fi; }
+
+# The real control plane of the GKE rehearsal (issue 46): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and the KubeRay operator, built from the Go modules pinned in controlplane/ into .controlplane/
+# (cached in ~/.cache/tpuflow/controlplane by the inputs' hash: a cold build is ~15 CPU-minutes, a cached one seconds).
+controlplane:
+	bash controlplane/build.sh

@@ -1,6 +1,7 @@
 """The stand-ins must not share their oracle with the system under test.
 
-Every module under operators/tpuflow/dev/standins (tpuflow.dev.standins) may import the standard library,
+Every module under operators/tpuflow/dev/standins (tpuflow.dev.standins) and operators/tpuflow/dev/nodes (GKE's
+nodes and TPU webhook on the real control plane) may import the standard library,
 third-party packages and tpuflow.dev.* only (tpuflow.errors is tolerated): nothing of the operator
 side (tpuflow.kuberay, tpuflow.tpu, tpuflow.gke, ...), at module level or inside a function.
 """
@@ -12,14 +13,15 @@ from pathlib import Path
 import pytest
 from support.imports import imported_modules
 
-STANDINS = Path(__file__).resolve().parents[3] / "operators" / "tpuflow" / "dev" / "standins"
+DEV = Path(__file__).resolve().parents[3] / "operators" / "tpuflow" / "dev"
+STANDINS = DEV / "standins"
 PACKAGE = "tpuflow.dev.standins"
 ALLOWED = ("tpuflow.dev", "tpuflow.errors")
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(STANDINS).with_suffix("").parts
-    return ".".join((PACKAGE, *(p for p in parts if p != "__init__")))
+    parts = path.relative_to(DEV).with_suffix("").parts
+    return ".".join(("tpuflow.dev", *(p for p in parts if p != "__init__")))
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -33,7 +35,7 @@ def _forbidden(module: str) -> bool:
     return not any(module == ok or module.startswith(ok + ".") for ok in ALLOWED)
 
 
-MODULES = sorted(STANDINS.rglob("*.py"))
+MODULES = sorted([*STANDINS.rglob("*.py"), *(DEV / "nodes").rglob("*.py")])
 
 
 def test_the_stand_ins_are_found() -> None:
@@ -43,10 +45,12 @@ def test_the_stand_ins_are_found() -> None:
         f"{PACKAGE}.kubernetes_api",
         f"{PACKAGE}.kuberay_controller.webhook",
         f"{PACKAGE}.kuberay_controller.services",
+        "tpuflow.dev.nodes.tpu_webhook",
+        "tpuflow.dev.nodes.agent",
     } <= names
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(STANDINS)))
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(DEV)))
 def test_a_stand_in_imports_nothing_from_the_operator_side(path: Path) -> None:
     bad = [f"line {line}: {module}" for line, module in _imports(path) if _forbidden(module)]
     assert bad == [], f"{path.name} imports the system under test: {bad}"

@@ -84,6 +84,18 @@ class StandinStack:
     def cluster_path(self) -> str:
         return f"projects/{self.project}/locations/{self.zone}/clusters/{self.cluster}"
 
+    # --- the Kubernetes side (RehearsalStack, tpuflow.dev.rehearsal, puts the real control plane here) ---
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.kube.kubeconfig_path
+
+    @property
+    def kubernetes_url(self) -> str:
+        return self.kube.api.url
+
+    def kubernetes_connection_env(self, conn_id: str) -> dict[str, str]:
+        return self.kube.connection_env(conn_id)
+
     @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0] if self.zone.count("-") == 2 else self.zone
@@ -115,7 +127,7 @@ class StandinStack:
     def env(self) -> dict[str, str]:
         """The shell environment that points kubectl and gcloud (and the seeds' variables) at the stand-ins."""
         return {
-            "KUBECONFIG": str(self.kube.kubeconfig_path),
+            "KUBECONFIG": str(self.kubeconfig_path),
             "KUBECACHEDIR": str(self.workdir / "kube-cache"),
             "CLOUDSDK_CONFIG": str(self.workdir / "gcloud"),
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER": f"{self.gke.url}/",
@@ -132,22 +144,22 @@ class StandinStack:
             "ZONE": self.zone,
             "REGION": self.region,
             "TPUFLOW_STANDIN_GKE_URL": self.gke.url,
-            "TPUFLOW_STANDIN_KUBERNETES_URL": self.kube.api.url,
+            "TPUFLOW_STANDIN_KUBERNETES_URL": self.kubernetes_url,
         }
 
     def airflow_connections(self, gcp_conn_id: str, kubernetes_conn_id: str) -> dict[str, str]:
         """AIRFLOW_CONN_* for a google_cloud_platform connection to the GKE stand-in and a kubernetes one."""
         return {
             f"AIRFLOW_CONN_{gcp_conn_id.upper()}": json.dumps(self.gke.airflow_connection(self.project)),
-            **self.kube.connection_env(kubernetes_conn_id),
+            **self.kubernetes_connection_env(kubernetes_conn_id),
         }
 
     def state(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             "gke_url": self.gke.url,
-            "kubernetes_url": self.kube.api.url,
-            "kubeconfig": str(self.kube.kubeconfig_path),
+            "kubernetes_url": self.kubernetes_url,
+            "kubeconfig": str(self.kubeconfig_path),
             "env_file": str(self.workdir / ENV_FILE),
             "project": self.project,
             "zone": self.zone,

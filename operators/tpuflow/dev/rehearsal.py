@@ -1,0 +1,198 @@
+"""The GKE rehearsal on the real control plane (issue 46): the GKE API stand-in (ours: node pools, operations,
+Compute and Cloud Quotas calls) with real etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the
+real KubeRay operator (tpuflow.dev.controlplane), GKE's nodes played by the node agent and GKE's TPU webhook
+served to the real API server (tpuflow.dev.nodes).
+
+    with RehearsalStack(workdir) as stack:
+        stack.env()                       # KUBECONFIG, CLOUDSDK_* ... as StandinStack gives them
+        stack.airflow_connections(...)    # the same AIRFLOW_CONN_* shapes
+
+What is played and what is real is in the README ("GKE without a cloud"). The imitation (StandinStack: the
+Python Kubernetes API and the simulated KubeRay operator) stays for the fast unit tier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from tpuflow.dev.controlplane import pki
+from tpuflow.dev.controlplane.cluster import ControlPlane
+from tpuflow.dev.nodes import network as net
+from tpuflow.dev.nodes.agent import NodeAgent
+from tpuflow.dev.nodes.kube_rest import KubeError, KubeRest
+from tpuflow.dev.nodes.tpu_webhook import TpuWebhookServer
+from tpuflow.dev.standins.gke_api import GKEApiStandin
+from tpuflow.dev.standins.stack import (
+    DEFAULT_CLUSTER,
+    DEFAULT_PROJECT,
+    DEFAULT_ZONE,
+    GCP_CONN_ID,
+    KUBERNETES_CONN_ID,
+    STATE_FILE,
+    StandinStack,
+)
+
+NODE_AGENT_USER = "system:node:tpuflow-node-agent"
+
+
+def _loopback_port(url: str) -> int | None:
+    parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
+    return parsed.port if parsed.hostname in ("127.0.0.1", "localhost") else None
+
+
+class RehearsalStack(StandinStack):
+    """GKE API stand-in + real control plane + node agent + TPU webhook (module docstring)."""
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        *,
+        operation_seconds: float = 2.0,
+        project: str = DEFAULT_PROJECT,
+        zone: str = DEFAULT_ZONE,
+        cluster: str = DEFAULT_CLUSTER,
+        pod_env: dict[str, str] | None = None,
+        interval: float = 0.5,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.project, self.zone, self.cluster = project, zone, cluster
+        self.fake = False
+        self.crds = None
+        self.gke = GKEApiStandin(operation_seconds=operation_seconds, clusters=[self.cluster_path])
+        self.index = net.claim_index()
+        self.plane = ControlPlane(
+            self.workdir / "controlplane",
+            service_cidr=net.service_cidr(self.index),
+            extra_users={NODE_AGENT_USER: ("system:node", "system:node-proxier", "tpuflow:cloud-node-lifecycle")},
+        )
+        self.pod_env = dict(pod_env or {})
+        if "STORAGE_EMULATOR_HOST" in os.environ and "STORAGE_EMULATOR_HOST" not in self.pod_env:
+            self.pod_env["STORAGE_EMULATOR_HOST"] = os.environ["STORAGE_EMULATOR_HOST"]
+        self.interval = interval
+        self.webhook: TpuWebhookServer | None = None
+        self.agent: NodeAgent | None = None
+
+    # --- the Kubernetes side ------------------------------------------------------------------------------
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.plane.kubeconfig("admin")
+
+    @property
+    def kubernetes_url(self) -> str:
+        return self.plane.url
+
+    def kubernetes_connection_env(self, conn_id: str) -> dict[str, str]:
+        value = {
+            "conn_type": "kubernetes",
+            "extra": {"kube_config_path": str(self.kubeconfig_path), "namespace": "default"},
+        }
+        return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}
+
+    def api(self, user: str = "admin") -> KubeRest:
+        return KubeRest(self.plane.url, self.plane.token(user), str(self.plane.paths["ca_cert"]))
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> RehearsalStack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.gke.start()
+            self.plane.start()
+            self._start_webhook()
+            host_ports = [
+                p
+                for p in (_loopback_port(v) for v in self.pod_env.values() if "127.0.0.1:" in v or "localhost:" in v)
+                if p
+            ]
+            self.agent = NodeAgent(
+                self.api(NODE_AGENT_USER),
+                self.workdir / "nodes",
+                cluster=self.cluster_path,
+                pools=lambda: self.gke.node_pools(self.cluster_path),
+                index=self.index,
+                host_ports=host_ports,
+                extra_env=self.pod_env,
+                interval=self.interval,
+            ).start()
+        except BaseException:
+            self.stop()
+            raise
+        self.write_files()
+        return self
+
+    def _start_webhook(self) -> None:
+        ca = pki.load_ca(self.plane.workdir / "pki")
+        cert, key = ca.serving_pair("kuberay-tpu-webhook", ["127.0.0.1"])
+        admin = self.api()
+
+        def pods(namespace: str, cluster: str, group: str) -> list[dict[str, Any]]:
+            selector = f"ray.io/cluster={cluster},ray.io/group={group}"
+            return admin.items(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)
+
+        self.webhook = TpuWebhookServer(cert, key, pods).start()
+        mutating, validating = self.webhook.configurations(ca.cert_pem)
+        for path, body in (
+            ("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", mutating),
+            ("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations", validating),
+        ):
+            try:
+                admin.request("POST", path, body)
+            except KubeError as err:
+                if err.status != 409:
+                    raise
+
+    def stop(self) -> None:
+        try:
+            if self.agent is not None:
+                self.agent.stop()
+            elif self.index is not None:
+                net.PodNetwork(self.index).down()
+        finally:
+            try:
+                if self.webhook is not None:
+                    self.webhook.stop()
+                self.plane.stop()
+            finally:
+                self.gke.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "control_plane": "real", "components": self.plane.state()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the rehearsal until SIGTERM / SIGINT (what ``tpuflow standins up --real`` runs in the background)."""
+    parser = argparse.ArgumentParser(prog="python -m tpuflow.dev.rehearsal", description=main.__doc__)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--operation-seconds", type=float, default=2.0)
+    parser.add_argument("--project", default=DEFAULT_PROJECT)
+    parser.add_argument("--zone", default=DEFAULT_ZONE)
+    parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stack = RehearsalStack(
+        args.workdir,
+        operation_seconds=args.operation_seconds,
+        project=args.project,
+        zone=args.zone,
+        cluster=args.cluster,
+    )
+    with stack:
+        print(json.dumps(stack.state()), flush=True)
+        stop.wait()
+    (stack.workdir / STATE_FILE).unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["GCP_CONN_ID", "KUBERNETES_CONN_ID", "RehearsalStack", "main"]
