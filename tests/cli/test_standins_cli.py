@@ -323,6 +323,42 @@ def test_standins_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     proc = tpuflow("standins", "up", "--workdir", str(tmp_path), "--crds", str(tmp_path), check=False)
     assert proc.returncode == 2 and "ray.io_rayclusters.yaml" in proc.stderr and "Traceback" not in proc.stderr
     assert tpuflow("standins", "down", "--workdir", str(tmp_path)).stdout.startswith("no stand-ins running")
+    proc = tpuflow("standins", "up", "--workdir", str(tmp_path), "--control-plane", "real", "--fake", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--fake" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes network namespaces: root only")
+def test_standins_up_real_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> None:
+    """The real control plane behind `tpuflow standins up --control-plane real`: kubectl sees the real API server's
+    version, the node agent's default-pool node and KubeRay's CRDs; `down` stops every process it started."""
+    work = tmp_path / "real"
+    up = tpuflow(
+        "standins", "up", "--workdir", str(work), "--control-plane", "real", "--no-gcs", "--operation-seconds", "0"
+    )
+    assert "the real operator" in up.stdout, up.stdout
+    state = json.loads((work / "state.json").read_text())
+    pids = [state["pid"], *state["components"]["pids"].values()]
+    env = {**os.environ, **read_env_sh(work / "env.sh")}
+    try:
+        shown = subprocess.run(
+            ["kubectl", "version", "-o", "json"], capture_output=True, text=True, env=env, timeout=60
+        )
+        version = json.loads(shown.stdout)  # stderr may warn of version skew
+        assert version["serverVersion"]["gitVersion"] == "v1.36.3"
+        assert "gke-tpu-cluster-default-pool-0" in run(env, "kubectl", "get", "nodes", "-o", "name")
+        assert "rayclusters.ray.io" in run(env, "kubectl", "get", "crd", "-o", "name")
+    finally:
+        down = tpuflow("standins", "down", "--workdir", str(work))
+    assert f"stopped the stand-ins (pid {state['pid']})" in down.stdout
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if n.startswith("tpf")
+    ]
 
 
 def test_demo_on_the_gke_standins_refuses_keep_endpoint_in_one_line(tmp_path: Path) -> None:

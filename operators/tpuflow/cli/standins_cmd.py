@@ -136,6 +136,13 @@ def _running_emulator_url(work: Path) -> str | None:
 def _up(args: argparse.Namespace) -> int:
     work = _workdir(args)
     check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
+    if args.control_plane == "real" and (args.fake or args.crds):
+        flag = "--fake" if args.fake else "--crds"
+        raise UserInputError(
+            flag,
+            True if args.fake else args.crds,
+            "the real control plane runs the real KubeRay with its own CRDs: drop it",
+        )
     if args.crds is not None and not (Path(args.crds) / "ray.io_rayclusters.yaml").is_file():
         raise UserInputError("--crds", args.crds, "give the directory holding KubeRay's ray.io_rayclusters.yaml")
     state = _state(work)
@@ -168,7 +175,9 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | None) -> int:
-    command = [sys.executable, "-m", "tpuflow.dev.standins.stack", "--workdir", str(work)]
+    real = args.control_plane == "real"
+    module = "tpuflow.dev.rehearsal" if real else "tpuflow.dev.standins.stack"
+    command = [sys.executable, "-m", module, "--workdir", str(work)]
     command += ["--operation-seconds", str(args.operation_seconds)]
     if args.fake:
         command.append("--fake")
@@ -198,16 +207,24 @@ def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | No
         "simulated (--fake: no Ray processes)"
         if state["fake"]
         else f"real local Ray clusters under {work}/ray-clusters"
+        if not real
+        else f"each pod's Ray processes, run by the node agent under {work}/nodes"
     )
     print(f"tpuflow stand-ins running (pid {proc.pid}) in {work}")
     print(
         f"  GKE API:         {state['gke_url']}  (project {state['project']}, zone {state['zone']}, cluster {state['cluster']})"
     )
     print(f"  Kubernetes API:  {state['kubernetes_url']}  (kubeconfig {state['kubeconfig']})")
-    print(f"  KubeRay:         simulated operator + GKE TPU webhook; Ray: {ray}")
-    print(
-        f"  CRD schemas:     {state['crds'] or 'none found (set --crds or TPUFLOW_KUBERAY_CRDS): no field validation'}"
-    )
+    if real:
+        print(
+            "  Kubernetes:      real etcd, kube-apiserver, kube-controller-manager, kube-scheduler (make controlplane)"
+        )
+        print(f"  KubeRay:         the real operator + GKE TPU webhook (played); Ray: {ray}")
+    else:
+        print(f"  KubeRay:         simulated operator + GKE TPU webhook; Ray: {ray}")
+        print(
+            f"  CRD schemas:     {state['crds'] or 'none found (set --crds or TPUFLOW_KUBERAY_CRDS): no field validation'}"
+        )
     gcs = (
         f"{emulator_url}  (bucket gs://{GCS_BUCKET})" if emulator_url else f"none (--no-gcs): outputs in {work}/outputs"
     )
@@ -281,6 +298,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--operation-seconds", type=float, default=2.0, help="how long each node-pool operation takes (default 2)"
     )
     up.add_argument("--crds", default=None, help="KubeRay CRD directory (default $TPUFLOW_KUBERAY_CRDS)")
+    up.add_argument(
+        "--control-plane",
+        default="imitation",
+        choices=("imitation", "real"),
+        help="real: etcd, kube-apiserver and the KubeRay operator built from Go modules (make controlplane), GKE's "
+        "nodes played by the node agent (needs root); imitation (default): the Python Kubernetes API and "
+        "simulated KubeRay",
+    )
     up.add_argument(
         "--no-gcs",
         dest="gcs",

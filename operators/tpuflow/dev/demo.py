@@ -247,4 +247,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--operation-seconds", type=float, default=2.0, help="--backend gke: how long each node-pool operation takes"
     )
+    parser.add_argument(
+        "--control-plane",
+        default="imitation",
+        choices=("real", "imitation"),
+        help="--backend gke: real: etcd, kube-apiserver, the KubeRay operator built from Go modules (make "
+        "controlplane), GKE's nodes played by the node agent (needs root); imitation: the Python Kubernetes API and "
+        "simulated KubeRay",
+    )
     parser.set_defaults(func=_run)

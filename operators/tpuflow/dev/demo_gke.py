@@ -62,7 +62,10 @@ def pipeline_variables(stack: Any, output_root: str) -> dict[str, str]:
 
 def standin_leftovers(stack: StandinStack) -> list[str]:
     """What the teardowns delete, still in the stand-ins: node pools, workload policies, Kubernetes objects."""
+    from tpuflow.dev.rehearsal import RehearsalStack
 
+    if isinstance(stack, RehearsalStack):
+        return stack.leftovers()
     out = [f"node pool {p['name']}" for p in stack.gke.node_pools()]
     out += [f"workload policy {p['name']}" for p in stack.gke.compute.policies()]
     for rtype in (RAYSERVICES, RAYCLUSTERS, PROVISIONING_REQUESTS, PODS):
@@ -102,6 +105,27 @@ def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_b
     return standin_leftovers(stack) + ray_process_leftovers(clusters) + lease_leftovers(leases_before)
 
 
+def _stack(args: argparse.Namespace, work: Path, storage_env: Mapping[str, str], launcher: Any) -> StandinStack:
+    """The imitation (StandinStack) or the real control plane (RehearsalStack), not started."""
+    if getattr(args, "control_plane", "imitation") == "real":
+        from tpuflow.dev.rehearsal import RehearsalStack
+
+        print(
+            f"tpuflow demo --backend gke: starting the real control plane and the GKE stand-in in {work / 'rehearsal'}"
+        )
+        return RehearsalStack(
+            work / "rehearsal",
+            operation_seconds=args.operation_seconds,
+            pod_env={k: v for k, v in storage_env.items() if k == "STORAGE_EMULATOR_HOST"},
+        )
+    print(f"tpuflow demo --backend gke: starting the GKE and Kubernetes stand-ins in {work / 'standins'}", flush=True)
+    return StandinStack(
+        work / "standins",
+        operation_seconds=args.operation_seconds,
+        launcher=launcher(work / "standins" / "ray-clusters", head_cpus=2, timeout=600),
+    )
+
+
 def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     """``conf``: the run's conf, already checked (tpuflow.dev.demo.demo_conf)."""
 
@@ -131,17 +155,9 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         raise KeyboardInterrupt  # SIGTERM stops the stand-ins and their Ray clusters as Ctrl-C does
 
     signal.signal(signal.SIGTERM, interrupted)
-    stack = StandinStack(
-        work / "standins",
-        operation_seconds=args.operation_seconds,
-        launcher=RecordingLauncher(work / "standins" / "ray-clusters", head_cpus=2, timeout=600),
-    )
-    print(f"tpuflow demo --backend gke: starting the GKE and Kubernetes stand-ins in {stack.workdir}", flush=True)
     started = time.time()
-    with demo_storage(output_root) as storage_env, stack:
-        print(
-            f"  GKE API {stack.gke.url}, Kubernetes API {stack.kube.api.url} (kubeconfig {stack.kube.kubeconfig_path})"
-        )
+    with demo_storage(output_root) as storage_env, _stack(args, work, storage_env, RecordingLauncher) as stack:
+        print(f"  GKE API {stack.gke.url}, Kubernetes API {stack.kubernetes_url} (kubeconfig {stack.kubeconfig_path})")
         env = {
             **demo_env(home, output_root),
             **storage_env,

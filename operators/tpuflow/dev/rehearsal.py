@@ -161,6 +161,22 @@ class RehearsalStack(StandinStack):
             finally:
                 self.gke.stop()
 
+    def leftovers(self) -> list[str]:
+        """What a run's teardowns delete, still here: node pools, workload policies, KubeRay objects, pods and
+        their processes (a pod's network namespace holds them)."""
+        out = [f"node pool {p['name']}" for p in self.gke.node_pools()]
+        out += [f"workload policy {p['name']}" for p in self.gke.compute.policies()]
+        api = self.api()
+        for kind, path in (
+            ("RayService", "/apis/ray.io/v1/rayservices"),
+            ("RayCluster", "/apis/ray.io/v1/rayclusters"),
+            ("Pod", "/api/v1/pods"),
+        ):
+            out += [f"{kind} {o['metadata']['name']}" for o in api.items(path)]
+        if self.agent is not None:
+            out += [f"pod network namespace {n}" for n in self.agent.network.namespaces()]
+        return out
+
     def state(self) -> dict[str, Any]:
         return {**super().state(), "control_plane": "real", "components": self.plane.state()}
 

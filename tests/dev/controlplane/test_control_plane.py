@@ -64,8 +64,8 @@ def test_only_known_clients_get_in_and_rbac_limits_them(plane: ControlPlane) -> 
     with pytest.raises(urllib.error.HTTPError) as anonymous:
         urllib.request.urlopen(f"{plane.url}/api/v1/namespaces", context=context, timeout=5)
     assert anonymous.value.code == 401
-    with pytest.raises(KubeError) as forbidden:  # KubeRay's own ClusterRole reads no Secrets in kube-system
-        rest(plane, "kuberay-operator").request("GET", "/api/v1/namespaces/kube-system/secrets")
+    with pytest.raises(KubeError) as forbidden:  # KubeRay's own ClusterRole touches no RBAC objects
+        rest(plane, "kuberay-operator").request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles")
     assert forbidden.value.status == 403
     assert rest(plane, "kuberay-operator").items("/apis/ray.io/v1/rayclusters") == []
 

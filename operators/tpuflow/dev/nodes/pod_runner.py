@@ -4,9 +4,10 @@ liveness and startup probes (exec, httpGet, tcpSocket), and the status the kubel
 
 Each container's process runs in the pod's network namespace and a private mount namespace where /usr/local/bin
 holds the "image" (shims for this environment's ``ray`` and ``python``: the agent runs no container images; a
-login shell's PATH starts there) and emptyDir, Secret and ConfigMap volumes are mounted at their paths; HOME and
-TMPDIR are the pod's own folders (the rest of the file system is the machine's: the virtual environment and the
-workloads are where they are here). Termination: SIGTERM to every process in the pod's network namespace, SIGKILL after
+login shell's PATH starts there), /tmp/ray is the pod's own folder (Ray's sessions and sockets: every Ray node of a
+cluster uses the head's temp dir, so pods sharing one would collide) and emptyDir, Secret and ConfigMap volumes are
+mounted at their paths; HOME is the pod's own folder. The rest of the file system is the machine's: the virtual
+environment, the workloads and local output folders are where they are here. Termination: SIGTERM to every process in the pod's network namespace, SIGKILL after
 the grace period (a pod's processes are exactly those of its namespace, as a container's cgroup holds them).
 """
 
@@ -234,7 +235,6 @@ class PodRun:
         base = {
             **self.ctx.base_env,
             "HOME": str(self.dir / "home"),
-            "TMPDIR": str(self.tmp),  # each pod its own temp folder, as each VM has (Ray's session dirs)
             "HOSTNAME": str(self.pod["spec"].get("hostname") or self.name),
         }
         if any(((run.spec.get("resources") or {}).get(p) or {}).get("google.com/tpu") for p in ("limits", "requests")):
@@ -298,6 +298,10 @@ class PodRun:
         lines = [
             "set -e",
             f"mount --bind {shlex.quote(str(self.ctx.image_bin))} /usr/local/bin",
+            # /tmp/ray is each pod's own, as each VM has its own /tmp: Ray nodes that join a cluster take the
+            # head's temp dir (/tmp/ray), and their sockets must not meet another pod's there
+            "mkdir -p /tmp/ray",
+            f"mount --bind {shlex.quote(str(self.tmp))} /tmp/ray",
         ]
         volumes = {v.get("name"): v for v in self.pod["spec"].get("volumes") or []}
         for mount in run.spec.get("volumeMounts") or []:
@@ -415,6 +419,7 @@ class PodRun:
         self.terminating = True
         self._stop.set()
         deadline = time.monotonic() + grace
+        self._pre_stop(deadline)
         self._signal_all(signal.SIGTERM)
         while time.monotonic() < deadline and self._pids():
             time.sleep(0.2)
@@ -427,6 +432,23 @@ class PodRun:
             self._thread.join(timeout=5)
         self.ctx.network.remove_pod(self.uid)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _pre_stop(self, deadline: float) -> None:
+        """Each running container's preStop exec hook, within the grace period (a kubelet runs them first)."""
+        hooks = []
+        for run in self.containers:
+            command = ((run.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command")
+            if command and run.running() and run.proc is not None:
+                argv = ["nsenter", "--target", str(run.proc.pid), "--net", "--mount", "--", *map(str, command)]
+                hooks.append(
+                    subprocess.Popen(argv, env=self._env(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                )
+        for hook in hooks:
+            try:
+                hook.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                hook.kill()
+                hook.wait()
 
     def _pids(self) -> list[int]:
         if self.iface is None:
