@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.polling import until
 
 from tpuflow.dev.nodes import network as net
 from tpuflow.dev.rehearsal import RehearsalStack
@@ -30,14 +30,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RehearsalStack]:
 
 
 def wait_for(what: str, check: Any, timeout: float = 240.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    """``check()`` until it is truthy; fails naming ``what`` and the last value."""
+    value = until(check, timeout=timeout)
+    assert value, f"timed out waiting for {what} (last: {value!r})"
+    return value
 
 
 def test_a_tpu_slice_raycluster_runs_on_the_played_nodes(stack: RehearsalStack) -> None:

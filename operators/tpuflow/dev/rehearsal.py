@@ -13,11 +13,8 @@ Python Kubernetes API and the simulated KubeRay operator) stays for the fast uni
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
-import threading
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -35,8 +32,9 @@ from tpuflow.dev.standins.stack import (
     DEFAULT_ZONE,
     GCP_CONN_ID,
     KUBERNETES_CONN_ID,
-    STATE_FILE,
     StandinStack,
+    serve,
+    stack_arguments,
 )
 
 NODE_AGENT_USER = "system:node:tpuflow-node-agent"
@@ -182,29 +180,17 @@ class RehearsalStack(StandinStack):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve the rehearsal until SIGTERM / SIGINT (what ``tpuflow standins up --real`` runs in the background)."""
-    parser = argparse.ArgumentParser(prog="python -m tpuflow.dev.rehearsal", description=main.__doc__)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--operation-seconds", type=float, default=2.0)
-    parser.add_argument("--project", default=DEFAULT_PROJECT)
-    parser.add_argument("--zone", default=DEFAULT_ZONE)
-    parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
-    args = parser.parse_args(argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stack = RehearsalStack(
-        args.workdir,
-        operation_seconds=args.operation_seconds,
-        project=args.project,
-        zone=args.zone,
-        cluster=args.cluster,
+    """Serve the rehearsal until SIGTERM / SIGINT (what ``tpuflow standins up --control-plane real`` runs)."""
+    args = stack_arguments("python -m tpuflow.dev.rehearsal", main.__doc__).parse_args(argv)
+    return serve(
+        RehearsalStack(
+            args.workdir,
+            operation_seconds=args.operation_seconds,
+            project=args.project,
+            zone=args.zone,
+            cluster=args.cluster,
+        )
     )
-    with stack:
-        print(json.dumps(stack.state()), flush=True)
-        stop.wait()
-    (stack.workdir / STATE_FILE).unlink(missing_ok=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.polling import until
 
 from tpuflow.dev.controlplane import binaries
 from tpuflow.dev.controlplane.cluster import ControlPlane
@@ -33,13 +33,10 @@ def rest(plane: ControlPlane, user: str = "admin") -> KubeRest:
 
 
 def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    """``check()`` until it is truthy; fails naming ``what`` and the last value."""
+    value = until(check, timeout=timeout)
+    assert value, f"timed out waiting for {what} (last: {value!r})"
+    return value
 
 
 def raycluster(name: str) -> dict[str, Any]:

@@ -181,34 +181,46 @@ class StandinStack:
         tmp.replace(self.workdir / STATE_FILE)  # readers never see half a file
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve the stack until SIGTERM / SIGINT (what ``tpuflow standins up`` runs in the background)."""
-    parser = argparse.ArgumentParser(prog="python -m tpuflow.dev.standins.stack", description=main.__doc__)
+def stack_arguments(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """The command line both stacks take (this one adds --fake and --crds)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--fake", action="store_true", help="no Ray processes behind the simulated KubeRay")
     parser.add_argument("--operation-seconds", type=float, default=2.0)
     parser.add_argument("--project", default=DEFAULT_PROJECT)
     parser.add_argument("--zone", default=DEFAULT_ZONE)
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
-    parser.add_argument("--crds", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def serve(stack: StandinStack) -> int:
+    """Run ``stack`` until SIGTERM / SIGINT, its state printed once it is up; the state file goes with it."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stack = StandinStack(
-        args.workdir,
-        fake=args.fake,
-        operation_seconds=args.operation_seconds,
-        project=args.project,
-        zone=args.zone,
-        cluster=args.cluster,
-        crds=args.crds,
-    )
     with stack:
         print(json.dumps(stack.state()), flush=True)
         stop.wait()
     (stack.workdir / STATE_FILE).unlink(missing_ok=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the stack until SIGTERM / SIGINT (what ``tpuflow standins up`` runs in the background)."""
+    parser = stack_arguments("python -m tpuflow.dev.standins.stack", main.__doc__)
+    parser.add_argument("--fake", action="store_true", help="no Ray processes behind the simulated KubeRay")
+    parser.add_argument("--crds", default=None)
+    args = parser.parse_args(argv)
+    return serve(
+        StandinStack(
+            args.workdir,
+            fake=args.fake,
+            operation_seconds=args.operation_seconds,
+            project=args.project,
+            zone=args.zone,
+            cluster=args.cluster,
+            crds=args.crds,
+        )
+    )
 
 
 if __name__ == "__main__":
