@@ -30,6 +30,7 @@ MODULES = (
     "bench.pipeline",
     "bench.chip_hours",
     "bench.storage",
+    "bench.controlplane",
 )
 
 

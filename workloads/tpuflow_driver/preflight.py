@@ -121,6 +121,11 @@ class HostProbe:
         addr = f"{self.ip}:{self._server.getsockname()[1]}" if self._server else None
         return {"rank": self.rank, "host": self.name, "ip": self.ip, "slice_index": self.slice_index, "addr": addr}
 
+    def free_port(self) -> int:
+        """A free port on this host: JAX's coordinator is rank 0's, and only rank 0's host can pick one (the
+        driver runs on the head, which cannot bind a TPU host's address on a real cluster)."""
+        return _free_port(self.ip)
+
     def roll_call(self, addr: str, deadline: float) -> dict[str, Any]:
         """Rank 0 collects every rank's (rank + 1) and answers each with the sum; others check in."""
         if _unreachable():
@@ -287,7 +292,10 @@ def run(spec: PreflightSpec) -> dict[str, Any]:
         }
         if spec.collective == "jax":
             t0 = time.perf_counter()
-            coordinator = f"{ids[0]['ip']}:{_free_port(ids[0]['ip'])}"
+            port, silent = _wait([actors[0].free_port.remote()], deadline)
+            if silent:
+                raise PreflightFailed(f"{hosts[0]} did not name a free port within {deadline:.0f}s")
+            coordinator = f"{ids[0]['ip']}:{port[0]}"
             answers, silent = _wait([a.all_reduce.remote(coordinator, deadline) for a in actors], deadline + 10)
             failed = {i: a["error"] for i, a in answers.items() if "error" in a}
             if silent or failed:

@@ -250,5 +250,5 @@ class NodeAgent:
         self._names = names
         for uid, run in list(self.runs.items()):
             if run.iface is not None:
-                host = str(run.pod["spec"].get("hostname") or run.name)
+                host = run.hostname
                 self.network.write_hosts(uid, host, run.iface.ip, names)

@@ -134,6 +134,7 @@ class PodRun:
         meta = self.pod["metadata"]
         self.uid, self.name, self.namespace = meta["uid"], meta["name"], meta.get("namespace", "default")
         self.node = self.pod["spec"]["nodeName"]
+        self.hostname = str(self.pod["spec"].get("hostname") or self.name)[:63]
         self.dir = ctx.workdir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         # short: Ray's Unix sockets live under it (108 bytes at most for a socket path)
         self.tmp = Path("/tmp") / f"tpf{ctx.network.index}-{self.uid[:8]}"
@@ -168,7 +169,7 @@ class PodRun:
             self.tmp.mkdir(parents=True, exist_ok=True)
             self.tmp.chmod(0o1777)
             self._write_volumes()
-            self.ctx.write_hosts(self.uid, str(self.pod["spec"].get("hostname") or self.name), self.iface.ip)
+            self.ctx.write_hosts(self.uid, self.hostname, self.iface.ip)
         except Exception as err:  # noqa: BLE001 - reported as the pod's sandbox failure, as a kubelet does
             self.failed_reason = f"FailedCreatePodSandBox: {err}"
             self.ctx.log(f"pod {self.namespace}/{self.name}: {self.failed_reason}")
@@ -235,7 +236,7 @@ class PodRun:
         base = {
             **self.ctx.base_env,
             "HOME": str(self.dir / "home"),
-            "HOSTNAME": str(self.pod["spec"].get("hostname") or self.name),
+            "HOSTNAME": self.hostname,
         }
         if any(((run.spec.get("resources") or {}).get(p) or {}).get("google.com/tpu") for p in ("limits", "requests")):
             base.update(self.ctx.node_env(self.node))
@@ -272,6 +273,7 @@ class PodRun:
                     self.iface.netns,
                     "unshare",
                     "--mount",
+                    "--uts",
                     "--propagation",
                     "private",
                     "--",
@@ -297,6 +299,9 @@ class PodRun:
     def _prelude(self, run: ContainerRun) -> str:
         lines = [
             "set -e",
+            # the pod's own hostname (its UTS namespace), which its /etc/hosts maps to its address: libraries that
+            # resolve their host's name (gloo, JAX's coordination service) find the pod, as on GKE
+            f"hostname {shlex.quote(self.hostname)}",
             f"mount --bind {shlex.quote(str(self.ctx.image_bin))} /usr/local/bin",
             # /tmp/ray is each pod's own, as each VM has its own /tmp: Ray nodes that join a cluster take the
             # head's temp dir (/tmp/ray), and their sockets must not meet another pod's there
@@ -377,7 +382,7 @@ class PodRun:
             if "exec" in spec:
                 argv = [str(a) for a in (spec["exec"].get("command") or [])]
                 done = subprocess.run(
-                    ["nsenter", "--target", str(run.proc.pid), "--net", "--mount", "--", *argv],
+                    ["nsenter", "--target", str(run.proc.pid), "--net", "--mount", "--uts", "--", *argv],
                     capture_output=True,
                     timeout=probe.timeout + 1,
                     env=self._env(run),
@@ -439,7 +444,7 @@ class PodRun:
         for run in self.containers:
             command = ((run.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command")
             if command and run.running() and run.proc is not None:
-                argv = ["nsenter", "--target", str(run.proc.pid), "--net", "--mount", "--", *map(str, command)]
+                argv = ["nsenter", "--target", str(run.proc.pid), "--net", "--mount", "--uts", "--", *map(str, command)]
                 hooks.append(
                     subprocess.Popen(argv, env=self._env(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 )
