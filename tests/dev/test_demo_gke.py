@@ -83,8 +83,8 @@ def no_process_left(tmp_path: Path):
 @pytest.mark.timeout(1800)
 def test_demo_gke_runs_the_pipeline_prints_the_ledger_and_leaves_nothing(tmp_path: Path, no_process_left) -> None:
     started = time.time()
-    out = run_demo_gke(tmp_path, "--topology", "2x2", "--num-train", "5000")  # the README's quick run
-    print(f"tpuflow demo --backend gke: {time.time() - started:.0f}s")
+    out = run_demo_gke(tmp_path, "--topology", "2x2", "--num-train", "5000", "--control-plane", "imitation")
+    print(f"tpuflow demo --backend gke --control-plane imitation: {time.time() - started:.0f}s")
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
     assert "=== tpuflow demo --backend gke: pipeline succeeded in" in out.stdout
     # the ledger, printed: one line of JSON with the run's chip-hours per slice
@@ -103,6 +103,33 @@ def test_demo_gke_runs_the_pipeline_prints_the_ledger_and_leaves_nothing(tmp_pat
     assert "slice leases" in left_line and "Ray processes" in left_line and "ProvisioningRequests" in left_line
     assert not list((tmp_path / "home" / "slice-leases").glob("slot-*.json"))
     assert processes_naming(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes network namespaces: root only")
+def test_demo_gke_on_the_real_control_plane_leaves_nothing(tmp_path: Path, no_process_left) -> None:
+    """The default `tpuflow demo --backend gke`: tpu_llm_pipeline_gke on real etcd, kube-apiserver, scheduler,
+    controller-manager and KubeRay operator, the node agent running every pod: prep, preflight, training,
+    evaluation, the RayService and its smoke test, the teardowns, and nothing left (the README's quick run)."""
+    started = time.time()
+    out = run_demo_gke(tmp_path, "--topology", "2x2", "--num-train", "5000")
+    print(f"tpuflow demo --backend gke (real control plane): {time.time() - started:.0f}s")
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+    assert "starting the real control plane" in out.stdout
+    assert "=== tpuflow demo --backend gke: pipeline succeeded in" in out.stdout
+    (pods_line,) = [line for line in out.stdout.splitlines() if line.startswith("pods run:")]
+    heads = int(pods_line.split("(", 1)[1].split()[0])
+    assert heads >= 3, pods_line  # prep cluster, training slice, the RayService's cluster (a head may be remade)
+    report = json.loads((tmp_path / "gke" / "outputs" / DAG_ID / DATE / "report.json").read_text())
+    assert report["accuracy"] >= 0.9 and [s["role"] for s in report["ledger"]["slices"]] == ["train", "serve"]
+    (left_line,) = [line for line in out.stdout.splitlines() if line.startswith("left behind:")]
+    assert left_line.split(":", 1)[1].strip().startswith("nothing ("), left_line
+    assert not [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if n.startswith("tpf")
+    ]
 
 
 def test_the_leftover_check_names_each_kind_of_leftover(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

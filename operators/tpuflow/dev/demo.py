@@ -249,9 +249,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--control-plane",
-        default="imitation",
+        default="real",
         choices=("real", "imitation"),
-        help="--backend gke: real: etcd, kube-apiserver, the KubeRay operator built from Go modules (make "
+        help="--backend gke: real (default): etcd, kube-apiserver, the KubeRay operator built from Go modules (make "
         "controlplane), GKE's nodes played by the node agent (needs root); imitation: the Python Kubernetes API and "
         "simulated KubeRay",
     )

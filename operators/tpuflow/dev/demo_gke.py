@@ -108,7 +108,19 @@ def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_b
 def _stack(args: argparse.Namespace, work: Path, storage_env: Mapping[str, str], launcher: Any) -> StandinStack:
     """The imitation (StandinStack) or the real control plane (RehearsalStack), not started."""
     if getattr(args, "control_plane", "imitation") == "real":
+        from tpuflow.dev.controlplane import binaries
+        from tpuflow.dev.nodes import network
         from tpuflow.dev.rehearsal import RehearsalStack
+
+        why = network.available()
+        try:
+            binaries.ensure()
+        except binaries.ControlPlaneUnavailable as err:
+            why = why or str(err)
+        if why:
+            raise UserInputError(
+                "--control-plane", "real", f"{why}; or run on the imitation: --control-plane imitation"
+            )
 
         print(
             f"tpuflow demo --backend gke: starting the real control plane and the GKE stand-in in {work / 'rehearsal'}"
@@ -197,7 +209,14 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
             print(f"{'chip hours:':<20}{json.dumps(report['chip_hours'])}")
         for line in ledger_lines(report.get("ledger")):
             print(line)
-        print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
+        pods = getattr(getattr(stack, "agent", None), "pods_started", None)
+        if pods is not None:  # the real control plane: the node agent ran the pods the real KubeRay made
+            heads = sum(1 for p in pods if "-head-" in p)
+            print(
+                f"pods run:           {len(pods)} by the node agent ({heads} Ray heads: CPU prep cluster, training slice, RayService)"
+            )
+        else:
+            print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
     if left:
         print(f"tpuflow demo: FAILED: left behind after the run: {', '.join(left)}", file=sys.stderr)
         return 1

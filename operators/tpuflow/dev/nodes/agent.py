@@ -70,6 +70,7 @@ class NodeAgent:
         self.interval = interval
         self.log = log or (lambda line: print(f"node-agent: {line}", file=sys.stderr, flush=True))
         self.runs: dict[str, PodRun] = {}  # pod uid -> run
+        self.pods_started: list[str] = []  # every pod this agent ran, "<namespace>/<name>"
         self._reported: dict[str, str] = {}  # pod uid -> last status sent (JSON)
         self._deleting: set[str] = set()
         self._stop = threading.Event()
@@ -170,6 +171,7 @@ class NodeAgent:
                 run = PodRun(pod, self.ctx)
                 self.runs[uid] = run
                 self.log(f"starting pod {run.namespace}/{run.name} on {run.node}")
+                self.pods_started.append(f"{run.namespace}/{run.name}")
                 run.start()
         for uid in [u for u in self.runs if u not in present]:  # force-deleted, or its node went away
             run = self.runs.pop(uid)
