@@ -37,8 +37,7 @@ def _pool(stack: Any) -> None:
         stack.project,
         stack.zone,
         stack.cluster,
-        {"nodePool": {"name": "bench", "initialNodeCount": 1, "config": {"machineType": "ct6e-standard-4t"},
-                      "placementPolicy": {"tpuTopology": "2x2"}}},
+        {"nodePool": {"name": "bench", "initialNodeCount": 1, "config": {"machineType": "ct6e-standard-4t"}}},
     )  # fmt: skip
 
 
