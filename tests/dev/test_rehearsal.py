@@ -55,7 +55,8 @@ def test_a_tpu_slice_raycluster_runs_on_the_played_nodes(stack: RehearsalStack) 
         },
     )
     nodes = wait_for(
-        "the pool's nodes", lambda: [n for n in api.items("/api/v1/nodes") if "slice" in n["metadata"]["name"]]
+        "the pool's two nodes",
+        lambda: len(n := [n for n in api.items("/api/v1/nodes") if "slice" in n["metadata"]["name"]]) == 2 and n,
     )
     assert nodes[0]["status"]["capacity"]["google.com/tpu"] == "4"
     wait_for("the default service account", lambda: api.items("/api/v1/namespaces/default/serviceaccounts"))
@@ -116,3 +117,43 @@ def test_a_tpu_slice_raycluster_runs_on_the_played_nodes(stack: RehearsalStack) 
         "the pool's nodes removed",
         lambda: not [n for n in api.items("/api/v1/nodes") if "slice" in n["metadata"]["name"]],
     )
+
+
+def test_the_control_plane_restarting_under_a_raycluster_makes_it_once(stack: RehearsalStack) -> None:
+    """Faults of the real control plane while a RayCluster is being made: the KubeRay operator SIGKILLed
+    mid-reconcile, kube-apiserver and etcd restarted, then the operator started again. The cluster ends ready with
+    exactly its head and one worker (nothing made twice), and deleting it and its pool leaves nothing."""
+    from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest
+    from tpuflow.tpu import TpuSlice
+
+    api = stack.api()
+    pool = {"name": "faults", "initialNodeCount": 1, "config": {"machineType": "ct6e-standard-4t"}}
+    stack.gke.create_node_pool(stack.project, stack.zone, stack.cluster, {"nodePool": pool})
+    wait_for("the pool's node", lambda: [n for n in api.items("/api/v1/nodes") if "faults" in n["metadata"]["name"]])
+    template = RayClusterTemplate(
+        TpuSlice.from_spec("v6e", "2x2"), image="rayproject/ray:2.60.0-py311", auth_mode="disabled"
+    )
+    path = "/apis/ray.io/v1/namespaces/default/rayclusters"
+    api.request("POST", path, raycluster_manifest(template.validated(), name="rc-faults"))
+
+    def pods() -> list[dict[str, Any]]:
+        return api.items("/api/v1/namespaces/default/pods", labelSelector="ray.io/cluster=rc-faults")
+
+    wait_for("the operator's first pod", pods)
+    stack.plane.kill("kuberay-operator")
+    stack.plane.restart("kube-apiserver")
+    stack.plane.restart("etcd")
+    wait_for("the API server back after etcd", lambda: stack.plane._apiserver_ready())
+    stack.plane.restart("kuberay-operator")
+    cluster = wait_for(
+        "ready after the restarts",
+        lambda: (c := api.request("GET", f"{path}/rc-faults")).get("status", {}).get("state") == "ready" and c,
+        timeout=420,
+    )
+    assert cluster["status"]["readyWorkerReplicas"] == 1
+    made = pods()
+    assert sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in made) == ["head", "worker"], made
+    api.request("DELETE", f"{path}/rc-faults")
+    wait_for("the pods gone", lambda: not pods())
+    stack.gke.delete_node_pool(stack.project, stack.zone, stack.cluster, "faults")
+    wait_for("nothing left", lambda: not stack.leftovers())
