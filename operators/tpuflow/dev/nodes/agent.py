@@ -251,6 +251,6 @@ class NodeAgent:
                 )
         self._names = names
         for uid, run in list(self.runs.items()):
-            if run.iface is not None:
+            if run.iface is not None and not run.terminating:
                 host = run.hostname
                 self.network.write_hosts(uid, host, run.iface.ip, names)

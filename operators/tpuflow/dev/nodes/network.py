@@ -105,6 +105,8 @@ class PodNetwork:
         self._forwarders.clear()
         for netns in self.namespaces():
             self.remove_namespace(netns)
+        for folder in NETNS_ETC.glob(f"tpf{self.index}-*"):  # a hosts file rewritten while its pod went
+            shutil.rmtree(folder, ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
 
     def namespaces(self) -> list[str]:
