@@ -12,8 +12,9 @@ cache_root="${TPUFLOW_CONTROLPLANE_CACHE:-$HOME/.cache/tpuflow/controlplane}"
 command -v go >/dev/null || { echo "controlplane: Go is not installed (the real control plane is built from Go modules; Go 1.26 needed)" >&2; exit 1; }
 mkdir -p "$dest"
 
-key_of() {  # the Go version, this script and the module's own files decide the binary
-  { go version; sha256sum "$here/build.sh"; find "$here/$1" -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 | sort -z | xargs -0 sha256sum; } \
+key_of() {  # the Go version, this script and the module's own files decide the binary (not the clone's folder)
+  { go version; sha256sum < "$here/build.sh"
+    (cd "$here/$1" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 | sort -z | xargs -0 sha256sum); } \
     | sha256sum | cut -c1-16
 }
 
