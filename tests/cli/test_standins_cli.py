@@ -342,7 +342,7 @@ def test_standins_up_real_serves_kubectl_and_down_leaves_nothing(tmp_path: Path)
     env = {**os.environ, **read_env_sh(work / "env.sh")}
     try:
         if shutil.which("kubectl") is None:
-            pytest.skip("kubectl is not installed on this machine")  # `down` below still runs and is checked
+            pytest.skip("kubectl is not installed on this machine")  # `down` below still runs
         shown = subprocess.run(
             ["kubectl", "version", "-o", "json"], capture_output=True, text=True, env=env, timeout=60
         )
