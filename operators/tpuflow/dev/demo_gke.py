@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from tpuflow import workloads_dir
 from tpuflow.cost.goodput import ledger_lines
+from tpuflow.dev.controlplane import binaries
 from tpuflow.dev.demo_env import demo_env, demo_storage
+from tpuflow.dev.nodes import network
 from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
 from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
@@ -108,8 +110,6 @@ def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_b
 def _stack(args: argparse.Namespace, work: Path, storage_env: Mapping[str, str], launcher: Any) -> StandinStack:
     """The imitation (StandinStack) or the real control plane (RehearsalStack), not started."""
     if getattr(args, "control_plane", "imitation") == "real":
-        from tpuflow.dev.controlplane import binaries
-        from tpuflow.dev.nodes import network
         from tpuflow.dev.rehearsal import RehearsalStack
 
         why = network.available()

@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuflow.dev.controlplane.pki import CertificateAuthority
+
 
 @dataclass(frozen=True)
 class LoopbackTls:
@@ -22,8 +24,6 @@ class LoopbackTls:
 
     @classmethod
     def generate(cls, common_name: str = "tpuflow-standin") -> LoopbackTls:
-        from tpuflow.dev.controlplane.pki import CertificateAuthority
-
         ca = CertificateAuthority.generate(f"{common_name}-ca")
         cert, key = ca.serving_pair(common_name, ["localhost", "127.0.0.1", "::1"])
         return cls(ca_pem=ca.cert_pem, cert_pem=cert, key_pem=key)
