@@ -13,7 +13,6 @@ the grace period (a pod's processes are exactly those of its namespace, as a con
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -185,7 +184,9 @@ class PodRun:
                 if policy == "Never":
                     self.failed_reason = f"init container {run.name} failed ({code})"
                     return
-                self._backoff(run)
+                self._back_off(run)
+                self._stop.wait(max(run.restart_at - time.monotonic(), 0))
+                run.restarts += 1
             if self._stop.is_set():
                 return
         self.initialized = True
@@ -195,11 +196,11 @@ class PodRun:
             for run in self.containers:
                 self._watch(run, policy)
 
-    def _backoff(self, run: ContainerRun) -> None:
-        delay = BACKOFF_S[min(run.restarts - 1, len(BACKOFF_S) - 1)] if run.restarts else 0
+    def _back_off(self, run: ContainerRun) -> None:
+        """CrashLoopBackOff: the next start of ``run`` waits 0, 10, 20, ... 300 s by its restarts so far."""
+        delay = BACKOFF_S[min(run.restarts, len(BACKOFF_S) - 1)] if run.restarts else 0
         run.waiting, run.restart_at = "CrashLoopBackOff", time.monotonic() + delay
         run.waiting_message = f"back-off {delay}s restarting failed container={run.name} pod={self.name}"
-        self._stop.wait(delay)
 
     def _watch(self, run: ContainerRun, policy: str) -> None:
         if run.proc is not None and run.proc.poll() is not None and run.waiting is None and run.exit_code is None:
@@ -211,9 +212,7 @@ class PodRun:
             if not again or self.terminating:
                 return
             if run.waiting != "CrashLoopBackOff":
-                delay = BACKOFF_S[min(run.restarts, len(BACKOFF_S) - 1)] if run.restarts else 0
-                run.waiting, run.restart_at = "CrashLoopBackOff", time.monotonic() + delay
-                run.waiting_message = f"back-off {delay}s restarting failed container={run.name} pod={self.name}"
+                self._back_off(run)
             if time.monotonic() >= run.restart_at:
                 run.restarts += 1
                 self._launch(run)
@@ -473,7 +472,7 @@ class PodRun:
     # --- status --------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """The pod's status as its kubelet reports it (phase, conditions, addresses, container statuses)."""
-        image_id = "tpuflow://" + base64.b16encode(b"local").decode().lower()
+        image_id = "tpuflow://node-agent"  # no image is pulled: the machine's environment runs
         init = [r.status(image_id) for r in self.init]
         containers = [r.status(image_id) for r in self.containers]
         policy = str(self.pod["spec"].get("restartPolicy") or "Always")
