@@ -1,7 +1,9 @@
 """Airflow DAG: every hour, delete what finished, killed or expired pipeline runs left behind.
 
 Node pools, RayClusters and RayServices (by tpuflow's ownership labels; nothing unlabelled is ever
-touched), local Ray clusters and slice leases of runs that are not running. The GKE cluster and the
+touched), local Ray clusters and slice leases of runs that are not running, for every DAG built with
+tpu_pipeline (each run records itself beside the slice leases; no list of DAG ids to keep up to date), and
+whatever a run whose supervising process was killed left, whatever its state. The GKE cluster and the
 Kubernetes connection are the pipeline's Variables (tpuflow.pipeline.gke.variable_settings); with no
 GKE project configured only local clusters and leases are looked at. Same as `tpuflow reap`.
 """
@@ -26,9 +28,9 @@ with DAG(
         "older_than": Param("2h", type="string", title="Only resources at least this old (e.g. 30m, 2h, 1d)"),
         "dry_run": Param(False, type="boolean", title="Only list what would be deleted"),
         "dag_ids": Param(
-            ["tpu_llm_pipeline_gke", "tpu_llm_pipeline_local"],
+            [],
             type="array",
-            title="DAGs whose runs own resources",
+            title="More DAGs whose runs own resources (every tpu_pipeline DAG with a run is covered already)",
         ),
     },
 ) as dag:
@@ -44,4 +46,5 @@ with DAG(
         cluster_name="{{ var.value.get('tpuflow_gke_cluster', '') }}",
         kubernetes_conn_id="{{ var.value.get('tpuflow_kubernetes_conn_id', '') }}",
         namespace="{{ var.value.get('tpuflow_kuberay_namespace', '') }}",
+        output_root="{{ var.value.get('tpuflow_gke_output_root', '') }}",
     )

@@ -25,3 +25,9 @@ def output_root(env: Mapping[str, str] | None = None) -> str:
     if root.startswith("gs://"):
         return root.rstrip("/")
     return str(Path(root).absolute() if root else tpuflow_home(environ) / "outputs")
+
+
+def gke_lease_root(output_root: str) -> str:
+    """The GKE pipeline's lease root: beside its runs' outputs (gs:// on GKE), so every DAG sharing the output root
+    (the Variable tpuflow_gke_output_root), every worker and `tpuflow reap` share its slice leases."""
+    return f"{output_root.rstrip('/')}/_tpuflow/slice-leases"

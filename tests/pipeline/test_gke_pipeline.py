@@ -49,6 +49,7 @@ ORDER = [
     "check_params",
     "budget_guard",
     "approve_budget",
+    "acquire_slice",
     "create_node_pool",
     "create_ray_cluster",
     *GKE_TRAIN_TO_REPORT,
@@ -62,6 +63,7 @@ TEARDOWNS = [
     "delete_node_pool",
     "delete_prep_cluster",
     "chip_ledger",
+    "release_slice",
 ]
 # the training slice's teardowns: right after train, not after the report
 TRAINING_SLICE_TEARDOWNS = ("delete_ray_cluster", "delete_provisioning_request", "delete_node_pool")
@@ -94,6 +96,7 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     assert "deploy" in dag.get_task("create_serve_node_pool").downstream_task_ids
     assert {t.task_id for t in dag.tasks if t.is_setup} == {
         "check_params",
+        "acquire_slice",
         "create_prep_cluster",
         "create_node_pool",
         "create_ray_cluster",
@@ -124,6 +127,10 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     # ... so it asks for no TPU there (a CPU-only cluster would never place a TPU actor)
     assert "--tpu-per-host" not in dag.get_task("evaluate").entrypoint
     assert dag.get_task("train").cluster.operator.task_id == "create_ray_cluster"
+    # the slice lease is taken before anything is created and given back once both slices' pools are gone
+    assert {"create_node_pool", "create_prep_cluster"} <= dag.get_task("acquire_slice").downstream_task_ids
+    assert {"delete_node_pool", "delete_serve_node_pool"} <= dag.get_task("release_slice").upstream_task_ids
+    assert dag.get_task("acquire_slice").lease_root.endswith("/_tpuflow/slice-leases")
     # the ledger comes last, after every delete
     assert {"delete_node_pool", "delete_serve_node_pool", "delete_prep_cluster"} <= dag.get_task(
         "chip_ledger"

@@ -13,7 +13,9 @@ its age. With a DB, such a resource is reaped too even while the DB still lists 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Any
 
 
 def _run_states(without_db: bool):  # -> RunStates
@@ -34,27 +36,84 @@ def _run_states(without_db: bool):  # -> RunStates
     return FixedRunStates({}, dag_ids=[])
 
 
+def _variable(name: str, default: str = "") -> str:
+    """An Airflow Variable as this shell gives it (``AIRFLOW_VAR_<NAME>``, what `tpuflow standins env` exports)."""
+    return os.environ.get(f"AIRFLOW_VAR_{name.upper()}", "").strip() or default
+
+
+def _configured_gke(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The GKE cluster, connections, output root and lease root the GKE pipeline's Variables name
+    (tpuflow.pipeline.gke.variable_settings), each flag given overriding its Variable; None when this shell
+    configures no GKE backend and no flag names a cluster."""
+    from tpuflow.paths import gke_lease_root
+
+    flags = (args.project, args.location, args.cluster, args.kubernetes_conn_id)
+    if _variable("tpuflow_backend").lower() != "gke" and not any(flags):
+        return None
+    gcp = args.gcp_conn_id or _variable("tpuflow_gcp_conn_id", "google_cloud_default")
+    project = args.project or _variable("tpuflow_gke_project") or _connection_project(gcp)
+    output_root = args.output_root or _variable("tpuflow_gke_output_root") or None
+    return {
+        "gcp_conn_id": gcp,
+        "project_id": project or None,
+        "location": args.location or _variable("tpuflow_gke_location", "us-east5-b"),
+        "cluster_name": args.cluster or _variable("tpuflow_gke_cluster", "tpuflow"),
+        "kubernetes_conn_id": args.kubernetes_conn_id or _variable("tpuflow_kubernetes_conn_id") or None,
+        "namespace": args.namespace or _variable("tpuflow_kuberay_namespace") or None,
+        "output_root": output_root,
+        "lease_root": args.lease_root or (gke_lease_root(output_root) if output_root else None),
+    }
+
+
+def _connection_project(gcp_conn_id: str) -> str:
+    """The GCP connection's ``project`` extra (where the GKE DAG takes the project from), or ''."""
+    try:
+        from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+
+        return GoogleBaseHook(gcp_conn_id=gcp_conn_id).project_id or ""
+    except Exception:  # no such connection: the project must then be given
+        return ""
+
+
+def _scopes(args: argparse.Namespace) -> list[tuple[Any, str | None]]:
+    """(ReaperScope, output root of its runs) for each place to look: the configured GKE cluster and its lease
+    root, then this machine's local clusters and leases."""
+    from tpuflow import paths
+    from tpuflow.cost.reaper import ReaperScope
+
+    scopes: list[tuple[Any, str | None]] = []
+    gke = _configured_gke(args)
+    if gke is not None:
+        output_root = gke.pop("output_root")
+        scopes.append((ReaperScope(**gke, local=False, leases=gke["lease_root"] is not None), output_root))
+    local = ReaperScope(
+        gcp_conn_id=args.gcp_conn_id or "google_cloud_default",
+        kube=False,
+        local_base_dir=args.base_dir,
+        lease_root=None if gke is not None else args.lease_root,
+    )
+    scopes.append((local, args.output_root or str(paths.output_root())))
+    return scopes
+
+
 def _reap(args: argparse.Namespace) -> int:
-    from tpuflow.cost.reaper import ReaperListError, ReaperScope, collect_orphans, parse_duration, reap
+    from tpuflow.cost.reaper import ReaperListError, collect_orphans, parse_duration, reap, settle_dead_runs
 
     older_than = parse_duration(args.older_than)
-    scope = ReaperScope(
-        gcp_conn_id=args.gcp_conn_id,
-        project_id=args.project,
-        location=args.location,
-        cluster_name=args.cluster,
-        kubernetes_conn_id=args.kubernetes_conn_id,
-        namespace=args.namespace,
-        local_base_dir=args.base_dir,
-        lease_root=args.lease_root,
-    )
-    try:
-        orphans = collect_orphans(scope, _run_states(args.without_db), older_than=older_than)
-    except ReaperListError as err:
-        print(f"tpuflow reap: nothing deleted: {err}", file=sys.stderr)
-        return 1
-    outcome = reap(orphans, dry_run=args.dry_run)
-    return 1 if outcome["failed"] else 0
+    states = _run_states(args.without_db)
+    failed = False
+    for scope, output_root in _scopes(args):
+        if scope.gke:
+            print(f"tpuflow reap: GKE cluster {scope.cluster_name} ({scope.project_id}, {scope.location})")
+        try:
+            orphans = collect_orphans(scope, states, older_than=older_than)
+        except ReaperListError as err:
+            print(f"tpuflow reap: nothing deleted: {err}", file=sys.stderr)
+            return 1
+        outcome = reap(orphans, dry_run=args.dry_run)
+        settle_dead_runs(orphans, outcome, output_root=output_root, gcp_conn_id=scope.gcp_conn_id)
+        failed = failed or bool(outcome["failed"])
+    return 1 if failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,7 +128,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--project", default=None, help="GKE: the cluster's project (with --location and --cluster)")
     parser.add_argument("--location", default=None, help="GKE: the cluster's zone or region")
     parser.add_argument("--cluster", default=None, help="GKE: the cluster")
-    parser.add_argument("--gcp-conn-id", default="google_cloud_default", help="Airflow connection for the GKE API")
+    parser.add_argument(
+        "--gcp-conn-id",
+        default=None,
+        help="Airflow connection for the GKE API (default: the Variable, else google_cloud_default)",
+    )
+    parser.add_argument(
+        "--output-root",
+        default=None,
+        help="where runs write (a killed run's ledger goes to ROOT/DAG/DATE/reaped_ledger.json); default: the Variable",
+    )
     parser.add_argument("--kubernetes-conn-id", default=None, help="a kubernetes connection (default: via GKE)")
     parser.add_argument("--namespace", default=None, help="namespace of the RayClusters (default: the connection's)")
     parser.add_argument("--base-dir", default=None, help="local cluster state (default $TPUFLOW_HOME/clusters)")

@@ -368,9 +368,14 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
     """One reaper run (tpuflow.cost.reaper) from inside Airflow: what finished, killed or expired runs
     of ``dag_ids`` left behind is deleted; a failed list deletes nothing and fails the task.
 
-    :param dag_ids: templated; the DAGs whose runs own resources (their running runs are asked through the Task SDK).
+    :param dag_ids: templated; DAGs whose runs own resources (their running runs are asked through the Task SDK),
+        besides every DAG with a run recorded in the lease root's supervision records (each run of a
+        ``tpu_pipeline`` DAG records itself there when it takes its slice lease: tpuflow.slices.supervision).
         Another DAG's resources are never judged by its runs (still deleted: a node pool past its expiry, a
-        local cluster whose processes are gone).
+        local cluster whose processes are gone, a resource of a run whose supervising process is dead).
+    :param output_root: templated; the GKE pipeline's output root (the Variable ``tpuflow_gke_output_root``): its
+        lease root (tpuflow.paths.gke_lease_root) is looked at, and a killed run's ledger written under it;
+        empty: the local lease root and output root.
     :param older_than: templated; e.g. "2h": only resources at least this old.
     :param dry_run: templated; only list them.
     :param gcp_conn_id, project_id, location, cluster_name: the GKE cluster (empty project: no GKE); templated.
@@ -394,13 +399,14 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         "cluster_name",
         "kubernetes_conn_id",
         "namespace",
+        "output_root",
     )
     ui_color = "#f8d7da"
 
     def __init__(
         self,
         *,
-        dag_ids: Any,
+        dag_ids: Any = None,
         older_than: str = "2h",
         dry_run: Any = False,
         gcp_conn_id: str = "google_cloud_default",
@@ -409,10 +415,12 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         cluster_name: str = "",
         kubernetes_conn_id: str = "",
         namespace: str = "",
+        output_root: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.dag_ids = dag_ids
+        self.output_root = output_root
         self.older_than = older_than
         self.dry_run = dry_run
         self.gcp_conn_id = gcp_conn_id
@@ -430,6 +438,8 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         ]
 
     def _check_dag_ids(self) -> None:
+        if self.dag_ids is None:
+            return
         if not (isinstance(self.dag_ids, list) and all(isinstance(d, str) and d for d in self.dag_ids)):
             raise UserInputError("dag_ids", self.dag_ids, "give a list of DAG ids")
 
@@ -442,10 +452,26 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from tpuflow.cost.reaper import ReaperListError, ReaperScope, TaskSdkRunStates, collect_orphans, reap
+        from tpuflow import paths
+        from tpuflow.cost.reaper import (
+            ReaperListError,
+            ReaperScope,
+            TaskSdkRunStates,
+            collect_orphans,
+            reap,
+            settle_dead_runs,
+        )
+        from tpuflow.slices.leases import default_lease_root
+        from tpuflow.slices.supervision import SupervisionStore
 
         self.validate_arguments()
         older_than = self.older_than_seconds()
+        lease_root = paths.gke_lease_root(self.output_root) if self.output_root else None
+        try:
+            recorded = SupervisionStore(lease_root or default_lease_root(), self.gcp_conn_id).all()
+        except Exception as err:
+            raise AirflowFailException(f"Nothing deleted: reading the run supervision records: {err}") from err
+        dag_ids = sorted({*(self.dag_ids or []), *(entry.dag_id for entry in recorded.values())})
         scope = ReaperScope(
             gcp_conn_id=self.gcp_conn_id,
             project_id=self.project_id or None,
@@ -453,12 +479,16 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
             cluster_name=self.cluster_name or None,
             kubernetes_conn_id=self.kubernetes_conn_id or None,
             namespace=self.namespace or None,
+            lease_root=lease_root,
         )
+        self.log.info("Judging the runs of DAGs %s", ", ".join(dag_ids) or "(none)")
         try:
-            orphans = collect_orphans(scope, TaskSdkRunStates(context["ti"], self.dag_ids), older_than=older_than)
+            orphans = collect_orphans(scope, TaskSdkRunStates(context["ti"], dag_ids), older_than=older_than)
         except ReaperListError as err:
             raise AirflowFailException(f"Nothing deleted: {err}") from err
         outcome = reap(orphans, dry_run=is_true(self.dry_run), say=self.log.info)
+        output_root = self.output_root or paths.output_root()
+        settle_dead_runs(orphans, outcome, output_root=output_root, gcp_conn_id=self.gcp_conn_id, say=self.log.info)
         if outcome["failed"]:
             raise AirflowFailException(f"Could not delete: {'; '.join(outcome['failed'])}")
         return outcome

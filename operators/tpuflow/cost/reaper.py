@@ -77,6 +77,7 @@ from tpuflow.labels import (
     GCE_OWNER_DAG_LABEL,
     GCE_OWNER_RUN_LABEL,
     GCE_RUN_LABEL,
+    GCE_TASK_LABEL,
     KEPT_LABEL,
     MANAGED_BY,
     MANAGED_BY_VALUE,
@@ -163,6 +164,10 @@ class Orphan:
     where: str
     reason: str
     delete: Callable[[], Any] = field(repr=False, default=lambda: None)
+    # the owner run's digest (tpuflow.naming.owner_run_digest) where it is known
+    run: str | None = None
+    # a node pool's bill (chips, generation, created_at): what the reaper's ledger entry books
+    bill: dict[str, Any] | None = field(repr=False, default=None)
 
     def line(self) -> str:
         return f"{self.kind} {self.name} ({self.where}): {self.reason}"
@@ -178,6 +183,21 @@ class Orphans(list[Orphan]):
         super().__init__(orphans)
         self.kept: list[Orphan] = list(kept)
         self.unreadable: list[Orphan] = list(unreadable)
+        # the runs whose recorded supervisor is provably dead (digest -> (record, why)), and where they are recorded
+        self.dead_runs: dict[str, Any] = {}
+        self.supervision: Any = None
+
+
+class SupervisorGone(str):
+    """A decision's answer for a resource whose run's recorded supervisor (tpuflow.slices.supervision) is
+    provably dead: an orphan whatever the metadata DB says and whatever its age (proof, not a guess)."""
+
+
+def _supervisor_gone(run_digest: object, dead: Mapping[str, str] | None) -> SupervisorGone | None:
+    """Why the run ``run_digest`` names is over by its supervising process; None: not known to be."""
+    if not dead or not isinstance(run_digest, str) or run_digest not in dead:
+        return None
+    return SupervisorGone(f"the process that supervised its run is gone ({dead[run_digest]})")
 
 
 def _kept_reason() -> str:
@@ -198,7 +218,11 @@ def expiry_reason(expires: object, now: float, what: str = "label") -> str | Non
 
 
 def pool_orphan_reason(
-    labels: Mapping[str, str], running: Mapping[str, list[str]], now: float, covered: Collection[str] | None = None
+    labels: Mapping[str, str],
+    running: Mapping[str, list[str]],
+    now: float,
+    covered: Collection[str] | None = None,
+    dead: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why a node pool with these resourceLabels is an orphan; None: a running run owns it, its DAG is not
     ``covered`` (and it is not past its expiry), it is kept (keep_endpoint; whatever its run and expiry), or it
@@ -211,6 +235,9 @@ def pool_orphan_reason(
     run_digest, dag_digest = labels.get(GCE_OWNER_RUN_LABEL), labels.get(GCE_OWNER_DAG_LABEL)
     if not (_is_digest(run_digest) and _is_digest(dag_digest)):
         return _unreadable(f"no valid {GCE_OWNER_RUN_LABEL} and {GCE_OWNER_DAG_LABEL} labels")
+    gone = _supervisor_gone(run_digest, dead)
+    if gone is not None:
+        return gone
     expired = expiry_reason(labels.get(EXPIRES_LABEL), now)
     if expired is not None:
         return expired
@@ -230,6 +257,7 @@ def kube_orphan_reason(
     covered: Collection[str] | None = None,
     now: float | None = None,
     annotations: Mapping[str, str] | None = None,
+    dead: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why a RayCluster/RayService with these labels and ``annotations`` is an orphan; None: a running run owns
     it, its DAG is not ``covered`` (and it is not past its expiry at ``now``, default the current time), it is
@@ -251,6 +279,9 @@ def kube_orphan_reason(
         return _unreadable(
             f"no {OWNER_ANNOTATION} annotation and no valid {OWNER_RUN_LABEL} and {OWNER_DAG_LABEL} labels"
         )
+    gone = _supervisor_gone(owner.run_digest if owner is not None else run_digest, dead)
+    if gone is not None:
+        return gone
     expired = expiry_reason(labels.get(EXPIRES_LABEL), time.time() if now is None else now)
     if expired is not None:
         return expired
@@ -269,6 +300,7 @@ def policy_orphan_reason(
     orphan_pools: set[str],
     running: Mapping[str, list[str]],
     covered: Collection[str] | None = None,
+    dead: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why a workload policy is an orphan; None: tpuflow did not make it, a live pool uses it (a kept pool is
     never an orphan, so its policy stays with it), its run is running (the create task makes the policy before
@@ -284,12 +316,16 @@ def policy_orphan_reason(
     if owner is None:
         return _unreadable("its description names no tpuflow-owner-run and tpuflow-owner-dag")
     run_digest, dag_digest = owner
-    if not _covers_digest(covered, dag_digest) or run_digest in _running_digests(running):
+    gone = _supervisor_gone(run_digest, dead)
+    if gone is None and (not _covers_digest(covered, dag_digest) or run_digest in _running_digests(running)):
         return None
-    run = f"its run (tpuflow-owner-run {run_digest}) is not running"
-    if users:
-        return f"{run}; used only by orphan node pools ({', '.join(users)}): deleted after them"
-    return f"{run} and no node pool uses it"
+    run = gone or f"its run (tpuflow-owner-run {run_digest}) is not running"
+    text = (
+        f"{run}; used only by orphan node pools ({', '.join(users)}): deleted after them"
+        if users
+        else (f"{run} and no node pool uses it")
+    )
+    return SupervisorGone(text) if gone is not None else text
 
 
 def _is_run_cluster(name: str, owner: object) -> bool:
@@ -355,16 +391,16 @@ def list_pools(hook: Any, project_id: str, cluster_name: str) -> tuple[list[dict
 def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list[dict[str, Any]],
                       operations: list[dict[str, Any]], running: Mapping[str, list[str]], older_than: float,
                       now: float, wait_timeout: float = 1800.0, covered: Collection[str] | None = None,
-                      kept: list[Orphan] | None = None,
-                      unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+                      kept: list[Orphan] | None = None, unreadable: list[Orphan] | None = None,
+                      dead: Mapping[str, str] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan pools; the kept ones (ours, with the kept mark) are added to ``kept``, ours whose owner cannot
-    be read to ``unreadable``."""
+    be read to ``unreadable``. ``dead``: the runs (by digest) whose recorded supervisor is provably dead."""
 
     where = f"projects/{project_id}/locations/{hook.location}/clusters/{cluster_name}"
     found = []
     for pool in pools:
         labels = (pool.get("config") or {}).get("resourceLabels") or {}
-        reason = pool_orphan_reason(labels, running, now, covered)
+        reason = pool_orphan_reason(labels, running, now, covered, dead)
         if isinstance(reason, OwnerUnreadable):
             _note(unreadable, Orphan("node_pool", pool["name"], where, reason))
             continue
@@ -373,7 +409,7 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
                 kept.append(Orphan("node_pool", pool["name"], where, _kept_reason()))
             continue
         created, _ = pool_span(operations, pool["name"])
-        if created is not None and now - created < older_than:
+        if created is not None and now - created < older_than and not isinstance(reason, SupervisorGone):
             continue
         if pool.get("status") in ("PROVISIONING", "RECONCILING"):
             reason += f"; still {pool.get('status')}: waits for that to finish, then deletes"
@@ -381,14 +417,31 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
         def delete(name: str = pool["name"]) -> Any:
             return delete_pool(hook, project_id, cluster_name, name, wait_timeout)
 
-        found.append(Orphan("node_pool", pool["name"], where, reason, delete))
+        bill = pool_bill(pool, created)
+        found.append(Orphan("node_pool", pool["name"], where, reason, delete, labels.get(GCE_OWNER_RUN_LABEL), bill))
     return found
+
+
+def pool_bill(pool: Mapping[str, Any], created: float | None) -> dict[str, Any] | None:
+    """What a TPU node pool bills: its chips (nodes x the machine type's ``-<N>t`` chips), generation and since
+    when; None for a pool of another machine type."""
+    from tpuflow.tpu.generations import GENERATIONS
+
+    machine = str((pool.get("config") or {}).get("machineType") or "")
+    family, _, chips = machine.rpartition("-")
+    generation = next((g.name for g in GENERATIONS.values() if g.machine_family == family), None)
+    if generation is None or not chips.endswith("t") or not chips[:-1].isdigit():
+        return None
+    nodes = int(pool.get("initialNodeCount") or (pool.get("autoscaling") or {}).get("totalMaxNodeCount") or 0)
+    task = ((pool.get("config") or {}).get("resourceLabels") or {}).get(GCE_TASK_LABEL)
+    return {"chips": nodes * int(chips[:-1]), "generation": generation, "created_at": created, "role": task}
 
 
 def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[dict[str, Any]],
                         orphan_pools: set[str], running: Mapping[str, list[str]], older_than: float, now: float,
                         wait_timeout: float = 600.0, covered: Collection[str] | None = None,
-                        unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+                        unreadable: list[Orphan] | None = None,
+                        dead: Mapping[str, str] | None = None) -> list[Orphan]:  # fmt: skip
     """The workload policies tpuflow made in ``region`` that nothing live needs (``pools``: the cluster's, REST JSON)."""
     from tpuflow.gke.hooks import to_rest_json
 
@@ -406,12 +459,15 @@ def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[
         if not policy.get("workloadPolicy"):
             continue
         name = policy["name"]
-        reason = policy_orphan_reason(policy.get("description"), users.get(name, []), orphan_pools, running, covered)
+        reason = policy_orphan_reason(
+            policy.get("description"), users.get(name, []), orphan_pools, running, covered, dead
+        )
         if isinstance(reason, OwnerUnreadable):
             _note(unreadable, Orphan("workload_policy", name, f"projects/{project_id}/regions/{region}", reason))
             continue
         stamp = policy.get("creationTimestamp")
-        if reason is None or (stamp and now - rfc3339_to_unix(stamp) < older_than):
+        young = bool(stamp) and now - rfc3339_to_unix(stamp) < older_than and not isinstance(reason, SupervisorGone)
+        if reason is None or young:
             continue
 
         def delete(name: str = name) -> Any:
@@ -455,7 +511,8 @@ def delete_pool(hook: Any, project_id: str, cluster_name: str, name: str, timeou
 
 def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]], older_than: float,
                       now: float, covered: Collection[str] | None = None, kept: list[Orphan] | None = None,
-                      unreadable: list[Orphan] | None = None) -> list[Orphan]:  # fmt: skip
+                      unreadable: list[Orphan] | None = None,
+                      dead: Mapping[str, str] | None = None) -> list[Orphan]:  # fmt: skip
     """The orphan RayServices and RayClusters (a RayService's own RayCluster is judged with it, never alone);
     the kept ones (with the kept mark) are added to ``kept``, ours whose owner cannot be read to ``unreadable``."""
 
@@ -472,7 +529,8 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
             meta = item.get("metadata") or {}
             if any(ref.get("kind") == "RayService" for ref in meta.get("ownerReferences") or []):
                 continue  # a RayService's own cluster goes with it
-            reason = kube_orphan_reason(meta.get("labels") or {}, running, covered, now, meta.get("annotations"))
+            labels = meta.get("labels") or {}
+            reason = kube_orphan_reason(labels, running, covered, now, meta.get("annotations"), dead)
             if isinstance(reason, OwnerUnreadable):
                 kind = KIND_BY_PLURAL[plural].lower()
                 _note(unreadable, Orphan(kind, meta["name"], f"namespace {namespace}", reason))
@@ -483,15 +541,22 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
                                        _kept_reason()))  # fmt: skip
                 continue
             stamp = meta.get("creationTimestamp")
-            if stamp and now - rfc3339_to_unix(stamp) < older_than:
+            if stamp and now - rfc3339_to_unix(stamp) < older_than and not isinstance(reason, SupervisorGone):
                 continue
 
             def delete(plural: str = plural, name: str = meta["name"]) -> Any:
                 return hook.delete(plural, name, namespace)
 
             kind = KIND_BY_PLURAL[plural].lower()
-            found.append(Orphan(kind, meta["name"], f"namespace {namespace}", reason, delete))
+            run = _owner_run_digest(labels, meta.get("annotations"))
+            found.append(Orphan(kind, meta["name"], f"namespace {namespace}", reason, delete, run))
     return found
+
+
+def _owner_run_digest(labels: Mapping[str, str], annotations: Mapping[str, str] | None) -> str | None:
+    """The owner run's digest of a Kubernetes object: its owner record's, else its label's."""
+    owner = TaskIdentity.from_record((annotations or {}).get(OWNER_ANNOTATION))
+    return owner.run_digest if owner is not None else labels.get(OWNER_RUN_LABEL)
 
 
 def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now: float, base_dir: Any = None,
@@ -511,9 +576,11 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
             raise ReaperListError(f"reading local cluster state {state}: {_first_line(err)}") from err
         alive = cluster.is_alive()
         dead = _supervisor_dead(cluster)
+        owner = TaskIdentity.from_record(cluster.owner)
+        run = owner.run_digest if owner is not None else None
         if dead is not None:  # proof its run is over: no minimum age
             stop = partial(_stop_and_remove, cluster)
-            found.append(Orphan("local_cluster", cluster.name, str(state.parent), dead, stop))
+            found.append(Orphan("local_cluster", cluster.name, str(state.parent), dead, stop, run))
             continue
         reason = local_orphan_reason(
             cluster.name, alive, running, covered, cluster.expires_at, now, cluster.kept, cluster.owner
@@ -531,7 +598,7 @@ def find_local_orphans(running: Mapping[str, list[str]], older_than: float, now:
             kept.append(Orphan("local_cluster", cluster.name, str(state.parent), _kept_reason()))
         if reason is None or now - (cluster.started_at or now) < older_than:
             continue
-        found.append(Orphan("local_cluster", cluster.name, str(state.parent), reason, cluster.stop))
+        found.append(Orphan("local_cluster", cluster.name, str(state.parent), reason, cluster.stop, run))
     return found
 
 
@@ -640,6 +707,87 @@ def reap(
     }
 
 
+# --- after a reaper run: the killed runs' ledgers ----------------------------------------------------
+REAPED_LEDGER_FILE = "reaped_ledger.json"
+# a dead run's record with nothing of it left is forgotten once every resource it made is past its default expiry
+_FORGET_AFTER_S = 2 * 24 * 3600.0
+
+
+def settle_dead_runs(
+    orphans: Orphans,
+    outcome: Mapping[str, Any],
+    *,
+    output_root: str | None,
+    gcp_conn_id: str = "google_cloud_default",
+    say: Callable[[str], None] = print,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """For each run whose supervisor is provably dead and whose orphans were all deleted: book the chip time of
+    its node pools in ``OUTPUT_ROOT/DAG_ID/DATE/reaped_ledger.json`` (what its ledger task, killed with it, never
+    wrote; entries accumulate) and forget its supervision record. A dry run, or a run with an orphan left, changes
+    nothing. Returns the ledger entries written."""
+    from tpuflow.cost.ledger import build_ledger, slice_entry
+
+    store = orphans.supervision
+    if outcome.get("dry_run") or store is None:
+        return []
+    now = time.time() if now is None else now
+    failed = set(outcome.get("failed") or [])
+    written = []
+    for digest, (entry, why) in sorted(orphans.dead_runs.items()):
+        mine = [o for o in orphans if o.run == digest]
+        if not mine:
+            if now - entry.recorded_at > _FORGET_AFTER_S:
+                store.forget(digest)
+            continue
+        if any(o.line() in failed for o in mine):
+            continue
+        slices = [
+            slice_entry(
+                o.bill.get("role") or o.name,
+                o.bill["generation"],
+                o.bill["chips"],
+                o.bill["created_at"],
+                now,
+                pools=[o.name],
+                now=now,
+            )  # fmt: skip
+            for o in mine
+            if o.kind == "node_pool" and o.bill
+        ]
+        if slices:
+            ledger = {
+                **build_ledger(slices),
+                "dag_id": entry.dag_id,
+                "run_id": entry.run_id,
+                "reaped_at": now,
+                "reason": f"its supervising process is gone ({why})",
+            }
+            where = _book(ledger, entry, output_root, gcp_conn_id)
+            say(f"ledger: run {entry.dag_id}/{entry.run_id} billed {ledger['chip_hours']} chip-hours until reaped"
+                + (f" (written to {where})" if where else " (no output root: not written)"))  # fmt: skip
+            written.append(ledger)
+        store.forget(digest)
+    return written
+
+
+def _book(ledger: dict[str, Any], entry: Any, output_root: str | None, gcp_conn_id: str) -> str | None:
+    """Add ``ledger`` to the run's reaped_ledger.json (RUN = OUTPUT_ROOT/DAG_ID/DATE); its URI, or None."""
+    import json
+
+    from tpuflow.storage import read_text, write_text
+
+    if not output_root or not entry.date:
+        return None
+    uri = f"{output_root.rstrip('/')}/{entry.dag_id}/{entry.date}/{REAPED_LEDGER_FILE}"
+    try:
+        earlier = json.loads(read_text(uri, gcp_conn_id) or "[]")
+    except ValueError:
+        earlier = []
+    entries = [*(earlier if isinstance(earlier, list) else []), ledger]
+    return write_text(uri, json.dumps(entries, indent=2), gcp_conn_id)
+
+
 # --- run states -----------------------------------------------------------------------------------------
 class MetadataDbRunStates:
     """Running and queued runs, from the Airflow metadata DB (the CLI; it runs where Airflow is configured).
@@ -720,6 +868,18 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
     running, covered = states.running(), states.dag_ids
     orphans = Orphans()
     kept, unreadable = orphans.kept, orphans.unreadable
+    dead = {}
+    if scope.leases:
+        from tpuflow.slices.leases import default_lease_root
+        from tpuflow.slices.supervision import SupervisionStore, dead_runs
+
+        store = SupervisionStore(scope.lease_root or default_lease_root(), scope.gcp_conn_id)
+        try:
+            orphans.dead_runs = dead_runs(store)
+        except Exception as err:
+            raise ReaperListError(f"reading run supervisors in {store.describe()}: {_first_line(err)}") from err
+        orphans.supervision = store
+        dead = {digest: reason for digest, (_, reason) in orphans.dead_runs.items()}
     if scope.gke:
         from tpuflow.gke.hooks import ComputeResourcePolicyHook, GKENodePoolHook
 
@@ -738,6 +898,7 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
             covered=covered,
             kept=kept,
             unreadable=unreadable,
+            dead=dead,
         )
         compute = ComputeResourcePolicyHook(gcp_conn_id=scope.gcp_conn_id)
         region = region_of(scope.location or "")
@@ -755,6 +916,7 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
             now,
             covered=covered,
             unreadable=unreadable,
+            dead=dead,
         )
     if scope.kube and (scope.gke or scope.kubernetes_conn_id):
         try:
@@ -762,7 +924,7 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
             namespace = scope.namespace or hook.default_namespace()
         except Exception as err:
             raise ReaperListError(f"reaching the Kubernetes API: {_first_line(err)}") from err
-        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered, kept, unreadable)
+        orphans += find_kube_orphans(hook, namespace, running, older_than, now, covered, kept, unreadable, dead)
     if scope.local:
         orphans += find_local_orphans(running, older_than, now, scope.local_base_dir, covered, kept, unreadable)
     if scope.leases:

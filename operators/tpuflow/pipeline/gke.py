@@ -77,6 +77,7 @@ from tpuflow.kuberay.ray_auth import with_cluster_auth
 from tpuflow.kubernetes.ownership import object_name
 from tpuflow.pipeline.factory import (
     ENDPOINT_VERDICT,
+    MAX_SLICES,
     SERVE_SLICE,
     build_serve_config,
     checked_slice,
@@ -100,6 +101,7 @@ from tpuflow.pipeline.params import (
     zones_param,
 )
 from tpuflow.pipeline.steps import CheckParamsOperator
+from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 from tpuflow.templating import is_true
 from tpuflow.work_spans import PREFLIGHT, SERVING, TRAINING
 
@@ -520,6 +522,7 @@ def build_gke_pipeline_dag(
     serve_code_uri: str | None = None,
     address_mode: str = "auto",
     output_root: str | None = None,
+    lease_root: str | None = None,
     cluster_ready_timeout: float = 1800.0,
     service_ready_timeout: float = 1800.0,
     delete_timeout: float = 1200.0,
@@ -559,6 +562,9 @@ def build_gke_pipeline_dag(
         app requires it, the smoke test sends it); None: the endpoint answers without one.
     :param address_mode: how Airflow reaches the Ray head (see the KubeRay operators).
     :param output_root: data, checkpoints and logs (default: tpuflow.paths.output_root() when parsed).
+    :param lease_root: the slice leases (at most the Variable ``tpuflow_max_slices`` slices at once, across every
+        run and DAG sharing it) and run supervision records; default ``OUTPUT_ROOT/_tpuflow/slice-leases``
+        (tpuflow.paths.gke_lease_root), which every worker and `tpuflow reap` reach.
     :param cluster_ready_timeout: seconds for the RayCluster to become ready; past it the task fails with
         KubeRay's reason, pod states and events, and the teardowns still run.
     :param service_ready_timeout: seconds for the RayService to serve, likewise.
@@ -582,6 +588,10 @@ def build_gke_pipeline_dag(
             "or local:// plus the path of its copy in the Ray image)",
         )
     run_dir = run_dir_for(dag_id, output_root)
+    leases = {
+        "lease_root": lease_root or paths.gke_lease_root(output_root or paths.output_root()),
+        "gcp_conn_id": gcp_conn_id,
+    }
     gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
     pools: dict[str, Any] = {
         **gke,
@@ -650,6 +660,11 @@ def build_gke_pipeline_dag(
             over_budget="{{ params.over_budget }}",
         )
         approve = ChipBudgetApprovalOperator(task_id="approve_budget")
+        # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
+        lease = AcquireSliceOperator(
+            task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice(), **leases
+        )
+        release = ReleaseSliceOperator(task_id="release_slice", **leases)
         # The CPU cluster runs prep and evaluate: a workload with neither gets none.
         create_prep = None
         if workload.prep or workload.evaluate_job:
@@ -760,7 +775,7 @@ def build_gke_pipeline_dag(
             endpoint=ENDPOINT_VERDICT if serving else None,
         )
 
-        checked >> guard >> approve >> [t for t in (create_prep, create_pool) if t]
+        checked >> guard >> approve >> lease >> [t for t in (create_prep, create_pool) if t]
         if create_prep and prep:
             create_prep >> prep
         create_pool >> request_capacity >> [create_cluster, wait_flex]
@@ -776,6 +791,7 @@ def build_gke_pipeline_dag(
         report >> (report_next or [ledger])
         delete_serve_pool = serve_tasks[2] if serve_tasks else None
         [t for t in (delete_pool, delete_serve_pool, delete_prep) if t] >> ledger
+        [t for t in (delete_pool, delete_serve_pool) if t] >> release
         # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
         checked.as_setup()
         delete_pool.as_teardown(setups=[checked, create_pool])
@@ -784,6 +800,7 @@ def build_gke_pipeline_dag(
         if create_prep and delete_prep:
             delete_prep.as_teardown(setups=[checked, create_prep])
         ledger.as_teardown(setups=[checked])
+        release.as_teardown(setups=[checked, lease])
     return dag
 
 

@@ -112,7 +112,23 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.validate_arguments()  # the rendered values, before any lease is touched
+        self._record_supervisor(context)
         return self._claim(context)
+
+    def _record_supervisor(self, context: Context) -> None:
+        """Record which process supervises this run (tpuflow.slices.supervision), before anything is made: the
+        reaper then takes what a killed run left, whatever the metadata DB still says of it."""
+        from tpuflow import liveness
+        from tpuflow.slices.leases import default_lease_root
+        from tpuflow.slices.supervision import SupervisionStore
+
+        _, root, _ = self.lease_request()
+        ti, run = context["ti"], context.get("dag_run")
+        when = getattr(run, "logical_date", None) or getattr(run, "run_after", None)
+        date = when.strftime("%Y-%m-%d") if when is not None else None
+        store = SupervisionStore(root or default_lease_root(), self.gcp_conn_id)
+        entry = store.record(ti.dag_id, ti.run_id, date, liveness.supervisor_record())
+        self.log.info("Run supervised by %s (recorded in %s)", liveness.describe(entry.supervisor), store.describe())
 
     def _claim(self, context: Context) -> dict[str, Any]:
         """Take the run's lease(s); while all are held, wait for a free one (triggerer or here), then claim again."""
