@@ -1,7 +1,8 @@
 """Small artifacts (job logs, reports, slice leases) at a local path or gs://, on the Airflow side.
 
 gs:// goes through the google provider's GCSHook (its connection's credentials), except when
-STORAGE_EMULATOR_HOST names a GCS emulator: see `gcs_client`.
+STORAGE_EMULATOR_HOST names a GCS emulator: see `gcs_client`. What the Ray side needs for the same emulator
+(any client library, with plain gs:// paths) is `emulator_env`.
 
 Every request has a deadline (`request_timeout()`, $TPUFLOW_GCS_REQUEST_TIMEOUT_S, default 60 s): a
 server that accepts the connection and never answers fails the call with StorageTimeout naming the path,
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,18 @@ from typing import Any
 from tpuflow.errors import UserInputError
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+# host:port of the GCE metadata stand-in that runs beside the emulator (tpuflow.dev.metadata_server); exported
+# with STORAGE_EMULATOR_HOST, read only here: this process's own clients never see a metadata server
+METADATA_ENV = "TPUFLOW_GCE_METADATA_HOST"
+# What plain client libraries read for an emulator, besides STORAGE_EMULATOR_HOST (google-cloud-storage, gcsfs):
+# pyarrow's google-cloud-cpp takes the endpoint from CLOUD_STORAGE_EMULATOR_ENDPOINT (a URL with its scheme).
+CPP_EMULATOR_ENV = "CLOUD_STORAGE_EMULATOR_ENDPOINT"
+# gcsfs's default filesystem asks every bucket for its layout over gRPC, which an emulator never answers: with
+# credentials (the metadata stand-in's) its first call hangs. Off, gcsfs uses the JSON API only.
+GCSFS_HNS_ENV = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
+# Where Google's clients look for the metadata server: google-auth reads GCE_METADATA_HOST (GCE_METADATA_ROOT when
+# it is unset) and pings GCE_METADATA_IP; google-cloud-cpp (pyarrow) reads GCE_METADATA_ROOT only.
+METADATA_CLIENT_ENV = ("GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT")
 WRITER_ROLE = "roles/storage.objectUser"
 REQUEST_TIMEOUT_ENV = "TPUFLOW_GCS_REQUEST_TIMEOUT_S"
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
@@ -54,13 +68,28 @@ def emulator_host() -> str | None:
     return os.environ.get(EMULATOR_ENV, "").strip() or None
 
 
-def emulator_env() -> dict[str, str]:
-    """The storage settings of this side that Ray jobs' and Serve replicas' runtime_env env_vars carry (their
-    pyarrow and google-cloud-storage clients read them): {"STORAGE_EMULATOR_HOST": ...} when an emulator is
-    configured here, and TPUFLOW_GCS_REQUEST_TIMEOUT_S / TPUFLOW_GCS_RETRY_LIMIT_S where set; else {}."""
-    host = emulator_host()
-    settings = {name: os.environ[name].strip() for name in _SHARED_SETTINGS if os.environ.get(name, "").strip()}
-    return {EMULATOR_ENV: host, **settings} if host else settings
+def emulator_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The storage settings Ray jobs' and Serve replicas' runtime_env env_vars carry (and local Ray nodes get),
+    from ``environ`` (default: this process's environment).
+
+    With an emulator configured ($STORAGE_EMULATOR_HOST), what points plain client libraries at it, gs://
+    paths as they are: STORAGE_EMULATOR_HOST (google-cloud-storage, gcsfs), CLOUD_STORAGE_EMULATOR_ENDPOINT
+    (pyarrow, Ray Data), GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false, and with $TPUFLOW_GCE_METADATA_HOST the
+    GCE_METADATA_* variables naming the metadata stand-in beside it, whose token the libraries that insist on
+    credentials (pyarrow) get. TPUFLOW_GCS_REQUEST_TIMEOUT_S / TPUFLOW_GCS_RETRY_LIMIT_S where set. Without an
+    emulator (Cloud Storage) none of the emulator's variables: {} or the two settings."""
+    source = os.environ if environ is None else environ
+    settings = {name: source[name].strip() for name in _SHARED_SETTINGS if source.get(name, "").strip()}
+    host = source.get(EMULATOR_ENV, "").strip()
+    if not host:
+        return settings
+    url = host.rstrip("/") if "://" in host else f"http://{host.rstrip('/')}"
+    env = {EMULATOR_ENV: host, CPP_EMULATOR_ENV: url, GCSFS_HNS_ENV: "false"}
+    metadata = source.get(METADATA_ENV, "").strip().rstrip("/")
+    if metadata:
+        address = metadata.split("://", 1)[-1]
+        env |= {METADATA_ENV: address, **dict.fromkeys(METADATA_CLIENT_ENV, address)}
+    return {**env, **settings}
 
 
 def split_gs_uri(uri: str, field: str = "uri") -> tuple[str, str]:
@@ -204,3 +233,26 @@ def check_writable(uri: str, field: str = "output_root", gcp_conn_id: str = "goo
             f"the credentials ({where}) cannot write to bucket {bucket!r} "
             f"(HTTP {err.code}); grant them {WRITER_ROLE} on gs://{bucket}",
         ) from None
+
+
+def remove_tree(uri: str, gcp_conn_id: str = "google_cloud_default") -> int:
+    """Delete everything under the folder ``uri`` (a local path or gs://BUCKET/PREFIX); returns how many files
+    went. A missing folder is nothing to delete."""
+    if not uri.startswith("gs://"):
+        path = Path(uri)
+        count = sum(1 for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+        shutil.rmtree(path, ignore_errors=True)
+        return count
+    from google.api_core.exceptions import NotFound
+
+    bucket, name = split_gs_uri(uri)
+    client = gcs_client(gcp_conn_id)
+    count = 0
+    with deadline(uri, "deleting") as timeout:
+        for blob in client.list_blobs(bucket, prefix=f"{name}/" if name else None, timeout=timeout):
+            try:
+                blob.delete(timeout=timeout)
+            except NotFound:  # deleted meanwhile
+                continue
+            count += 1
+    return count

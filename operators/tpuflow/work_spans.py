@@ -42,3 +42,14 @@ def job_work_span(cause: str, event: Mapping[str, Any], submission_id: Any) -> d
 def push_open_span(context: Any, cause: str) -> None:
     """Record work that starts now and lasts until the slice is deleted (a Serve endpoint on it)."""
     context["ti"].xcom_push(key=WORK_SPAN_KEY, value=work_span(cause, time.time(), None))
+
+
+def tasks_on_cluster(tasks: Any, cluster_task_id: str) -> list[str]:
+    """The ids of ``tasks`` whose ``cluster`` argument is the XCom of ``cluster_task_id`` (a team's own Ray jobs on
+    the slice, given tpuflow.pipeline.handles.training_cluster): their work spans are work on that slice."""
+    found = []
+    for task in tasks:
+        operator = getattr(getattr(task, "cluster", None), "operator", None)
+        if getattr(operator, "task_id", None) == cluster_task_id:
+            found.append(task.task_id)
+    return found

@@ -82,7 +82,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["airflow", "down", "--work-dir", f"{P}/a-file"], ("--work-dir", "a-file", "not a file")),
     (["airflow", "env", "--work-dir", f"{P}/a-file"], ("--work-dir", "a-file", "not a file")),
     # the demo: its flags are the pipeline's Params, checked with the Params' own schema and checks
-    (["demo", "--topology", "16"], ("--topology", "'16'", "use one of")),
+    (["demo", "--topology", "16"], ("--topology", "'16'", "not a chip count; give a shape, e.g. 2x8, 4x4")),
     (["demo", "--accelerator", "TPU-V9"], ("--accelerator", "'TPU-V9'", "TPU-V6E")),
     (["demo", "--train-steps", "0"], ("--train-steps", "0", ">= 1")),
     (["demo", "--checkpoint-every", "0"], ("--checkpoint-every", "0", ">= 1")),
@@ -107,6 +107,9 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (["demo", "--backend", "gke", "--keep-endpoint"], ("--keep-endpoint", "True", "stand-ins stop")),
     (["demo", "--idle-timeout", "5"], ("--idle-timeout", "5.0", "add --keep-endpoint")),
     (["demo", "--keep-endpoint", "--idle-timeout", "-1"], ("--idle-timeout", "-1.0", ">= 0")),
+    # your own DAG file: the rest of its bad inputs are in tests/cli/test_run_cmd.py
+    (["run", f"{P}/missing_dag.py"], ("DAG_FILE", "missing_dag.py", "no such file")),
+    (["run", f"{P}/bad.yaml"], ("DAG_FILE", "bad.yaml", "Python file (.py)")),
 ]
 
 # argparse's own rejections (a type or a choice): exit 2 and one "error:" line naming the flag.

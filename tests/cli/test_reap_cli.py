@@ -114,3 +114,43 @@ def test_a_run_the_db_lists_as_running_is_reaped_when_its_supervisor_is_dead(
     finally:
         os.killpg(head.pid, 9)
         head.wait()
+
+
+def _args(**flags: Any) -> Any:
+    import argparse
+
+    names = ("project", "location", "cluster", "kubernetes_conn_id", "namespace", "gcp_conn_id", "output_root")
+    return argparse.Namespace(**{**dict.fromkeys(names), "lease_root": None, "base_dir": None, **flags})
+
+
+def test_where_reap_looks_on_gke_comes_from_the_shells_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain shell with the GKE pipeline's Variables exported (what `tpuflow standins env` prints) reaps that
+    cluster and its lease root without a flag; a flag overrides its Variable; no GKE Variable: local only."""
+    from tpuflow.cli.reap_cmd import _configured_gke, _scopes
+
+    for name in [k for k in os.environ if k.startswith("AIRFLOW_VAR_")]:
+        monkeypatch.delenv(name)
+    assert _configured_gke(_args()) is None and [s.gke for s, _ in _scopes(_args())] == [False]
+    for name, value in {
+        "TPUFLOW_BACKEND": "gke",
+        "TPUFLOW_GKE_PROJECT": "acme-ml",
+        "TPUFLOW_GKE_LOCATION": "us-east5-b",
+        "TPUFLOW_GKE_CLUSTER": "training",
+        "TPUFLOW_KUBERNETES_CONN_ID": "acme_kube",
+        "TPUFLOW_GKE_OUTPUT_ROOT": "gs://acme-runs/outputs",
+    }.items():
+        monkeypatch.setenv(f"AIRFLOW_VAR_{name}", value)
+    gke = _configured_gke(_args(cluster="other"))
+    assert gke == {
+        "gcp_conn_id": "google_cloud_default",
+        "project_id": "acme-ml",
+        "location": "us-east5-b",
+        "cluster_name": "other",
+        "kubernetes_conn_id": "acme_kube",
+        "namespace": None,
+        "output_root": "gs://acme-runs/outputs",
+        "lease_root": "gs://acme-runs/outputs/_tpuflow/slice-leases",
+    }
+    (gke_scope, root), (local_scope, _) = _scopes(_args())
+    assert gke_scope.gke and not gke_scope.local and gke_scope.lease_root.endswith("/_tpuflow/slice-leases")
+    assert root == "gs://acme-runs/outputs" and local_scope.local and not local_scope.kube

@@ -53,11 +53,13 @@ def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, s
     up = tpuflow("standins", "up", "--workdir", str(work), "--fake", "--operation-seconds", "0.1")
     assert up.returncode == 0, up.stdout + up.stderr
     pids = [json.loads((work / name / "state.json").read_text())["pid"] for name in (".", "gcs-emulator")]
+    pids.append(json.loads((work / "gcs-emulator" / "state.json").read_text())["metadata_pid"])
     try:
         yield work, up.stdout
     finally:
         down = tpuflow("standins", "down", "--workdir", str(work))
         assert down.returncode == 0 and f"stopped the GCS emulator (pid {pids[1]})" in down.stdout, down.stdout
+        assert f"GCE metadata stand-in (pid {pids[2]})" in down.stdout, down.stdout
         for pid in pids:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
@@ -103,6 +105,11 @@ def test_the_lines_point_airflow_and_the_pipeline_at_the_running_standins(
     emulator = exports["STORAGE_EMULATOR_HOST"]
     with urllib.request.urlopen(f"{emulator}/storage/v1/b/{GCS_BUCKET}", timeout=10) as response:
         assert json.load(response)["name"] == GCS_BUCKET
+    # ... and the GCE metadata stand-in beside it, which the jobs' plain client libraries take a token from
+    metadata = exports["TPUFLOW_GCE_METADATA_HOST"]
+    token = f"http://{metadata}/computeMetadata/v1/instance/service-accounts/default/token"
+    with urllib.request.urlopen(urllib.request.Request(token, headers={"Metadata-Flavor": "Google"}), timeout=10) as r:
+        assert json.load(r)["token_type"] == "Bearer"
 
     # Both connections resolve, through Airflow's lookup, to the running stand-ins.
     gcp = GKENodePoolHook(gcp_conn_id=Variable.get("tpuflow_gcp_conn_id"), location=state["zone"])

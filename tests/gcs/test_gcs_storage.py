@@ -18,6 +18,7 @@ from support.gcs_bucket import list_bucket
 
 from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator
 from tpuflow.errors import UserInputError
+from tpuflow.storage import METADATA_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
@@ -48,7 +49,7 @@ def ray_storage():
 
 
 def test_local_gcs_up_and_down_by_pid(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != EMULATOR_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (EMULATOR_ENV, METADATA_ENV)}
     env["TPUFLOW_HOME"] = str(tmp_path / "home")
     up = subprocess.run(
         [*TPUFLOW, "local", "gcs", "up", "--bucket", "made-by-up", "--bucket", "second-one"],
@@ -58,12 +59,15 @@ def test_local_gcs_up_and_down_by_pid(tmp_path: Path) -> None:
         env=env,
     )
     assert up.returncode == 0, up.stderr
-    (line,) = up.stdout.splitlines()
-    assert line.startswith(f"export {EMULATOR_ENV}=http://127.0.0.1:")
-    url = line.split("=", 1)[1]
     emulator = GcsEmulator.load(tmp_path / "home" / "gcs-emulator")
-    assert emulator is not None and emulator.url == url and emulator.is_alive()
-    try:
+    assert emulator is not None
+    try:  # `down` runs whatever fails below: nothing the test started outlives it
+        emulator_line, metadata_line = up.stdout.splitlines()
+        assert emulator_line.startswith(f"export {EMULATOR_ENV}=http://127.0.0.1:")
+        assert metadata_line.startswith(f"export {METADATA_ENV}=127.0.0.1:")
+        url, metadata = emulator_line.split("=", 1)[1], metadata_line.split("=", 1)[1]
+        assert emulator.url == url and emulator.is_alive()
+        assert emulator.metadata_address == metadata and emulator.metadata_is_alive()
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
@@ -74,7 +78,8 @@ def test_local_gcs_up_and_down_by_pid(tmp_path: Path) -> None:
     finally:
         down = subprocess.run([*TPUFLOW, "local", "gcs", "down"], capture_output=True, text=True, timeout=60, env=env)
     assert down.returncode == 0 and f"pid {emulator.pid}" in down.stdout, down.stdout + down.stderr
-    assert not emulator.is_alive()
+    assert f"GCE metadata stand-in (pid {emulator.metadata_pid})" in down.stdout, down.stdout
+    assert not emulator.is_alive() and not emulator.metadata_is_alive()
     assert GcsEmulator.load(tmp_path / "home" / "gcs-emulator") is None
     down = subprocess.run([*TPUFLOW, "local", "gcs", "down"], capture_output=True, text=True, timeout=60, env=env)
     assert down.returncode == 0 and "nothing to stop" in down.stdout
@@ -119,7 +124,9 @@ def test_kept_driver_log_goes_to_gs(bucket: str) -> None:
     )
 
 
-def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator: GcsEmulator) -> None:
+def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(
+    gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tpuflow.workloads.addition.pipeline import ADDITION
 
     from tpuflow.pipeline.steps import serve_config_for
@@ -128,9 +135,17 @@ def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(gcs_emulator:
     op = RaySubmitJobOperator(
         task_id="t", entrypoint="python -c pass", ray_conn_id="ray_default", env_vars={"A": "1"}, working_dir=""
     )
-    assert op.build_runtime_env()["env_vars"] == {"A": "1", EMULATOR_ENV: gcs_emulator.url}
+    # STORAGE_EMULATOR_HOST alone (no metadata stand-in named): the emulator, for every library that needs none
+    # (tests/gcs/test_gcs_plain_clients.py: with the stand-in)
+    monkeypatch.delenv(METADATA_ENV, raising=False)
+    storage = {
+        EMULATOR_ENV: gcs_emulator.url,
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs_emulator.url,
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    }
+    assert op.build_runtime_env()["env_vars"] == {"A": "1", **storage}
     config = serve_config_for({"backend": "local"}, {"checkpoint": "gs://b/c"}, "local:///w", "jax", workload=ADDITION)
-    assert config["applications"][0]["runtime_env"]["env_vars"] == {EMULATOR_ENV: gcs_emulator.url}
+    assert config["applications"][0]["runtime_env"]["env_vars"] == storage
 
 
 def test_without_an_emulator_nothing_is_added(monkeypatch: pytest.MonkeyPatch) -> None:

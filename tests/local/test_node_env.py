@@ -54,10 +54,40 @@ KEPT = {
 }
 
 
+# what the nodes derive from STORAGE_EMULATOR_HOST for the client libraries (tpuflow.storage.emulator_env)
+DERIVED = {"CLOUD_STORAGE_EMULATOR_ENDPOINT": "http://127.0.0.1:4443", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+
+
 def test_nodes_inherit_only_the_allowlist() -> None:
     env = node_environment(LAUNCHER)
-    assert set(env) == KEPT
+    assert set(env) == KEPT | set(DERIVED)
     assert all(env[k] == LAUNCHER[k] for k in KEPT)
+    assert {k: env[k] for k in DERIVED} == DERIVED
+
+
+def test_nodes_get_the_metadata_stand_in_beside_the_emulator() -> None:
+    stand_in = "127.0.0.1:5555"
+    env = node_environment({**LAUNCHER, "TPUFLOW_GCE_METADATA_HOST": stand_in, "GCE_METADATA_HOST": "stale:1"})
+    expected = dict.fromkeys(("GCE_METADATA_HOST", "GCE_METADATA_IP", "GCE_METADATA_ROOT"), stand_in)
+    assert {k: env[k] for k in expected} == expected  # the emulator's stand-in, over a stale one
+
+
+def test_the_client_libraries_names_are_inherited_as_set() -> None:
+    """A launcher that exported the libraries' variables itself (say, from emulator_env()) passes them on."""
+    given = {
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": "http://127.0.0.1:1",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "GCE_METADATA_HOST": "127.0.0.1:2",
+        "GCE_METADATA_IP": "127.0.0.1:2",
+        "GCE_METADATA_ROOT": "127.0.0.1:2",
+    }
+    assert node_environment(given) == given
+
+
+def test_without_an_emulator_nodes_get_none_of_its_variables() -> None:
+    launcher = {k: v for k, v in LAUNCHER.items() if k != "STORAGE_EMULATOR_HOST"}
+    env = node_environment({**launcher, "TPUFLOW_GCE_METADATA_HOST": "127.0.0.1:5555"})
+    assert not {"CLOUD_STORAGE_EMULATOR_ENDPOINT", "GCE_METADATA_ROOT", "GCE_METADATA_HOST"} & set(env)
 
 
 def test_the_cluster_env_has_no_airflow_secret_and_its_own_settings(

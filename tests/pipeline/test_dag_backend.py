@@ -14,12 +14,21 @@ from tpuflow.pipeline.dag import configured_backend, tpu_pipeline
 from tpuflow.pipeline.workload import Workload
 
 
-@pytest.fixture
-def workload(tmp_path: Path) -> Workload:
+def acme_sales(tmp_path: Path) -> Path:
+    """The package the workloads name: tpu_pipeline finds each step's module and function in it."""
     package = tmp_path / "acme_sales"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    return Workload(code_dir=package, prep="acme_sales.build_features", train_loop="acme_sales.regress:fit")
+    (package / "build_features.py").write_text("")
+    (package / "regress.py").write_text("def fit(config):\n    pass\n")
+    return package
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Workload:
+    return Workload(
+        code_dir=acme_sales(tmp_path), prep="acme_sales.build_features", train_loop="acme_sales.regress:fit"
+    )
 
 
 def build(workload: Workload, tmp_path: Path, **kwargs: Any) -> Any:
@@ -56,6 +65,39 @@ def test_a_bad_backend_is_one_line_naming_the_variable(
         build(workload, tmp_path, backend="gcp")
 
 
+@pytest.mark.parametrize("backend", ["local", "gke"])
+@pytest.mark.parametrize(
+    ("kwargs", "field", "example"),
+    [
+        ({"accelerator": "TPU-V6E", "topology": "2x2"}, "accelerator='TPU-V6E'", '{"accelerator": "TPU-V6E", "topology": "2x2"}'),
+        ({"topology": "4x4"}, "topology='4x4'", '{"topology": "4x4"}'),
+        ({"machine_type": "ct6e-standard-4t"}, "machine_type='ct6e-standard-4t'", '{"machine_type": "ct6e-standard-4t"}'),
+        ({"num_slices": 2}, "num_slices=2", '{"num_slices": 2}'),
+        ({"tpu_slice": {"accelerator": "v6e", "topology": "2x2"}}, "tpu_slice=", '{"accelerator": "v6e", "topology": "2x2"}'),
+    ],
+)  # fmt: skip
+def test_a_slice_given_as_a_dag_argument_is_one_line_naming_tpu_slice(
+    workload: Workload, tmp_path: Path, backend: str, kwargs: dict[str, Any], field: str, example: str
+) -> None:
+    """The old accelerator= / topology= arguments: not Airflow's TypeError, but where the slice is given now."""
+    with pytest.raises(UserInputError) as caught:
+        build(workload, tmp_path, backend=backend, **kwargs)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"{field}"), line
+    assert "tpu_slice" in line and "Params accelerator, topology" in line and f"conf {example}" in line, line
+
+
+def test_the_builders_refuse_a_slice_argument_too(workload: Workload, tmp_path: Path) -> None:
+    from tpuflow.pipeline.factory import build_pipeline_dag
+    from tpuflow.pipeline.gke import build_gke_pipeline_dag
+
+    with pytest.raises(UserInputError, match=r"^accelerator='TPU-V6E' is invalid: .*tpu_slice"):
+        build_pipeline_dag("acme", workload=workload, output_root=str(tmp_path), accelerator="TPU-V6E")
+    gke = {"project_id": "p", "location": "us-east5-b", "cluster_name": "c", "image": "img"}
+    with pytest.raises(UserInputError, match=r"^topology='2x2' is invalid: .*tpu_slice"):
+        build_gke_pipeline_dag("acme", workload=workload, output_root=str(tmp_path), topology="2x2", **gke)
+
+
 def test_gke_overrides_are_build_gke_pipeline_dag_arguments(workload: Workload, tmp_path: Path) -> None:
     dag = build(workload, tmp_path, backend="gke", gke={"capacity": "spot", "cluster_name": "acme"})
     assert dag.get_task("create_node_pool").capacity == "spot"
@@ -89,10 +131,7 @@ def test_a_users_own_task_runs_inside_the_slices_lifetime_and_their_tags_are_kep
 def test_a_workloads_own_params_join_the_form_and_reach_its_train_loop(tmp_path: Path) -> None:
     from airflow.sdk import Param
 
-    package = tmp_path / "acme_sales"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    spec = {"code_dir": package, "train_loop": "acme_sales.regress:fit"}
+    spec = {"code_dir": acme_sales(tmp_path), "train_loop": "acme_sales.regress:fit"}
     own = Workload(
         **spec,
         params={"horizon": Param(7, type="integer", minimum=1)},

@@ -20,8 +20,6 @@ from tpuflow.pipeline.params import check_conf, check_param, pipeline_params, va
 SCHEMA_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"accelerator": "TPU-V9"}, "params.accelerator", "use one of TPU-V4"),
     ({"accelerator": ["TPU-V6E"]}, "params.accelerator", "use one of"),
-    ({"topology": 16}, "params.topology", "use one of 1x1"),
-    ({"topology": "3x3"}, "params.topology", "use one of"),
     ({"machine_type": 4}, "params.machine_type", "give a string, or leave it empty"),
     ({"framework": "tf"}, "params.framework", "use one of jax, torch"),
     ({"train_steps": 0}, "params.train_steps", "give a whole number >= 1 and <= 100000"),
@@ -46,6 +44,11 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str, str]] = [
 
 # Valid for each Param alone, rejected by the cross-field check (the slice catalog).
 CROSS_CASES: list[tuple[dict[str, Any], str, str]] = [
+    # the topology has no schema rule: only the cross-field check knows the generation's shapes
+    ({"topology": 16}, "params.topology", "not a chip count; give a shape, e.g. 2x8, 4x4 (16 chips)"),
+    ({"topology": "16"}, "params.topology", "not a chip count"),
+    ({"topology": "3x3"}, "params.topology", "v6e has no such slice; valid shapes: 1x1, 2x2"),
+    ({"accelerator": "TPU-V4", "topology": "16"}, "params.topology", "e.g. 2x2x4 (16 chips)"),
     ({"accelerator": "TPU-V6E", "topology": "2x2x2"}, "params.topology", "2D"),
     ({"accelerator": "TPU-V4", "topology": "4x4"}, "params.topology", "3D"),
     ({"machine_type": "ct5p-hightpu-4t"}, "params.machine_type", "ct6e"),
@@ -82,3 +85,27 @@ def test_defaults_pass_and_are_returned() -> None:
     assert params == {name: p.value for name, p in pipeline_params().items()}
     assert validate_params(params)["topology"] == "4x4"
     assert check_param("train_steps", 10) == 10
+
+
+@pytest.mark.parametrize(("accelerator", "shapes"), [("TPU-V6E", "2x8, 4x4"), ("TPU-V4", "2x2x4")])
+def test_a_bad_topology_passes_airflows_validation_and_check_params_says_it_in_one_short_line(
+    accelerator: str, shapes: str
+) -> None:
+    """Airflow validates a run's conf against the serialized Params before the run exists (trigger, `dags test -c`):
+    an enum there refused a chip count with all 117 shapes of every generation and its whole schema (1,224
+    characters and more, no hint). The topology has no such rule: check_params, the run's first task, refuses it
+    with the hint and shapes of the chosen generation, before any lease, cluster or node pool."""
+    from airflow.serialization.serialized_objects import BaseSerialization
+
+    from tpuflow.pipeline.steps import CheckParamsOperator
+
+    params = pipeline_params()
+    conf = {"accelerator": accelerator, "topology": "16"}
+    served = BaseSerialization._deserialize_params_dict(BaseSerialization._serialize_params_dict(params))
+    assert served.deep_merge(conf).validate()["topology"] == "16"  # what create_dagrun runs: no refusal
+    op = CheckParamsOperator(task_id="check_params")
+    with pytest.raises(UserInputError) as err:
+        op.execute({"params": {name: p.value for name, p in params.items()} | conf})
+    line = str(err.value)
+    assert line.startswith("params.topology='16' is invalid: a topology is the slice's shape, not a chip count")
+    assert shapes in line and "\n" not in line and len(line) < 160, line

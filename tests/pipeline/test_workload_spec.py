@@ -111,7 +111,7 @@ def test_a_user_workload_builds_the_gke_pipeline_without_evaluate_or_serve(acme:
     assert not ({"evaluate"} | GKE_SERVING) & set(dag.task_ids)
     assert_runs_acme_code(dag, acme)
     teardowns = {"delete_ray_cluster", "delete_provisioning_request", "delete_node_pool", "delete_prep_cluster"}
-    assert {t.task_id for t in dag.tasks if t.is_teardown} == teardowns | {"chip_ledger"}
+    assert {t.task_id for t in dag.tasks if t.is_teardown} == teardowns | {"chip_ledger", "release_slice"}
     assert setups_of(dag, "delete_node_pool") == {"check_params", "create_node_pool"}
     assert setups_of(dag, "delete_ray_cluster") == {"check_params", "create_ray_cluster"}
     assert setups_of(dag, "delete_provisioning_request") == {"check_params", "request_capacity"}

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tpuflow.cli import airflow_cmd, leases_cmd, local_cmd, reap_cmd, render_cmd, slice_cmd, standins_cmd
+from tpuflow.cli import airflow_cmd, leases_cmd, local_cmd, reap_cmd, render_cmd, run_cmd, slice_cmd, standins_cmd
 from tpuflow.dev import demo as demo_cmd
 from tpuflow.errors import UserInputError
 
@@ -14,7 +14,8 @@ from tpuflow.errors import UserInputError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpuflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (slice_cmd, local_cmd, render_cmd, demo_cmd, airflow_cmd, leases_cmd, reap_cmd, standins_cmd):
+    commands = (slice_cmd, local_cmd, render_cmd, demo_cmd, run_cmd, airflow_cmd, leases_cmd, reap_cmd, standins_cmd)
+    for module in commands:
         module.register(sub)
     return parser
 

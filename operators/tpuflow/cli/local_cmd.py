@@ -170,11 +170,12 @@ def _gcs_up(args: argparse.Namespace) -> int:
         return 1
     buckets = f"; buckets {', '.join(args.bucket)}" if args.bucket else ""
     print(
-        f"GCS emulator (fake-gcs-server) at {emulator.url}, pid {emulator.pid}{buckets}; "
-        "stop it: tpuflow local gcs down",
+        f"GCS emulator (fake-gcs-server) at {emulator.url}, pid {emulator.pid}{buckets}; GCE metadata stand-in "
+        f"at {emulator.metadata_address}, pid {emulator.metadata_pid}; stop both: tpuflow local gcs down",
         file=sys.stderr,
     )
-    print(f"export STORAGE_EMULATOR_HOST={shlex.quote(emulator.url)}")
+    for key, value in emulator.env().items():
+        print(f"export {key}={shlex.quote(value)}")
     return 0
 
 
@@ -186,12 +187,11 @@ def _gcs_down(args: argparse.Namespace) -> int:
     if emulator is None:
         print("no GCS emulator recorded; nothing to stop")
         return 0
+    metadata_ran = emulator.metadata_is_alive()
     ran = emulator.stop()
-    print(
-        f"stopped the GCS emulator at {emulator.url} (pid {emulator.pid})"
-        if ran
-        else f"the GCS emulator at {emulator.url} (pid {emulator.pid}) was not running; state removed"
-    )
+    what = f"the GCS emulator at {emulator.url} (pid {emulator.pid})"
+    also = f"; stopped its GCE metadata stand-in (pid {emulator.metadata_pid})" if metadata_ran else ""
+    print(f"stopped {what}{also}" if ran else f"{what} was not running{also}; state removed")
     return 0
 
 
@@ -199,7 +199,9 @@ def _register_gcs(verbs: argparse._SubParsersAction) -> None:
     gcs = verbs.add_parser("gcs", help="a GCS emulator on loopback for gs:// output roots (fake-gcs-server)")
     gcs_verbs = gcs.add_subparsers(dest="gcs_verb", required=True)
     state = {"default": None, "help": "where its state and data live (default $TPUFLOW_HOME/gcs-emulator)"}
-    up = gcs_verbs.add_parser("up", help="start it and print the export STORAGE_EMULATOR_HOST=... line")
+    up = gcs_verbs.add_parser(
+        "up", help="start it (and its GCE metadata stand-in) and print the export lines that point clients at it"
+    )
     up.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
     up.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     up.add_argument("--state-dir", **state)

@@ -5,9 +5,15 @@ each run says how many it skipped. Delete a kept endpoint with kubectl / gcloud 
 commands: the tpuflow.cost.reaper docstring, or the README's orphan reaper section).
 
 Without an Airflow metadata DB (a plain shell after `tpuflow demo`; or --without-db) no run state can be read:
-local clusters and slice leases are then judged by the process that supervised their run (a `tpuflow demo`,
-an `airflow dags test`): one provably dead (exited, its pid reused, its host rebooted) is reaped at once, whatever
-its age. With a DB, such a resource is reaped too even while the DB still lists its run as running.
+resources are then judged by the process that supervised their run (a `tpuflow demo`, `tpuflow run`, an
+`airflow dags test`): every local cluster, slice lease, node pool, RayCluster and RayService of a run whose
+supervisor is provably dead (exited, its pid reused, its host rebooted) is reaped at once, whatever its age, and
+the chip time of its node pools is booked in RUN/reaped_ledger.json. With a DB, such a resource is reaped too even
+while the DB still lists its run as running.
+
+Where to look on GKE: the flags, else the GKE pipeline's Variables as this shell exports them (AIRFLOW_VAR_*, what
+`tpuflow standins env` prints; AIRFLOW_VAR_TPUFLOW_BACKEND=gke): the cluster, the Kubernetes connection, and the
+lease root beside the output root (OUTPUT_ROOT/_tpuflow/slice-leases) where each run records its supervisor.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ def _run_states(without_db: bool):  # -> RunStates
         except Exception as err:  # no DB configured, not migrated, unreachable
             text = (str(err).strip().splitlines() or [type(err).__name__])[0]
             print(
-                f"tpuflow reap: no Airflow metadata DB to read ({text}); judging local clusters and slice leases "
-                "by the process that supervised their run",
+                f"tpuflow reap: no Airflow metadata DB to read ({text}); judging runs by the process that "
+                "supervised them (and resources by their expiry)",
                 file=sys.stderr,
             )
     return FixedRunStates({}, dag_ids=[])

@@ -1,7 +1,8 @@
 """`tpuflow standins up|env|down`: the GKE and Kubernetes stand-ins for gcloud, kubectl and the GKE pipeline.
 
 `up` starts them (with the simulated KubeRay operator) in a background process of its own session on
-free loopback ports, and a GCS emulator (fake-gcs-server, bucket gs://tpuflow-standin) unless --no-gcs;
+free loopback ports, and a GCS emulator (fake-gcs-server, bucket gs://tpuflow-standin, with the GCE metadata
+stand-in beside it) unless --no-gcs;
 it writes DIR/kubeconfig and DIR/env.sh and prints the `export` lines that point an Airflow at them
 (`env` prints those lines again); `down` stops exactly those processes (by the pids recorded in DIR),
 which stops the Ray clusters the stand-ins started.
@@ -32,6 +33,7 @@ STOP_TIMEOUT_S = 90.0
 GCS_DIR = "gcs-emulator"  # the emulator's state and data, under the work dir
 GCS_BUCKET = "tpuflow-standin"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # tpuflow.dev.gcs_emulator.EMULATOR_ENV
+METADATA_ENV = "TPUFLOW_GCE_METADATA_HOST"  # tpuflow.storage.METADATA_ENV (not loaded at the command's start)
 
 
 def _alive(pid: int) -> bool:
@@ -58,10 +60,11 @@ def _workdir(args: argparse.Namespace) -> Path:
     return Path(check_folder("--workdir", args.workdir)).resolve()  # type: ignore[arg-type]
 
 
-def airflow_env(state: Mapping[str, Any], work: Path, emulator_url: str | None) -> dict[str, str]:
+def airflow_env(state: Mapping[str, Any], work: Path, emulator: Mapping[str, str] | None) -> dict[str, str]:
     """What points an Airflow (the shipped GKE DAG, a `tpuflow_backend=gke` DAG) at running stand-ins: their
     AIRFLOW_CONN_* (state.json's), the AIRFLOW_VAR_* tpuflow.pipeline.gke.variable_settings() reads, and
-    STORAGE_EMULATOR_HOST with a gs:// output root when a GCS emulator runs beside them."""
+    when a GCS emulator runs beside them a gs:// output root and ``emulator`` (GcsEmulator.env(): the
+    emulator's and its metadata stand-in's addresses)."""
 
     try:
         connections = dict(state["airflow_connections"])
@@ -80,12 +83,10 @@ def airflow_env(state: Mapping[str, Any], work: Path, emulator_url: str | None) 
         "tpuflow_gke_cluster": str(state["cluster"]),
         # The stand-ins' Ray clusters run on this machine, not in the image: Serve finds workloads/ here.
         "tpuflow_serve_workloads_uri": f"local://{workloads_dir()}",
-        "tpuflow_gke_output_root": f"gs://{GCS_BUCKET}/outputs" if emulator_url else str(work / "outputs"),
+        "tpuflow_gke_output_root": f"gs://{GCS_BUCKET}/outputs" if emulator else str(work / "outputs"),
     }
     env = {**connections, **{f"AIRFLOW_VAR_{name.upper()}": value for name, value in variables.items()}}
-    if emulator_url:
-        env[EMULATOR_ENV] = emulator_url
-    return env
+    return {**env, **(emulator or {})}
 
 
 def export_lines(env: Mapping[str, str]) -> list[str]:
@@ -100,14 +101,15 @@ def _emulator(work: Path) -> Any:
     return GcsEmulator.load(work / GCS_DIR)
 
 
-def _start_emulator(work: Path) -> str:
-    """Start the stand-ins' GCS emulator (one a crashed `up` left here is stopped first); returns its URL."""
+def _start_emulator(work: Path) -> dict[str, str]:
+    """Start the stand-ins' GCS emulator and its metadata stand-in (what a crashed `up` left here is stopped
+    first); returns what points clients at them (GcsEmulator.env())."""
     from tpuflow.dev.gcs_emulator import GcsEmulator
 
     stale = _emulator(work)
     if stale is not None:
         stale.stop()
-    return GcsEmulator.start(buckets=[GCS_BUCKET], state_dir=work / GCS_DIR).url
+    return GcsEmulator.start(buckets=[GCS_BUCKET], state_dir=work / GCS_DIR).env()
 
 
 def _stop_emulator(work: Path) -> str:
@@ -115,11 +117,12 @@ def _stop_emulator(work: Path) -> str:
     emulator = _emulator(work)
     if emulator is None:
         return ""
+    metadata = f" and its GCE metadata stand-in (pid {emulator.metadata_pid})" if emulator.metadata_is_alive() else ""
     ran = emulator.stop()
-    return f"stopped the GCS emulator (pid {emulator.pid})" if ran else ""
+    return f"stopped the GCS emulator (pid {emulator.pid}){metadata}" if ran else ""
 
 
-def _running_emulator_url(work: Path) -> str | None:
+def _running_emulator_env(work: Path) -> dict[str, str] | None:
     emulator = _emulator(work)
     if emulator is None:
         return None
@@ -130,7 +133,7 @@ def _running_emulator_url(work: Path) -> str | None:
             f"the stand-ins' GCS emulator (pid {emulator.pid}) has stopped: `tpuflow standins down "
             f"--workdir {work}`, then `up` again",
         )
-    return str(emulator.url)
+    return dict(emulator.env())
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -155,26 +158,26 @@ def _up(args: argparse.Namespace) -> int:
         )
     work.mkdir(parents=True, exist_ok=True)
     (work / STATE_FILE).unlink(missing_ok=True)
-    emulator_url = None
+    emulator = None
     if args.gcs:
         from tpuflow.dev.gcs_emulator import GcsEmulatorError
 
         try:
-            emulator_url = _start_emulator(work)
+            emulator = _start_emulator(work)
         except GcsEmulatorError as err:
             first = str(err).splitlines()[0]
             print(f"tpuflow standins up: the GCS emulator did not start: {first} (or use --no-gcs)", file=sys.stderr)
             return 1
     code = 1
     try:
-        code = _start_standins(args, work, emulator_url)
+        code = _start_standins(args, work, emulator)
     finally:
-        if code and emulator_url:  # the stand-ins did not start (or Ctrl-C): nothing of `up` stays behind
+        if code and emulator:  # the stand-ins did not start (or Ctrl-C): nothing of `up` stays behind
             _stop_emulator(work)
     return code
 
 
-def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | None) -> int:
+def _start_standins(args: argparse.Namespace, work: Path, emulator: Mapping[str, str] | None) -> int:
     real = args.control_plane == "real"
     module = "tpuflow.dev.rehearsal" if real else "tpuflow.dev.standins.stack"
     command = [sys.executable, "-m", module, "--workdir", str(work)]
@@ -184,8 +187,9 @@ def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | No
     if args.crds:
         command += ["--crds", str(Path(args.crds).resolve())]
     log = work / "standins.log"
-    # The stand-ins' local Ray clusters inherit the emulator, as GKE's pods reach Cloud Storage.
-    env = {**os.environ, **({EMULATOR_ENV: emulator_url} if emulator_url else {})}
+    # The stand-ins' local Ray clusters (and the rehearsal's pods) inherit the emulator, as GKE's pods reach
+    # Cloud Storage.
+    env = {**os.environ, **(emulator or {})}
     with log.open("ab") as out:
         proc = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
@@ -226,7 +230,9 @@ def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | No
             f"  CRD schemas:     {state['crds'] or 'none found (set --crds or TPUFLOW_KUBERAY_CRDS): no field validation'}"
         )
     gcs = (
-        f"{emulator_url}  (bucket gs://{GCS_BUCKET})" if emulator_url else f"none (--no-gcs): outputs in {work}/outputs"
+        f"{emulator[EMULATOR_ENV]}  (bucket gs://{GCS_BUCKET}; GCE metadata stand-in {emulator.get(METADATA_ENV)})"
+        if emulator
+        else f"none (--no-gcs): outputs in {work}/outputs"
     )
     print(f"  GCS emulator:    {gcs}")
     print(f"use them:          source {state['env_file']}")
@@ -236,7 +242,7 @@ def _start_standins(args: argparse.Namespace, work: Path, emulator_url: str | No
     print(f"log:               {log}")
     print(f"stop:              tpuflow standins down --workdir {work}")
     print(f'Airflow and your DAGs on them: eval "$(tpuflow standins env --workdir {shlex.quote(str(work))})" exports:')
-    print("\n".join(export_lines(airflow_env(state, work, emulator_url))))
+    print("\n".join(export_lines(airflow_env(state, work, emulator))))
     return 0
 
 
@@ -263,7 +269,7 @@ def _env(args: argparse.Namespace) -> int:
         raise UserInputError(
             "--workdir", str(work), f"no stand-ins run there: start them with `tpuflow standins up --workdir {work}`"
         )
-    print("\n".join(export_lines(airflow_env(state, work, _running_emulator_url(work)))))
+    print("\n".join(export_lines(airflow_env(state, work, _running_emulator_env(work)))))
     return 0
 
 

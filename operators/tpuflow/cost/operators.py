@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.templating import is_true
+from tpuflow.work_spans import WORK_SPAN_KEY, tasks_on_cluster
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -59,8 +60,6 @@ def _check_slices(slices: Any) -> None:
 def work_spans(context: Context, work: Any) -> list[dict[str, Any]]:
     """The work_span records the slice's work tasks pushed (every map index of a mapped task), with the
     cause the slice entry names for a task, if it names one."""
-    from tpuflow.work_spans import WORK_SPAN_KEY
-
     causes = dict(work) if isinstance(work, Mapping) else dict.fromkeys(work or [])
     out = []
     for task_id, cause in causes.items():
@@ -151,7 +150,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             line["timeline"] = slice_timeline(
                 span.created_at,
                 span.deleted_at if span.reclaimed_at is None else span.reclaimed_at,
-                work_spans(context, entry.get("work")),
+                work_spans(context, self._work(entry)),
                 now=now,
                 provisioned_at=span.provisioned_at,
                 cluster_ready_at=span.cluster_ready_at,
@@ -174,6 +173,18 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             ledger["endpoint"] = dict(self.endpoint)
         self._record(ledger)
         return ledger
+
+    def _work(self, entry: Mapping[str, Any]) -> dict[str, str | None]:
+        """The slice's work tasks: the ones its entry names (with their causes), and every other task of the DAG
+        whose ``cluster`` is the slice's cluster (``cluster_task_id``: a team's own Ray jobs on the slice)."""
+        declared = entry.get("work") or {}
+        work = dict(declared) if isinstance(declared, Mapping) else dict.fromkeys(declared)
+        cluster_task_id = entry.get("cluster_task_id")
+        dag = self.dag if self.has_dag() else None
+        if cluster_task_id and dag is not None:
+            for task_id in tasks_on_cluster(dag.tasks, cluster_task_id):
+                work.setdefault(task_id, None)
+        return work
 
     def _record(self, ledger: dict[str, Any]) -> None:
         from tpuflow.cost.goodput import summary_line

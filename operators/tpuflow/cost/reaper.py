@@ -54,6 +54,7 @@ the list of running runs yet). A failed list stops the reaper before it deletes 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -64,7 +65,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from tpuflow.cost.ledger import pool_span, rfc3339_to_unix
+from tpuflow.cost.ledger import build_ledger, pool_span, rfc3339_to_unix, slice_entry
 from tpuflow.errors import UserInputError
 from tpuflow.gke.workload_policy import owner_digests_of, owner_of, region_of
 from tpuflow.kuberay import GROUP, RAYCLUSTERS, RAYSERVICES, VERSION
@@ -89,6 +90,9 @@ from tpuflow.labels import (
 from tpuflow.liveness import dead_reason
 from tpuflow.naming import OWNER_DIGEST_LEN, TaskIdentity, owner_dag_digest, owner_run_digest
 from tpuflow.slices.operators import run_is_over
+from tpuflow.slices.supervision import SupervisionStore, dead_runs
+from tpuflow.storage import read_text, write_text
+from tpuflow.tpu.generations import GENERATIONS
 
 log = logging.getLogger(__name__)
 
@@ -425,8 +429,6 @@ def find_pool_orphans(hook: Any, project_id: str, cluster_name: str, pools: list
 def pool_bill(pool: Mapping[str, Any], created: float | None) -> dict[str, Any] | None:
     """What a TPU node pool bills: its chips (nodes x the machine type's ``-<N>t`` chips), generation and since
     when; None for a pool of another machine type."""
-    from tpuflow.tpu.generations import GENERATIONS
-
     machine = str((pool.get("config") or {}).get("machineType") or "")
     family, _, chips = machine.rpartition("-")
     generation = next((g.name for g in GENERATIONS.values() if g.machine_family == family), None)
@@ -726,8 +728,6 @@ def settle_dead_runs(
     its node pools in ``OUTPUT_ROOT/DAG_ID/DATE/reaped_ledger.json`` (what its ledger task, killed with it, never
     wrote; entries accumulate) and forget its supervision record. A dry run, or a run with an orphan left, changes
     nothing. Returns the ledger entries written."""
-    from tpuflow.cost.ledger import build_ledger, slice_entry
-
     store = orphans.supervision
     if outcome.get("dry_run") or store is None:
         return []
@@ -773,10 +773,6 @@ def settle_dead_runs(
 
 def _book(ledger: dict[str, Any], entry: Any, output_root: str | None, gcp_conn_id: str) -> str | None:
     """Add ``ledger`` to the run's reaped_ledger.json (RUN = OUTPUT_ROOT/DAG_ID/DATE); its URI, or None."""
-    import json
-
-    from tpuflow.storage import read_text, write_text
-
     if not output_root or not entry.date:
         return None
     uri = f"{output_root.rstrip('/')}/{entry.dag_id}/{entry.date}/{REAPED_LEDGER_FILE}"
@@ -871,7 +867,6 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
     dead = {}
     if scope.leases:
         from tpuflow.slices.leases import default_lease_root
-        from tpuflow.slices.supervision import SupervisionStore, dead_runs
 
         store = SupervisionStore(scope.lease_root or default_lease_root(), scope.gcp_conn_id)
         try:

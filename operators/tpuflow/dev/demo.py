@@ -41,12 +41,12 @@ DAG_ID = "tpu_llm_pipeline_local"
 
 
 @contextlib.contextmanager
-def _supervised() -> Iterator[Supervisor]:
-    """The demo's Supervisor: its children name it as their run's supervisor ($TPUFLOW_SUPERVISOR); on a
+def supervised(who: str = "tpuflow demo") -> Iterator[Supervisor]:
+    """The command's Supervisor: its children name it as their run's supervisor ($TPUFLOW_SUPERVISOR); on a
     signal it stops the clusters and releases the leases its run left."""
     # grace: `airflow dags test` answers SIGTERM with the task's on_kill() and goes on running the DAG's
     # teardowns; past 15 s its group is killed and the demo's own teardowns finish the job.
-    with Supervisor("tpuflow demo", grace=15.0) as sup:
+    with Supervisor(who, grace=15.0) as sup:
         sup.add_teardown(lambda: release_supervised_leases(sup.record))
         sup.add_teardown(lambda: stop_supervised_clusters(sup.record))  # first: a cluster before its lease
         before = {name: os.environ.get(name) for name in sup.env()}
@@ -113,23 +113,40 @@ def demo_conf(args: argparse.Namespace) -> dict[str, Any]:
         name = err.field.removeprefix("params.")
         raise UserInputError(FLAG_PARAMS.get(name, err.field), err.value, err.fix) from None
     check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
-    if args.date is not None:
-        check_date("--date", args.date)  # strictly YYYY-MM-DD: the run's output folder is named so
-        if date.fromisoformat(args.date) < START_DATE.date():  # Airflow would run no task and call it a success
-            raise UserInputError(
-                "--date", args.date, f"give a date on or after the DAG's start_date, {START_DATE:%Y-%m-%d}"
-            )
+    check_date_flag(args.date, START_DATE.date())
     check_folder("--work-dir", args.work_dir)
-    if args.output_root and (args.output_root.startswith("gs:") or "://" in args.output_root):
+    check_output_root_flag(args.output_root)
+    return conf
+
+
+def check_date_flag(value: str | None, start: date) -> None:
+    """``--date``: strictly YYYY-MM-DD (the run's output folder is named so), on or after the DAG's start."""
+    if value is None:
+        return
+    check_date("--date", value)
+    if date.fromisoformat(value) < start:  # Airflow would run no task and call it a success
+        raise UserInputError("--date", value, f"give a date on or after the DAG's start_date, {start:%Y-%m-%d}")
+
+
+def check_output_root_flag(value: str | None) -> None:
+    """``--output-root``: a gs:// URI must name a valid bucket (a folder is made when the run starts)."""
+    if value and (value.startswith("gs:") or "://" in value):
         from tpuflow.storage import split_gs_uri
 
-        split_gs_uri(args.output_root, "--output-root")
-    return conf
+        split_gs_uri(value, "--output-root")
+
+
+def local_output_root(work: Path, output_root: str | None) -> str:
+    """Where a run writes: ``output_root`` (a gs:// URI as given), else WORK/outputs; a folder made absolute."""
+    root = (output_root or str(work / "outputs")).rstrip("/")
+    if not root.startswith("gs:") and "://" not in root:
+        root = str(Path(root).resolve())  # gs:/... stays as given: check_params rejects it
+    return root
 
 
 def _run(args: argparse.Namespace) -> int:
     conf = demo_conf(args)
-    with _supervised() as sup:
+    with supervised() as sup:
         if args.backend == "gke":
             from tpuflow.dev.demo_gke import run_gke
 
@@ -137,9 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         work = Path(args.work_dir).resolve()
         home = work / "airflow"
         home.mkdir(parents=True, exist_ok=True)
-        output_root = (args.output_root or str(work / "outputs")).rstrip("/")
-        if not output_root.startswith("gs:") and "://" not in output_root:
-            output_root = str(Path(output_root).resolve())  # gs:/... stays as given: check_params rejects it
+        output_root = local_output_root(work, args.output_root)
         with demo_storage(output_root, sup) as storage_env:
             return _run_pipeline(args, home, output_root, storage_env, conf, sup)
 
@@ -152,41 +167,60 @@ def _run_pipeline(
     conf: dict[str, Any],
     sup: Supervisor,
 ) -> int:
-    from tpuflow.storage import read_text
-
-    env = {**demo_env(home, output_root), **storage_env, **sup.env()}
-    if args.num_slices > 1:  # the demo's own lease limit (the Variable tpuflow_max_slices, default 1)
-        env["AIRFLOW_VAR_TPUFLOW_MAX_SLICES"] = str(args.num_slices)
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    sup.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    env = {**demo_env(home, output_root), **storage_env, **sup.env(), **max_slices_env(args.num_slices)}
     run_date = args.date or date.today().isoformat()
-    print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
-    started = time.time()
-    reporter = LeaseWaitReporter(
-        sup.record, slots=_lease_slots(env), count=args.num_slices, lease_root=env.get("TPUFLOW_SLICE_LEASES")
-    )
-    proc = sup.popen([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
-    with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
-        code = proc.wait()
-    sup.check()
-    elapsed = time.time() - started
-    report_text = read_text(f"{output_root}/{DAG_ID}/{run_date}/report.json") if code == 0 else None
-    if report_text is None:
+    code, elapsed = dags_test(sup, env, DAG_ID, run_date, conf, who="tpuflow demo", num_slices=args.num_slices)
+    report = read_report(output_root, DAG_ID, run_date) if code == 0 else None
+    if report is None:
         print(f"\ntpuflow demo: the pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr)
         return 1
-    report = json.loads(report_text)
     print(f"\n=== tpuflow demo: pipeline succeeded in {elapsed:.0f}s ===")
     print(f"outputs:            {report['output_dir']}")
-    print(f"held-out accuracy:  {report['accuracy']:.3f} on {report['heldout_examples']} problems")
-    print(f"sample completion:  {report['sample_prompt']!r} -> {report['sample_completion']!r}")
+    # each line of a step the run had: report.json has no keys of a step the workload lacks
+    if report.get("accuracy") is not None:
+        print(f"held-out accuracy:  {report['accuracy']:.3f} on {report.get('heldout_examples')} problems")
+    if "sample_completion" in report:
+        print(f"sample completion:  {report.get('sample_prompt')!r} -> {report['sample_completion']!r}")
     for line in ledger_lines(report.get("ledger")):
         print(line)
     endpoint = (report.get("ledger") or {}).get("endpoint") or {}
     if endpoint.get("stopped"):
         print(f"endpoint (stopped): {endpoint['reason']}")
-    elif args.keep_endpoint:
+    elif args.keep_endpoint and report.get("endpoint"):
         print(f"endpoint (kept):    {report['endpoint']}  (stop it with: tpuflow local down)")
     return 0
+
+
+def max_slices_env(num_slices: int) -> dict[str, str]:
+    """The run's own lease limit (the Variable tpuflow_max_slices, default 1): room for every slice it trains on."""
+    return {"AIRFLOW_VAR_TPUFLOW_MAX_SLICES": str(num_slices)} if num_slices > 1 else {}
+
+
+def dags_test(
+    sup: Supervisor, env: dict[str, str], dag_id: str, run_date: str, conf: dict[str, Any], *, who: str, num_slices: int
+) -> tuple[int, float]:
+    """``airflow dags test`` of ``dag_id`` in the Airflow home ``env`` names (migrated first), supervised, saying who
+    holds the slice lease while the run waits for one; its exit code and how long it ran (seconds)."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    sup.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    print(f"{who}: running {dag_id} for {run_date} with {json.dumps(conf)}", flush=True)
+    started = time.time()
+    reporter = LeaseWaitReporter(
+        sup.record, slots=_lease_slots(env), count=num_slices, lease_root=env.get("TPUFLOW_SLICE_LEASES")
+    )
+    proc = sup.popen([airflow, "dags", "test", dag_id, run_date, "-c", json.dumps(conf)], env=env)
+    with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
+        code = proc.wait()
+    sup.check()
+    return code, time.time() - started
+
+
+def read_report(output_root: str, dag_id: str, run_date: str) -> dict[str, Any] | None:
+    """The run's report.json (local or gs://); None when the run wrote none."""
+    from tpuflow.storage import read_text
+
+    text = read_text(f"{output_root}/{dag_id}/{run_date}/report.json")
+    return json.loads(text) if text else None
 
 
 def _lease_slots(env: dict[str, str]) -> int:

@@ -1,5 +1,5 @@
 """What every demo run sets up around `airflow dags test`, local or on the stand-ins: a throw-away Airflow
-home, and for a gs:// output root the GCS emulator it writes to."""
+home, and for a gs:// output root the GCS emulator it writes to (`tpuflow run` too, with its DAG file's folder)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from tpuflow.dev.supervise import Interrupted, Supervisor
 REPO = Path(__file__).resolve().parents[3]
 
 
-def demo_env(home: Path, output_root: Path | str) -> dict[str, str]:
-    """A throw-away Airflow home so the demo never touches a user's own Airflow."""
+def demo_env(home: Path, output_root: Path | str, dags_folder: Path = REPO / "dags") -> dict[str, str]:
+    """A throw-away Airflow home so the demo never touches a user's own Airflow (``dags_folder``: the shipped
+    DAGs; `tpuflow run`: the folder of the team's DAG file)."""
     env = dict(os.environ)
     env.update(
         {
             "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",

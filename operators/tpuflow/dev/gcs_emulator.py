@@ -10,6 +10,11 @@ through tpuflow.storage.gcs_client. The wrapper's own FakeGCSServer is tied to t
 that started it (and sets the variable in that process only); this launcher runs the same binary
 detached, in its own session, with its data in a folder of its own, so it outlives the shell
 command that started it and `down` can stop exactly that process.
+
+Beside it runs a GCE metadata stand-in (tpuflow.dev.metadata_server, detached the same way, its pid and
+port in the same state.json): plain pyarrow, Ray Data and gcsfs look for credentials before they talk to
+any server, and find them there. `env()` (what `up` exports) names both: STORAGE_EMULATOR_HOST and
+TPUFLOW_GCE_METADATA_HOST, which tpuflow.storage.emulator_env turns into what each client library reads.
 """
 
 from __future__ import annotations
@@ -20,19 +25,22 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tpuflow.paths import tpuflow_home
+from tpuflow.storage import METADATA_ENV
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 STATE_FILE = "state.json"
 LOCAL_PROJECT = "tpuflow-local"
+METADATA_MODULE = "tpuflow.dev.metadata_server"
 
 
 class GcsEmulatorError(RuntimeError):
@@ -68,6 +76,90 @@ def _ready(url: str) -> bool:
         return False
 
 
+def _metadata_ready(address: str) -> bool:
+    request = urllib.request.Request(f"http://{address}/", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as resp:
+            return resp.status == 200 and resp.headers.get("Metadata-Flavor") == "Google"
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _log_tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-10:]) if log.is_file() else ""
+
+
+def _argv(pid: int, wait: float = 0.2) -> list[str]:
+    """The pid's command line ([] when it is gone); right after Popen (exec still under way) it reads empty."""
+    deadline = time.monotonic() + wait
+    try:
+        while not (raw := Path(f"/proc/{pid}/cmdline").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return []
+    except (OSError, IndexError):
+        return []
+    return raw.decode(errors="replace").split("\0")
+
+
+def _has_option(argv: list[str], option: str, value: str) -> bool:
+    return any(a == option and b == value for a, b in zip(argv, argv[1:], strict=False))
+
+
+def _metadata_runs(pid: int, port: int) -> bool:
+    """Whether ``pid`` is the metadata stand-in start_metadata() ran on ``port`` (never a recycled pid)."""
+    argv = _argv(pid) if pid > 0 and port > 0 else []
+    return METADATA_MODULE in argv and _has_option(argv, "--port", str(port))
+
+
+def _terminate(pid: int, alive: Callable[[], bool], timeout: float) -> bool:
+    """SIGTERM ``pid`` while ``alive()``, SIGKILL after ``timeout``; returns whether it ran."""
+    if pid <= 0:  # none recorded; waitpid(0) would reap any child of this process
+        return False
+    was_alive = alive()
+    if was_alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while alive() and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.1)
+        if alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    return was_alive
+
+
+def start_metadata(state: Path, host: str = "127.0.0.1", timeout: float = 30.0) -> tuple[int, int]:
+    """Start the GCE metadata stand-in detached (its own session, its log in ``state``); (pid, port)."""
+    port, log = free_port(), state / "metadata.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", METADATA_MODULE, "--host", host, "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout
+    while not _metadata_ready(f"{host}:{port}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_metadata(proc.pid, port)
+            raise GcsEmulatorError(
+                f"the GCE metadata stand-in did not start on {host}:{port} (exit {proc.poll()}):\n{_log_tail(log)}"
+            )
+        time.sleep(0.1)
+    return proc.pid, port
+
+
+def stop_metadata(pid: int, port: int, timeout: float = 10.0) -> bool:
+    """Stop the metadata stand-in start_metadata() started (by pid, while it is that process)."""
+    return _terminate(pid, lambda: _metadata_runs(pid, port), timeout)
+
+
 def ensure_buckets(url: str, buckets: Iterable[str]) -> list[str]:
     """Create the buckets that do not exist yet on the emulator at `url`; returns those it created."""
     from google.api_core.exceptions import Conflict
@@ -95,13 +187,22 @@ class GcsEmulator:
     data_dir: str
     log_file: str
     state_dir: str
+    metadata_pid: int = 0  # the GCE metadata stand-in beside it (0: none, a state.json from before it)
+    metadata_port: int = 0
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def metadata_address(self) -> str | None:
+        return f"{self.host}:{self.metadata_port}" if self.metadata_port else None
+
     def env(self) -> dict[str, str]:
-        return {EMULATOR_ENV: self.url}
+        """What a shell exports to use it (`tpuflow local gcs up` prints it): the emulator and its metadata
+        stand-in; tpuflow.storage.emulator_env derives every client library's variables from these."""
+        address = self.metadata_address
+        return {EMULATOR_ENV: self.url, **({METADATA_ENV: address} if address else {})}
 
     @classmethod
     def start(
@@ -114,6 +215,8 @@ class GcsEmulator:
                 f"a GCS emulator already runs at {running.url} (pid {running.pid}); "
                 f"stop it first: tpuflow local gcs down"
             )
+        if running is not None:
+            running.stop()  # what a crashed one left: its metadata stand-in may still run
         state.mkdir(parents=True, exist_ok=True)
         data, log = state / "data", state / "emulator.log"
         data.mkdir(exist_ok=True)
@@ -142,15 +245,20 @@ class GcsEmulator:
                 start_new_session=True,
             )
         emulator = cls(proc.pid, host, port, str(data.resolve()), str(log), str(state.resolve()))
-        deadline = time.monotonic() + timeout
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                emulator.stop()
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
-                raise GcsEmulatorError(f"fake-gcs-server did not start on {url} (exit {proc.poll()}):\n{tail}")
-            time.sleep(0.1)
-        (state / STATE_FILE).write_text(json.dumps(asdict(emulator), indent=2))
-        ensure_buckets(url, buckets)
+        try:
+            deadline = time.monotonic() + timeout
+            while not _ready(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise GcsEmulatorError(
+                        f"fake-gcs-server did not start on {url} (exit {proc.poll()}):\n{_log_tail(log)}"
+                    )
+                time.sleep(0.1)
+            emulator.metadata_pid, emulator.metadata_port = start_metadata(state, host, timeout)
+            (state / STATE_FILE).write_text(json.dumps(asdict(emulator), indent=2))
+            ensure_buckets(url, buckets)
+        except BaseException:
+            emulator.stop()  # nothing of a failed start stays behind
+            raise
         return emulator
 
     @classmethod
@@ -165,55 +273,69 @@ class GcsEmulator:
         """Whether our emulator process still runs: the pid, a fake-gcs-server serving our data folder
         (``-filesystem-root <data_dir>`` on its command line, as start() runs it); a recycled pid belongs to
         someone else and is never signalled."""
-        try:
-            argv = self._argv()
-            stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return False
-        serves_ours = any(a == "-filesystem-root" and b == self.data_dir for a, b in zip(argv, argv[1:], strict=False))
-        return bool(self.data_dir) and serves_ours and stat[0] != "Z"
+        return bool(self.data_dir) and _has_option(_argv(self.pid), "-filesystem-root", self.data_dir)
 
-    def _argv(self, wait: float = 0.2) -> list[str]:
-        """The pid's command line; right after Popen (exec still under way) it reads empty for a moment."""
-        deadline = time.monotonic() + wait
-        while not (raw := Path(f"/proc/{self.pid}/cmdline").read_bytes()) and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return raw.decode(errors="replace").split("\0")
+    def metadata_is_alive(self) -> bool:
+        """Whether its metadata stand-in still runs (the pid, running tpuflow.dev.metadata_server on our port)."""
+        return _metadata_runs(self.metadata_pid, self.metadata_port)
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Stop the process by its pid (SIGTERM, then SIGKILL); remove the state file. Returns whether it ran."""
-        was_alive = self.is_alive()
-        if was_alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self.is_alive() and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(self.pid, os.WNOHANG)
-                time.sleep(0.1)
-            if self.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(self.pid, os.WNOHANG)
+        """Stop the emulator and its metadata stand-in by their pids (SIGTERM, then SIGKILL); remove the state
+        file. Returns whether the emulator ran."""
+        ran = _terminate(self.pid, self.is_alive, timeout)
+        stop_metadata(self.metadata_pid, self.metadata_port, timeout)
         (Path(self.state_dir) / STATE_FILE).unlink(missing_ok=True)
-        return was_alive
+        return ran
+
+
+@contextlib.contextmanager
+def _exported(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment for the block (children and tpuflow.storage read it there)."""
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _metadata_beside() -> Iterator[None]:
+    """The given emulator's metadata stand-in: $TPUFLOW_GCE_METADATA_HOST's, else one started for the block."""
+    if os.environ.get(METADATA_ENV, "").strip():
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="tpuflow-metadata-") as tmp:
+        pid, port = start_metadata(Path(tmp))
+        try:
+            with _exported({METADATA_ENV: f"127.0.0.1:{port}"}):
+                yield
+        finally:
+            stop_metadata(pid, port)
 
 
 @contextlib.contextmanager
 def emulator_for(buckets: Iterable[str]) -> Iterator[str]:
     """The emulator URL to use: $STORAGE_EMULATOR_HOST's (buckets created there if missing), else one
-    started for the duration of the block (in a temporary folder) and stopped after it."""
+    started for the duration of the block (in a temporary folder) and stopped after it. Either way the block
+    runs with STORAGE_EMULATOR_HOST and TPUFLOW_GCE_METADATA_HOST exported (a metadata stand-in is started for
+    a given emulator without one), so tpuflow.storage.emulator_env() gives jobs the whole set."""
     buckets = list(buckets)
     given = os.environ.get(EMULATOR_ENV, "").strip().rstrip("/")
     if given:
         url = given if "://" in given else f"http://{given}"
         ensure_buckets(url, buckets)
-        yield url
+        with _metadata_beside():
+            yield url
         return
     with tempfile.TemporaryDirectory(prefix="tpuflow-gcs-") as tmp:
         emulator = GcsEmulator.start(buckets=buckets, state_dir=Path(tmp))
         try:
-            yield emulator.url
+            with _exported(emulator.env()):
+                yield emulator.url
         finally:
             emulator.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from tpuflow.dev.standins.stack import (
     serve,
     stack_arguments,
 )
+from tpuflow.storage import emulator_env
 
 NODE_AGENT_USER = "system:node:tpuflow-node-agent"
 
@@ -43,6 +45,20 @@ NODE_AGENT_USER = "system:node:tpuflow-node-agent"
 def _loopback_port(url: str) -> int | None:
     parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
     return parsed.port if parsed.hostname in ("127.0.0.1", "localhost") else None
+
+
+def host_ports(env: Mapping[str, str]) -> list[int]:
+    """The loopback ports of host services ``env`` names (the node agent forwards them into the pod network)."""
+    found = (_loopback_port(v) for v in env.values() if "127.0.0.1:" in v or "localhost:" in v)
+    return sorted({p for p in found if p})
+
+
+def pod_env_with_storage(pod_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``pod_env`` with the GCS emulator and its GCE metadata stand-in as every client library in a pod reads them
+    (tpuflow.storage.emulator_env; this process's emulator unless ``pod_env`` names one). The node agent rewrites
+    their loopback addresses to the pod network's gateway."""
+    given = dict(pod_env or {})
+    return {**emulator_env({**os.environ, **given}), **given}
 
 
 class RehearsalStack(StandinStack):
@@ -64,15 +80,12 @@ class RehearsalStack(StandinStack):
         self.fake = False
         self.crds = None
         self.gke = GKEApiStandin(operation_seconds=operation_seconds, clusters=[self.cluster_path])
-        self.index = net.claim_index()
+        self.index: int | None = None  # the pod network's, claimed by start() (a bridge: nothing before that)
         self.plane = ControlPlane(
             self.workdir / "controlplane",
-            service_cidr=net.service_cidr(self.index),
             extra_users={NODE_AGENT_USER: ("system:node", "system:node-proxier", "tpuflow:cloud-node-lifecycle")},
         )
-        self.pod_env = dict(pod_env or {})
-        if "STORAGE_EMULATOR_HOST" in os.environ and "STORAGE_EMULATOR_HOST" not in self.pod_env:
-            self.pod_env["STORAGE_EMULATOR_HOST"] = os.environ["STORAGE_EMULATOR_HOST"]
+        self.pod_env = pod_env_with_storage(pod_env)
         self.interval = interval
         self.webhook: TpuWebhookServer | None = None
         self.agent: NodeAgent | None = None
@@ -100,21 +113,18 @@ class RehearsalStack(StandinStack):
     def start(self) -> RehearsalStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
+            self.index = net.claim_index()
+            self.plane.service_cidr = net.service_cidr(self.index)  # Services answer in this network's range
             self.gke.start()
             self.plane.start()
             self._start_webhook()
-            host_ports = [
-                p
-                for p in (_loopback_port(v) for v in self.pod_env.values() if "127.0.0.1:" in v or "localhost:" in v)
-                if p
-            ]
             self.agent = NodeAgent(
                 self.api(NODE_AGENT_USER),
                 self.workdir / "nodes",
                 cluster=self.cluster_path,
                 pools=lambda: self.gke.node_pools(self.cluster_path),
                 index=self.index,
-                host_ports=host_ports,
+                host_ports=host_ports(self.pod_env),
                 extra_env=self.pod_env,
                 interval=self.interval,
             ).start()

@@ -5,15 +5,20 @@ children). The process that starts a local cluster is an Airflow worker, ``tpufl
 user's shell: its environment carries the Airflow JWT secret and Fernet key (``AIRFLOW__*``), connection
 URIs with passwords (``AIRFLOW_CONN_*``) and whatever else the user exported. A node gets only what Ray,
 the interpreter and the workloads read; the cluster's own settings (RAY_*, TPU_*) are added by the
-cluster, and ``env=`` passes anything else explicitly.
+cluster, and ``env=`` passes anything else explicitly. With a GCS emulator configured, a node also gets what
+points every client library at it (tpuflow.storage.emulator_env), so plain gs:// code on the cluster, in a
+job tpuflow did not start too, reaches the emulator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tpuflow.storage import emulator_env
+
 # Exact names a node inherits: the interpreter, locale and temp dir, the virtual environment, proxies and CA
-# bundles (GCS and model downloads go through them), Google credentials and the GCS emulator.
+# bundles (GCS and model downloads go through them), Google credentials, the GCS emulator and the GCE metadata
+# stand-in beside it (tpuflow.storage.emulator_env's names).
 INHERITED_NAMES = frozenset(
     {
         "PATH",
@@ -41,8 +46,11 @@ INHERITED_NAMES = frozenset(
         "REQUESTS_CA_BUNDLE",
         "CURL_CA_BUNDLE",
         "STORAGE_EMULATOR_HOST",
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
         "GCE_METADATA_HOST",
         "GCE_METADATA_IP",
+        "GCE_METADATA_ROOT",
         "OMP_NUM_THREADS",
     }
 )
@@ -62,5 +70,6 @@ def inherited(name: str) -> bool:
 
 
 def node_environment(source: Mapping[str, str]) -> dict[str, str]:
-    """The part of ``source`` (the launching process's environment) a local Ray node inherits."""
-    return {name: value for name, value in source.items() if inherited(name)}
+    """The part of ``source`` (the launching process's environment) a local Ray node inherits, with the client
+    libraries' emulator variables derived from it when it names a GCS emulator."""
+    return {**{name: value for name, value in source.items() if inherited(name)}, **emulator_env(source)}

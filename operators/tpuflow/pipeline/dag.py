@@ -12,6 +12,10 @@ The backend decides the DAG's shape (a local cluster's start / stop tasks, or no
 RayService), so it is read at parse time, not from a run's Param: the Airflow of a laptop and of a team's
 Composer environment parse the same file into the pipeline each can run. A value that is neither backend is a
 DAG import error naming the Variable.
+
+Mistakes in the file are DAG import errors of one line too, before any run can bill: a step of the workload whose
+module or function is not in its ``code_dir`` (``Workload.check_code``, nothing imported), and a slice given as a
+DAG argument (``accelerator=``, ``topology=``: the slice is each run's Params).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from typing import Any
 from airflow.sdk import DAG
 
 from tpuflow.errors import UserInputError
-from tpuflow.pipeline.factory import build_pipeline_dag
-from tpuflow.pipeline.params import START_DATE
+from tpuflow.pipeline.factory import build_pipeline_dag, refuse_slice_arguments
+from tpuflow.pipeline.params import FRAMEWORKS, START_DATE
 from tpuflow.pipeline.workload import Workload
 
 BACKEND_VARIABLE = "tpuflow_backend"
@@ -75,6 +79,9 @@ def tpu_pipeline(
     """
     if not isinstance(workload, Workload):
         raise UserInputError("workload", workload, "give a tpuflow.pipeline.workload.Workload")
+    refuse_slice_arguments(dag_kwargs)
+    if workload.code_dir is not None:  # without one the steps are in the image: check_params looks then
+        workload.check_code(FRAMEWORKS)
     chosen = checked_backend(backend) if backend is not None else configured_backend()
     common = {"workload": workload, "schedule": schedule, "start_date": start_date, **dag_kwargs}
     if chosen == "local":

@@ -7,7 +7,9 @@ deploy and smoke test are the same operators talking to the same Ray APIs.
 
 from __future__ import annotations
 
+import json
 import posixpath
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,7 @@ from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
-from tpuflow.pipeline.params import START_DATE, pipeline_params
+from tpuflow.pipeline.params import START_DATE, pipeline_params, step_params_lacking
 from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
 from tpuflow.pipeline.workload import Workload, templated
 from tpuflow.rayjob.operators import RaySubmitJobOperator
@@ -27,6 +29,7 @@ from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.serve.idle_stop import RayServeWaitForIdleOperator
 from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
+from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 from tpuflow.work_spans import DATA_PREP, EVALUATION, PREFLIGHT, SERVING, TRAINING
 
 if TYPE_CHECKING:
@@ -46,6 +49,28 @@ CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
 # The quality gate's key when the train loop evaluates (Workload.evaluate_in_training): its reported evaluation.
 IN_TRAINING_GATE = "evaluation.accuracy"
+
+
+# Slice arguments the pipeline once took: the slice is each run's (Params), every slice task's tpu_slice.
+SLICE_ARGUMENTS = ("accelerator", "topology", "machine_type", "num_slices", "tpu_slice")
+
+
+def refuse_slice_arguments(dag_kwargs: Mapping[str, Any]) -> None:
+    """One line for a slice given as a DAG argument (``accelerator=``, ``topology=``, ...), naming ``tpu_slice``
+    and how a run gives its slice, instead of Airflow's TypeError on an unknown DAG argument."""
+    given = [name for name in SLICE_ARGUMENTS if name in dag_kwargs]
+    if not given:
+        return
+    spec = dag_kwargs.get("tpu_slice")
+    example = dict(spec) if isinstance(spec, Mapping) else {n: dag_kwargs[n] for n in given if n != "tpu_slice"}
+    example = {key: example[key] for key in SLICE_ARGUMENTS if key in example} or {"topology": "4x4"}
+    raise UserInputError(
+        given[0],
+        dag_kwargs[given[0]],
+        "the pipeline takes no slice argument: each run gives its slice as the Params accelerator, topology, "
+        f"machine_type and num_slices (the trigger form, or conf {json.dumps(example, default=str)}), and "
+        "check_params hands it to every slice task as tpu_slice",
+    )
 
 
 def checked(key: str, serve: bool = False) -> str:
@@ -102,8 +127,11 @@ def pipeline_dag(
     workload: Workload | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The DAG settings every backend shares; the workload's own Params join the pipeline's."""
-    params = dict(params or pipeline_params())
+    """The DAG settings every backend shares; the workload's own Params join the pipeline's, less those of the
+    steps it does not have (tpuflow.pipeline.params.STEP_PARAMS: no task reads them, the form does not show them)."""
+    refuse_slice_arguments(dag_kwargs)
+    lacking = step_params_lacking(workload)
+    params = {name: param for name, param in (params or pipeline_params()).items() if name not in lacking}
     for name, value in ((workload.params or {}) if workload else {}).items():
         if name in params:
             raise UserInputError(
@@ -174,6 +202,9 @@ def training_steps(
                 "num_heldout": "{{ params.num_eval }}",
             },
             log_uri=f"{run_dir}/logs/prep.log",
+            # a rerun of the date replaces the data an earlier attempt wrote, never adds to it
+            replace_output_dir=True,
+            gcp_conn_id=train_kwargs.get("gcp_conn_id", "google_cloud_default"),
             **code,
         )
     slice_args = {
@@ -341,7 +372,6 @@ def build_pipeline_dag(
     # steps) does not load them when it is parsed.
     from tpuflow.cost.local import LocalChipLedgerOperator, LocalStopRecordingSpanOperator
     from tpuflow.local.operators import LocalRayClusterCreateOperator
-    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
 
     run_dir = run_dir_for(dag_id, output_root)
     with pipeline_dag(
@@ -410,7 +440,15 @@ def build_pipeline_dag(
         slice_work["preflight"] = PREFLIGHT
         ledger = LocalChipLedgerOperator(
             task_id=LEDGER_TASK_ID,
-            slices=[{"role": "train", "tpu": train_slice, "task_id": "stop_cluster", "work": slice_work}],
+            slices=[
+                {
+                    "role": "train",
+                    "tpu": train_slice,
+                    "task_id": "stop_cluster",
+                    "work": slice_work,
+                    "cluster_task_id": "start_cluster",  # a team's own Ray jobs on it are work too
+                }
+            ],
             trained="{{ ti.xcom_pull(task_ids='train') }}",
             output_dir=run_dir,
             prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",

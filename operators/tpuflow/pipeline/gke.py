@@ -117,11 +117,12 @@ DEFAULT_RAY_IMAGE = "rayproject/ray:2.60.0-py311"
 
 
 # --- Params ------------------------------------------------------------------------------------------
-def gke_pipeline_params() -> dict[str, Param]:
+def gke_pipeline_params(workload: Workload | None = None) -> dict[str, Param]:
     """The shared Params (serve_topology included: tpuflow.pipeline.params), queued capacity's
-    max_run_duration_seconds, and the zones to try (zones, zone_failover)."""
+    max_run_duration_seconds, and the zones to try (zones, zone_failover); with ``workload``, less the Params of
+    the steps it does not have (tpuflow.pipeline.params.STEP_PARAMS; pipeline_dag leaves them out too)."""
     return {
-        **pipeline_params(),
+        **pipeline_params(workload=workload),
         MAX_RUN_DURATION_PARAM: max_run_duration_param(),
         ZONES_PARAM: zones_param(),
         ZONE_FAILOVER_PARAM: zone_failover_param(),
@@ -703,7 +704,16 @@ def build_gke_pipeline_dag(
         cpu_cluster = create_prep.output if create_prep else None
         # the work each slice was held for (the ledger's timeline): evaluation and prep run on the CPU cluster
         train_work = {"preflight": PREFLIGHT, "train": TRAINING}
-        train_ledger = [{"role": "train", "tpu": train_slice, "task_id": "create_node_pool", "work": train_work}]
+        # a team's own Ray jobs on the training cluster (tpuflow.pipeline.handles) are work too
+        train_ledger = [
+            {
+                "role": "train",
+                "tpu": train_slice,
+                "task_id": "create_node_pool",
+                "work": train_work,
+                "cluster_task_id": "create_ray_cluster",
+            }
+        ]
         prep, train, evaluate = training_steps(
             cpu_cluster,
             run_dir,

@@ -3,7 +3,8 @@
 Each Param carries a JSON schema (``param_specs``: plain data, no Airflow import), so the UI form rejects
 a bad single value at trigger time and `tpuflow demo` its flags before anything starts;
 the accelerator/topology pair is checked by `validate_params` in the first task, before any
-cluster or node pool exists.
+cluster or node pool exists. ``topology`` has no schema rule of its own: only `validate_params` can tell a
+shape of the chosen generation, and say so in one line (Airflow's own refusal lists the whole schema).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from tpuflow.tpu.generations import GENERATIONS
 
 if TYPE_CHECKING:
     from airflow.sdk import Param
+
+    from tpuflow.pipeline.workload import Workload
 
 
 def _catalog_topologies() -> list[str]:
@@ -77,8 +80,33 @@ def serve_topology_param() -> Param:
     return _serve_topology_spec().param()
 
 
-def pipeline_params(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, Param]:
-    return {name: spec.param() for name, spec in param_specs(accelerator=accelerator, topology=topology).items()}
+def pipeline_params(
+    *, accelerator: str = "TPU-V6E", topology: str = "4x4", workload: Workload | None = None
+) -> dict[str, Param]:
+    """The pipeline's Params; with ``workload``, only those of the steps it has (step_params_lacking)."""
+    specs = param_specs(accelerator=accelerator, topology=topology, workload=workload)
+    return {name: spec.param() for name, spec in specs.items()}
+
+
+# The Params only one step reads, by the step a workload may lack (tpuflow.pipeline.workload.Workload): the trigger
+# form of a workload without the step has none of them, and no task of its DAG reads them.
+STEP_PARAMS = {
+    "prep": ("num_train", "num_eval"),  # prep's --num-train / --num-heldout
+    "evaluation": ("accuracy_threshold",),  # the quality gate of evaluate, or of evaluate_in_training
+    "serving": ("serve_topology", "keep_endpoint", "idle_timeout"),  # serve_app's slice, endpoint and idle stop
+}
+
+
+def step_params_lacking(workload: Workload | None) -> set[str]:
+    """The Params of the steps ``workload`` does not have (STEP_PARAMS); none for None (every step)."""
+    if workload is None:
+        return set()
+    has = {
+        "prep": bool(workload.prep),
+        "evaluation": bool(workload.evaluate_job or workload.evaluate_in_training),
+        "serving": workload.serve_app is not None,
+    }
+    return {name for step, names in STEP_PARAMS.items() if not has[step] for name in names}
 
 
 def _serve_topology_spec() -> ParamSpec:
@@ -137,9 +165,16 @@ def zone_failover_param() -> Param:
     ).param()
 
 
-def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[str, ParamSpec]:
+def param_specs(
+    *, accelerator: str = "TPU-V6E", topology: str = "4x4", workload: Workload | None = None
+) -> dict[str, ParamSpec]:
     """Each Param's default and JSON schema, as plain data: `tpuflow demo` checks its flags with them
-    without loading Airflow."""
+    without loading Airflow. With ``workload``: only those of the steps it has (step_params_lacking)."""
+    lacking = step_params_lacking(workload)
+    return {name: spec for name, spec in _all_param_specs(accelerator, topology).items() if name not in lacking}
+
+
+def _all_param_specs(accelerator: str, topology: str) -> dict[str, ParamSpec]:
     return {
         "accelerator": ParamSpec(
             accelerator,
@@ -150,10 +185,13 @@ def param_specs(*, accelerator: str = "TPU-V6E", topology: str = "4x4") -> dict[
         ),
         "topology": ParamSpec(
             topology,
-            type="string",
-            enum=TOPOLOGIES,
+            # Suggestions, not an enum: which shapes exist depends on the accelerator, so check_params judges the
+            # value (one line with the hint and shapes of that generation); an enum here would make Airflow refuse
+            # a bad one with every shape of every generation and its whole schema, before check_params runs.
+            examples=TOPOLOGIES,
             title="Slice topology",
-            description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e.",
+            description="The slice's shape, not a chip count: 4x4 = 16 chips = 4 hosts on v6e. Checked against the "
+            "accelerator before anything starts.",
         ),
         "machine_type": ParamSpec(
             None,
@@ -297,11 +335,11 @@ def check_param(name: str, value: Any, params: dict[str, ParamSpec] | None = Non
     return value
 
 
-def check_conf(conf: dict[str, Any]) -> dict[str, Any]:
-    """A run's conf as ``airflow dags test/trigger -c`` hands it over: each key a Param, each value
-    valid for its schema. Returns every Param's value (the defaults where conf has none); the
-    cross-field check (validate_params, or the GKE pipeline's) is the caller's next step."""
-    params = param_specs()
+def check_conf(conf: dict[str, Any], params: dict[str, ParamSpec] | None = None) -> dict[str, Any]:
+    """A run's conf as ``airflow dags test/trigger -c`` hands it over: each key a Param (of ``params``, default
+    the pipeline's), each value valid for its schema. Returns every Param's value (the defaults where conf has
+    none); the cross-field check (validate_params, or the GKE pipeline's) is the caller's next step."""
+    params = params or param_specs()
     for name, value in conf.items():
         if name not in params:
             raise UserInputError("params", name, f"the pipeline's Params are {', '.join(params)}")
@@ -318,7 +356,8 @@ def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict
     if framework not in FRAMEWORKS:
         raise UserInputError("params.framework", framework, f"use one of {', '.join(FRAMEWORKS)}")
     threshold = params.get("accuracy_threshold")
-    if not isinstance(threshold, int | float) or not 0 <= float(threshold) <= 1:
+    # absent: the workload has no evaluation, so no quality gate (STEP_PARAMS)
+    if "accuracy_threshold" in params and (not isinstance(threshold, int | float) or not 0 <= float(threshold) <= 1):
         raise UserInputError("params.accuracy_threshold", threshold, "give a number between 0 and 1")
     check_max_chip_hours(params.get(MAX_CHIP_HOURS_PARAM))
     try:

@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 
 
 class CheckParamsOperator(BaseOperator):
-    """Reject a bad accelerator/topology pair (or other Param), a Param the workload cannot train with,
-    or an output folder the run cannot write (a malformed gs:// URI, a missing bucket, credentials
-    without write access), before anything is started.
+    """Reject a bad accelerator/topology pair (or other Param), a step of the workload that is not where its
+    import path says (for the run's framework, found without importing it: ``Workload.check_code``; a step
+    whose package this machine cannot see is not judged), a Param the workload cannot train with, or an
+    output folder the run cannot write (a malformed gs:// URI, a missing bucket, credentials without write
+    access), before anything is started.
 
     :param output_dir: the run's output folder (local or gs://BUCKET/PREFIX); None: not checked.
     :param gcp_conn_id: Airflow connection whose credentials write a gs:// output folder; templated.
@@ -62,9 +64,13 @@ class CheckParamsOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         params = dict(context["params"])
         checked = self.check(params)
-        workload_check = self.workload.load_check() if self.workload else None
-        if workload_check is not None:
-            workload_check(params)
+        if self.workload is not None:
+            if self.workload.serve_app is None:  # no serve slice: nothing is deployed (nor its quota checked)
+                checked.pop("serve", None)
+            self.workload.check_code([params["framework"]])
+            workload_check = self.workload.load_check()
+            if workload_check is not None:
+                workload_check(params)
         if self.output_dir:
             check_writable(self.output_dir, "output_dir", self.gcp_conn_id)
         return checked
@@ -229,7 +235,8 @@ def _deployments(workload: Workload, options: Any) -> list[dict[str, Any]] | Non
 
 
 class WriteReportOperator(ArgumentChecks, BaseOperator):
-    """The run's report (accuracy, a sample completion, the endpoint) as report.json in ``output_dir``.
+    """The run's report (accuracy, a sample completion, the endpoint: each of a step the pipeline has, REPORT_KEYS)
+    as report.json in ``output_dir``.
 
     :param output_dir: the run's output folder (local path, or a remote URI where only the XCom is kept); templated.
     :param evaluation: the evaluate task's XCom (``accuracy``, ``n``); None: the pipeline has no evaluation; templated.
@@ -317,6 +324,14 @@ def _check_xcom(field: str, value: Any) -> None:
         raise UserInputError(field, value, "pass the upstream task's XCom (a dict)")
 
 
+# report.json's keys of each step a workload may lack (write_report): a run without the step has none of them.
+REPORT_KEYS = {
+    "evaluation": ("accuracy", "heldout_examples", "eval_examples_per_s", "eval_hosts"),
+    "smoke_test": ("sample_prompt", "sample_completion"),
+    "deploy": ("endpoint",),
+}
+
+
 def write_report(
     output_dir: str,
     evaluation: dict[str, Any] | None,
@@ -327,20 +342,25 @@ def write_report(
     endpoint_path: str = "",
     training: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """report.json; the keys of a step the pipeline does not have are None."""
+    """report.json: the run's output folder and training, and the keys of each step the pipeline has (REPORT_KEYS);
+    a step it does not have (``evaluation``, ``answer`` or ``deployed`` None) has none of its keys in it."""
 
-    evaluation, answer = evaluation or {}, answer or {}
-    report = {
-        "output_dir": output_dir,
-        "accuracy": evaluation.get("accuracy"),
-        "heldout_examples": evaluation.get("n"),
-        "eval_examples_per_s": evaluation.get("examples_per_s"),
-        "eval_hosts": evaluation.get("hosts_used"),
-        "sample_prompt": sample_prompt,
-        "sample_completion": ((answer.get("choices") or [{}])[0] or {}).get("text") if answer else None,
-        "endpoint": f"{deployed['serve_url']}{endpoint_path}" if deployed else None,
-        "training": training,  # training_summary(the train task's XCom)
-    }
+    report: dict[str, Any] = {"output_dir": output_dir}
+    if evaluation is not None:
+        report |= {
+            "accuracy": evaluation.get("accuracy"),
+            "heldout_examples": evaluation.get("n"),
+            "eval_examples_per_s": evaluation.get("examples_per_s"),
+            "eval_hosts": evaluation.get("hosts_used"),
+        }
+    if answer is not None:
+        report |= {
+            "sample_prompt": sample_prompt,
+            "sample_completion": ((answer.get("choices") or [{}])[0] or {}).get("text") if answer else None,
+        }
+    if deployed is not None:
+        report["endpoint"] = f"{deployed['serve_url']}{endpoint_path}" if deployed else None
+    report["training"] = training  # training_summary(the train task's XCom)
 
     write_text(f"{output_dir.rstrip('/')}/report.json", json.dumps(report, indent=2))
     print(f"TPUFLOW_REPORT {json.dumps(report)}")

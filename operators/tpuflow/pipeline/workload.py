@@ -8,7 +8,8 @@ The steps' contracts (what each is called with on the Ray cluster):
 
 - ``prep``: ``python -m <prep> --output-dir RUN/data --date YYYY-MM-DD --num-train N --num-heldout M``;
   it writes the training dataset to RUN/data/train (and the held-out set to RUN/data/heldout), which the
-  train loop gets as its ``train`` dataset shard.
+  train loop gets as its ``train`` dataset shard. RUN/data is emptied before each new prep job (a rerun of the
+  date replaces the data, never adds to it).
 - ``train_loop``: Ray Train's ``train_loop_per_worker`` (JaxTrainer or TorchTrainer, Param ``framework``),
   given ``train_loop_config={"num_steps": <Param train_steps>, "checkpoint_every": <Param checkpoint_every>}``
   (steps between the checkpoints it reports to Ray Train).
@@ -38,6 +39,16 @@ The steps' contracts (what each is called with on the Ray cluster):
   cannot train with, before any slice is leased.
 
 Import paths may contain ``{framework}``, replaced by the run's Param ``framework`` (``jax`` or ``torch``).
+``Workload.check_code`` finds each step's module, and the function a "module:function" names, without importing
+them (tpuflow.pipeline.step_paths): ``tpu_pipeline`` runs it while the DAG file is parsed when there is a
+``code_dir``, and the ``check_params`` task for the run's framework, before any slice is leased.
+
+Storage: the steps on the cluster (prep, train loop, evaluate, serve app) use gs:// paths as they are, with
+pyarrow (``pyarrow.parquet``, ``pyarrow.fs.FileSystem.from_uri``), Ray Data (``read_parquet``,
+``write_parquet``), gcsfs or google-cloud-storage: no filesystem, endpoint or credentials in the code. On GKE
+they reach Cloud Storage as the pods' service account; on the rehearsal (a GCS emulator) their environment
+(tpuflow.storage.emulator_env, in every job's and replica's runtime_env) points each of these libraries at the
+emulator and at a GCE metadata stand-in that gives them a token.
 Cheap to import (a DAG file builds its Workload while it is parsed): no Airflow, Ray or ML imports.
 """
 
@@ -47,12 +58,14 @@ import importlib
 import json
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpuflow import workloads_dir
 from tpuflow.errors import UserInputError
+from tpuflow.pipeline.step_paths import NotFound, Unresolved, check_import_path
 from tpuflow.serve.deployment_options import check_user_config
 
 FRAMEWORK = "{framework}"
@@ -65,6 +78,11 @@ _CALLABLE = re.compile(rf"{_NAME}(\.{_NAME})*:{_NAME}")
 _SERVE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _MODULE_FIX = 'give a dotted module name, e.g. "acme_forecast.prep"'
 _CALLABLE_FIX = 'give "package.module:function", e.g. "acme_forecast.fit:train_loop"'
+# The fields that name code, in the order check_code looks at them: prep and evaluate run as `python -m`,
+# the two checks on the Airflow worker, the rest on the Ray cluster.
+STEP_FIELDS = ("train_loop", "prep", "evaluate", "serve_app", "check_params", "check_serve_user_config")
+_RUN_WITH_PYTHON_M = frozenset({"prep", "evaluate"})
+_ON_AIRFLOW = frozenset({"check_params", "check_serve_user_config"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +253,36 @@ class Workload:
         """The code as a Serve app on a cluster of this machine sees it (a local:// folder); None: nothing."""
         return f"local://{self.code_dir}" if self.code_dir else None
 
+    def check_code(self, frameworks: Sequence[str]) -> None:
+        """Every step's module, and the function a "module:function" names, found without importing them
+        (``{framework}`` as each of ``frameworks``); UserInputError naming the field for the first that is
+        missing. Looked for in ``code_dir`` (the package the steps import), else where each step runs from
+        this machine's view: tpuflow's own workloads (every Ray job's working_dir) or the local imports.
+        A step whose top-level package is in none of them (in the cluster's image) is not judged."""
+        for field in STEP_FIELDS:
+            raw = getattr(self, field)
+            for framework, path in _expanded(raw, frameworks):
+                try:
+                    self._check_step(field, path)
+                except Unresolved as err:
+                    raise _error(field, raw, _unresolved_fix(err, framework)) from None
+
+    def _check_step(self, field: str, path: str) -> None:
+        for roots in self._search_roots(field, path.split(".")[0].split(":")[0]):
+            try:
+                check_import_path(path, roots, runnable=field in _RUN_WITH_PYTHON_M)
+            except NotFound:
+                continue
+            return
+
+    def _search_roots(self, field: str, top: str) -> list[list[str] | None]:
+        """Where a step's top-level package is looked for, in order (None: where ``import`` looks here)."""
+        if self.code_dir is not None and Path(self.code_dir).name == top:
+            return [[str(Path(self.code_dir).parent)]]
+        if field in _ON_AIRFLOW:
+            return [None]
+        return [[workloads_dir()], None]
+
     def load_check(self, field: str = "check_params") -> Callable[..., Any] | None:
         """The check function of ``field`` (check_params, check_serve_user_config), imported (code_dir's
         parent first on sys.path); None when not set. Runs in its task, never at parse time."""
@@ -254,6 +302,25 @@ class Workload:
 def templated(path: str) -> str:
     """An import path with ``{framework}`` as the Airflow template of Param ``framework``."""
     return path.replace(FRAMEWORK, FRAMEWORK_TEMPLATE)
+
+
+def _expanded(raw: str | None, frameworks: Sequence[str]) -> Iterator[tuple[str | None, str]]:
+    """(framework, concrete path) for each framework an import path stands for; nothing for an unset step."""
+    if not raw:
+        return
+    if FRAMEWORK not in raw:
+        yield None, raw
+        return
+    for framework in frameworks:
+        yield framework, raw.replace(FRAMEWORK, framework)
+
+
+def _unresolved_fix(err: Unresolved, framework: str | None) -> str:
+    if framework is None:
+        return f'{err.what}; did you mean "{err.fixed}"?' if err.fixed else f"{err.what}; {err.fix}"
+    # a concrete path would not fit the template: no "did you mean"
+    alone = f", or leave {FRAMEWORK} out if the workload trains with one framework" if err.missing else ""
+    return f"with framework {framework}, {err.what}; {err.fix}{alone}"
 
 
 def _error(field: str, value: object, fix: str) -> UserInputError:

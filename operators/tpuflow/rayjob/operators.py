@@ -265,6 +265,10 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             env["env_vars"] = {**emulator_env(), **env.get("env_vars", {})}
         return env
 
+    def before_submit(self, context: Context) -> None:
+        """Called once right before a new job is submitted (never when a try re-attaches to its running or
+        finished job): what a subclass prepares for a fresh run."""
+
     def output_uri(self) -> str | None:
         """Where the job writes its outputs (the Outputs link); None: not known."""
         return None
@@ -363,6 +367,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         # A local cluster's nodes run the environment that started them; PATH on a shared machine may
         # name another Python first, so a leading `python` becomes it. (KubeRay images have one `python`.)
         entrypoint = command_line(self.build_entrypoint(context), self._cluster_info().get("python"))
+        self.before_submit(context)
         self.log.info("Submitting Ray job %s: %s", sid, entrypoint)
         hook.submit_job(
             entrypoint=entrypoint,

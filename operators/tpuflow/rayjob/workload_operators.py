@@ -15,6 +15,7 @@ from tpuflow.arguments import RUN_TIME, ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.output_links import OutputsLink
 from tpuflow.rayjob.operators import RaySubmitJobOperator
+from tpuflow.storage import remove_tree
 from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
 from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_count, check_mapping, check_train_loop_config
@@ -116,6 +117,10 @@ class RayDataPrepOperator(RaySubmitJobOperator):
     :param arguments: its command-line arguments, ``{"output_dir": ..., "num_train": ...}`` (each key
         becomes ``--key-name value``; True: a bare flag; None/False: left out). ``output_dir``, when
         given, is the task's Outputs link; templated.
+    :param replace_output_dir: empty ``output_dir`` before each new job (never when a retry re-attaches to its
+        job), so a rerun or resumed run replaces what an earlier attempt wrote instead of adding to it (Ray Data
+        writes files under new names: an earlier attempt's would be read again). Off by default: only for a
+        folder the job owns whole (the pipeline's RUN/data).
     """
 
     work_cause = "data_prep"
@@ -123,10 +128,20 @@ class RayDataPrepOperator(RaySubmitJobOperator):
     template_fields_renderers = {**RaySubmitJobOperator.template_fields_renderers, "arguments": "json"}
     operator_extra_links = (*RaySubmitJobOperator.operator_extra_links, OutputsLink())
 
-    def __init__(self, *, module: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        module: str,
+        arguments: dict[str, Any] | None = None,
+        replace_output_dir: bool = False,
+        gcp_conn_id: str = "google_cloud_default",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.module = module
         self.arguments = arguments
+        self.replace_output_dir = replace_output_dir
+        self.gcp_conn_id = gcp_conn_id
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -143,6 +158,14 @@ class RayDataPrepOperator(RaySubmitJobOperator):
 
     def output_uri(self) -> str | None:
         return (self.arguments or {}).get("output_dir")
+
+    def before_submit(self, context: Context) -> None:
+        folder = self.output_uri()
+        if not (self.replace_output_dir and folder):
+            return
+        removed = remove_tree(str(folder), self.gcp_conn_id)
+        if removed:
+            self.log.info("Replacing an earlier attempt's output: removed %d file(s) under %s", removed, folder)
 
 
 class RayTrainOperator(RaySubmitJobOperator):

@@ -101,7 +101,8 @@ class NodeAgent:
 
     # --- what pods see of the host -------------------------------------------------------------------------
     def _rewrite_host_ports(self, env: dict[str, str]) -> dict[str, str]:
-        """Host services on loopback (the GCS emulator, ...) as pods reach them: the pod network's gateway."""
+        """Host services on loopback (the GCS emulator, its GCE metadata stand-in, ...) as pods reach them: the pod
+        network's gateway."""
         for port in self.host_ports:
             address = self.network.forward_host_port(port)
             for key, value in list(env.items()):
@@ -137,11 +138,18 @@ class NodeAgent:
         self.network.down()
 
     def _loop(self) -> None:
+        failing: str | None = None  # the outage being retried: said once when it starts and once when it ends
         while not self._stop.wait(self.interval):
             try:
                 self.sync_once()
             except (KubeError, OSError) as err:  # the API restarting: the next round retries, as a kubelet does
-                self.log(f"sync: {err}")
+                if failing is None:
+                    self.log(f"sync: {err}; retrying every {self.interval:g} s")
+                failing = str(err)
+                continue
+            if failing is not None:
+                self.log("sync: the API answers again")
+                failing = None
 
     # --- one round -----------------------------------------------------------------------------------------
     def sync_nodes(self) -> None:

@@ -8,8 +8,10 @@ bridge, each pod with its own address, as a CNI plugin gives it.
 - Every pod resolves the cluster's names through its own ``/etc/hosts`` (``ip netns exec`` mounts
   ``/etc/netns/<ns>/hosts`` over it): Services and, under a headless Service, each pod's
   ``<hostname>.<subdomain>`` (the names cluster DNS serves). The agent rewrites them as Services and pods change.
-- ``forward_host_port(port)``: a host service on 127.0.0.1:port (the GCS emulator, the GKE stand-in's metadata
-  routes) reachable from pods at gateway:port, as Private Google Access makes Google's APIs reachable.
+- ``forward_host_port(port)``: a host service on 127.0.0.1:port (the GCS emulator, the GCE metadata stand-in
+  beside it) reachable from pods at gateway:port, as Private Google Access makes Google's APIs reachable, and at
+  127.0.0.1:port inside every pod: the address the Airflow side knows it by, which a Ray job's runtime_env
+  env_vars carry into the pod over the pod's own environment.
 
 Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN): network namespaces, veth pairs and mount namespaces.
 """
@@ -17,16 +19,18 @@ Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN): network namespaces, veth pairs and
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuflow.dev.nodes.tcp_forward import TcpForwarder
+from tpuflow.dev.nodes.tcp_forward import TcpForwarder, listen
 
 NETNS_ETC = Path("/etc/netns")
 BASE_OCTET = 200  # pod ranges 10.200.0.0/16, 10.201.0.0/16, ... one per agent
@@ -34,6 +38,8 @@ SERVICE_BASE_OCTET = (
     150  # Service ranges 10.150.0.0/16, ... one per agent (kube-apiserver's --service-cluster-ip-range)
 )
 CLUSTER_DOMAIN = "cluster.local"
+NETNS_RUN = Path("/var/run/netns")  # where `ip netns add` pins each namespace
+_CLONE_NEWNET = 0x40000000
 
 
 class NetworkError(RuntimeError):
@@ -56,6 +62,32 @@ def available() -> str | None:
         if shutil.which(tool) is None:
             return f"the node agent needs `{tool}` (Debian: iproute2 / util-linux)"
     return None
+
+
+def listen_in_namespace(netns: str, address: tuple[str, int]) -> socket.socket:
+    """A listening TCP socket on ``address`` inside network namespace ``netns``. A socket belongs to the namespace
+    it was made in, and setns() moves only the calling thread: a thread of its own joins the namespace, makes the
+    socket and ends, so no other thread of this process ever leaves the host's namespace."""
+    made: dict[str, socket.socket] = {}
+    failed: list[OSError] = []
+
+    def make() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(NETNS_RUN / netns) as handle:
+                if libc.setns(handle.fileno(), _CLONE_NEWNET) != 0:
+                    errno = ctypes.get_errno()
+                    raise OSError(errno, f"setns {netns}: {os.strerror(errno)}")
+            made["socket"] = listen(address)
+        except OSError as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=make, name=f"listen-in-{netns}")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made["socket"]
 
 
 def claim_index(limit: int = 40) -> int:
@@ -88,7 +120,9 @@ class PodNetwork:
         self._lock = threading.Lock()
         self._used: dict[str, str] = {}  # pod key -> ip
         self._next = 2
-        self._forwarders: dict[int, TcpForwarder] = {}
+        self._forwarders: dict[int, TcpForwarder] = {}  # host port -> its forwarder on the gateway
+        self._targets: dict[int, str] = {}  # host port -> the host address it forwards to
+        self._loopback: dict[str, list[TcpForwarder]] = {}  # pod namespace -> its 127.0.0.1 forwarders
 
     # --- the bridge ---------------------------------------------------------------------------------
     def up(self) -> PodNetwork:
@@ -100,9 +134,10 @@ class PodNetwork:
         return self
 
     def down(self) -> None:
-        for forwarder in self._forwarders.values():
+        for forwarder in [*self._forwarders.values(), *(f for fs in self._loopback.values() for f in fs)]:
             forwarder.stop()
         self._forwarders.clear()
+        self._loopback.clear()
         for netns in self.namespaces():
             self.remove_namespace(netns)
         for folder in NETNS_ETC.glob(f"tpf{self.index}-*"):  # a hosts file rewritten while its pod went
@@ -140,6 +175,7 @@ class PodNetwork:
         host_veth = f"tpv{self.index}{uid.replace('-', '')[:8]}"[:15]
         if _ip("netns", "add", netns, check=False).returncode != 0:
             _ip("-n", netns, "link", "show", "eth0")  # it exists from before: must be whole
+            self._forward_loopback(netns)
             return PodInterface(netns, ip, host_veth)
         _ip("link", "add", host_veth, "type", "veth", "peer", "name", f"{host_veth}p")
         _ip("link", "set", f"{host_veth}p", "netns", netns)
@@ -149,9 +185,12 @@ class PodNetwork:
         _ip("addr", "add", f"{ip}/{self.cidr.prefixlen}", "dev", "eth0", netns=netns)
         _ip("link", "set", "eth0", "up", netns=netns)
         _ip("route", "add", "default", "via", self.gateway, netns=netns)
+        self._forward_loopback(netns)
         return PodInterface(netns, ip, host_veth)
 
     def remove_namespace(self, netns: str) -> None:
+        for forwarder in self._loopback.pop(netns, []):
+            forwarder.stop()
         _ip("netns", "del", netns, check=False)  # its veth end goes with it, and the host's end with that
         shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
 
@@ -185,8 +224,27 @@ class PodNetwork:
         """Make host service ``target_host:port`` reachable from pods at ``gateway:port``; that address."""
         if port not in self._forwarders:
             self._forwarders[port] = TcpForwarder((self.gateway, port), lambda: (target_host, port)).start()
+            self._targets[port] = target_host
         return f"{self.gateway}:{port}"
+
+    def _forward_loopback(self, netns: str) -> None:
+        """The host services at 127.0.0.1:port inside pod namespace ``netns`` too (once per namespace)."""
+        if netns in self._loopback:
+            return
+        forwarders = self._loopback[netns] = []
+        for port, host in list(self._targets.items()):
+            try:
+                listening = listen_in_namespace(netns, ("127.0.0.1", port))
+            except OSError:
+                continue  # taken in the pod: the gateway's address still reaches the service
+            forwarder = TcpForwarder(("127.0.0.1", port), lambda h=host, p=port: (h, p))
+            forwarders.append(forwarder.start(listening))
 
     def stop_forward(self, port: int) -> None:
         with contextlib.suppress(KeyError):
             self._forwarders.pop(port).stop()
+        self._targets.pop(port, None)
+        for forwarders in self._loopback.values():
+            for forwarder in [f for f in forwarders if f.listen[1] == port]:
+                forwarder.stop()
+                forwarders.remove(forwarder)

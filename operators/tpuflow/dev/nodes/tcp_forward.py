@@ -17,6 +17,18 @@ Target = Callable[[], "tuple[str, int] | None"]
 _CHUNK = 65536
 
 
+def listen(address: tuple[str, int]) -> socket.socket:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(address)
+        server.listen(128)
+    except OSError:
+        server.close()
+        raise
+    return server
+
+
 class TcpForwarder:
     def __init__(self, listen: tuple[str, int], target: Target) -> None:
         self.listen, self.target = listen, target
@@ -24,11 +36,10 @@ class TcpForwarder:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> TcpForwarder:
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(self.listen)
-        server.listen(128)
+    def start(self, listening: socket.socket | None = None) -> TcpForwarder:
+        """Listen on ``self.listen``; ``listening``: a socket already bound there and listening (one made in a
+        pod's network namespace)."""
+        server = listening or listen(self.listen)
         server.settimeout(0.5)
         self._server = server
         self._thread = threading.Thread(
