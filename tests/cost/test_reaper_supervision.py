@@ -166,3 +166,44 @@ def test_a_dry_run_books_and_forgets_nothing(tmp_path: Path) -> None:
     assert set(orphans.dead_runs) == {KILLED_DIGEST}
     assert settle_dead_runs(orphans, {"dry_run": True}, output_root=str(tmp_path)) == []
     assert store.get(KILLED_DIGEST) is not None
+
+
+def test_records_of_finished_runs_are_forgotten_after_a_week(tmp_path: Path) -> None:
+    from tpuflow.cost.reaper import RECORD_TTL_S, prune_supervision
+
+    store = SupervisionStore(str(tmp_path))
+    store.record(DAG, KILLED, "2026-12-05", None)  # a scheduler's run: no supervising process
+    store.record(DAG, LIVE, "2026-12-06", None)
+    store.record("another_team", "run", "2026-12-06", None)
+    later = time.time() + RECORD_TTL_S + 1
+    assert prune_supervision(store, {DAG: [LIVE]}, [DAG], now=time.time()) == []  # younger than a week: kept
+    # a week on: the finished run of a covered DAG goes; the running one and an uncovered DAG's stay
+    assert prune_supervision(store, {DAG: [LIVE]}, [DAG], now=later) == [f"{DAG}/{KILLED}"]
+    assert {e.run_id for e in store.all().values()} == {LIVE, "run"}
+
+
+def test_the_hourly_reaper_covers_every_dag_with_a_recorded_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No list of DAG ids: a team's DAG whose runs took a slice lease (and so recorded themselves) is judged by its
+    runs' states; its finished run's lease is given back. Without the record the DAG is not the reaper's to judge."""
+    from support.airflow_context import FakeTaskInstance
+
+    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.slices.leases import LocalLeaseStore, default_lease_root
+
+    monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TPUFLOW_SLICE_LEASES", raising=False)
+    monkeypatch.delenv(liveness.SUPERVISOR_ENV, raising=False)  # a scheduler's run: no supervising process
+    leases = LocalLeaseStore(default_lease_root())
+    assert leases.try_acquire(f"{DAG}/{KILLED}", 4) is not None
+    states = {DAG: {KILLED: {"train": "success"}}}
+
+    def reap_now() -> dict[str, Any]:
+        ti = FakeTaskInstance(dag_id="tpuflow_reaper", task_id="reap", task_states=states)
+        return ReapOrphansOperator(task_id="reap", older_than="0s").execute(task_context(ti))
+
+    assert reap_now()["found"] == [] and len(leases.holders(4)) == 1  # an unknown DAG: left alone
+    SupervisionStore(default_lease_root()).record(DAG, KILLED, "2026-12-05", None)
+    assert [line.split(": ")[0] for line in reap_now()["deleted"]] == [f"lease slot 0 ({leases.describe()})"]
+    assert leases.holders(4) == {}

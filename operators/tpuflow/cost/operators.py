@@ -465,10 +465,12 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
 
         from tpuflow import paths
         from tpuflow.cost.reaper import (
+            FixedRunStates,
             ReaperListError,
             ReaperScope,
             TaskSdkRunStates,
             collect_orphans,
+            prune_supervision,
             reap,
             settle_dead_runs,
         )
@@ -494,12 +496,17 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         )
         self.log.info("Judging the runs of DAGs %s", ", ".join(dag_ids) or "(none)")
         try:
-            orphans = collect_orphans(scope, TaskSdkRunStates(context["ti"], dag_ids), older_than=older_than)
+            running = TaskSdkRunStates(context["ti"], dag_ids).running()  # asked once for both uses below
+            orphans = collect_orphans(scope, FixedRunStates(running, dag_ids), older_than=older_than)
         except ReaperListError as err:
             raise AirflowFailException(f"Nothing deleted: {err}") from err
         outcome = reap(orphans, dry_run=is_true(self.dry_run), say=self.log.info)
         output_root = self.output_root or paths.output_root()
         settle_dead_runs(orphans, outcome, output_root=output_root, gcp_conn_id=self.gcp_conn_id, say=self.log.info)
+        if not outcome["dry_run"] and orphans.supervision is not None:
+            forgotten = prune_supervision(orphans.supervision, running, dag_ids)
+            if forgotten:
+                self.log.info("Forgot the supervision records of %d finished run(s)", len(forgotten))
         if outcome["failed"]:
             raise AirflowFailException(f"Could not delete: {'; '.join(outcome['failed'])}")
         return outcome

@@ -771,6 +771,30 @@ def settle_dead_runs(
     return written
 
 
+# a finished run's record is kept this long (its resources are past their default expiry by then), then forgotten
+RECORD_TTL_S = 7 * 24 * 3600.0
+
+
+def prune_supervision(
+    store: Any,
+    running: Mapping[str, list[str]],
+    covered: Collection[str] | None,
+    now: float | None = None,
+) -> list[str]:
+    """Forget the records of runs that are over (a covered DAG's run that is not running) and older than
+    RECORD_TTL_S, so the store holds about a week of runs; returns the forgotten runs (DAG/RUN)."""
+    now = time.time() if now is None else now
+    forgotten = []
+    for digest, entry in store.all().items():
+        if now - entry.recorded_at < RECORD_TTL_S or not _covers(covered, entry.dag_id):
+            continue
+        if entry.run_id in running.get(entry.dag_id, []):
+            continue
+        store.forget(digest)
+        forgotten.append(f"{entry.dag_id}/{entry.run_id}")
+    return forgotten
+
+
 def _book(ledger: dict[str, Any], entry: Any, output_root: str | None, gcp_conn_id: str) -> str | None:
     """Add ``ledger`` to the run's reaped_ledger.json (RUN = OUTPUT_ROOT/DAG_ID/DATE); its URI, or None."""
     if not output_root or not entry.date:
@@ -953,5 +977,8 @@ class TaskSdkRunStates:
                     if run_is_over(self.ti, dag_id, run_id) is None:  # running, queued, or unreadable: kept
                         out.setdefault(dag_id, []).append(run_id)
             except Exception as err:
+                text = str(err).lower()
+                if "404" in text or "not found" in text or "not_found" in text:
+                    continue  # a DAG deleted from Airflow (a run of it recorded once): none of its runs is running
                 raise ReaperListError(f"asking Airflow for the running runs of {dag_id}: {_first_line(err)}") from err
         return out

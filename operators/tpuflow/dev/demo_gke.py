@@ -11,12 +11,14 @@ pods, the Ray processes its launcher started, and slice leases the run took. Any
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +34,7 @@ from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayCluster
 from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
 from tpuflow.dev.standins.stack import StandinStack
 from tpuflow.errors import UserInputError
+from tpuflow.paths import gke_lease_root
 from tpuflow.storage import read_text
 
 if TYPE_CHECKING:
@@ -88,23 +91,75 @@ def ray_process_leftovers(clusters: Sequence[LocalRayCluster]) -> list[str]:
     return out
 
 
-def held_leases() -> dict[int, str]:
-    """Slot -> holder of the slice leases held now in the default lease root (as `tpuflow leases list`)."""
+def held_leases(root: str | None = None) -> dict[int, str]:
+    """Slot -> holder of the slice leases held now in ``root`` (default: the default lease root), as `tpuflow
+    leases list` shows them."""
     from tpuflow.slices.leases import lease_store
 
-    return {slot: lease.holder for slot, lease in lease_store(None).holders(LEASE_SLOTS).items()}
+    return {slot: lease.holder for slot, lease in lease_store(root).holders(LEASE_SLOTS).items()}
 
 
-def lease_leftovers(before: Mapping[int, str]) -> list[str]:
-    """Slice leases held now that were not held before the run (``before``: held_leases() then)."""
-    return [
-        f"slice lease slot {slot} ({holder})" for slot, holder in held_leases().items() if before.get(slot) != holder
-    ]
+def lease_leftovers(before: Mapping[int, str], root: str | None = None) -> list[str]:
+    """Slice leases held now in ``root`` that were not held before the run (``before``: held_leases(root) then)."""
+    held = held_leases(root)
+    return [f"slice lease slot {slot} ({holder})" for slot, holder in held.items() if before.get(slot) != holder]
 
 
-def leftovers(stack: StandinStack, clusters: Sequence[LocalRayCluster], leases_before: Mapping[int, str]) -> list[str]:
+def leftovers(
+    stack: StandinStack,
+    clusters: Sequence[LocalRayCluster],
+    leases_before: Mapping[int, str],
+    lease_root: str | None = None,
+) -> list[str]:
     """Everything the run left behind (empty: nothing)."""
-    return standin_leftovers(stack) + ray_process_leftovers(clusters) + lease_leftovers(leases_before)
+    return standin_leftovers(stack) + ray_process_leftovers(clusters) + lease_leftovers(leases_before, lease_root)
+
+
+@dataclass
+class Rehearsal:
+    """The started stand-ins of one run, the storage environment they were given, the Ray clusters their launcher
+    started (imitation) and the GKE pipeline's lease root for that output root."""
+
+    stack: StandinStack
+    storage_env: dict[str, str]
+    started_clusters: list[LocalRayCluster]
+    lease_root: str
+
+    def wait_for_teardowns(self, leases_before: Mapping[int, str]) -> list[str]:
+        """What is still left once the teardowns' deletions had TEARDOWN_WAIT_S to finish (the RayService's own
+        RayCluster is collected after the RayService, a workload policy after its pool)."""
+        deadline = time.monotonic() + TEARDOWN_WAIT_S
+        while leftovers(self.stack, self.started_clusters, leases_before, self.lease_root):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        return leftovers(self.stack, self.started_clusters, leases_before, self.lease_root)
+
+
+@contextlib.contextmanager
+def rehearsal(args: argparse.Namespace, work: Path, output_root: str) -> Iterator[Rehearsal]:
+    """The stand-ins for one run (``args.control_plane``, ``args.operation_seconds``), and the GCS emulator of a
+    gs:// output root, stopped on the way out (SIGTERM too, as Ctrl-C)."""
+    started_clusters: list[LocalRayCluster] = []
+
+    class RecordingLauncher(LocalRayLauncher):
+        def launch(self, spec: LaunchSpec) -> RayClusterHandle:
+            handle = super().launch(spec)
+            started_clusters.append(handle.cluster)  # type: ignore[attr-defined]
+            return handle
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the stand-ins and their Ray clusters as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, interrupted)
+    with demo_storage(output_root) as storage_env, _stack(args, work, storage_env, RecordingLauncher) as stack:
+        print(f"  GKE API {stack.gke.url}, Kubernetes API {stack.kubernetes_url} (kubeconfig {stack.kubeconfig_path})")
+        yield Rehearsal(stack, dict(storage_env), started_clusters, gke_lease_root(output_root))
+
+
+def ray_processes_after_stop(run: Rehearsal, left: list[str]) -> list[str]:
+    """``left`` plus the Ray processes still alive once the stand-ins stopped: none may outlive them."""
+    return left + [item for item in ray_process_leftovers(run.started_clusters) if item not in left]
 
 
 def _stack(args: argparse.Namespace, work: Path, storage_env: Mapping[str, str], launcher: Any) -> StandinStack:
@@ -154,25 +209,12 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
     output_root = (args.output_root or str(work / "outputs")).rstrip("/")
     if "://" not in output_root and not output_root.startswith("gs:"):
         output_root = str(Path(output_root).resolve())
-
-    started_clusters: list[LocalRayCluster] = []
-
-    class RecordingLauncher(LocalRayLauncher):
-        def launch(self, spec: LaunchSpec) -> RayClusterHandle:
-            handle = super().launch(spec)
-            started_clusters.append(handle.cluster)  # type: ignore[attr-defined]
-            return handle
-
-    def interrupted(*_: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops the stand-ins and their Ray clusters as Ctrl-C does
-
-    signal.signal(signal.SIGTERM, interrupted)
     started = time.time()
-    with demo_storage(output_root) as storage_env, _stack(args, work, storage_env, RecordingLauncher) as stack:
-        print(f"  GKE API {stack.gke.url}, Kubernetes API {stack.kubernetes_url} (kubeconfig {stack.kubeconfig_path})")
+    with rehearsal(args, work, output_root) as run:
+        stack = run.stack
         env = {
             **demo_env(home, output_root),
-            **storage_env,
+            **run.storage_env,
             **stack.airflow_connections(GCP_CONN_ID, KUBERNETES_CONN_ID),
             **pipeline_variables(stack, output_root),
         }
@@ -181,18 +223,13 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         if not conf.get("serve_topology"):
             conf.pop("serve_topology", None)
         run_date = args.date or date.today().isoformat()
-        leases_before = held_leases()
+        leases_before = held_leases(run.lease_root)
         print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
         proc = subprocess.run([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
         elapsed = time.time() - started
         report = _report(output_root, run_date) if proc.returncode == 0 else None
-        deadline = time.monotonic() + TEARDOWN_WAIT_S
-        # the RayService's own RayCluster is collected after the RayService, a workload policy after its pool
-        while leftovers(stack, started_clusters, leases_before) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = leftovers(stack, started_clusters, leases_before)
-    # stopping the stand-ins stops every Ray cluster they still run: none may outlive them
-    left += [item for item in ray_process_leftovers(started_clusters) if item not in left]
+        left = run.wait_for_teardowns(leases_before)
+    left = ray_processes_after_stop(run, left)
     total = time.time() - started
     if report is None:
         print(
@@ -216,7 +253,7 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
                 f"pods run:           {len(pods)} by the node agent ({heads} Ray heads: CPU prep cluster, training slice, RayService)"
             )
         else:
-            print(f"Ray clusters run:   {len(started_clusters)} (CPU prep cluster, training slice, RayService)")
+            print(f"Ray clusters run:   {len(run.started_clusters)} (CPU prep cluster, training slice, RayService)")
     if left:
         print(f"tpuflow demo: FAILED: left behind after the run: {', '.join(left)}", file=sys.stderr)
         return 1

@@ -9,32 +9,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tpuflow.dev.demo import local_output_root, max_slices_env, read_report
-from tpuflow.dev.demo_env import demo_storage
 from tpuflow.dev.demo_gke import (
     CHECKED,
     GCP_CONN_ID,
     KUBERNETES_CONN_ID,
-    TEARDOWN_WAIT_S,
-    _stack,
     held_leases,
-    leftovers,
     pipeline_variables,
-    ray_process_leftovers,
+    ray_processes_after_stop,
+    rehearsal,
 )
-from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.run_dag import RunRequest, checked_dag_id, print_outcome, run_env
-from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
-
-if TYPE_CHECKING:
-    from tpuflow.local.cluster import LocalRayCluster
 
 WHO = "tpuflow run --backend gke"
 
@@ -47,45 +37,27 @@ def run_on_rehearsal(request: RunRequest) -> int:
     output_root = local_output_root(work, request.output_root)
     env = run_env(home, output_root, request.dag_file, "gke")
     dag_id = checked_dag_id(env, request, backend="gke")  # before any stand-in starts
-    started_clusters: list[LocalRayCluster] = []
-
-    class RecordingLauncher(LocalRayLauncher):
-        def launch(self, spec: LaunchSpec) -> RayClusterHandle:
-            handle = super().launch(spec)
-            started_clusters.append(handle.cluster)  # type: ignore[attr-defined]
-            return handle
-
-    def interrupted(*_: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops the stand-ins and their Ray clusters as Ctrl-C does
-
-    signal.signal(signal.SIGTERM, interrupted)
     stack_args = argparse.Namespace(control_plane=request.control_plane, operation_seconds=request.operation_seconds)
-    with demo_storage(output_root) as storage_env, _stack(stack_args, work, storage_env, RecordingLauncher) as stack:
-        print(f"  GKE API {stack.gke.url}, Kubernetes API {stack.kubernetes_url} (kubeconfig {stack.kubeconfig_path})")
+    with rehearsal(stack_args, work, output_root) as run:
         env.update(
             {
-                **storage_env,
-                **stack.airflow_connections(GCP_CONN_ID, KUBERNETES_CONN_ID),
-                **pipeline_variables(stack, output_root),
+                **run.storage_env,
+                **run.stack.airflow_connections(GCP_CONN_ID, KUBERNETES_CONN_ID),
+                **pipeline_variables(run.stack, output_root),
                 **max_slices_env(request.num_slices),
             }
         )
         airflow = str(Path(sys.executable).with_name("airflow"))
         subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-        leases_before = held_leases()
+        leases_before = held_leases(run.lease_root)
         print(f"{WHO}: running {dag_id} for {request.run_date} with {json.dumps(request.conf)}", flush=True)
         started = time.time()
         argv = [airflow, "dags", "test", dag_id, request.run_date, "-c", json.dumps(request.conf)]
         code = subprocess.run(argv, env=env).returncode
         elapsed = time.time() - started
         report = read_report(output_root, dag_id, request.run_date) if code == 0 else None
-        deadline = time.monotonic() + TEARDOWN_WAIT_S
-        # the RayService's own RayCluster is collected after the RayService, a workload policy after its pool
-        while leftovers(stack, started_clusters, leases_before) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = leftovers(stack, started_clusters, leases_before)
-    # stopping the stand-ins stops every Ray cluster they still run: none may outlive them
-    left += [item for item in ray_process_leftovers(started_clusters) if item not in left]
+        left = run.wait_for_teardowns(leases_before)
+    left = ray_processes_after_stop(run, left)
     outcome = print_outcome(WHO, dag_id, report, elapsed)
     if left:
         print(f"{WHO}: FAILED: left behind after the run: {', '.join(left)}", file=sys.stderr)
