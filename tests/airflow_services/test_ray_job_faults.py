@@ -111,6 +111,7 @@ def test_marking_the_deferred_task_stops_its_ray_job(services, api, drill, drill
     assert api.get(f"/dags/{DRILL}/dagRuns/{run_id}/taskInstances/{TASK}").json()["state"] == new_state
 
 
+@pytest.mark.long  # make test keeps the marked-failed row; make faults has clearing and restarts in its matrix too
 def test_clearing_the_deferred_task_stops_its_job_and_the_rerun_starts_afresh(
     services, api, drill, drill_cluster
 ) -> None:
@@ -135,6 +136,7 @@ def test_clearing_the_deferred_task_stops_its_job_and_the_rerun_starts_afresh(
     _wait_stopped(hook, rerun, time.time(), "marked failed after the rerun")
 
 
+@pytest.mark.long
 def test_triggerer_restart_mid_job_keeps_the_job_and_the_log_whole(services, api, drill, drill_cluster) -> None:
     hook = _hook(drill_cluster)
     steps = 120  # a minute of output; the restart lands early in it

@@ -134,7 +134,10 @@ def test_bad_input_the_parsed_file_shows_is_one_line_before_any_run(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.long  # a whole local pipeline run (3-5 min on 2 cores); make test runs a team's DAG locally end to end
+@pytest.mark.timeout(
+    1800
+)  # in tests/pipeline/test_user_pipeline.py and on the GKE rehearsal in test_team_dag_gke_killed
 def test_tpuflow_run_runs_the_team_dag_locally_and_prints_its_summary(team: Path, tmp_path: Path) -> None:
     """As a user runs it: the installed command in its own process, the DAG file's folder its DAGs folder."""
     from tpuflow.local.cluster import _pids_referencing

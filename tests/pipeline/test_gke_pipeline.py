@@ -434,9 +434,10 @@ def test_endpoint_teardowns_delete_unless_kept(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "capacity",
-    # make test runs the queued run (its capacity tasks are no-ops on demand); make test-long the plain one,
-    # which serves from a multi-host slice (v6e 4x4: one replica over the 4 hosts of its own serve slice)
-    [pytest.param("queued"), pytest.param("on-demand", marks=pytest.mark.long)],
+    # both on the imitation of the control plane, in make test-long: make test runs the GKE pipeline end to end on
+    # the real API server and KubeRay operator (tests/dev/test_demo_gke.py, tests/pipeline/test_team_dag_gke_killed.py).
+    # The plain run serves from a multi-host slice (v6e 4x4: one replica over the 4 hosts of its own serve slice).
+    [pytest.param("queued", marks=pytest.mark.long), pytest.param("on-demand", marks=pytest.mark.long)],
 )
 def test_gke_pipeline_end_to_end_on_the_standins(
     capacity: str,

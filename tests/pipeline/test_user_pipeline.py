@@ -86,7 +86,8 @@ def test_a_user_pipeline_runs_locally_then_on_the_standins_by_configuration(
     assert not list(home.glob("clusters/*/state.json")) and _pids_referencing(str(home)) == []
 
 
-@pytest.mark.parametrize("launcher_kind", ["fake", pytest.param("ray", marks=pytest.mark.long)])
+# on the imitation: make test-long (make test runs a team's DAG on the real control plane in test_team_dag_gke_killed)
+@pytest.mark.parametrize("launcher_kind", [pytest.param(k, marks=pytest.mark.long) for k in ("fake", "ray")])
 def test_the_same_dag_file_on_the_standins_is_configuration_only(
     launcher_kind: str, user_dags: Path, gke: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
