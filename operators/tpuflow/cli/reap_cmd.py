@@ -51,14 +51,15 @@ def _configured_gke(args: argparse.Namespace) -> dict[str, Any] | None:
     """The GKE cluster, connections, output root and lease root the GKE pipeline's Variables name
     (tpuflow.pipeline.gke.variable_settings), each flag given overriding its Variable; None when this shell
     configures no GKE backend and no flag names a cluster."""
-    from tpuflow.paths import gke_lease_root
+    from tpuflow import paths
 
     flags = (args.project, args.location, args.cluster, args.kubernetes_conn_id)
     if _variable("tpuflow_backend").lower() != "gke" and not any(flags):
         return None
     gcp = args.gcp_conn_id or _variable("tpuflow_gcp_conn_id", "google_cloud_default")
     project = args.project or _variable("tpuflow_gke_project") or _connection_project(gcp)
-    output_root = args.output_root or _variable("tpuflow_gke_output_root") or None
+    # the GKE DAG's own default when the Variable is not set (tpuflow.pipeline.gke.variable_settings)
+    output_root = args.output_root or _variable("tpuflow_gke_output_root") or str(paths.output_root())
     return {
         "gcp_conn_id": gcp,
         "project_id": project or None,
@@ -67,7 +68,7 @@ def _configured_gke(args: argparse.Namespace) -> dict[str, Any] | None:
         "kubernetes_conn_id": args.kubernetes_conn_id or _variable("tpuflow_kubernetes_conn_id") or None,
         "namespace": args.namespace or _variable("tpuflow_kuberay_namespace") or None,
         "output_root": output_root,
-        "lease_root": args.lease_root or (gke_lease_root(output_root) if output_root else None),
+        "lease_root": args.lease_root or paths.gke_lease_root(output_root),
     }
 
 
