@@ -207,3 +207,14 @@ def test_the_hourly_reaper_covers_every_dag_with_a_recorded_run(
     SupervisionStore(default_lease_root()).record(DAG, KILLED, "2026-12-05", None)
     assert [line.split(": ")[0] for line in reap_now()["deleted"]] == [f"lease slot 0 ({leases.describe()})"]
     assert leases.holders(4) == {}
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "date"), [("../../etc", "2026-12-05"), ("..", "2026-12-05"), (DAG, "../../x"), (DAG, "2026-12-05/..")]
+)
+def test_a_record_naming_a_path_is_no_record(tmp_path: Path, dag_id: str, date: str) -> None:
+    """Someone who can write the lease root cannot steer where the reaper writes a ledger: a record's dag_id and
+    date name the run's folder, so one that is not a DAG id and a date is never read back, nor acted on."""
+    store = SupervisionStore(str(tmp_path))
+    entry = store.record(dag_id, KILLED, date, dead_process_record())
+    assert store.get(entry.digest) is None and store.all() == {} and dead_runs(store) == {}

@@ -21,6 +21,7 @@ every Airflow worker and the reaper reach it). A record says which run and which
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ from tpuflow.naming import owner_run_digest
 from tpuflow.storage import gcs_client, read_text, request_timeout, split_gs_uri, write_text
 
 FOLDER = "supervisors"
+# what a record's dag_id and date may be, as Airflow's dag ids and the pipeline's date folders are: they name the
+# run's folder the reaper books a killed run's chip time in, so a record naming "../x" is no record
+_DAG_ID = re.compile(r"(?!\.+$)[\w.-]{1,250}")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 @dataclass(frozen=True)
@@ -74,12 +79,14 @@ def _parse(text: str | None) -> RunSupervision | None:
         return None
     dag_id, run_id, date = raw.get("dag_id"), raw.get("run_id"), raw.get("date")
     supervisor, at = raw.get("supervisor"), raw.get("recorded_at")
-    if not (isinstance(dag_id, str) and dag_id and isinstance(run_id, str) and run_id):
+    if not (isinstance(dag_id, str) and _DAG_ID.fullmatch(dag_id) and isinstance(run_id, str) and run_id):
         return None
+    if date is not None and not (isinstance(date, str) and _DATE.fullmatch(date)):
+        return None  # the date names the run's folder (the reaper writes there): nothing but a date is taken
     return RunSupervision(
         dag_id,
         run_id,
-        date if isinstance(date, str) else None,
+        date,
         supervisor if isinstance(supervisor, dict) else None,
         float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0,
     )
