@@ -106,6 +106,8 @@ def test_demo_gke_runs_the_pipeline_prints_the_ledger_and_leaves_nothing(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the whole GKE DAG with serving (6-9 min on 2 cores); make test runs a team's GKE DAG on the real
+# control plane (tests/pipeline/test_team_dag_gke_killed.py) and a multi-host RayService (tests/dev/test_rehearsal.py)
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes network namespaces: root only")
 def test_demo_gke_on_the_real_control_plane_leaves_nothing(tmp_path: Path, no_process_left) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +25,14 @@ pytestmark = [
 ]
 
 
+KUBERAY_TESTS = Path(__file__).resolve().parents[1] / "kuberay"
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RehearsalStack]:
-    with RehearsalStack(tmp_path_factory.mktemp("rehearsal"), operation_seconds=0) as running:
+    # the pods' "image" imports the RayService test's Serve app from the tests' folder
+    echo_app = {"PYTHONPATH": str(KUBERAY_TESTS)}
+    with RehearsalStack(tmp_path_factory.mktemp("rehearsal"), operation_seconds=0, pod_env=echo_app) as running:
         yield running
 
 
@@ -157,3 +164,97 @@ def test_the_control_plane_restarting_under_a_raycluster_makes_it_once(stack: Re
     wait_for("the pods gone", lambda: not pods())
     stack.gke.delete_node_pool(stack.project, stack.zone, stack.cluster, "faults")
     wait_for("nothing left", lambda: not stack.leftovers())
+
+
+def test_a_multi_host_rayservice_serves_through_the_real_operator_and_goes_without_a_trace(
+    stack: RehearsalStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy operator's RayService on a two-host v6e 2x4 serve pool, as the real KubeRay operator reports it:
+    the verdict tpuflow reads from its status fields (a pending cluster first, then the active one with the
+    application RUNNING and Ready), the endpoint answering from the pod network, and the delete operator leaving
+    no pod, process or network namespace."""
+    import requests
+    from support.airflow_context import task_context
+
+    from tpuflow.kuberay.operators import KubeRayDeleteServiceOperator, KubeRayDeployServiceOperator
+    from tpuflow.kuberay.status import rayservice_verdict
+    from tpuflow.tpu import TpuSlice
+
+    api = stack.api()
+    tpu = TpuSlice.from_spec("v6e", "2x4", "ct6e-standard-4t")
+    pool = {
+        "name": "serve",
+        "initialNodeCount": tpu.num_hosts,
+        "config": {"machineType": tpu.machine_type},
+        "placementPolicy": {"type": "COMPACT", "tpuTopology": tpu.topology},
+    }
+    stack.gke.create_node_pool(stack.project, stack.zone, stack.cluster, {"nodePool": pool})
+    wait_for(
+        "the serve pool's nodes",
+        lambda: len([n for n in api.items("/api/v1/nodes") if "serve" in n["metadata"]["name"]]) == tpu.num_hosts,
+    )
+    for key, value in stack.kubernetes_connection_env("rehearsal_kube").items():
+        monkeypatch.setenv(key, value)
+    echo = {"name": "echo", "import_path": "serve_echo_app:app", "route_prefix": "/"}
+    seen: list[dict[str, Any]] = []
+    path = "/apis/ray.io/v1/namespaces/default/rayservices"
+    done = threading.Event()
+
+    def watch() -> None:  # the real operator's status while the deploy waits
+        while not done.is_set():
+            seen.extend(item.get("status") or {} for item in api.items(path))
+            done.wait(1.0)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        payload = KubeRayDeployServiceOperator(
+            task_id="serve",
+            tpu_slice=tpu,
+            image="rayproject/ray:2.60.0-py311",
+            serve_config={"applications": [echo]},
+            kubernetes_conn_id="rehearsal_kube",
+            deferrable=False,
+            poll_interval=1,
+            wait_timeout=420,
+        ).execute(task_context(dag_id="team_serving", run_id="manual__rehearsal", task_id="serve"))
+    finally:
+        done.set()
+        watcher.join(10)
+    assert payload["applications"] == {"echo": "RUNNING"}
+    # before Ready, the real operator reported the cluster it was making as pending, not active
+    pending = [s for s in seen if (s.get("pendingServiceStatus") or {}).get("rayClusterName")]
+    assert pending, seen[-3:]
+    service = api.request("GET", f"{path}/{payload['name']}")
+    status = service["status"]
+    verdict = rayservice_verdict(service)
+    assert verdict.ready, verdict
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+    assert status["activeServiceStatus"]["rayClusterName"] == payload["ray_cluster_name"]
+    assert status["activeServiceStatus"]["applicationStatuses"]["echo"]["status"] == "RUNNING"
+    assert not (status.get("pendingServiceStatus") or {}).get("rayClusterName")
+    # the multi-host app was given the slice's placement (the operator derived it; Serve would hang without it)
+    args = service["spec"]["serveConfigV2"]
+    assert f"topology: {tpu.topology}" in args or f"topology: '{tpu.topology}'" in args, args
+    workers = api.items(
+        "/api/v1/namespaces/default/pods", labelSelector=f"ray.io/cluster={payload['ray_cluster_name']}"
+    )
+    assert sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in workers) == ["head", "worker", "worker"]
+    answer = wait_for("the endpoint's answer", lambda: _get(requests, payload["serve_url"]) == "tpuflow-serve-ok")
+    assert answer
+
+    deleted = KubeRayDeleteServiceOperator(
+        task_id="delete", name=payload["name"], kubernetes_conn_id="rehearsal_kube", poll_interval=1, wait_timeout=180
+    ).execute(task_context(dag_id="team_serving", run_id="manual__rehearsal", task_id="delete"))
+    assert deleted["deleted"] and api.items(path) == []
+    wait_for("the RayService's pods gone", lambda: not api.items("/api/v1/namespaces/default/pods"))
+    wait_for("the pods' namespaces and processes gone", lambda: not (stack.agent and stack.agent.network.namespaces()))
+    stack.gke.delete_node_pool(stack.project, stack.zone, stack.cluster, "serve")
+    wait_for("nothing left", lambda: not stack.leftovers())
+
+
+def _get(requests: Any, url: str) -> str | None:
+    try:
+        return str(requests.get(url, timeout=10).text)
+    except requests.RequestException:
+        return None

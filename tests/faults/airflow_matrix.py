@@ -154,7 +154,7 @@ AIRFLOW_CASES: list[AirflowFaultCase] = [
     # a kept endpoint waiting to be idle (serve_until_idle, deferred): the wait is rebuilt after both restarts and
     # the teardowns delete the endpoint once it is idle; marked failed, the teardowns delete it at once
     AirflowFaultCase("serve_until_idle", "scheduler-and-triggerer-restart-deferred", "deferred",
-                     _restart_scheduler_and_triggerer, True, ci=True, conf=KEPT_IDLE),
+                     _restart_scheduler_and_triggerer, True, conf=KEPT_IDLE),
     AirflowFaultCase("serve_until_idle", "marked-failed-deferred", "deferred", _set_state("failed"), False,
                      conf=KEPT_IDLE),
 ]  # fmt: skip
