@@ -65,6 +65,8 @@ def _checkpoints(bucket: str, prefix: str) -> dict[str, int]:
     }
 
 
+@pytest.mark.long  # prep and 900 steps of the demo (4-7 min on 2 cores): make test preempts a team's own loop whose
+# checkpoints are in a bucket (below), resuming from the bucket's checkpoint
 def test_preempted_host_resumes_from_the_buckets_checkpoint_and_passes_the_gate(
     slice_cluster, gcs_emulator, fresh_context, monkeypatch
 ):
@@ -259,7 +261,14 @@ def train(config):
 """
 
 
-def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster, fresh_context, tmp_path):
+def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(
+    slice_cluster, gcs_emulator, fresh_context, monkeypatch, tmp_path
+):
+    """A team's loop with tpuflow's notice helper, its checkpoints in a bucket (the GCS emulator) as on GKE: the host
+    preempted with notice, the loop saves inside it and resumes from the bucket's checkpoint at that step."""
+    bucket = f"tpuflow-acme-{uuid.uuid4().hex[:8]}"
+    ensure_buckets(gcs_emulator.url, [bucket])
+    monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
     code = tmp_path / "code"
     (code / "acme_counter").mkdir(parents=True)
     (code / "acme_counter" / "__init__.py").write_text("")
@@ -270,7 +279,7 @@ def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster,
         framework="jax",
         train_loop="acme_counter.loop:train",
         tpu_slice={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"},
-        storage_path=str(tmp_path / "runs"),
+        storage_path=f"gs://{bucket}/runs",
         run_name="counter",
         working_dir=str(code),
         train_loop_config={"num_steps": 600},
@@ -284,6 +293,8 @@ def test_a_teams_own_loop_saves_inside_the_notice_with_the_helper(slice_cluster,
     before = logs[: logs.index("acme resumed at")]
     assert resumed == noticed == max(int(s) for s in re.findall(r"acme computed (\d+)", before))
     assert outcome["result"]["metrics"]["step"] == 600
+    saved = [name for name in list_bucket(bucket, "runs/counter/") if name.endswith("/state.json")]
+    assert len(saved) >= 2, saved  # the notice's checkpoint and the last one, in the bucket
     # the goodput the loop's StepClock measured: the notice held, then the restart, is the preemption's time
     measured = outcome["result"]["goodput"]
     assert measured["attempts"] == 2 and "redone" not in measured["steps"]
