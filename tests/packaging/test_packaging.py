@@ -185,6 +185,11 @@ def test_wheel_carries_the_packages_and_the_workloads(wheel: Path) -> None:
     for dotted in package_folders():
         assert f"{dotted.replace('.', '/')}/__init__.py" in names, f"the wheel lacks the package {dotted}"
     assert not any(n.startswith(("operators/", "workloads/")) for n in names), "the folders ship under tpuflow/ only"
+    # KubeRay's CRDs (package data): the imitation control plane's schemas wherever tpuflow is installed.
+    crds = "tpuflow/dev/standins/kuberay_crds/"
+    shipped = {f"{crds}{p.name}" for p in (OPERATORS / "dev" / "standins" / "kuberay_crds").iterdir() if p.is_file()}
+    assert f"{crds}ray.io_rayclusters.yaml.gz" in shipped and {f"{crds}LICENSE", f"{crds}NOTICE"} <= shipped
+    assert shipped <= names, f"the wheel lacks {sorted(shipped - names)}"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "tpuflow.provider_info:get_provider_info" in text and "tpuflow = tpuflow.cli:main" in text
@@ -196,6 +201,8 @@ CHECK_INSTALL = """
 import importlib.util, json, sys, sysconfig
 from pathlib import Path
 import tpuflow
+from tpuflow.dev.standins.kubernetes_catalog import CrdSchemas
+from tpuflow.dev.standins.stack import default_crds
 site = Path(sysconfig.get_paths()["purelib"]).resolve()
 workloads = Path(tpuflow.workloads_dir()).resolve()
 print(json.dumps({
@@ -206,6 +213,8 @@ print(json.dumps({
     "workloads_in_site": workloads.is_relative_to(site),
     "subfolders": sorted(p.name for p in workloads.iterdir() if p.is_dir() and p.name != "__pycache__"),
     "operators_importable": importlib.util.find_spec("operators") is not None,
+    "crds": str(default_crds()),
+    "crd_plurals": sorted(CrdSchemas.load(default_crds()).schemas),
     "sys_path": sys.path,
 }))
 import operators  # must fail: the distribution imports only as tpuflow
@@ -271,6 +280,8 @@ def test_installed_wheel_imports_as_tpuflow_from_site_packages(installed: dict) 
     assert facts["workloads_in_site"], f"workloads_dir() is {facts['workloads']}, outside {facts['site']}"
     assert {"addition", "tpuflow_driver"} <= set(facts["subfolders"]), facts["subfolders"]
     assert not facts["operators_importable"]
+    assert facts["crds"].startswith(facts["site"] + "/tpuflow/"), facts["crds"]
+    assert facts["crd_plurals"] == ["rayclusters", "raycronjobs", "rayjobs", "rayservices"], facts["crd_plurals"]
     assert done.returncode != 0 and "ModuleNotFoundError: No module named 'operators'" in done.stderr, done.stderr
     assert not any(p.startswith(str(REPO)) for p in facts["sys_path"]), f"the checkout is on sys.path: {facts}"
     # The install is the wheel's copy, not an editable pointer back here.

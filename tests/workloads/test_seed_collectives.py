@@ -1,22 +1,18 @@
-"""Seed 004's Ray Core collectives (workloads/seed_collectives/ray_core_collectives.py) submitted as
-`ray job submit --working-dir workloads/seed_collectives -- python ray_core_collectives.py ...` would,
-through Ray's JobSubmissionClient: one actor per chip of a slice reserved with slice_placement_group,
-ranks from TPU_WORKER_ID and the chip Ray assigned, a DTensor tensor-parallel step and an all-reduce
-whose sum the driver checks on every rank. Two hosts of one v6e 2x4 on the session's shared cluster
-(tests/conftest.py slice_cluster), and the README's single-host 2x2 on a cluster of its own."""
+"""Seed 004's Ray Core collectives (workloads/seed_collectives/ray_core_collectives.py, the seed's script
+byte for byte) submitted with the seed's command line, `ray job submit --working-dir . -- python3
+ray_core_collectives.py --topology=2x2 --accelerator-type=TPU-V6E`, through Ray's JobSubmissionClient:
+one actor per chip of a slice reserved with slice_placement_group, tensors on the stand-in's ``tpu``
+device, init_process_group(backend="tpu_dist"), a DTensor tensor-parallel step checked against a CPU
+reference and an all-reduce whose sum the driver checks on every rank."""
 
 from __future__ import annotations
 
 import re
-import socket
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.ray_cluster import run_job, running_cluster
-
-from tpuflow.local.cluster import host_ip
 
 SCRIPT_DIR = Path(__file__).resolve().parents[2] / "workloads" / "seed_collectives"
 RANK_LINE = re.compile(
@@ -26,21 +22,6 @@ RANK_LINE = re.compile(
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    """A port free on every interface: rank 0's TCP store binds it beside other jobs on this machine."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def submit(cluster: Any, topology: str, *extra: str) -> str:
-    args = (
-        f"ray_core_collectives.py --topology {topology} --accelerator-type TPU-V6E "
-        f"--master-port {free_port()} {' '.join(extra)}"
-    )
-    return run_job(cluster, args, {"working_dir": str(SCRIPT_DIR)}, timeout=600)
-
-
 def ranks(logs: str) -> dict[int, tuple[int, int, str, list[float]]]:
     """rank -> (worker_id, local_rank, node ip, all_reduce_sum) as the driver printed them."""
     return {
@@ -48,29 +29,48 @@ def ranks(logs: str) -> dict[int, tuple[int, int, str, list[float]]]:
     }
 
 
-def test_two_hosts_of_a_v6e_2x4_all_reduce_over_the_whole_slice(slice_cluster: Any) -> None:
-    # The seed's arithmetic on a two-host 2x4 needs Ray told the VM size (TpuSlice.ray_caveats); the
-    # shared cluster holds two such slices, so the reservation must keep to one of them.
-    logs = submit(slice_cluster, "2x4", "--chips-per-vm", "4")
+def test_the_seed_script_unchanged_on_a_single_host_v6e_2x2(tmp_path: Path) -> None:
+    with running_cluster(f"coll-{uuid.uuid4().hex[:6]}", tmp_path / "clusters") as cluster:
+        logs = run_job(
+            cluster,
+            "ray_core_collectives.py --topology=2x2 --accelerator-type=TPU-V6E",
+            {"working_dir": str(SCRIPT_DIR)},
+            timeout=600,
+        )
     seen = ranks(logs)
-    assert sorted(seen) == list(range(8)), logs[-4000:]
-    # rank = TPU_WORKER_ID * 4 + the chip Ray assigned, as on GKE's 4-chip ct6e VMs
-    assert {r: (w, lr) for r, (w, lr, _, _) in seen.items()} == {r: (r // 4, r % 4) for r in range(8)}
-    ips = {w: {ip for ww, _, ip, _ in seen.values() if ww == w} for w in (0, 1)}
-    assert all(len(v) == 1 for v in ips.values()), ips
-    hosts = (ips[0].pop(), ips[1].pop())
-    assert hosts in {(host_ip(s, 0, 2), host_ip(s, 1, 2)) for s in (0, 1)}, f"ranks straddle two slices: {hosts}"
-    assert {tuple(s) for *_, s in seen.values()} == {(36.0,) * 4}  # 1 + 2 + ... + 8 on every rank
+    expected = {r: (0, r, [10.0] * 4) for r in range(4)}  # one host: rank = chip, 1 + 2 + 3 + 4 everywhere
+    assert {r: (w, lr, s) for r, (w, lr, _, s) in seen.items()} == expected, logs[-4000:]
+    assert len({ip for _, _, ip, _ in seen.values()}) == 1
     assert re.search(
-        r"All 8 TorchTPU ranks verified DTensor TP parity \(max_abs_diff=[0-9.]+\) and all_reduce sum = 36\.0", logs
+        r"All 4 TorchTPU ranks verified DTensor TP parity \(max_abs_diff=[0-9.]+\) and all_reduce sum = 10\.0", logs
     )
 
 
-@pytest.mark.long  # a cluster of its own (about 110 s on 2 loaded cores); the 2x4 above runs in make test
-def test_the_readme_command_on_a_single_host_2x2(tmp_path: Path) -> None:
-    with running_cluster(f"coll-{uuid.uuid4().hex[:6]}", tmp_path / "clusters") as cluster:
-        logs = submit(cluster, "2x2")
-    seen = ranks(logs)
-    assert {r: (w, lr, s) for r, (w, lr, _, s) in seen.items()} == {r: (0, r, [10.0] * 4) for r in range(4)}
-    assert len({ip for _, _, ip, _ in seen.values()}) == 1
-    assert "All 4 TorchTPU ranks verified DTensor TP parity" in logs and "all_reduce sum = 10.0" in logs
+def test_the_seed_script_unchanged_on_a_two_host_v6e_2x4_fails_in_seconds_naming_the_fix(tmp_path: Path) -> None:
+    """Two ct6e-standard-4t hosts: Ray 2.60 reads a v6e 2x4 as one 8-chip host, so the seed's arithmetic gives host 1
+    ranks 8-11 of a WORLD_SIZE of 16 that can never form. tpu_dist refuses the group at once, with one line naming
+    the slice and the fix, instead of waiting out gloo's 30-minute timeout."""
+    import time
+
+    from ray.job_submission import JobStatus
+    from support.ray_cluster import submit_job
+
+    with running_cluster(
+        f"coll-{uuid.uuid4().hex[:6]}", tmp_path / "clusters", topology="2x4", machine_type="ct6e-standard-4t"
+    ) as cluster:
+        client, job = submit_job(
+            cluster,
+            "ray_core_collectives.py --topology=2x4 --accelerator-type=TPU-V6E",
+            {"working_dir": str(SCRIPT_DIR)},
+        )
+        started = time.monotonic()
+        while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+            assert time.monotonic() - started < 240, f"the job still {status}: a silent wait"
+            time.sleep(1)
+        logs = client.get_job_logs(job)
+    assert status == JobStatus.FAILED, logs[-4000:]
+    (line,) = {ln.split("SliceMismatchError: ", 1)[1] for ln in logs.splitlines() if "SliceMismatchError: " in ln}
+    assert line.startswith(
+        "tpu_dist: WORLD_SIZE=16 but this slice (v6e-8, topology 2x4) has 8 TPU devices on 2 host"
+    ), line
+    assert line.endswith("pass chips_per_vm=4 to ray.util.tpu.slice_placement_group"), line

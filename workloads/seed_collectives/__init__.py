@@ -1,1 +1,1 @@
-"""Seed 004's Ray Core collectives slice check, adapted for CPU: submit ray_core_collectives.py as `ray job submit` would."""
+"""Seed 004's Ray Core collectives: ray_core_collectives.py is the seed's script byte for byte (ray job submit it from here)."""

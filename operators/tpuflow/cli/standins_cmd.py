@@ -33,6 +33,7 @@ STOP_TIMEOUT_S = 90.0
 GCS_DIR = "gcs-emulator"  # the emulator's state and data, under the work dir
 GCS_BUCKET = "tpuflow-standin"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # tpuflow.dev.gcs_emulator.EMULATOR_ENV
+CRDS_ENV = "TPUFLOW_KUBERAY_CRDS"  # tpuflow.dev.standins.stack.CRDS_ENV
 METADATA_ENV = "TPUFLOW_GCE_METADATA_HOST"  # tpuflow.storage.METADATA_ENV (not loaded at the command's start)
 
 
@@ -136,18 +137,36 @@ def _running_emulator_env(work: Path) -> dict[str, str] | None:
     return dict(emulator.env())
 
 
+def _check_crds(flag: str | None) -> None:
+    """--crds, else $TPUFLOW_KUBERAY_CRDS, must hold KubeRay's CRDs; with neither, the imitation uses tpuflow's own."""
+    from tpuflow.dev.standins.kubernetes_catalog import holds_crds
+
+    field, value = ("--crds", flag) if flag is not None else (CRDS_ENV, os.environ.get(CRDS_ENV) or None)
+    if value is not None and not holds_crds(value):
+        raise UserInputError(field, value, "give the directory holding KubeRay's ray.io_rayclusters.yaml")
+
+
+def _crds_line(crds: str) -> str:
+    from tpuflow.dev.standins import kuberay_crds
+
+    if Path(crds) == kuberay_crds.DIRECTORY:
+        return f"KubeRay {kuberay_crds.KUBERAY_VERSION}'s, shipped with tpuflow ({crds})"
+    return f"{crds} (--crds / {CRDS_ENV})"
+
+
 def _up(args: argparse.Namespace) -> int:
     work = _workdir(args)
     check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
-    if args.control_plane == "real" and (args.fake or args.crds):
+    real = args.control_plane == "real"
+    if real and (args.fake or args.crds):
         flag = "--fake" if args.fake else "--crds"
         raise UserInputError(
             flag,
             True if args.fake else args.crds,
             "the real control plane runs the real KubeRay with its own CRDs: drop it",
         )
-    if args.crds is not None and not (Path(args.crds) / "ray.io_rayclusters.yaml").is_file():
-        raise UserInputError("--crds", args.crds, "give the directory holding KubeRay's ray.io_rayclusters.yaml")
+    if not real:
+        _check_crds(args.crds)
     state = _state(work)
     if state and _alive(int(state.get("pid", 0))):
         raise UserInputError(
@@ -226,9 +245,7 @@ def _start_standins(args: argparse.Namespace, work: Path, emulator: Mapping[str,
         print(f"  KubeRay:         the real operator + GKE TPU webhook (played); Ray: {ray}")
     else:
         print(f"  KubeRay:         simulated operator + GKE TPU webhook; Ray: {ray}")
-        print(
-            f"  CRD schemas:     {state['crds'] or 'none found (set --crds or TPUFLOW_KUBERAY_CRDS): no field validation'}"
-        )
+        print(f"  CRD schemas:     {_crds_line(state['crds'])}")
     gcs = (
         f"{emulator[EMULATOR_ENV]}  (bucket gs://{GCS_BUCKET}; GCE metadata stand-in {emulator.get(METADATA_ENV)})"
         if emulator
@@ -303,7 +320,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--operation-seconds", type=float, default=2.0, help="how long each node-pool operation takes (default 2)"
     )
-    up.add_argument("--crds", default=None, help="KubeRay CRD directory (default $TPUFLOW_KUBERAY_CRDS)")
+    up.add_argument(
+        "--crds",
+        default=None,
+        help="KubeRay CRD directory (default $TPUFLOW_KUBERAY_CRDS, else the ones tpuflow ships)",
+    )
     up.add_argument(
         "--control-plane",
         default="imitation",

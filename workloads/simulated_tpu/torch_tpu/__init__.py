@@ -4,17 +4,16 @@ tpuflow's local cluster puts ``workloads/simulated_tpu`` on the path of every pr
 (head and simulated hosts), and nowhere else: a machine with the real ``torch_tpu`` never sees
 this package. Importing it refuses to run where a real TorchTPU is installed further down the path.
 
-It provides what Ray Train's TPU path (``ScalingConfig(use_tpu=True)``, Ray's
-``TPUTorchDeviceManager``) needs of ``torch_tpu`` so that the user's TorchTrainer runs unchanged
-on hosts without chips:
+It makes ``tpu`` a torch device whose memory is the host's, so scripts written for TorchTPU run
+unchanged on hosts without chips:
 
-- ``import torch_tpu`` succeeds, so ``TPUTorchDeviceManager.is_available()`` is true;
-- the torch device type ``"tpu"`` exists (PyTorch's privateuse1 backend renamed to ``tpu``, as
-  TorchTPU does), so ``ray.train.torch.get_device()`` returns ``torch.device("tpu")`` as on a real
-  slice, and ``torch.tpu`` (``torch_tpu.device``) says no chip is available to torch.accelerator.
-  No tensor can live there: the training function uses ``torch.device("cpu")``;
-- ``torch_tpu._loader.load()`` registers the ``tpu_dist`` process-group backend, here carried by
-  gloo over the hosts' CPUs, so ``TorchConfig(backend="tpu_dist")`` also initialises.
+- ``torch.device("tpu")`` holds tensors (``torch_tpu._tensor.TpuTensor``: every op runs on the CPU
+  tensor inside), with autograd, ``nn.Module.to``, DeviceMesh/DTensor and FSDP2 on top, and
+  ``torch.tpu`` (``torch_tpu.device``) answering DeviceMesh and torch.accelerator;
+- ``import torch_tpu`` succeeds, so Ray Train's ``TPUTorchDeviceManager`` is available and
+  ``ray.train.torch.get_device()`` is ``tpu`` as on a real slice;
+- the ``tpu_dist`` process-group backend exists from the import on (and ``torch_tpu._loader.load()``,
+  which Ray calls, is idempotent): gloo over the hosts' CPUs, for tensors on ``tpu`` and ``cpu``.
 """
 
 from __future__ import annotations
@@ -23,9 +22,17 @@ import importlib.machinery
 import sys
 from pathlib import Path
 
-import torch
 
-from torch_tpu import device
+def autoload() -> None:
+    """torch's device-backend autoload entry point (``torch.backends``, this folder's dist-info): importing
+    torch anywhere on the simulated cluster (a Ray actor whose script imported torch_tpu only in the
+    driver included) makes the ``tpu`` device and ``tpu_dist``, as an installed TorchTPU does. The work
+    is this package's import; defined before ``import torch``, which runs it when torch_tpu comes first."""
+
+
+import torch  # noqa: E402
+
+from torch_tpu import _loader, _tensor, device  # noqa: E402
 
 SIMULATED = True  # the real torch_tpu has no such attribute
 DEVICE_TYPE = "tpu"
@@ -52,19 +59,22 @@ def _refuse_to_shadow() -> None:
         )
 
 
-def _name_tpu_device() -> None:
-    """Make torch.device("tpu") valid: PyTorch's privateuse1 backend, named as TorchTPU names it."""
+def _make_tpu_device() -> None:
+    """torch.device("tpu") with tensors on it: PyTorch's privateuse1 backend, named as TorchTPU names it."""
     current = torch._C._get_privateuse1_backend_name()
     if current not in ("privateuseone", DEVICE_TYPE):
         raise ImportError(f"torch's privateuse1 backend is already named {current!r}; the stand-in needs 'tpu'")
-    if current != DEVICE_TYPE:
-        torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
     if not hasattr(torch, DEVICE_TYPE):
-        # torch.accelerator (every optimizer step) asks torch.tpu whether a chip is there
-        torch._register_device_module(DEVICE_TYPE, device)
+        torch.utils.backend_registration._setup_privateuseone_for_python_backend(
+            rename=DEVICE_TYPE if current != DEVICE_TYPE else None, backend_module=device
+        )
+    _tensor.register_factories()
 
 
 _refuse_to_shadow()
-_name_tpu_device()
+_make_tpu_device()
+_loader.load()
 
-__all__ = ["DEVICE_TYPE", "SIMULATED"]
+__all__ = ["DEVICE_TYPE", "SIMULATED", "TpuTensor"]
+
+TpuTensor = _tensor.TpuTensor

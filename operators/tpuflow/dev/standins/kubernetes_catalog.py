@@ -6,9 +6,9 @@
 - OpenAPI v3 (``/openapi/v3``): one document per group-version with every path's operations, the
   ``x-kubernetes-group-version-kind`` extensions and the ``fieldValidation`` parameter kubectl looks for,
   and the CRD schemas;
-- CRD schemas (KubeRay's ``ray.io_<plural>.yaml``, from a directory given at start): server-side field
-  validation as the apiserver does it (unknown fields pruned with a warning, refused under
-  ``fieldValidation=Strict``; schema violations 422 Invalid).
+- CRD schemas (KubeRay's ``ray.io_<plural>.yaml``, or ``.yaml.gz`` as tpuflow.dev.standins.kuberay_crds ships
+  them, from a directory given at start): server-side field validation as the apiserver does it (unknown
+  fields pruned with a warning, refused under ``fieldValidation=Strict``; schema violations 422 Invalid).
 
 The printer columns of KubeRay's CRDs are written here from KubeRay v1.7's CRDs so a stand-in started
 without the CRD files still prints them; with the files, theirs are used.
@@ -17,6 +17,7 @@ without the CRD files still prints them; with the files, theirs are used.
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import json
 import re
@@ -254,11 +255,11 @@ class CrdSchemas:
 
     @classmethod
     def load(cls, directory: str | Path | None) -> CrdSchemas:
-        """ray.io_<plural>.yaml files of `directory`; empty (no schema validation) when absent."""
+        """ray.io_<plural>.yaml (or .yaml.gz) files of `directory`; empty (no schema validation) when absent."""
         out = cls(printer_columns={k: list(v) for k, v in KUBERAY_PRINTER_COLUMNS.items()})
         if directory is None or not Path(directory).is_dir():
             return out
-        for path in sorted(Path(directory).glob("ray.io_*.yaml")):
+        for path in crd_files(directory):
             crd = _read_crd(str(path.resolve()), path.stat().st_mtime_ns)
             plural = crd["spec"]["names"]["plural"]
             version = next((v for v in crd["spec"]["versions"] if v["name"] == "v1"), None)
@@ -273,10 +274,22 @@ class CrdSchemas:
         return self.schemas.get(plural)
 
 
+def crd_files(directory: str | Path) -> list[Path]:
+    """KubeRay's CRD files in `directory`: ray.io_<plural>.yaml, or gzipped as the package ships them."""
+    folder = Path(directory)
+    return sorted([*folder.glob("ray.io_*.yaml"), *folder.glob("ray.io_*.yaml.gz")])
+
+
+def holds_crds(directory: str | Path) -> bool:
+    """Whether `directory` holds KubeRay's RayCluster CRD (the one every other use of the CRDs comes with)."""
+    return any((Path(directory) / f"ray.io_rayclusters.yaml{gz}").is_file() for gz in ("", ".gz"))
+
+
 @functools.lru_cache(maxsize=16)
 def _read_crd(path: str, mtime_ns: int) -> dict[str, Any]:
     """A CRD file, parsed once per version of the file (schemas are only read, never changed)."""
-    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    raw = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
+    return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def unknown_fields(schema: Mapping[str, Any], obj: Any, path: str = "") -> list[str]:

@@ -27,9 +27,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tpuflow.dev.standins import kuberay_crds
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
 from tpuflow.dev.standins.kuberay_controller.seams import ClusterLauncher
+from tpuflow.dev.standins.kubernetes_catalog import holds_crds
+from tpuflow.errors import UserInputError
 
 DEFAULT_PROJECT = "tpu-proj-123"
 DEFAULT_ZONE = "us-east5-b"
@@ -39,14 +42,19 @@ ENV_FILE = "env.sh"
 ACCESS_TOKEN = "tpuflow-standin-token"  # gcloud needs one; the GKE stand-in accepts any
 GCP_CONN_ID = "gke_standin"  # the Airflow connections state.json describes (`tpuflow standins env` prints them)
 KUBERNETES_CONN_ID = "kube_standin"
-REPO = Path(__file__).resolve().parents[4]
+CRDS_ENV = "TPUFLOW_KUBERAY_CRDS"
 
 
-def default_crds() -> Path | None:
-    """KubeRay's CRDs for schemas and field validation: $TPUFLOW_KUBERAY_CRDS, else ../shared/kuberay/crds."""
-    named = os.environ.get("TPUFLOW_KUBERAY_CRDS")
-    path = Path(named) if named else REPO.parent / "shared" / "kuberay" / "crds"
-    return path if (path / "ray.io_rayclusters.yaml").is_file() else None
+def default_crds() -> Path:
+    """KubeRay's CRDs for schemas and field validation: $TPUFLOW_KUBERAY_CRDS, else the ones tpuflow ships."""
+    named = os.environ.get(CRDS_ENV)
+    if not named:
+        return kuberay_crds.DIRECTORY
+    if not holds_crds(named):
+        raise UserInputError(
+            CRDS_ENV, named, "name the directory holding KubeRay's ray.io_rayclusters.yaml, or unset it"
+        )
+    return Path(named)
 
 
 class StandinStack:
@@ -68,7 +76,7 @@ class StandinStack:
         self.workdir = Path(workdir).resolve()
         self.project, self.zone, self.cluster = project, zone, cluster
         self.fake = fake
-        self.crds = Path(crds) if crds else default_crds()
+        self.crds: Path | None = Path(crds) if crds else default_crds()
         self.gke = GKEApiStandin(operation_seconds=operation_seconds, clusters=[self.cluster_path])
         if launcher is None and fake:
             launcher = FakeRayLauncher()
@@ -165,7 +173,7 @@ class StandinStack:
             "zone": self.zone,
             "cluster": self.cluster,
             "fake": self.fake,
-            "crds": str(self.crds) if self.crds else None,
+            "crds": str(self.crds) if self.crds else None,  # None: the real control plane installs its own
             "gcp_conn_id": GCP_CONN_ID,
             "kubernetes_conn_id": KUBERNETES_CONN_ID,
             "airflow_connections": self.airflow_connections(GCP_CONN_ID, KUBERNETES_CONN_ID),
