@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -39,6 +40,7 @@ SERVICE_BASE_OCTET = (
 )
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_RUN = Path("/var/run/netns")  # where `ip netns add` pins each namespace
+OWNERS = Path("/run/tpuflow/pod-networks")  # tpfbr<index>.json: the process that claimed the network
 _CLONE_NEWNET = 0x40000000
 
 
@@ -90,11 +92,48 @@ def listen_in_namespace(netns: str, address: tuple[str, int]) -> socket.socket:
     return made["socket"]
 
 
+def _owner_file(index: int) -> Path:
+    return OWNERS / f"tpfbr{index}.json"
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time (its /proc stat field 22), None once it is gone: with the pid, it names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_record() -> dict[str, object]:
+    return {"pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _owner_gone(record: object) -> bool:
+    """Whether the recorded owner is provably gone: its pid exited, or now names a later process."""
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+        return False
+    return _started(record["pid"]) != record.get("started")
+
+
 def claim_index(limit: int = 40) -> int:
-    """A free network index: the first whose bridge this process could create (another agent holds the rest)."""
+    """A free network index: the first whose bridge this process could create, or whose recorded owner is provably
+    dead (a SIGKILLed agent's process: its pods died with it; its namespaces and bridge are removed and the index
+    taken). The claim records this process as the owner; ``PodNetwork.down`` forgets it."""
     for index in range(limit):
-        if _ip("link", "add", f"tpfbr{index}", "type", "bridge", check=False).returncode == 0:
-            return index
+        if _ip("link", "add", f"tpfbr{index}", "type", "bridge", check=False).returncode != 0:
+            try:
+                owner = json.loads(_owner_file(index).read_text())
+            except (OSError, ValueError):
+                continue  # another agent's, just created or from before owners were recorded: left alone
+            if not _owner_gone(owner):
+                continue
+            PodNetwork(index).down()
+            if _ip("link", "add", f"tpfbr{index}", "type", "bridge", check=False).returncode != 0:
+                continue
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        _owner_file(index).write_text(json.dumps(_owner_record()))
+        return index
     raise NetworkError(f"no free pod network among {limit} (bridges tpfbr0..tpfbr{limit - 1} all exist)")
 
 
@@ -143,6 +182,7 @@ class PodNetwork:
         for folder in NETNS_ETC.glob(f"tpf{self.index}-*"):  # a hosts file rewritten while its pod went
             shutil.rmtree(folder, ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
+        _owner_file(self.index).unlink(missing_ok=True)
 
     def namespaces(self) -> list[str]:
         done = _ip("netns", "list", check=False)

@@ -32,6 +32,7 @@ from typing import Any
 from tpuflow.dev.nodes.network import PodInterface, PodNetwork
 from tpuflow.dev.nodes.node_registry import now
 from tpuflow.dev.nodes.pod_env import Lookup, container_env, expand
+from tpuflow.dev.supervise import die_with_parent
 
 BACKOFF_S = (10, 20, 40, 80, 160, 300)
 
@@ -270,9 +271,16 @@ class PodRun:
                     "netns",
                     "exec",
                     self.iface.netns,
+                    # its own mount, host name and process ids, as a container has; --kill-child with the parent-death
+                    # signal below: when the agent's process dies, every process of the pod dies with it, as a
+                    # node's containers die with their VM (nothing of a SIGKILLed rehearsal keeps running)
                     "unshare",
                     "--mount",
                     "--uts",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
                     "--propagation",
                     "private",
                     "--",
@@ -285,6 +293,7 @@ class PodRun:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
             )
         finally:
             log.close()
@@ -443,7 +452,18 @@ class PodRun:
         for run in self.containers:
             command = ((run.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command")
             if command and run.running() and run.proc is not None:
-                argv = ["nsenter", "--target", str(run.proc.pid), "--net", "--mount", "--uts", "--", *map(str, command)]
+                target = _namespace_init(run.proc.pid)
+                argv = [
+                    "nsenter",
+                    "--target",
+                    str(target),
+                    "--net",
+                    "--mount",
+                    "--uts",
+                    "--pid",
+                    "--",
+                    *map(str, command),
+                ]
                 hooks.append(
                     subprocess.Popen(argv, env=self._env(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 )
@@ -519,3 +539,13 @@ class PodRun:
         if self.failed_reason:
             status["message"] = self.failed_reason
         return status
+
+
+def _namespace_init(unshare_pid: int) -> int:
+    """The pod's first process (pid 1 of its pid namespace): ``unshare --fork``'s child. A hook entering the pod
+    joins that process's namespaces, its pid namespace too, so its process ids mean the pod's processes."""
+    try:
+        children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+    except OSError:
+        return unshare_pid
+    return int(children[0]) if children else unshare_pid
