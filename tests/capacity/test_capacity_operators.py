@@ -10,13 +10,13 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-from support.airflow_context import FakeTaskInstance, task_context
+from support.airflow_context import task_context
+from support.dag_run import RUN, Run, RunTI
 from support.gke_standin import CLUSTER, CLUSTER_PATH, CONN_ID, PROJECT, ZONE
 
 from tpuflow.capacity.operators import (
@@ -37,31 +37,6 @@ KUBE_CONN = "kube_standin"
 SLICE = {"tpu_slice": {"accelerator": "v6e", "topology": "4x4"}}
 FAST_POOL = {"poll_interval": 0.05, "retry_backoff": 0.05, "max_backoff": 0.2}
 KUBE = {"kubernetes_conn_id": KUBE_CONN, "poll_interval": 0.05}
-RUN = {"dag_id": "capacity_dag", "run_id": "manual__2026-12-01T10:00:00+00:00"}
-
-
-@dataclass
-class RunTI(FakeTaskInstance):
-    """A task instance of one run that also sees the return values of the run's other tasks."""
-
-    run: dict[str, Any] = field(default_factory=dict)
-
-    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
-        if task_ids not in (None, self.task_id) and key == "return_value":
-            return self.run.get(task_ids)
-        return super().xcom_pull(task_ids, key)
-
-
-class Run:
-    """Executes tasks of one DAG run in order, keeping their return values for the later ones."""
-
-    def __init__(self) -> None:
-        self.results: dict[str, Any] = {}
-
-    def execute(self, op: Any) -> Any:
-        ctx = task_context(RunTI(**RUN, task_id=op.task_id, run=self.results))
-        self.results[op.task_id] = result = op.execute(ctx)
-        return result
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The GKE rehearsal on the real control plane (issue 46): the GKE API stand-in (ours: node pools, operations,
 Compute and Cloud Quotas calls) with real etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the
-real KubeRay operator (tpuflow.dev.controlplane), GKE's nodes played by the node agent and GKE's TPU webhook
-served to the real API server (tpuflow.dev.nodes).
+real KubeRay operator (tpuflow.dev.controlplane), GKE's nodes played by the node agent, GKE's TPU webhook
+served to the real API server (tpuflow.dev.nodes) and GKE's autoscaler for queued provisioning and flex-start
+played against the real API server (tpuflow.dev.played_autoscaler, with the ProvisioningRequest CRD).
 
     with RehearsalStack(workdir) as stack:
         stack.env()                       # KUBECONFIG, CLOUDSDK_* ... as StandinStack gives them
@@ -26,6 +27,9 @@ from tpuflow.dev.nodes import network as net
 from tpuflow.dev.nodes.agent import NodeAgent
 from tpuflow.dev.nodes.kube_rest import KubeError, KubeRest
 from tpuflow.dev.nodes.tpu_webhook import TpuWebhookServer
+from tpuflow.dev.played_autoscaler import AUTOSCALER_USER, install, start_autoscaler
+from tpuflow.dev.played_autoscaler import ROLES as AUTOSCALER_ROLES
+from tpuflow.dev.standins.capacity import CapacityController
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.stack import (
     DEFAULT_CLUSTER,
@@ -83,12 +87,16 @@ class RehearsalStack(StandinStack):
         self.index: int | None = None  # the pod network's, claimed by start() (a bridge: nothing before that)
         self.plane = ControlPlane(
             self.workdir / "controlplane",
-            extra_users={NODE_AGENT_USER: ("system:node", "system:node-proxier", "tpuflow:cloud-node-lifecycle")},
+            extra_users={
+                NODE_AGENT_USER: ("system:node", "system:node-proxier", "tpuflow:cloud-node-lifecycle"),
+                AUTOSCALER_USER: AUTOSCALER_ROLES,
+            },
         )
         self.pod_env = pod_env_with_storage(pod_env)
         self.interval = interval
         self.webhook: TpuWebhookServer | None = None
         self.agent: NodeAgent | None = None
+        self.autoscaler: CapacityController | None = None
 
     # --- the Kubernetes side ------------------------------------------------------------------------------
     @property
@@ -118,6 +126,10 @@ class RehearsalStack(StandinStack):
             self.gke.start()
             self.plane.start()
             self._start_webhook()
+            install(self.api())
+            self.autoscaler = start_autoscaler(
+                self.api(AUTOSCALER_USER), self.gke, self.cluster_path, interval=self.interval
+            )
             self.agent = NodeAgent(
                 self.api(NODE_AGENT_USER),
                 self.workdir / "nodes",
@@ -156,6 +168,8 @@ class RehearsalStack(StandinStack):
                     raise
 
     def stop(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
         try:
             if self.agent is not None:
                 self.agent.stop()
@@ -170,14 +184,17 @@ class RehearsalStack(StandinStack):
                 self.gke.stop()
 
     def leftovers(self) -> list[str]:
-        """What a run's teardowns delete, still here: node pools, workload policies, KubeRay objects, pods and
-        their processes (a pod's network namespace holds them)."""
+        """What a run's teardowns delete, still here: node pools, workload policies, KubeRay objects,
+        ProvisioningRequests and their PodTemplates, pods and their processes (a pod's network namespace holds
+        them)."""
         out = [f"node pool {p['name']}" for p in self.gke.node_pools()]
         out += [f"workload policy {p['name']}" for p in self.gke.compute.policies()]
         api = self.api()
         for kind, path in (
             ("RayService", "/apis/ray.io/v1/rayservices"),
             ("RayCluster", "/apis/ray.io/v1/rayclusters"),
+            ("ProvisioningRequest", "/apis/autoscaling.x-k8s.io/v1/provisioningrequests"),
+            ("PodTemplate", "/api/v1/podtemplates"),
             ("Pod", "/api/v1/pods"),
         ):
             out += [f"{kind} {o['metadata']['name']}" for o in api.items(path)]

@@ -1,8 +1,9 @@
 """GKE's capacity machinery for the stand-ins: queued provisioning (ProvisioningRequest) and flex-start.
 
-``CapacityController`` runs beside the simulated KubeRay operator, over the Kubernetes stand-in's
-object store and the GKE stand-in's node pools (through ``GkeNodePools``), and plays two parts of
-GKE's cluster autoscaler:
+``CapacityController`` plays two parts of GKE's cluster autoscaler over the GKE stand-in's node pools (through
+``GkeNodePools``) and a Kubernetes API (``tpuflow.dev.standins.capacity_objects``): beside the simulated KubeRay
+operator, the imitation's object store; in the rehearsal, the real API server as the autoscaler's own identity
+(``tpuflow.dev.played_autoscaler``).
 
 - queued provisioning: a ``ProvisioningRequest`` (``autoscaling.x-k8s.io/v1``, class
   ``queued-provisioning.gke.io``) is Accepted, then, ``delay_seconds`` later, the nodes of its pod
@@ -30,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuflow.dev.standins.kubernetes_api import AUTOSCALING_TYPES, CORE_TYPES, PODS, ApiError, ObjectStore, now_iso
+from tpuflow.dev.standins.capacity_objects import KubeObjects
+from tpuflow.dev.standins.kubernetes_api import AUTOSCALING_TYPES, CORE_TYPES, now_iso
 
 QUEUED_CLASS = "queued-provisioning.gke.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
@@ -101,9 +103,9 @@ class _Request:
 class CapacityController:
     """The queued-provisioning and flex-start parts of GKE's autoscaler (see the module docstring)."""
 
-    def __init__(self, store: ObjectStore, pools: Any, *, interval: float = 0.2, event_interval: float = 5.0) -> None:
+    def __init__(self, objects: KubeObjects, pools: Any, *, interval: float = 0.2, event_interval: float = 5.0) -> None:
         """``pools``: a GkeNodePools (node pools, their knobs, and the hand that resizes them)."""
-        self.store, self.pools, self.interval, self.event_interval = store, pools, interval, event_interval
+        self.objects, self.pools, self.interval, self.event_interval = objects, pools, interval, event_interval
         self.settings = CapacitySettings()
         self._emitted: dict[tuple[str, str], float] = {}
         self._requests: dict[str, _Request] = {}
@@ -139,30 +141,20 @@ class CapacityController:
         self._flex_start(pools, now)
 
     # --- queued provisioning ---------------------------------------------------------------------------
-    def _set(self, pr: Mapping[str, Any], kind: str, status: str, reason: str, message: str) -> None:
+    def _set(self, pr: dict[str, Any], kind: str, status: str, reason: str, message: str) -> None:
+        """Set one condition on ``pr`` (this step's copy) and write the conditions when they changed."""
         meta = pr["metadata"]
-
-        def apply(obj: dict[str, Any]) -> None:
-            conditions = obj.setdefault("status", {}).setdefault("conditions", [])
-            for cond in conditions:
-                if cond.get("type") == kind:
-                    if (cond.get("status"), cond.get("reason"), cond.get("message")) != (status, reason, message):
-                        if cond.get("status") != status:
-                            cond["lastTransitionTime"] = now_iso()
-                        cond.update(status=status, reason=reason, message=message)
-                    return
-            conditions.append(
-                {
-                    "type": kind,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "lastTransitionTime": now_iso(),
-                    "observedGeneration": meta.get("generation", 1),
-                }
-            )
-
-        self.store.mutate(PROVISIONING_REQUESTS, meta["namespace"], meta["name"], apply)
+        conditions = pr.setdefault("status", {}).setdefault("conditions", [])
+        cond = next((c for c in conditions if c.get("type") == kind), None)
+        if cond is None:
+            cond = {"type": kind, "lastTransitionTime": now_iso(), "observedGeneration": meta.get("generation", 1)}
+            conditions.append(cond)
+        elif (cond.get("status"), cond.get("reason"), cond.get("message")) == (status, reason, message):
+            return
+        elif cond.get("status") != status:
+            cond["lastTransitionTime"] = now_iso()
+        cond.update(status=status, reason=reason, message=message)
+        self.objects.patch_status("provisioningrequests", meta["namespace"], meta["name"], {"conditions": conditions})
 
     def _pod_sets(self, pr: Mapping[str, Any]) -> list[tuple[dict[str, Any], int]] | str:
         """(nodeSelector, count) per pod set, or why the request is invalid."""
@@ -174,7 +166,7 @@ class CapacityController:
         out = []
         for item in sets:
             ref = (item.get("podTemplateRef") or {}).get("name")
-            template = self.store.find(POD_TEMPLATES, ns, ref) if ref else None
+            template = self.objects.get("podtemplates", ns, ref) if ref else None
             if template is None:
                 return f'PodTemplate "{ref}" not found in namespace {ns}'
             selector = ((template.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
@@ -192,7 +184,7 @@ class CapacityController:
     def _queued(self, pools: list[dict[str, Any]], now: float) -> None:
         knobs = self.settings.queued
         live = set()
-        for pr in self.store.list(PROVISIONING_REQUESTS):
+        for pr in self.objects.list("provisioningrequests"):
             meta, spec = pr["metadata"], pr.get("spec") or {}
             if spec.get("provisioningClassName") != QUEUED_CLASS or meta.get("deletionTimestamp"):
                 continue  # another class: not GKE's queued provisioning, left alone as the autoscaler does
@@ -281,9 +273,8 @@ class CapacityController:
             return
         pods = [
             p
-            for p in self.store.list(PODS)
-            if not p["metadata"].get("deletionTimestamp")
-            and CONSUME_ANNOTATION not in (p["metadata"].get("annotations") or {})
+            for p in self.objects.list("pods")
+            if CONSUME_ANNOTATION not in (p["metadata"].get("annotations") or {})
             and (p.get("spec") or {}).get("nodeSelector")
         ]
         claimed: set[str] = set()
@@ -303,6 +294,11 @@ class CapacityController:
                     self.pools.scale(pool["cluster"], pool["name"], 0)
                 continue
             if nodes >= size:
+                continue
+            # a terminating pod keeps the nodes it is on until it is gone, and asks for none
+            mine = [p for p in mine if not p["metadata"].get("deletionTimestamp")]
+            if not mine:
+                self._pending_since.pop(key, None)
                 continue
             since = self._pending_since.setdefault(key, now)
             if now - since < knobs.delay_seconds:
@@ -329,7 +325,4 @@ class CapacityController:
                 continue
             self._emitted[(meta["uid"], reason)] = now
             involved = {"kind": "Pod", "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}
-            try:
-                self.store.record_event(meta["namespace"], involved, kind, reason, message, "cluster-autoscaler")
-            except ApiError:
-                continue
+            self.objects.create_event(meta["namespace"], involved, kind, reason, message)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.standins.capacity import CapacityController
+from tpuflow.dev.standins.capacity_objects import StoreObjects
 from tpuflow.dev.standins.kuberay_controller.launchers import FakeRayLauncher
 from tpuflow.dev.standins.kuberay_controller.reconciler import KubeRayController
 from tpuflow.dev.standins.kuberay_controller.seams import (
@@ -50,7 +51,7 @@ class KubeRayStandin:
         self.controller = KubeRayController(self.api.store, self.launcher, node_pools, interval=interval)
         # GKE's autoscaler for queued (ProvisioningRequest) and flex-start pools, when the pools are GKE's
         self.capacity = (
-            CapacityController(self.api.store, node_pools, interval=interval)
+            CapacityController(StoreObjects(self.api.store), node_pools, interval=interval)
             if isinstance(node_pools, GkeNodePools)
             else None
         )
