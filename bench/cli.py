@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--only NAME ...] [--results DIR]: run the measures, write the results."""
+"""python -m bench [--quick | --device] [--only NAME ...] [--results DIR]: run the measures, write the results."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import importlib
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +32,9 @@ MODULES = (
     "bench.chip_hours",
     "bench.storage",
     "bench.controlplane",
+    "bench.device",
 )
+DEVICE_MODULES = ("bench.device",)  # --device imports no other: the chip machine has no Ray, Airflow or pyarrow
 
 
 def _airflow_home() -> None:
@@ -87,6 +90,28 @@ def machine() -> dict[str, Any]:
     }
 
 
+def commit() -> str | None:
+    """The commit measured: TPUFLOW_BENCH_COMMIT (a machine the tracked files were copied to), else git's."""
+    if os.environ.get("TPUFLOW_BENCH_COMMIT"):
+        return os.environ["TPUFLOW_BENCH_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+
+
+def device_machine() -> dict[str, Any]:
+    """machine() plus the chip jax finds, its JAX/jaxlib/libtpu versions and the commit."""
+    from bench.device import chip
+
+    found = chip()
+    return {**machine(), "chip": found, "jax": found.get("jax"), "commit": commit()}
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "–"
@@ -99,7 +124,18 @@ def _fmt(v: Any) -> str:
 
 def markdown(data: dict[str, Any]) -> str:
     m = data["machine"]
+    chip = m.get("chip") or {}
     lines = [
+        *(
+            [
+                f"Chip: {chip.get('device_kind')} x {chip.get('device_count')} ({chip.get('platform')}), JAX "
+                f"{chip.get('jax')}, jaxlib {chip.get('jaxlib')}, libtpu {chip.get('libtpu')}; commit {m.get('commit')}"
+                + (f"; rows skipped: {chip['skip']}" if chip.get("skip") else ""),
+                "",
+            ]
+            if chip
+            else []
+        ),
         f"Measured {m['date']} on {m['cpu_count']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, "
         f"Python {m['python']}, Ray {m['ray']}, JAX {m['jax']}, torch {m['torch']}, Airflow {m['airflow']}; "
         f"load average at start {m['load_average_at_start']}; {data['mode']} run, {data['wall_s']:.0f} s.",
@@ -187,34 +223,54 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also cProfile the evaluate job's driver (eval_examples_per_s; one more job, ~25 s)",
     )
+    parser.add_argument(
+        "--device",
+        action="store_true",
+        help="the rows measured on a TPU chip (bench/device.py), written to device.json; skipped without one",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
     parser.add_argument("--list", action="store_true", help="list the measures and exit")
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    _airflow_home()
+    if not args.device:
+        _airflow_home()  # (it sets JAX_PLATFORMS=cpu: never on the chip)
     sys.path.insert(0, str(REPO))
-    for mod in MODULES:
+    for mod in DEVICE_MODULES if args.device else MODULES:
         importlib.import_module(mod)
     if args.list:
         for m in MEASURES.values():
-            where = "" if m.in_quick else "  (full set only)" if m.in_full else "  (--serving / --only only)"
+            where = ("  (--device)" if m.device else "" if m.in_quick else "  (full set only)" if m.in_full
+                     else "  (--serving / --only only)")  # fmt: skip
             print(f"{m.name}{where}: rows {', '.join(m.produces)}")
         return 0
-    unknown = [n for n in args.only if not any(n in m.produces for m in MEASURES.values())]
+    unknown = [n for n in args.only if not any(n in m.produces for m in MEASURES.values() if m.device == args.device)]
     if unknown:
         parser.error(
-            f"unknown measure(s) {unknown}; known: {sorted({p for m in MEASURES.values() for p in m.produces})}"
+            f"unknown measure(s) {unknown}"
+            + (
+                " (a chip row needs --device)"
+                if any(n in m.produces for m in MEASURES.values() for n in unknown)
+                else ""
+            )
+            + f"; known: {sorted({p for m in MEASURES.values() if m.device == args.device for p in m.produces})}"
         )
     only = [*args.only, *(m.name for m in MEASURES.values() if args.serving and m.name.startswith("serve_"))]
-    chosen = [m for m in MEASURES.values()
-              if (any(n in m.produces for n in only) if only else m.in_quick if args.quick else m.in_full)]  # fmt: skip
+    chosen = [m for m in MEASURES.values() if m.device == args.device and
+              (any(n in m.produces for n in only) if only else m.device or (m.in_quick if args.quick else m.in_full))]  # fmt: skip
     args.results.mkdir(parents=True, exist_ok=True)
-    for old in args.results.glob("*.png"):
-        old.unlink()
+    if not args.device:
+        for old in args.results.glob("*.png"):
+            old.unlink()
     started = time.perf_counter()
     data: dict[str, Any] = {
-        "machine": machine(),
-        "mode": "quick" if args.quick else "serving" if args.serving and not args.only else "full",
+        "machine": device_machine() if args.device else machine(),
+        "mode": "device"
+        if args.device
+        else "quick"
+        if args.quick
+        else "serving"
+        if args.serving and not args.only
+        else "full",
         "measures": [],
         "errors": [],
     }
@@ -240,10 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
     data["wall_s"] = round(time.perf_counter() - started, 1)
     data["measures"] = [r.row() for r in results]
-    data["charts"] = charts(results, args.results)
-    write_json(args.results / "latest.json", data)
-    (args.results / "latest.md").write_text(markdown(data))
-    print((args.results / "latest.md").read_text())
+    data["charts"] = [] if args.device else charts(results, args.results)
+    stem = "device" if args.device else "latest"
+    write_json(args.results / f"{stem}.json", data)
+    (args.results / f"{stem}.md").write_text(markdown(data))
+    print((args.results / f"{stem}.md").read_text())
     return 1 if data["errors"] else 0
 
 

@@ -92,17 +92,22 @@ class Measure:
     in_quick: bool
     produces: tuple[str, ...]
     in_full: bool = True  # False: only with --only or --serving (make bench-serving)
+    device: bool = False  # True: only with --device (rows run on a TPU chip; bench/device.py)
 
 
 MEASURES: dict[str, Measure] = {}
 
 
-def measure(name: str, *, quick: bool = True, full: bool = True, produces: tuple[str, ...] = ()) -> Callable:
+def measure(
+    name: str, *, quick: bool = True, full: bool = True, produces: tuple[str, ...] = (), device: bool = False
+) -> Callable:
     """Register a measure; `produces` names extra result rows it writes (selectable with --only too).
     quick: in the --quick set; full: in the default (make bench) set, else only in --serving / --only."""
 
     def wrap(fn: Callable[[Context], list[Result]]) -> Callable[[Context], list[Result]]:
-        MEASURES[name] = Measure(name, fn, quick and full, (name, *produces), full)
+        MEASURES[name] = Measure(
+            name, fn, quick and full and not device, (name, *produces), full and not device, device
+        )
         return fn
 
     return wrap

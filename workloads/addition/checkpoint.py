@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from addition.data import TaskSpec
 from addition.model_jax import ModelConfig, param_shapes
+from tpuflow_driver import checkpoint_io
 
 FORMAT = "tpuflow-addition/1"
 META, PARAMS, OPT_STATE, TORCH_OPT = "meta.json", "params.npz", "opt_state.npz", "optimizer.pt"
@@ -63,11 +64,18 @@ class Meta:
         )
 
 
-def save(directory: str | Path, meta: Meta, params: dict[str, np.ndarray]) -> None:
+def save(
+    directory: str | Path, meta: Meta, params: dict[str, np.ndarray], opt_leaves: list[np.ndarray] | None = None
+) -> None:
+    """params.npz (and, given ``opt_leaves``, opt_state.npz: both written at once), then meta.json; on disk
+    (fsync'd) when it returns (tpuflow_driver.checkpoint_io)."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    np.savez(d / PARAMS, **{k: np.asarray(v, dtype=np.float32) for k, v in params.items()})
+    files = {PARAMS: {k: np.asarray(v, dtype=np.float32) for k, v in params.items()}}
+    if opt_leaves is not None:
+        files[OPT_STATE] = _leaf_arrays(opt_leaves)
+    checkpoint_io.write_files(d, files)
     (d / META).write_text(json.dumps(meta.to_dict(), indent=2))
+    checkpoint_io.fsync_dir(d)
 
 
 def load_meta(directory: str | Path) -> Meta:
@@ -91,8 +99,12 @@ def load_params(directory: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray
     return params
 
 
+def _leaf_arrays(leaves: list[np.ndarray]) -> dict[str, np.ndarray]:
+    return {f"leaf_{i:04d}": np.asarray(x) for i, x in enumerate(leaves)}
+
+
 def save_leaves(path: str | Path, leaves: list[np.ndarray]) -> None:
-    np.savez(path, **{f"leaf_{i:04d}": np.asarray(x) for i, x in enumerate(leaves)})
+    checkpoint_io.write_npz(path, _leaf_arrays(leaves))
 
 
 def load_leaves(path: str | Path) -> list[np.ndarray]:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tpuflow_driver import storage
 
 if TYPE_CHECKING:
     from addition.inference import Predictor
@@ -28,6 +27,7 @@ COLUMNS = ["problem_id", "prompt", "answer"]
 def heldout_rows(path: str, rank: int, world: int) -> dict[str, list[Any]]:
     """This worker's share of the held-out parquet set at ``path`` (local or gs://): rows rank::world."""
     import pyarrow.dataset as pads
+    from tpuflow_driver import storage  # pyarrow: imported when a held-out set is read
 
     fs, where = storage.resolve_with_deadline(path)
     table = pads.dataset(where, filesystem=fs, format="parquet").to_table(columns=COLUMNS)

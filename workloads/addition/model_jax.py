@@ -8,6 +8,7 @@ Nothing here imports jax at module level: drivers import this module cheaply.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -95,8 +96,9 @@ def forward(params: Params, tokens: Any, cfg: ModelConfig, xp: Any = np) -> Any:
         y = _layer_norm(x, params[p + "ln1_g"], params[p + "ln1_b"], xp)
         qkv = (y @ params[p + "wqkv"] + params[p + "bqkv"]).reshape(bsz, t, 3, h, dh)
         q, k, v = (qkv[:, :, j].transpose(0, 2, 1, 3) for j in range(3))
-        scores = (q @ k.transpose(0, 1, 3, 2)) / np.float32(np.sqrt(dh))
-        scores = xp.where(causal, scores, np.float32(-1e9))
+        # Python floats keep the arrays' dtype (float32 in numpy, bfloat16 under a bf16 jax forward)
+        scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(dh)
+        scores = xp.where(causal, scores, -1e9)
         scores = scores - scores.max(-1, keepdims=True)
         weights = xp.exp(scores)
         weights = weights / weights.sum(-1, keepdims=True)
@@ -141,7 +143,8 @@ def make_optimizer(config: dict[str, Any]) -> Any:
 
 
 def make_train_step(cfg: ModelConfig, optimizer: Any, mesh: Any, mask: np.ndarray, axis: str = "data") -> Any:
-    """One data-parallel step: params/optimizer state replicated, tokens sharded over `axis`.
+    """One data-parallel step: params/optimizer state replicated, tokens sharded over `axis`; ``optimizer`` is
+    any (init, update) pair of optax's GradientTransformation shape.
 
     Gradients are averaged explicitly: check_vma=False so jax.grad returns each device's local
     gradient (with the default check, grad w.r.t. replicated params is already a cross-device
@@ -150,7 +153,6 @@ def make_train_step(cfg: ModelConfig, optimizer: Any, mesh: Any, mask: np.ndarra
     """
     import jax
     import jax.numpy as jnp
-    import optax
     from jax.flatten_util import ravel_pytree
     from jax.sharding import PartitionSpec as P
 
@@ -162,7 +164,10 @@ def make_train_step(cfg: ModelConfig, optimizer: Any, mesh: Any, mask: np.ndarra
         packed = jax.lax.pmean(jnp.concatenate([flat, loss[None]]), axis)
         grads = unravel(packed[:-1])
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, packed[-1]
+        # optax.apply_updates' sum, written out: the step needs only the optimizer's init/update (a chip
+        # machine without optax runs it with bench.device_model's AdamW)
+        params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates)
+        return params, opt_state, packed[-1]
 
     step = jax.shard_map(
         local_step, mesh=mesh, in_specs=(P(), P(), P(axis)), out_specs=(P(), P(), P()), check_vma=False

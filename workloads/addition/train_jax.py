@@ -33,6 +33,7 @@ from addition.training import (
     resolve_config,
     shuffle_seed,
 )
+from tpuflow_driver import checkpoint_io
 from tpuflow_driver.goodput import StepClock
 
 
@@ -40,10 +41,16 @@ class DataParallelState:
     """Parameters and optimizer state replicated over a 1-D "data" mesh of every device in the job.
 
     The mesh uses mesh_utils' device order, the same order Ray Data's iter_jax_batches shards
-    batches with, so batches need no resharding.
+    batches with, so batches need no resharding. ``optimizer``: the config's (`make_optimizer`) unless given.
     """
 
-    def __init__(self, cfg: dict[str, Any], params: dict[str, np.ndarray], opt_leaves: list[np.ndarray] | None = None):
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        params: dict[str, np.ndarray],
+        opt_leaves: list[np.ndarray] | None = None,
+        optimizer: Any = None,
+    ):
         import jax
         from jax.experimental import mesh_utils
         from jax.sharding import Mesh, NamedSharding
@@ -53,7 +60,7 @@ class DataParallelState:
         self.mesh = Mesh(mesh_utils.create_device_mesh((jax.device_count(),)), ("data",))
         self._replicated = NamedSharding(self.mesh, P())
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
-        self.optimizer = make_optimizer(cfg)
+        self.optimizer = make_optimizer(cfg) if optimizer is None else optimizer
         template = self.optimizer.init({k: np.asarray(v) for k, v in params.items()})
         leaves, self._opt_treedef = jax.tree_util.tree_flatten(template)
         if opt_leaves is not None:
@@ -113,8 +120,14 @@ class DataParallelState:
         return bool((prints == prints[0]).all())
 
     def save(self, directory: str | Path, step: int, epoch: int) -> None:
-        ckpt.save(directory, ckpt.Meta("jax", step, epoch, self.model, self.spec), self.params_numpy())
-        ckpt.save_leaves(Path(directory) / ckpt.OPT_STATE, self.opt_leaves_numpy())
+        """Parameters and optimizer state, every device transfer started at once, both files written at once."""
+        import jax
+
+        names = list(self.params)
+        leaves = jax.tree_util.tree_leaves(self.opt_state)
+        host = checkpoint_io.to_host([x.addressable_data(0) for x in [*(self.params[k] for k in names), *leaves]])
+        params = dict(zip(names, host[: len(names)], strict=True))
+        ckpt.save(directory, ckpt.Meta("jax", step, epoch, self.model, self.spec), params, host[len(names) :])
 
 
 def restore(directory: str | Path, cfg: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray], ckpt.Meta]:

@@ -65,7 +65,9 @@ class StepClock:
     """Charges the loop's wall time since the previous mark to a cause; rank 0 reports to the recorder.
 
     ``redo_until``: the furthest step any earlier attempt of this run computed (asked of the recorder);
-    a step at or below it is ``redone``.
+    a step at or below it is ``redone``. ``timeline``: a list that gets every span as it is charged,
+    ``(cause, start, end, step)`` (the step the loop had reached), e.g. to hand the run to another
+    goodput calculator; None (the default) keeps totals only.
     """
 
     def __init__(
@@ -75,8 +77,10 @@ class StepClock:
         redo_until: int = 0,
         clock: Callable[[], float] = time.time,
         flush_s: float = FLUSH_S,
+        timeline: list[tuple[str, float, float, int]] | None = None,
     ) -> None:
         self._send, self._clock, self._flush_s = send, clock, flush_s
+        self.timeline = timeline
         self.key = uuid.uuid4().hex
         self.start_step = self.step_no = 0
         self.redo_until = int(redo_until)
@@ -120,6 +124,8 @@ class StepClock:
         if cause == "checkpoint":
             self.saves += 1
         self.seconds[cause] += now - self._last
+        if self.timeline is not None:
+            self.timeline.append((cause, self._last, now, self.step_no))
         self._last = now
         if self._send is not None and now - self._flushed >= self._flush_s:
             self.flush()

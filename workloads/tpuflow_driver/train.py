@@ -20,6 +20,10 @@ Spec keys (required: framework, train_loop, run_name, storage_path, scaling_conf
                            checkpoints num_to_keep keeps; the result then names the best as best_checkpoint
     worker_env             env vars for the workers (e.g. {"JAX_PLATFORMS": "cpu"})
     torch_backend          TorchConfig(backend): "gloo" (default; host CPUs) or "tpu_dist" (TPU chips)
+    compilation_cache      true (default): jax workers keep JAX's persistent compilation cache under
+                           storage_path (tpuflow_driver.compile_cache), so a retried or resumed run reads its
+                           compiled programs back; a path (local or gs://): under that folder instead (the
+                           pipeline gives its DAG's folder, shared by every day's run); false: no cache
 
 Prints one `TPUFLOW_RESULT {json}` line at the end. With resume "auto", a run whose latest checkpoint had
 already finished (the fit reported no new checkpoint; a loop that reports a `step` metric and takes
@@ -40,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuflow_driver import goodput, storage
+from tpuflow_driver import compile_cache, goodput, storage
 from tpuflow_driver.result import emit_result
 
 FRAMEWORKS = ("jax", "torch")
@@ -82,6 +86,7 @@ class TrainSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     torch_backend: str = "gloo"
     resume: str = "auto"
+    compilation_cache: bool | str = True
 
     @classmethod
     def from_dict(cls, data: Any) -> TrainSpec:
@@ -125,6 +130,9 @@ class TrainSpec:
             raise SpecError(
                 f"checkpoint_num_to_keep must be a positive integer or null, got {self.checkpoint_num_to_keep!r}"
             )
+        if not (isinstance(self.compilation_cache, bool) or (isinstance(self.compilation_cache, str)
+                                                             and self.compilation_cache.strip())):  # fmt: skip
+            raise SpecError(f"compilation_cache must be true, false or a folder, got {self.compilation_cache!r}")
         self._validate_ray_train_options()
         from ray.train import ScalingConfig
 
@@ -183,6 +191,15 @@ def import_train_loop(path: str) -> Callable[..., Any]:
     return fn
 
 
+def train_loop_for(spec: TrainSpec) -> Callable[..., Any]:
+    """The spec's train loop, as the workers run it: a jax loop turns the compilation cache on first."""
+    loop = import_train_loop(spec.train_loop)
+    if spec.framework != "jax" or spec.compilation_cache is False:
+        return loop
+    root = spec.compilation_cache if isinstance(spec.compilation_cache, str) else spec.storage_path
+    return compile_cache.wrap(loop, compile_cache.base_folder(root, spec.scaling_config))
+
+
 def build_run_config(spec: TrainSpec) -> Any:
     """RunConfig with the spec's FailureConfig and CheckpointConfig, as given (Ray's defaults where unset)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
@@ -207,7 +224,7 @@ def build_trainer(spec: TrainSpec) -> Any:
     import ray.data
     from ray.train import ScalingConfig
 
-    loop = import_train_loop(spec.train_loop)  # before reading data: a wrong path fails fast
+    loop = train_loop_for(spec)  # before reading data: a wrong path fails fast
     run_config = build_run_config(spec)
     storage.quiet_ray_data()
     datasets = {}

@@ -229,6 +229,8 @@ def training_steps(
             **({"heldout": f"{run_dir}/data/heldout"} if workload.evaluate_in_training and prep else {}),
         },
         resume="{{ params.resume }}",
+        # the DAG's folder, above the day's run_dir: tomorrow's run reads today's compiled programs back
+        compilation_cache=run_dir.rsplit("/", 1)[0] if workload.compilation_cache else False,
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
         # evaluated by the loop after its last step: the same gate, on the train task's result
         **(

@@ -109,6 +109,9 @@ class Workload:
     :param train_loop_config: more of the train loop's config (templated), beside ``num_steps`` and ``checkpoint_every``.
     :param serve_user_config: the app deployment's user_config defaults (JSON values); None: none.
     :param check_serve_user_config: import path of the function checking the app's user_config before deploy.
+    :param compilation_cache: a jax loop keeps JAX's persistent compilation cache under the run's storage, so a
+        retried, resumed or next-day run reads its compiled programs back (tpuflow_driver.compile_cache);
+        False: every attempt compiles afresh.
     """
 
     train_loop: str
@@ -127,6 +130,7 @@ class Workload:
     check_serve_user_config: str | None = None
     params: Mapping[str, Any] | None = None
     train_loop_config: Mapping[str, Any] | None = None
+    compilation_cache: bool = True
 
     def __post_init__(self) -> None:
         _check_path("train_loop", self.train_loop, _CALLABLE, _CALLABLE_FIX, optional=False)

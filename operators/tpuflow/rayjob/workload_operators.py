@@ -202,6 +202,9 @@ class RayTrainOperator(RaySubmitJobOperator):
         ``reused_finished`` / ``resumed_from`` say so); "never" trains from scratch in a new run,
         run_name-fresh<N>, keeping every earlier checkpoint; templated.
     :param worker_env: environment variables of the training workers (on top of the slice's own).
+    :param compilation_cache: a jax run keeps JAX's persistent compilation cache under storage_path (or under
+        the folder given instead, local or gs://), per slice shape and JAX/jaxlib/libtpu version, so a retried,
+        resumed or next-day run skips compiling (tpuflow_driver.compile_cache); False: no cache.
     """
 
     work_cause = "training"
@@ -240,9 +243,11 @@ class RayTrainOperator(RaySubmitJobOperator):
         torch_backend: str | None = None,
         resume: str = "auto",
         worker_env: dict[str, str] | None = None,
+        compilation_cache: bool | str = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.compilation_cache = compilation_cache
         self.framework = framework
         self.train_loop = train_loop
         self.tpu_slice = tpu_slice
@@ -338,6 +343,8 @@ class RayTrainOperator(RaySubmitJobOperator):
             "datasets": self.datasets or {},
             "max_failures": self.max_failures,
             "checkpoint_num_to_keep": self.checkpoint_num_to_keep,
+            # JAX's persistent compilation cache under storage_path (tpuflow_driver.compile_cache)
+            "compilation_cache": self.compilation_cache,
             **{
                 key: getattr(self, key)
                 for key in ("checkpoint_score_attribute", "checkpoint_score_order")

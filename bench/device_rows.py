@@ -1,0 +1,283 @@
+"""The chip rows, each run in its own process: ``python -m bench.device_rows ROW SIZE OUT_JSON [CACHE_DIR]``.
+
+One process per row because a TPU is held by the process that first opens it: the bench's own process never
+imports jax, and `time_to_first_step_s` needs fresh processes anyway. SIZE is "chip" (the sizes in the issue)
+or "tiny" (the CPU test: every row's code path, seconds each). Only the standard library, numpy, jax and the
+project's own modules are imported (no Ray, pyarrow or optax: see bench.device_model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+T0_ENV = "TPUFLOW_BENCH_T0"  # the parent's time.time() just before it started this process
+PEAK_BF16_FLOPS = {"TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v6 lite": 918e12, "TPU v5p": 459e12}
+
+SIZES: dict[str, dict[str, Any]] = {
+    "chip": {
+        "ratio": {"steps": 500, "reps": 7, "batch": 128},
+        "mfu": {"model": {"d_model": 1024, "n_heads": 16, "n_layers": 16, "d_ff": 4096}, "batch": 2048, "steps": 20},
+        "first": {"demo": {}, "25m": {"d_model": 512, "n_heads": 8, "n_layers": 8, "d_ff": 2048}},
+        "ckpt": {"model": {"d_model": 1536, "n_heads": 12, "n_layers": 12, "d_ff": 6144}, "notices": 10},
+        "serve": {"calls": 50},
+    },
+    "tiny": {
+        "ratio": {"steps": 20, "reps": 2, "batch": 16},
+        "mfu": {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}, "batch": 16, "steps": 3},
+        "first": {"demo": {}},
+        "ckpt": {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}, "notices": 3},
+        "serve": {"calls": 3},
+    },
+}
+
+
+def _tokens(n: int) -> np.ndarray:
+    from addition.data import generate
+
+    return generate("2026-01-01", "train", n, num_heldout=200)["tokens"].astype(np.int32)
+
+
+def _state(cfg: dict[str, Any]) -> Any:
+    from addition.model_jax import init_params
+    from addition.train_jax import DataParallelState
+    from addition.training import model_config
+
+    from bench.device_model import AdamW
+
+    return DataParallelState(cfg, init_params(model_config(cfg)[1], 0), optimizer=AdamW(lr=1e-3))
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    from bench.core import percentile
+
+    return {"p50": statistics.median(values), "p99": percentile(values, 99), "n": len(values)}
+
+
+def train_step_ratio(size: dict[str, Any]) -> dict[str, Any]:
+    """The project's fit loop (StepClock, logging, loss fetched every log_every) vs a bare loop, same step and batches."""
+    from addition.training import fit, resolve_config
+
+    steps, bsz = int(size["steps"]), int(size["batch"])
+    cfg = resolve_config({"num_steps": steps, "global_batch_size": bsz, "log_every": 100})
+    state = _state(cfg)
+    rows = _tokens(steps * bsz)
+    batches = [state.global_batch(rows[i * bsz : (i + 1) * bsz]) for i in range(steps)]
+    logs: list[str] = []
+    state.fetch_float(state.step(batches[0]))  # compiled before either side is timed
+    fit_s, bare_s = [], []
+    for _ in range(int(size["reps"])):
+        t = time.perf_counter()
+        fit(state.step, state.fetch_float, cfg, lambda _epoch: iter(batches), log=logs.append)
+        fit_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        loss = None
+        for b in batches:
+            loss = state.step(b)
+        state.fetch_float(loss)
+        bare_s.append(time.perf_counter() - t)
+    ratios = [f / b for f, b in zip(fit_s, bare_s, strict=True)]
+    return {
+        "value": statistics.median(ratios),
+        "fit_ms_per_step": statistics.median(fit_s) / steps * 1e3,
+        "bare_ms_per_step": statistics.median(bare_s) / steps * 1e3,
+        "ratios": ratios,
+        "steps": steps,
+        "batch": bsz,
+    }
+
+
+def model_mfu(size: dict[str, Any], device_kind: str) -> dict[str, Any]:
+    import jax
+    from addition.data import TaskSpec, loss_mask
+    from addition.model_jax import ModelConfig, init_params
+
+    from bench.device_model import AdamW, mixed_step, model_flops, param_count, xla_flops
+
+    spec = TaskSpec()
+    cfg = ModelConfig(seq_len=spec.seq_len, **size["model"])
+    bsz, steps = int(size["batch"]), int(size["steps"])
+    opt = AdamW()
+    params = {k: jax.device_put(v) for k, v in init_params(cfg, 0).items()}
+    opt_state = opt.init(params)
+    tokens = jax.device_put(_tokens(bsz))
+    step = mixed_step(cfg, opt, loss_mask(spec))
+    t = time.perf_counter()
+    compiled = step.lower(params, opt_state, tokens).compile()
+    compile_s = time.perf_counter() - t
+    params, opt_state, loss = compiled(params, opt_state, tokens)
+    float(loss)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, tokens)
+        float(loss)
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times)
+    t_in = spec.seq_len - 1
+    shape_flops, xla = model_flops(cfg, bsz, t_in), xla_flops(compiled)
+    peak = PEAK_BF16_FLOPS.get(device_kind)
+    return {
+        "value": step_s * 1e3,
+        "params": param_count(cfg),
+        "model": cfg.to_dict(),
+        "batch": bsz,
+        "tokens_per_step": bsz * t_in,
+        "compile_s": compile_s,
+        "flops_shape": shape_flops,
+        "flops_xla": xla,
+        "peak_flops": peak,
+        "mfu_shape": shape_flops / step_s / peak if peak else None,
+        "mfu_xla": xla / step_s / peak if peak and xla else None,
+        "loss": float(loss),
+    }
+
+
+def first_step(model: dict[str, Any], cache: str | None) -> dict[str, Any]:
+    """Process start -> first step, with the driver's compilation cache turned on in ``cache`` (None: off)."""
+    from tpuflow_driver.compile_cache import enable
+
+    folder = enable(cache) if cache else None
+    from addition.training import fit, resolve_config
+    from tpuflow_driver.goodput import StepClock
+
+    cfg = resolve_config({"num_steps": 3, "global_batch_size": 32, "model": model})
+    state = _state(cfg)
+    rows = _tokens(3 * 32)
+    clock = StepClock()
+    fit(state.step, state.fetch_float, cfg, lambda _e: iter(state.global_batch(rows[i * 32 : (i + 1) * 32])
+                                                              for i in range(3)), clock=clock, log=lambda _m: None)  # fmt: skip
+    started = float(os.environ.get(T0_ENV, clock.began_at))
+    first_done = clock.began_at + sum(clock.seconds[c] for c in ("startup", "data_wait", "compile"))
+    return {
+        "to_first_step_s": first_done - started,
+        "compile_s": clock.seconds["compile"],
+        "cache_folder": folder,
+        "cache_files": sum(1 for _ in Path(folder).rglob("*") if _.is_file()) if folder else 0,
+    }
+
+
+def checkpoint_on_notice(size: dict[str, Any], where: str) -> dict[str, Any]:
+    """From a preemption notice to a durable checkpoint (the loop's save, fsync'd), then a bit-exact restore."""
+    import jax
+    from addition import checkpoint as ckpt
+    from addition.train_jax import restore
+    from addition.training import resolve_config
+    from tpuflow_driver import checkpoint_io
+    from tpuflow_driver.preemption import PreemptionNotice
+
+    cfg = resolve_config({"model": size["model"]})
+    state = _state(cfg)
+    # optimizer moments unlike the parameters and each other, so a mixed-up restore cannot pass
+    state.opt_state = jax.jit(lambda s, p: s._replace(mu=jax.tree.map(lambda x: x * 0.5, p),
+                                                      nu=jax.tree.map(lambda x: x * x, p)))(state.opt_state, state.params)  # fmt: skip
+    leaves = [*state.params.values(), *jax.tree_util.tree_leaves(state.opt_state)]
+    state_bytes = sum(x.nbytes for x in leaves)
+    root = Path(tempfile.mkdtemp(prefix="tpuflow-ckpt-bench-", dir=where))
+    seconds: list[float] = []
+    try:
+        for i in range(int(size["notices"])):
+            notice = PreemptionNotice(get_info=lambda: {"deadline_ms": None})
+            target = root / f"n{i}"
+            t = time.perf_counter()
+            if notice.arrived():
+                state.save(target, i, 0)
+            seconds.append(time.perf_counter() - t)
+            if i + 1 < int(size["notices"]):
+                shutil.rmtree(target)
+        last = root / f"n{int(size['notices']) - 1}"
+        t = time.perf_counter()
+        host = checkpoint_io.to_host([x.addressable_data(0) for x in leaves])
+        to_host_s = time.perf_counter() - t
+        names = list(state.params)
+        t = time.perf_counter()
+        params, opt_leaves, meta = restore(last, cfg)
+        restore_s = time.perf_counter() - t
+        exact = all(np.array_equal(a, b) for a, b in zip([*(params[k] for k in names), *opt_leaves], host, strict=True))
+        del params, opt_leaves, host
+        shutil.rmtree(last)
+        # the path before issue 49, same arrays, same disk: each array fetched in turn, np.savez, then fsync
+        t = time.perf_counter()
+        old = root / "old"
+        old.mkdir()
+        np.savez(old / ckpt.PARAMS, **{k: np.asarray(state.params[k].addressable_data(0)) for k in names})
+        np.savez(old / ckpt.OPT_STATE, **{f"leaf_{i:04d}": np.asarray(x.addressable_data(0))
+                                          for i, x in enumerate(jax.tree_util.tree_leaves(state.opt_state))})  # fmt: skip
+        for f in old.iterdir():
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
+        old_s = time.perf_counter() - t
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        **_pct(seconds),
+        "seconds": seconds,
+        "state_bytes": state_bytes,
+        "to_host_s": to_host_s,
+        "write_s_p50": statistics.median(seconds) - to_host_s,
+        "old_path_s": old_s,
+        "restore_s": restore_s,
+        "restore_bit_exact": exact,
+        "restored_step": meta.step,
+        "folder": where,
+    }
+
+
+def serve_forward(size: dict[str, Any]) -> dict[str, Any]:
+    """The Serve app's decoder (`Predictor`, jax backend: what a replica's `complete` runs), no Ray Serve."""
+    from addition import checkpoint as ckpt
+    from addition.data import TaskSpec, generate
+    from addition.inference import Predictor
+    from addition.model_jax import ModelConfig, init_params
+
+    spec = TaskSpec()
+    model = ModelConfig(seq_len=spec.seq_len)
+    predictor = Predictor(init_params(model, 0), ckpt.Meta("jax", 0, 0, model, spec), backend="jax")
+    prompts = [str(p) for p in generate("2026-01-01", "heldout", 64, num_heldout=200)["prompt"]]
+    out: dict[str, Any] = {}
+    for batch in (1, 32):
+        for _ in range(2):  # compiled for this batch's shapes before timing
+            predictor.complete(prompts[:batch])
+        times = []
+        for i in range(int(size["calls"])):
+            chunk = [prompts[(i + j) % len(prompts)] for j in range(batch)]
+            t = time.perf_counter()
+            predictor.complete(chunk)
+            times.append((time.perf_counter() - t) * 1e3)
+        out[f"batch_{batch}"] = _pct(times)
+    return out
+
+
+def main(argv: list[str]) -> None:
+    row, size_name, out = argv[0], argv[1], Path(argv[2])
+    extra = argv[3] if len(argv) > 3 else None
+    size = SIZES[size_name]
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    if row == "ratio":
+        result = train_step_ratio(size["ratio"])
+    elif row == "mfu":
+        result = model_mfu(size["mfu"], kind)
+    elif row.startswith("first:"):
+        result = first_step(size["first"][row.split(":", 1)[1]], extra or None)
+    elif row == "ckpt":
+        result = checkpoint_on_notice(size["ckpt"], extra or tempfile.gettempdir())
+    elif row == "serve":
+        result = serve_forward(size["serve"])
+    else:
+        raise SystemExit(f"unknown row {row!r}")
+    out.write_text(json.dumps({"device_kind": kind, **result}, default=float))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
