@@ -163,9 +163,9 @@ def checkpoint_on_notice_s(ctx: Context) -> list[Result]:
     return [Result("checkpoint_on_notice_s", d["p99"], "s", d["old_path_s"], ratio(d["p50"], d["old_path_s"]), goal,
                    None if met is None else met and bool(d["restore_bit_exact"]),
                    baseline_is="the save before issue 49 on the same state and disk: each array fetched in turn, "
-                               "np.savez, fsync",
+                               "np.savez, fsync, after each notice's save in alternating order (median)",
                    ratio_means="p50 of the driver's save (tpuflow_driver.checkpoint_io via DataParallelState.save) "
-                               "/ the old path; value is the p99 over the notices",
+                               "/ p50 of the old path, side by side; value is the p99 over the notices",
                    notes=f"state {d['state_bytes'] / 1e9:.2f} GB (parameters + AdamW moments), {d['n']} notices",
                    details=d)]  # fmt: skip
 
