@@ -92,15 +92,19 @@ def test_spec_wraps_a_jax_loop_under_the_storage_or_the_given_folder(tmp_path: P
         driver.TrainSpec.from_dict({**spec.__dict__, "compilation_cache": ""})
 
 
-def test_checkpoint_files_read_back_bit_exact(tmp_path: Path) -> None:
-    from tpuflow_driver import checkpoint_io
+def test_a_checkpoint_reads_back_bit_exact_with_its_optimizer_state(tmp_path: Path) -> None:
+    from addition import checkpoint as ckpt
+    from addition.data import TaskSpec
+    from addition.model_jax import ModelConfig, init_params
 
-    arrays = {
-        "w": np.arange(12, dtype=np.float32).reshape(3, 4).T,
-        "count": np.array(7, np.int32),
-        "e": np.zeros((0, 2)),
-    }
-    assert checkpoint_io.write_files(tmp_path, {"a.npz": arrays, "b.npz": {"x": np.ones(5)}}) == 48 + 4 + 40
-    with np.load(tmp_path / "a.npz") as npz:
-        for k, v in arrays.items():
-            assert npz[k].shape == v.shape and npz[k].dtype == v.dtype and np.array_equal(npz[k], v)
+    model = ModelConfig.from_dict(
+        {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "seq_len": 10, "vocab_size": 14}
+    )
+    params = {k: np.asarray(v) for k, v in init_params(model, 0).items()}
+    leaves = [np.arange(12, dtype=np.float32).reshape(3, 4).T, np.array(7, np.int32), np.zeros((0, 2))]
+    ckpt.save(tmp_path / "c", ckpt.Meta("jax", 5, 1, model, TaskSpec(2)), params, leaves)
+    back = ckpt.load_params(tmp_path / "c", model)
+    assert all(np.array_equal(back[k], v) for k, v in params.items())
+    for got, want in zip(ckpt.load_leaves(tmp_path / "c" / ckpt.OPT_STATE), leaves, strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
+    assert ckpt.load_meta(tmp_path / "c").step == 5

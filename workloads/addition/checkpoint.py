@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from addition.data import TaskSpec
 from addition.model_jax import ModelConfig, param_shapes
-from tpuflow_driver import checkpoint_io
 
 FORMAT = "tpuflow-addition/1"
 META, PARAMS, OPT_STATE, TORCH_OPT = "meta.json", "params.npz", "opt_state.npz", "optimizer.pt"
@@ -67,15 +66,25 @@ class Meta:
 def save(
     directory: str | Path, meta: Meta, params: dict[str, np.ndarray], opt_leaves: list[np.ndarray] | None = None
 ) -> None:
-    """params.npz (and, given ``opt_leaves``, opt_state.npz: both written at once), then meta.json; on disk
-    (fsync'd) when it returns (tpuflow_driver.checkpoint_io)."""
+    """params.npz (and, given ``opt_leaves``, opt_state.npz), then meta.json, each fsync'd with the folder: on
+    disk, not in the page cache, when it returns (a preempted VM takes its page cache with it)."""
     d = Path(directory)
-    files = {PARAMS: {k: np.asarray(v, dtype=np.float32) for k, v in params.items()}}
+    d.mkdir(parents=True, exist_ok=True)
+    np.savez(d / PARAMS, **{k: np.asarray(v, dtype=np.float32) for k, v in params.items()})
     if opt_leaves is not None:
-        files[OPT_STATE] = _leaf_arrays(opt_leaves)
-    checkpoint_io.write_files(d, files)
+        save_leaves(d / OPT_STATE, opt_leaves)
     (d / META).write_text(json.dumps(meta.to_dict(), indent=2))
-    checkpoint_io.fsync_dir(d)
+    for name in (PARAMS, *((OPT_STATE,) if opt_leaves is not None else ()), META):
+        _fsync(d / name)
+    _fsync(d)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_meta(directory: str | Path) -> Meta:
@@ -104,7 +113,7 @@ def _leaf_arrays(leaves: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def save_leaves(path: str | Path, leaves: list[np.ndarray]) -> None:
-    checkpoint_io.write_npz(path, _leaf_arrays(leaves))
+    np.savez(path, **_leaf_arrays(leaves))
 
 
 def load_leaves(path: str | Path) -> list[np.ndarray]:
