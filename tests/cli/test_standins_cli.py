@@ -330,12 +330,10 @@ def test_standins_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes network namespaces: root only")
 def test_standins_up_real_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> None:
-    """The real control plane behind `tpuflow standins up --control-plane real`: kubectl sees the real API server's
+    """The real control plane behind `tpuflow standins up` (its default): kubectl sees the real API server's
     version, the node agent's default-pool node and KubeRay's CRDs; `down` stops every process it started."""
     work = tmp_path / "real"
-    up = tpuflow(
-        "standins", "up", "--workdir", str(work), "--control-plane", "real", "--no-gcs", "--operation-seconds", "0"
-    )
+    up = tpuflow("standins", "up", "--workdir", str(work), "--no-gcs", "--operation-seconds", "0")
     assert "the real operator" in up.stdout, up.stdout
     state = json.loads((work / "state.json").read_text())
     pids = [state["pid"], *state["components"]["pids"].values()]

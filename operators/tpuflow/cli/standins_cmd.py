@@ -154,9 +154,26 @@ def _crds_line(crds: str) -> str:
     return f"{crds} (--crds / {CRDS_ENV})"
 
 
+def _check_real_control_plane() -> None:
+    """One line where the real control plane cannot run here (no root for the pod network, no binaries)."""
+    from tpuflow.dev.controlplane import binaries
+    from tpuflow.dev.nodes import network
+
+    why = network.available()
+    if not why:
+        try:
+            binaries.ensure()
+        except binaries.ControlPlaneUnavailable as err:
+            why = str(err)
+    if why:
+        raise UserInputError("--control-plane", "real", f"{why}; or run the imitation: --control-plane imitation")
+
+
 def _up(args: argparse.Namespace) -> int:
     work = _workdir(args)
     check_seconds("--operation-seconds", args.operation_seconds, allow_zero=True, maximum=3600)
+    if args.control_plane is None:  # the real one, unless the flags given are the imitation's own
+        args.control_plane = "imitation" if (args.fake or args.crds) else "real"
     real = args.control_plane == "real"
     if real and (args.fake or args.crds):
         flag = "--fake" if args.fake else "--crds"
@@ -165,6 +182,8 @@ def _up(args: argparse.Namespace) -> int:
             True if args.fake else args.crds,
             "the real control plane runs the real KubeRay with its own CRDs: drop it",
         )
+    if real:
+        _check_real_control_plane()
     if not real:
         _check_crds(args.crds)
     state = _state(work)
@@ -327,11 +346,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     up.add_argument(
         "--control-plane",
-        default="imitation",
+        default=None,
         choices=("imitation", "real"),
-        help="real: etcd, kube-apiserver and the KubeRay operator built from Go modules (make controlplane), GKE's "
-        "nodes played by the node agent (needs root); imitation (default): the Python Kubernetes API and "
-        "simulated KubeRay",
+        help="real (default): etcd, kube-apiserver and the KubeRay operator built from Go modules (make "
+        "controlplane), GKE's nodes played by the node agent (needs root); imitation (the default with --fake or "
+        "--crds, which are its own): the Python Kubernetes API and simulated KubeRay",
     )
     up.add_argument(
         "--no-gcs",
