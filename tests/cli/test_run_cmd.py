@@ -165,3 +165,31 @@ def test_tpuflow_run_runs_the_team_dag_locally_and_prints_its_summary(team: Path
     leases = [p for p in home.glob("slice-leases/**/*.json") if "supervisors" not in p.parts]
     assert leases == [] and not list(home.glob("clusters/*/state.json"))
     assert _pids_referencing(str(home)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.long  # a whole GKE run on the real control plane (5-9 min on 2 cores); make test runs a team's GKE DAG
+# there with `airflow dags test` (tests/pipeline/test_team_dag_gke_killed.py)
+@pytest.mark.timeout(2400)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes network namespaces: root only")
+def test_tpuflow_run_runs_the_team_dag_on_the_gke_rehearsal_and_leaves_nothing(team: Path, tmp_path: Path) -> None:
+    """`tpuflow run DAG_FILE --backend gke`: the same DAG file, on the real control plane with the GKE stand-in; the
+    run's node pool, RayClusters, lease and pods are gone when it returns, and it says so."""
+    work = tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TPUFLOW_SLICE_LEASES"))}
+    env["TPUFLOW_HOME"] = str(tmp_path / "home")
+    argv = [sys.executable, "-m", "tpuflow.cli", "run", str(team), "--backend", "gke", "--work-dir", str(work)]
+    argv += ["--date", DATE, "--conf", json.dumps({**CONF, "train_steps": 30}), "--operation-seconds", "0"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=2300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    out = proc.stdout
+    assert f"tpuflow run: running {DAG_ID} for {DATE} with " in out
+    assert f"=== tpuflow run: {DAG_ID} succeeded in " in out
+    (left,) = [line for line in out.splitlines() if line.startswith("left behind:")]
+    assert left.split(":", 1)[1].strip().startswith("nothing ("), left
+    (report_path,) = work.rglob(f"{DAG_ID}/{DATE}/report.json") or [None]
+    assert report_path is not None, out[-3000:]
+    report = json.loads(report_path.read_text())
+    (training,) = [s for s in report["ledger"]["slices"] if s["role"] == "train"]
+    assert training["chips"] == 4 and training["open"] is False and training["pools"], training
+    assert report["training"]["steps_trained"] == 30

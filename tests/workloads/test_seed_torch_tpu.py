@@ -21,9 +21,18 @@ STAND_IN = WORKLOADS / "simulated_tpu" / "torch_tpu"
 pytestmark = pytest.mark.slow  # a cluster plus four FSDP2 workers (about 50 s): the example runs in make test
 
 
-def test_seed_torch_trainer_runs_on_rays_tpu_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("topology", "machine_type", "workers"),
+    [("2x2", None, 4), ("2x4", "ct6e-standard-4t", 8)],
+    ids=["v6e 2x2, one host", "v6e 2x4, two hosts"],
+)
+def test_seed_torch_trainer_runs_on_rays_tpu_path(
+    tmp_path: Path, topology: str, machine_type: str | None, workers: int
+) -> None:
+    """On the two-host 2x4 too: Ray Train sets each worker's rank itself, so Ray's misreading of the shape (one
+    8-chip host) does not reach the script's process group."""
     args = (
-        "train.py --topology 2x2 --accelerator-type TPU-V6E --num-workers 4 --num-epochs 3 "
+        f"train.py --topology {topology} --accelerator-type TPU-V6E --num-workers {workers} --num-epochs 3 "
         f"--num-samples 256 --run-name seed-fsdp2 --storage-path {tmp_path / 'runs'}"
     )
     runtime_env = {
@@ -32,14 +41,17 @@ def test_seed_torch_trainer_runs_on_rays_tpu_path(tmp_path: Path) -> None:
         "py_modules": [str(STAND_IN)],
         "env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"},
     }
-    with running_cluster(f"seed-{uuid.uuid4().hex[:6]}", tmp_path / "clusters", host_cpus=4) as cluster:
+    name = f"seed-{uuid.uuid4().hex[:6]}"
+    with running_cluster(
+        name, tmp_path / "clusters", topology=topology, machine_type=machine_type, host_cpus=4
+    ) as cluster:
         logs = run_job(cluster, args, runtime_env, timeout=900)
 
     line = [ln for ln in logs.splitlines() if ln.startswith("TPUFLOW_RESULT ")][-1]
     result = json.loads(line.removeprefix("TPUFLOW_RESULT "))
     metrics = result["metrics"]
     # rank 0's loss lived on Ray's TPUTorchDeviceManager device, all-reduced over tpu_dist
-    assert (metrics["world_size"], metrics["loss_device"]) == (4, "tpu")
+    assert (metrics["world_size"], metrics["loss_device"]) == (workers, "tpu")
     # rank 0's line per epoch (Ray may echo a worker's line twice into the job log)
     losses = {int(e): float(x) for e, x in re.findall(r"Epoch (\d+)/3 \| loss=([0-9.]+)", logs)}
     assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1], logs[-4000:]
