@@ -183,8 +183,9 @@ def test_tpuflow_run_runs_the_team_dag_on_the_gke_rehearsal_and_leaves_nothing(t
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=2300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     out = proc.stdout
-    assert f"tpuflow run: running {DAG_ID} for {DATE} with " in out
-    assert f"=== tpuflow run: {DAG_ID} succeeded in " in out
+    assert "tpuflow run --backend gke: starting the real control plane" in out and "tpuflow demo" not in out
+    assert f"tpuflow run --backend gke: running {DAG_ID} for {DATE} with " in out
+    assert f"=== tpuflow run --backend gke: {DAG_ID} succeeded in " in out
     (left,) = [line for line in out.splitlines() if line.startswith("left behind:")]
     assert left.split(":", 1)[1].strip().startswith("nothing ("), left
     (report_path,) = work.rglob(f"{DAG_ID}/{DATE}/report.json") or [None]

@@ -137,9 +137,11 @@ class Rehearsal:
 
 
 @contextlib.contextmanager
-def rehearsal(args: argparse.Namespace, work: Path, output_root: str) -> Iterator[Rehearsal]:
+def rehearsal(
+    args: argparse.Namespace, work: Path, output_root: str, who: str = "tpuflow demo --backend gke"
+) -> Iterator[Rehearsal]:
     """The stand-ins for one run (``args.control_plane``, ``args.operation_seconds``), and the GCS emulator of a
-    gs:// output root, stopped on the way out (SIGTERM too, as Ctrl-C)."""
+    gs:// output root, stopped on the way out (SIGTERM too, as Ctrl-C); ``who``: the command its lines name."""
     started_clusters: list[LocalRayCluster] = []
 
     class RecordingLauncher(LocalRayLauncher):
@@ -152,7 +154,7 @@ def rehearsal(args: argparse.Namespace, work: Path, output_root: str) -> Iterato
         raise KeyboardInterrupt  # SIGTERM stops the stand-ins and their Ray clusters as Ctrl-C does
 
     signal.signal(signal.SIGTERM, interrupted)
-    with demo_storage(output_root) as storage_env, _stack(args, work, storage_env, RecordingLauncher) as stack:
+    with demo_storage(output_root) as storage_env, _stack(args, work, storage_env, RecordingLauncher, who) as stack:
         print(f"  GKE API {stack.gke.url}, Kubernetes API {stack.kubernetes_url} (kubeconfig {stack.kubeconfig_path})")
         yield Rehearsal(stack, dict(storage_env), started_clusters, gke_lease_root(output_root))
 
@@ -162,7 +164,9 @@ def ray_processes_after_stop(run: Rehearsal, left: list[str]) -> list[str]:
     return left + [item for item in ray_process_leftovers(run.started_clusters) if item not in left]
 
 
-def _stack(args: argparse.Namespace, work: Path, storage_env: Mapping[str, str], launcher: Any) -> StandinStack:
+def _stack(
+    args: argparse.Namespace, work: Path, storage_env: Mapping[str, str], launcher: Any, who: str
+) -> StandinStack:
     """The imitation (StandinStack) or the real control plane (RehearsalStack), not started."""
     if getattr(args, "control_plane", "imitation") == "real":
         from tpuflow.dev.rehearsal import RehearsalStack
@@ -177,15 +181,13 @@ def _stack(args: argparse.Namespace, work: Path, storage_env: Mapping[str, str],
                 "--control-plane", "real", f"{why}; or run on the imitation: --control-plane imitation"
             )
 
-        print(
-            f"tpuflow demo --backend gke: starting the real control plane and the GKE stand-in in {work / 'rehearsal'}"
-        )
+        print(f"{who}: starting the real control plane and the GKE stand-in in {work / 'rehearsal'}")
         return RehearsalStack(
             work / "rehearsal",
             operation_seconds=args.operation_seconds,
             pod_env={k: v for k, v in storage_env.items() if k == "STORAGE_EMULATOR_HOST"},
         )
-    print(f"tpuflow demo --backend gke: starting the GKE and Kubernetes stand-ins in {work / 'standins'}", flush=True)
+    print(f"{who}: starting the GKE and Kubernetes stand-ins in {work / 'standins'}", flush=True)
     return StandinStack(
         work / "standins",
         operation_seconds=args.operation_seconds,

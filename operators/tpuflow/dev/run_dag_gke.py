@@ -38,7 +38,7 @@ def run_on_rehearsal(request: RunRequest) -> int:
     env = run_env(home, output_root, request.dag_file, "gke")
     dag_id = checked_dag_id(env, request, backend="gke")  # before any stand-in starts
     stack_args = argparse.Namespace(control_plane=request.control_plane, operation_seconds=request.operation_seconds)
-    with rehearsal(stack_args, work, output_root) as run:
+    with rehearsal(stack_args, work, output_root, WHO) as run:
         env.update(
             {
                 **run.storage_env,
