@@ -204,6 +204,7 @@ def test_a_queued_request_without_capacity_fails_with_gkes_reason(stack: Rehears
     wait_for("nothing left", lambda: not stack.leftovers(), timeout=60)
 
 
+@pytest.mark.long  # a real KubeRay cluster on the grown pool (~95 s): make test keeps the queued cases above
 def test_a_flex_start_pool_grows_to_the_slice_for_a_rayclusters_pods_and_back_to_zero(
     stack: RehearsalStack, dag: Run
 ) -> None:
