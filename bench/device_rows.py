@@ -211,9 +211,7 @@ def checkpoint_on_notice(size: dict[str, Any], where: str) -> dict[str, Any]:
             if i + 1 < int(size["notices"]):
                 shutil.rmtree(target)
         last = root / f"n{int(size['notices']) - 1}"
-        t = time.perf_counter()
         host = [np.asarray(x.addressable_data(0)) for x in leaves]
-        to_host_s = time.perf_counter() - t
         t = time.perf_counter()
         params, opt_leaves, meta = restore(last, cfg)
         restore_s = time.perf_counter() - t
@@ -226,8 +224,6 @@ def checkpoint_on_notice(size: dict[str, Any], where: str) -> dict[str, Any]:
         **_pct(seconds),
         "seconds": seconds,
         "state_bytes": state_bytes,
-        "to_host_s": to_host_s,
-        "write_s_p50": statistics.median(seconds) - to_host_s,
         "raw_write_s": statistics.median(raw_seconds),
         "raw_write_seconds": raw_seconds,
         "restore_s": restore_s,

@@ -156,15 +156,9 @@ def _crds_line(crds: str) -> str:
 
 def _check_real_control_plane() -> None:
     """One line where the real control plane cannot run here (no root for the pod network, no binaries)."""
-    from tpuflow.dev.controlplane import binaries
-    from tpuflow.dev.nodes import network
+    from tpuflow.dev.rehearsal import unavailable
 
-    why = network.available()
-    if not why:
-        try:
-            binaries.ensure()
-        except binaries.ControlPlaneUnavailable as err:
-            why = str(err)
+    why = unavailable()
     if why:
         raise UserInputError("--control-plane", "real", f"{why}; or run the imitation: --control-plane imitation")
 

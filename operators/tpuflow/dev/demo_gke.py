@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuflow import workloads_dir
 from tpuflow.cost.goodput import ledger_lines
-from tpuflow.dev.controlplane import binaries
 from tpuflow.dev.demo_env import demo_env, demo_storage
-from tpuflow.dev.nodes import network
 from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
 from tpuflow.dev.standins.kuberay_controller.seams import LaunchSpec, RayClusterHandle
@@ -169,13 +167,9 @@ def _stack(
 ) -> StandinStack:
     """The imitation (StandinStack) or the real control plane (RehearsalStack), not started."""
     if getattr(args, "control_plane", "imitation") == "real":
-        from tpuflow.dev.rehearsal import RehearsalStack
+        from tpuflow.dev.rehearsal import RehearsalStack, unavailable
 
-        why = network.available()
-        try:
-            binaries.ensure()
-        except binaries.ControlPlaneUnavailable as err:
-            why = why or str(err)
+        why = unavailable()
         if why:
             raise UserInputError(
                 "--control-plane", "real", f"{why}; or run on the imitation: --control-plane imitation"

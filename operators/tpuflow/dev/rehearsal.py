@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tpuflow.dev.controlplane import pki
+from tpuflow.dev.controlplane import binaries, pki
 from tpuflow.dev.controlplane.cluster import ControlPlane
 from tpuflow.dev.nodes import network as net
 from tpuflow.dev.nodes.agent import NodeAgent
@@ -44,6 +44,19 @@ from tpuflow.dev.standins.stack import (
 from tpuflow.storage import emulator_env
 
 NODE_AGENT_USER = "system:node:tpuflow-node-agent"
+
+
+def unavailable() -> str | None:
+    """Why the real control plane cannot run here (no root for the pod network, no binaries and no way to build
+    them); None where it can. Builds the binaries when they are missing and can be built."""
+    why = net.available()
+    if why:
+        return why
+    try:
+        binaries.ensure()
+    except binaries.ControlPlaneUnavailable as err:
+        return str(err)
+    return None
 
 
 def _loopback_port(url: str) -> int | None:

@@ -16,6 +16,7 @@ from tpuflow.dev.standins.kubernetes_api import (
     ApiError,
     ObjectStore,
     ResourceType,
+    event_body,
     now_iso,
 )
 
@@ -105,19 +106,9 @@ class RestObjects:
     def create_event(
         self, namespace: str, involved: Mapping[str, Any], event_type: str, reason: str, message: str
     ) -> None:
-        stamp = now_iso()
         body = {
-            "apiVersion": "v1",
-            "kind": "Event",
+            **event_body(involved, event_type, reason, message, COMPONENT, now_iso()),
             "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-            "involvedObject": {k: involved[k] for k in ("kind", "name", "namespace", "uid") if involved.get(k)},
-            "reason": reason,
-            "message": message,
-            "type": event_type,
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
         }
         try:

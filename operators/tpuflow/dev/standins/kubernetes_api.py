@@ -803,24 +803,28 @@ class ObjectStore:
                 existing["lastTimestamp"] = stamp
                 self._bump(existing)
                 return
-            self.create(
-                EVENTS,
-                namespace,
-                {
-                    "metadata": {"name": name, "namespace": namespace},
-                    "involvedObject": {
-                        k: involved[k] for k in ("kind", "name", "namespace", "uid", "apiVersion") if involved.get(k)
-                    },
-                    "reason": reason,
-                    "message": message,
-                    "type": event_type,
-                    "count": 1,
-                    "firstTimestamp": stamp,
-                    "lastTimestamp": stamp,
-                    "source": {"component": component},
-                },
-                admit=False,
-            )
+            body = event_body(involved, event_type, reason, message, component, stamp)
+            self.create(EVENTS, namespace, {**body, "metadata": {"name": name, "namespace": namespace}}, admit=False)
+
+
+def event_body(
+    involved: Mapping[str, Any], event_type: str, reason: str, message: str, component: str, stamp: str
+) -> dict[str, Any]:
+    """A core/v1 Event about ``involved``, first seen at ``stamp`` (its metadata is the writer's to add)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "involvedObject": {
+            k: involved[k] for k in ("kind", "name", "namespace", "uid", "apiVersion") if involved.get(k)
+        },
+        "reason": reason,
+        "message": message,
+        "type": event_type,
+        "count": 1,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "source": {"component": component},
+    }
 
 
 # --- HTTP ------------------------------------------------------------------------------------------
