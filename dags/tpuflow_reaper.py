@@ -2,7 +2,8 @@
 
 Node pools, RayClusters and RayServices (by tpuflow's ownership labels; nothing unlabelled is ever
 touched), local Ray clusters and slice leases of runs that are not running, for every DAG built with
-tpu_pipeline (each run records itself beside the slice leases; no list of DAG ids to keep up to date), and
+tpu_pipeline (found by its ``tpuflow`` tag in this DAG bundle, and by the record each run writes beside the slice
+leases; no list of DAG ids to keep up to date), and
 whatever a run whose supervising process was killed left, whatever its state. The GKE cluster and the
 Kubernetes connection are the pipeline's Variables (tpuflow.pipeline.gke.variable_settings); with no
 GKE project configured only local clusters and leases are looked at. Same as `tpuflow reap`.
@@ -30,7 +31,7 @@ with DAG(
         "dag_ids": Param(
             [],
             type="array",
-            title="More DAGs whose runs own resources (every tpu_pipeline DAG with a run is covered already)",
+            title="More DAGs whose runs own resources (every DAG tagged tpuflow, and every DAG with a run, is covered)",
         ),
     },
 ) as dag:

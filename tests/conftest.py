@@ -67,7 +67,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     base = tmp_path_factory.mktemp("real-airflow")
     extra = sorted((Path(__file__).parent / "airflow_services" / "dags").glob("*.py"))
-    with running_airflow(base, extra, ["tpu_llm_pipeline_local", "tpuflow_slice_lease_probe"]) as svc:
+    with running_airflow(
+        base, extra, ["tpu_llm_pipeline_local", "tpuflow_slice_lease_probe", "tpuflow_xcom_probe"]
+    ) as svc:
         yield svc
 
 

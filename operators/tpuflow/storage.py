@@ -4,10 +4,12 @@ gs:// goes through the google provider's GCSHook (its connection's credentials),
 STORAGE_EMULATOR_HOST names a GCS emulator: see `gcs_client`. What the Ray side needs for the same emulator
 (any client library, with plain gs:// paths) is `emulator_env`.
 
-Every request has a deadline (`request_timeout()`, $TPUFLOW_GCS_REQUEST_TIMEOUT_S, default 60 s): a
-server that accepts the connection and never answers fails the call with StorageTimeout naming the path,
-instead of holding the task (and its slice). Transient errors (429, 5xx, resets) are retried; a request
-that got no answer is not, so the task's own retries decide.
+Every request has a wall-clock deadline (`request_timeout()`, $TPUFLOW_GCS_REQUEST_TIMEOUT_S, default 60 s) on
+the whole request, from sending it to the last byte of its answer (tpuflow.request_deadline, installed on every
+client `gcs_client` returns): a server that accepts the connection and never answers, or answers a byte at a
+time, fails the call with StorageTimeout naming the path, instead of holding the task (and its slice).
+Transient errors (429, 5xx, resets) are retried; a request that got no complete answer in time is not, so the
+task's own retries decide.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 
 
 class StorageTimeout(TimeoutError):
-    """A storage request got no answer within its deadline (the message names the path and the server)."""
+    """A storage request got no complete answer within its deadline (the message names the path and the server)."""
 
 
 def request_timeout() -> float:
-    """Seconds one storage request may wait for an answer: $TPUFLOW_GCS_REQUEST_TIMEOUT_S, default 60."""
+    """Seconds one storage request may take, whole (and wait for its next bytes): $TPUFLOW_GCS_REQUEST_TIMEOUT_S,
+    default 60."""
     raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_REQUEST_TIMEOUT_S
@@ -117,16 +120,24 @@ def gcs_client(gcp_conn_id: str = "google_cloud_default") -> Any:
     to the emulator). So the client is built as the hook builds it (the provider's client_info),
     with AnonymousCredentials, whatever the connection says; the library takes the endpoint from
     the variable.
+
+    Either way every request of the client has the wall-clock deadline request_timeout() on the whole request
+    (tpuflow.request_deadline).
     """
     if emulator_host():
         from airflow.providers.google.common.consts import CLIENT_INFO
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        return storage.Client(project="tpuflow-local", credentials=AnonymousCredentials(), client_info=CLIENT_INFO)
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+        client = storage.Client(project="tpuflow-local", credentials=AnonymousCredentials(), client_info=CLIENT_INFO)
+    else:
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
-    return GCSHook(gcp_conn_id=gcp_conn_id).get_conn()
+        client = GCSHook(gcp_conn_id=gcp_conn_id).get_conn()
+    from tpuflow.request_deadline import bound_session
+
+    bound_session(client._http, request_timeout)
+    return client
 
 
 def _stalled(err: BaseException | None) -> bool:
@@ -155,8 +166,9 @@ def _retry() -> Any:
 
 @contextmanager
 def deadline(uri: str, what: str) -> Iterator[float]:
-    """Yields request_timeout() for the calls' timeout=; a request that got no answer in time becomes
-    StorageTimeout naming `what`, `uri` and the server."""
+    """Yields request_timeout() for the calls' timeout=; a request that got no complete answer in time (the
+    client's wall-clock deadline, or no byte within the timeout) becomes StorageTimeout naming `what`, `uri` and
+    the server."""
     seconds = request_timeout()
     try:
         yield seconds
@@ -165,8 +177,8 @@ def deadline(uri: str, what: str) -> Iterator[float]:
             raise
         server = f"the GCS emulator at {emulator_host()}" if emulator_host() else "Cloud Storage"
         raise StorageTimeout(
-            f"{what} {uri}: {server} sent no answer within {seconds:g} s ({REQUEST_TIMEOUT_ENV}); "
-            "the server accepts connections but does not answer (a broken connection or proxy)"
+            f"{what} {uri}: {server} sent no complete answer within {seconds:g} s ({REQUEST_TIMEOUT_ENV}); "
+            "the server accepts connections but answers slowly or not at all (a broken connection or proxy)"
         ) from err
 
 

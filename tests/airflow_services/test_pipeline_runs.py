@@ -142,23 +142,42 @@ def _awaiting_approval(api: Any, run_id: str, timeout: float = 300) -> dict[str,
     raise AssertionError(f"approve_budget never waited for a person: {states}")
 
 
+def _wait_for_state(api: Any, run_id: str, task_id: str, states: tuple[str, ...], timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        now = {ti["task_id"]: ti["state"] for ti in task_instances(api, PIPELINE, run_id)}
+        if now.get(task_id) in states:
+            return
+        assert now.get(task_id) not in ("success", "failed", "skipped", "upstream_failed"), now
+        time.sleep(2)
+    raise AssertionError(f"{task_id} never reached {states}")
+
+
 @pytest.mark.timeout(RUN_TIMEOUT + 600)
-def test_a_run_over_its_budget_waits_for_a_person_rejected_in_the_ui_approved_through_the_api(
+def test_a_run_over_its_budget_waits_for_an_approver_never_its_requester(
     services: Any, api: Any, unpaused: None
 ) -> None:
     """After the run above left a ledger, a run whose budget its estimate exceeds, with over_budget=ask, waits in
-    Airflow's human-in-the-loop (awaiting input) before anything is provisioned. One is rejected in the browser
-    (nothing starts), the next approved through the REST API's hitlDetails (it runs to the end)."""
+    Airflow's human-in-the-loop (awaiting input) before anything is provisioned. The admin names the approvers
+    (Variable tpuflow_budget_approvers); a plain user who triggered the run cannot approve it through the REST
+    API. One is rejected by the approver in the browser (nothing starts), one is killed while it waits, and one
+    is approved through the API: it provisions, then is failed from the API mid-training and its teardowns
+    leave nothing."""
     from support.ui_browser import airflow_page, wait_for
 
+    api.post("/variables", json={"key": "tpuflow_budget_approvers", "value": "approver"}).raise_for_status()
+    requester, approver = services.api("requester"), services.api("approver")
     conf = {**BACKFILL_CONF, "max_chip_hours": 1e-6, "over_budget": "ask"}
-    rejected = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-05T00:00:00Z", "conf": conf})
+    rejected = requester.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-05T00:00:00Z", "conf": conf})
     assert rejected.status_code == 200, rejected.text
     run_id = rejected.json()["dag_run_id"]
     request = _awaiting_approval(api, run_id)
     assert "over its chip-hour budget" in request["subject"] and "max_chip_hours=1e-06" in request["body"]
     assert "previous run's measured times" in request["body"] and request["options"] == ["Approve", "Reject"]
-    with airflow_page(services.url, services.token()) as page:
+    hitl = f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/approve_budget/-1/hitlDetails"
+    own = requester.patch(hitl, json={"chosen_options": ["Approve"], "params_input": {}})
+    assert own.status_code == 403 and "not a respondent" in own.text, own.text  # the requester approves nothing
+    with airflow_page(services.url, services.token("approver")) as page:
         page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/approve_budget/required_actions")
         wait_for(page, "document.body.innerText.includes('chip-hours')", 90, "the approval request with its estimate")
         page.screenshot(path=ARTIFACTS / "budget_approval.png")
@@ -172,7 +191,7 @@ def test_a_run_over_its_budget_waits_for_a_person_rejected_in_the_ui_approved_th
 
     # killed while it waits (the task marked failed, as from the UI): the run ends at once, nothing was made,
     # and the next run is not held up by it
-    killed = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-07T00:00:00Z", "conf": conf})
+    killed = requester.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-07T00:00:00Z", "conf": conf})
     run_id = killed.json()["dag_run_id"]
     _awaiting_approval(api, run_id)
     resp = api.patch(f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/approve_budget", json={"new_state": "failed"})
@@ -185,19 +204,26 @@ def test_a_run_over_its_budget_waits_for_a_person_rejected_in_the_ui_approved_th
     held = sorted((Path(services.env["TPUFLOW_HOME"]) / "slice-leases").rglob("slot-*.json"))
     assert held == [], f"a killed run before any slice holds a lease: {held}"
 
-    approved = api.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-06T00:00:00Z", "conf": conf})
+    # approved by the approver: the run provisions its slice and trains (the REST-triggered run above ran a whole
+    # pipeline); failed from the API while it trains, its teardowns stop the cluster and free the lease
+    approved = requester.post(f"/dags/{PIPELINE}/dagRuns", json={"logical_date": "2026-11-06T00:00:00Z", "conf": conf})
     run_id = approved.json()["dag_run_id"]
     _awaiting_approval(api, run_id)
-    answer = api.patch(
+    answer = approver.patch(
         f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/approve_budget/-1/hitlDetails",
         json={"chosen_options": ["Approve"], "params_input": {}},
     )
     assert answer.status_code == 200, answer.text
+    _wait_for_state(api, run_id, "train", ("running", "deferred"), RUN_TIMEOUT)
+    resp = api.patch(f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/train", json={"new_state": "failed"})
+    assert resp.status_code == 200, resp.text
     run = wait_for_runs(api, PIPELINE, [run_id], RUN_TIMEOUT)[run_id]
-    assert run["state"] == "success", explain(api, PIPELINE, run)
     states = {ti["task_id"]: ti["state"] for ti in task_instances(api, PIPELINE, run_id)}
-    assert states["train"] == "success" and states["chip_ledger"] == "success", states
+    assert states["acquire_slice"] == "success" and states["start_cluster"] == "success", states
+    assert run["state"] == "failed" and states["stop_cluster"] == "success", (states, explain(api, PIPELINE, run))
     _no_live_cluster(services)
+    held = sorted((Path(services.env["TPUFLOW_HOME"]) / "slice-leases").rglob("slot-*.json"))
+    assert held == [], f"a finished run holds a lease: {held}"
 
 
 @pytest.mark.long  # two pipeline runs; make test checks the lease across a backfill with the probe DAG (test_real_airflow)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,67 @@ def test_cli_status_and_env_describe_the_running_services(services: Any) -> None
         [tpuflow, "airflow", "env", "--work-dir", services.work_dir], capture_output=True, text=True, timeout=60
     )
     assert f"export AIRFLOW_HOME={services.home}" in env.stdout
+
+
+XCOM_PROBE = "tpuflow_xcom_probe"
+
+
+def test_a_plain_user_who_rewrites_the_cluster_xcom_gets_no_token_and_the_job_refuses_it(
+    services: Any, tmp_path: Path
+) -> None:
+    """A user with Airflow's plain "user" role triggers the probe run, then rewrites its start task's XCom through
+    the REST API (Airflow lets them) so the dashboard is their server and the token file any file the worker can
+    read. The job fails with one line naming the change; their server sees no request; the teardown stops the
+    run's own cluster."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Attacker(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    services.api().patch(f"/dags/{XCOM_PROBE}", json={"is_paused": False}).raise_for_status()
+    user = services.api("requester")
+    go = tmp_path / "go"
+    try:
+        resp = user.post(f"/dags/{XCOM_PROBE}/dagRuns", json={"logical_date": None, "conf": {"go_file": str(go)}})
+        assert resp.status_code == 200, resp.text
+        run_id = resp.json()["dag_run_id"]
+        entry = f"/dags/{XCOM_PROBE}/dagRuns/{run_id}/taskInstances/start_cluster/xcomEntries/return_value"
+        deadline = time.time() + 300
+        while (xcom := user.get(entry, params={"deserialize": True})).status_code != 200:
+            assert time.time() < deadline, f"start_cluster pushed no XCom: {xcom.text}"
+            time.sleep(2)
+        info = xcom.json()["value"]
+        secret = tmp_path / "worker-readable"
+        secret.write_text("a-secret-the-worker-can-read\n")
+        forged = {
+            **info,
+            "dashboard_url": f"http://127.0.0.1:{server.server_address[1]}",
+            "auth_token_path": str(secret),
+        }
+        rewritten = user.patch(entry, json={"value": forged})
+        assert rewritten.status_code == 200, rewritten.text  # the plain user may do this: the attack is real
+        go.write_text("go")
+        run = wait_for_runs(user, XCOM_PROBE, [run_id], 600)[run_id]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run["tis"]["job"]["state"] == "failed" and run["tis"]["stop_cluster"]["state"] == "success", explain(
+        services.api(), XCOM_PROBE, run
+    )
+    assert seen == [], f"the worker called the attacker's server: {seen}"
+    log = "".join(p.read_text() for p in (Path(services.home) / "logs" / f"dag_id={XCOM_PROBE}").rglob("*.log"))
+    assert "no longer matches the cluster that task made" in log and "clear start_cluster" in log
+    assert not list((Path(services.env["TPUFLOW_HOME"]) / "clusters").glob("*/state.json"))

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 ROWS = {"device_train_step_ratio", "device_model_step", "device_model_mfu", "time_to_first_step_s",
         "checkpoint_on_notice_s", "serve_forward_ms"}  # fmt: skip
@@ -29,6 +31,7 @@ def test_without_a_tpu_every_row_is_skipped_with_its_reason(tmp_path: Path) -> N
     assert data["machine"]["chip"]["platform"] == "cpu" and "commit" in data["machine"]
 
 
+@pytest.mark.long  # every row on the CPU, ~130 s on 2 cores (CI time); make test keeps the case above
 def test_tiny_rows_run_on_the_cpu_when_allowed(tmp_path: Path) -> None:
     data = bench(tmp_path, TPUFLOW_BENCH_DEVICE_ALLOW_CPU="1", TPUFLOW_BENCH_DEVICE_SIZE="tiny")
     rows = {(m["name"], m["variant"]): m for m in data["measures"]}

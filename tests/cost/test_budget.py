@@ -128,14 +128,14 @@ def test_guard_refuses_a_run_the_previous_ledger_says_is_over_budget() -> None:
     assert guard(10).execute(task_context(ti))["estimate"] == pytest.approx(9.0)
 
 
-def test_guard_without_history_or_budget_lets_the_run_go() -> None:
+def test_guard_without_history_lets_the_run_go_held_to_the_admins_default_ceiling() -> None:
     first = RunTaskInstance(task_id="budget_guard")
     assert guard(0.01).execute(task_context(first))["estimate"] is None
     assert guard(None).execute(task_context(first)) == {
-        "max_chip_hours": None,
+        "max_chip_hours": 100.0,  # no budget asked: the admin's ceiling (tpuflow_max_chip_hours, default 100)
         "estimate": None,
         "basis": "no previous run's ledger to estimate from",
-        "max_run_seconds": {"train": None, "serve": None},  # no bound: the pools keep their expiry
+        "max_run_seconds": {"train": 22500 + 900, "serve": 360000 + 900},  # the ceiling spent on each slice alone
         "over_budget": False,
         "over_budget_action": "fail",
     }

@@ -520,7 +520,7 @@ def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
             f"lease slot 0 ({leases.describe()})",
         ]
         dry = reaper(dry_run=True).execute(reaper_task_context())
-        assert set(dry) == {"dry_run", "found", "deleted", "failed", "kept", "unreadable"}
+        assert set(dry) == {"dry_run", "found", "deleted", "failed", "kept", "unreadable", "renewed"}
         assert dry["dry_run"] is True and dry["deleted"] == [] and dry["failed"] == []
         assert [line.split(": ", 1)[0] for line in dry["found"]] == found, dry["found"]
         assert len(gke.node_pools()) == 5 and len(store.list(RAYCLUSTERS)) == 2 and len(leases.holders(16)) == 2

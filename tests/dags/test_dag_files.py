@@ -122,8 +122,9 @@ def test_reaper_dag_runs_hourly_with_one_task(migrated_airflow_db):
     ],
 )
 def test_what_serves_a_watched_endpoint_carries_no_expiry(migrated_airflow_db, dag_id: str, serving: list[str]):
-    """keep_endpoint with an idle_timeout: the watch vouches for the endpoint while its run runs, so the reaper
-    judges what serves it by the run alone (no 24 h expiry); any other run keeps the default expiry."""
+    """keep_endpoint (always with an idle_timeout, the admin's cap when empty): the watch vouches for the endpoint
+    while its run runs, so the reaper judges what serves it by the run alone (no 24 h expiry); any other run keeps
+    the default expiry."""
     from airflow.dag_processing.dagbag import DagBag
 
     dag = DagBag(dag_folder=str(DAGS / f"{dag_id}.py")).get_dag(dag_id)
@@ -132,8 +133,9 @@ def test_what_serves_a_watched_endpoint_carries_no_expiry(migrated_airflow_db, d
     for params, expected in [
         ({"keep_endpoint": True, "idle_timeout": 15}, None),
         ({"keep_endpoint": True, "idle_timeout": 0.1}, None),
-        ({"keep_endpoint": True, "idle_timeout": None}, day),  # kept until deleted: marked kept at teardown
-        ({"keep_endpoint": True, "idle_timeout": 0}, day),
+        # empty or 0: still watched, for the admin's idle cap (tpuflow.cost.limits): no kept-until-deleted endpoint
+        ({"keep_endpoint": True, "idle_timeout": None}, None),
+        ({"keep_endpoint": True, "idle_timeout": 0}, None),
         ({"keep_endpoint": False, "idle_timeout": 15}, day),
     ]:
         for task_id in serving:

@@ -362,7 +362,7 @@ def test_airflow_side_calls_to_a_stalled_server_raise_storage_timeout(bucket: st
 
     proxy.add(Rule("stall", any_request))
     uri = f"gs://{bucket}/r/report.json"
-    said = ("sent no answer within 1 s (TPUFLOW_GCS_REQUEST_TIMEOUT_S)", f"the GCS emulator at {proxy.url}")
+    said = ("sent no complete answer within 1 s (TPUFLOW_GCS_REQUEST_TIMEOUT_S)", f"the GCS emulator at {proxy.url}")
     _raises_within(lambda: write_text(uri, "{}"), StorageTimeout, f"writing {uri}", *said)
     _raises_within(lambda: read_text(uri), StorageTimeout, f"reading {uri}", *said)
     _raises_within(

@@ -111,7 +111,7 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
     assert len(set(started)) == 2
     # Each mapped delete (same map index) looks for its own instance's cluster.
     for index, name in zip((0, 1), started, strict=True):
-        (tmp_path / name).mkdir()
+        (tmp_path / name).mkdir(mode=0o700)  # as start() makes it
         (tmp_path / name / STATE_FILE).write_text("{}")
         seen.clear()
         delete = LocalRayClusterDeleteOperator(task_id="stop_cluster", base_dir=str(tmp_path))
@@ -203,7 +203,7 @@ def test_keeping_the_cluster_marks_it_kept_and_the_reaper_leaves_it_while_it_run
     try:
         name = local_cluster_name(TaskIdentity.from_context(task_context(**START_TASK)))
         state_dir = tmp_path / name
-        state_dir.mkdir()
+        state_dir.mkdir(mode=0o700)  # as start() makes it
         now = time.time()
         LocalRayCluster(name=name, state_dir=str(state_dir), temp_dir=temp_dir, gcs_address="", dashboard_url="",
                         serve_port=1, slice=None, nodes=[NodeProcess(role="head", pid=sleeper.pid, log="")],

@@ -154,3 +154,53 @@ def test_a_workloads_own_params_join_the_form_and_reach_its_train_loop(tmp_path:
         Workload(**spec, train_loop_config={"checkpoint_every": 50})
     with pytest.raises(UserInputError, match=r"params\['bad-name'\]"):
         Workload(**spec, params={"bad-name": 1})
+
+
+class MetadataDb:
+    """What a DAG processor's or a task runner's supervisor answers a DAG file: Variables and task counts."""
+
+    def __init__(self, variables: dict[str, str]) -> None:
+        self.variables = dict(variables)
+        self.unfinished = 0  # task instances of the DAG not finished yet, in every run
+
+    def send(self, msg: Any) -> Any:
+        from airflow.sdk.exceptions import ErrorType
+        from airflow.sdk.execution_time.comms import ErrorResponse, OKResponse, TICount, VariableResult
+
+        kind = type(msg).__name__
+        if kind == "GetVariable":
+            if msg.key not in self.variables:
+                return ErrorResponse(error=ErrorType.VARIABLE_NOT_FOUND)
+            return VariableResult(key=msg.key, value=self.variables[msg.key])
+        if kind == "PutVariable":
+            self.variables[msg.key] = msg.value
+            return OKResponse(ok=True)
+        if kind == "GetTICount":
+            assert msg.dag_id == "acme_sales_forecast" and "running" in msg.states and "null" in msg.states
+            return TICount(count=self.unfinished)
+        return None  # MaskSecret and the like
+
+
+def test_an_admin_switching_the_backend_mid_run_reshapes_no_run_in_flight(
+    workload: Workload, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Variable tpuflow_backend changed while a local run is in flight: every parse (the DAG processor's, whose
+    shape the scheduler gives the running run, and each of its tasks' workers') keeps building the local pipeline
+    until the run is done; the runs after it are on GKE."""
+    from airflow.sdk.execution_time import task_runner
+
+    monkeypatch.delenv("AIRFLOW_VAR_TPUFLOW_BACKEND", raising=False)
+    db = MetadataDb({"tpuflow_backend": "local"})
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", db, raising=False)
+
+    assert "start_cluster" in build(workload, tmp_path).task_ids
+    db.unfinished = 14  # a run is created (its tasks have no state yet) and starts
+    db.variables["tpuflow_backend"] = "gke"  # the admin switches the backend
+    for _parse in ("dag processor", "the run's next task"):
+        dag = build(workload, tmp_path)
+        assert "start_cluster" in dag.task_ids and "create_node_pool" not in dag.task_ids, "the run was re-shaped"
+    db.unfinished = 0  # the run is done
+    assert "create_node_pool" in build(workload, tmp_path).task_ids, "the next runs follow the Variable"
+    db.unfinished = 14  # and keep GKE in their turn
+    db.variables["tpuflow_backend"] = "local"
+    assert "create_node_pool" in build(workload, tmp_path).task_ids

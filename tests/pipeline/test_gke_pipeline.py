@@ -571,8 +571,8 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert bounds == {"train": 10 * 3600 // 4 + 900, "serve": 10 * 3600 // serve_chips + 900}, bounds
         for entry in ledger["slices"]:
             (pool,) = entry["pools"]
-            # a kept endpoint outlives its run: its pool has no GKE deadline (the idle watch ends it here)
-            deadline = None if kept and entry["role"] == "serve" else f"{bounds[entry['role']]}s"
+            # a kept endpoint's pool too: the admin's kept lifetime (24 h by default) or the budget's bound, shorter
+            deadline = f"{bounds[entry['role']]}s"
             assert max_runs[pool] == deadline, max_runs
             # and, watched (idle_timeout), no expiry either: the reaper judges it by its run, running while it serves
             labels = pool_labels[pool]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,51 +55,48 @@ def slice_host_placement(state_dir: Path) -> list[tuple[str, str]]:
     return sorted((lab.get("ray.io/tpu-slice-name", ""), lab.get("ray.io/tpu-worker-id", "")) for lab in node_labels)
 
 
+@pytest.mark.long  # ~6 min on 2 cores (CI time); make test runs the pipeline through a real Airflow (test_pipeline_runs)
 @pytest.mark.timeout(1800)  # the demo's own 1500 s wait, not the suite's 900 s default
 def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters):
-    # The endpoint serves one model from both hosts of the (simulated) v6e 2x4 training slice, the
-    # smallest multi-host shape (the demo's default 4x4 has the same code path with twice the hosts).
-    out = run_demo(
-        tmp_path, "--framework", "jax", *MULTI_HOST, "--serve-topology", "2x4", "--keep-endpoint"
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
-    assert "pipeline succeeded" in out.stdout
-    report = json.loads(next((tmp_path / "outputs").rglob("report.json")).read_text())
-    assert report["accuracy"] >= 0.9 and report["heldout_examples"] == 200
-    assert report["eval_hosts"] == 2, "the evaluation runs on every host of the 2x4 slice"
-    assert report["sample_completion"].strip().startswith("42")
-    # the ledger: the simulated 2x4 slice (8 chips) is still held, since the endpoint was kept
-    (held,) = report["ledger"]["slices"]
-    assert held["role"] == "train" and held["chips"] == 8 and held["open"] and held["deleted_at"] is None
-    assert report["ledger"]["open"] and 0 < report["ledger"]["training_chip_hours"] < report["ledger"]["chip_hours"]
-    run_dir = Path(report["output_dir"])
-    assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir()
-    train_log = (run_dir / "logs" / "train-jax.log").read_text()
-    assert "[train_jax] step" in train_log
-    # evaluated by the training workers after the last step: no second job, no second start-up
-    assert f"held-out exact match {round(report['accuracy'] * 200)}/200" in train_log
-    assert not (run_dir / "eval").exists() and not (run_dir / "logs" / "evaluate-jax.log").exists()
-
-    # The kept endpoint answers the official OpenAI client, then `tpuflow local down` removes it.
+    """The kept endpoint serves one model from both hosts of the (simulated) v6e 2x4 training slice, the smallest
+    multi-host shape (the demo's default 4x4 has the same code path with twice the hosts). The run holds it while it
+    answers, and once a whole minute passed without a successful answer its teardowns delete it."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=report["endpoint"], api_key="unused")
-    assert [m.id for m in client.models.list().data] == ["addition"]
-    for prompt, answer in (("17+25=", "42"), ("58+39=", "97"), ("3+4=", "7"), ("0+0=", "0"), ("99+99=", "198")):
-        completion = client.completions.create(model="addition", prompt=prompt, max_tokens=4, temperature=0)
-        assert completion.choices[0].text == answer, (prompt, completion.choices[0].text)
-    (state,) = cluster_states(tmp_path)
-    placement = slice_host_placement(state.parent)
-    assert len(placement) == 2 and len({name for name, _ in placement}) == 1, placement
-    assert sorted(worker for _, worker in placement) == ["0", "1"], placement
-    down = subprocess.run(
-        [*TPUFLOW, "local", "down", "--base-dir", str(tmp_path / "home" / "clusters")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert down.returncode == 0 and "stopped" in down.stdout
-    assert cluster_states(tmp_path) == []
+    env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home")}
+    args = ("--framework", "jax", *MULTI_HOST, "--serve-topology", "2x4", "--keep-endpoint", "--idle-timeout", "1")
+    command = [*TPUFLOW, "demo", "--work-dir", str(tmp_path), "--date", DATE, *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as demo:
+        deadline = time.time() + 1500
+        while not (reports := list((tmp_path / "outputs").rglob("report.json"))):
+            assert demo.poll() is None and time.time() < deadline, "the demo ended or stalled before its report"
+            time.sleep(5)
+        time.sleep(1)  # written whole (it is replaced atomically, but its folder listing may come first)
+        report = json.loads(reports[0].read_text())
+        assert report["accuracy"] >= 0.9 and report["heldout_examples"] == 200
+        assert report["eval_hosts"] == 2, "the evaluation runs on every host of the 2x4 slice"
+        assert report["sample_completion"].strip().startswith("42")
+        run_dir = Path(report["output_dir"])
+        assert run_dir.name == DATE and (run_dir / "data" / "train").is_dir()
+        train_log = (run_dir / "logs" / "train-jax.log").read_text()
+        assert "[train_jax] step" in train_log
+        # evaluated by the training workers after the last step: no second job, no second start-up
+        assert f"held-out exact match {round(report['accuracy'] * 200)}/200" in train_log
+        assert not (run_dir / "eval").exists() and not (run_dir / "logs" / "evaluate-jax.log").exists()
+
+        # While the run holds it, the kept endpoint answers the official OpenAI client from both hosts.
+        client = OpenAI(base_url=report["endpoint"], api_key="unused")
+        assert [m.id for m in client.models.list().data] == ["addition"]
+        for prompt, answer in (("17+25=", "42"), ("58+39=", "97"), ("3+4=", "7"), ("0+0=", "0"), ("99+99=", "198")):
+            completion = client.completions.create(model="addition", prompt=prompt, max_tokens=4, temperature=0)
+            assert completion.choices[0].text == answer, (prompt, completion.choices[0].text)
+        (state,) = cluster_states(tmp_path)
+        placement = slice_host_placement(state.parent)
+        assert len(placement) == 2 and len({name for name, _ in placement}) == 1, placement
+        assert sorted(worker for _, worker in placement) == ["0", "1"], placement
+        output, _ = demo.communicate(timeout=900)  # a minute without a request: the watch ends, teardowns delete
+    assert demo.returncode == 0 and "pipeline succeeded" in output, output[-5000:]
+    assert cluster_states(tmp_path) == [], "the idle endpoint's cluster outlived its run"
 
 
 @pytest.mark.long  # two demo runs (6 min on 2 cores); make test writes to a bucket in tests/gcs and tests/rayjob

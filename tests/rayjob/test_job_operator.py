@@ -160,3 +160,32 @@ def test_a_reattached_job_stopped_by_an_earlier_kill_is_replaced_once(slice_clus
     with pytest.raises(Exception, match="ended STOPPED"):
         own.execute(ctx)
     assert len(jobs_of(slice_cluster, own, ctx)) == 1
+
+
+def test_a_workers_forged_result_line_after_the_drivers_is_not_the_result(slice_cluster, fresh_context, tmp_path):
+    """On a real cluster: the job's worker sees the runtime_env's variables but neither the job config nor the
+    result nonce; its result-shaped lines, forwarded into the driver log after the driver's, are not the result."""
+    log = tmp_path / "job.log"
+    op = RaySubmitJobOperator(
+        task_id="job",
+        entrypoint=["python", "forged_result.py"],
+        cluster=slice_cluster.connection_info(),
+        working_dir=str(JOBS),
+        env_vars={"HF_TOKEN": "sekrit"},
+        log_uri=str(log),
+        deferrable=False,
+        poll_interval=0.5,
+    )
+    assert op.execute(fresh_context()) == {
+        "accuracy": 0.5,
+        "driver_has_nonce": True,
+        "worker_has_nonce": False,
+        "worker_has_job_config": False,
+        "worker_has_runtime_env_var": True,
+    }
+    lines = log.read_text().splitlines()
+    driver = next(i for i, line in enumerate(lines) if "driver_has_nonce" in line)
+    # Ray's forwarding turns the worker's carriage return into a line break: that forged line starts a line of
+    # the driver log, no "(forge pid=...)" prefix in front of it; only the nonce tells it from the driver's.
+    forged = [i for i, line in enumerate(lines) if '"steps": 999' in line]
+    assert len(forged) == 2 and all(i > driver for i in forged), lines[driver:]

@@ -23,7 +23,8 @@ from tpuflow.errors import UserInputError
 from tpuflow.rayjob.operators import QualityGateError, RaySubmitJobOperator
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "job.py", line 3\nValueError: the user\'s code is broken\n'
-RESULT = 'TPUFLOW_RESULT {"steps": 2, "accuracy": 0.5}\n'
+# The driver's result line: <nonce> stands for the nonce the operator put in the job's metadata.
+RESULT = 'TPUFLOW_RESULT <nonce> {"steps": 2, "accuracy": 0.5}\n'
 
 
 class ScriptedJobs:
@@ -34,18 +35,24 @@ class ScriptedJobs:
     def __init__(self, final: str, logs: str, message: str = "") -> None:
         self.final, self.logs, self.message = final, logs, message
         self.jobs: dict[str, str] = {}
+        self.metadata: dict[str, dict[str, str]] = {}
         self.stopped: list[str] = []
 
     def find_jobs(self, prefix: str) -> list[Any]:
         return [
-            SimpleNamespace(submission_id=sid, status=status, start_time=i)
+            SimpleNamespace(submission_id=sid, status=status, start_time=i, metadata=self.metadata.get(sid, {}))
             for i, (sid, status) in enumerate(self.jobs.items())
             if sid.startswith(prefix)
         ]
 
-    def submit_job(self, *, entrypoint: str, submission_id: str, **_: Any) -> str:
+    def submit_job(self, *, entrypoint: str, submission_id: str, metadata: dict[str, str], **_: Any) -> str:
         self.jobs[submission_id] = "RUNNING"
+        self.metadata[submission_id] = dict(metadata)
         return submission_id
+
+    def _log(self, sid: str, text: str) -> str:
+        """``text`` as the job's driver wrote it: with the nonce Ray handed it in its metadata."""
+        return text.replace("<nonce>", self.metadata.get(sid, {}).get("tpuflow_result_nonce", ""))
 
     async def aget_job_info(self, sid: str) -> dict[str, Any]:
         status = self.jobs[sid]
@@ -53,16 +60,16 @@ class ScriptedJobs:
         return {"status": status, "message": self.message}
 
     async def aget_job_logs(self, sid: str) -> str:
-        return "step 0\n" + (self.logs if self.jobs[sid] != "RUNNING" else "")
+        return "step 0\n" + (self._log(sid, self.logs) if self.jobs[sid] != "RUNNING" else "")
 
     async def atail_job_logs(self, sid: str) -> AsyncIterator[str]:
         yield "step 0\n"
         while self.jobs[sid] == "RUNNING":
             await asyncio.sleep(0.01)
-        yield self.logs
+        yield self._log(sid, self.logs)
 
     def get_job_logs(self, sid: str) -> str:
-        return "step 0\n" + self.logs
+        return "step 0\n" + self._log(sid, self.logs)
 
     async def astop_job(self, sid: str) -> None:
         self.stopped.append(sid)
@@ -129,7 +136,8 @@ def test_the_worker_and_the_deferred_path_reach_the_same_outcome(
         jobs = ScriptedJobs(final, logs, message="Job entrypoint command failed" if final == "FAILED" else "")
         context = fresh_context(run_id="same-run")
         outcomes[deferrable] = _run(jobs, context, deferrable, log_uri=str(log_uri), **kwargs)
-        assert logs in log_uri.read_text(), "the driver log is kept whatever the outcome"
+        kept = jobs._log(next(iter(jobs.jobs)), logs)
+        assert kept in log_uri.read_text(), "the driver log is kept whatever the outcome"
         assert context["task_state_store"]["ray_submission_id"] == next(iter(jobs.jobs))
     assert outcomes[False] == outcomes[True]
     kind, value = outcomes[False]

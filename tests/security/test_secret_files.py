@@ -1,5 +1,5 @@
 """Secret files (the Airflow admin's passwords.json, the local Airflow's services.json, a local Ray cluster's
-token) are private from their first byte: created 0600 (never chmod-ed afterwards) in a 0700 folder, even
+token, the Kubernetes stand-in's kubeconfig) are private from their first byte: created 0600 (never chmod-ed afterwards) in a 0700 folder, even
 under umask 0, and an existing file is replaced atomically."""
 
 from __future__ import annotations
@@ -123,4 +123,41 @@ def test_airflow_passwords_and_services_state_are_private(
     assert_private(passwords)
     assert_private(state)
     assert "admin" in passwords.read_text() and "password" in state.read_text()
+    assert no_chmod_after_the_fact == []
+
+
+def test_the_standin_kubeconfig_is_never_readable_by_another_user_while_written(
+    tmp_path: Path, open_umask: None, no_chmod_after_the_fact: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another local user polling the stand-in's work folder never finds its kubeconfig (which holds the API token)
+    with group or other bits: each file opened for writing there is checked the moment it exists."""
+    import io
+
+    from tpuflow.dev.standins.kubernetes_api import KubernetesApiStandin
+
+    folder = tmp_path / "kube"
+    folder.mkdir()
+    modes: list[tuple[str, int]] = []
+    real_open, real_io_open = os.open, io.open
+
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        if Path(path).parent == folder:
+            modes.append((Path(path).name, stat.S_IMODE(os.fstat(fd).st_mode)))
+        return fd
+
+    def io_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_io_open(file, mode, *args, **kwargs)
+        if isinstance(file, str | Path) and Path(file).parent == folder and set(mode) & set("wax+"):
+            modes.append((Path(file).name, stat.S_IMODE(os.fstat(handle.fileno()).st_mode)))
+        return handle
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(io, "open", io_open)
+    api = KubernetesApiStandin(tls=False)
+    with api:
+        path = api.write_kubeconfig(folder / "kubeconfig")
+    assert modes, "the kubeconfig was written without being opened"
+    assert all(bits & 0o077 == 0 for _, bits in modes), f"readable by others while written: {modes}"
+    assert mode(path) == 0o600 and str(api.token) in path.read_text()
     assert no_chmod_after_the_fact == []

@@ -40,8 +40,10 @@ class FakeExporter:
                     self.send_error(503)
                     return
                 body = (
-                    f'ray_serve_num_http_requests_total{{application="",route="/-/healthz"}} {exporter.reads}\n'
-                    f'ray_serve_num_http_requests_total{{application="app",route="/app"}} {exporter.requests}\n'
+                    f'ray_serve_num_http_requests_total{{application="",route="/-/healthz",status_code="200"}} '
+                    f"{exporter.reads}\n"
+                    f'ray_serve_num_http_requests_total{{application="app",route="/app",status_code="200"}} '
+                    f"{exporter.requests}\n"
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -80,9 +82,13 @@ def test_an_endpoint_not_kept_is_torn_down_without_reading_anything(exporter: Fa
 
 
 @pytest.mark.parametrize("idle_timeout", [None, "", "None", 0, "0"])
-def test_kept_without_an_idle_timeout_is_kept_until_deleted(exporter: FakeExporter, idle_timeout: Any) -> None:
-    verdict = watch_op(exporter, keep="True", idle_timeout=idle_timeout).execute(task_context())
-    assert verdict["keep"] is True and verdict["idle_timeout_min"] is None and exporter.reads == 0
+def test_kept_without_an_idle_timeout_waits_for_its_lifetime_reading_nothing(
+    exporter: FakeExporter, idle_timeout: Any
+) -> None:
+    with pytest.raises(TaskDeferred) as deferred:
+        watch_op(exporter, keep="True", idle_timeout=idle_timeout).execute(task_context())
+    assert type(deferred.value.trigger).__name__ == "DateTimeTrigger" and exporter.reads == 0
+    assert deferred.value.kwargs["max_lifetime_h"] == 24  # no Variable: the built-in lifetime
 
 
 @pytest.mark.parametrize("idle_timeout", [-1, "soon", float("nan")])
@@ -114,7 +120,7 @@ def test_in_the_worker_it_ends_only_after_a_whole_quiet_window_since_the_last_re
     assert verdict["keep"] is False and verdict["stopped"] == "idle" and verdict["requests"] == 5
     assert verdict["last_busy_at"] >= last_request - 0.1  # it saw the last request
     assert verdict["stopped_at"] - verdict["last_busy_at"] >= 0.6 + 0.2  # then the window and the margin
-    assert verdict["reason"] == "idle: no request for 0.01 min (idle_timeout)"
+    assert verdict["reason"] == "idle: no successful answer for 0.01 min (idle_timeout)"
 
 
 def test_deferred_the_trigger_keeps_its_window_across_a_triggerer_restart(exporter: FakeExporter) -> None:
@@ -124,6 +130,7 @@ def test_deferred_the_trigger_keeps_its_window_across_a_triggerer_restart(export
     trigger = rebuilt(deferred.value.trigger)
     assert trigger.requests == 3 and trigger.idle_timeout == 3 and trigger.poll_interval == 0.05
     since = trigger.since
+    assert trigger.deadline == since + 24 * 3600  # the lifetime's end is a kwarg too
 
     async def scenario() -> dict[str, Any]:
         first = asyncio.ensure_future(trigger.run().__anext__())

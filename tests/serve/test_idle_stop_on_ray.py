@@ -1,7 +1,8 @@
 """The idle watch on a real Ray Serve: the session's simulated-slice cluster, whose head exports Ray's metrics.
 
 A request every 2 s keeps the endpoint; the watch ends only a whole window (plus the export margin) after the
-last one, and it counts exactly the requests sent to the application, never the proxy's health checks.
+last one, and it counts exactly the application's successful answers, never the proxy's health checks nor the
+401s it gives a caller without its token.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ pytestmark = pytest.mark.slow
 
 APP = """
 from ray import serve
+from starlette.responses import PlainTextResponse
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1})
 class Echo:
     async def __call__(self, request):
+        if request.url.path.endswith("/deny"):  # what an app answers a caller without its token
+            return PlainTextResponse("no", status_code=401)
         return "ok"
 
 
@@ -60,10 +64,12 @@ def test_a_served_endpoint_is_kept_until_a_whole_window_passed_without_a_request
 
     sent: list[float] = []
 
-    def traffic() -> None:  # ten requests, 2 s apart; health checks between them are not traffic
+    # ten requests, 2 s apart; the health checks and refused calls between them are not traffic
+    def traffic() -> None:
         for _ in range(10):
             assert requests.get(f"{cluster.serve_url}/echo", timeout=30).text == "ok"
             requests.get(f"{cluster.serve_url}/-/healthz", timeout=30)
+            assert requests.get(f"{cluster.serve_url}/echo/deny", timeout=30).status_code == 401
             sent.append(time.time())
             time.sleep(2)
 
@@ -77,7 +83,10 @@ def test_a_served_endpoint_is_kept_until_a_whole_window_passed_without_a_request
         sender.join()
     assert len(sent) == 10
     assert verdict["keep"] is False and verdict["stopped"] == "idle"
-    assert verdict["requests"] - before == 10  # every request to the app, no health check
+    assert verdict["requests"] - before == 10  # every successful answer of the app, no health check, no 401
+    refused = [line for line in requests.get(info["metrics_url"], timeout=30).text.splitlines()
+               if line.startswith("ray_serve_num_http_requests") and 'status_code="401"' in line]  # fmt: skip
+    assert refused and all('application="echo"' in line for line in refused)  # Ray labels them as the filter reads
     # it saw the last request (Ray exports a few seconds late), and waited the 15 s window plus the margin after it
     assert verdict["last_busy_at"] >= sent[-1]
     assert verdict["stopped_at"] - sent[-1] >= 15 + 10

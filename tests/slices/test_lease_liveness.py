@@ -77,12 +77,14 @@ def test_a_lease_of_a_live_supervisor_is_waited_for(
 
 
 def test_a_reused_pid_and_a_rebooted_host_are_dead(monkeypatch: pytest.MonkeyPatch) -> None:
-    me = liveness.process_record()
+    me = liveness.process_record()  # remembers this boot (tpuflow_home()/boot-ids)
     assert liveness.dead_reason(me) is None
     assert liveness.dead_reason({**me, "start": me["start"] - 1}) == f"pid {me['pid']} was reused"
-    assert liveness.dead_reason({**me, "boot_id": "another-boot"}) == f"host {me['host']} rebooted"
     assert liveness.dead_reason({**me, "host": "elsewhere"}) is None  # not provable here: alive
+    assert liveness.dead_reason({**me, "boot_id": "another-machines-boot"}) is None  # a boot this one never had
     assert liveness.dead_reason(None) is None
+    monkeypatch.setattr(liveness, "boot_id", lambda: "this-machine-after-a-reboot")
+    assert liveness.dead_reason(me) == f"host {me['host']} rebooted"
 
 
 def test_the_waiting_trigger_fires_for_a_dead_holder_and_names_a_live_one(

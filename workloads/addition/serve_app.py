@@ -70,7 +70,9 @@ SLICE_HEALTH_CHECK = {"health_check_period_s": 2.0, "health_check_timeout_s": 30
 MULTI_HOST_MAX_BATCH_SIZE = 32
 
 
-app = FastAPI(title="tpuflow addition completions")
+# No docs routes: they would answer 200 without the bearer token, and a kept endpoint's idle watch counts 2xx
+# answers as use (tpuflow.serve.idle), so anyone could keep it.
+app = FastAPI(title="tpuflow addition completions", docs_url=None, redoc_url=None, openapi_url=None)
 install_error_handlers(app)
 
 

@@ -18,17 +18,19 @@ Spec keys (required: framework, train_loop, run_name, storage_path, scaling_conf
     checkpoint_score_attribute, checkpoint_score_order
                            CheckpointConfig's: the reported metric (and "max" | "min") that decides which
                            checkpoints num_to_keep keeps; the result then names the best as best_checkpoint
-    worker_env             env vars for the workers (e.g. {"JAX_PLATFORMS": "cpu"})
+    worker_env             env vars for the workers (e.g. {"JAX_PLATFORMS": "cpu"}); the spec is this process's
+                           command line: a secret goes in the job's runtime_env env_vars, which Ray gives the
+                           workers too
     torch_backend          TorchConfig(backend): "gloo" (default; host CPUs) or "tpu_dist" (TPU chips)
     compilation_cache      true (default): jax workers keep JAX's persistent compilation cache under
                            storage_path (tpuflow_driver.compile_cache), so a retried or resumed run reads its
                            compiled programs back; a path (local or gs://): under that folder instead (the
                            pipeline gives its DAG's folder, shared by every day's run); false: no cache
 
-Prints one `TPUFLOW_RESULT {json}` line at the end. With resume "auto", a run whose latest checkpoint had
-already finished (the fit reported no new checkpoint; a loop that reports a `step` metric and takes
-`num_steps` in its config must also show step >= num_steps) is said so: `reused_finished: true`,
-`steps_trained: 0`, and `resumed_from` names the checkpoint.
+Prints one `TPUFLOW_RESULT <nonce> {json}` line at the end (tpuflow_driver.result.emit_result). With resume
+"auto", a run whose latest checkpoint had already finished (the fit reported no new checkpoint; a loop that
+reports a `step` metric and takes `num_steps` in its config must also show step >= num_steps) is said so:
+`reused_finished: true`, `steps_trained: 0`, and `resumed_from` names the checkpoint.
 """
 
 from __future__ import annotations

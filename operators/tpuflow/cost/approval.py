@@ -1,36 +1,126 @@
-"""A person's approval for a run over its chip-hour budget (``over_budget="ask"``), through Airflow's own
+"""An approver's decision on a run over its chip-hour budget (``over_budget="ask"``), through Airflow's own
 human-in-the-loop: the task waits in Airflow's *awaiting input* state, the UI's Required Actions show the
-estimate and its basis, and a person approves or rejects there or through the REST API's ``hitlDetails``.
+estimate and its basis, and an approver approves or rejects there or through the REST API's ``hitlDetails``.
+
+Who may approve is an admin's choice, never the requester's: the Variable ``tpuflow_budget_approvers`` names them
+(users, and ``role:NAME`` for every user of that role or a higher one where the auth manager lists its users:
+Airflow's SimpleAuthManager), less the run's own triggering user. They become the HITL request's
+``assigned_users``, which Airflow's API server checks itself when an answer arrives (``is_authorized_hitl_task``:
+anyone else gets 403; an auth manager that lets everyone answer, ``simple_auth_manager_all_admins``, is warned of in
+the task's log). Nobody left to ask fails the task in one line.
 
 Cheap to import (the DAG files import it): the standard provider's HITL module only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
+from tpuflow.cost.limits import OVER_BUDGET_CHOICES, variable
+from tpuflow.errors import UserInputError
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-OVER_BUDGET_CHOICES = ("fail", "ask")
+__all__ = ["APPROVERS_VARIABLE", "OVER_BUDGET_CHOICES", "ChipBudgetApprovalOperator", "budget_approvers"]
+
+APPROVERS_VARIABLE = "tpuflow_budget_approvers"
+DEFAULT_APPROVERS = "role:admin"
+_FIELD = f"Variable {APPROVERS_VARIABLE}"
+_APPROVERS_FIX = (
+    'an admin names the approvers: user names, comma-separated or a JSON list ("role:admin" for every admin the '
+    'auth manager lists), or {"id", "name"} pairs where the auth manager\'s ids are not the names'
+)
+
+
+def parse_approvers(value: Any) -> list[str | dict[str, str]]:
+    """The Variable's entries: names ("alice", "role:admin") or {"id", "name"} pairs, from text (comma-separated
+    or JSON) or a list."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise UserInputError(_FIELD, value, _APPROVERS_FIX) from None
+        else:
+            value = [part.strip() for part in text.split(",") if part.strip()]
+    if not isinstance(value, list | tuple):
+        raise UserInputError(_FIELD, value, _APPROVERS_FIX)
+    entries: list[str | dict[str, str]] = []
+    for entry in value:
+        if isinstance(entry, str) and entry.strip():
+            entries.append(entry.strip())
+        elif isinstance(entry, Mapping) and all(isinstance(entry.get(k), str) and entry[k] for k in ("id", "name")):
+            entries.append({"id": entry["id"], "name": entry["name"]})
+        else:
+            raise UserInputError(_FIELD, entry, _APPROVERS_FIX)
+    return entries
+
+
+def role_members(role: str) -> list[str]:
+    """The users of ``role`` or a higher one, where the auth manager lists them (Airflow's SimpleAuthManager, from
+    ``[core] simple_auth_manager_users``); any other auth manager: a one-line error asking for the users' names."""
+    from airflow.configuration import conf
+
+    manager = conf.get("core", "auth_manager", fallback="") or ""
+    if not manager.endswith(".SimpleAuthManager"):
+        raise UserInputError(
+            _FIELD,
+            f"role:{role}",
+            f"this Airflow's auth manager ({manager or 'unknown'}) does not list a role's users to a task: "
+            "name the approvers' users instead",
+        )
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager, SimpleAuthManagerRole
+
+    orders = {r.name.lower(): r.order for r in SimpleAuthManagerRole}
+    if role.lower() not in orders:
+        raise UserInputError(_FIELD, f"role:{role}", f"name a role of {', '.join(orders)}")
+    return [u.username for u in SimpleAuthManager.get_users() if orders.get(str(u.role).lower(), -1) >= orders[role]]
+
+
+def resolve_approvers(entries: Iterable[str | dict[str, str]]) -> list[dict[str, str]]:
+    """Airflow's HITL users ({"id", "name"}) for the entries, each once, in order."""
+    users: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        if isinstance(entry, dict):
+            users.setdefault(entry["id"], dict(entry))
+        elif entry.lower().startswith("role:"):
+            for name in role_members(entry.split(":", 1)[1].strip().lower()):
+                users.setdefault(name, {"id": name, "name": name})
+        else:
+            users.setdefault(entry, {"id": entry, "name": entry})
+    return list(users.values())
+
+
+def budget_approvers(requester: str | None, also: Iterable[Mapping[str, str]] = ()) -> tuple[list[dict[str, str]], str]:
+    """(who may approve a run triggered by ``requester``: the Variable's approvers and ``also``, less the requester;
+    how they were named, for a message)."""
+    raw = variable(APPROVERS_VARIABLE, DEFAULT_APPROVERS)
+    users = resolve_approvers([*parse_approvers(raw), *(dict(u) for u in also)])
+    named = f"Variable {APPROVERS_VARIABLE}={raw!r}: {', '.join(u['name'] for u in users) or 'nobody'}"
+    return [u for u in users if requester is None or requester not in (u["id"], u["name"])], named
 
 
 class ChipBudgetApprovalOperator(ApprovalOperator):
-    """Ask for approval when the budget guard found the run over ``max_chip_hours`` and was told to ask.
+    """Ask an approver when the budget guard found the run over its budget and was told to ask.
 
-    Within the budget (or with no budget, or ``over_budget="fail"``, where the guard itself failed the run)
-    it ends at once without asking. Over it, it is Airflow's ApprovalOperator: *Approve* lets the run
-    provision; *Reject* skips everything downstream but the teardowns (nothing was provisioned yet); no
-    answer within ``response_timeout`` fails the task, and the run with it, before anything billable.
+    Within the budget (or with ``over_budget`` "fail" or "run", where the guard itself failed the run or let it
+    go) it ends at once without asking. Over it, it is Airflow's ApprovalOperator assigned to the approvers
+    (Variable ``tpuflow_budget_approvers``, default ``role:admin``) less the run's triggering user: *Approve* lets
+    the run provision; *Reject* skips everything downstream but the teardowns (nothing was provisioned yet); no
+    answer within ``response_timeout`` fails the task, and the run with it, before anything billable. With no
+    approver left to ask, the task fails at once, naming the Variable.
 
     :param guard_task_id: the ChipBudgetGuardOperator's task id (its XCom says whether to ask, and why).
 
     Every other argument is ApprovalOperator's (``subject`` has a default; ``body`` is written from the guard's
-    estimate when the task runs).
+    estimate when the task runs; ``assigned_users``, if given, approve beside the Variable's).
     """
 
     ui_color = "#fff3cd"
@@ -48,15 +138,41 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
         self.guard_task_id = guard_task_id
 
     def execute(self, context: Context) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
+
         guard = context["ti"].xcom_pull(task_ids=self.guard_task_id)
         if not (isinstance(guard, Mapping) and guard.get("over_budget") and guard.get("over_budget_action") == "ask"):
-            self.log.info("Nothing to approve: the run is within its chip-hour budget (or has none)")
+            self.log.info("Nothing to approve: the run is within its chip-hour budget (or goes on without asking)")
             return {"asked": False}
+        requester = getattr(context.get("dag_run"), "triggering_user_name", None)
+        approvers, named = budget_approvers(requester, self.assigned_users or ())
+        if not approvers:
+            raise AirflowFailException(
+                f"Nobody may approve this over-budget run: {named}, less its triggering user {requester!r} (never "
+                f"an approver of their own run), leaves nobody; an admin names approvers in the Variable "
+                f"{APPROVERS_VARIABLE}"
+            )
+        self.assigned_users = approvers
         self.body = (
             f"The run would use about **{guard['estimate']:.3f} chip-hours**, over its budget "
             f"`max_chip_hours={guard['max_chip_hours']}`.\n\nEstimated from {guard['basis']}.\n\n"
             "*Approve* provisions the slices and runs it (training is still stopped at the budget); *Reject* ends "
             "the run before anything is provisioned."
         )
-        self.log.info("Over budget: waiting for a person to approve or reject (%s)", guard["basis"])
+        self.log.info(
+            "Over budget: waiting for %s to approve or reject (not %s, who triggered the run; %s)",
+            " or ".join(u["name"] for u in approvers),
+            requester,
+            guard["basis"],
+        )
+        self._warn_if_anyone_may_answer()
         return super().execute(context)
+
+    def _warn_if_anyone_may_answer(self) -> None:
+        from airflow.configuration import conf
+
+        if conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False):
+            self.log.warning(
+                "[core] simple_auth_manager_all_admins lets every user answer this request, the assigned approvers "
+                "aside: Airflow does not tell users apart in that mode"
+            )

@@ -10,6 +10,7 @@ Pure module.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -112,14 +113,15 @@ Price = float | dict[str, float]  # per chip-hour: one price, or per zone ("*": 
 
 
 def _check_price(field: str, price: Any) -> float:
-    if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
-        raise UserInputError(field, price, "give a price per chip-hour >= 0")
+    if isinstance(price, bool) or not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
+        raise UserInputError(field, price, "give a price per chip-hour, a finite number >= 0")
     return float(price)
 
 
 def check_prices(value: Any) -> dict[str, Price]:
     """The Variable ``tpuflow_chip_hour_prices``: JSON {generation: price per chip-hour}; a generation's price may be
-    per zone, ``{"us-east5-b": 2.97, "*": 3.1}`` ("*": every other zone); empty: no prices."""
+    per zone, ``{"us-east5-b": 2.97, "*": 3.1}`` ("*": every other zone); empty: no prices. Each price is a finite
+    number >= 0 (JSON's NaN and Infinity are not prices)."""
     from tpuflow.tpu import resolve_generation
 
     if value in (None, "", {}):

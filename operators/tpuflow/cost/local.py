@@ -6,11 +6,10 @@ A module of its own so the GKE DAG file never loads the local operators when it 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.operators import ChipLedgerOperator, SliceSpan
-from tpuflow.local.operators import LocalRayClusterDeleteOperator, _state_dir
+from tpuflow.local.operators import LocalRayClusterDeleteOperator, _state_dir, load_owned_cluster
 from tpuflow.naming import TaskIdentity
 
 if TYPE_CHECKING:
@@ -44,15 +43,14 @@ class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
 
-        from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
+        from tpuflow.local.cluster import STATE_FILE
 
-        if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
-            state_dir = Path(self.cluster["state_dir"])
-        else:
-            state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
+        # the create task's cluster of this run, by its deterministic name (never a folder the XCom names)
+        owner = TaskIdentity.from_context(context, self.create_task_id)
+        state_dir = _state_dir(self.base_dir, owner)
         span: dict[str, Any] = {"name": state_dir.name, "started_at": None, "ready_at": None, "stopped_at": None}
-        if (state_dir / STATE_FILE).exists():
-            state = LocalRayCluster.load(state_dir)
+        state = load_owned_cluster(state_dir, owner)
+        if state is not None:
             span["started_at"], span["ready_at"] = state.started_at or None, state.ready_at
         super().execute(context)
         if not (state_dir / STATE_FILE).exists() and span["started_at"] is not None:

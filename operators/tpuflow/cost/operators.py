@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.cost.limits import admin_limits, check_over_budget, hold_budget, hold_over_budget
 from tpuflow.errors import UserInputError
 from tpuflow.templating import is_true
 from tpuflow.work_spans import WORK_SPAN_KEY, tasks_on_cluster
@@ -57,16 +59,58 @@ def _check_slices(slices: Any) -> None:
             )
 
 
-def work_spans(context: Context, work: Any) -> list[dict[str, Any]]:
+def _finite(value: Any) -> float | None:
+    """A finite number (not a bool), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _plain_json(value: Any) -> bool:
+    """JSON without NaN or Infinity (what ledger.json and the UI's JSON.parse can read back)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _bad_span_field(span: Mapping[str, Any]) -> str | None:
+    """What of a work span a ledger cannot use (its times, its training breakdown), or None."""
+    if _finite(span.get("started_at")) is None:
+        return "started_at"
+    if span.get("ended_at") is not None and _finite(span.get("ended_at")) is None:
+        return "ended_at"
+    breakdown = span.get("breakdown")
+    if breakdown is not None and not (
+        isinstance(breakdown, Mapping) and all(_finite(v) is not None and v >= 0 for v in breakdown.values())
+    ):
+        return "breakdown"
+    return None
+
+
+def work_spans(context: Context, work: Any, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The work_span records the slice's work tasks pushed (every map index of a mapped task), with the
-    cause the slice entry names for a task, if it names one."""
+    cause the slice entry names for a task, if it names one. A span whose times are not numbers is left out, one
+    whose training breakdown is not seconds keeps its span without the breakdown; ``warn`` is told which."""
     causes = dict(work) if isinstance(work, Mapping) else dict.fromkeys(work or [])
     out = []
     for task_id, cause in causes.items():
         # a list of task ids: every map index's value, a mapped task's too
         for span in context["ti"].xcom_pull(task_ids=[task_id], key=WORK_SPAN_KEY) or []:
-            if isinstance(span, Mapping) and span.get("started_at") is not None:
-                out.append({**span, "cause": cause or span.get("cause", "job"), "task_id": task_id})
+            if not isinstance(span, Mapping) or span.get("started_at") is None:
+                continue
+            span = {**span, "cause": cause or span.get("cause", "job"), "task_id": task_id}
+            bad = _bad_span_field(span)
+            if bad == "breakdown":
+                span.pop("breakdown")
+            elif bad is not None:
+                if warn:
+                    warn(f"{task_id}'s work span has a {bad} that is not a time ({span.get(bad)!r}): left out")
+                continue
+            if bad and warn:
+                warn(f"{task_id}'s training breakdown is not seconds ({span.get(bad)!r}): its time is not split")
+            out.append(span)
     return out
 
 
@@ -129,7 +173,19 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         from tpuflow.cost.ledger import build_ledger, check_prices, slice_entry
 
         self.validate_arguments()
-        prices = check_prices(self.prices)
+        # The ledger is always recorded: an input it cannot use (a bad price, a breakdown that is not seconds) is
+        # left out of it with a warning, in the log and in the ledger's ``warnings``.
+        warnings: list[str] = []
+
+        def warn(text: str) -> None:
+            warnings.append(text)
+            self.log.warning("%s", text)
+
+        try:
+            prices = check_prices(self.prices)
+        except UserInputError as err:
+            warn(f"{err}; the ledger is recorded without money")
+            prices = {}
         now = time.time()
         lines = []
         for entry, span in zip(self.slices, self.spans(context), strict=True):
@@ -150,27 +206,35 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             line["timeline"] = slice_timeline(
                 span.created_at,
                 span.deleted_at if span.reclaimed_at is None else span.reclaimed_at,
-                work_spans(context, self._work(entry)),
+                work_spans(context, self._work(entry), warn),
                 now=now,
                 provisioned_at=span.provisioned_at,
                 cluster_ready_at=span.cluster_ready_at,
             )
             lines.append(line)
         trained = self.trained if isinstance(self.trained, Mapping) else {}
+        fit_s = trained.get("fit_s")
+        if fit_s is not None and (_finite(fit_s) is None or fit_s < 0):
+            warn(f"the train task's fit_s is not seconds ({fit_s!r}): the ledger has no training chip-hours")
+            fit_s = None
         train_tpu = next((e["tpu"] for e in self.slices if e["role"] == "train"), None)
         ledger = build_ledger(
             lines,
-            training_seconds=trained.get("fit_s"),
+            training_seconds=fit_s,
             training_chips=slice_chips(train_tpu),
             prices=prices,
         )
         ledger["goodput"] = run_goodput(lines)
         measured = trained.get("goodput") if isinstance(trained.get("goodput"), Mapping) else {}
         for key in ("steps", "checkpoint", "attempts"):  # the training loop's own counts, beside the seconds
-            if key in measured:
+            if key in measured and _plain_json(measured[key]):
                 ledger["goodput"][key] = measured[key]
+            elif key in measured:
+                warn(f"the train task's goodput {key} is not plain numbers ({measured[key]!r}): left out")
         if isinstance(self.endpoint, Mapping):  # why a kept endpoint's slice was let go, or that it is kept
             ledger["endpoint"] = dict(self.endpoint)
+        if warnings:
+            ledger["warnings"] = warnings
         self._record(ledger)
         return ledger
 
@@ -194,8 +258,12 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         root = self.output_dir.rstrip("/")
         write_text(f"{root}/{LEDGER_FILE}", json.dumps(ledger, indent=2), self.gcp_conn_id)
         report_text = read_text(f"{root}/report.json", self.gcp_conn_id)
-        if report_text:
-            report = json.loads(report_text)
+        try:
+            report = json.loads(report_text) if report_text else None
+        except ValueError:
+            report = None
+            self.log.warning("%s/report.json is not JSON: the ledger is in %s only", root, LEDGER_FILE)
+        if isinstance(report, dict):
             report["ledger"] = ledger
             write_text(f"{root}/report.json", json.dumps(report, indent=2), self.gcp_conn_id)
         print(f"TPUFLOW_LEDGER {json.dumps(ledger)}")
@@ -271,22 +339,27 @@ def gke_slice_spans(
 
 
 class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
-    """Refuse to provision when the run's estimated chip-hours exceed ``max_chip_hours``.
+    """Refuse to provision when the run's estimated chip-hours exceed its budget.
 
-    The estimate is this run's slices' chips times the durations of the DAG's previous run (its
-    chip_ledger XCom); without one there is no estimate and the run goes ahead (logged).
+    The budget is ``max_chip_hours`` held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
+    tpuflow.cost.limits): a larger or empty value is the ceiling, said in one log line. The estimate is this run's
+    slices' chips times the durations of the DAG's previous run (its chip_ledger XCom); without one there is no
+    estimate and the run goes ahead (logged).
 
-    :param max_chip_hours: templated; the budget (None/empty: none). <= 0 or not a number is rejected.
+    :param max_chip_hours: templated; the budget (None/empty: the admin's ceiling). <= 0, not a number or not
+        finite is rejected.
     :param over_budget: templated; "fail" (default): an estimate over the budget fails the run; "ask": the guard
-        succeeds saying so (``over_budget``), and ChipBudgetApprovalOperator asks a person.
+        succeeds saying so (``over_budget``), and ChipBudgetApprovalOperator asks an approver; "run": the run goes
+        ahead (training is still held to the budget). Held at the loosest the admin allows (Variable
+        ``tpuflow_over_budget``, default "ask"); empty: the admin's.
     :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices), and
         ``steps`` for the slice that trains: the steps this run takes, so the estimate is the previous run's
         measured badput plus these steps at its measured time per step (its ledger's goodput).
 
-    Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds", "over_budget", "over_budget_action"}``:
-    ``max_run_seconds`` is, per role, how long that slice may live (the budget spent on it alone, the DAG's
-    ``dagrun_timeout``, plus a margin; None: no bound), what its node pool's ``max_run_duration`` is set to so
-    that GKE ends it even when Airflow is down.
+    Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds", "over_budget", "over_budget_action"}``
+    (``max_chip_hours`` and ``over_budget_action`` as the run is held to them): ``max_run_seconds`` is, per role,
+    how long that slice may live (the budget spent on it alone, the DAG's ``dagrun_timeout``, plus a margin),
+    what its node pool's ``max_run_duration`` is set to so that GKE ends it even when Airflow is down.
     """
 
     template_fields: Sequence[str] = ("max_chip_hours", "slices", "over_budget")
@@ -306,13 +379,8 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
             ((self.over_budget,), self._check_over_budget),
         ]
 
-    def _check_over_budget(self) -> None:
-        from tpuflow.cost.approval import OVER_BUDGET_CHOICES
-
-        if self.over_budget not in OVER_BUDGET_CHOICES:
-            raise UserInputError(
-                "over_budget", self.over_budget, 'give "fail" (refuse the run) or "ask" (wait for a person\'s approval)'
-            )
+    def _check_over_budget(self) -> str | None:
+        return check_over_budget(self.over_budget)
 
     def _check_planned_slices(self) -> None:
         if not isinstance(self.slices, list) or not all(
@@ -325,24 +393,33 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
                 raise UserInputError(f"slices[{s['role']}].steps", steps, "give the training steps, an integer > 0")
 
     def budget(self) -> float | None:
-        """The (rendered) max_chip_hours as a number; None: no budget."""
+        """The (rendered) max_chip_hours as a number, as asked (before the admin's ceiling); None: none asked."""
         from tpuflow.cost.budget import check_max_chip_hours
 
         return check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
 
+    def held(self) -> tuple[float, str]:
+        """(the budget, the over_budget action) the run is held to: what it asked, within the admin's limits; each
+        one the admin's limit changed is said in one log line."""
+        limits = admin_limits()
+        budget = hold_budget(self.budget(), limits.max_chip_hours)
+        action = hold_over_budget(self._check_over_budget(), limits.over_budget)
+        for note in (budget.note, action.note):
+            if note:
+                self.log.warning("%s", note)
+        return budget.value, action.value
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from tpuflow.cost.budget import estimate_chip_hours, latest_billed_ledger, max_run_seconds
+        from tpuflow.cost.budget import basis_ledger, estimate_chip_hours, max_run_seconds
         from tpuflow.cost.ledger import LEDGER_TASK_ID
 
         self.validate_arguments()
-        budget = self.budget()
+        budget, action = self.held()
         wanted = [{"role": s["role"], "chips": slice_chips(s["tpu"]), "steps": s.get("steps")} for s in self.slices]
-        previous = None
-        if budget is not None:
-            previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
-        estimate, basis = estimate_chip_hours(wanted, latest_billed_ledger(previous))
+        previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
+        estimate, basis = estimate_chip_hours(wanted, basis_ledger(wanted, previous))
         timeout = getattr(context.get("dag"), "dagrun_timeout", None)
         timeout_s = timeout.total_seconds() if timeout else None
         result = {
@@ -350,17 +427,23 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
             "estimate": estimate,
             "basis": basis,
             "max_run_seconds": {s["role"]: max_run_seconds(budget, s["chips"], timeout_s) for s in wanted},
-            "over_budget": budget is not None and estimate is not None and estimate > budget,
-            "over_budget_action": self.over_budget,
+            "over_budget": estimate is not None and estimate > budget,
+            "over_budget_action": action,
         }
-        if budget is None:
-            self.log.info("No max_chip_hours: no budget to hold the run to")
-        elif estimate is None:
+        if estimate is None:
             self.log.info("max_chip_hours %s: no estimate (%s); the training watch holds the run to it", budget, basis)
-        elif estimate > budget and self.over_budget == "ask":
+        elif estimate > budget and action == "ask":
             self.log.warning(
-                "max_chip_hours=%s: this run would use about %.3f chip-hours (%s); a person is asked to approve it "
-                "before anything is provisioned",
+                "max_chip_hours=%s: this run would use about %.3f chip-hours (%s); an approver is asked to approve "
+                "it before anything is provisioned",
+                budget,
+                estimate,
+                basis,
+            )
+        elif estimate > budget and action == "run":
+            self.log.warning(
+                "max_chip_hours=%s: this run would use about %.3f chip-hours (%s); it goes ahead (over_budget=run, "
+                "allowed by the admin) and training is still stopped at the budget",
                 budget,
                 estimate,
                 basis,
@@ -368,7 +451,8 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
         elif estimate > budget:
             raise AirflowFailException(
                 f"max_chip_hours={budget}: this run would use about {estimate:.3f} chip-hours ({basis}); nothing "
-                "was provisioned. Raise max_chip_hours, or use a smaller slice or fewer steps."
+                "was provisioned. Lower its cost (a smaller slice or fewer steps), or ask within what the admin "
+                "allows (max_chip_hours up to the Variable tpuflow_max_chip_hours, over_budget=ask)."
             )
         else:
             self.log.info("Estimated %.3f chip-hours within max_chip_hours %s (%s)", estimate, budget, basis)
@@ -380,8 +464,9 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
     of ``dag_ids`` left behind is deleted; a failed list deletes nothing and fails the task.
 
     :param dag_ids: templated; DAGs whose runs own resources (their running runs are asked through the Task SDK),
-        besides every DAG with a run recorded in the lease root's supervision records (each run of a
-        ``tpu_pipeline`` DAG records itself there when it takes its slice lease: tpuflow.slices.supervision).
+        besides every DAG of the task's own bundle tagged ``tpuflow`` (every ``tpu_pipeline`` DAG) and every DAG
+        with a run recorded in the lease root's supervision records (each run of a ``tpu_pipeline`` DAG records
+        itself there when it takes its slice lease: tpuflow.slices.supervision).
         Another DAG's resources are never judged by its runs (still deleted: a node pool past its expiry, a
         local cluster whose processes are gone, a resource of a run whose supervising process is dead).
     :param output_root: templated; the GKE pipeline's output root (the Variable ``tpuflow_gke_output_root``): its
@@ -473,6 +558,7 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
             prune_supervision,
             reap,
             settle_dead_runs,
+            tagged_dag_ids,
         )
         from tpuflow.slices.leases import default_lease_root
         from tpuflow.slices.supervision import SupervisionStore
@@ -484,7 +570,8 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
             recorded = SupervisionStore(lease_root or default_lease_root(), self.gcp_conn_id).all()
         except Exception as err:
             raise AirflowFailException(f"Nothing deleted: reading the run supervision records: {err}") from err
-        dag_ids = sorted({*(self.dag_ids or []), *(entry.dag_id for entry in recorded.values())})
+        tagged = tagged_dag_ids(context["ti"])  # every tpu_pipeline DAG of this bundle, with a recorded run or not
+        dag_ids = sorted({*(self.dag_ids or []), *(entry.dag_id for entry in recorded.values()), *tagged})
         scope = ReaperScope(
             gcp_conn_id=self.gcp_conn_id,
             project_id=self.project_id or None,

@@ -19,10 +19,11 @@ without the ownership marks is never touched:
   state.json's ``owner`` record names is not running, when its processes are gone, or when past the
   ``expires_at`` its state records (the create operator's ``expires_after``). A cluster with neither an owner
   record nor a run's name (``tpuflow local up``) is not a run's and never looked at.
-- slice leases: a lease whose holder run (its exact dag and run) is not running is given back.
+- slice leases: a lease whose holder run (its exact dag and run) is not running is given back; a gs:// lease
+  past its expiry whose run is still running is renewed, never given back (a training may outlive the expiry).
 - by liveness (tpuflow.liveness): a run's local cluster or lease whose supervising process (`tpuflow demo`,
-  `airflow dags test`) is provably dead, or a lease past its expiry, is an orphan whatever its run state and
-  age (every lease file present is looked at).
+  `airflow dags test`) is provably dead, or a lease past its expiry whose run is not known to be running, is an
+  orphan whatever its run state and age (every lease file present is looked at).
 
 Kept endpoints are never taken. A ``keep_endpoint`` run whose endpoint answered leaves it running on purpose,
 and its teardowns mark what they keep: the RayService (the RayCluster it owns goes with it), its
@@ -187,6 +188,8 @@ class Orphans(list[Orphan]):
         super().__init__(orphans)
         self.kept: list[Orphan] = list(kept)
         self.unreadable: list[Orphan] = list(unreadable)
+        # leases past their expiry whose run is still running: renewed by reap() (their ``delete`` renews)
+        self.renew: list[Orphan] = []
         # the runs whose recorded supervisor is provably dead (digest -> (record, why)), and where they are recorded
         self.dead_runs: dict[str, Any] = {}
         self.supervision: Any = None
@@ -612,11 +615,16 @@ def _note(unreadable: list[Orphan] | None, entry: Orphan) -> None:
 
 
 def find_lease_orphans(
-    store: Any, running: Mapping[str, list[str]], slots: int | None = None, covered: Collection[str] | None = None
+    store: Any,
+    running: Mapping[str, list[str]],
+    slots: int | None = None,
+    covered: Collection[str] | None = None,
+    renew: list[Orphan] | None = None,
 ) -> list[Orphan]:
-    """The leases (every one in the store; ``slots``: only the first ``slots``) whose holder is provably dead
-    (its supervising process gone, or past its expiry: whatever its run's state says) or whose run is not
-    running."""
+    """The leases (every one in the store; ``slots``: only the first ``slots``) whose holder is provably dead (its
+    supervising process gone: whatever its run's state says), past its expiry while its run is not known to be
+    running, or whose run is not running. A lease past its expiry whose run is running (a covered DAG's) is no
+    orphan: it goes to ``renew`` (its ``delete`` renews it), so a training that outlives the expiry keeps its slice."""
     try:
         held = store.all_holders() if slots is None else store.holders(slots)
     except Exception as err:
@@ -624,10 +632,21 @@ def find_lease_orphans(
     found = []
     for slot, lease in sorted(held.items()):
         dag, _, run = lease.holder.partition("/")
+        is_running = bool(run) and _covers(covered, dag) and run in running.get(dag, [])
+        supervisor_dead = dead_reason(lease.supervisor)
         dead = lease.dead_reason(now=None)
+        if supervisor_dead is None and dead is not None and is_running:
+            if renew is not None:
+
+                def renew_it(holder: str = lease.holder, upto: int = slot + 1) -> Any:
+                    return store.renew(holder, upto)
+
+                why = f"held by {lease.holder_line()}: {dead}, but its run is still running"
+                renew.append(Orphan("lease", f"slot {slot}", store.describe(), why, renew_it))
+            continue
         if dead is not None:
             reason = f"held by {lease.holder_line()}: {dead}"
-        elif not _covers(covered, dag) or (run and run in running.get(dag, [])):
+        elif not _covers(covered, dag) or is_running:
             continue  # a DAG not covered: its run may well be running
         else:
             reason = f"held by {lease.holder}, which is not running"
@@ -666,10 +685,12 @@ def reap(
 ) -> dict[str, Any]:
     """Delete each orphan (dry run: only list them), and say which kept resources were skipped (``kept``, default
     the ``kept`` of collect_orphans' answer) and which were left because their owner cannot be read
-    (``unreadable``, default the answer's). Returns {"dry_run", "found", "deleted", "failed", "kept",
-    "unreadable"}."""
+    (``unreadable``, default the answer's). Renews the expired leases of runs still running (the answer's
+    ``renew``; a dry run only lists them). Returns {"dry_run", "found", "deleted", "failed", "kept", "unreadable",
+    "renewed"}."""
     spared = list(getattr(orphans, "kept", []) if kept is None else kept)
     unread = list(getattr(orphans, "unreadable", []) if unreadable is None else unreadable)
+    renewed = _renew_live_leases(list(getattr(orphans, "renew", [])), dry_run, say)
     if unread:
         say(
             f"left {len(unread)} resource(s) tpuflow made whose owner cannot be read (no owner record, or a "
@@ -706,7 +727,25 @@ def reap(
         "failed": failed,
         "kept": [entry.line() for entry in spared],
         "unreadable": [entry.line() for entry in unread],
+        "renewed": renewed,
     }
+
+
+def _renew_live_leases(leases: list[Orphan], dry_run: bool, say: Callable[[str], None]) -> list[str]:
+    """Renew each expired lease of a run still running (its ``delete`` renews); the lines renewed."""
+    renewed = []
+    for lease in leases:
+        if dry_run:
+            say(f"would renew {lease.line()}")
+            continue
+        try:
+            lease.delete()
+        except Exception as err:  # not renewed: a waiter renews it too, after asking the run's state itself
+            say(f"could not renew {lease.line()}: {_first_line(err)}")
+            continue
+        say(f"renewed {lease.line()}")
+        renewed.append(lease.line())
+    return renewed
 
 
 # --- after a reaper run: the killed runs' ledgers ----------------------------------------------------
@@ -949,8 +988,32 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
     if scope.leases:
         from tpuflow.slices.leases import lease_store
 
-        orphans += find_lease_orphans(lease_store(scope.lease_root, scope.gcp_conn_id), running, covered=covered)
+        store = lease_store(scope.lease_root, scope.gcp_conn_id)
+        orphans += find_lease_orphans(store, running, covered=covered, renew=orphans.renew)
     return orphans
+
+
+# the tag every DAG tpu_pipeline builds carries (tpuflow.pipeline.factory): the hourly reaper judges each such DAG
+PIPELINE_TAG = "tpuflow"
+
+
+def tagged_dag_ids(ti: Any, tag: str = PIPELINE_TAG) -> list[str]:
+    """The DAGs tagged ``tag`` in the reaper task's own DAG bundle, parsed as Airflow's task runner parses one
+    (a DagBag of the bundle's folder, DAG discovery's safe mode as configured): every tpu_pipeline DAG there,
+    whether or not a run of it recorded itself. [] where the task instance has no bundle (a test double)."""
+    bundle = getattr(ti, "bundle_instance", None)
+    folder = getattr(bundle, "path", None)
+    if folder is None:
+        return []
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(
+        dag_folder=folder, load_op_links=False, bundle_path=Path(folder), bundle_name=getattr(bundle, "name", None)
+    )
+    if bag.import_errors:
+        log.warning("DAG files of %s that do not parse (their DAGs are not covered): %s", folder,
+                    ", ".join(sorted(bag.import_errors)))  # fmt: skip
+    return sorted(dag_id for dag_id, dag in bag.dags.items() if tag in (dag.tags or ()))
 
 
 _FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import check_max_chip_hours
+from tpuflow.cost.limits import admin_limits, hold_budget
 from tpuflow.cost.operators import gke_slice_spans, slice_chips
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 class BudgetedRayTrainOperator(RayTrainOperator):
     """RayTrainOperator stopped (and failed, not retried) when the run's chip-hours reach ``max_chip_hours``.
 
-    :param max_chip_hours: templated; the budget (None/empty: RayTrainOperator's behaviour).
+    :param max_chip_hours: templated; the budget, held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
+        tpuflow.cost.limits): None/empty or larger is the ceiling.
     :param ledger_slices: templated; the slices billed so far, as GKEChipLedgerOperator's ``slices``.
     :param gcp_conn_id: templated; the GKE connection (the pools' operations give the spans).
     :param project_id: templated; the cluster's project.
@@ -60,11 +62,17 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         self.location = location
         self._budget_deadline: float | None = None
 
-    def budget_left(self, context: Context) -> tuple[float | None, str]:
-        """(seconds until the ledger crosses the budget, what it is made of); None: no budget."""
+    def held_budget(self) -> tuple[float, str]:
+        """(the budget the run is held to: max_chip_hours within the admin's ceiling, the line saying so if it is
+        not what was asked)."""
+        held = hold_budget(check_max_chip_hours(self.max_chip_hours, "max_chip_hours"), admin_limits().max_chip_hours)
+        return held.value, held.note
 
-        budget = check_max_chip_hours(self.max_chip_hours, "max_chip_hours")
-        if budget is None or not self.ledger_slices:
+    def budget_left(self, context: Context) -> tuple[float | None, str]:
+        """(seconds until the ledger crosses the budget, what it is made of); None: no slice to hold to it."""
+
+        budget, _ = self.held_budget()
+        if not self.ledger_slices:
             return None, ""
         now = time.time()
         spans = gke_slice_spans(context, self.ledger_slices, self.gcp_conn_id, self.project_id, self.location)
@@ -84,6 +92,9 @@ class BudgetedRayTrainOperator(RayTrainOperator):
     def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
         from airflow.sdk.exceptions import AirflowFailException
 
+        note = self.held_budget()[1]
+        if note:
+            self.log.warning("%s", note)
         left, said = self.budget_left(context)
         if left is not None:
             if left <= 0:
@@ -97,14 +108,14 @@ class BudgetedRayTrainOperator(RayTrainOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         from airflow.sdk.exceptions import AirflowFailException
 
-        if isinstance(event, dict) and event.get("status") == "timeout" and self.max_chip_hours not in (None, ""):
+        if isinstance(event, dict) and event.get("status") == "timeout":
             left, said = self.budget_left(context)
             if left is not None and left < float(self.poll_interval) + 5:
                 self._owned = None
                 self._keep_log(context, event)
                 raise AirflowFailException(
                     f"Training stopped: the run reached its chip-hour budget ({said}). Ray Train's last checkpoint "
-                    f"is kept under {self.storage_path}; the teardowns delete the slice. Raise max_chip_hours and "
-                    "rerun to resume from it."
+                    f"is kept under {self.storage_path}; the teardowns delete the slice. Raise max_chip_hours (up "
+                    "to the admin's Variable tpuflow_max_chip_hours) and rerun to resume from it."
                 )
         return super().execute_complete(context, event)

@@ -53,6 +53,9 @@ SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 # trigger logs from the files directly: no log servers, nothing listening beyond the API port.
 SERVICE_ARGS = {"scheduler": ["--skip-serve-logs"], "triggerer": ["--skip-serve-logs"]}
 ADMIN_USER = "admin"
+# Plain users (Airflow's "user" role: trigger runs, answer approvals, write XComs; no Variables or Connections), as
+# a shared Airflow has them: who triggers a run is not who wrote the DAG or may approve its budget.
+PLAIN_USERS = ("requester", "approver")
 # 2 cores: a few task slots is plenty -- the pipeline's tasks mostly defer to the triggerer
 # while Ray does the work in its own processes.
 DEFAULT_PARALLELISM = 4
@@ -78,6 +81,7 @@ class AirflowServices:
     port: int
     password: str
     env: dict[str, str]
+    users: dict[str, str] = field(default_factory=dict)  # plain user -> password
     pids: dict[str, int] = field(default_factory=dict)  # service -> process group id
     # service -> tpuflow.liveness record of its leader (pid + start time): what proves a recorded pid still the
     # service's own; the environment cannot, Airflow's setproctitle overwrites /proc/<pid>/environ
@@ -132,9 +136,11 @@ class AirflowServices:
             port=port or free_port(),
             password=secrets.token_urlsafe(12),
             env={},
+            users={name: secrets.token_urlsafe(12) for name in PLAIN_USERS},
         )
         services.home.mkdir()
-        write_secret_file(services.home / "passwords.json", json.dumps({ADMIN_USER: services.password}) + "\n")
+        passwords = {ADMIN_USER: services.password, **services.users}
+        write_secret_file(services.home / "passwords.json", json.dumps(passwords) + "\n")
         services.env = services.build_env(parallelism, use_schedule, unpause, database_url, extra_env or {})
         services.save()
         services.airflow("db", "migrate", timeout=timeout)
@@ -169,7 +175,9 @@ class AirflowServices:
             "AIRFLOW__CORE__PARALLELISM": str(parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False" if unpause else "True",
             "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                [f"{ADMIN_USER}:admin", *(f"{name}:user" for name in PLAIN_USERS)]
+            ),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url or f"sqlite:///{home}/airflow.db",
@@ -300,17 +308,17 @@ class AirflowServices:
         return cls(**json.loads(path.read_text()))
 
     # --- REST API ------------------------------------------------------------------
-    def token(self) -> str:
-        resp = requests.post(
-            f"{self.url}/auth/token", json={"username": ADMIN_USER, "password": self.password}, timeout=30
-        )
+    def token(self, user: str = ADMIN_USER) -> str:
+        """A JWT for ``user``: the admin, or one of the plain users (PLAIN_USERS)."""
+        password = self.password if user == ADMIN_USER else self.users[user]
+        resp = requests.post(f"{self.url}/auth/token", json={"username": user, "password": password}, timeout=30)
         resp.raise_for_status()
         return str(resp.json()["access_token"])
 
-    def api(self) -> requests.Session:
-        """A requests session authenticated as the admin user; paths are relative to /api/v2."""
+    def api(self, user: str = ADMIN_USER) -> requests.Session:
+        """A requests session authenticated as ``user`` (default the admin); paths are relative to /api/v2."""
         session = _BaseUrlSession(f"{self.url}/api/v2")
-        session.headers["Authorization"] = f"Bearer {self.token()}"
+        session.headers["Authorization"] = f"Bearer {self.token(user)}"
         return session
 
     def shell_exports(self) -> str:

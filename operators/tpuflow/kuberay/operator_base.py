@@ -39,8 +39,9 @@ from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashbo
 from tpuflow.kubernetes.operator_base import GKE_CLUSTER_KEYS, KubernetesBaseOperator
 from tpuflow.kubernetes.ownership import check_expires_after, owner_annotations
 from tpuflow.kubernetes.values import check_name
-from tpuflow.labels import DEFAULT_EXPIRES_AFTER
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER, OWNER_ANNOTATION
 from tpuflow.naming import TaskIdentity
+from tpuflow.ray.cluster_source import ClusterTampered
 from tpuflow.tpu.slice_argument import resolve_slice
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
     from tpuflow.kuberay.hooks import KubeRayHook
     from tpuflow.kuberay.manifests import RayClusterTemplate
+    from tpuflow.kubernetes.hooks import KubeTarget
     from tpuflow.tpu import TpuSlice
     from tpuflow.tpu.slice_argument import SliceArgument
 
@@ -161,6 +163,34 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
 
     @abc.abstractmethod
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def connection_payload(self, hook: KubeRayHook, target: KubeTarget, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The XCom payload (addresses, token reference) of ``obj``, a ready object of this kind."""
+        ...
+
+    def cluster_from_reference(self, reference: Mapping[str, Any], context: Context) -> dict[str, Any]:
+        """The payload of the object ``reference`` names (tpuflow.ray.cluster_source), read again through this
+        task's own connection and namespace; only an object whose owner record is this task instance of this
+        run qualifies."""
+        hook, target, namespace = cast("tuple[KubeRayHook, KubeTarget, str]", self.configured_access(context))
+        name = reference.get("name")
+        if reference.get("kind", self.kind) != self.kind or reference.get("namespace", namespace) != namespace:
+            raise ClusterTampered(
+                "cluster",
+                {k: reference.get(k) for k in ("kind", "name", "namespace")},
+                f"task {self.task_id} makes a {self.kind} in namespace {namespace}; clear {self.task_id} to make it again",
+            )
+        obj = hook.get(self.plural, check_name("cluster['name']", name), namespace) if name else None
+        owner = ((obj or {}).get("metadata") or {}).get("annotations", {}).get(OWNER_ANNOTATION)
+        if obj is None or TaskIdentity.from_record(owner) != TaskIdentity.from_context(context, self.task_id):
+            raise ClusterTampered(
+                "cluster['name']",
+                name,
+                f"no {self.kind} {namespace}/{name} made by task {self.task_id} of this run; clear {self.task_id} "
+                "to make it again",
+            )
+        return self.connection_payload(hook, target, obj)
 
     def deletes_on_kill(self) -> bool:
         """Whether killing the waiting task deletes the object it created."""

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from tpuflow.kuberay.hooks import KubeRayHook
+    from tpuflow.kubernetes.hooks import KubeTarget
 
 ON_KILL_ACTIONS = ("delete", "keep")
 
@@ -239,13 +240,18 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
         return _rejection(err, self.kind, namespace, body["metadata"]["name"], body["spec"])
 
+    def connection_payload(self, hook: KubeRayHook, target: KubeTarget, obj: Mapping[str, Any]) -> dict[str, Any]:
+        namespace = (obj.get("metadata") or {}).get("namespace", "default")
+        payload = _cluster_addresses(hook, obj, namespace, self.address_mode, target.to_dict())
+        payload["slice"] = _slice_dict(obj.get("spec") or {})
+        return payload
+
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
         hook = self.kube_hook()
         cluster = hook.get(self.plural, name, namespace)
         if cluster is None:
             raise AirflowFailException(f"RayCluster {namespace}/{name} disappeared right after becoming ready")
-        payload = _cluster_addresses(hook, cluster, namespace, self.address_mode, self.kube_target().to_dict())
-        payload["slice"] = _slice_dict(cluster.get("spec") or {})
+        payload = self.connection_payload(hook, self.kube_target(), cluster)
         RayDashboardLink.persist(context, url=payload["dashboard_url"])
         self.persist_gke_links(context, namespace, payload["head_pod"])
         self.log.info("RayCluster %s/%s ready: dashboard %s", namespace, name, payload["dashboard_url"])
@@ -490,25 +496,33 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def rejection(self, err: Exception, body: Mapping[str, Any], namespace: str) -> str:
         return _rejection(err, self.kind, namespace, body["metadata"]["name"], body["spec"]["rayClusterConfig"])
 
+    def connection_payload(self, hook: KubeRayHook, target: KubeTarget, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj.get("metadata") or {}
+        name, namespace = meta.get("name", ""), meta.get("namespace", "default")
+        cluster_name = service_cluster_name(obj)
+        cluster = hook.get(RayClusterKind.plural, cluster_name, namespace) if cluster_name else None
+        cluster_info = (
+            _cluster_addresses(hook, cluster, namespace, self.address_mode, target.to_dict()) if cluster else {}
+        )
+        payload = service_payload(
+            obj,
+            cluster_info,
+            hook.get_service(f"{name}-serve-svc", namespace),
+            mode=self.address_mode,
+            in_cluster=bool(hook.is_in_cluster),
+        )
+        return {**payload, "head_pod": cluster_info.get("head_pod", "")}
+
     def finish(self, context: Context, name: str, namespace: str) -> dict[str, Any]:
 
         hook = self.kube_hook()
         service = hook.get(self.plural, name, namespace)
         if service is None:
             raise AirflowFailException(f"RayService {namespace}/{name} disappeared right after becoming ready")
-        cluster_name = service_cluster_name(service)
-        cluster = hook.get(RayClusterKind.plural, cluster_name, namespace) if cluster_name else None
-        target = self.kube_target().to_dict()
-        cluster_info = _cluster_addresses(hook, cluster, namespace, self.address_mode, target) if cluster else {}
-        payload = service_payload(
-            service,
-            cluster_info,
-            hook.get_service(f"{name}-serve-svc", namespace),
-            mode=self.address_mode,
-            in_cluster=bool(hook.is_in_cluster),
-        )
+        payload = self.connection_payload(hook, self.kube_target(), service)
+        head_pod = payload.pop("head_pod")
         RayDashboardLink.persist(context, url=payload["dashboard_url"])
-        self.persist_gke_links(context, namespace, cluster_info.get("head_pod"))
+        self.persist_gke_links(context, namespace, head_pod)
         self.log.info(
             "RayService %s/%s ready: %s at %s", namespace, name, payload["applications"], payload["serve_url"]
         )

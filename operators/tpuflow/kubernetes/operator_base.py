@@ -20,6 +20,8 @@ from tpuflow.kubernetes.values import check_namespace
 from tpuflow.validation import check_count, check_seconds
 
 if TYPE_CHECKING:
+    from airflow.sdk import Context
+
     from tpuflow.kubernetes.hooks import KubeObjectsHook, KubeTarget
 
 GKE_CLUSTER_KEYS = ("project_id", "location", "cluster_name")
@@ -103,14 +105,24 @@ class KubernetesBaseOperator(InheritedParamDocs, ArgumentChecks, BaseOperator):
 
     # --- Kubernetes access (worker side) ---
     def kube_target(self) -> KubeTarget:
-        from tpuflow.kubernetes.hooks import KubeTarget, resolve_gke_target
-
         if self._target_cache is None:
-            if self.gke_cluster and not self.kubernetes_conn_id:
-                self._target_cache = resolve_gke_target(self.gke_cluster, self.gcp_conn_id, self.impersonation_chain)
-            else:
-                self._target_cache = KubeTarget(kubernetes_conn_id=self.kubernetes_conn_id or "kubernetes_default")
+            self._target_cache = _target(
+                self.kubernetes_conn_id, self.gke_cluster, self.gcp_conn_id, self.impersonation_chain
+            )
         return self._target_cache
+
+    def configured_access(self, context: Context) -> tuple[KubeObjectsHook, KubeTarget, str]:
+        """The hook, target and namespace this task's own arguments name, rendered for ``context``: how another
+        task of the run reaches what this task made without taking where or how from its XCom."""
+        target = _target(
+            self.render_template(self.kubernetes_conn_id, context),
+            self.render_template(self.gke_cluster, context),
+            self.render_template(self.gcp_conn_id, context),
+            self.impersonation_chain,
+        )
+        hook = self.hook_class().for_target(target)
+        namespace = self.render_template(self.namespace, context)
+        return hook, target, check_namespace(namespace or hook.default_namespace())
 
     def hook_class(self) -> type[KubeObjectsHook]:
         """The product's hook (a KubeObjectsHook subclass with its API group); imported in the worker only."""
@@ -125,3 +137,16 @@ class KubernetesBaseOperator(InheritedParamDocs, ArgumentChecks, BaseOperator):
 
     def resolve_namespace(self) -> str:
         return check_namespace(self.namespace or self.kube_hook().default_namespace())
+
+
+def _target(
+    kubernetes_conn_id: str | None,
+    gke_cluster: Mapping[str, Any] | None,
+    gcp_conn_id: str,
+    impersonation_chain: str | Sequence[str] | None,
+) -> KubeTarget:
+    from tpuflow.kubernetes.hooks import KubeTarget, resolve_gke_target
+
+    if gke_cluster and not kubernetes_conn_id:
+        return resolve_gke_target(gke_cluster, gcp_conn_id, impersonation_chain)
+    return KubeTarget(kubernetes_conn_id=kubernetes_conn_id or "kubernetes_default")

@@ -22,6 +22,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,38 @@ def default_base_dir() -> Path:
 
 class LocalClusterError(RuntimeError):
     """The local cluster could not be started, reached or stopped."""
+
+
+def _check_own_temp_dir(temp_dir: str) -> None:
+    """The node temp dir a state names (stop() deletes it): an absolute folder of this user's, or gone, or none."""
+    if not temp_dir:
+        return
+    if not os.path.isabs(temp_dir):
+        raise LocalClusterError(f"a cluster state names temp dir {temp_dir!r}, not an absolute path")
+    try:
+        st = os.lstat(temp_dir)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+        raise LocalClusterError(f"temp dir {temp_dir} is a link or another user's: not this cluster's")
+
+
+def check_private_state_dir(state_dir: Path | str) -> None:
+    """A cluster's state folder is this user's, mode 0700, and not a link: another local user cannot have
+    written the state that says which processes to signal and which folders to delete."""
+    try:
+        st = os.lstat(state_dir)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise UserInputError("state_dir", str(state_dir), "a local cluster's state must be a folder of this user's")
+    if st.st_mode & 0o077:
+        raise UserInputError(
+            "state_dir",
+            str(state_dir),
+            f"mode {stat.S_IMODE(st.st_mode):o} lets other users write the cluster's state; stop it "
+            "(tpuflow local down) and start it again (tpuflow makes the folder 0700)",
+        )
 
 
 def free_port() -> int:
@@ -216,7 +249,8 @@ class LocalRayCluster:
                 f"simulating {hosts} TPU hosts needs about {needed >> 20} MiB of free memory, this machine has "
                 f"{_available_memory() >> 20} MiB; use a smaller slice (e.g. 2x2 or 2x4) for local runs",
             )
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state_dir.chmod(0o700)  # a folder an earlier version made with the umask's mode
         write_secret_file(state_dir / TOKEN_FILE, auth_token or secrets.token_hex(32))  # 0600 in a 0700 folder
         # Ray's unix socket paths must stay under ~107 bytes: keep the temp dir short.
         temp_dir = tempfile.mkdtemp(prefix="tpf-", dir="/tmp")
@@ -441,9 +475,15 @@ class LocalRayCluster:
 
     @classmethod
     def load(cls, state_dir: Path | str) -> LocalRayCluster:
+        """The cluster recorded in ``state_dir``. Its state names the folders stop() deletes: they must be this
+        folder and a temp dir of ours (``/tmp/tpf-*``, owned by this user), else LocalClusterError."""
         data = json.loads((Path(state_dir) / STATE_FILE).read_text())
         data["nodes"] = [NodeProcess(**n) for n in data.get("nodes", [])]
-        return cls(**data)
+        cluster = cls(**data)
+        if Path(cluster.state_dir).resolve() != Path(state_dir).resolve():
+            raise LocalClusterError(f"the state in {state_dir} names another folder ({cluster.state_dir}): not ours")
+        _check_own_temp_dir(cluster.temp_dir)
+        return cluster
 
     def is_alive(self) -> bool:
         head = next((n for n in self.nodes if n.role == "head"), None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from airflow.sdk import BaseOperator
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
+from tpuflow.ray.cluster_source import ClusterTampered
 from tpuflow.ray.links import RayDashboardLink
 from tpuflow.templating import is_true
 from tpuflow.tpu.slice_argument import resolve_slice
@@ -27,6 +28,7 @@ from tpuflow.validation import check_count, check_rendered_seconds, check_second
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from tpuflow.local.cluster import LocalRayCluster
     from tpuflow.tpu import TpuSlice
     from tpuflow.tpu.slice_argument import SliceArgument
 
@@ -150,6 +152,25 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
         )
         return cluster.connection_info()
 
+    def cluster_from_reference(self, reference: Mapping[str, Any], context: Context) -> dict[str, Any]:
+        """The connection info of the cluster this task instance started in this run (tpuflow.ray.cluster_source):
+        found by its deterministic name under this task's base dir, never at a folder the reference names."""
+        identity = TaskIdentity.from_context(context, self.task_id)
+        name = local_cluster_name(identity)
+        if reference.get("name") not in (None, name):
+            raise ClusterTampered(
+                "cluster['name']",
+                reference.get("name"),
+                f"task {self.task_id} of this run started local cluster {name}; clear {self.task_id} to start it again",
+            )
+        base_dir = self.render_template(self.base_dir, context) if self.base_dir else None
+        cluster = load_owned_cluster(_state_dir(base_dir, identity), identity)
+        if cluster is None:
+            raise ClusterTampered(
+                "cluster['name']", name, f"local cluster {name} is not running; clear {self.task_id} to start it"
+            )
+        return cluster.connection_info()
+
     def on_kill(self) -> None:
         """Killed while starting the cluster: stop it.
 
@@ -170,17 +191,35 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
 
 
 def _stop_recorded(state_dir: Any) -> None:
-    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, check_private_state_dir
 
     if (state_dir / STATE_FILE).exists():
+        check_private_state_dir(state_dir)
         LocalRayCluster.load(state_dir).stop(timeout=3.0)  # SIGKILL follows SIGTERM after ~5 s
+
+
+def load_owned_cluster(state_dir: Path, owner: TaskIdentity) -> LocalRayCluster | None:
+    """The local cluster recorded in ``state_dir`` when its state is this user's private folder and names
+    ``owner`` exactly as the task that started it (None: no state there); else ClusterTampered."""
+    from tpuflow.local.cluster import STATE_FILE, LocalRayCluster, check_private_state_dir
+
+    if not (state_dir / STATE_FILE).exists():
+        return None
+    check_private_state_dir(state_dir)
+    cluster = LocalRayCluster.load(state_dir)
+    if TaskIdentity.from_record(cluster.owner) != owner:
+        raise ClusterTampered(
+            "cluster", cluster.name, f"local cluster {cluster.name} was not started by {owner.task_id} of this run"
+        )
+    return cluster
 
 
 class LocalRayClusterDeleteOperator(BaseOperator):
     """Stop exactly the processes of the run's local cluster (never `ray stop`). A teardown task.
 
-    :param cluster: the create task's XCom; when empty (the create task failed early) the cluster
-        is found by its deterministic name, so a half-started cluster is still stopped.
+    :param cluster: the create task's XCom (``start.output``): it orders this task after the create task. The
+        cluster stopped is always the create task's of this run, found by its deterministic name under
+        ``base_dir`` (so a half-started cluster is still stopped), never a folder the XCom names.
     :param keep: leave the cluster running (e.g. to keep a Serve endpoint up), its state marked ``kept`` so
         the orphan reaper leaves it; `tpuflow local down` stops it later. True, or a string "true"/"True"/"1"
         once rendered.
@@ -207,18 +246,16 @@ class LocalRayClusterDeleteOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
 
-        from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
-
-        if isinstance(self.cluster, dict) and self.cluster.get("state_dir"):
-            state_dir = Path(self.cluster["state_dir"])
-        else:
-            state_dir = _state_dir(self.base_dir, TaskIdentity.from_context(context, self.create_task_id))
-        if not (state_dir / STATE_FILE).exists():
+        # The cluster is the create task's of this run, found by its deterministic name under base_dir: never
+        # a folder the XCom names (a user who may write XComs could point it anywhere).
+        owner = TaskIdentity.from_context(context, self.create_task_id)
+        state_dir = _state_dir(self.base_dir, owner)
+        cluster = load_owned_cluster(state_dir, owner)
+        if cluster is None:
             self.log.info(
                 "No local cluster state at %s: nothing to %s", state_dir, "keep" if is_true(self.keep) else "stop"
             )
             return
-        cluster = LocalRayCluster.load(state_dir)
         if is_true(self.keep):
             cluster.mark_kept()  # the orphan reaper leaves it
             self.log.info(

@@ -11,7 +11,8 @@ A team writes its DAG once; where it runs is configuration, read when the file i
 The backend decides the DAG's shape (a local cluster's start / stop tasks, or node pools, RayClusters and a
 RayService), so it is read at parse time, not from a run's Param: the Airflow of a laptop and of a team's
 Composer environment parse the same file into the pipeline each can run. A value that is neither backend is a
-DAG import error naming the Variable.
+DAG import error naming the Variable. A changed Variable applies to a DAG once its runs in flight are done: none is
+re-shaped mid-way (``tpuflow.pipeline.backend_pin``).
 
 Mistakes in the file are DAG import errors of one line too, before any run can bill: a step of the workload whose
 module or function is not in its ``code_dir`` (``Workload.check_code``, nothing imported), and a slice given as a
@@ -29,6 +30,7 @@ from typing import Any
 from airflow.sdk import DAG
 
 from tpuflow.errors import UserInputError
+from tpuflow.pipeline.backend_pin import run_backend
 from tpuflow.pipeline.factory import build_pipeline_dag, refuse_slice_arguments
 from tpuflow.pipeline.params import FRAMEWORKS, START_DATE
 from tpuflow.pipeline.workload import Workload
@@ -82,7 +84,8 @@ def tpu_pipeline(
     refuse_slice_arguments(dag_kwargs)
     if workload.code_dir is not None:  # without one the steps are in the image: check_params looks then
         workload.check_code(FRAMEWORKS)
-    chosen = checked_backend(backend) if backend is not None else configured_backend()
+    # A changed Variable re-shapes no run in flight: it applies once they are done (tpuflow.pipeline.backend_pin).
+    chosen = checked_backend(backend) if backend is not None else run_backend(dag_id, configured_backend(), BACKENDS)
     common = {"workload": workload, "schedule": schedule, "start_date": start_date, **dag_kwargs}
     if chosen == "local":
         return build_pipeline_dag(dag_id, output_root=output_root, serve_token_conn_id=serve_token_conn_id, **common)

@@ -75,6 +75,7 @@ from tpuflow.kuberay.operators import (
 )
 from tpuflow.kuberay.ray_auth import with_cluster_auth
 from tpuflow.kubernetes.ownership import object_name
+from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.pipeline.factory import (
     ENDPOINT_VERDICT,
     MAX_SLICES,
@@ -258,9 +259,12 @@ def check_gke_params(params: dict[str, Any]) -> dict[str, Any]:
 # --- queued capacity: the Ray pods consume the ProvisioningRequest ------------------------------------
 _REQUESTED = "{{ (ti.xcom_pull(task_ids='%s') or {}).get('name') or '' }}"
 # A slice pool's GKE maxRunDuration: the budget guard's bound for its role (the budget spent on it alone, the
-# dagrun_timeout, plus a margin), else the pool's expiry (GKECreateTPUNodePoolOperator's "expires_after").
+# dagrun_timeout, plus a margin), at most the pool's expiry (the create operators' default expires_after, 24 h: a
+# budget is always set now, the admin's ceiling when the run gives none, and must not outlast what it once was).
+_EXPIRY_S = int(DEFAULT_EXPIRES_AFTER.total_seconds())
 _MAX_RUN_EXPR = (
-    "((ti.xcom_pull(task_ids='budget_guard') or {}).get('max_run_seconds') or {}).get('%s') or 'expires_after'"
+    "[((ti.xcom_pull(task_ids='budget_guard') or {}).get('max_run_seconds') or {}).get('%s') or "
+    + f"{_EXPIRY_S}, {_EXPIRY_S}] | min"
 )
 _MAX_RUN = "{{ " + _MAX_RUN_EXPR + " }}"
 
@@ -847,8 +851,10 @@ def _serve_steps(
     create_serve_pool = GKECreateTPUNodePoolOperator(
         task_id="create_serve_node_pool",
         tpu_slice=checked_slice(serve=True),
-        # a kept endpoint outlives its run: its pool gets no GKE deadline (the reaper leaves kept pools too)
-        max_run_duration="{{ '' if params.keep_endpoint else (%s) }}" % (_MAX_RUN_EXPR % "serve"),
+        # a kept endpoint outlives its run's other slices: its pool's GKE deadline is the admin's kept lifetime
+        # (tpuflow.cost.limits), or the budget's bound if shorter
+        max_run_duration="{{ tpuflow_limits.kept_endpoint_seconds(%s) if params.keep_endpoint else (%s) }}"
+        % ((_MAX_RUN_EXPR % "serve",) * 2),
         expires_after=serving_expires_after(workload),
         **creates,
     )

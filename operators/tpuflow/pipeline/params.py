@@ -16,6 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
+from tpuflow.cost.limits import OVER_BUDGET_CHOICES, check_idle_timeout
 from tpuflow.errors import UserInputError
 from tpuflow.rayjob.workload_operators import check_multislice
 from tpuflow.tpu.generations import GENERATIONS
@@ -263,7 +264,8 @@ def _all_param_specs(accelerator: str, topology: str) -> dict[str, ParamSpec]:
             title="Stop a kept endpoint when idle (minutes, optional)",
             description="With keep_endpoint: the endpoint and its slice are torn down once Ray Serve has answered "
             "no request for this many minutes (read from Serve's own metrics; the run waits for it in the "
-            "triggerer, and its ledger records the reason). Empty or 0: kept until deleted.",
+            "triggerer, and its ledger records the reason). At most the admin's ceiling (Variable "
+            "tpuflow_max_idle_timeout, default 60); empty or 0: that ceiling.",
         ),
         "num_train": ParamSpec(20000, type="integer", minimum=100, maximum=1_000_000, title="Training examples"),
         "num_eval": ParamSpec(
@@ -280,16 +282,19 @@ def _all_param_specs(accelerator: str, topology: str) -> dict[str, ParamSpec]:
             exclusiveMinimum=0,
             title="Chip-hour budget (optional)",
             description="Refuse to provision when the estimate (the previous run's durations) exceeds it; "
-            "training is stopped at its last checkpoint when the ledger reaches it. Empty: no budget.",
+            "training is stopped at its last checkpoint when the ledger reaches it. At most the admin's ceiling "
+            "(Variable tpuflow_max_chip_hours, default 100); empty: that ceiling.",
         ),
         "over_budget": ParamSpec(
             "fail",
             type="string",
-            enum=["fail", "ask"],
+            enum=list(OVER_BUDGET_CHOICES),
             title="Over the budget",
             description="What happens when the estimate exceeds max_chip_hours: fail (the run ends before anything is "
-            "provisioned) or ask (the approve_budget task waits for a person to approve or reject it in the UI's "
-            "Required Actions, up to 4 hours).",
+            "provisioned), ask (the approve_budget task waits up to 4 hours for an approver named by the admin, "
+            "never the run's own triggering user, to approve or reject it in the UI's Required Actions) or run "
+            "(it goes ahead, training still stopped at the budget). At most as loose as the admin allows (Variable "
+            "tpuflow_over_budget, default ask).",
         ),
         "serve_topology": _serve_topology_spec(),
     }
@@ -360,6 +365,7 @@ def validate_params(params: dict[str, Any], *, local_serve: bool = True) -> dict
     if "accuracy_threshold" in params and (not isinstance(threshold, int | float) or not 0 <= float(threshold) <= 1):
         raise UserInputError("params.accuracy_threshold", threshold, "give a number between 0 and 1")
     check_max_chip_hours(params.get(MAX_CHIP_HOURS_PARAM))
+    check_idle_timeout(params.get("idle_timeout"))  # a kept endpoint's idle stop: finite, or none (the admin's)
     try:
         tpu = TpuSlice.from_spec(
             params.get("accelerator", ""),

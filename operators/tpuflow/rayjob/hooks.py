@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
 TERMINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 RESULT_MARKER = "TPUFLOW_RESULT "
+# The job metadata key holding the job's result nonce. Ray hands a job's metadata to its driver alone (in the
+# driver's job config); tpuflow_driver.result.emit_result prints it on the result line (its NONCE_KEY).
+RESULT_NONCE_KEY = "tpuflow_result_nonce"
 # Log tails one process keeps open to one dashboard. Ray's dashboard relays each tail to the
 # driver node's agent through one aiohttp session (100 connections) that job submit and stop
 # share too, so a triggerer holding many waits must not take them all; waits past this poll.
@@ -122,13 +126,30 @@ class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
         await self.arequest("POST", f"/api/jobs/{submission_id}/stop")
 
 
-def parse_result(logs: str) -> dict[str, Any]:
-    """The last `TPUFLOW_RESULT {json}` line a job printed (its result for XCom), or {}."""
+def new_result_nonce() -> str:
+    """A fresh nonce for one job's result line (128 random bits, no spaces)."""
+    return secrets.token_hex(16)
+
+
+def job_result_nonce(job: Any) -> str | None:
+    """The result nonce a job was submitted with (its metadata), or None for a job submitted without one."""
+    metadata = getattr(job, "metadata", None)
+    nonce = metadata.get(RESULT_NONCE_KEY) if isinstance(metadata, dict) else None
+    return nonce if isinstance(nonce, str) and nonce else None
+
+
+def parse_result(logs: str, nonce: str | None = None) -> dict[str, Any]:
+    """The last ``TPUFLOW_RESULT <nonce> {json}`` line a job printed (its result for XCom), or {}.
+
+    With ``nonce`` (every job tpuflow submits) only a line carrying it counts: the driver knows it, the job's
+    workers, whose output Ray forwards into the same log, do not. Without (a job an earlier version submitted,
+    re-attached to), the last ``TPUFLOW_RESULT {json}`` line."""
+    head = f"{RESULT_MARKER}{nonce} " if nonce else RESULT_MARKER
     for line in reversed(logs.splitlines()):
-        idx = line.find(RESULT_MARKER)
+        idx = line.find(head)
         if idx >= 0:
             try:
-                value = json.loads(line[idx + len(RESULT_MARKER) :])
+                value = json.loads(line[idx + len(head) :])
             except ValueError:
                 continue
             return value if isinstance(value, dict) else {"result": value}

@@ -19,6 +19,7 @@ from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.naming import TaskIdentity
 from tpuflow.output_links import OutputsLink, browse_url
+from tpuflow.ray.cluster_source import cluster_source_task, trusted_cluster
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
 from tpuflow.storage import emulator_env, write_text
@@ -186,6 +187,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         super().__init__(**kwargs)
         self.entrypoint = entrypoint
         self.cluster = cluster
+        self._cluster_source = cluster_source_task(cluster)  # whose XCom it is: where and how come from that task
         self.ray_conn_id = ray_conn_id
         self.working_dir = working_dir
         self.runtime_env = runtime_env
@@ -250,7 +252,11 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         return self.entrypoint
 
     def build_runtime_env(self) -> dict[str, Any]:
-        """The job's runtime_env: the user's keys, the working_dir, and tpuflow's driver beside the code."""
+        """The job's runtime_env: the user's keys, the working_dir, and tpuflow's driver beside the code.
+
+        Environment values travel here (``env_vars``), never on the job's command line: the entrypoint is
+        logged and shown as the job's name in Ray's dashboard. Sensitive ones are masked in the task log by
+        whichever process follows the job (``tpuflow.rayjob.secret_env``)."""
         from tpuflow.rayjob.code_shipping import with_driver
 
         env = dict(self.runtime_env or {})
@@ -279,6 +285,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
     # --- execution ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         self.validate_arguments()
+        self.cluster = trusted_cluster(self, self.cluster, self._cluster_source, context)
         return self._execute_checked(context)
 
     def _execute_checked(self, context: Context) -> Any:
@@ -290,7 +297,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         """Attach to (or submit) the task's job, then follow it in the triggerer or in this worker."""
         hook = self.hook()
         RayDashboardLink.persist(context, url=hook.dashboard_url)
-        sid, status, reattached = self._attach_or_submit(hook, self.base_submission_id(context), context)
+        sid, status, reattached, nonce = self._attach_or_submit(hook, self.base_submission_id(context), context)
         self._owned = sid
         RayJobLink.persist(context, dashboard_url=hook.dashboard_url, submission_id=sid)
         # A cleared task's new try can find its old job still RUNNING while the previous try's kill
@@ -301,6 +308,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             "poll_interval": self.poll_interval,
             "timeout": self.job_timeout,
             "restart_if_stopped": reattached and may_restart,
+            "result_nonce": nonce,
         }
         if status == "SUCCEEDED":
             self.log.info("Ray job %s already succeeded in an earlier try; not running it again", sid)
@@ -339,14 +347,19 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             return self._submit_and_follow(context, may_restart=False)
         return self._check_result(self._with_train_result(event.get("result") or {}))
 
-    def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str, bool]:
+    def _attach_or_submit(self, hook: RayJobHook, base_id: str, context: Context) -> tuple[str, str, bool, str | None]:
         """The job this task already runs (named in the task state store, else found by its
         deterministic id on the cluster), or a new submission; either way recorded in the store.
-        Returns (submission id, status, whether it re-attached to an existing job).
+        Returns (submission id, status, whether it re-attached to an existing job, the job's result nonce).
+
+        A new job gets a fresh result nonce in its metadata, which Ray hands to the job's driver alone
+        (``tpuflow_driver.result``); a re-attached job's comes from its metadata (None: submitted without).
 
         Like KubernetesPodOperator, durable execution is built in rather than taken from
         ResumableJobMixin: the mixin only covers a blocking wait, and this operator defers.
         """
+        from tpuflow.rayjob.hooks import RESULT_NONCE_KEY, job_result_nonce, new_result_nonce
+
         store = context.get("task_state_store")
         jobs = hook.find_jobs(base_id)
         stored = store.get(SUBMISSION_STATE_KEY) if store is not None else None
@@ -359,7 +372,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             if status in ("PENDING", "RUNNING", "SUCCEEDED"):
                 self.log.info("Re-attaching to Ray job %s (%s)", latest.submission_id, status)
                 self._record_submission(store, latest.submission_id)
-                return str(latest.submission_id), status, True
+                return str(latest.submission_id), status, True, job_result_nonce(latest)
             sid = f"{base_id}-r{len(jobs)}"
             self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)
         else:
@@ -369,16 +382,17 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         entrypoint = command_line(self.build_entrypoint(context), self._cluster_info().get("python"))
         self.before_submit(context)
         self.log.info("Submitting Ray job %s: %s", sid, entrypoint)
+        nonce = new_result_nonce()
         hook.submit_job(
             entrypoint=entrypoint,
             submission_id=sid,
             runtime_env=self.build_runtime_env(),
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
-            metadata={"airflow_task": self.task_id, "airflow_dag": self.dag_id},
+            metadata={"airflow_task": self.task_id, "airflow_dag": self.dag_id, RESULT_NONCE_KEY: nonce},
         )
         self._record_submission(store, sid)
-        return sid, "PENDING", False
+        return sid, "PENDING", False, nonce
 
     @staticmethod
     def _record_submission(store: Any, sid: str) -> None:

@@ -46,6 +46,7 @@ class RayJobTrigger(TpuflowTrigger):
     :param started_at: epoch seconds the wait (and its timeout) began; default now.
     :param restart_if_stopped: a STOPPED end is the earlier try's kill landing late: report it as
         ``success`` with ``job_status`` STOPPED so the task submits a fresh job.
+    :param result_nonce: the job's result nonce (its metadata): only a result line carrying it is its result.
     :param end_task: ``RaySubmitJobOperator.task_end()``: ``{"min_result", "return_result"}`` to end the
         task here when the job SUCCEEDED and its result passes the gate (the result is the task's return
         value when ``return_result``); None, or any other outcome: the task resumes on a worker.
@@ -61,6 +62,7 @@ class RayJobTrigger(TpuflowTrigger):
         "started_at",
         "restart_if_stopped",
         "end_task",
+        "result_nonce",
     )
 
     def __init__(
@@ -74,6 +76,7 @@ class RayJobTrigger(TpuflowTrigger):
         started_at: float | None = None,
         restart_if_stopped: bool = False,
         end_task: dict[str, Any] | None = None,
+        result_nonce: str | None = None,
     ) -> None:
         super().__init__()
         self.submission_id = submission_id
@@ -85,6 +88,7 @@ class RayJobTrigger(TpuflowTrigger):
         self.started_at = started_at if started_at is not None else time.time()
         self.restart_if_stopped = restart_if_stopped
         self.end_task = end_task
+        self.result_nonce = result_nonce
         self._cursor_broken = False
 
     def _hook(self) -> RayJobHook:
@@ -108,6 +112,7 @@ class RayJobTrigger(TpuflowTrigger):
                 restart_if_stopped=self.restart_if_stopped,
                 offset=offset,
                 save_offset=self._save_offset,
+                result_nonce=self.result_nonce,
                 log=self.log,
             )
         yield await self.event(event)

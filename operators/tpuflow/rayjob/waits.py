@@ -7,7 +7,8 @@ it in the triggerer; RaySubmitJobOperator.execute_sync runs it with ``asyncio.ru
 
 The driver log arrives through Ray's log tail (``atail_job_logs``: the dashboard pushes each new
 chunk once), not by downloading the whole log every poll; only what the event needs of it (the
-last lines, the last ``TPUFLOW_RESULT`` line) is kept, so a wait's memory does not grow with the log.
+last lines, the last ``TPUFLOW_RESULT`` line carrying the job's nonce) is kept, so a wait's memory does not grow
+with the log.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tpuflow.rayjob.hooks import (
     parse_result,
     strip_ansi,
 )
+from tpuflow.rayjob.secret_env import amask_job_secrets
 
 # HTTP statuses of the dashboard that a later poll may not see again (busy, restarting).
 _TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
@@ -128,11 +130,14 @@ class LogFollower:
 
     ``offset`` (characters already in the task log) is the trigger's cursor: text before it is
     read for the event (last lines, result) but not logged again. Only whole lines are logged; a
-    line still being written waits for its end (or for the job's end).
+    line still being written waits for its end (or for the job's end). ``nonce``: the job's result
+    nonce; only a result line carrying it is the job's result (``tpuflow.rayjob.hooks.parse_result``).
     """
 
-    def __init__(self, offset: int) -> None:
+    def __init__(self, offset: int, nonce: str | None = None) -> None:
         self.offset = offset  # characters of the log that are in the task log
+        self.nonce = nonce
+        self.unproven_results = 0  # result-shaped lines without the job's nonce (not taken)
         self.seen = 0  # characters of the log received so far
         self._partial = ""  # received text after the last newline
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -163,8 +168,10 @@ class LogFollower:
         lines = text.split("\n")
         self._tail.extend(lines[-TAIL_LINES:])
         if RESULT_MARKER in text:
-            parsed = (line for line in reversed(lines) if RESULT_MARKER in line and parse_result(line))
-            self._result_line = next(parsed, self._result_line)
+            marked = [line for line in lines if RESULT_MARKER in line]
+            proven = [line for line in marked if parse_result(line, self.nonce)]
+            self.unproven_results += len(marked) - len(proven)
+            self._result_line = proven[-1] if proven else self._result_line
         new_from = self.offset - start  # characters of `text` already in the task log
         self.offset = max(self.offset, start + consumed)
         if new_from <= 0:
@@ -180,7 +187,7 @@ class LogFollower:
 
     @property
     def result(self) -> dict[str, Any]:
-        return parse_result(self._result_line)
+        return parse_result(self._result_line, self.nonce)
 
 
 async def _follow(
@@ -241,14 +248,16 @@ async def wait_for_job(
     restart_if_stopped: bool = False,
     offset: int = 0,
     save_offset: Callable[[int], Awaitable[None]] | None = None,
+    result_nonce: str | None = None,
     log: Any,
 ) -> RayJobEvent:
     """Poll the job until it is SUCCEEDED, FAILED or STOPPED, or ``timeout`` seconds after
     ``started_at`` (then the job is stopped). Driver-log characters past ``offset`` go to ``log``
     line by line as the log tail delivers them; ``save_offset`` hears the offset reached after the
     lines were logged, at most once per ``poll_interval`` and when the wait ends (also by
-    cancellation, as when the triggerer stops), so a crash repeats at most one interval's lines."""
-    follower = LogFollower(offset)
+    cancellation, as when the triggerer stops), so a crash repeats at most one interval's lines.
+    ``result_nonce``: the job's result nonce (its metadata); only a result line carrying it is the result."""
+    follower = LogFollower(offset, result_nonce)
     saved = {"offset": offset, "at": time.monotonic()}
 
     async def save(force: bool = False) -> None:
@@ -289,6 +298,7 @@ async def _poll(
     log: Any,
 ) -> RayJobEvent:
     job_status = "UNKNOWN"
+    masked = False
     while True:
         try:
             info = await reader.aget_job_info(submission_id)
@@ -313,9 +323,20 @@ async def _poll(
                 follower.tail,
                 retryable=True,
             )
+        if not masked and isinstance(info.get("runtime_env"), Mapping):
+            masked = True  # the job's own secret values read *** in the driver lines this wait logs
+            await amask_job_secrets(info)
         job_status = str(info.get("status", "UNKNOWN"))
         if job_status in TERMINAL_JOB_STATES:
             await _drain(reader, submission_id, follower, tail, emit)
+            if job_status == "SUCCEEDED" and follower.unproven_results and not follower.result:
+                log.warning(
+                    "Ray job %s printed %d TPUFLOW_RESULT line(s) without its result nonce: none is its result "
+                    "(a worker's output, or a line printed by hand; print the result from the driver with "
+                    "tpuflow_driver.result.emit_result)",
+                    submission_id,
+                    follower.unproven_results,
+                )
             event = _ended(
                 submission_id,
                 job_status,

@@ -201,7 +201,10 @@ class RayTrainOperator(RaySubmitJobOperator):
         checkpoint (a rerun of a finished run trains 0 steps; the log and the XCom's
         ``reused_finished`` / ``resumed_from`` say so); "never" trains from scratch in a new run,
         run_name-fresh<N>, keeping every earlier checkpoint; templated.
-    :param worker_env: environment variables of the training workers (on top of the slice's own).
+    :param worker_env: environment variables of the training workers (on top of the slice's own), e.g. a token:
+        sent in the job's runtime_env (``env_vars``, which Ray gives the driver and every worker of the job), never
+        on its command line or in the logged training spec; values of sensitive names (``HF_TOKEN``, ``*_API_KEY``:
+        Airflow's list) are masked in the task log.
     :param compilation_cache: a jax run keeps JAX's persistent compilation cache under storage_path (or under
         the folder given instead, local or gs://), per slice shape and JAX/jaxlib/libtpu version, so a retried,
         resumed or next-day run skips compiling (tpuflow_driver.compile_cache); False: no cache.
@@ -350,7 +353,12 @@ class RayTrainOperator(RaySubmitJobOperator):
                 for key in ("checkpoint_score_attribute", "checkpoint_score_order")
                 if getattr(self, key) is not None
             },
-            "worker_env": {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env, **(self.worker_env or {})},
+            # the slice's own only: the user's worker_env travels in the runtime_env (build_runtime_env) and wins
+            "worker_env": {
+                key: value
+                for key, value in {**({"JAX_PLATFORMS": "cpu"} if simulated else {}), **tpu.ray_env}.items()
+                if key not in (self.worker_env or {})
+            },
         }
         scaling = spec["scaling_config"]
         if simulated and tpu.multi_host and tpu.num_slices == 1 and "TPU" in scaling.get("resources_per_worker", {}):
@@ -395,7 +403,11 @@ class RayTrainOperator(RaySubmitJobOperator):
     def build_runtime_env(self) -> dict[str, Any]:
         env = super().build_runtime_env()
         # Ray Train's controller polls workers every 2 s by default; each report then blocks that long.
-        env["env_vars"] = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", **env.get("env_vars", {})}
+        env["env_vars"] = {
+            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+            **env.get("env_vars", {}),
+            **{str(key): str(value) for key, value in (self.worker_env or {}).items()},
+        }
         return env
 
     def output_uri(self) -> str | None:

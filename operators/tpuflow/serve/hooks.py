@@ -55,14 +55,3 @@ class RayServeHook(RayDashboardHook["ServeSubmissionClient"]):
 
     async def adelete_applications(self) -> None:
         await self.arequest("DELETE", APPLICATIONS_PATH, timeout=60)
-
-    async def aread_metrics(self, timeout: float = 30.0) -> str:
-        """The head's Prometheus exposition (``metrics_url``: Serve's request counters among Ray's metrics).
-
-        Ray's exporter takes no token; the session's headers go along all the same."""
-        import aiohttp
-
-        async with self.asession() as session:
-            async with session.get(self.metrics_url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                resp.raise_for_status()
-                return await resp.text()

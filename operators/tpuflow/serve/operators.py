@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -14,6 +14,7 @@ from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
 from tpuflow.events import raise_for_event
 from tpuflow.links import StoredUrlLink
+from tpuflow.ray.cluster_source import check_url_of_source, cluster_source_task, trusted_cluster
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink
 from tpuflow.tpu.slice_argument import resolve_slice
@@ -95,6 +96,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         self.serve_config = serve_config
         self.serve_token_conn_id = serve_token_conn_id
         self.cluster = cluster
+        self._cluster_source = cluster_source_task(cluster)  # whose XCom it is: where and how come from that task
         self.ray_conn_id = ray_conn_id
         self.tpu_slice = tpu_slice
         self.deploy_timeout = deploy_timeout
@@ -160,6 +162,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         from tpuflow.serve.config import application_names
 
         self.validate_arguments()
+        self.cluster = trusted_cluster(self, self.cluster, self._cluster_source, context)
         push_open_span(context, SERVING)
         hook = self.hook()
         RayDashboardLink.persist(context, url=f"{hook.dashboard_url}/#/serve")
@@ -207,6 +210,19 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         deployed = self._deployed()
         self.log.info("Serve applications RUNNING: %s at %s", deployed["routes"], deployed["serve_url"])
         return deployed
+
+    def cluster_from_reference(self, reference: Mapping[str, Any], context: Context) -> dict[str, Any]:
+        """Where this task's apps answer (tpuflow.ray.cluster_source): its cluster's serve_url, re-derived from that
+        cluster's start task, never the serve_url a (rewritable) XCom says."""
+        from tpuflow.serve.hooks import RayServeHook
+
+        cluster = (
+            context["ti"].xcom_pull(task_ids=self._cluster_source)
+            if self._cluster_source
+            else self.render_template(self.cluster, context)
+        )
+        trusted = trusted_cluster(self, cluster, self._cluster_source, context)
+        return {"serve_url": RayServeHook(ray_conn_id=self.ray_conn_id, cluster=trusted).serve_url}
 
     def _deployed(self) -> dict[str, Any]:
         """The task's value once its applications are RUNNING: where they answer."""
@@ -287,6 +303,7 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.url = url
+        self._url_source = cluster_source_task(url)  # the deploy task whose XCom the URL is templated from
         self.serve_token_conn_id = serve_token_conn_id
         self.payload = payload
         self.expect = expect
@@ -319,6 +336,8 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
         import requests
 
         self.validate_arguments()
+        if self.serve_token_conn_id:  # the token goes only to the endpoint the deploy task made
+            check_url_of_source(self, self.url, self._url_source, context)
         headers = self._auth_headers()
         deadline = time.time() + self.timeout
         last = ""

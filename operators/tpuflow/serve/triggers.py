@@ -18,6 +18,7 @@ from airflow.triggers.base import TriggerEvent
 
 from tpuflow.serve.hooks import RayServeHook
 from tpuflow.serve.idle import IdleWatch
+from tpuflow.serve.metrics_read import METRICS_TIMEOUT_S, ServeMetricsReader
 from tpuflow.serve.status import deletable_on_kill
 from tpuflow.serve.waits import wait_for_applications, wait_until_idle
 from tpuflow.triggers import TpuflowTrigger
@@ -99,25 +100,30 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
 
 
 class RayServeIdleTrigger(TpuflowTrigger):
-    """Waits until a kept endpoint has served no request for ``idle_timeout`` seconds (tpuflow.serve.idle).
+    """Waits until a kept endpoint has answered no request successfully for ``idle_timeout`` seconds, or has
+    reached its ``deadline`` (tpuflow.serve.idle).
 
-    Reads the head's Prometheus exporter (the cluster info's ``metrics_url``) every ``poll_interval`` seconds.
-    Fires ``{"status": "success", "idle_s", "requests", "since"}`` once idle for ``idle_timeout`` + ``margin``
-    seconds, or ``{"status": "error", "reason": "unreadable", "message"}`` when the metrics could not be read for
-    ``unreadable_after`` seconds (the cluster is gone or unreachable).
+    Reads the head's Prometheus exporter (``metrics_url``, resolved by RayServeHook from the cluster info or the
+    connection) every ``poll_interval`` seconds, without the cluster's token and at most ``metrics_timeout``
+    seconds and tpuflow.serve.metrics_read.MAX_METRICS_BYTES a read. Fires ``{"status": "success", "stopped":
+    "idle" | "lifetime", "idle_s", "requests", "since"}`` once idle for ``idle_timeout`` + ``margin`` seconds or
+    at ``deadline``, or ``{"status": "error", "reason": "unreadable", "message"}`` when the metrics could not be
+    read for ``unreadable_after`` seconds (the cluster is gone or unreachable).
 
-    The window's start (``since``) and the count then (``requests``) are kwargs, so a triggerer that restarts
-    rebuilds the wait from them: a count unchanged since ``since`` keeps the window, a changed one restarts it
-    (later, never sooner).
+    The window's start (``since``), the count then (``requests``) and the deadline are kwargs, so a triggerer
+    that restarts rebuilds the wait from them: a count unchanged since ``since`` keeps the window, a changed one
+    restarts it (later, never sooner), and the deadline stays where it was.
 
     :param cluster: where the endpoint's cluster is (its ``metrics_url``); see RayServeHook.
     :param ray_conn_id: Airflow connection naming it, when ``cluster`` does not.
-    :param idle_timeout: seconds without a request that make the endpoint idle.
+    :param idle_timeout: seconds without a successful answer that make the endpoint idle.
     :param since: epoch seconds the window began (the watch's start).
-    :param requests: Serve's request count at ``since`` (None: not read yet).
+    :param requests: Serve's count of successful answers at ``since`` (None: not read yet).
     :param poll_interval: seconds between reads.
     :param margin: seconds added to the window for Ray's metric export delay.
     :param unreadable_after: seconds of failed reads that end the wait as an error.
+    :param deadline: epoch seconds the endpoint's lifetime ends (None: never; the operator always sets one).
+    :param metrics_timeout: seconds of wall clock one read of the metrics may take.
     """
 
     serialize_fields = (
@@ -129,6 +135,8 @@ class RayServeIdleTrigger(TpuflowTrigger):
         "poll_interval",
         "margin",
         "unreadable_after",
+        "deadline",
+        "metrics_timeout",
     )
 
     def __init__(
@@ -141,6 +149,8 @@ class RayServeIdleTrigger(TpuflowTrigger):
         poll_interval: float = 30.0,
         margin: float = 30.0,
         unreadable_after: float = 600.0,
+        deadline: float | None = None,
+        metrics_timeout: float = METRICS_TIMEOUT_S,
     ) -> None:
         super().__init__()
         self.cluster = cluster or {}
@@ -151,11 +161,17 @@ class RayServeIdleTrigger(TpuflowTrigger):
         self.poll_interval = float(poll_interval)
         self.margin = float(margin)
         self.unreadable_after = float(unreadable_after)
+        self.deadline = float(deadline) if deadline is not None else None
+        self.metrics_timeout = float(metrics_timeout)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = IdleWatch(self.idle_timeout, self.since, self.requests, self.margin)
-        async with RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster) as hook:
-            event = await wait_until_idle(
-                hook, watch, poll_interval=self.poll_interval, unreadable_after=self.unreadable_after, log=self.log
-            )
+        watch = IdleWatch(self.idle_timeout, self.since, self.requests, self.margin, deadline=self.deadline)
+        url = RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster).metrics_url
+        event = await wait_until_idle(
+            ServeMetricsReader(url, timeout=self.metrics_timeout),
+            watch,
+            poll_interval=self.poll_interval,
+            unreadable_after=self.unreadable_after,
+            log=self.log,
+        )
         yield TriggerEvent(event)

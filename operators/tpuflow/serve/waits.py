@@ -5,9 +5,9 @@ DEPLOY_FAILED or UNHEALTHY, or the deadline passes with some still DEPLOYING (th
 which deployments are stuck and the usual causes). RayServeApplicationsTrigger.run awaits it in
 the triggerer; RayServeDeployOperator.execute_sync runs it with ``asyncio.run``.
 
-``wait_until_idle`` reads Serve's request counters until a kept endpoint has been idle for its window
-(tpuflow.serve.idle): RayServeIdleTrigger.run in the triggerer, RayServeWaitForIdleOperator.execute_sync in a
-worker.
+``wait_until_idle`` reads Serve's request counters until a kept endpoint has been idle for its window or reached
+its lifetime (tpuflow.serve.idle): RayServeIdleTrigger.run in the triggerer, RayServeWaitForIdleOperator.execute_sync
+in a worker.
 """
 
 from __future__ import annotations
@@ -88,15 +88,18 @@ async def wait_until_idle(
     unreadable_after: float,
     log: Any,
 ) -> dict[str, Any]:
-    """Read Serve's metrics every ``poll_interval`` seconds until ``watch`` says idle: ``{"status": "success",
-    "idle_s", "requests", "since"}``; or ``{"status": "error", "reason": "unreadable", "message"}`` once they
-    could not be read for ``unreadable_after`` seconds. A failed read never shortens the window."""
+    """Read Serve's metrics every ``poll_interval`` seconds until ``watch`` says idle or its lifetime ends:
+    ``{"status": "success", "stopped": "idle" | "lifetime", "idle_s", "requests", "since"}``; or ``{"status":
+    "error", "reason": "unreadable", "message"}`` once they could not be read for ``unreadable_after`` seconds.
+    A failed read never shortens the window."""
     last_read = time.time()
     while True:
         now = time.time()
+        if watch.is_expired(now):
+            return _stopped("lifetime", watch, now)
         try:
             activity = serve_activity(await reader.aread_metrics())
-        except Exception as err:  # the head restarting, a network blip
+        except Exception as err:  # the head restarting, a network blip, an answer over its size or time
             if now - last_read >= unreadable_after:
                 return {
                     "status": "error",
@@ -108,12 +111,20 @@ async def wait_until_idle(
         else:
             last_read = now
             if watch.observe(activity, now):
-                log.info("Endpoint busy: %g requests so far, %g in flight", activity.requests, activity.ongoing)
+                log.info(
+                    "Endpoint busy: %g successful answers so far, %g in flight", activity.requests, activity.ongoing
+                )
             if watch.is_idle(now):
-                return {
-                    "status": "success",
-                    "idle_s": round(watch.idle_for(now), 1),
-                    "requests": activity.requests,
-                    "since": watch.since,
-                }
-        await asyncio.sleep(poll_interval)
+                return _stopped("idle", watch, now)
+        until_deadline = watch.deadline - time.time() if watch.deadline is not None else poll_interval
+        await asyncio.sleep(max(0.0, min(poll_interval, until_deadline)))
+
+
+def _stopped(why: str, watch: IdleWatch, now: float) -> dict[str, Any]:
+    return {
+        "status": "success",
+        "stopped": why,
+        "idle_s": round(watch.idle_for(now), 1),
+        "requests": watch.requests,
+        "since": watch.since,
+    }

@@ -14,9 +14,10 @@ Stores: a local folder (O_EXCL file create; the embedded default, one machine) o
 prefix (object create with if_generation_match=0; Composer / Airflow on GKE with many workers).
 
 A lease names its holder's liveness: the run (``DAG_ID/RUN_ID``), the record of the process that
-supervises it (tpuflow.liveness: host, boot id, pid, start time; none under a scheduler, where the run's
-state decides) and, in a gs:// store, ``expires_at`` (LEASE_TTL_S after the holder last took or retried
-it). A waiter takes over a lease whose supervisor is provably dead or which is past ``expires_at``.
+supervises it (tpuflow.liveness: host, boot id, pid namespace, pid, start time; none under a scheduler, where
+the run's state decides) and, in a gs:// store, ``expires_at`` (LEASE_TTL_S after the holder last took or
+retried it, or a waiter or the reaper saw its run still running). A waiter takes over a lease whose supervisor
+is provably dead, or which is past ``expires_at`` and whose run is not known to be running.
 
 Slots are numbered 0 to MAX_LEASE_SLOTS - 1 (1024); a larger ``max_slices`` is refused before anything
 starts. A file in the lease folder that is not a lease (another name, unparsable JSON) is ignored.

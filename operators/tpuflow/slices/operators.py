@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+# imported with the DAG (not in a task): an `airflow dags test` process names itself its runs' supervisor before
+# its executor forks a task process (tpuflow.liveness)
+from tpuflow import liveness
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.events import raise_for_event
 from tpuflow.tpu.slice_argument import resolve_slice
@@ -118,7 +121,6 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
     def _record_supervisor(self, context: Context) -> None:
         """Record which process supervises this run (tpuflow.slices.supervision), before anything is made: the
         reaper then takes what a killed run left, whatever the metadata DB still says of it."""
-        from tpuflow import liveness
         from tpuflow.slices.leases import default_lease_root
         from tpuflow.slices.supervision import SupervisionStore
 

@@ -4,8 +4,8 @@ A run's node pools, RayClusters and RayServices record their owner (its exact da
 over is then asked of the metadata DB. A run that one process drives whole (`airflow dags test`, `tpuflow demo`,
 `tpuflow run`) can be killed with SIGKILL, and its DagRun then stays "running" in the DB (or there is no DB to
 ask, from a plain shell): its resources keep training and billing. So the acquire task of every run records
-``{"dag_id", "run_id", "date", "supervisor", "recorded_at"}`` here (tpuflow.liveness: host, boot id, pid, start
-time), and the reaper takes every resource of a run whose recorded supervisor is provably dead, whatever the DB
+``{"dag_id", "run_id", "date", "supervisor", "recorded_at"}`` here (tpuflow.liveness: host, boot id, pid
+namespace, pid, start time), and the reaper takes every resource of a run whose recorded supervisor is provably dead, whatever the DB
 says and whatever its age.
 
 One record per run, named by its exact owner digest (tpuflow.naming.owner_run_digest), rewritten by every try:

@@ -12,8 +12,13 @@ Outputs are served inline only when a browser cannot run them (text, PNG/JPEG); 
 everything else come as downloads. Every response says nosniff and carries a Content-Security-Policy
 that allows no script.
 
-Both need a logged-in Airflow user (the UI's cookie or a bearer token); outputs also need read
-access to the DAG. Imports of Airflow's API internals happen per request, not at plugin load.
+Every page needs a logged-in Airflow user (the UI's cookie or a bearer token), found as Airflow's own API
+routes find it. Outputs are authorized for exactly the DAG they serve: the DAG id must be one Airflow accepts
+(and not "." or "..", which name the output root or above it as a folder), the auth manager is asked with the
+DAG's team (Airflow's requires_access_dag), and a path is served only when it resolves inside that DAG's own
+folder (no "." or ".." segment, no link out of it). The ledger lists only runs of DAGs the user may read
+(the auth manager's get_authorized_dag_ids, team by team). Imports of Airflow's API internals happen per
+request, not at plugin load.
 """
 
 from __future__ import annotations
@@ -40,24 +45,41 @@ _STYLE = "body{font-family:sans-serif;margin:1.5em}td,th{padding:.25em .8em;text
 
 
 async def _authorize(request: Request, dag_id: str | None = None) -> Any:
-    """The logged-in user (401 without one; 403 without read access to ``dag_id``)."""
-    from airflow.api_fastapi.app import get_auth_manager
+    """The logged-in user (401 without one); with ``dag_id``, 403 unless the auth manager lets that user read
+    the DAG, asked with the DAG's team as Airflow's own routes ask it (requires_access_dag)."""
+    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user, requires_access_dag
 
-    header = request.headers.get("authorization", "")
-    token = header[7:] if header.lower().startswith("bearer ") else request.cookies.get("_token")
-    if not token:
-        raise HTTPException(status_code=401, detail="Not authenticated: log in to Airflow first")
-    manager = get_auth_manager()
-    try:
-        user = await manager.get_user_from_token(token)
-    except Exception as err:  # expired or invalid token
-        raise HTTPException(status_code=401, detail="Not authenticated") from err
+    user = await get_user(request, _oauth_token=None, bearer_credentials=await bearer_scheme(request))
     if dag_id is not None:
-        from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
-
-        if not manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id), user=user):
-            raise HTTPException(status_code=403, detail=f"no read access to DAG {dag_id}")
+        # the team lookup reads the metadata DB: off the event loop, as FastAPI runs Airflow's sync dependency
+        await run_in_threadpool(requires_access_dag("GET", param_dag_id=dag_id), request, user)
     return user
+
+
+def _checked_dag_id(dag_id: str) -> str:
+    """``dag_id`` when Airflow would accept it as a DAG id and it names one folder under the output root."""
+    from airflow.exceptions import AirflowException
+    from airflow.utils.helpers import validate_key
+
+    try:
+        validate_key(dag_id)
+    except (AirflowException, TypeError) as err:
+        raise HTTPException(
+            status_code=400,
+            detail=f"dag_id {dag_id!r}: not an Airflow DAG id; use letters, digits, '-', '_' and '.' only",
+        ) from err
+    # Both are valid Airflow keys, but as a folder "." is the output root (every DAG's outputs), ".." above it.
+    if dag_id in (".", ".."):
+        raise HTTPException(status_code=404, detail="no such output")
+    return dag_id
+
+
+def _path_parts(rest: str) -> list[str]:
+    """The path below the DAG's folder, one name per segment; "." and ".." (decoded from %2e too) refused."""
+    parts = [p for p in rest.split("/") if p]
+    if any(p in (".", "..") or "\x00" in p for p in parts):
+        raise HTTPException(status_code=404, detail="no such output")
+    return parts
 
 
 def _page(title: str, body: str) -> str:
@@ -70,11 +92,13 @@ def _page(title: str, body: str) -> str:
 @app.get("/outputs/{dag_id}/{rest:path}")
 async def outputs(request: Request, dag_id: str, rest: str = "") -> Response:
 
+    dag_id = _checked_dag_id(dag_id)
     await _authorize(request, dag_id)
+    parts = _path_parts(rest)
     root = paths.output_root()
     if root.startswith("gs://"):
-        return await run_in_threadpool(_bucket_outputs, root, dag_id, rest)
-    return _folder_outputs(Path(root).resolve(), dag_id, rest)
+        return await run_in_threadpool(_bucket_outputs, root, dag_id, parts)
+    return await run_in_threadpool(_folder_outputs, Path(root).resolve(), dag_id, parts)
 
 
 # What the page shows in the browser: plain text and raster images, nothing a browser runs. Anything
@@ -125,30 +149,41 @@ def _listing(shown: str, location: str, parent: str | None, entries: list[tuple[
     return HTMLResponse(_page(f"Outputs: {shown}", body))
 
 
-def _folder_outputs(root: Path, dag_id: str, rest: str) -> Response:
-    target = (root / dag_id / rest).resolve()
-    if not target.is_relative_to(root / dag_id) or not target.exists():
+def _inside(path: Path, folder: Path) -> Path | None:
+    """``path`` with its links resolved, when that exists inside ``folder``; else None."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a link loop, a name too long
+        return None
+    return real if real.is_relative_to(folder) and real.exists() else None
+
+
+def _folder_outputs(root: Path, dag_id: str, parts: list[str]) -> Response:
+    """A file or folder under ``root/dag_id``, judged after resolving links: nothing outside that folder
+    (another DAG's, or anywhere else) is served, listed or sized."""
+    folder = root / dag_id
+    target = _inside(folder.joinpath(*parts), folder)
+    if target is None:
         raise HTTPException(status_code=404, detail="no such output")
     if target.is_file():
         media_type, headers = serving(target.name)
         return FileResponse(target, media_type=media_type, headers=headers)
     entries = [
-        (c.name, c.relative_to(root).as_posix(), c.stat().st_size if c.is_file() else None) for c in target.iterdir()
+        (child.name, child.relative_to(root).as_posix(), real.stat().st_size if real.is_file() else None)
+        for child in target.iterdir()
+        if (real := _inside(child, folder)) is not None
     ]
-    parent = target.parent.relative_to(root).as_posix() if target != root / dag_id else None
+    parent = target.parent.relative_to(root).as_posix() if target != folder else None
     return _listing(target.relative_to(root).as_posix(), str(target), parent, entries)
 
 
 _CHUNK = 1 << 20
 
 
-def _bucket_outputs(root: str, dag_id: str, rest: str) -> Response:
+def _bucket_outputs(root: str, dag_id: str, parts: list[str]) -> Response:
     """The same page for a gs:// output root, read with the Airflow side's storage client (the
     connection's credentials, or the emulator). Runs in a worker thread: the client blocks."""
 
-    parts = [p for p in rest.split("/") if p]
-    if any(p in (".", "..") for p in parts) or "/" in dag_id or dag_id in (".", ".."):
-        raise HTTPException(status_code=404, detail="no such output")
     bucket_name, prefix = split_gs_uri(root, "output_root")
     relative = "/".join([dag_id, *parts])
     name = f"{prefix}/{relative}".lstrip("/")
@@ -220,15 +255,23 @@ async def clusters(request: Request) -> str:
     return _page("Local Ray clusters", body)
 
 
-def _ledger_records(limit: int = 200) -> list[tuple[str, str, object]]:
+def _ledger_records(readable: set[str], limit: int = 200) -> list[tuple[str, str, object]]:
+    """The newest chip_ledger XComs of the DAGs in ``readable`` (filtered in the query, as Airflow's XCom list
+    filters, so another team's runs neither show nor take the page's rows)."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
+    if not readable:
+        return []
     with create_session() as session:
         rows = session.execute(
             select(XComModel.dag_id, XComModel.run_id, XComModel.value)
-            .where(XComModel.task_id == LEDGER_TASK_ID, XComModel.key == "return_value")
+            .where(
+                XComModel.task_id == LEDGER_TASK_ID,
+                XComModel.key == "return_value",
+                XComModel.dag_id.in_(readable),
+            )
             .order_by(XComModel.timestamp.desc())
             .limit(limit)
         ).all()
@@ -240,14 +283,11 @@ def _ledger_records(limit: int = 200) -> list[tuple[str, str, object]]:
 @app.get("/ledger", response_class=HTMLResponse)
 async def ledger(request: Request) -> str:
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
     user = await _authorize(request)
-    manager = get_auth_manager()
-    records = [
-        r for r in _ledger_records() if manager.is_authorized_dag(method="GET", details=DagDetails(id=r[0]), user=user)
-    ]
-    rows = ledger_rows(records)
+    # each DAG asked with its own team, as Airflow's readable-DAG filters ask (ReadableXComFilterDep)
+    readable = await run_in_threadpool(lambda: get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+    rows = ledger_rows(await run_in_threadpool(_ledger_records, readable))
     body = (
         "<p>What each run's TPU slices were billed: chips x (node pool deleted - created), and the part spent "
         "training. Prices come from the Variable <code>tpuflow_chip_hour_prices</code> "

@@ -1,6 +1,7 @@
 """A Ray job that hands back the arguments it was started with."""
 
-import json
 import sys
 
-print("TPUFLOW_RESULT " + json.dumps({"argv": sys.argv[1:]}))
+from tpuflow_driver.result import emit_result
+
+emit_result({"argv": sys.argv[1:]})

@@ -1,8 +1,9 @@
 """A small Ray job: prints progress lines over time, then its result (or fails on request)."""
 
-import json
 import sys
 import time
+
+from tpuflow_driver.result import emit_result
 
 steps, delay, fail = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "fail"
 for i in range(steps):
@@ -10,4 +11,4 @@ for i in range(steps):
     time.sleep(delay)
 if fail:
     raise ValueError("the user's code is broken")
-print("TPUFLOW_RESULT " + json.dumps({"steps": steps, "accuracy": 0.5}))
+emit_result({"steps": steps, "accuracy": 0.5})

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import os
 import re
 import secrets
 import threading
@@ -1441,10 +1442,15 @@ class KubernetesApiStandin:
         return target
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+        """The kubeconfig (it holds the API token): 0600 from its first byte (created so, then renamed), never
+        chmod-ed after a write another local user could have read it in; the folder it is given is kept."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))
-        target.chmod(0o600)
+        partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))
+        partial.replace(target)
         return target
 
     def airflow_connection_env(

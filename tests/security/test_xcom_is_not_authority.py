@@ -1,0 +1,247 @@
+"""A user who may write XComs rewrites a running run's cluster XCom (as Airflow 3's REST API lets them) to send
+the worker's credentials to a server of theirs, or to make a teardown delete a folder of their choosing. The XCom
+says which cluster; where it is and with what credential come from the start task's own arguments: the rewritten
+run fails with one line, nothing reaches their server, and nothing outside the cluster's own state is deleted.
+
+The rewrite runs as a task between the start task and the consumers (BaseXCom.set on the start task's XCom, the
+write the REST API's xcomEntries PATCH makes)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.standin_dag_run import dagtest_command, standin_airflow_home
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[dict[str, str]]
+
+    def _record(self) -> None:
+        self.seen.append({"path": self.path, "authorization": self.headers.get("Authorization", "")})
+        body = b'{"job_id": "x", "submission_id": "x", "status": "RUNNING"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _record
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def attacker() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """The attacker's server on a free loopback port, recording every request's Authorization header."""
+    seen: list[dict[str, str]] = []
+    handler = type("Handler", (_Recorder,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+LOCAL_DAG = """
+from pathlib import Path
+
+from airflow.sdk import DAG, BaseOperator
+from airflow.sdk.bases.xcom import BaseXCom
+
+from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+from tpuflow.rayjob.operators import RaySubmitJobOperator
+
+
+class RewriteXCom(BaseOperator):
+    \"\"\"The attacker's XCom write: the start task's XCom, changed.\"\"\"
+
+    def __init__(self, *, changes, **kwargs):
+        super().__init__(**kwargs)
+        self.changes = changes
+
+    def execute(self, context):
+        ti = context["ti"]
+        value = {**ti.xcom_pull(task_ids="start_cluster"), **self.changes}
+        BaseXCom.set(key="return_value", value=value, dag_id=ti.dag_id, task_id="start_cluster", run_id=ti.run_id)
+
+
+with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
+    start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "2x2"},
+                                          base_dir=BASE_DIR)
+    rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES)
+    job = RaySubmitJobOperator(task_id="job", cluster=start.output, entrypoint="echo hello", deferrable=False,
+                               retries=0)
+    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+    start >> rewrite >> job >> stop.as_teardown(setups=start)
+"""
+
+
+@pytest.fixture
+def local_run(migrated_airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Any]]:
+    """Runs LOCAL_DAG with the given XCom changes in this process (dag.test); the start task records a local
+    cluster's state as start() does (a 0700 folder, its token, its owner) without starting Ray."""
+    from tpuflow.local import cluster as cluster_mod
+    from tpuflow.local.cluster import LocalRayCluster
+
+    base = tmp_path / "clusters"
+    written: list[str] = []
+
+    def start(cls: type, tpu: Any, name: str, base_dir: Any, **kwargs: Any) -> LocalRayCluster:
+        state = Path(base_dir) / name
+        state.mkdir(mode=0o700, parents=True)
+        cluster_mod.write_secret_file(state / cluster_mod.TOKEN_FILE, "the-local-ray-token")
+        cluster = LocalRayCluster(
+            name=name, state_dir=str(state), temp_dir="", gcs_address="127.0.0.1:1",
+            dashboard_url="http://127.0.0.1:9", serve_port=9, slice=tpu.to_dict(), owner=kwargs["owner"],
+        )  # fmt: skip
+        cluster.save()
+        return cluster
+
+    monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
+
+    def stop(self: LocalRayCluster, *args: Any, **kwargs: Any) -> list[int]:
+        Path(self.state_dir, cluster_mod.STATE_FILE).unlink()
+        return []
+
+    monkeypatch.setattr(LocalRayCluster, "stop", stop)
+
+    def run(dag_id: str, changes: dict[str, Any]) -> Any:
+        path = migrated_airflow_db / f"{dag_id}.py"
+        path.write_text(f"DAG_ID = {dag_id!r}\nBASE_DIR = {str(base)!r}\nCHANGES = {changes!r}\n" + LOCAL_DAG)
+        written.append(dag_id)
+        sys.path.insert(0, str(migrated_airflow_db))
+        try:
+            __import__(dag_id)
+        finally:
+            sys.path.remove(str(migrated_airflow_db))
+        return sys.modules[dag_id].dag.test()
+
+    yield base, run
+    for dag_id in written:
+        sys.modules.pop(dag_id, None)
+        (migrated_airflow_db / f"{dag_id}.py").unlink(missing_ok=True)
+
+
+def _states(run: Any) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def test_a_rewritten_local_dashboard_and_token_path_send_nothing_anywhere(
+    local_run: tuple[Path, Any], attacker: tuple[str, list[dict[str, str]]], tmp_path: Path, capfd: Any
+) -> None:
+    base, run_dag = local_run
+    url, seen = attacker
+    secret = tmp_path / "worker-only-secret"
+    secret.write_text("a-secret-only-the-worker-can-read\n")
+    run = run_dag("xcom_local_redirect", {"dashboard_url": url, "auth_token_path": str(secret)})
+    states = _states(run)
+    assert states["job"] == "failed" and states["stop_cluster"] == "success", states
+    assert seen == [], f"the worker called the attacker's server: {seen}"
+    assert not list(base.rglob("state.json")), "the teardown did not stop the run's own cluster"
+    out = capfd.readouterr()
+    assert "cluster['auth_token_path']" in out.out + out.err and "clear start_cluster" in out.out + out.err
+
+
+def test_a_rewritten_state_dir_deletes_nothing_of_the_attackers_choosing(
+    local_run: tuple[Path, Any], tmp_path: Path
+) -> None:
+    base, run_dag = local_run
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "state.json").write_text("{}")  # looks like a cluster's state to a teardown that trusts the XCom
+    run = run_dag("xcom_local_state_dir", {"state_dir": str(victim), "dashboard_url": "http://127.0.0.1:9"})
+    states = _states(run)
+    assert states["stop_cluster"] == "success", states
+    assert (victim / "state.json").exists(), "the teardown acted on the folder the rewritten XCom named"
+    assert not list(base.rglob("state.json")), "the teardown did not stop the run's own cluster"
+
+
+KUBERAY_DAG = textwrap.dedent("""
+    from airflow.sdk import DAG, BaseOperator
+    from airflow.sdk.bases.xcom import BaseXCom
+
+    from tpuflow.kuberay.operators import KubeRayCreateClusterOperator, KubeRayDeleteClusterOperator
+    from tpuflow.rayjob.operators import RaySubmitJobOperator
+    from tpuflow.tpu import TpuSlice
+
+    COMMON = dict(kubernetes_conn_id="kube_standin", deferrable=False, poll_interval=0.2)
+
+
+    class RewriteXCom(BaseOperator):
+        def execute(self, context):
+            ti = context["ti"]
+            value = ti.xcom_pull(task_ids="ray_cluster")
+            value["dashboard_url"] = ATTACKER
+            value["ray_auth"] = {**value["ray_auth"], "secret_name": "prod-credentials"}
+            BaseXCom.set(key="return_value", value=value, dag_id=ti.dag_id, task_id="ray_cluster", run_id=ti.run_id)
+
+
+    with DAG("xcom_kuberay_redirect", schedule=None, render_template_as_native_obj=True) as dag:
+        create = KubeRayCreateClusterOperator(task_id="ray_cluster", tpu_slice=TpuSlice.from_spec("v6e", "2x2"),
+                                              image="rayproject/ray:2.60.0-py311", wait_timeout=60, **COMMON)
+        job = RaySubmitJobOperator(task_id="job", cluster=create.output, entrypoint="echo hello", deferrable=False,
+                                   retries=0)
+        delete = KubeRayDeleteClusterOperator(task_id="delete_ray_cluster", cluster_task_id="ray_cluster",
+                                              wait_timeout=60, **COMMON)
+        create >> RewriteXCom(task_id="rewrite") >> job >> delete.as_teardown(setups=create)
+""")
+
+
+@pytest.mark.slow
+def test_a_rewritten_kuberay_xcom_cannot_read_another_secret_or_send_it_away(
+    tmp_path: Path, attacker: tuple[str, list[dict[str, str]]]
+) -> None:
+    """On the Kubernetes stand-in (simulated KubeRay, token auth): the XCom rewritten to read another Secret of
+    the namespace through the task's connection and send it to the attacker's URL."""
+    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
+    from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
+    from tpuflow.tpu import TpuSlice
+
+    url, seen = attacker
+    tpu = TpuSlice.from_spec("v6e", "2x2")
+    with KubeRayStandin(
+        tmp_path / "kube",
+        launcher=FakeRayLauncher(),
+        node_pools=StaticNodePools([(dict(tpu.node_selector), 1)]),
+        interval=0.1,
+    ) as kube:
+        prod = base64.b64encode(b"prod-database-password").decode()
+        kube.store.create(
+            CORE_TYPES["secrets"],
+            "default",
+            {"metadata": {"name": "prod-credentials"}, "data": {"auth_token": prod, "token": prod}},
+        )
+        dag_file, env = standin_airflow_home(
+            tmp_path / "airflow", kube, "xcom_kuberay_redirect", f"ATTACKER = {url!r}\n" + KUBERAY_DAG
+        )
+        proc = subprocess.run(
+            dagtest_command(dag_file, "xcom_kuberay_redirect"),
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    output = proc.stdout + proc.stderr
+    lines = [line for line in output.splitlines() if line.startswith("DAGTEST_RESULT ")]
+    assert lines, output[-5000:]
+    states = json.loads(lines[-1].removeprefix("DAGTEST_RESULT "))["states"]
+    assert states["job"] == "failed" and states["delete_ray_cluster"] == "success", (states, output[-5000:])
+    assert seen == [], f"the worker called the attacker's server: {seen}"
+    assert "no longer matches the cluster that task made" in output, output[-5000:]
