@@ -103,11 +103,14 @@ def test_trigger_reattaches_to_a_running_job_and_streams_until_done(slice_cluste
     ctx = fresh_context()
     op = operator(slice_cluster, "4 0.5 ok", deferrable=True)
     hook = op.hook()
-    sid, status, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
+    sid, status, _, nonce = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     # A second try of the same task finds the running job instead of submitting another.
-    sid_again, _, reattached = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
+    sid_again, _, reattached, nonce_again = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     assert sid_again == sid and reattached and len(jobs_of(slice_cluster, op, ctx)) == 1
-    trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info(), poll_interval=0.3)
+    assert nonce and nonce_again == nonce  # the re-attached try reads the job's nonce back from its metadata
+    trigger = RayJobTrigger(
+        submission_id=sid, cluster=slice_cluster.connection_info(), poll_interval=0.3, result_nonce=nonce
+    )
     classpath, kwargs = trigger.serialize()
     assert classpath == "tpuflow.rayjob.triggers.RayJobTrigger"
     rebuilt = RayJobTrigger(**kwargs)
@@ -127,7 +130,7 @@ def test_trigger_on_kill_stops_the_job(slice_cluster, fresh_context):
     ctx = fresh_context()
     op = operator(slice_cluster, "200 0.5 ok", deferrable=True)
     hook = op.hook()
-    sid, _, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
+    sid, _, _, _ = op._attach_or_submit(hook, op.base_submission_id(ctx), ctx)
     trigger = RayJobTrigger(submission_id=sid, cluster=slice_cluster.connection_info())
     asyncio.run(trigger.on_kill())
     import time
@@ -147,7 +150,7 @@ def test_a_reattached_job_stopped_by_an_earlier_kill_is_replaced_once(slice_clus
     ctx = fresh_context()
     first = operator(slice_cluster, "400 0.5 ok")
     hook = first.hook()
-    base, _, reattached = first._attach_or_submit(hook, first.base_submission_id(ctx), ctx)
+    base, _, reattached, _ = first._attach_or_submit(hook, first.base_submission_id(ctx), ctx)
     assert not reattached
     threading.Timer(3.0, hook.stop_job, args=(base,)).start()  # the earlier try's kill, landing late
     result = operator(slice_cluster, "2 0.1 ok").execute(ctx)  # the new try re-attaches, then replaces

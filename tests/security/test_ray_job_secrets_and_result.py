@@ -17,6 +17,7 @@ import importlib
 import io
 import json
 import os
+import secrets
 import shlex
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
@@ -136,7 +137,8 @@ def run_task(make: Callable[[], Any], context: dict[str, Any], dashboard: RayDas
 def test_a_worker_env_token_travels_in_the_runtime_env_not_the_command_line_or_the_task_log(
     fresh_context: Any, capfd: pytest.CaptureFixture[str], deferrable: bool
 ) -> None:
-    token = f"sekrit-{'triggerer' if deferrable else 'worker'}"  # each path masks its own
+    # each path masks its own; unique, so no secret another test masked in this process is a part of it
+    token = f"hub-{secrets.token_hex(8)}-{'triggerer' if deferrable else 'worker'}"
 
     def driver(job: dict[str, Any]) -> str:
         def train() -> None:
