@@ -66,7 +66,8 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
     env = {**os.environ, "TPUFLOW_HOME": str(tmp_path / "home")}
     args = ("--framework", "jax", *MULTI_HOST, "--serve-topology", "2x4", "--keep-endpoint", "--idle-timeout", "1")
     command = [*TPUFLOW, "demo", "--work-dir", str(tmp_path), "--date", DATE, *args]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as demo:
+    log = tmp_path / "demo.log"  # a file, not a pipe: the demo's log lines would fill a pipe nobody reads yet
+    with log.open("w") as out, subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env) as demo:
         deadline = time.time() + 1500
         while not (reports := list((tmp_path / "outputs").rglob("report.json"))):
             assert demo.poll() is None and time.time() < deadline, "the demo ended or stalled before its report"
@@ -94,7 +95,8 @@ def test_jax_pipeline_end_to_end_with_kept_endpoint(tmp_path, stop_kept_clusters
         placement = slice_host_placement(state.parent)
         assert len(placement) == 2 and len({name for name, _ in placement}) == 1, placement
         assert sorted(worker for _, worker in placement) == ["0", "1"], placement
-        output, _ = demo.communicate(timeout=900)  # a minute without a request: the watch ends, teardowns delete
+        demo.wait(timeout=900)  # a minute without a request: the watch ends, the teardowns delete
+    output = log.read_text(errors="replace")
     assert demo.returncode == 0 and "pipeline succeeded" in output, output[-5000:]
     assert cluster_states(tmp_path) == [], "the idle endpoint's cluster outlived its run"
 
