@@ -20,7 +20,8 @@ What differs from the seed, and why:
 - arguments for the tiny model and data (``--num-samples``, ``--seq-len``, ``--vocab-size``, ``--dim``,
   ``--num-layers``, ``--lr``, ``--run-name``) instead of ``--model-id``/``--dataset-split``;
 - the metrics also carry ``world_size`` and the device the loss was on, and the driver prints one
-  ``TPUFLOW_RESULT {json}`` line, for tests and tpuflow's operators to read.
+  ``TPUFLOW_RESULT`` line, for tests and tpuflow's operators to read (through ``tpuflow_driver.result`` when the
+  operators shipped it, so the line carries the job's nonce).
 
 Submitted as ``ray job submit`` would, from this folder:
 
@@ -231,7 +232,18 @@ def main() -> None:
     print(f"Training completed! Final metrics: {result.metrics}")
     print(f"Saved checkpoint: {result.checkpoint}")
     checkpoint = result.checkpoint.path if result.checkpoint else None
-    print("TPUFLOW_RESULT " + json.dumps({"metrics": result.metrics, "checkpoint": checkpoint}))
+    emit_result({"metrics": result.metrics, "checkpoint": checkpoint})
+
+
+def emit_result(result: dict) -> None:
+    """The driver's result line: tpuflow's own (with the job's nonce) when its operators shipped tpuflow_driver
+    beside this code, else the plain line ``ray job submit`` users read."""
+    try:
+        from tpuflow_driver.result import emit_result as emit
+    except ImportError:
+        print("TPUFLOW_RESULT " + json.dumps(result, default=str), flush=True)
+    else:
+        emit(result)
 
 
 if __name__ == "__main__":
