@@ -133,7 +133,7 @@ def test_what_serves_a_watched_endpoint_carries_no_expiry(migrated_airflow_db, d
     for params, expected in [
         ({"keep_endpoint": True, "idle_timeout": 15}, None),
         ({"keep_endpoint": True, "idle_timeout": 0.1}, None),
-        # empty or 0: still watched, for the admin's idle cap (tpuflow.cost.limits): no kept-until-deleted endpoint
+        # empty or 0: still watched, for the admin's idle cap (tpuflow.limits): no kept-until-deleted endpoint
         ({"keep_endpoint": True, "idle_timeout": None}, None),
         ({"keep_endpoint": True, "idle_timeout": 0}, None),
         ({"keep_endpoint": False, "idle_timeout": 15}, day),

@@ -353,7 +353,7 @@ def test_the_addition_app_gives_no_successful_answer_without_its_token() -> None
 
 def test_the_watch_and_the_budget_read_the_same_admin_lifetime() -> None:
     """One admin knob: the Variable the watch stops a kept endpoint at is the one that bounds its GKE pool."""
-    from tpuflow.cost import limits
+    from tpuflow import limits
     from tpuflow.serve import idle_stop
 
     assert idle_stop.LIFETIME_VARIABLE == limits.MAX_KEPT_ENDPOINT_VARIABLE

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from tpuflow.cost.limits import OVER_BUDGET_CHOICES, variable
 from tpuflow.errors import UserInputError
+from tpuflow.limits import OVER_BUDGET_CHOICES, variable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
-from tpuflow.cost.limits import admin_limits, check_over_budget, hold_budget, hold_over_budget
 from tpuflow.errors import UserInputError
+from tpuflow.limits import admin_limits, check_over_budget, hold_budget, hold_over_budget
 from tpuflow.templating import is_true
 from tpuflow.work_spans import WORK_SPAN_KEY, tasks_on_cluster
 
@@ -342,7 +342,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     """Refuse to provision when the run's estimated chip-hours exceed its budget.
 
     The budget is ``max_chip_hours`` held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
-    tpuflow.cost.limits): a larger or empty value is the ceiling, said in one log line. The estimate is this run's
+    tpuflow.limits): a larger or empty value is the ceiling, said in one log line. The estimate is this run's
     slices' chips times the durations of the DAG's previous run (its chip_ledger XCom); without one there is no
     estimate and the run goes ahead (logged).
 

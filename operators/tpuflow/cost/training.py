@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import check_max_chip_hours
-from tpuflow.cost.limits import admin_limits, hold_budget
 from tpuflow.cost.operators import gke_slice_spans, slice_chips
+from tpuflow.limits import admin_limits, hold_budget
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
     """RayTrainOperator stopped (and failed, not retried) when the run's chip-hours reach ``max_chip_hours``.
 
     :param max_chip_hours: templated; the budget, held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
-        tpuflow.cost.limits): None/empty or larger is the ceiling.
+        tpuflow.limits): None/empty or larger is the ceiling.
     :param ledger_slices: templated; the slices billed so far, as GKEChipLedgerOperator's ``slices``.
     :param gcp_conn_id: templated; the GKE connection (the pools' operations give the spans).
     :param project_id: templated; the cluster's project.

@@ -18,10 +18,10 @@ from airflow.sdk import DAG, BaseOperator
 from tpuflow import paths, workloads_dir
 from tpuflow.cost.approval import ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
-from tpuflow.cost.limits import RUN_LIMITS
 from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
+from tpuflow.limits import RUN_LIMITS
 from tpuflow.pipeline.params import START_DATE, pipeline_params, step_params_lacking
 from tpuflow.pipeline.steps import BuildServeConfigOperator, CheckParamsOperator, WriteReportOperator
 from tpuflow.pipeline.workload import Workload, templated
@@ -148,7 +148,7 @@ def pipeline_dag(
         max_active_runs=max_active_runs,
         params=params,
         render_template_as_native_obj=True,
-        # tpuflow_limits: a Param as the admin's limits hold it (tpuflow.cost.limits), for the tasks that read one
+        # tpuflow_limits: a Param as the admin's limits hold it (tpuflow.limits), for the tasks that read one
         user_defined_macros={**(dag_kwargs.pop("user_defined_macros", None) or {}), "tpuflow_limits": RUN_LIMITS},
         # a user's own default_args and tags are added to the pipeline's, theirs winning
         default_args={
@@ -333,7 +333,7 @@ def keep_endpoint(workload: Workload) -> str | bool:
 
 def serving_expires_after(workload: Workload) -> str | timedelta:
     """``expires_after`` of what serves the endpoint: none when the run keeps it (every kept endpoint is watched: its
-    ``idle_timeout`` is held at the admin's ceiling, tpuflow.cost.limits).
+    ``idle_timeout`` is held at the admin's ceiling, tpuflow.limits).
 
     Its watch (serve_until_idle_task) vouches for it while it serves, and the run is running meanwhile: with no
     expiry the orphan reaper judges it by its run alone, so an endpoint still serving at the expiry's 24 h is
@@ -347,7 +347,7 @@ def serving_expires_after(workload: Workload) -> str | timedelta:
 def serve_until_idle_task(workload: Workload, cluster: str) -> BaseOperator:
     """The task that says whether the teardowns keep the endpoint, and while kept waits in the triggerer until it
     has served no request for the ``idle_timeout`` Param's minutes, held at the admin's ceiling (empty or 0: the
-    ceiling; tpuflow.cost.limits), tpuflow.serve.idle_stop.
+    ceiling; tpuflow.limits), tpuflow.serve.idle_stop.
 
     ``cluster``: the XCom where the endpoint's metrics are read (``metrics_url``)."""
     return RayServeWaitForIdleOperator(

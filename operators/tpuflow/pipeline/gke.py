@@ -852,7 +852,7 @@ def _serve_steps(
         task_id="create_serve_node_pool",
         tpu_slice=checked_slice(serve=True),
         # a kept endpoint outlives its run's other slices: its pool's GKE deadline is the admin's kept lifetime
-        # (tpuflow.cost.limits), or the budget's bound if shorter
+        # (tpuflow.limits), or the budget's bound if shorter
         max_run_duration="{{ tpuflow_limits.kept_endpoint_seconds(%s) if params.keep_endpoint else (%s) }}"
         % ((_MAX_RUN_EXPR % "serve",) * 2),
         expires_after=serving_expires_after(workload),

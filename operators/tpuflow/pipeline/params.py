@@ -16,8 +16,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import MAX_CHIP_HOURS_PARAM, check_max_chip_hours
-from tpuflow.cost.limits import OVER_BUDGET_CHOICES, check_idle_timeout
 from tpuflow.errors import UserInputError
+from tpuflow.limits import OVER_BUDGET_CHOICES, check_idle_timeout
 from tpuflow.rayjob.workload_operators import check_multislice
 from tpuflow.tpu.generations import GENERATIONS
 

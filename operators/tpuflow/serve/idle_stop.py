@@ -27,6 +27,7 @@ from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.errors import UserInputError
+from tpuflow.limits import DEFAULT_MAX_KEPT_ENDPOINT_HOURS, MAX_KEPT_ENDPOINT_VARIABLE, check_limit
 from tpuflow.ray.cluster_source import cluster_source_task, trusted_cluster
 from tpuflow.ray.connection import check_cluster
 from tpuflow.serve.idle import IdleWatch, poll_interval_for, serve_activity
@@ -59,9 +60,9 @@ def idle_minutes(value: Any) -> float | None:
     return minutes or None
 
 
-# the admin Variable tpuflow.cost.limits bounds the kept serve pool's GKE deadline by too (serve cannot import cost)
-LIFETIME_VARIABLE = "tpuflow_max_kept_endpoint_hours"
-DEFAULT_LIFETIME_HOURS = 24.0
+# one Variable for the admin's kept lifetime: it also bounds the kept serve pool's GKE deadline (tpuflow.limits)
+LIFETIME_VARIABLE = MAX_KEPT_ENDPOINT_VARIABLE
+DEFAULT_LIFETIME_HOURS = DEFAULT_MAX_KEPT_ENDPOINT_HOURS
 _UNSET = (None, "", "None")
 
 
@@ -77,14 +78,7 @@ def _positive_hours(field: str, value: Any, fix: str) -> float:
 
 def lifetime_ceiling(variable: Any) -> float:
     """The admin's most hours a kept endpoint lives: the Variable's value, or 24 h where it is unset."""
-    if variable in _UNSET:
-        return DEFAULT_LIFETIME_HOURS
-    return _positive_hours(
-        f"Variable {LIFETIME_VARIABLE}",
-        variable,
-        f"set the most hours a kept endpoint serves (a positive finite number), or delete it for "
-        f"{DEFAULT_LIFETIME_HOURS:g} h",
-    )
+    return DEFAULT_LIFETIME_HOURS if variable in _UNSET else check_limit(LIFETIME_VARIABLE, variable, "hours")
 
 
 def lifetime_hours(argument: Any, ceiling: float) -> float:

@@ -102,14 +102,19 @@ class Held(NamedTuple):
     note: str
 
 
+def _hold(asked: float | None, ceiling: float, field: str, unit: str, held: str, empty: str) -> Held:
+    """A Param (checked; None: none asked) held at the admin's ceiling, with the line saying why when it is."""
+    if asked is None:
+        return Held(ceiling, f"{field} {empty} {held}")
+    if asked > ceiling:
+        return Held(ceiling, f"{field}={asked:g}{unit} is above the admin's ceiling: {held}")
+    return Held(asked, "")
+
+
 def hold_budget(asked: float | None, ceiling: float, field: str = "max_chip_hours") -> Held:
     """``asked`` (a checked budget, None: none asked) held at the admin's ceiling."""
     held = f"the run is held to {ceiling:g} chip-hours (Variable {MAX_CHIP_HOURS_VARIABLE})"
-    if asked is None:
-        return Held(ceiling, f"{field} empty: the admin's ceiling; {held}")
-    if asked > ceiling:
-        return Held(ceiling, f"{field}={asked:g} is above the admin's ceiling: {held}")
-    return Held(asked, "")
+    return _hold(asked, ceiling, field, "", held, "empty: the admin's ceiling;")
 
 
 def check_over_budget(value: Any, field: str = "over_budget") -> str | None:
@@ -154,11 +159,7 @@ def check_idle_timeout(value: Any, field: str = "params.idle_timeout") -> float 
 def hold_idle_timeout(asked: float | None, ceiling: float, field: str = "idle_timeout") -> Held:
     """``asked`` (checked minutes, None: none) held at the admin's ceiling: a kept endpoint always stops when idle."""
     held = f"the endpoint stops after {ceiling:g} min without a request (Variable {MAX_IDLE_TIMEOUT_VARIABLE})"
-    if asked is None:
-        return Held(ceiling, f"{field} empty or 0, which no longer means never: {held}")
-    if asked > ceiling:
-        return Held(ceiling, f"{field}={asked:g} min is above the admin's ceiling: {held}")
-    return Held(asked, "")
+    return _hold(asked, ceiling, field, " min", held, "empty or 0, which no longer means never:")
 
 
 class RunLimits:
