@@ -213,6 +213,18 @@ def read_text(uri: str, gcp_conn_id: str = "google_cloud_default") -> str | None
     return path.read_text() if path.is_file() else None
 
 
+def find_files(folder: str, name: str, gcp_conn_id: str = "google_cloud_default") -> list[str]:
+    """The files called ``name`` one folder below ``folder`` (``<folder>/*/<name>``, a local path or gs://), sorted."""
+    if not folder.startswith("gs://"):
+        return sorted(str(p) for p in Path(folder).glob(f"*/{name}") if p.is_file())
+    bucket, prefix = split_gs_uri(folder)
+    prefix = f"{prefix.rstrip('/')}/" if prefix else ""
+    with deadline(folder, "listing") as timeout:
+        blobs = list(gcs_client(gcp_conn_id).list_blobs(bucket, prefix=prefix, retry=_retry(), timeout=timeout))
+    found = (b.name for b in blobs if b.name.count("/") == prefix.count("/") + 1 and b.name.endswith(f"/{name}"))
+    return sorted(f"gs://{bucket}/{found_name}" for found_name in found)
+
+
 def check_writable(uri: str, field: str = "output_root", gcp_conn_id: str = "google_cloud_default") -> None:
     """Fail fast (before anything billable) when a gs:// output folder cannot be written: a malformed
     URI, a missing bucket, or credentials without write access. Writes and deletes one small object

@@ -97,6 +97,7 @@ def test_over_budget_ask_lets_the_guard_pass_and_the_approval_ask_with_the_estim
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from airflow.providers.standard.operators.hitl import ApprovalOperator
+    from airflow.sdk import DAG
 
     from tpuflow.cost.approval import ChipBudgetApprovalOperator
 
@@ -105,15 +106,15 @@ def test_over_budget_ask_lets_the_guard_pass_and_the_approval_ask_with_the_estim
     assert verdict["over_budget"] is True and verdict["over_budget_action"] == "ask"
     asked: list[str] = []
     monkeypatch.setattr(ApprovalOperator, "execute", lambda self, context: asked.append(self.body) or "waiting")
-    approval = ChipBudgetApprovalOperator(task_id="approve_budget")
-    approver = RunTaskInstance(task_id="approve_budget", others={("budget_guard", "return_value"): verdict})
-    assert approval.execute(task_context(approver)) == "waiting"
-    (body,) = asked
+    for budget, expected in ((8, "waiting"), (10, {"asked": False})):
+        # the approval computes the guard's decision again from the guard as the DAG defines it
+        with DAG(f"budget_ask_{budget}", schedule=None):
+            guard(budget, over_budget="ask")
+            approval = ChipBudgetApprovalOperator(task_id="approve_budget")
+        approver = RunTaskInstance(task_id="approve_budget", prior={"chip_ledger": PREVIOUS})
+        assert approval.execute(task_context(approver)) == expected
+    (body,) = asked  # within the budget nothing is asked
     assert "about **9.000 chip-hours**" in body and "max_chip_hours=8.0" in body and "train: 16 chips" in body
-    # within the budget (or failing by itself) nothing is asked
-    within = RunTaskInstance(task_id="approve_budget", others={("budget_guard", "return_value"): guard(10, "ask").execute(
-        task_context(ti))})  # fmt: skip
-    assert approval.execute(task_context(within)) == {"asked": False} and len(asked) == 1
     with pytest.raises(UserInputError) as err:
         guard(8, over_budget="maybe")
     assert err.value.field == "over_budget"

@@ -13,7 +13,10 @@ who triggers it. Each conf goes through Airflow's own Param check (what the trig
 from __future__ import annotations
 
 import copy
+import json
 import math
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,9 +60,22 @@ def rendered(
 
 
 def guard_run(conf: dict[str, Any], dag: Any = None) -> tuple[Any, dict[str, Any]]:
-    ti = RunTaskInstance(task_id="budget_guard", prior={"chip_ledger": PREVIOUS})
+    ti = RunTaskInstance(task_id="budget_guard")
     ti.others[("check_params", "return_value")] = V6E_4X4
-    return rendered(dag or pipeline(), "budget_guard", conf, ti)
+    guard, context = rendered(dag or pipeline(), "budget_guard", conf, ti)
+    return with_ledgers(guard, [PREVIOUS]), context
+
+
+def with_ledgers(guard: Any, ledgers: list[dict[str, Any]]) -> Any:
+    """The pipeline's guard reads earlier ledgers from its DAG's output folder (never from XCom): here, a folder
+    holding ``ledgers``, one run folder each."""
+    assert guard.ledger_dir.endswith(f"/{guard.dag_id}"), guard.ledger_dir
+    folder = Path(tempfile.mkdtemp(prefix="ledgers-"))
+    for index, ledger in enumerate(ledgers):
+        (folder / f"run-{index}").mkdir()
+        (folder / f"run-{index}" / "ledger.json").write_text(json.dumps(ledger))
+    guard.ledger_dir = str(folder)
+    return guard
 
 
 @pytest.fixture
@@ -188,10 +204,11 @@ def test_the_estimate_scales_with_the_steps_after_a_rerun_that_reused_its_checkp
         "slices": [{"role": "train", "created_at": 9000.0, "seconds": 150.0, "timeline": {"seconds": {"idle": 150}}}],
         "goodput": {"steps": {}},
     }
-    ti = RunTaskInstance(task_id="budget_guard", prior={"chip_ledger": [rerun, measured]})
+    ti = RunTaskInstance(task_id="budget_guard")
     ti.others[("check_params", "return_value")] = V6E_4X4
     conf = {"train_steps": 100_000, "max_chip_hours": 1000, "over_budget": "ask"}
     guard, context = rendered(pipeline(), "budget_guard", conf, ti)
+    with_ledgers(guard, [rerun, measured])
     verdict = guard.execute(context)
     assert verdict["estimate"] == pytest.approx(16 * (300 + 100_000 * 1.0) / 3600)  # ~445.8 chip-hours, not 0.67
     assert "100000 steps x 1.000 s" in verdict["basis"]

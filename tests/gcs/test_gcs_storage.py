@@ -124,6 +124,18 @@ def test_kept_driver_log_goes_to_gs(bucket: str) -> None:
     )
 
 
+def test_the_budget_guard_finds_earlier_ledgers_under_a_gs_folder(bucket: str) -> None:
+    """find_files on gs://: one ledger per run folder, nothing deeper or beside them (the guard's basis)."""
+    from tpuflow.storage import find_files, write_text
+
+    root = f"gs://{bucket}/outputs/team_dag"
+    for name in ("2026-12-01/ledger.json", "2026-12-02/ledger.json", "2026-12-02/logs/ledger.json", "ledger.json"):
+        write_text(f"{root}/{name}", "{}")
+    write_text(f"gs://{bucket}/outputs/team_dag_2/2026-12-01/ledger.json", "{}")  # another DAG's, same prefix
+    assert find_files(root, "ledger.json") == [f"{root}/2026-12-01/ledger.json", f"{root}/2026-12-02/ledger.json"]
+    assert find_files(f"gs://{bucket}/nothing-here", "ledger.json") == []
+
+
 def test_storage_emulator_host_reaches_ray_jobs_and_serve_replicas(
     gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:

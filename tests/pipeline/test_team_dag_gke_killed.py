@@ -91,8 +91,12 @@ def _listed(env: dict[str, str], *command: str) -> list[str]:
     return [line for line in proc.stdout.splitlines() if line.strip()]
 
 
+# make test: the kill and the reap; make test-long also reruns the date and checks it resumes (CI's time)
 @pytest.mark.timeout(2400)
-def test_a_killed_team_run_on_gke_is_reaped_from_a_plain_shell_and_its_rerun_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rerun", [False, pytest.param(True, marks=pytest.mark.long)], ids=["reaped", "rerun-resumes"])
+def test_a_killed_team_run_on_gke_is_reaped_from_a_plain_shell_and_its_rerun_resumes(
+    tmp_path: Path, rerun: bool
+) -> None:
     if os.geteuid() != 0 or shutil.which("kubectl") is None or shutil.which("gcloud") is None:
         pytest.skip("the real control plane needs root (pod network namespaces), kubectl and gcloud")
     work, dags = tmp_path / "standins", tmp_path / "dags"
@@ -157,6 +161,8 @@ def test_a_killed_team_run_on_gke_is_reaped_from_a_plain_shell_and_its_rerun_res
         assert {line["chips"] for line in entry["slices"]} == {4}, entry
         assert "chip-hours until reaped" in said, said
 
+        if not rerun:
+            return
         # --- the rerun of the date: resumes, and the data is replaced, not doubled ----------------------
         second = subprocess.run(test, capture_output=True, text=True, env=airflow, timeout=1500)
         tail = (second.stdout + second.stderr)[-6000:]

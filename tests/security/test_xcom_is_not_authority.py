@@ -58,10 +58,10 @@ def attacker() -> Iterator[tuple[str, list[dict[str, str]]]]:
         server.server_close()
 
 
-LOCAL_DAG = """
+LOCAL_PRELUDE = """
 from pathlib import Path
 
-from airflow.sdk import DAG, BaseOperator
+from airflow.sdk import DAG, BaseOperator, TaskGroup, task_group
 from airflow.sdk.bases.xcom import BaseXCom
 
 from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
@@ -69,18 +69,24 @@ from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 
 class RewriteXCom(BaseOperator):
-    \"\"\"The attacker's XCom write: the start task's XCom, changed.\"\"\"
+    \"\"\"The attacker's XCom write: the start task's XCom (of map index ``only``, else its own), changed.\"\"\"
 
-    def __init__(self, *, changes, **kwargs):
+    def __init__(self, *, changes, source="start_cluster", only=None, **kwargs):
         super().__init__(**kwargs)
-        self.changes = changes
+        self.changes, self.source, self.only = changes, source, only
 
     def execute(self, context):
         ti = context["ti"]
-        value = {**ti.xcom_pull(task_ids="start_cluster"), **self.changes}
-        BaseXCom.set(key="return_value", value=value, dag_id=ti.dag_id, task_id="start_cluster", run_id=ti.run_id)
+        index = self.only if self.only is not None else (ti.map_index if (ti.map_index or 0) >= 0 else -1)
+        if (ti.map_index or 0) >= 0 and self.only is not None and ti.map_index != self.only:
+            return
+        pulled = ti.xcom_pull(task_ids=self.source, **({"map_indexes": index} if index >= 0 else {}))
+        BaseXCom.set(key="return_value", value={**pulled, **self.changes}, dag_id=ti.dag_id, task_id=self.source,
+                     run_id=ti.run_id, map_index=index)
 
+"""
 
+LOCAL_DAG = """
 with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
     start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "2x2"},
                                           base_dir=BASE_DIR)
@@ -121,9 +127,10 @@ def local_run(migrated_airflow_db: Path, tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(LocalRayCluster, "stop", stop)
 
-    def run(dag_id: str, changes: dict[str, Any]) -> Any:
+    def run(dag_id: str, changes: dict[str, Any], body: str = LOCAL_DAG) -> Any:
         path = migrated_airflow_db / f"{dag_id}.py"
-        path.write_text(f"DAG_ID = {dag_id!r}\nBASE_DIR = {str(base)!r}\nCHANGES = {changes!r}\n" + LOCAL_DAG)
+        header = f"DAG_ID = {dag_id!r}\nBASE_DIR = {str(base)!r}\nCHANGES = {changes!r}\n"
+        path.write_text(header + LOCAL_PRELUDE + body)
         written.append(dag_id)
         sys.path.insert(0, str(migrated_airflow_db))
         try:
@@ -170,6 +177,128 @@ def test_a_rewritten_state_dir_deletes_nothing_of_the_attackers_choosing(
     assert states["stop_cluster"] == "success", states
     assert (victim / "state.json").exists(), "the teardown acted on the folder the rewritten XCom named"
     assert not list(base.rglob("state.json")), "the teardown did not stop the run's own cluster"
+
+
+SLICE_2X2 = {"accelerator": "v6e", "topology": "2x2"}
+SLICE_2X4 = {"accelerator": "v6e", "topology": "2x4"}
+
+# A sweep on one cluster: the job is mapped, its cluster the unmapped start task's XCom (in partial).
+SWEEP_DAG = f"""
+with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
+    start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
+    rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES)
+    job = RaySubmitJobOperator.partial(task_id="job", cluster=start.output, deferrable=False, retries=0).expand(
+        entrypoint=["echo a", "echo b", "echo c"])
+    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+    start >> rewrite >> job >> stop.as_teardown(setups=start)
+"""
+
+# One cluster per slice: the start task is mapped, each job expanded over its XCom; one unmapped teardown.
+MAPPED_START_DAG = f"""
+with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
+    start = LocalRayClusterCreateOperator.partial(task_id="start_cluster", base_dir=BASE_DIR).expand(
+        tpu_slice=[{SLICE_2X2}, {SLICE_2X4}])
+    rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES, only=1)
+    job = RaySubmitJobOperator.partial(task_id="job", entrypoint="echo hello", deferrable=False, retries=0).expand(
+        cluster=start.output)
+    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+    start >> rewrite >> job >> stop.as_teardown(setups=start)
+"""
+
+# A mapped TaskGroup: start, job and stop per map index, task ids under the group's prefix.
+MAPPED_GROUP_DAG = f"""
+with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
+    @task_group(group_id="per_run")
+    def per_run(entrypoint):
+        start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
+        rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES, source="per_run.start_cluster", only=1)
+        job = RaySubmitJobOperator(task_id="job", cluster=start.output, entrypoint=entrypoint, deferrable=False,
+                                   retries=0)
+        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+        start >> rewrite >> job >> stop.as_teardown(setups=start)
+
+    per_run.expand(entrypoint=["echo a", "echo b"])
+"""
+
+# A plain TaskGroup: the teardown finds the group's start task from its cluster argument.
+GROUP_DAG = f"""
+with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
+    with TaskGroup("train"):
+        start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
+        rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES, source="train.start_cluster")
+        job = RaySubmitJobOperator(task_id="job", cluster="{{{{ ti.xcom_pull(task_ids='train.start_cluster') }}}}",
+                                   entrypoint="echo hello", deferrable=False, retries=0)
+        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+        start >> rewrite >> job >> stop.as_teardown(setups=start)
+"""
+
+
+@pytest.fixture
+def jobs_reached(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The cluster each job instance would submit to, once its cluster argument is trusted (no Ray needed)."""
+    from tpuflow.rayjob.operators import RaySubmitJobOperator
+
+    reached: list[dict[str, Any]] = []
+
+    def record(self: RaySubmitJobOperator, context: Any) -> str:
+        reached.append({"task": self.task_id, "map_index": context["ti"].map_index, **dict(self.cluster or {})})
+        return "recorded"
+
+    monkeypatch.setattr(RaySubmitJobOperator, "_execute_checked", record)
+    return reached
+
+
+def _mapped_states(run: Any) -> dict[tuple[str, int], str]:
+    return {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
+
+
+@pytest.mark.parametrize(
+    ("body", "jobs", "clusters"),
+    [(SWEEP_DAG, 3, 1), (MAPPED_START_DAG, 2, 2), (MAPPED_GROUP_DAG, 2, 2), (GROUP_DAG, 1, 1)],
+    ids=["mapped-job-one-cluster", "mapped-start", "mapped-task-group", "task-group"],
+)
+def test_mapped_and_grouped_jobs_reach_their_own_start_tasks_cluster(
+    local_run: tuple[Path, Any], jobs_reached: list[dict[str, Any]], body: str, jobs: int, clusters: int
+) -> None:
+    """Untouched XComs: every job instance is let through to the cluster its start task instance made, and the
+    teardown stops every cluster."""
+    base, run_dag = local_run
+    run = run_dag(f"xcom_shapes_{jobs}_{clusters}_{abs(hash(body)) % 1000}", {}, body)
+    states = _mapped_states(run)
+    assert all(state == "success" for state in states.values()), states
+    assert len(jobs_reached) == jobs, jobs_reached
+    assert len({job["name"] for job in jobs_reached}) == clusters, jobs_reached
+    assert not list(base.rglob("state.json")), "a teardown left a cluster running"
+
+
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [(SWEEP_DAG, [0, 1, 2]), (MAPPED_START_DAG, [1]), (MAPPED_GROUP_DAG, [1]), (GROUP_DAG, [-1])],
+    ids=["mapped-job-one-cluster", "mapped-start", "mapped-task-group", "task-group"],
+)
+def test_a_rewritten_xcom_of_a_mapped_or_grouped_start_task_reaches_nothing(
+    local_run: tuple[Path, Any],
+    jobs_reached: list[dict[str, Any]],
+    attacker: tuple[str, list[dict[str, str]]],
+    tmp_path: Path,
+    body: str,
+    refused: list[int],
+) -> None:
+    """The same shapes, one start instance's XCom pointed at the attacker: the job instances reading it fail,
+    the others run on their own cluster, no job is handed the attacker's address or file."""
+    base, run_dag = local_run
+    url, _ = attacker
+    secret = tmp_path / "worker-only-secret"
+    secret.write_text("a-secret-only-the-worker-can-read\n")
+    run = run_dag(
+        f"xcom_shapes_attack_{abs(hash(body)) % 1000}", {"dashboard_url": url, "auth_token_path": str(secret)}, body
+    )
+    states = _mapped_states(run)
+    job_states = {index: state for (task, index), state in states.items() if task.endswith("job")}
+    assert {index for index, state in job_states.items() if state == "failed"} == set(refused), states
+    assert all(state == "success" for index, state in job_states.items() if index not in refused), states
+    assert all(job["dashboard_url"] != url and job["auth_token_path"] != str(secret) for job in jobs_reached)
+    assert not list(base.rglob("state.json")), "a teardown left a cluster running"
 
 
 KUBERAY_DAG = textwrap.dedent("""

@@ -9,6 +9,12 @@ Airflow's SimpleAuthManager), less the run's own triggering user. They become th
 anyone else gets 403; an auth manager that lets everyone answer, ``simple_auth_manager_all_admins``, is warned of in
 the task's log). Nobody left to ask fails the task in one line.
 
+Neither the approval nor the slices trust the run's XComs or task states for this: the approval computes the guard's
+decision again from the guard's own arguments (ChipBudgetGuardOperator.decide), an approver's answer is recorded in
+the run's output folder (storage only the workers write), and BudgetGate, run by every task that bills a slice before
+it starts, computes the decision a third time and finds that record. A user who may mark task instances can mark
+``approve_budget`` success through the REST API; the slice tasks then fail with one line instead of provisioning.
+
 Cheap to import (the DAG files import it): the standard provider's HITL module only.
 """
 
@@ -27,7 +33,7 @@ from tpuflow.limits import OVER_BUDGET_CHOICES, variable
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["APPROVERS_VARIABLE", "OVER_BUDGET_CHOICES", "ChipBudgetApprovalOperator", "budget_approvers"]
+__all__ = ["APPROVERS_VARIABLE", "OVER_BUDGET_CHOICES", "BudgetGate", "ChipBudgetApprovalOperator", "budget_approvers"]
 
 APPROVERS_VARIABLE = "tpuflow_budget_approvers"
 DEFAULT_APPROVERS = "role:admin"
@@ -117,14 +123,18 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
     answer within ``response_timeout`` fails the task, and the run with it, before anything billable. With no
     approver left to ask, the task fails at once, naming the Variable.
 
-    :param guard_task_id: the ChipBudgetGuardOperator's task id (its XCom says whether to ask, and why).
+    :param guard_task_id: the ChipBudgetGuardOperator's task id: its decision (whether to ask, and why) is computed
+        again here from that task's own arguments, never read from its XCom.
+    :param record_dir: templated; where an approval is recorded (``<record_dir>/approvals/<run>.json``), for
+        BudgetGate: the run's output folder. None: not recorded (and a BudgetGate asking for it fails).
+    :param gcp_conn_id: the connection for a gs:// ``record_dir``.
 
     Every other argument is ApprovalOperator's (``subject`` has a default; ``body`` is written from the guard's
     estimate when the task runs; ``assigned_users``, if given, approve beside the Variable's).
     """
 
     ui_color = "#fff3cd"
-    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "guard_task_id")
+    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "guard_task_id", "record_dir")
 
     def __init__(
         self,
@@ -132,16 +142,20 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
         guard_task_id: str = "budget_guard",
         subject: str = "Run {{ run_id }} of {{ dag.dag_id }} is over its chip-hour budget: approve it?",
         response_timeout: timedelta | None = timedelta(hours=4),
+        record_dir: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(subject=subject, response_timeout=response_timeout, **kwargs)
         self.guard_task_id = guard_task_id
+        self.record_dir = record_dir
+        self.gcp_conn_id = gcp_conn_id
 
     def execute(self, context: Context) -> Any:
         from airflow.sdk.exceptions import AirflowFailException
 
-        guard = context["ti"].xcom_pull(task_ids=self.guard_task_id)
-        if not (isinstance(guard, Mapping) and guard.get("over_budget") and guard.get("over_budget_action") == "ask"):
+        guard = guard_decision(self, self.guard_task_id, context)
+        if not (guard["over_budget"] and guard["over_budget_action"] == "ask"):
             self.log.info("Nothing to approve: the run is within its chip-hour budget (or goes on without asking)")
             return {"asked": False}
         requester = getattr(context.get("dag_run"), "triggering_user_name", None)
@@ -168,6 +182,23 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
         self._warn_if_anyone_may_answer()
         return super().execute(context)
 
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Airflow's own completion (a rejection skips downstream); an approval is recorded for BudgetGate with the
+        decision as it stands now and who answered."""
+        answer = super().execute_complete(context, event)
+        if self.APPROVE in (answer.get("chosen_options") or []) and self.record_dir:
+            from tpuflow.storage import write_text
+
+            decision = guard_decision(self, self.guard_task_id, context)
+            record = {
+                **_run_of(context),
+                "approved_by": answer.get("responded_by_user"),
+                "estimate": decision["estimate"],
+                "max_chip_hours": decision["max_chip_hours"],
+            }
+            write_text(approval_uri(self.record_dir, context), json.dumps(record), self.gcp_conn_id)
+        return answer
+
     def _warn_if_anyone_may_answer(self) -> None:
         from airflow.configuration import conf
 
@@ -176,3 +207,84 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
                 "[core] simple_auth_manager_all_admins lets every user answer this request, the assigned approvers "
                 "aside: Airflow does not tell users apart in that mode"
             )
+
+
+def guard_decision(task: Any, guard_task_id: str, context: Context) -> dict[str, Any]:
+    """The budget decision of ``guard_task_id`` for this run, computed again from that task as the DAG file
+    defines it, rendered for ``context`` (its XCom is not read: a user who may write XComs could change it)."""
+    from tpuflow.cost.operators import ChipBudgetGuardOperator
+
+    defined = task.dag.task_dict.get(guard_task_id) if task.has_dag() else None
+    if not isinstance(defined, ChipBudgetGuardOperator):
+        raise UserInputError("guard_task_id", guard_task_id, "name the DAG's ChipBudgetGuardOperator task")
+    guard = defined.prepare_for_execution()  # a copy: rendering it leaves the DAG's task as written
+    guard.render_template_fields(context)
+    return guard.decide(context)
+
+
+def _run_of(context: Context) -> dict[str, str]:
+    ti = context["ti"]
+    return {"dag_id": ti.dag_id, "run_id": ti.run_id}
+
+
+def approval_uri(record_dir: str, context: Context) -> str:
+    """Where the run's approval is recorded: one file per run, named for its digest."""
+    from tpuflow.naming import owner_run_digest
+
+    ti = context["ti"]
+    return f"{record_dir.rstrip('/')}/approvals/{owner_run_digest(ti.dag_id, ti.run_id)}.json"
+
+
+class BudgetGate:
+    """Run by a task that bills a slice before it starts (its ``pre_execute``): when the run is over its budget and
+    the admin's rule is to ask, it starts only once an approver's answer is recorded for this run, for at least the
+    estimate as it stands now. Marking ``approve_budget`` success (the REST API lets a user who may edit task
+    instances do it) or rewriting the guard's XCom records no answer: the task fails with one line.
+
+    :param guard_task_id: the ChipBudgetGuardOperator's task id.
+    :param record_dir: where the ChipBudgetApprovalOperator records approvals (its ``record_dir``); templated with
+        the task's context.
+    """
+
+    def __init__(
+        self, *, guard_task_id: str = "budget_guard", record_dir: str, gcp_conn_id: str = "google_cloud_default"
+    ) -> None:
+        self.guard_task_id = guard_task_id
+        self.record_dir = record_dir
+        self.gcp_conn_id = gcp_conn_id
+
+    def __call__(self, context: Context) -> None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from tpuflow.storage import read_text
+
+        task = context["task"]
+        decision = guard_decision(task, self.guard_task_id, context)
+        if not (decision["over_budget"] and decision["over_budget_action"] == "ask"):
+            return
+        record_dir = task.render_template(self.record_dir, context)
+        uri = approval_uri(record_dir, context)
+        try:
+            record = json.loads(read_text(uri, self.gcp_conn_id) or "null")
+        except ValueError:
+            record = None
+        requester = getattr(context.get("dag_run"), "triggering_user_name", None)
+        approved_by = record.get("approved_by") if isinstance(record, Mapping) else None
+        who = approved_by if isinstance(approved_by, Mapping) else {}
+        if (
+            not isinstance(record, Mapping)
+            or {k: record.get(k) for k in ("dag_id", "run_id")} != _run_of(context)
+            or not who
+            or requester in (who.get("id"), who.get("name"))
+            or not isinstance(record.get("estimate"), int | float)
+            or record["estimate"] < decision["estimate"] - 1e-9
+        ):
+            raise AirflowFailException(
+                f"{task.task_id}: this run would use about {decision['estimate']:.3f} chip-hours, over its budget "
+                f"max_chip_hours={decision['max_chip_hours']}, and no approver's answer for that is recorded at {uri} "
+                "(the approval task was marked done without one, or the run's cost grew since): nothing was "
+                "provisioned; clear the approval task to ask again"
+            )
+        task.log.info(
+            "Over budget, approved by %s for %.3f chip-hours: going ahead", who.get("name"), record["estimate"]
+        )

@@ -355,6 +355,10 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     :param slices: templated; ``{"role", "tpu"}`` per slice the run will hold (check_params' slices), and
         ``steps`` for the slice that trains: the steps this run takes, so the estimate is the previous run's
         measured badput plus these steps at its measured time per step (its ledger's goodput).
+    :param ledger_dir: templated; where the DAG's runs record their ledgers (``<ledger_dir>/<folder>/ledger.json``,
+        the pipelines' output folder of the DAG): the previous runs are read there, in storage only the workers
+        write. None: from the chip_ledger task's XCom of earlier runs, which a user who may write XComs can change
+        (a DAG of its own without an output folder).
 
     Returns ``{"max_chip_hours", "estimate", "basis", "max_run_seconds", "over_budget", "over_budget_action"}``
     (``max_chip_hours`` and ``over_budget_action`` as the run is held to them): ``max_run_seconds`` is, per role,
@@ -362,14 +366,25 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     what its node pool's ``max_run_duration`` is set to so that GKE ends it even when Airflow is down.
     """
 
-    template_fields: Sequence[str] = ("max_chip_hours", "slices", "over_budget")
+    template_fields: Sequence[str] = ("max_chip_hours", "slices", "over_budget", "ledger_dir")
     ui_color = "#fff3cd"
 
-    def __init__(self, *, max_chip_hours: Any = None, slices: Any, over_budget: str = "fail", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_chip_hours: Any = None,
+        slices: Any,
+        over_budget: str = "fail",
+        ledger_dir: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.max_chip_hours = max_chip_hours
         self.slices = slices
         self.over_budget = over_budget
+        self.ledger_dir = ledger_dir
+        self.gcp_conn_id = gcp_conn_id
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -409,20 +424,35 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
                 self.log.warning("%s", note)
         return budget.value, action.value
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
+    def previous_ledgers(self, context: Context) -> list[Any]:
+        """The DAG's earlier ledgers: from ``ledger_dir`` when given (each folder's ledger.json; one that is not
+        JSON is skipped), else from the chip_ledger XComs of earlier runs."""
+        from tpuflow.cost.ledger import LEDGER_FILE, LEDGER_TASK_ID
+        from tpuflow.storage import find_files, read_text
 
+        if not self.ledger_dir:
+            pulled = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
+            return list(pulled) if isinstance(pulled, list | tuple) else [pulled]
+        ledgers = []
+        for uri in find_files(self.ledger_dir.rstrip("/"), LEDGER_FILE, self.gcp_conn_id):
+            try:
+                ledgers.append(json.loads(read_text(uri, self.gcp_conn_id) or "null"))
+            except ValueError:
+                self.log.warning("%s is not JSON: not a basis for the estimate", uri)
+        return ledgers
+
+    def decide(self, context: Context) -> dict[str, Any]:
+        """The budget decision for this run (the task's value), from its rendered arguments, the admin's limits and
+        the previous ledgers: computed again by the approval and the budget gate, never read back from XCom."""
         from tpuflow.cost.budget import basis_ledger, estimate_chip_hours, max_run_seconds
-        from tpuflow.cost.ledger import LEDGER_TASK_ID
 
         self.validate_arguments()
         budget, action = self.held()
         wanted = [{"role": s["role"], "chips": slice_chips(s["tpu"]), "steps": s.get("steps")} for s in self.slices]
-        previous = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
-        estimate, basis = estimate_chip_hours(wanted, basis_ledger(wanted, previous))
+        estimate, basis = estimate_chip_hours(wanted, basis_ledger(wanted, self.previous_ledgers(context)))
         timeout = getattr(context.get("dag"), "dagrun_timeout", None)
         timeout_s = timeout.total_seconds() if timeout else None
-        result = {
+        return {
             "max_chip_hours": budget,
             "estimate": estimate,
             "basis": basis,
@@ -430,6 +460,14 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
             "over_budget": estimate is not None and estimate > budget,
             "over_budget_action": action,
         }
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        result = self.decide(context)
+        budget, estimate, basis, action = (
+            result[k] for k in ("max_chip_hours", "estimate", "basis", "over_budget_action")
+        )
         if estimate is None:
             self.log.info("max_chip_hours %s: no estimate (%s); the training watch holds the run to it", budget, basis)
         elif estimate > budget and action == "ask":

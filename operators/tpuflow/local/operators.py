@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from airflow.sdk import BaseOperator
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
-from tpuflow.ray.cluster_source import ClusterTampered
+from tpuflow.ray.cluster_source import ClusterTampered, cluster_source_task
 from tpuflow.ray.links import RayDashboardLink
 from tpuflow.templating import is_true
 from tpuflow.tpu.slice_argument import resolve_slice
@@ -224,7 +225,9 @@ class LocalRayClusterDeleteOperator(BaseOperator):
         the orphan reaper leaves it; `tpuflow local down` stops it later. True, or a string "true"/"True"/"1"
         once rendered.
     :param base_dir: where cluster state lives; the same as the create task's.
-    :param create_task_id: the create task (same DAG run and map index), to find its cluster by name.
+    :param create_task_id: the create task (same DAG run and map index), to find its cluster by name; by
+        default the task whose XCom ``cluster`` is, else ``start_cluster``. When that task is mapped and this one
+        is not, every map index's cluster is stopped.
     """
 
     template_fields: Sequence[str] = ("cluster", "keep", "base_dir")
@@ -235,26 +238,46 @@ class LocalRayClusterDeleteOperator(BaseOperator):
         cluster: dict[str, Any] | str | None = None,
         keep: bool | str = False,
         base_dir: str | None = None,
-        create_task_id: str = "start_cluster",
+        create_task_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cluster = cluster
         self.keep = keep
         self.base_dir = base_dir
-        self.create_task_id = create_task_id
+        self.create_task_id = create_task_id or cluster_source_task(cluster) or "start_cluster"
 
     def execute(self, context: Context) -> None:
 
         # The cluster is the create task's of this run, found by its deterministic name under base_dir: never
         # a folder the XCom names (a user who may write XComs could point it anywhere).
-        owner = TaskIdentity.from_context(context, self.create_task_id)
+        for owner in self._owners(context):
+            self._stop_or_keep(owner)
+
+    def _owners(self, context: Context) -> list[TaskIdentity]:
+        """The create task's instances whose cluster this task stops: the one of its own map index, or all of
+        them when the create task is mapped (or in a mapped TaskGroup) and this task is not."""
+        own = TaskIdentity.from_context(context, self.create_task_id)
+        create = self.dag.task_dict.get(self.create_task_id) if self.has_dag() else None
+        if create is None:  # not in a DAG with it: the instance of this task's own map index
+            return [own]
+        if not (create.is_mapped or create.get_closest_mapped_task_group() is not None):
+            return [replace(own, map_index=-1)]
+        if own.map_index >= 0:
+            return [own]
+        from airflow.sdk.configuration import conf
+
+        count = conf.getint("core", "max_map_length", fallback=1024)
+        return [replace(own, map_index=index) for index in range(count)]
+
+    def _stop_or_keep(self, owner: TaskIdentity) -> None:
         state_dir = _state_dir(self.base_dir, owner)
         cluster = load_owned_cluster(state_dir, owner)
         if cluster is None:
-            self.log.info(
-                "No local cluster state at %s: nothing to %s", state_dir, "keep" if is_true(self.keep) else "stop"
-            )
+            if owner.map_index < 0:
+                self.log.info(
+                    "No local cluster state at %s: nothing to %s", state_dir, "keep" if is_true(self.keep) else "stop"
+                )
             return
         if is_true(self.keep):
             cluster.mark_kept()  # the orphan reaper leaves it

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import DAG, BaseOperator
 
 from tpuflow import paths, workloads_dir
-from tpuflow.cost.approval import ChipBudgetApprovalOperator
+from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
@@ -164,7 +164,12 @@ def pipeline_dag(
 
 def run_dir_for(dag_id: str, output_root: str | None) -> str:
     """Where one run of the DAG writes (output_root default: tpuflow.paths.output_root() when parsed)."""
-    return f"{output_root or paths.output_root()}/{dag_id}/{RUN_DATE}"
+    return f"{dag_dir_for(dag_id, output_root)}/{RUN_DATE}"
+
+
+def dag_dir_for(dag_id: str, output_root: str | None) -> str:
+    """Where the DAG's runs write, one folder each (their ledgers: the budget guard's basis)."""
+    return f"{output_root or paths.output_root()}/{dag_id}"
 
 
 def training_steps(
@@ -396,6 +401,7 @@ def build_pipeline_dag(
             tpu_slice=checked_slice(),
             expires_after=serving_expires_after(workload),  # the endpoint is served from the training slice
             retries=0,
+            pre_execute=BudgetGate(record_dir=run_dir),  # over budget: only once an approver's answer is recorded
         )
         cluster = start.output
         prep, train, evaluate = training_steps(cluster, run_dir, workload=workload)
@@ -436,8 +442,9 @@ def build_pipeline_dag(
             max_chip_hours="{{ params.max_chip_hours }}",
             slices=[{"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"}],
             over_budget="{{ params.over_budget }}",
+            ledger_dir=dag_dir_for(dag_id, output_root),
         )
-        approve = ChipBudgetApprovalOperator(task_id="approve_budget")
+        approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir)
         # everything runs on the one simulated slice (the ledger's timeline)
         slice_work = {
             task.task_id: cause

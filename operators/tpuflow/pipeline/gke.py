@@ -61,7 +61,7 @@ from tpuflow.capacity.operators import (
     GKEDeleteProvisioningRequestOperator,
     GKEWaitForFlexStartCapacityOperator,
 )
-from tpuflow.cost.approval import ChipBudgetApprovalOperator
+from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
 from tpuflow.cost.training import BudgetedRayTrainOperator
@@ -82,6 +82,7 @@ from tpuflow.pipeline.factory import (
     SERVE_SLICE,
     build_serve_config,
     checked_slice,
+    dag_dir_for,
     keep_endpoint,
     pipeline_dag,
     run_dir_for,
@@ -612,6 +613,8 @@ def build_gke_pipeline_dag(
         "fallback_capacity": fallback_capacity,
         "node_zone": node_zone,
         "zone_failover": "{{ params." + ZONE_FAILOVER_PARAM + " }}",
+        # over budget: a slice is asked for only once an approver's answer is recorded for the run
+        "pre_execute": BudgetGate(record_dir=run_dir, gcp_conn_id=gcp_conn_id),
     }
     kube: dict[str, Any] = {
         "kubernetes_conn_id": kubernetes_conn_id,
@@ -663,8 +666,10 @@ def build_gke_pipeline_dag(
                 *([{"role": "serve", "tpu": serve_slice_}] if serving else []),
             ],
             over_budget="{{ params.over_budget }}",
+            ledger_dir=dag_dir_for(dag_id, output_root),
+            gcp_conn_id=gcp_conn_id,
         )
-        approve = ChipBudgetApprovalOperator(task_id="approve_budget")
+        approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir, gcp_conn_id=gcp_conn_id)
         # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
         lease = AcquireSliceOperator(
             task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice(), **leases
@@ -687,6 +692,7 @@ def build_gke_pipeline_dag(
             **kube,
             "max_run_duration_seconds": "{{ params.max_run_duration_seconds or '' }}",
             "wait_timeout": cluster_ready_timeout,
+            "pre_execute": creates["pre_execute"],
         }
         request_capacity = GKECreateProvisioningRequestOperator(
             task_id="request_capacity", node_pool_task_id="create_node_pool", tpu_slice=checked_slice(), **queued

@@ -8,6 +8,11 @@ connections, for the object that task instance made (judged by the owner record 
 index). A payload whose addresses or credential references differ from that is refused with one line. A
 ``cluster`` dict written in the DAG file itself is configuration and is used as given.
 
+Mapping: a consumer expanded over the start task's XCom (``.expand(cluster=start.output)``) is created at run time
+with the resolved dict, so its source is read from the mapped definition in the DAG file, not from its arguments.
+A mapped start task (or one in a mapped TaskGroup) made one cluster per map index: the consumer's own map index
+says which; an unmapped start task made one, whatever the consumer's map index.
+
 The start operators implement ``ClusterSource``; this module sits below them (tpuflow.local, tpuflow.kuberay)
 and only knows the protocol.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from tpuflow.errors import UserInputError
 
@@ -37,6 +42,7 @@ AUTHORITY_KEYS = (
     "in_cluster_dns",
 )
 _PULLED_TASK = re.compile(r"""xcom_pull\(\s*(?:task_ids\s*=\s*)?['"]([^'"]+)['"]""")
+_PULLED_INDEX = re.compile(r"""map_indexes\s*=\s*(\d+)""")
 
 
 class ClusterTampered(UserInputError):
@@ -73,20 +79,23 @@ def trusted_cluster(
     consumer: BaseOperator, cluster: Any, source_task_id: str | None, context: Context
 ) -> dict[str, Any] | None:
     """``cluster`` (rendered) as its start task re-derives it; unchanged when it was written in the DAG file
-    (``source_task_id`` None) or is empty (a ``ray_conn_id`` names the cluster)."""
+    (no source task) or is empty (a ``ray_conn_id`` names the cluster). ``source_task_id`` is what the consumer
+    read from its own ``cluster`` argument; a mapped consumer's definition in the DAG file is read as well."""
+    source_task_id = declared_source(consumer, source_task_id, getattr(context["ti"], "map_index", None))
     if source_task_id is None or not cluster:
         return dict(cluster) if isinstance(cluster, Mapping) else None
     if not isinstance(cluster, Mapping):
         raise UserInputError("cluster", cluster, "pass the cluster-start task's XCom (a dict)")
-    producer = _source(consumer, source_task_id)
-    if producer is None:
+    found = source_of(consumer, source_task_id, context, _pulled_index(consumer))
+    if found is None:
         raise UserInputError(
             "cluster",
             source_task_id,
             "a Ray operator's cluster must be the XCom of a tpuflow cluster-start task (its addresses and token "
             "are derived from that task's own arguments); name other clusters with ray_conn_id",
         )
-    trusted = producer.cluster_from_reference(cluster, context)
+    producer, producer_context = found
+    trusted = producer.cluster_from_reference(cluster, producer_context)
     changed = sorted(k for k in AUTHORITY_KEYS if k in cluster and cluster[k] != trusted.get(k))
     if changed:
         raise ClusterTampered(
@@ -98,10 +107,83 @@ def trusted_cluster(
     return trusted
 
 
-def _source(consumer: BaseOperator, task_id: str) -> ClusterSource | None:
-    """The task of ``consumer``'s DAG (the file its author wrote) whose XCom names the cluster, when it is ours."""
-    producer = consumer.dag.task_dict.get(task_id) if consumer.dag is not None else None
-    return producer if isinstance(producer, ClusterSource) else None
+def declared_source(consumer: BaseOperator, captured: str | None, map_index: int | None = None) -> str | None:
+    """The task whose XCom ``consumer``'s cluster is: what its ``cluster`` argument said when it was created
+    (``captured``), else, for a mapped task, what its definition in the DAG file expands or partials it over
+    (Airflow creates the unmapped task with the XCom already resolved)."""
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+    if captured is not None:
+        return captured
+    defined = _defined(consumer, consumer.task_id)
+    if defined is None or not defined.is_mapped:
+        return None
+    partial = getattr(defined, "partial_kwargs", {}).get("cluster")
+    value = getattr(getattr(defined, "expand_input", None), "value", None)
+    if isinstance(value, Mapping):  # expand(cluster=...)
+        return cluster_source_task(value.get("cluster", partial))
+    if isinstance(value, list):  # expand_kwargs([{...}, ...]) written in the DAG file
+        entry = value[map_index] if map_index is not None and 0 <= map_index < len(value) else {}
+        return cluster_source_task(entry.get("cluster", partial) if isinstance(entry, Mapping) else partial)
+    references = sorted({op.task_id for op, _ in XComArg.iter_xcom_references(value)})
+    return references[0] if references else cluster_source_task(partial)  # expand_kwargs(some_task.output)
+
+
+def source_of(
+    consumer: BaseOperator, task_id: str, context: Context, pulled_index: int | None = None
+) -> tuple[ClusterSource, Context] | None:
+    """The start task ``task_id`` as its DAG file defines it, unmapped for the instance whose XCom ``consumer``
+    reads, and the context that instance ran in (its task id and map index); None when it is not ours."""
+    defined = _defined(consumer, task_id)
+    if defined is None:
+        return None
+    mapped = defined.is_mapped or defined.get_closest_mapped_task_group() is not None
+    index = -1
+    if mapped:
+        own = getattr(context["ti"], "map_index", None)
+        index = pulled_index if pulled_index is not None else (-1 if own is None else int(own))
+        if index < 0:
+            raise UserInputError(
+                "cluster",
+                task_id,
+                f"{task_id} is mapped: it starts one cluster per map index; expand this task over its XCom "
+                f"(.expand(cluster={task_id}.output)) or put both in one mapped TaskGroup",
+            )
+    view = _TaskInstanceView(context["ti"], task_id, index)
+    producer_context = cast("Context", {**context, "ti": view, "task_instance": view})
+    if defined.is_mapped:
+        kwargs, _ = defined._expand_mapped_kwargs(producer_context)  # Airflow's own unmapping, for that index
+        defined = defined.unmap(kwargs)
+    return (defined, producer_context) if isinstance(defined, ClusterSource) else None
+
+
+class _TaskInstanceView:
+    """The consumer's running task instance seen as another task instance of the same run: its task id and map
+    index, everything else (dag, run, XCom reads) the running one's."""
+
+    def __init__(self, ti: Any, task_id: str, map_index: int) -> None:
+        self._ti = ti
+        self.task_id = task_id
+        self.map_index = map_index
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ti, name)
+
+
+def _defined(consumer: BaseOperator, task_id: str) -> Any:
+    return consumer.dag.task_dict.get(task_id) if consumer.has_dag() else None
+
+
+def _pulled_index(consumer: BaseOperator) -> int | None:
+    """The map index a ``cluster`` template in the DAG file pulls explicitly (``xcom_pull(..., map_indexes=2)``)."""
+    defined = _defined(consumer, consumer.task_id)
+    raw = (
+        defined.partial_kwargs.get("cluster")
+        if getattr(defined, "is_mapped", False)
+        else getattr(defined, "cluster", None)
+    )
+    found = _PULLED_INDEX.search(raw) if isinstance(raw, str) else None
+    return int(found.group(1)) if found else None
 
 
 def _shown(value: Any) -> Any:
@@ -116,16 +198,18 @@ def check_url_of_source(consumer: BaseOperator, url: str, source_task_id: str | 
     that task re-derives (``cluster_from_reference``); ClusterTampered otherwise."""
     if source_task_id is None:
         return
-    producer = _source(consumer, source_task_id)
-    if producer is None:
+    found = source_of(consumer, source_task_id, context)
+    if found is None:
         raise UserInputError(
             "url",
             url,
             f"a bearer token is only sent to an endpoint a tpuflow deploy task made; {source_task_id} is not one "
             "(write the URL in the DAG, or take it from the deploy task's XCom)",
         )
-    reference = context["ti"].xcom_pull(task_ids=source_task_id)
-    trusted = producer.cluster_from_reference(reference if isinstance(reference, Mapping) else {}, context)
+    producer, producer_context = found
+    index = producer_context["ti"].map_index
+    reference = context["ti"].xcom_pull(task_ids=source_task_id, **({"map_indexes": index} if index >= 0 else {}))
+    trusted = producer.cluster_from_reference(reference if isinstance(reference, Mapping) else {}, producer_context)
     base = str(trusted.get("serve_url") or "").rstrip("/")
     if not base or not (url == base or url.startswith(f"{base}/")):
         raise ClusterTampered(

@@ -216,11 +216,7 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         cluster's start task, never the serve_url a (rewritable) XCom says."""
         from tpuflow.serve.hooks import RayServeHook
 
-        cluster = (
-            context["ti"].xcom_pull(task_ids=self._cluster_source)
-            if self._cluster_source
-            else self.render_template(self.cluster, context)
-        )
+        cluster = self.render_template(self.cluster, context)  # its XCom argument resolved (a mapped one already is)
         trusted = trusted_cluster(self, cluster, self._cluster_source, context)
         return {"serve_url": RayServeHook(ray_conn_id=self.ray_conn_id, cluster=trusted).serve_url}
 
