@@ -227,6 +227,16 @@ def test_the_guard_reads_earlier_ledgers_from_storage_not_from_a_rewritable_xcom
         task_id="budget_guard", max_chip_hours=8, over_budget="ask", ledger_dir=str(ledgers), slices=slices
     )
     assert guard.execute(task_context(ti))["estimate"] == pytest.approx(12.0)
+    # only the newest run folders are read (every slice task decides again): an old, longer run is no basis
+    (ledgers / "2000-01-01").mkdir()
+    (ledgers / "2000-01-01" / "ledger.json").write_text(
+        json.dumps({"slices": [{"role": "train", "created_at": 99.0, "seconds": 9000.0}]})
+    )
+    for day in range(1, 31):  # a month of daily runs after it, the last billed as the first test's
+        (ledgers / f"2026-11-{day:02d}").mkdir()
+        last = PREVIOUS_LEDGER if day == 30 else {"slices": []}
+        (ledgers / f"2026-11-{day:02d}" / "ledger.json").write_text(json.dumps(last))
+    assert guard.execute(task_context(ti))["estimate"] == pytest.approx(12.0)
 
 
 def approval_context(requester: str | None) -> dict[str, Any]:

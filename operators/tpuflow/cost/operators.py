@@ -338,6 +338,11 @@ def gke_slice_spans(
     return out
 
 
+# The newest run folders a budget decision reads (a month of daily runs): every task that asks for a slice decides
+# again, and a year of ledgers on Cloud Storage would be a read each.
+LEDGERS_READ = 30
+
+
 class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
     """Refuse to provision when the run's estimated chip-hours exceed its budget.
 
@@ -425,8 +430,9 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
         return budget.value, action.value
 
     def previous_ledgers(self, context: Context) -> list[Any]:
-        """The DAG's earlier ledgers: from ``ledger_dir`` when given (each folder's ledger.json; one that is not
-        JSON is skipped), else from the chip_ledger XComs of earlier runs."""
+        """The DAG's earlier ledgers: from ``ledger_dir`` when given (the ledger.json of its newest LEDGERS_READ run
+        folders, by name: the pipelines' folders are dates; one that is not JSON is skipped), else from the
+        chip_ledger XComs of earlier runs."""
         from tpuflow.cost.ledger import LEDGER_FILE, LEDGER_TASK_ID
         from tpuflow.storage import find_files, read_text
 
@@ -434,7 +440,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
             pulled = context["ti"].xcom_pull(task_ids=LEDGER_TASK_ID, include_prior_dates=True)
             return list(pulled) if isinstance(pulled, list | tuple) else [pulled]
         ledgers = []
-        for uri in find_files(self.ledger_dir.rstrip("/"), LEDGER_FILE, self.gcp_conn_id):
+        for uri in find_files(self.ledger_dir.rstrip("/"), LEDGER_FILE, self.gcp_conn_id)[-LEDGERS_READ:]:
             try:
                 ledgers.append(json.loads(read_text(uri, self.gcp_conn_id) or "null"))
             except ValueError:
