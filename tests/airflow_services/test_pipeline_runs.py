@@ -160,7 +160,7 @@ def _wait_for_state(api: Any, run_id: str, task_id: str, states: tuple[str, ...]
 def test_a_run_over_its_budget_waits_for_an_approver_never_its_requester(
     services: Any, api: Any, unpaused: None
 ) -> None:
-    """After the run above left a ledger, a run whose budget its estimate exceeds, with over_budget=ask, waits in
+    """After a run left a ledger, a run whose budget its estimate exceeds, with over_budget=ask, waits in
     Airflow's human-in-the-loop (awaiting input) before anything is provisioned. The admin names the approvers
     (Variable tpuflow_budget_approvers); a plain user who triggered the run cannot approve it through the REST
     API. One is rejected by the approver in the browser (nothing starts), one is killed while it waits, and one
@@ -168,6 +168,13 @@ def test_a_run_over_its_budget_waits_for_an_approver_never_its_requester(
     leave nothing."""
     from support.ui_browser import airflow_page, wait_for
 
+    from tpuflow.paths import output_root
+
+    # an earlier run's ledger, where its chip_ledger task writes it (the guard reads the DAG's output folder):
+    # 4 chips for 10 minutes, with make test-long's whole run (above) or without it
+    earlier = Path(output_root(services.env)) / PIPELINE / "2026-10-01" / "ledger.json"
+    earlier.parent.mkdir(parents=True, exist_ok=True)
+    earlier.write_text(json.dumps({"slices": [{"role": "train", "chips": 4, "created_at": 1.0, "seconds": 600.0}]}))
     api.post("/variables", json={"key": "tpuflow_budget_approvers", "value": "approver"}).raise_for_status()
     requester, approver = services.api("requester"), services.api("approver")
     conf = {**BACKFILL_CONF, "max_chip_hours": 1e-6, "over_budget": "ask"}

@@ -115,6 +115,19 @@ def test_service_ready_needs_ready_condition_running_apps_and_endpoints() -> Non
     assert verdict.state == "waiting" and "'embed' is DEPLOYING" in verdict.reason
 
 
+def test_service_mid_upgrade_waits_for_its_pending_cluster() -> None:
+    """KubeRay's UpgradeInProgress (both an active and a pending cluster, as ray-operator v1.6.0 sets it): the
+    active cluster still answers with the old spec, so the deploy is not done."""
+    running = service({"llm": app("RUNNING")})
+    running["status"]["pendingServiceStatus"] = {"rayClusterName": "svc-raycluster-fghij"}
+    running["status"]["conditions"].append(cond("UpgradeInProgress", True, "BothActivePendingClustersExist", ""))
+    verdict = rayservice_verdict(running)
+    assert verdict.state == "waiting" and "svc-raycluster-fghij is to replace svc-raycluster-abcde" in verdict.reason
+    running["status"]["conditions"][-1] = cond("UpgradeInProgress", False, "NoPendingCluster", "")
+    del running["status"]["pendingServiceStatus"]
+    assert rayservice_verdict(running).ready
+
+
 def test_service_waiting_for_its_cluster_says_so() -> None:
     verdict = rayservice_verdict(service(active="", ready=False, endpoints=0))
     assert verdict.state == "waiting" and "svc-raycluster-abcde is not ready" in verdict.reason

@@ -15,7 +15,8 @@ the run's output folder (storage only the workers write), and BudgetGate, run by
 it starts, computes the decision a third time and finds that record. A user who may mark task instances can mark
 ``approve_budget`` success through the REST API; the slice tasks then fail with one line instead of provisioning.
 
-Cheap to import (the DAG files import it): the standard provider's HITL module only.
+Cheap to import (the DAG files import it): the standard provider's HITL module, the budget guard and tpuflow's storage
+helpers (their clients load when used).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
+from tpuflow.cost.operators import ChipBudgetGuardOperator
 from tpuflow.errors import UserInputError
 from tpuflow.limits import OVER_BUDGET_CHOICES, variable
+from tpuflow.naming import owner_run_digest
+from tpuflow.storage import read_text, write_text
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -187,8 +191,6 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
         decision as it stands now and who answered."""
         answer = super().execute_complete(context, event)
         if self.APPROVE in (answer.get("chosen_options") or []) and self.record_dir:
-            from tpuflow.storage import write_text
-
             decision = guard_decision(self, self.guard_task_id, context)
             record = {
                 **_run_of(context),
@@ -212,8 +214,6 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
 def guard_decision(task: Any, guard_task_id: str, context: Context) -> dict[str, Any]:
     """The budget decision of ``guard_task_id`` for this run, computed again from that task as the DAG file
     defines it, rendered for ``context`` (its XCom is not read: a user who may write XComs could change it)."""
-    from tpuflow.cost.operators import ChipBudgetGuardOperator
-
     defined = task.dag.task_dict.get(guard_task_id) if task.has_dag() else None
     if not isinstance(defined, ChipBudgetGuardOperator):
         raise UserInputError("guard_task_id", guard_task_id, "name the DAG's ChipBudgetGuardOperator task")
@@ -229,8 +229,6 @@ def _run_of(context: Context) -> dict[str, str]:
 
 def approval_uri(record_dir: str, context: Context) -> str:
     """Where the run's approval is recorded: one file per run, named for its digest."""
-    from tpuflow.naming import owner_run_digest
-
     ti = context["ti"]
     return f"{record_dir.rstrip('/')}/approvals/{owner_run_digest(ti.dag_id, ti.run_id)}.json"
 
@@ -255,8 +253,6 @@ class BudgetGate:
 
     def __call__(self, context: Context) -> None:
         from airflow.sdk.exceptions import AirflowFailException
-
-        from tpuflow.storage import read_text
 
         task = context["task"]
         decision = guard_decision(task, self.guard_task_id, context)

@@ -249,6 +249,11 @@ def rayservice_verdict(obj: Mapping[str, Any] | None) -> Verdict:
     lag = _not_observed(obj, "RayService")
     if lag is not None:
         return lag
+    upgrading = conditions(obj).get("UpgradeInProgress")
+    if upgrading and _true(upgrading):  # the active cluster still serves the old spec until the pending one is promoted
+        pending = (status.get("pendingServiceStatus") or {}).get("rayClusterName") or "?"
+        active = (status.get("activeServiceStatus") or {}).get("rayClusterName") or "?"
+        return Verdict(WAITING, f"RayService {name}: upgrading, Ray cluster {pending} is to replace {active}")
     apps = application_statuses(obj)
     endpoints = int(status.get("numServeEndpoints") or 0)
     not_running = {a: s for a, s in apps.items() if s.get("status") != "RUNNING"}

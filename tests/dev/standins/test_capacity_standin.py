@@ -182,3 +182,25 @@ def test_flex_start_without_capacity_leaves_pods_pending_with_the_autoscalers_re
     assert "GCE_STOCKOUT" in events[0]["message"]
     assert gke.node_pools()[0]["nodeCount"] == 0
     assert all(p["status"]["phase"] == "Pending" for p in workers(kube, "flex"))
+
+
+def test_the_autoscalers_loop_retries_an_api_servers_429_and_records_other_errors() -> None:
+    """A 429 ("storage is (re)initializing", a CRD's storage starting) is the API server's retry-later: the loop
+    retries it, as client-go does; any other error is the stand-in's own and is recorded."""
+    import time
+
+    from tpuflow.dev.nodes.kube_rest import KubeError
+    from tpuflow.dev.standins.capacity import CapacityController
+
+    class Pools:
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def capacity_settings(self) -> Any:
+            raise self.error
+
+    for error, recorded in ((KubeError(429, "storage is (re)initializing"), False), (KubeError(500, "boom"), True)):
+        controller = CapacityController(objects=None, pools=Pools(error), interval=0.01).start()  # type: ignore[arg-type]
+        time.sleep(0.1)
+        controller.stop()
+        assert bool(controller.errors) is recorded, controller.errors

@@ -287,6 +287,9 @@ def test_rayservice_new_cluster_strategy_needs_a_second_slice(kube: KubeRayStand
     events = until(lambda: kube.store.list(EVENTS, NS, field_selector="reason=FailedScheduling"), bool)
     assert pending and "Insufficient google.com/tpu" in events[0]["message"]
     assert not cluster_verdict(kube, pending).ready
+    # the active cluster still serves the old spec: the upgrade is not done (KubeRay's UpgradeInProgress condition)
+    upgrading = service_verdict(kube)
+    assert upgrading.state == "waiting" and f"Ray cluster {pending} is to replace" in upgrading.reason, upgrading
 
 
 @pytest.mark.parametrize("by_url", [False, True])

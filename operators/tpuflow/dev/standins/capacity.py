@@ -130,7 +130,10 @@ class CapacityController:
             try:
                 self.step()
             except Exception as err:  # keep going, like the autoscaler's loop
-                self.errors.append(f"{type(err).__name__}: {err}")
+                # 429 is the API server's "retry later" (a CRD's storage initializing): the next step retries, as
+                # client-go does; anything else is this stand-in's error
+                if getattr(err, "status", None) != 429:
+                    self.errors.append(f"{type(err).__name__}: {err}")
             self._stop.wait(self.interval)
 
     def step(self, now: float | None = None) -> None:
