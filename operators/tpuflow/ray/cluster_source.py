@@ -81,7 +81,7 @@ def trusted_cluster(
     """``cluster`` (rendered) as its start task re-derives it; unchanged when it was written in the DAG file
     (no source task) or is empty (a ``ray_conn_id`` names the cluster). ``source_task_id`` is what the consumer
     read from its own ``cluster`` argument; a mapped consumer's definition in the DAG file is read as well."""
-    source_task_id = declared_source(consumer, source_task_id, getattr(context["ti"], "map_index", None))
+    source_task_id = declared_source(consumer, source_task_id)
     if source_task_id is None or not cluster:
         return dict(cluster) if isinstance(cluster, Mapping) else None
     if not isinstance(cluster, Mapping):
@@ -107,7 +107,7 @@ def trusted_cluster(
     return trusted
 
 
-def declared_source(consumer: BaseOperator, captured: str | None, map_index: int | None = None) -> str | None:
+def declared_source(consumer: BaseOperator, captured: str | None) -> str | None:
     """The task whose XCom ``consumer``'s cluster is: what its ``cluster`` argument said when it was created
     (``captured``), else, for a mapped task, what its definition in the DAG file expands or partials it over
     (Airflow creates the unmapped task with the XCom already resolved)."""
@@ -122,11 +122,9 @@ def declared_source(consumer: BaseOperator, captured: str | None, map_index: int
     value = getattr(getattr(defined, "expand_input", None), "value", None)
     if isinstance(value, Mapping):  # expand(cluster=...)
         return cluster_source_task(value.get("cluster", partial))
-    if isinstance(value, list):  # expand_kwargs([{...}, ...]) written in the DAG file
-        entry = value[map_index] if map_index is not None and 0 <= map_index < len(value) else {}
-        return cluster_source_task(entry.get("cluster", partial) if isinstance(entry, Mapping) else partial)
+    # expand_kwargs(...): the task whose XCom it reads (Airflow walks lists and dicts for them), else the partial's
     references = sorted({op.task_id for op, _ in XComArg.iter_xcom_references(value)})
-    return references[0] if references else cluster_source_task(partial)  # expand_kwargs(some_task.output)
+    return references[0] if references else cluster_source_task(partial)
 
 
 def source_of(
