@@ -115,6 +115,28 @@ def test_a_sigkilled_supervisor_takes_its_child_with_it(tmp_path: Path) -> None:
             supervisor.kill()
 
 
+def test_a_child_spawned_from_a_thread_outlives_the_thread_and_dies_with_the_process() -> None:
+    """PR_SET_PDEATHSIG follows the forking *thread*: a component restarted by a fault injector's thread lived only
+    as long as that thread (kube-apiserver was gone the moment the restart returned). spawn forks from one thread
+    that lives as long as the process."""
+    code = (
+        "import subprocess, threading, time; from tpuflow.dev.supervise import spawn\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append(spawn(['sleep', '60']))); t.start(); t.join()\n"
+        "time.sleep(1.0); print(out[0].pid, out[0].poll(), flush=True); time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, polled = (parent.stdout.readline() if parent.stdout else "").split()
+        assert polled == "None", "the child died with the thread that asked for it"
+        parent.kill()
+        parent.wait()
+        assert _gone(int(pid)), "the child outlived its SIGKILLed parent process"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
 def _hold(root: Path, holder: str, record: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:
         m.setenv(liveness.SUPERVISOR_ENV, json.dumps(record))

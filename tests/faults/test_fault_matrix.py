@@ -10,12 +10,14 @@ tests/faults/local_matrix.py, tests/faults/airflow_matrix.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from faults.airflow_matrix import RUN_TIMEOUT, AirflowFaultCase, airflow_case_params, run_airflow_case
+from faults.controlplane_matrix import ControlPlaneFaultCase, control_plane_case_params, run_control_plane_case
 from faults.local_matrix import LocalFaultCase, local_case_params, run_local_case
 from faults.matrix import OUTCOMES, FaultCase, case_params, run_case
 
@@ -82,3 +84,29 @@ def test_airflow_fault_leaves_nothing_behind(
     assert not outcome.leaked, f"{outcome.row()}\n{outcome.explanation}"
     assert not outcome.duplicated, f"{outcome.row()}\n{outcome.explanation}"
     assert outcome.recovered == case.recovers, f"{outcome.row()}\n{outcome.explanation}"
+
+
+@pytest.fixture(scope="module")
+def real_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real control plane (tpuflow.dev.rehearsal), shared by the control-plane rows."""
+    from tpuflow.dev.nodes import network as net
+    from tpuflow.dev.rehearsal import RehearsalStack
+
+    if net.available() is not None:
+        pytest.skip(str(net.available()))
+    with RehearsalStack(tmp_path_factory.mktemp("real-plane"), operation_seconds=1) as stack:
+        yield stack
+
+
+@pytest.mark.parametrize("case", control_plane_case_params())
+def test_control_plane_fault_leaves_nothing_behind(
+    case: ControlPlaneFaultCase, real_plane: Any, dags_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcome = run_control_plane_case(case, real_plane, dags_folder, monkeypatch)
+    OUTCOMES.append(outcome)
+    said = f"{outcome.row()}\n{outcome.explanation}"
+    assert "never fired" not in outcome.explanation, said
+    assert not outcome.leaked, said
+    assert not outcome.duplicated, said
+    assert outcome.recovered == case.recovers, said
+    assert outcome.made == {"node_pools": 1, "rayclusters": 1}, said  # the fault hit real work, made once

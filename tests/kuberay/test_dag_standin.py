@@ -91,3 +91,47 @@ def test_operators_in_a_dag_run(tmp_path: Path) -> None:
         assert "deployment 'LLMServer' of application 'llm' is UPDATING" in output
         assert "accelerator_config" in output
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
+
+
+TEARDOWN_DAG = textwrap.dedent("""
+    from datetime import timedelta
+
+    from airflow.sdk import DAG
+    from tpuflow.kuberay.operators import KubeRayCreateClusterOperator, KubeRayDeleteClusterOperator
+    from tpuflow.tpu import TpuSlice
+
+    COMMON = dict(kubernetes_conn_id="kube_standin", deferrable=True, poll_interval=0.2)
+
+    with DAG("team_failed_setup", schedule=None) as dag:
+        create = KubeRayCreateClusterOperator(task_id="ray", tpu_slice=TpuSlice.from_spec("v6e", "2x2"),
+                                              image="rayproject/ray:2.60.0-py311", wait_timeout=3, retries=1,
+                                              retry_delay=timedelta(seconds=1), **COMMON)
+        delete = KubeRayDeleteClusterOperator(task_id="drop_ray", cluster_task_id="ray", wait_timeout=60, **COMMON)
+        create >> delete.as_teardown(setups=create)
+""")
+
+
+@pytest.mark.slow
+def test_a_create_that_failed_for_good_deletes_its_cluster_though_airflow_skips_its_teardown(tmp_path: Path) -> None:
+    """A team's natural DAG: ``delete.as_teardown(setups=create)``. Airflow skips that teardown when its setup
+    failed, so the create (never ready: no TPU node) deletes its own RayCluster once its last try failed; the
+    retry before that adopted it (one RayCluster, made once)."""
+    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher
+
+    with KubeRayStandin(
+        tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=StaticNodePools([]), interval=0.1
+    ) as kube:
+        dag_file, env = standin_airflow_home(tmp_path / "airflow", kube, "team_failed_setup", TEARDOWN_DAG)
+        proc = subprocess.run(
+            dagtest_command(dag_file, "team_failed_setup"), env=env, capture_output=True, text=True, timeout=600,
+            cwd=REPO,
+        )  # fmt: skip
+        output = proc.stdout + proc.stderr
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
+        assert lines, output[-5000:]
+        states = json.loads(lines[-1].removeprefix("DAGTEST_RESULT "))["states"]
+        assert states["ray"] == "failed" and states["drop_ray"] != "success", states  # Airflow skipped it
+        assert kube.store.list(RAYCLUSTERS) == [], output[-5000:]
+        created = [e for _, e, _ in kube.store.events_since(RAYCLUSTERS, None, 0) or [] if e == "ADDED"]
+        assert len(created) == 1, created  # the retry adopted the first try's RayCluster
+        assert "Task failed: deleting the RayCluster" in output, output[-5000:]

@@ -207,3 +207,66 @@ def test_a_short_log_whose_tail_closes_before_the_whole_fetch_answers_ends_with_
     event = _wait(job)
     assert job.full_fetches == 1 and cancelled == [True], "the fetch was started, then dropped for the tail"
     assert event["result"] == {"steps": 30} and _logged(caplog) == job.text.splitlines()
+
+
+class ForgottenJob(TailedJob):
+    """A job the Ray head forgets mid-run: its head restarted (KubeRay's pod started again on a rebooted node)."""
+
+    def __init__(self) -> None:
+        super().__init__(5)
+        self.polls = 0
+
+    async def aget_job_info(self, sid: str) -> dict[str, Any] | None:
+        self.polls += 1
+        return {"status": "RUNNING"} if self.polls < 3 else None
+
+
+def test_a_job_its_ray_head_forgot_fails_retryable_saying_the_head_restarted() -> None:
+    event = _wait(ForgottenJob())
+    assert event["status"] == "failed" and event["retryable"] is True, event
+    assert "its head restarted or was replaced" in event["message"], event
+    assert "a retry of the task submits the job again" in event["message"], event
+
+
+class GoneHead(TailedJob):
+    """A job whose dashboard stops answering mid-run (the head's pod gone, or replaced at a new address)."""
+
+    def __init__(self, answers: int) -> None:
+        super().__init__(5)
+        self.answers = answers
+
+    async def aget_job_info(self, sid: str) -> dict[str, Any]:
+        if self.answers <= 0:
+            raise ConnectionRefusedError("Connect call failed ('10.200.0.8', 8265)")
+        self.answers -= 1
+        return {"status": "RUNNING"}
+
+    async def atail_job_logs(self, sid: str) -> AsyncIterator[str]:
+        raise ConnectionError("gone")
+        yield ""
+
+
+def test_a_dashboard_silent_past_the_unreachable_timeout_fails_retryable_naming_the_head() -> None:
+    event = _wait(GoneHead(answers=2), unreachable_timeout=0.2)
+    assert event["status"] == "failed" and event["retryable"] is True, event
+    assert "has not answered for 0.2 s" in event["message"] and "re-attaches to the job" in event["message"], event
+
+
+def test_an_answer_between_silences_starts_the_unreachable_count_again() -> None:
+    class Flapping(GoneHead):
+        polls = 0
+
+        async def aget_job_info(self, sid: str) -> dict[str, Any]:
+            self.polls += 1
+            if self.polls > 40:
+                return {"status": "SUCCEEDED"}
+            if self.polls % 5:
+                raise ConnectionRefusedError("restarting")
+            return {"status": "RUNNING"}
+
+        async def aget_job_logs(self, sid: str) -> str:
+            return self.text
+
+    # 4 silent polls of 0.01 s in a row at most: never 0.2 s of silence
+    event = _wait(Flapping(answers=0), unreachable_timeout=0.2)
+    assert event["status"] == "success", event

@@ -248,6 +248,26 @@ def jobs_reached(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return reached
 
 
+def test_an_xcom_naming_another_address_only_reaches_the_clusters_own_and_says_so(
+    local_run: tuple[Path, Any],
+    jobs_reached: list[dict[str, Any]],
+    attacker: tuple[str, list[dict[str, str]]],
+    capfd: Any,
+) -> None:
+    """Addresses are never taken from XCom, nor refused for differing: a KubeRay head replaced after its node died
+    answers at a new pod address its start task's XCom cannot know (tests/faults/controlplane_matrix.py, the node
+    agent row). The job reaches the cluster's own address and the log says the XCom named another."""
+    _, run_dag = local_run
+    url, seen = attacker
+    run = run_dag("xcom_local_moved", {"dashboard_url": url, "serve_url": url})
+    assert _states(run)["job"] == "success", _states(run)
+    (job,) = jobs_reached
+    assert job["dashboard_url"] == "http://127.0.0.1:9" and job["serve_url"] != url, job
+    assert seen == [], f"the worker called the address the XCom named: {seen}"
+    out = capfd.readouterr()
+    assert "names dashboard_url, serve_url other than the cluster's now" in out.out + out.err
+
+
 def _mapped_states(run: Any) -> dict[tuple[str, int], str]:
     return {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
 

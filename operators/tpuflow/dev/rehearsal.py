@@ -143,21 +143,32 @@ class RehearsalStack(StandinStack):
             self.autoscaler = start_autoscaler(
                 self.api(AUTOSCALER_USER), self.gke, self.cluster_path, interval=self.interval
             )
-            self.agent = NodeAgent(
-                self.api(NODE_AGENT_USER),
-                self.workdir / "nodes",
-                cluster=self.cluster_path,
-                pools=lambda: self.gke.node_pools(self.cluster_path),
-                index=self.index,
-                host_ports=host_ports(self.pod_env),
-                extra_env=self.pod_env,
-                interval=self.interval,
-            ).start()
+            self.start_node_agent()
         except BaseException:
             self.stop()
             raise
         self.write_files()
         return self
+
+    def start_node_agent(self) -> NodeAgent:
+        """GKE's nodes: at start, and again after ``kill_node_agent`` (the nodes coming back)."""
+        self.agent = NodeAgent(
+            self.api(NODE_AGENT_USER),
+            self.workdir / "nodes",
+            cluster=self.cluster_path,
+            pools=lambda: self.gke.node_pools(self.cluster_path),
+            index=self.index,
+            host_ports=host_ports(self.pod_env),
+            extra_env=self.pod_env,
+            interval=self.interval,
+        ).start()
+        return self.agent
+
+    def kill_node_agent(self) -> None:
+        """Every node dies at once, with its pods' processes (``NodeAgent.crash``); ``start_node_agent`` brings
+        them back."""
+        if self.agent is not None:
+            self.agent.crash()
 
     def _start_webhook(self) -> None:
         ca = pki.load_ca(self.plane.workdir / "pki")

@@ -32,12 +32,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from tpuflow.arguments import ArgumentCheck
 from tpuflow.docstrings import InheritedParamDocs
 from tpuflow.events import raise_for_event
+from tpuflow.failure_callbacks import chain_on_failure
 from tpuflow.kuberay import DEFAULT_RAY_VERSION
 from tpuflow.kuberay.addresses import check_address_mode
 from tpuflow.kuberay.kinds import KubeRayKind
 from tpuflow.kuberay.links import GKERayHeadPodLink, GKEWorkloadsLink, RayDashboardLink
 from tpuflow.kubernetes.operator_base import GKE_CLUSTER_KEYS, KubernetesBaseOperator
-from tpuflow.kubernetes.ownership import check_expires_after, owner_annotations
+from tpuflow.kubernetes.ownership import check_expires_after, object_name, owner_annotations
 from tpuflow.kubernetes.values import check_name
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER, OWNER_ANNOTATION
 from tpuflow.naming import TaskIdentity
@@ -140,6 +141,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         self.address_mode = address_mode
         self.expires_after = expires_after
         self._owned: OwnedObject | None = None  # what on_kill deletes: set only while waiting in this worker
+        chain_on_failure(self, self._delete_after_final_failure)
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
@@ -277,6 +279,28 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         """The wait's outcome, for both paths: the trigger's event, or the same event from execute_sync."""
         raise_for_event(event, f"{self.kind} {event.get('namespace')}/{event.get('name')}")
         return self.finish(context, event["name"], event["namespace"])
+
+    def _delete_after_final_failure(self, context: Context) -> None:
+        """No try left: delete the object this task instance made (its owner record says so), since Airflow skips a
+        teardown whose setups all failed (tpuflow.failure_callbacks). A retry adopts the object instead."""
+        if not self.deletes_on_kill():
+            return
+        try:
+            hook, namespace = self.kube_hook(), self.resolve_namespace()
+            name = object_name(context, self.name)
+            obj = hook.get(self.plural, name, namespace)
+            owner = ((obj or {}).get("metadata") or {}).get("annotations", {}).get(OWNER_ANNOTATION)
+            if obj is None or TaskIdentity.from_record(owner) != TaskIdentity.from_context(context, self.task_id):
+                return
+            self.log.warning(
+                "Task failed: deleting the %s %s/%s it made (a teardown is skipped when its setup failed)",
+                self.kind,
+                namespace,
+                name,
+            )
+            hook.delete(self.plural, name, namespace)
+        except Exception as err:  # noqa: BLE001 - a callback must not hide the task's own error
+            self.log.warning("Could not delete the %s this task made (%s); `tpuflow reap` removes it", self.kind, err)
 
     def on_kill(self) -> None:
         """Killed while waiting in the worker (not deferred): delete the object this task created."""

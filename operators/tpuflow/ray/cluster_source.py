@@ -5,7 +5,9 @@ Airflow lets a user who may write XComs rewrite a running run's XComs through th
 read as a *reference* only: the start task that produced it (found in the DAG file, which only its author
 writes) re-derives the addresses, the token's location and the state folder from its own arguments and
 connections, for the object that task instance made (judged by the owner record it wrote: dag, run, task, map
-index). A payload whose addresses or credential references differ from that is refused with one line. A
+index). A payload whose credential references or state folder differ from that is refused with one line; its
+addresses are never used, the cluster's current ones are (a KubeRay head pod replaced after its node died answers
+at a new address, which the start task's XCom cannot know). A
 ``cluster`` dict written in the DAG file itself is configuration and is used as given.
 
 Mapping: a consumer expanded over the start task's XCom (``.expand(cluster=start.output)``) is created at run time
@@ -28,19 +30,11 @@ from tpuflow.errors import UserInputError
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
 
-# What says where a cluster is or with what credential to reach it: never taken from XCom.
-AUTHORITY_KEYS = (
-    "dashboard_url",
-    "serve_url",
-    "metrics_url",
-    "gcs_address",
-    "client_address",
-    "auth_token_path",
-    "ray_auth",
-    "state_dir",
-    "python",
-    "in_cluster_dns",
-)
+# Where a cluster is: never taken from XCom, always read again from the cluster; a KubeRay head replaced after its
+# node died answers at a new pod address, so a different one in the XCom is not by itself a rewrite.
+ADDRESS_KEYS = ("dashboard_url", "serve_url", "metrics_url", "gcs_address", "client_address", "in_cluster_dns")
+# With what credential, and what local state, a cluster is reached: these never change for one cluster.
+CREDENTIAL_KEYS = ("auth_token_path", "ray_auth", "state_dir", "python")
 _PULLED_TASK = re.compile(r"""xcom_pull\(\s*(?:task_ids\s*=\s*)?['"]([^'"]+)['"]""")
 _PULLED_INDEX = re.compile(r"""map_indexes\s*=\s*(\d+)""")
 
@@ -96,7 +90,17 @@ def trusted_cluster(
         )
     producer, producer_context = found
     trusted = producer.cluster_from_reference(cluster, producer_context)
-    changed = sorted(k for k in AUTHORITY_KEYS if k in cluster and cluster[k] != trusted.get(k))
+    moved = sorted(k for k in ADDRESS_KEYS if k in cluster and cluster[k] != trusted.get(k))
+    if moved:
+        consumer.log.warning(
+            "The XCom of task %s names %s other than the cluster's now (%s for %s); using the cluster's own "
+            "(its head was replaced, or the XCom was rewritten)",
+            source_task_id,
+            ", ".join(moved),
+            _shown(trusted.get(moved[0])),
+            _shown(cluster[moved[0]]),
+        )
+    changed = sorted(k for k in CREDENTIAL_KEYS if k in cluster and cluster[k] != trusted.get(k))
     if changed:
         raise ClusterTampered(
             f"cluster[{changed[0]!r}]",

@@ -22,6 +22,7 @@ from tpuflow.output_links import OutputsLink, browse_url
 from tpuflow.ray.cluster_source import cluster_source_task, trusted_cluster
 from tpuflow.ray.connection import check_cluster
 from tpuflow.ray.links import RayDashboardLink, RayJobLink, RayJobLogLink
+from tpuflow.rayjob import UNREACHABLE_TIMEOUT_S
 from tpuflow.storage import emulator_env, write_text
 from tpuflow.validation import check_number, check_seconds
 from tpuflow.work_spans import WORK_SPAN_KEY, job_work_span
@@ -136,6 +137,9 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
     :param deferrable: wait in the triggerer (default) instead of the worker.
     :param poll_interval: seconds between status polls.
     :param job_timeout: seconds after which the job is stopped and the task fails (retried); None: no limit.
+    :param unreachable_timeout: seconds the Ray dashboard may not answer in a row before the wait fails, retryable
+        (the head is gone, or was replaced and answers at a new address: the retry reaches it there, re-attaches
+        to the job or submits it again); None: wait on until ``job_timeout``.
     :param min_result: quality gate, e.g. {"accuracy": 0.9}: fail (without retry) if the result is below; a key
         missing from the result's top level is looked up in its ``metrics`` (a Ray Train run's); templated.
     :param log_uri: where to keep the job's full driver log once it ends, whatever the outcome (local path
@@ -179,6 +183,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         deferrable: bool = True,
         poll_interval: float = 2.0,
         job_timeout: float | None = None,
+        unreachable_timeout: float | None = UNREACHABLE_TIMEOUT_S,
         min_result: dict[str, float] | None = None,
         log_uri: str | None = None,
         train_run_path: str | None = None,
@@ -198,6 +203,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
+        self.unreachable_timeout = unreachable_timeout
         self.min_result = min_result
         self.log_uri = log_uri
         self.train_run_path = train_run_path
@@ -224,6 +230,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             # Never templated: checked at parse time whatever the others are.
             ((), lambda: check_seconds("poll_interval", self.poll_interval)),
             ((), lambda: check_seconds("job_timeout", self.job_timeout, optional=True)),
+            ((), lambda: check_seconds("unreachable_timeout", self.unreachable_timeout, optional=True)),
             ((), lambda: _check_cpus(self.entrypoint_num_cpus)),
             ((RUN_TIME,), self._check_code_shipping),
         ]
@@ -307,6 +314,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             "submission_id": sid,
             "poll_interval": self.poll_interval,
             "timeout": self.job_timeout,
+            "unreachable_timeout": self.unreachable_timeout,
             "restart_if_stopped": reattached and may_restart,
             "result_nonce": nonce,
         }

@@ -10,6 +10,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from tpuflow.ray.connection import RayDashboardHook
+from tpuflow.rayjob import UNREACHABLE_TIMEOUT_S
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.rayjob.quality_gate import gate_failure
 from tpuflow.rayjob.waits import wait_for_job
@@ -47,6 +48,7 @@ class RayJobTrigger(TpuflowTrigger):
     :param restart_if_stopped: a STOPPED end is the earlier try's kill landing late: report it as
         ``success`` with ``job_status`` STOPPED so the task submits a fresh job.
     :param result_nonce: the job's result nonce (its metadata): only a result line carrying it is its result.
+    :param unreachable_timeout: seconds the dashboard may not answer in a row before the wait fails (retryable).
     :param end_task: ``RaySubmitJobOperator.task_end()``: ``{"min_result", "return_result"}`` to end the
         task here when the job SUCCEEDED and its result passes the gate (the result is the task's return
         value when ``return_result``); None, or any other outcome: the task resumes on a worker.
@@ -63,6 +65,7 @@ class RayJobTrigger(TpuflowTrigger):
         "restart_if_stopped",
         "end_task",
         "result_nonce",
+        "unreachable_timeout",
     )
 
     def __init__(
@@ -77,6 +80,7 @@ class RayJobTrigger(TpuflowTrigger):
         restart_if_stopped: bool = False,
         end_task: dict[str, Any] | None = None,
         result_nonce: str | None = None,
+        unreachable_timeout: float | None = UNREACHABLE_TIMEOUT_S,
     ) -> None:
         super().__init__()
         self.submission_id = submission_id
@@ -89,6 +93,7 @@ class RayJobTrigger(TpuflowTrigger):
         self.restart_if_stopped = restart_if_stopped
         self.end_task = end_task
         self.result_nonce = result_nonce
+        self.unreachable_timeout = unreachable_timeout
         self._cursor_broken = False
 
     def _hook(self) -> RayJobHook:
@@ -113,6 +118,7 @@ class RayJobTrigger(TpuflowTrigger):
                 offset=offset,
                 save_offset=self._save_offset,
                 result_nonce=self.result_nonce,
+                unreachable_timeout=self.unreachable_timeout,
                 log=self.log,
             )
         yield await self.event(event)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NotRequired, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
+from tpuflow.rayjob import UNREACHABLE_TIMEOUT_S
 from tpuflow.rayjob.failures import is_user_code_error
 from tpuflow.rayjob.hooks import (
     RESULT_MARKER,
@@ -249,10 +250,12 @@ async def wait_for_job(
     offset: int = 0,
     save_offset: Callable[[int], Awaitable[None]] | None = None,
     result_nonce: str | None = None,
+    unreachable_timeout: float | None = UNREACHABLE_TIMEOUT_S,
     log: Any,
 ) -> RayJobEvent:
     """Poll the job until it is SUCCEEDED, FAILED or STOPPED, or ``timeout`` seconds after
-    ``started_at`` (then the job is stopped). Driver-log characters past ``offset`` go to ``log``
+    ``started_at`` (then the job is stopped), or until the dashboard has not answered for ``unreachable_timeout``
+    seconds in a row (a retryable failure: the head is gone or answers elsewhere now; None: wait on). Driver-log characters past ``offset`` go to ``log``
     line by line as the log tail delivers them; ``save_offset`` hears the offset reached after the
     lines were logged, at most once per ``poll_interval`` and when the wait ends (also by
     cancellation, as when the triggerer stops), so a crash repeats at most one interval's lines.
@@ -278,7 +281,8 @@ async def wait_for_job(
     tail = asyncio.ensure_future(_follow(reader, submission_id, follower, emit, retry_after=poll_interval, log=log))
     try:
         return await _poll(reader, submission_id, follower, tail, emit, poll_interval=poll_interval, timeout=timeout,
-                           started_at=started_at, restart_if_stopped=restart_if_stopped, log=log)  # fmt: skip
+                           started_at=started_at, restart_if_stopped=restart_if_stopped,
+                           unreachable_timeout=unreachable_timeout, log=log)  # fmt: skip
     finally:
         await _cancel(tail)
         await save(force=True)
@@ -295,10 +299,12 @@ async def _poll(
     timeout: float | None,
     started_at: float,
     restart_if_stopped: bool,
+    unreachable_timeout: float | None,
     log: Any,
 ) -> RayJobEvent:
     job_status = "UNKNOWN"
     masked = False
+    unreachable_since: float | None = None
     while True:
         try:
             info = await reader.aget_job_info(submission_id)
@@ -312,12 +318,27 @@ async def _poll(
                     job_status,
                     follower.tail,
                 )
-            log.warning("Ray dashboard unreachable (%s); retrying", err)  # the deadline bounds this
+            unreachable_since = time.monotonic() if unreachable_since is None else unreachable_since
+            if unreachable_timeout is not None and time.monotonic() - unreachable_since >= unreachable_timeout:
+                return _job_event(
+                    "failed",
+                    f"the Ray dashboard has not answered for {unreachable_timeout:g} s ({err}): the cluster's head is "
+                    "gone, or was replaced and answers at a new address; a retry of the task reaches the cluster "
+                    "where it is now and re-attaches to the job, or submits it again if the head lost it",
+                    submission_id,
+                    job_status,
+                    follower.tail,
+                    retryable=True,
+                )
+            log.warning("Ray dashboard unreachable (%s); retrying", err)
             info = {"status": job_status}
+        else:
+            unreachable_since = None
         if info is None:
             return _job_event(
                 "failed",
-                f"Ray job {submission_id} no longer exists",
+                "the Ray cluster no longer knows this job: its head restarted or was replaced (Ray keeps its jobs"
+                " on the head), so the job's driver is gone; a retry of the task submits the job again",
                 submission_id,
                 "FAILED",
                 follower.tail,

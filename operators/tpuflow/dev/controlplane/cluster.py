@@ -43,7 +43,7 @@ import yaml
 
 from tpuflow.dev.controlplane import binaries as binaries_mod
 from tpuflow.dev.controlplane import pki
-from tpuflow.dev.supervise import die_with_parent
+from tpuflow.dev.supervise import spawn
 
 STATE_FILE = "controlplane.json"
 SERVICE_CIDR = "10.96.0.0/16"  # GKE's default range for Services
@@ -81,14 +81,13 @@ class Component:
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = spawn(  # a restart may come from any thread (tpuflow.dev.supervise.spawn)
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,
-                preexec_fn=die_with_parent(os.getpid()),
             )
 
     @property

@@ -123,19 +123,34 @@ class NodeAgent:
         return self
 
     def stop(self, grace: float = 5.0) -> None:
+        self._halt(grace, pre_stop=True)
+        with contextlib.suppress(Exception):
+            self.registry.remove_all()
+        self.network.down()
+
+    def crash(self) -> None:
+        """The nodes die at once (the fault matrix's "node agent killed"): the loop stops, every pod's processes
+        are SIGKILLed with no preStop hook and their sandboxes go, and the API hears nothing: the Nodes stay, their
+        heartbeats stop and each pod keeps the status last reported. A NodeAgent started again on the same
+        ``index`` is the nodes coming back (``PodRun.after_node_restart``)."""
+        self._halt(0.0, pre_stop=False)
+        self.network.release()
+
+    def _halt(self, grace: float, *, pre_stop: bool) -> None:
+        """Stop the loop, then every pod's processes at once (each within ``grace``), and the Service proxy."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        threads = [threading.Thread(target=run.terminate, args=(grace,)) for run in self.runs.values()]
+        threads = [
+            threading.Thread(target=run.terminate, args=(grace,), kwargs={"pre_stop": pre_stop})
+            for run in self.runs.values()
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         self.runs.clear()
         self.proxy.stop()
-        with contextlib.suppress(Exception):
-            self.registry.remove_all()
-        self.network.down()
 
     def _loop(self) -> None:
         failing: str | None = None  # the outage being retried: said once when it starts and once when it ends
@@ -177,6 +192,8 @@ class NodeAgent:
                 self._delete(pod)
             elif uid not in self.runs and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 run = PodRun(pod, self.ctx)
+                if (pod.get("status") or {}).get("containerStatuses"):  # it ran here before the nodes died
+                    run.after_node_restart(pod["status"])
                 self.runs[uid] = run
                 self.log(f"starting pod {run.namespace}/{run.name} on {run.node}")
                 self.pods_started.append(f"{run.namespace}/{run.name}")

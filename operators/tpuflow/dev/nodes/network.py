@@ -172,11 +172,15 @@ class PodNetwork:
         _ip("link", "set", self.bridge, "up")
         return self
 
-    def down(self) -> None:
+    def release(self) -> None:
+        """Stop this object's forwarders and leave the bridge (a restarted agent's ``up()`` finds it)."""
         for forwarder in [*self._forwarders.values(), *(f for fs in self._loopback.values() for f in fs)]:
             forwarder.stop()
         self._forwarders.clear()
         self._loopback.clear()
+
+    def down(self) -> None:
+        self.release()
         for netns in self.namespaces():
             self.remove_namespace(netns)
         for folder in NETNS_ETC.glob(f"tpf{self.index}-*"):  # a hosts file rewritten while its pod went
@@ -217,6 +221,9 @@ class PodNetwork:
             _ip("-n", netns, "link", "show", "eth0")  # it exists from before: must be whole
             self._forward_loopback(netns)
             return PodInterface(netns, ip, host_veth)
+        # a sandbox of this pod from before the node died may still be going (its namespace is freed once its
+        # last process is reaped): its host end is stale, as is its peer
+        _ip("link", "del", host_veth, check=False)
         _ip("link", "add", host_veth, "type", "veth", "peer", "name", f"{host_veth}p")
         _ip("link", "set", f"{host_veth}p", "netns", netns)
         _ip("link", "set", host_veth, "master", self.bridge, "up")

@@ -32,9 +32,10 @@ from typing import Any
 from tpuflow.dev.nodes.network import PodInterface, PodNetwork
 from tpuflow.dev.nodes.node_registry import now
 from tpuflow.dev.nodes.pod_env import Lookup, container_env, expand
-from tpuflow.dev.supervise import die_with_parent
+from tpuflow.dev.supervise import spawn
 
 BACKOFF_S = (10, 20, 40, 80, 160, 300)
+SANDBOX_RETRY_S = (1, 2, 4, 8, 15)
 
 
 @dataclass
@@ -150,6 +151,7 @@ class PodRun:
         self.start_time: str | None = None
         self.initialized = not self.init
         self.failed_reason = ""
+        self.waiting_reason = ""  # why the pod's sandbox is not there yet (the kubelet's event)
         self.terminating = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -157,23 +159,36 @@ class PodRun:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        self.start_time = now()
+        self.start_time = self.start_time or now()
+        if self.failed_reason:  # after_node_restart: nothing may start again
+            return
         self._thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
         self._thread.start()
 
+    def _sandbox(self) -> None:
+        self.iface = self.ctx.network.add_pod(self.uid)
+        self.pod.setdefault("status", {}).update(podIP=self.iface.ip, hostIP=self.ctx.host_address(self.node))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp.chmod(0o1777)
+        self._write_volumes()
+        self.ctx.write_hosts(self.uid, self.hostname, self.iface.ip)
+
     def _run(self) -> None:
-        try:
-            self.iface = self.ctx.network.add_pod(self.uid)
-            self.pod.setdefault("status", {}).update(podIP=self.iface.ip, hostIP=self.ctx.host_address(self.node))
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self.tmp.mkdir(parents=True, exist_ok=True)
-            self.tmp.chmod(0o1777)
-            self._write_volumes()
-            self.ctx.write_hosts(self.uid, self.hostname, self.iface.ip)
-        except Exception as err:  # noqa: BLE001 - reported as the pod's sandbox failure, as a kubelet does
-            self.failed_reason = f"FailedCreatePodSandBox: {err}"
-            self.ctx.log(f"pod {self.namespace}/{self.name}: {self.failed_reason}")
+        for delay in SANDBOX_RETRY_S:  # a kubelet retries a sandbox it could not make, and says so
+            try:
+                self._sandbox()
+                break
+            except Exception as err:  # noqa: BLE001 - reported as the pod's sandbox failure, as a kubelet does
+                self.iface = None
+                self.waiting_reason = f"FailedCreatePodSandBox: {err}"
+                self.ctx.log(f"pod {self.namespace}/{self.name}: {self.waiting_reason}; retrying in {delay} s")
+                if self._stop.wait(delay):
+                    return
+        else:
+            self.failed_reason = self.waiting_reason
             return
+        self.waiting_reason = ""
         policy = str(self.pod["spec"].get("restartPolicy") or "Always")
         for run in self.init:
             while not self._stop.is_set():
@@ -265,14 +280,14 @@ class PodRun:
         script.write_text(self._prelude(run))
         log = open(self.dir / f"{run.name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            run.proc = subprocess.Popen(
+            run.proc = spawn(  # the pod thread may end before its processes (tpuflow.dev.supervise.spawn)
                 [
                     "ip",
                     "netns",
                     "exec",
                     self.iface.netns,
-                    # its own mount, host name and process ids, as a container has; --kill-child with the parent-death
-                    # signal below: when the agent's process dies, every process of the pod dies with it, as a
+                    # its own mount, host name and process ids, as a container has; --kill-child with spawn's parent-death
+                    # signal: when the agent's process dies, every process of the pod dies with it, as a
                     # node's containers die with their VM (nothing of a SIGKILLed rehearsal keeps running)
                     "unshare",
                     "--mount",
@@ -293,7 +308,6 @@ class PodRun:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent(os.getpid()),
             )
         finally:
             log.close()
@@ -426,13 +440,35 @@ class PodRun:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.proc.pid, signal.SIGKILL)
 
+    def after_node_restart(self, reported: Mapping[str, Any]) -> None:
+        """This pod's node (the agent and every process) died and came back; ``reported`` is the status last
+        written before. As a kubelet after a reboot: a pod whose containers had started fails under restartPolicy
+        Never (they cannot start again); under Always and OnFailure they start again, each one more restart."""
+        ran = {
+            str(c.get("name")): int(c.get("restartCount") or 0)
+            for c in reported.get("containerStatuses") or []
+            if {"running", "terminated"} & set(c.get("state") or {})
+        }
+        if not ran:
+            return
+        self.start_time = reported.get("startTime") or None  # a kubelet keeps the pod's first start time
+        if str(self.pod["spec"].get("restartPolicy") or "Always") == "Never":
+            self.failed_reason = "the node restarted; the pod's containers are gone and its restartPolicy is Never"
+            return
+        for run in self.containers:
+            if run.name in ran:
+                run.restarts = ran[run.name] + 1
+                run.last_terminated = {"exitCode": 255, "reason": "Unknown", "finishedAt": now()}
+
     # --- termination ---------------------------------------------------------------------------------------
-    def terminate(self, grace: float) -> None:
-        """Stop every process of the pod (SIGTERM, SIGKILL after ``grace``) and remove its network namespace."""
+    def terminate(self, grace: float, *, pre_stop: bool = True) -> None:
+        """Stop every process of the pod (SIGTERM, SIGKILL after ``grace``) and remove its network namespace;
+        ``pre_stop=False``: no preStop hook (the node died under the pod)."""
         self.terminating = True
         self._stop.set()
         deadline = time.monotonic() + grace
-        self._pre_stop(deadline)
+        if pre_stop:
+            self._pre_stop(deadline)
         self._signal_all(signal.SIGTERM)
         while time.monotonic() < deadline and self._pids():
             time.sleep(0.2)
@@ -536,8 +572,8 @@ class PodRun:
         if self.iface is not None:
             host = self.ctx.host_address(self.node)
             status.update(podIP=self.iface.ip, podIPs=[{"ip": self.iface.ip}], hostIP=host, hostIPs=[{"ip": host}])
-        if self.failed_reason:
-            status["message"] = self.failed_reason
+        if self.failed_reason or self.waiting_reason:
+            status["message"] = self.failed_reason or self.waiting_reason
         return status
 
 
