@@ -32,7 +32,7 @@ from typing import Any
 from tpuflow.dev.nodes.network import PodInterface, PodNetwork
 from tpuflow.dev.nodes.node_registry import now
 from tpuflow.dev.nodes.pod_env import Lookup, container_env, expand
-from tpuflow.dev.supervise import spawn
+from tpuflow.dev.supervise import die_with_parent
 
 BACKOFF_S = (10, 20, 40, 80, 160, 300)
 SANDBOX_RETRY_S = (1, 2, 4, 8, 15)
@@ -280,14 +280,16 @@ class PodRun:
         script.write_text(self._prelude(run))
         log = open(self.dir / f"{run.name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            run.proc = spawn(  # the pod thread may end before its processes (tpuflow.dev.supervise.spawn)
+            # forked by the pod's own thread, which lives as long as the pod's processes (the parent-death signal
+            # follows the forking thread); tpuflow.dev.supervise.spawn's one thread made pods start twice as slowly
+            run.proc = subprocess.Popen(
                 [
                     "ip",
                     "netns",
                     "exec",
                     self.iface.netns,
-                    # its own mount, host name and process ids, as a container has; --kill-child with spawn's parent-death
-                    # signal: when the agent's process dies, every process of the pod dies with it, as a
+                    # its own mount, host name and process ids, as a container has; --kill-child with the parent-death
+                    # signal below: when the agent's process dies, every process of the pod dies with it, as a
                     # node's containers die with their VM (nothing of a SIGKILLed rehearsal keeps running)
                     "unshare",
                     "--mount",
@@ -308,6 +310,7 @@ class PodRun:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
             )
         finally:
             log.close()
