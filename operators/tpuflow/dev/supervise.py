@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -70,51 +71,17 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> Callable[[], None
     return preexec
 
 
-class _Spawner:
-    """One thread for the life of the process that forks the children tied to it (``spawn``): Linux sends
-    PR_SET_PDEATHSIG when the *thread* that forked the child ends, so a child started from a short-lived thread
-    (a fault injector restarting kube-apiserver) would be killed as soon as that thread returned."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: list[tuple[Callable[[], Any], threading.Event, list[Any]]] = []
-        self._wake = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        done, out = threading.Event(), []
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="tpuflow-spawner", daemon=True)
-                self._thread.start()
-            self._calls.append((fn, done, out))
-            self._wake.notify()
-        done.wait()
-        if isinstance(out[0], BaseException):
-            raise out[0]
-        return out[0]
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._calls:
-                    self._wake.wait()
-                fn, done, out = self._calls.pop(0)
-            try:
-                out.append(fn())
-            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
-                out.append(err)
-            done.set()
-
-
-_SPAWNER = _Spawner()
+# Linux sends PR_SET_PDEATHSIG when the *thread* that forked the child ends: a child started from a short-lived
+# thread (a fault injector restarting kube-apiserver) died as soon as that thread returned. One worker thread, alive
+# as long as the process, forks every such child.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpuflow-spawner")
 
 
 def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(argv, **kwargs)`` for a child that dies with this process (PR_SET_PDEATHSIG SIGKILL),
     forked from one long-lived thread whichever thread asks."""
     parent = os.getpid()
-    return _SPAWNER.run(lambda: subprocess.Popen(argv, preexec_fn=die_with_parent(parent), **kwargs))
+    return _SPAWNER.submit(lambda: subprocess.Popen(argv, preexec_fn=die_with_parent(parent), **kwargs)).result()
 
 
 def _say(line: str) -> None:

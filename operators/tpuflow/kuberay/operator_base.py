@@ -184,8 +184,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
                 f"task {self.task_id} makes a {self.kind} in namespace {namespace}; clear {self.task_id} to make it again",
             )
         obj = hook.get(self.plural, check_name("cluster['name']", name), namespace) if name else None
-        owner = ((obj or {}).get("metadata") or {}).get("annotations", {}).get(OWNER_ANNOTATION)
-        if obj is None or TaskIdentity.from_record(owner) != TaskIdentity.from_context(context, self.task_id):
+        if not self._made_by_this_task(obj, context):
             raise ClusterTampered(
                 "cluster['name']",
                 name,
@@ -193,6 +192,11 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
                 "to make it again",
             )
         return self.connection_payload(hook, target, obj)
+
+    def _made_by_this_task(self, obj: Mapping[str, Any] | None, context: Context) -> bool:
+        """Whether ``obj`` exists and its owner record is this task instance (dag, run, task, map index)."""
+        owner = ((obj or {}).get("metadata") or {}).get("annotations", {}).get(OWNER_ANNOTATION)
+        return obj is not None and TaskIdentity.from_record(owner) == TaskIdentity.from_context(context, self.task_id)
 
     def deletes_on_kill(self) -> bool:
         """Whether killing the waiting task deletes the object it created."""
@@ -288,9 +292,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         try:
             hook, namespace = self.kube_hook(), self.resolve_namespace()
             name = object_name(context, self.name)
-            obj = hook.get(self.plural, name, namespace)
-            owner = ((obj or {}).get("metadata") or {}).get("annotations", {}).get(OWNER_ANNOTATION)
-            if obj is None or TaskIdentity.from_record(owner) != TaskIdentity.from_context(context, self.task_id):
+            if not self._made_by_this_task(hook.get(self.plural, name, namespace), context):
                 return
             self.log.warning(
                 "Task failed: deleting the %s %s/%s it made (a teardown is skipped when its setup failed)",

@@ -255,8 +255,8 @@ async def wait_for_job(
 ) -> RayJobEvent:
     """Poll the job until it is SUCCEEDED, FAILED or STOPPED, or ``timeout`` seconds after
     ``started_at`` (then the job is stopped), or until the dashboard has not answered for ``unreachable_timeout``
-    seconds in a row (a retryable failure: the head is gone or answers elsewhere now; None: wait on). Driver-log characters past ``offset`` go to ``log``
-    line by line as the log tail delivers them; ``save_offset`` hears the offset reached after the
+    seconds in a row (a retryable failure: the head is gone or answers elsewhere now; None: wait on).
+    Driver-log characters past ``offset`` go to ``log`` line by line as the log tail delivers them; ``save_offset`` hears the offset reached after the
     lines were logged, at most once per ``poll_interval`` and when the wait ends (also by
     cancellation, as when the triggerer stops), so a crash repeats at most one interval's lines.
     ``result_nonce``: the job's result nonce (its metadata); only a result line carrying it is the result."""
