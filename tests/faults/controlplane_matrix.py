@@ -7,7 +7,11 @@ and nodes played), while a piece of that control plane fails:
 - etcd restarted then;
 - the KubeRay operator SIGKILLed as soon as the RayCluster exists (mid-reconcile) and started again;
 - the node agent killed while the job runs: every node dies with its pods' processes and comes back seconds later
-  (a kubelet after a reboot starts the pods' containers again: the Ray head is a new one, the job is gone).
+  (a kubelet after a reboot starts the pods' containers again: the Ray head is a new one, the job is gone);
+- the GKE API failing the pool's create mid-operation, then its delete, with 5xx (the task retried once);
+- the Kubernetes API answering the DAG's requests with 429 on the RayCluster's create, 500 on its reads, 503 on its
+  delete (the imitation's rows of tests/faults/matrix.py, here through tests/support/kube_fault_proxy.py in front
+  of the real kube-apiserver).
 
 Counted after each run, as in the other rows: what is left (node pools, workload policies, RayClusters,
 RayServices, ProvisioningRequests, PodTemplates, pods, pod sandboxes), what was made twice (a node pool created
@@ -33,6 +37,7 @@ from typing import Any
 
 import pytest
 from support.gke_pipeline import load_dag_file, task_states
+from support.kube_fault_proxy import KubeFaultProxy
 
 from faults.matrix import Outcome, raises_after_its_work, settled
 from tpuflow.dev.rehearsal import RehearsalStack
@@ -183,8 +188,11 @@ def _raycluster_exists(stack: RehearsalStack) -> bool:
     return bool(stack.api().items("/apis/ray.io/v1/rayclusters"))
 
 
-def restart_mid_wait(component: str) -> Callable[[RehearsalStack, Watch], str]:
-    def inject(stack: RehearsalStack, watch: Watch) -> str:
+Inject = Callable[[RehearsalStack, Watch, KubeFaultProxy | None], str]
+
+
+def restart_mid_wait(component: str) -> Inject:
+    def inject(stack: RehearsalStack, watch: Watch, proxy: KubeFaultProxy | None) -> str:
         _until("a RayCluster being made", lambda: _raycluster_made_not_ready(stack))
         stack.plane.restart(component)
         return f"{component} restarted while the RayCluster was not ready"
@@ -192,7 +200,7 @@ def restart_mid_wait(component: str) -> Callable[[RehearsalStack, Watch], str]:
     return inject
 
 
-def operator_killed_mid_reconcile(stack: RehearsalStack, watch: Watch) -> str:
+def operator_killed_mid_reconcile(stack: RehearsalStack, watch: Watch, proxy: KubeFaultProxy | None) -> str:
     _until("a RayCluster", lambda: _raycluster_exists(stack), timeout=240)
     stack.plane.kill("kuberay-operator")
     time.sleep(5)
@@ -200,7 +208,7 @@ def operator_killed_mid_reconcile(stack: RehearsalStack, watch: Watch) -> str:
     return "KubeRay operator SIGKILLed once the RayCluster existed, started again 5 s later"
 
 
-def node_agent_killed_mid_job(stack: RehearsalStack, watch: Watch) -> str:
+def node_agent_killed_mid_job(stack: RehearsalStack, watch: Watch, proxy: KubeFaultProxy | None) -> str:
     _until("a running Ray job", watch.running_job, timeout=300)
     time.sleep(3)
     stack.kill_node_agent()
@@ -209,30 +217,54 @@ def node_agent_killed_mid_job(stack: RehearsalStack, watch: Watch) -> str:
     return "the nodes died with their pods' processes mid-job and came back 3 s later"
 
 
-def retried_and_raising_after_its_work(task_id: str) -> Callable[[Any], None]:
-    """The task makes its object, then raises, on each of two tries: the retry must adopt what the first made."""
+def retried(task_id: str) -> Callable[[Any], None]:
+    """The team gave the task one retry (a second later)."""
 
     def patch(dag: Any) -> None:
         dag.get_task(task_id).retries = 1
         dag.get_task(task_id).retry_delay = timedelta(seconds=1)
+
+    return patch
+
+
+def retried_and_raising_after_its_work(task_id: str) -> Callable[[Any], None]:
+    """The task makes its object, then raises, on each of two tries: the retry must adopt what the first made."""
+
+    def patch(dag: Any) -> None:
+        retried(task_id)(dag)
         raises_after_its_work(task_id)(dag)
 
     return patch
 
 
-def raised_after_its_create(stack: RehearsalStack, watch: Watch) -> str:
+def raised_after_its_create(stack: RehearsalStack, watch: Watch, proxy: KubeFaultProxy | None) -> str:
     _until("a RayCluster", lambda: _raycluster_exists(stack), timeout=240)
     return "the task raised after its create, on both tries"
+
+
+def api_errors_answered(stack: RehearsalStack, watch: Watch, proxy: KubeFaultProxy | None) -> str:
+    assert proxy is not None, "a row of Kubernetes API errors runs its DAG's connection through the fault proxy"
+    wanted = sum(f.times for f in proxy.faults)
+    _until("the API errors answered", lambda: len(proxy.fired) == wanted, timeout=300)
+    return f"kube-apiserver's answers replaced by {', '.join(proxy.fired)}"
+
+
+def gke_errors_answered(stack: RehearsalStack, watch: Watch, proxy: KubeFaultProxy | None) -> str:
+    _until("the GKE API's errors answered", lambda: not stack.gke.faults(), timeout=300)
+    return "the GKE API answered with the row's errors"
 
 
 @dataclass(frozen=True)
 class ControlPlaneFaultCase:
     stage: str
     fault: str
-    inject: Callable[[RehearsalStack, Watch], str]
+    inject: Inject
     recovers: bool
     ci: bool = False
     patch_dag: Callable[[Any], None] | None = None  # changes a task of the loaded DAG
+    # (code, method, plural, times): errors the DAG's Kubernetes connection gets instead of the API server's answer
+    api_errors: tuple[tuple[int, str, str, int], ...] = ()
+    gke_errors: tuple[dict[str, Any], ...] = ()  # GKEApiStandin.add_fault's arguments, queued before the run
     pipeline = "real plane"
 
     @property
@@ -252,6 +284,38 @@ CASES = [
         patch_dag=retried_and_raising_after_its_work("ray_on_slice"),
     ),
     ControlPlaneFaultCase("tpu_check", "node-agent-killed", node_agent_killed_mid_job, True, ci=True),
+    # GKE's API errors (the GKE stand-in, as in tests/faults/matrix.py), the team having given the task a retry
+    ControlPlaneFaultCase(
+        "slice_pool",
+        "gke-5xx-mid-create",
+        gke_errors_answered,
+        True,
+        patch_dag=retried("slice_pool"),
+        gke_errors=({"kind": "internal", "stage": "operation"},),
+    ),
+    ControlPlaneFaultCase(
+        "drop_pool",
+        "gke-5xx-on-delete",
+        gke_errors_answered,
+        True,
+        patch_dag=retried("drop_pool"),
+        gke_errors=({"kind": "internal", "on": "delete"},),
+    ),
+    # Kubernetes API errors (tests/support/kube_fault_proxy.py), the imitation's rows of tests/faults/matrix.py
+    ControlPlaneFaultCase(
+        "ray_on_slice",
+        "k8s-429-on-create",
+        api_errors_answered,
+        True,
+        ci=True,
+        api_errors=((429, "POST", "rayclusters", 2),),
+    ),
+    ControlPlaneFaultCase(
+        "ray_on_slice", "k8s-500-on-read", api_errors_answered, True, api_errors=((500, "GET", "rayclusters", 2),)
+    ),
+    ControlPlaneFaultCase(
+        "drop_ray", "k8s-503-on-delete", api_errors_answered, True, api_errors=((503, "DELETE", "rayclusters", 1),)
+    ),
 ]
 
 
@@ -271,27 +335,44 @@ def run_control_plane_case(
 ) -> Outcome:
     for key, value in stack.airflow_connections("orbit_gcp", "orbit_kube").items():
         monkeypatch.setenv(key, value)
+    with contextlib.ExitStack() as cleanup:
+        proxy = None
+        if case.api_errors:
+            proxy = cleanup.enter_context(KubeFaultProxy(stack.plane, stack.workdir / f"fault-proxy-{case.fault}"))
+            for code, method, plural, times in case.api_errors:
+                proxy.add_fault(code, method, plural, times=times)
+            for key, value in proxy.connection_env("orbit_kube").items():
+                monkeypatch.setenv(key, value)
+        for fault in case.gke_errors:
+            stack.gke.add_fault(**fault)
+        cleanup.callback(stack.gke.clear_faults)
+        return _run_case(case, stack, dags_folder, proxy)
+
+
+def _run_case(
+    case: ControlPlaneFaultCase, stack: RehearsalStack, dags_folder: Path, proxy: KubeFaultProxy | None
+) -> Outcome:
     path = dags_folder / f"{DAG_ID}.py"
     path.write_text(
         DAG_FILE.format(
             project=stack.project, zone=stack.zone, cluster=stack.cluster, dag_id=DAG_ID, seconds=JOB_SECONDS
         )
     )
-    creates_before = _pool_creates(stack)
+    pools_before = _pools_created(stack)
     fired: list[str] = []
     try:
         dag = load_dag_file(path, DAG_ID, poll=0.5)
         if case.patch_dag is not None:
             case.patch_dag(dag)
         with watching(stack) as watch:
-            injector = threading.Thread(target=lambda: fired.append(case.inject(stack, watch)), daemon=True)
+            injector = threading.Thread(target=lambda: fired.append(case.inject(stack, watch, proxy)), daemon=True)
             injector.start()
             run = dag.test()
             injector.join(timeout=30)
         states = task_states(run)
         outcome = Outcome(case, states.get(case.stage, "absent"), _leftovers(stack), watch.duplicates())
         outcome.run_state = str(run.state)
-        outcome.made = {"node_pools": _pool_creates(stack) - creates_before, "rayclusters": len(watch.clusters)}
+        outcome.made = {"node_pools": len(_pools_created(stack) - pools_before), "rayclusters": len(watch.clusters)}
         outcome.explanation = "\n".join(
             [
                 f"fault: {fired[0] if fired else 'never fired'}",
@@ -306,8 +387,14 @@ def run_control_plane_case(
         path.unlink(missing_ok=True)
 
 
-def _pool_creates(stack: RehearsalStack) -> int:
-    return sum(1 for o in stack.gke.state()["operations"] if o["operationType"] == "CREATE_NODE_POOL")
+def _pools_created(stack: RehearsalStack) -> set[str]:
+    """Every node pool a create was asked for, by name: names are the run's, so a pool made twice is two names (a
+    retry that creates again after GKE failed the first create makes the same one)."""
+    return {
+        o["targetLink"].rsplit("/", 1)[-1]
+        for o in stack.gke.state()["operations"]
+        if o["operationType"] == "CREATE_NODE_POOL"
+    }
 
 
 def _errors(run: Any) -> list[str]:

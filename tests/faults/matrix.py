@@ -298,8 +298,8 @@ def airflow_down_past_max_run(seconds: float = 2.0) -> Callable[[Any], None]:
     return patch
 
 
-# One row per stage; `ci` marks the slice make test runs (one transient fault per API: GKE, Kubernetes), make faults
-# runs all.
+# One row per stage; `ci` marks the slice make test runs (one transient fault per API: GKE's here, Kubernetes' on the
+# real control plane in tests/faults/controlplane_matrix.py), make faults runs all.
 CASES: list[FaultCase] = [
     FaultCase("create_node_pool", "gke-too-many-operations", gke_fault("too_many_operations"), recovers=True),
     FaultCase("create_node_pool", "gke-stockout", gke_fault("stockout", times=10), recovers=False),
@@ -322,7 +322,7 @@ CASES: list[FaultCase] = [
         recovers=False,
         patch_dag=operation_timeout("create_node_pool", 2.0),
     ),
-    FaultCase("create_ray_cluster", "k8s-429-on-create", kube_fault(429, "POST", "rayclusters", 2), True, ci=True),
+    FaultCase("create_ray_cluster", "k8s-429-on-create", kube_fault(429, "POST", "rayclusters", 2), recovers=True),
     FaultCase("create_ray_cluster", "k8s-500-on-read", kube_fault(500, "GET", "rayclusters", 2), recovers=True),
     FaultCase("create_ray_cluster", "head-crash-looping", no_fault, recovers=False, launcher=crash_looping_head),
     FaultCase("delete_node_pool", "gke-5xx-on-delete", gke_fault("internal", on="delete"), recovers=True),

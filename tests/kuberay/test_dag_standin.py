@@ -1,15 +1,14 @@
 """The KubeRay operators inside a real Airflow run (dag.test: task runner, XCom, inline triggerer) against
-the Kubernetes stand-in over a kubernetes connection from AIRFLOW_CONN_KUBE_STANDIN (kube_config_path)."""
+the imitation's Kubernetes API and simulated KubeRay over a kubernetes connection from AIRFLOW_CONN_KUBE_STANDIN
+(kube_config_path). The same operators on the real control plane: test_dag_real_plane.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
-from support.standin_dag_run import dagtest_command, standin_airflow_home
+from support.standin_dag_run import run_dagtest, standin_airflow_home
 
 from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
@@ -63,19 +62,10 @@ def test_operators_in_a_dag_run(tmp_path: Path) -> None:
     with KubeRayStandin(
         tmp_path / "kube", launcher=launcher, node_pools=StaticNodePools([(tpu.node_selector, 4)]), interval=0.1
     ) as kube:
-        dag_file, env = standin_airflow_home(tmp_path / "airflow", kube, "kuberay_standin_smoke", DAG)
-        proc = subprocess.run(
-            dagtest_command(dag_file, "kuberay_standin_smoke"),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=REPO,
+        dag_file, env = standin_airflow_home(
+            tmp_path / "airflow", kube.connection_env("kube_standin"), "kuberay_standin_smoke", DAG
         )
-        output = proc.stdout + proc.stderr
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
-        assert lines, output[-5000:]
-        result = json.loads(lines[-1].removeprefix("DAGTEST_RESULT "))
+        result, output = run_dagtest(dag_file, "kuberay_standin_smoke", env)
         states = result["states"]
         assert states == {
             "ray_cluster": "success",
@@ -112,6 +102,7 @@ TEARDOWN_DAG = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.long  # on the imitation; make test runs it on the real control plane (test_dag_real_plane.py)
 def test_a_create_that_failed_for_good_deletes_its_cluster_though_airflow_skips_its_teardown(tmp_path: Path) -> None:
     """A team's natural DAG: ``delete.as_teardown(setups=create)``. Airflow skips that teardown when its setup
     failed, so the create (never ready: no TPU node) deletes its own RayCluster once its last try failed; the
@@ -121,15 +112,11 @@ def test_a_create_that_failed_for_good_deletes_its_cluster_though_airflow_skips_
     with KubeRayStandin(
         tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=StaticNodePools([]), interval=0.1
     ) as kube:
-        dag_file, env = standin_airflow_home(tmp_path / "airflow", kube, "team_failed_setup", TEARDOWN_DAG)
-        proc = subprocess.run(
-            dagtest_command(dag_file, "team_failed_setup"), env=env, capture_output=True, text=True, timeout=600,
-            cwd=REPO,
-        )  # fmt: skip
-        output = proc.stdout + proc.stderr
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
-        assert lines, output[-5000:]
-        states = json.loads(lines[-1].removeprefix("DAGTEST_RESULT "))["states"]
+        dag_file, env = standin_airflow_home(
+            tmp_path / "airflow", kube.connection_env("kube_standin"), "team_failed_setup", TEARDOWN_DAG
+        )
+        result, output = run_dagtest(dag_file, "team_failed_setup", env)
+        states = result["states"]
         assert states["ray"] == "failed" and states["drop_ray"] != "success", states  # Airflow skipped it
         assert kube.store.list(RAYCLUSTERS) == [], output[-5000:]
         created = [e for _, e, _ in kube.store.events_since(RAYCLUSTERS, None, 0) or [] if e == "ADDED"]

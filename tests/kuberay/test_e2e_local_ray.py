@@ -25,6 +25,7 @@ SERVE_TASK = {"dag_id": "tpu_llm_pipeline_gke", "run_id": "manual__e2e", "task_i
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the imitation's end to end; make test deploys through the real operator (tests/dev/test_rehearsal.py)
 def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tpu = TpuSlice.from_spec("tpu7x", "2x2x2")  # 2 simulated hosts, 8 logical TPU devices each
     launcher = LocalRayLauncher(tmp_path / "ray", head_cpus=1, host_cpus=1, env={"PYTHONPATH": str(HERE)}, timeout=240)

@@ -114,6 +114,17 @@ def test_delete_wait_reports_a_stuck_finalizer() -> None:
     held = {"metadata": {"name": "rc", "deletionTimestamp": "2026-11-29T00:00:00Z", "finalizers": ["ray.io/gcs-ft"]}}
     event = wait_deleted(ScriptedReader(held), timeout=0.2, poll_interval=0.05)
     assert event["status"] == "timeout" and "ray.io/gcs-ft" in event["message"]
+    assert "finalizer is stuck" in event["message"]
+
+
+def test_delete_wait_says_the_pods_are_still_terminating_under_foreground_deletion() -> None:
+    """tpuflow deletes with foreground propagation: the object stays until the garbage collector removed its pods,
+    so a deadline met then is about the pods (their node gone or unreachable), not a finalizer of KubeRay's."""
+    held = {
+        "metadata": {"name": "rc", "deletionTimestamp": "2026-12-07T00:00:00Z", "finalizers": ["foregroundDeletion"]}
+    }
+    event = wait_deleted(ScriptedReader(held), timeout=0.2, poll_interval=0.05)
+    assert event["status"] == "timeout" and "its pods are still terminating" in event["message"], event
 
 
 CLUSTER = {

@@ -64,7 +64,7 @@ def test_no_token_in_logs_xcom_or_rendered_templates(tmp_path: Path) -> None:
                 tokens.update(base64.b64decode(v).decode() for v in (secret.get("data") or {}).values())
 
         home = tmp_path / "airflow"
-        dag_file, env = standin_airflow_home(home, kube, "secrets_standin", DAG)
+        dag_file, env = standin_airflow_home(home, kube.connection_env("kube_standin"), "secrets_standin", DAG)
         # The Secret goes with its RayCluster: catch its token while the run is going.
         out_path = tmp_path / "run.out"
         with (

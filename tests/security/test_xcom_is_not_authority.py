@@ -9,8 +9,6 @@ write the REST API's xcomEntries PATCH makes)."""
 from __future__ import annotations
 
 import base64
-import json
-import subprocess
 import sys
 import textwrap
 import threading
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.standin_dag_run import dagtest_command, standin_airflow_home
+from support.standin_dag_run import run_dagtest, standin_airflow_home
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -377,20 +375,13 @@ def test_a_rewritten_kuberay_xcom_cannot_read_another_secret_or_send_it_away(
             {"metadata": {"name": "prod-credentials"}, "data": {"auth_token": prod, "token": prod}},
         )
         dag_file, env = standin_airflow_home(
-            tmp_path / "airflow", kube, "xcom_kuberay_redirect", f"ATTACKER = {url!r}\n" + KUBERAY_DAG
+            tmp_path / "airflow",
+            kube.connection_env("kube_standin"),
+            "xcom_kuberay_redirect",
+            f"ATTACKER = {url!r}\n" + KUBERAY_DAG,
         )
-        proc = subprocess.run(
-            dagtest_command(dag_file, "xcom_kuberay_redirect"),
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    output = proc.stdout + proc.stderr
-    lines = [line for line in output.splitlines() if line.startswith("DAGTEST_RESULT ")]
-    assert lines, output[-5000:]
-    states = json.loads(lines[-1].removeprefix("DAGTEST_RESULT "))["states"]
+        result, output = run_dagtest(dag_file, "xcom_kuberay_redirect", env)
+    states = result["states"]
     assert states["job"] == "failed" and states["delete_ray_cluster"] == "success", (states, output[-5000:])
     assert seen == [], f"the worker called the attacker's server: {seen}"
     assert "no longer matches the cluster that task made" in output, output[-5000:]

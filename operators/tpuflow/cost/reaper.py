@@ -549,8 +549,10 @@ def find_kube_orphans(hook: Any, namespace: str, running: Mapping[str, list[str]
             if stamp and now - rfc3339_to_unix(stamp) < older_than and not isinstance(reason, SupervisorGone):
                 continue
 
+            # background: the reaper waits for no object, so the orphan is gone when it says "deleted" and the
+            # garbage collector stops its pods after it (a node pool reaped first has taken their node already)
             def delete(plural: str = plural, name: str = meta["name"]) -> Any:
-                return hook.delete(plural, name, namespace)
+                return hook.delete(plural, name, namespace, foreground=False)
 
             kind = KIND_BY_PLURAL[plural].lower()
             run = _owner_run_digest(labels, meta.get("annotations"))

@@ -152,7 +152,11 @@ async def wait_gone(
                 name,
                 namespace,
                 f"{kind} {namespace}/{name} still exists at the deadline (deletionTimestamp="
-                f"{meta.get('deletionTimestamp')}, finalizers: {finalizers}); the KubeRay operator "
-                "may be down or a finalizer is stuck",
+                f"{meta.get('deletionTimestamp')}, finalizers: {finalizers}); "
+                + (
+                    "its pods are still terminating (their node may be gone or unreachable)"
+                    if finalizers == "foregroundDeletion"
+                    else "the KubeRay operator may be down or a finalizer is stuck"
+                ),
             )
         await asyncio.sleep(min(poll_interval, max(deadline - time.time(), 0.01)))

@@ -211,6 +211,10 @@ class TargetedHook:
 
 
 DELETED = object()
+# Foreground: the object stays (deletionTimestamp, finalizer foregroundDeletion) until the garbage collector has
+# deleted the dependents that block it (KubeRay's pods and Services, a RayService's RayClusters), so a wait for it
+# to be gone ends when its pods have stopped, not while their processes still hold the slice's chips.
+FOREGROUND_DELETE = {"propagation_policy": "Foreground"}
 BACKGROUND_DELETE = {"propagation_policy": "Background"}
 
 
@@ -254,11 +258,12 @@ class KubeObjectsHook(TargetedHook, KubernetesHook):
 
         return unless_missing(lambda: self.patch(plural, name, kept_metadata_patch(), namespace), None) is not None
 
-    def delete(self, plural: str, name: str, namespace: str) -> bool:
-        """Request deletion (background propagation); False when it was already gone."""
+    def delete(self, plural: str, name: str, namespace: str, *, foreground: bool = True) -> bool:
+        """Request deletion (foreground propagation: gone once its pods are; background: gone at once, its pods
+        removed after it); False when it was already gone."""
+        policy = FOREGROUND_DELETE if foreground else BACKGROUND_DELETE
         answer = unless_missing(
-            lambda: self.delete_custom_object(self.group, self.version, plural, name, namespace, **BACKGROUND_DELETE),
-            DELETED,
+            lambda: self.delete_custom_object(self.group, self.version, plural, name, namespace, **policy), DELETED
         )
         return answer is not DELETED
 
@@ -333,10 +338,10 @@ class AsyncKubeObjectsHook(TargetedHook, AsyncKubernetesHook):
 
     @generic_api_retry
     async def delete(self, plural: str, name: str, namespace: str) -> bool:
-        """Request deletion (background propagation); False when it was already gone."""
+        """Request deletion (foreground propagation: gone once its pods are); False when it was already gone."""
         async with self.get_conn() as api:
             request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                self.group, self.version, namespace, plural, name, **BACKGROUND_DELETE
+                self.group, self.version, namespace, plural, name, **FOREGROUND_DELETE
             )
             return await await_unless_missing(request, DELETED) is not DELETED
 
