@@ -7,17 +7,19 @@ STAMP := $(VENV)/.tpuflow-installed
 .PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick bench-serving controlplane
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(VENV)
 
 # The lock pins every transitive version. torch: the CPU wheel from the machine's find-links folder
 # where pip's config names one (uv, seconds; pip took about a minute to unpack it), else pip with
 # pip's own config (uv alone would take PyPI's CUDA build).
+# Quiet (one line, then errors only): the lock's ~290 package lines would bury the demo's own output.
 $(STAMP): $(BIN)/python requirements.lock pyproject.toml
-	$(BIN)/python -m pip install -q --upgrade pip uv
-	$(BIN)/uv pip install --python $(BIN)/python --compile-bytecode $(UV_FIND_LINKS) -r requirements.lock
-	$(if $(UV_FIND_LINKS),$(BIN)/uv pip install --python $(BIN)/python $(UV_FIND_LINKS) "torch==2.13.0",$(BIN)/python -m pip install -q "torch==2.13.0")
-	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
-	touch $(STAMP)
+	@echo "make: installing requirements.lock and tpuflow into $(VENV) (the first time takes a few minutes)"
+	@$(BIN)/python -m pip install -q --upgrade pip uv
+	@$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode $(UV_FIND_LINKS) -r requirements.lock
+	@$(if $(UV_FIND_LINKS),$(BIN)/uv pip install -q --python $(BIN)/python $(UV_FIND_LINKS) "torch==2.13.0",$(BIN)/python -m pip install -q "torch==2.13.0")
+	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@touch $(STAMP)
 
 UV_FIND_LINKS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\([^']*\)'.*/--find-links \1/p" | head -1)
 

@@ -331,7 +331,10 @@ def test_standins_cli_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes network namespaces: root only")
 def test_standins_up_real_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> None:
     """The real control plane behind `tpuflow standins up` (its default): kubectl sees the real API server's
-    version, the node agent's default-pool node and KubeRay's CRDs; `down` stops every process it started."""
+    version, the node agent's default-pool node and KubeRay's CRDs; a slice's RayCluster that `tpuflow render`
+    printed is applied with kubectl, waited for, listed, described and deleted as a user does it (not `kubectl
+    logs`: the node agent serves no kubelet API), and a manifest whose numOfHosts contradicts its topology is refused by GKE's webhook, called by the real API
+    server; `down` stops every process it started."""
     work = tmp_path / "real"
     up = tpuflow("standins", "up", "--workdir", str(work), "--no-gcs", "--operation-seconds", "0")
     assert "the real operator" in up.stdout, up.stdout
@@ -348,6 +351,7 @@ def test_standins_up_real_serves_kubectl_and_down_leaves_nothing(tmp_path: Path)
         assert version["serverVersion"]["gitVersion"] == "v1.36.3"
         assert "gke-tpu-cluster-default-pool-0" in run(env, "kubectl", "get", "nodes", "-o", "name")
         assert "rayclusters.ray.io" in run(env, "kubectl", "get", "crd", "-o", "name")
+        kubectl_drives_a_slice_cluster(env)
     finally:
         down = tpuflow("standins", "down", "--workdir", str(work))
     assert f"stopped the stand-ins (pid {state['pid']})" in down.stdout
@@ -359,6 +363,35 @@ def test_standins_up_real_serves_kubectl_and_down_leaves_nothing(tmp_path: Path)
         for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         if n.startswith("tpf")
     ]
+
+
+def kubectl_drives_a_slice_cluster(env: dict[str, str]) -> None:
+    gke_pool(env, "kubectl-slice", "ct6e-standard-4t", 1)  # single-host: no placement policy
+    rendered = tpuflow("render", "raycluster", "--accelerator", "v6e", "--topology", "2x2", "--name", "by-hand",
+                       "--head-cpu", "1", "--head-memory", "2G", "--worker-cpu", "2", "--worker-memory", "4G", env=env)  # fmt: skip
+    manifest = rendered.stdout
+    assert "raycluster.ray.io/by-hand created" in run(env, "kubectl", "apply", "-f", "-", stdin=manifest)
+    ready = "--for=jsonpath={.status.state}=ready"
+    assert "condition met" in run(env, "kubectl", "wait", ready, "raycluster/by-hand", "--timeout=240s")
+    table = run(env, "kubectl", "get", "rayclusters").splitlines()  # the real CRD's printer columns
+    assert "DESIRED WORKERS" in table[0] and "STATUS" in table[0] and "ready" in table[1], table
+    assert "CreatedWorkerPod" in run(env, "kubectl", "describe", "raycluster", "by-hand")
+    head = run(env, "kubectl", "get", "raycluster", "by-hand", "-o", "jsonpath={.status.head.podName}").strip()
+    assert "Successfully assigned" in run(env, "kubectl", "describe", "pod", head)  # the real scheduler's event
+    workers = run(env, "kubectl", "get", "pods", "-l", "ray.io/node-type=worker", "-o",
+                  "jsonpath={.items[0].spec.nodeName}")  # fmt: skip
+    assert "kubectl-slice" in workers, workers
+    wrong = yaml.safe_load(manifest)
+    wrong["metadata"]["name"] = "wrong-hosts"
+    wrong["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2  # a 2x2 v6e slice is one host
+    refused = run(env, "kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(wrong), ok=False)
+    assert 'admission webhook "raycluster-kuberay-tpu-webhook.ray-system.svc" denied the request' in refused, refused
+    assert "Number of workers in worker group not equal to specified topology" in refused, refused
+    assert 'raycluster.ray.io "by-hand" deleted' in run(
+        env, "kubectl", "delete", "raycluster", "by-hand", "--cascade=foreground", "--timeout=180s"
+    )
+    assert run(env, "kubectl", "get", "pods", "-l", "ray.io/cluster=by-hand", "-o", "name").strip() == ""
+    delete_gke_pool(env, "kubectl-slice")
 
 
 def test_demo_on_the_gke_standins_refuses_keep_endpoint_in_one_line(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         output_root=args.output_root,
         control_plane=args.control_plane,
         operation_seconds=args.operation_seconds,
+        verbose=args.verbose,
     )
 
 
@@ -132,6 +133,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="one Param (repeat it; over --conf); VALUE is read as JSON when it is JSON (40, true), else as text",
     )
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="--backend local: stream Airflow's whole log here (default: a line per task; the log goes to "
+        "WORK_DIR/airflow/logs/dags-test-DATE.log)",
+    )
     parser.add_argument(
         "--work-dir", default=str(DEFAULT_WORK_DIR), help=f"Airflow home and outputs (default {DEFAULT_WORK_DIR}/)"
     )

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import date
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow.cost.goodput import ledger_lines
+from tpuflow.dev.dag_progress import DagTestProgress, follow
 from tpuflow.dev.demo_env import REPO, demo_env, demo_storage
 from tpuflow.dev.supervise import (
     LeaseWaitReporter,
@@ -169,10 +171,12 @@ def _run_pipeline(
 ) -> int:
     env = {**demo_env(home, output_root), **storage_env, **sup.env(), **max_slices_env(args.num_slices)}
     run_date = args.date or date.today().isoformat()
-    code, elapsed = dags_test(sup, env, DAG_ID, run_date, conf, who="tpuflow demo", num_slices=args.num_slices)
+    log = None if args.verbose else airflow_log(home, run_date)
+    code, elapsed = dags_test(sup, env, DAG_ID, run_date, conf, who="tpuflow demo", num_slices=args.num_slices, log=log)
     report = read_report(output_root, DAG_ID, run_date) if code == 0 else None
     if report is None:
-        print(f"\ntpuflow demo: the pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr)
+        where = f"Airflow's whole log: {log}" if log else "the task logs above"
+        print(f"\ntpuflow demo: the pipeline FAILED after {elapsed:.0f}s ({where})", file=sys.stderr)
         return 1
     print(f"\n=== tpuflow demo: pipeline succeeded in {elapsed:.0f}s ===")
     print(f"outputs:            {report['output_dir']}")
@@ -191,28 +195,65 @@ def _run_pipeline(
     return 0
 
 
+def airflow_log(home: Path, run_date: str) -> Path:
+    """Where a run's `airflow dags test` output goes (the Airflow home's logs folder, one file per date)."""
+    return home / "logs" / f"dags-test-{run_date}.log"
+
+
 def max_slices_env(num_slices: int) -> dict[str, str]:
     """The run's own lease limit (the Variable tpuflow_max_slices, default 1): room for every slice it trains on."""
     return {"AIRFLOW_VAR_TPUFLOW_MAX_SLICES": str(num_slices)} if num_slices > 1 else {}
 
 
 def dags_test(
-    sup: Supervisor, env: dict[str, str], dag_id: str, run_date: str, conf: dict[str, Any], *, who: str, num_slices: int
+    sup: Supervisor,
+    env: dict[str, str],
+    dag_id: str,
+    run_date: str,
+    conf: dict[str, Any],
+    *,
+    who: str,
+    num_slices: int,
+    log: Path | None = None,
 ) -> tuple[int, float]:
     """``airflow dags test`` of ``dag_id`` in the Airflow home ``env`` names (migrated first), supervised, saying who
-    holds the slice lease while the run waits for one; its exit code and how long it ran (seconds)."""
+    holds the slice lease while the run waits for one; its exit code and how long it ran (seconds). With ``log``,
+    Airflow's output goes to that file and only the run's progress is printed (tpuflow.dev.dag_progress), with the
+    failed task's last log lines if it failed; without, the output streams here as it comes (--verbose)."""
     airflow = str(Path(sys.executable).with_name("airflow"))
     sup.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
     print(f"{who}: running {dag_id} for {run_date} with {json.dumps(conf)}", flush=True)
+    if log is not None:
+        print(f"{who}: Airflow's log: {log}", flush=True)
     started = time.time()
     reporter = LeaseWaitReporter(
         sup.record, slots=_lease_slots(env), count=num_slices, lease_root=env.get("TPUFLOW_SLICE_LEASES")
     )
-    proc = sup.popen([airflow, "dags", "test", dag_id, run_date, "-c", json.dumps(conf)], env=env)
-    with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
-        code = proc.wait()
+    argv = [airflow, "dags", "test", dag_id, run_date, "-c", json.dumps(conf)]
+    with contextlib.ExitStack() as stack:
+        progress: DagTestProgress | None = None
+        if log is None:
+            proc = sup.popen(argv, env=env)
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            output = stack.enter_context(log.open("w"))
+            proc = sup.popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
+            progress, done = DagTestProgress(), threading.Event()
+            reader = threading.Thread(target=follow, args=(log, done, _say, progress), name="dag-progress", daemon=True)
+            reader.start()  # after the fork: a preexec_fn and threads do not mix
+            stack.callback(reader.join, 30)
+            stack.callback(done.set)
+        with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
+            code = proc.wait()
+    if progress is not None and code != 0:
+        for line in progress.failure_lines():
+            print(line, file=sys.stderr)
     sup.check()
     return code, time.time() - started
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def read_report(output_root: str, dag_id: str, run_date: str) -> dict[str, Any] | None:
@@ -262,6 +303,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(the demo waits for it)",
     )
     parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="stream Airflow's whole log here (default: a line per task and the training's progress; the log goes "
+        "to WORK_DIR/airflow/logs/dags-test-DATE.log)",
+    )
     parser.add_argument(
         "--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)"
     )

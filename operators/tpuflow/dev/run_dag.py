@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow.cost.goodput import ledger_lines
-from tpuflow.dev.demo import dags_test, local_output_root, max_slices_env, read_report, supervised
+from tpuflow.dev.demo import airflow_log, dags_test, local_output_root, max_slices_env, read_report, supervised
 from tpuflow.dev.demo_env import demo_env, demo_storage
 from tpuflow.errors import UserInputError
 
@@ -39,6 +39,7 @@ class RunRequest:
     output_root: str | None = None
     control_plane: str = "real"
     operation_seconds: float = 2.0
+    verbose: bool = False  # --backend local: Airflow's whole log here instead of the progress lines
 
     @property
     def num_slices(self) -> int:
@@ -76,21 +77,29 @@ def run_local(request: RunRequest) -> int:
         dag_id = checked_dag_id(env, request, backend="local")
         with demo_storage(output_root, sup) as storage_env:
             env.update({**storage_env, **max_slices_env(request.num_slices)})
+            log = None if request.verbose else airflow_log(home, request.run_date)
             code, elapsed = dags_test(
-                sup, env, dag_id, request.run_date, request.conf, who=WHO, num_slices=request.num_slices
+                sup, env, dag_id, request.run_date, request.conf, who=WHO, num_slices=request.num_slices, log=log
             )
             report = read_report(output_root, dag_id, request.run_date) if code == 0 else None
         kept = "tpuflow local down" if request.conf.get("keep_endpoint") else None
-        return print_outcome(WHO, dag_id, report, elapsed, kept=kept)
+        return print_outcome(WHO, dag_id, report, elapsed, kept=kept, log=log)
 
 
 def print_outcome(
-    who: str, dag_id: str, report: Mapping[str, Any] | None, elapsed: float, *, kept: str | None = None
+    who: str,
+    dag_id: str,
+    report: Mapping[str, Any] | None,
+    elapsed: float,
+    *,
+    kept: str | None = None,
+    log: Path | None = None,
 ) -> int:
     """The run's summary (its report and ledger), or that it failed; the command's exit code. ``kept``: how to
-    stop an endpoint the run was asked to keep (None: not asked)."""
+    stop an endpoint the run was asked to keep (None: not asked). ``log``: where Airflow's log went (None: above)."""
     if report is None:
-        print(f"\n{who}: {dag_id} FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr)
+        where = f"Airflow's whole log: {log}" if log else "see the task logs above"
+        print(f"\n{who}: {dag_id} FAILED after {elapsed:.0f}s ({where})", file=sys.stderr)
         return 1
     print(f"\n=== {who}: {dag_id} succeeded in {elapsed:.0f}s ===")
     for line in report_lines(report, kept=kept):
