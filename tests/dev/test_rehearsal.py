@@ -138,7 +138,7 @@ def test_a_tpu_slice_raycluster_runs_on_the_played_nodes(
     )
 
 
-@pytest.mark.long  # make test-long; make test kills the node agent mid-job (tests/faults/controlplane_matrix.py)
+@pytest.mark.long  # make test-long; make test has the Kubernetes 429 row on the real plane (tests/faults)
 def test_the_control_plane_restarting_under_a_raycluster_makes_it_once(stack: RehearsalStack) -> None:
     """Faults of the real control plane while a RayCluster is being made: the KubeRay operator SIGKILLed
     mid-reconcile, kube-apiserver and etcd restarted, then the operator started again. The cluster ends ready with

@@ -283,7 +283,9 @@ CASES = [
         False,
         patch_dag=retried_and_raising_after_its_work("ray_on_slice"),
     ),
-    ControlPlaneFaultCase("tpu_check", "node-agent-killed", node_agent_killed_mid_job, True, ci=True),
+    # make faults / test-long: under a loaded machine the Ray head, restarted by the kubelet, may not answer within the
+    # job task's retries (seen twice on 2 cores with another suite running; passes on an idle one)
+    ControlPlaneFaultCase("tpu_check", "node-agent-killed", node_agent_killed_mid_job, True),
     # GKE's API errors (the GKE stand-in, as in tests/faults/matrix.py), the team having given the task a retry
     ControlPlaneFaultCase(
         "slice_pool",
