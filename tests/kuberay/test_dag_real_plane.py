@@ -10,13 +10,14 @@ import collections
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from support.standin_dag_run import run_dagtest, standin_airflow_home
 
 from tpuflow.dev.nodes import network as net
+from tpuflow.dev.rehearsal import RehearsalStack
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(net.available() is not None, reason=str(net.available()))]
 
@@ -50,27 +51,22 @@ DAG = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from tpuflow.dev.rehearsal import RehearsalStack
-
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RehearsalStack]:
     with RehearsalStack(tmp_path_factory.mktemp("rehearsal"), operation_seconds=0) as running:
         yield running
 
 
-def _until(what: str, ok: object, timeout: float = 180.0) -> None:
+def _until(what: str, ok: Callable[[], object], timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
-    while not ok():  # type: ignore[operator]
+    while not ok():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(1)
 
 
-def test_a_teams_kuberay_dag_on_the_real_operator(stack: object, tmp_path: Path) -> None:
+def test_a_teams_kuberay_dag_on_the_real_operator(stack: RehearsalStack, tmp_path: Path) -> None:
     """The cluster on the pool is ready by the real operator's word and its teardown deletes it; the cluster no
     node can hold fails at its deadline naming the real scheduler's reason, its retry adopts the same RayCluster
     (one uid), and once no try is left it deletes it itself, since Airflow skips a teardown whose setup failed."""
-    from tpuflow.dev.rehearsal import RehearsalStack
-
-    assert isinstance(stack, RehearsalStack)
     api = stack.api()
     pool = {"name": POOL, "initialNodeCount": 1, "config": {"machineType": "ct6e-standard-4t"}}
     stack.gke.create_node_pool(stack.project, stack.zone, stack.cluster, {"nodePool": pool})

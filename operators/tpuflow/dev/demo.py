@@ -240,7 +240,7 @@ def dags_test(
             proc = sup.popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
             progress, done = DagTestProgress(), threading.Event()
             reader = threading.Thread(target=follow, args=(log, done, _say, progress), name="dag-progress", daemon=True)
-            reader.start()  # after the fork: a preexec_fn and threads do not mix
+            reader.start()
             stack.callback(reader.join, 30)
             stack.callback(done.set)
         with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
