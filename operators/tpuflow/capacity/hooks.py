@@ -4,7 +4,9 @@ auth) with the ProvisioningRequest API group.
 ``CapacityHook`` / ``GKECapacityHook`` extend tpuflow.kubernetes.hooks' ``KubeObjectsHook`` /
 ``GKEKubeObjectsHook`` (a ``kubernetes`` connection, or a GKE endpoint through the google provider);
 ``AsyncCapacityHook`` / ``GKEAsyncCapacityHook`` the async ones the triggers poll with. Objects come
-back as plain JSON dicts; a missing object is None (get) or False (delete).
+back as plain JSON dicts; a missing object is None (get) or False (delete). A ProvisioningRequest owns no
+pods, so it is deleted with background propagation: gone when the call returns, not when the garbage collector
+next gets to its foreground finalizer.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class CapacityHook(KubeObjectsHook):
         return dict(self.create_custom_object(GROUP, VERSION, PLURAL, dict(body), namespace))
 
     def delete_provisioning_request(self, name: str, namespace: str) -> bool:
-        return self.delete(PLURAL, name, namespace)
+        return self.delete(PLURAL, name, namespace, foreground=False)
 
     def get_pod_template(self, name: str, namespace: str) -> dict[str, Any] | None:
         found = unless_missing(lambda: self.core_v1_client.read_namespaced_pod_template(name, namespace), None)
@@ -88,7 +90,7 @@ class AsyncCapacityHook(AsyncKubeObjectsHook):
         return await self.get(PLURAL, name, namespace)
 
     async def delete_provisioning_request(self, name: str, namespace: str) -> bool:
-        return await self.delete(PLURAL, name, namespace)
+        return await self.delete(PLURAL, name, namespace, foreground=False)
 
     @generic_api_retry
     async def delete_pod_template(self, name: str, namespace: str) -> bool:

@@ -337,11 +337,13 @@ class AsyncKubeObjectsHook(TargetedHook, AsyncKubernetesHook):
             return as_dict(await await_unless_missing(read, None))
 
     @generic_api_retry
-    async def delete(self, plural: str, name: str, namespace: str) -> bool:
-        """Request deletion (foreground propagation: gone once its pods are); False when it was already gone."""
+    async def delete(self, plural: str, name: str, namespace: str, *, foreground: bool = True) -> bool:
+        """Request deletion (foreground propagation: gone once its pods are; background: gone at once); False
+        when it was already gone."""
+        policy = FOREGROUND_DELETE if foreground else BACKGROUND_DELETE
         async with self.get_conn() as api:
             request = async_client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                self.group, self.version, namespace, plural, name, **FOREGROUND_DELETE
+                self.group, self.version, namespace, plural, name, **policy
             )
             return await await_unless_missing(request, DELETED) is not DELETED
 
