@@ -81,7 +81,7 @@ DAG_FILE = textwrap.dedent('''\
         cluster = KubeRayCreateClusterOperator(task_id="ray_on_slice", tpu_slice=SLICE,
                                                image="rayproject/ray:2.60.0-py311", wait_timeout=300, **KUBE)
         check = RaySubmitJobOperator(task_id="tpu_check", cluster=cluster.output, entrypoint=["python", "-c", CHECK],
-                                     working_dir="", poll_interval=0.5, job_timeout=240, unreachable_timeout=15,
+                                     working_dir="", poll_interval=0.5, job_timeout=240, unreachable_timeout=90,
                                      retries=1, retry_delay=timedelta(seconds=2))
         drop_ray = KubeRayDeleteClusterOperator(task_id="drop_ray", cluster_task_id="ray_on_slice", wait_timeout=180,
                                                 **KUBE)
@@ -100,6 +100,7 @@ class Watch:
     pods: dict[tuple[str, str], set[str]] = field(default_factory=lambda: collections.defaultdict(set))
     jobs: dict[str, set[str]] = field(default_factory=lambda: collections.defaultdict(set))  # head pod uid -> ids
     head: dict[str, str] = field(default_factory=dict)  # the head pod's uid and address, once it has one
+    pod_states: dict[str, str] = field(default_factory=dict)  # pod name -> its last phase, node and reasons seen
     token: str = ""  # the RayCluster's Ray token (KubeRay's Secret), to list its jobs
     error: str = ""  # the last poll's error (the API server restarting, the head gone)
 
@@ -116,6 +117,7 @@ class Watch:
             labels = pod["metadata"].get("labels") or {}
             self.pods[(labels["ray.io/cluster"], labels.get("ray.io/group", ""))].add(pod["metadata"]["uid"])
             ip = (pod.get("status") or {}).get("podIP")
+            self.pod_states[pod["metadata"]["name"]] = _pod_state(pod)
             if labels.get("ray.io/node-type") == "head" and ip:
                 restarts = sum(int(c.get("restartCount") or 0) for c in pod["status"].get("containerStatuses") or [])
                 self.head = {"uid": pod["metadata"]["uid"], "ip": ip, "restarts": str(restarts)}
@@ -147,6 +149,22 @@ class Watch:
             "ray_jobs_on_one_head": sum(max(len(ids) - 1, 0) for ids in self.jobs.values()),
             "pod_groups": sum(n - 2 for n in groups.values() if n > 2),  # a head and the slice's worker group
         }
+
+
+def _pod_state(pod: dict[str, Any]) -> str:
+    """The pod as "Running on NODE ip IP", then what is not true or waiting yet (a failed run says where it got)."""
+    status = pod.get("status") or {}
+    reasons = [
+        f"{c['type']}={c.get('reason') or c['status']}"
+        for c in status.get("conditions") or []
+        if c.get("status") != "True"
+    ]
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting:
+            reasons.append(f"{container['name']} {waiting.get('reason')}: {waiting.get('message', '')}".strip())
+    node = (pod.get("spec") or {}).get("nodeName") or "no node"
+    return f"{status.get('phase')} on {node} ip {status.get('podIP') or '-'} {' '.join(reasons)}".strip()
 
 
 @contextlib.contextmanager
@@ -380,6 +398,7 @@ def _run_case(
                 f"fault: {fired[0] if fired else 'never fired'}",
                 f"task states: {states}",
                 f"seen: head {watch.head}, jobs {dict(watch.jobs)}, last error {watch.error or '-'}",
+                f"pods: {watch.pod_states}",
                 *_errors(run),
             ]
         )

@@ -76,7 +76,8 @@ def test_a_lease_of_a_live_supervisor_is_waited_for(
     assert f"held (dag/alive (pid {me['pid']} on host {me['host']})" in out and "took over" not in out
 
 
-def test_a_reused_pid_and_a_rebooted_host_are_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reused_pid_and_a_rebooted_host_are_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path))  # a home of its own: a fresh machine has no ~/.tpuflow yet
     me = liveness.process_record()  # remembers this boot (tpuflow_home()/boot-ids)
     assert liveness.dead_reason(me) is None
     assert liveness.dead_reason({**me, "start": me["start"] - 1}) == f"pid {me['pid']} was reused"

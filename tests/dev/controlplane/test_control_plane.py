@@ -49,6 +49,21 @@ def raycluster(name: str) -> dict[str, Any]:
     return raycluster_manifest(template.validated(), name=name)
 
 
+def test_a_pod_can_be_made_the_moment_the_plane_has_started(plane: ControlPlane) -> None:
+    """The first test on the module's plane: its start waited for the default ServiceAccount, without which the
+    API server refuses every pod of the namespace (a run started right after the plane came up got "serviceaccount
+    "default" not found")."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "first-pod"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["true"]}]},
+    }
+    made = rest(plane).request("POST", "/api/v1/namespaces/default/pods", pod)
+    assert made["spec"]["serviceAccountName"] == "default"
+    rest(plane).request("DELETE", "/api/v1/namespaces/default/pods/first-pod")
+
+
 def test_the_binaries_are_the_pinned_releases(plane: ControlPlane) -> None:
     version = rest(plane).request("GET", "/version")
     assert version["gitVersion"] == "v1.36.3" and version["minor"] == "36"

@@ -202,7 +202,7 @@ class ControlPlane:
             self._start_component("etcd", self._etcd_ready)
             self._start_component("kube-apiserver", self._apiserver_ready)
             self._bootstrap()
-            self._start_component("kube-controller-manager", None)
+            self._start_component("kube-controller-manager", self._controller_manager_ready)
             self._start_component("kube-scheduler", None)
             self._start_component("kuberay-operator", self._kuberay_ready)
         except BaseException:
@@ -236,6 +236,7 @@ class ControlPlane:
         ready = {
             "etcd": self._etcd_ready,
             "kube-apiserver": self._apiserver_ready,
+            "kube-controller-manager": self._controller_manager_ready,
             "kuberay-operator": self._kuberay_ready,
         }.get(name)
         self._start_component(name, ready)
@@ -384,6 +385,16 @@ class ControlPlane:
 
     def _apiserver_ready(self) -> bool:
         return self._get(f"{self.url}/readyz", token=self.token(), context=self.ssl_context())
+
+    def _controller_manager_ready(self) -> bool:
+        """Its service-account controller has made the default namespace's ``default`` ServiceAccount: until then the
+        API server's ServiceAccount admission refuses every pod there (KubeRay's FailedCreateHeadPod, "serviceaccount
+        "default" not found"), which a run started right after the plane came up met."""
+        return self._get(
+            f"{self.url}/api/v1/namespaces/default/serviceaccounts/default",
+            token=self.token(),
+            context=self.ssl_context(),
+        )
 
     def _kuberay_ready(self) -> bool:
         return self._get(f"http://127.0.0.1:{self.ports['kuberay_probe']}/readyz")
