@@ -182,7 +182,7 @@ def test_without_the_topology_the_replica_straddles_and_the_deploy_fails_naming_
         # The test-only path: the multi-host deployment with no topology, and no tpu_slice to check it.
         config = _config(cluster, checkpoint, None, "straddle", accelerator_type="TPU-V6E",
                          accelerator_config={"kind": "tpu"}, chips_per_host=4, num_devices=8)  # fmt: skip
-        timeout = 60.0
+        timeout = 30.0  # the straddling replica is placed within seconds; the deploy then waits it out
         started = time.time()
         with pytest.raises(AirflowException) as err:
             _deploy(cluster, config, None, timeout=timeout)

@@ -21,6 +21,7 @@ from google.cloud.container_v1.types import Operation
 
 from tpuflow.events import make_event
 from tpuflow.gke.hooks import ACTIVE_OPERATION
+from tpuflow.polling import poll_delays
 
 
 def started_at(operation: Operation) -> float | None:
@@ -41,6 +42,7 @@ async def wait_for_operation(
 ) -> dict[str, Any]:
     """Poll ``get_operation`` until the operation is DONE, or until it has run ``timeout`` seconds."""
     waiting_since = time.time()
+    delays = poll_delays(poll_interval)
     try:
         while True:
             operation = await get_operation()
@@ -66,9 +68,10 @@ async def wait_for_operation(
                     retryable=True,
                     operation_name=operation.name,
                 )
-            log.debug("GKE operation %s is %s; next look in %.1f s", name, operation.status.name, poll_interval)
-            left = poll_interval if timeout is None else max(timeout - ran, 0.0) + 0.1
-            await asyncio.sleep(min(poll_interval, left))
+            delay = next(delays)
+            log.debug("GKE operation %s is %s; next look in %.1f s", name, operation.status.name, delay)
+            left = delay if timeout is None else max(timeout - ran, 0.0) + 0.1
+            await asyncio.sleep(min(delay, left))
     except Exception as err:
         log.exception("Reading GKE operation %s failed", name)
         return make_event("error", f"reading GKE operation {name} failed: {type(err).__name__}: {err}")

@@ -25,6 +25,7 @@ from tpuflow.kuberay.diagnostics import Reader
 from tpuflow.kuberay.kinds import KubeRayKind, kind_named
 from tpuflow.kuberay.status import Verdict
 from tpuflow.kubernetes.errors import is_transient
+from tpuflow.polling import poll_delays
 
 
 class KubeRayEvent(TriggerEventPayload):
@@ -99,6 +100,7 @@ async def wait_ready(
     of_kind = kind_named(kind)
     last_error = ""
     verdict, obj = Verdict("waiting", "not polled yet"), None
+    delays = poll_delays(poll_interval)
     while True:
         try:
             verdict, obj = await _verdict(reader, of_kind, name, namespace)
@@ -125,7 +127,7 @@ async def wait_ready(
                 f"{kind} {namespace}/{name} not ready by the deadline: {verdict.reason}{note}",
                 diag,
             )
-        await asyncio.sleep(min(poll_interval, max(remaining, 0.01)))
+        await asyncio.sleep(min(next(delays), max(remaining, 0.01)))
 
 
 async def wait_gone(
@@ -134,6 +136,7 @@ async def wait_gone(
     """Poll until the object no longer exists, or the deadline."""
     plural = kind_named(kind).plural
     obj: dict[str, Any] | None = None
+    delays = poll_delays(poll_interval)
     while True:
         try:
             obj = await reader.get(plural, name, namespace)
@@ -159,4 +162,4 @@ async def wait_gone(
                     else "the KubeRay operator may be down or a finalizer is stuck"
                 ),
             )
-        await asyncio.sleep(min(poll_interval, max(deadline - time.time(), 0.01)))
+        await asyncio.sleep(min(next(delays), max(deadline - time.time(), 0.01)))

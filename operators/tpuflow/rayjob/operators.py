@@ -11,7 +11,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from tpuflow import workloads_dir
 from tpuflow.arguments import RUN_TIME, ArgumentCheck, ArgumentChecks
@@ -369,7 +369,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         from tpuflow.rayjob.hooks import RESULT_NONCE_KEY, job_result_nonce, new_result_nonce
 
         store = context.get("task_state_store")
-        jobs = self._find_jobs(hook, base_id)
+        jobs = hook.find_jobs(base_id)
         stored = store.get(SUBMISSION_STATE_KEY) if store is not None else None
         by_id = {job.submission_id: job for job in jobs}
         if isinstance(stored, str) and stored not in by_id and stored.startswith(base_id):
@@ -401,24 +401,6 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         )
         self._record_submission(store, sid)
         return sid, "PENDING", False, nonce
-
-    def _find_jobs(self, hook: RayJobHook, base_id: str) -> list[Any]:
-        """The task's jobs, once the dashboard answers: a head that is starting (its pod's containers started
-        again by the kubelet, a retry right after a node came back) is given ``unreachable_timeout`` seconds, as
-        the wait gives a head that stopped answering, instead of failing the try on its first refused connection."""
-        since = time.monotonic()
-        while True:
-            try:
-                return hook.find_jobs(base_id)
-            except OSError as err:  # Ray's "Failed to connect to Ray", requests' and aiohttp's connection errors
-                waited = time.monotonic() - since
-                if self.unreachable_timeout is not None and waited >= self.unreachable_timeout:
-                    raise AirflowException(
-                        f"the Ray dashboard at {hook.dashboard_url} has not answered for {waited:.0f} s ({err}); "
-                        "the cluster's head is gone or still starting"
-                    ) from err
-                self.log.warning("Ray dashboard unreachable (%s); asking again", err)
-                time.sleep(min(self.poll_interval, 5.0))
 
     @staticmethod
     def _record_submission(store: Any, sid: str) -> None:

@@ -9,7 +9,6 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,8 +138,8 @@ def test_the_real_operator_reconciles_our_raycluster_and_gc_collects_it(plane: C
     )
 
 
-def test_a_stopped_plane_leaves_no_process(tmp_path: Path) -> None:
-    plane = ControlPlane(tmp_path / "short", bins=binaries.ensure()).start()
+def test_a_stopped_plane_leaves_no_process(plane: ControlPlane) -> None:
+    """The module's plane, stopped by its last test (the fixture's stop after it finds nothing left to stop)."""
     pids = [c.pid for c in plane.components.values()]
     plane.stop()
     for pid in pids:
