@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from google.cloud.container_v1.types import Operation
-from support.kuberay_readers import NothingToExplain
+from support.kuberay_readers import READY, WAITING, NothingToExplain
 
 from tpuflow.gke.waits import wait_for_operation
 from tpuflow.kuberay.waits import wait_gone, wait_ready
@@ -48,15 +48,6 @@ class Sequence(NothingToExplain):
 
 
 TERMINATING = {"metadata": {"name": "rc", "deletionTimestamp": "2026-12-07T00:00:00Z"}}
-WAITING = {"metadata": {"name": "rc"}, "status": {"conditions": [{"type": "HeadPodReady", "status": "False"}]}}
-READY = {
-    "metadata": {"name": "rc"},
-    "status": {
-        "desiredWorkerReplicas": 0,
-        "readyWorkerReplicas": 0,
-        "conditions": [{"type": "RayClusterProvisioned", "status": "True"}, {"type": "HeadPodReady", "status": "True"}],
-    },
-}
 
 
 def test_a_raycluster_gone_on_the_third_look_is_waited_for_three_seconds_not_twenty(slept: list[float]) -> None:

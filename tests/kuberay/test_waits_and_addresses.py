@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException
 from kubernetes_asyncio.client import ApiException as AsyncApiException
-from support.kuberay_readers import NothingToExplain
+from support.kuberay_readers import READY, WAITING, NothingToExplain
 
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
@@ -29,20 +29,6 @@ class ScriptedReader(NothingToExplain):
         if isinstance(item, Exception):
             raise item
         return item  # type: ignore[no-any-return]
-
-
-WAITING = {
-    "metadata": {"name": "rc"},
-    "status": {"conditions": [{"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady"}]},
-}
-READY = {
-    "metadata": {"name": "rc"},
-    "status": {
-        "desiredWorkerReplicas": 0,
-        "readyWorkerReplicas": 0,
-        "conditions": [{"type": "RayClusterProvisioned", "status": "True"}, {"type": "HeadPodReady", "status": "True"}],
-    },
-}
 
 
 def wait(reader: ScriptedReader, timeout: float = 2.0) -> dict[str, Any]:

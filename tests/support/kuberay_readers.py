@@ -18,3 +18,18 @@ class NothingToExplain:
 
     async def pod_log_tail(self, pod: str, namespace: str, lines: int, container: str | None = None) -> list[str]:
         return []
+
+
+# A RayCluster as the waits read it: its head not ready yet, then ready (no workers wanted)
+WAITING = {
+    "metadata": {"name": "rc"},
+    "status": {"conditions": [{"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady"}]},
+}
+READY = {
+    "metadata": {"name": "rc"},
+    "status": {
+        "desiredWorkerReplicas": 0,
+        "readyWorkerReplicas": 0,
+        "conditions": [{"type": "RayClusterProvisioned", "status": "True"}, {"type": "HeadPodReady", "status": "True"}],
+    },
+}
