@@ -301,8 +301,9 @@ CASES = [
         False,
         patch_dag=retried_and_raising_after_its_work("ray_on_slice"),
     ),
-    # make faults / test-long: under a loaded machine the Ray head, restarted by the kubelet, may not answer within the
-    # job task's retries (seen twice on 2 cores with another suite running; passes on an idle one)
+    # make faults / test-long, for CI's time (about 2 min). It failed twice on a loaded machine: the head pod refused
+    # for want of the default ServiceAccount (the plane's start now waits for it), and a first try whose 15 s
+    # unreachable_timeout ended before the kubelet's restarted Ray head answered (now 90 s)
     ControlPlaneFaultCase("tpu_check", "node-agent-killed", node_agent_killed_mid_job, True),
     # GKE's API errors (the GKE stand-in, as in tests/faults/matrix.py), the team having given the task a retry
     ControlPlaneFaultCase(
