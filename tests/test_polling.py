@@ -1,5 +1,6 @@
 """The waits look again soon at first, then every poll_interval: a RayCluster gone or ready after a few seconds,
-or a GKE operation done quickly, ends its wait within seconds instead of a whole interval (the delays each wait
+a GKE operation done quickly, queued capacity or a Serve deploy that is there at once, ends its wait within
+seconds instead of a whole interval (the delays each wait
 slept are recorded, not timed)."""
 
 from __future__ import annotations
@@ -71,3 +72,22 @@ def test_a_gke_operation_is_looked_at_soon_then_every_interval(slept: list[float
     log = SimpleNamespace(debug=lambda *a: None, exception=lambda *a: None)
     event = asyncio.run(wait_for_operation(get_operation, "op", poll_interval=10, log=log))
     assert event["status"] == "success" and slept == [1, 2, 4, 8, 10]
+
+
+def test_queued_capacity_that_arrives_soon_is_seen_soon(slept: list[float]) -> None:
+    from tpuflow.capacity.triggers import wait_provisioned
+
+    waiting = {"status": {"conditions": [{"type": "Accepted", "status": "True"}]}}
+    provisioned = {"status": {"conditions": [{"type": "Provisioned", "status": "True", "reason": "Provisioned"}]}}
+    answers = iter([waiting, waiting, waiting, provisioned])
+
+    class Requests:
+        async def get_provisioning_request(self, name: str, namespace: str) -> dict[str, Any]:
+            return next(answers)
+
+    log = SimpleNamespace(info=lambda *a: None)
+    event = asyncio.run(
+        wait_provisioned(Requests(), name="pr", namespace="ns", deadline=time.time() + 600, poll_interval=30,
+                         started_at=time.time(), log=log)  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert event["status"] == "success" and slept == [1, 2, 4]

@@ -20,6 +20,7 @@ from airflow.triggers.base import TriggerEvent
 from tpuflow.capacity.provisioning_request import request_verdict
 from tpuflow.events import make_event
 from tpuflow.kubernetes.errors import is_transient
+from tpuflow.polling import poll_delays
 from tpuflow.triggers import TpuflowTrigger
 
 AUTOSCALER_REASONS = ("NotTriggerScaleUp", "FailedScaleUp", "TriggeredScaleUp", "ScaleUpTimedOut")
@@ -46,6 +47,7 @@ async def wait_provisioned(
     """Poll until ``Provisioned=True`` (success), a final condition (failed, GKE's reason) or the deadline."""
     what = f"ProvisioningRequest {namespace}/{name}"
     reason, last_error = "not read yet", ""
+    delays = poll_delays(poll_interval)
     while True:
         try:
             verdict = request_verdict(await reader.get_provisioning_request(name, namespace))
@@ -68,7 +70,7 @@ async def wait_provisioned(
                 "timeout", f"{what} not provisioned after {elapsed:.0f} s, by the deadline: {reason}{note}", name=name
             )
         log.info("Waiting for queued capacity: %s, %.0f s so far: %s", what, elapsed, reason)
-        await asyncio.sleep(min(poll_interval, max(remaining, 0.01)))
+        await asyncio.sleep(min(next(delays), max(remaining, 0.01)))
 
 
 def _scheduled(pod: Mapping[str, Any]) -> bool:
@@ -100,6 +102,7 @@ async def wait_flex_start(
 ) -> dict[str, Any]:
     """Poll the TPU pods until all ``expected_pods`` are scheduled (the pool grew), or the deadline."""
     news, last_error, scheduled, count = "", "", 0, 0
+    delays = poll_delays(poll_interval)
     while True:
         try:
             pods = await reader.pods(namespace, label_selector)
@@ -124,7 +127,7 @@ async def wait_flex_start(
                 "timeout", f"no flex-start capacity after {elapsed:.0f} s ({status}): {why}", pods=label_selector
             )
         log.info("waiting for flex-start capacity: %s, %.0f s elapsed%s", status, elapsed, f" ({news})" if news else "")
-        await asyncio.sleep(min(poll_interval, max(remaining, 0.01)))
+        await asyncio.sleep(min(next(delays), max(remaining, 0.01)))
 
 
 class _CapacityTrigger(TpuflowTrigger):

@@ -17,6 +17,7 @@ import time
 from typing import Any, Protocol, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
+from tpuflow.polling import poll_delays
 from tpuflow.serve.idle import IdleWatch, serve_activity
 from tpuflow.serve.status import STUCK_HINT, app_statuses, judge, placement_causes
 
@@ -46,6 +47,7 @@ async def wait_for_applications(
 ) -> ServeEvent:
     """Poll until the applications are RUNNING, failed, or ``timeout`` seconds after ``started_at``."""
     last, statuses, causes = "", dict.fromkeys(app_names, "UNKNOWN"), []
+    delays = poll_delays(poll_interval)
     while True:
         try:
             payload = await reader.aget_serve_details()
@@ -70,7 +72,7 @@ async def wait_for_applications(
                 statuses,
                 diagnostics=STUCK_HINT,
             )
-        await asyncio.sleep(poll_interval)
+        await asyncio.sleep(next(delays))
 
 
 class MetricsReader(Protocol):
