@@ -91,3 +91,18 @@ def test_queued_capacity_that_arrives_soon_is_seen_soon(slept: list[float]) -> N
                          started_at=time.time(), log=log)  # type: ignore[arg-type]
     )  # fmt: skip
     assert event["status"] == "success" and slept == [1, 2, 4]
+
+
+def test_the_reapers_gke_operation_wait_looks_soon_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GKE hook's wait in a worker's own thread (the reaper's pool delete): the same delays, slept with time.sleep."""
+    from tpuflow.gke import hooks
+
+    states = iter([Operation.Status.RUNNING] * 4 + [Operation.Status.DONE])
+    slept: list[float] = []
+    monkeypatch.setattr(hooks.time, "sleep", slept.append)
+    hook = SimpleNamespace(
+        get_operation=lambda name, project_id: SimpleNamespace(status=next(states), name=name),
+        raise_for_operation_error=lambda operation: operation,
+    )
+    done = hooks.GKENodePoolHook.wait_for_node_pool_operation(hook, "op", project_id="p", poll_interval=5)  # type: ignore[arg-type]
+    assert done.name == "op" and slept == [1, 2, 4, 5]

@@ -113,6 +113,65 @@ def test_delete_wait_says_the_pods_are_still_terminating_under_foreground_deleti
     assert event["status"] == "timeout" and "its pods are still terminating" in event["message"], event
 
 
+class ServiceDependents(NothingToExplain):
+    """A RayService already gone (deleted in the background), and what KubeRay made for it, in turn: the RayClusters
+    listed by KubeRay's labels and the pods of the named clusters (the last of each repeats)."""
+
+    def __init__(self, clusters: list[list[str]], pods: list[list[str]]) -> None:
+        self.clusters, self.pods_left = clusters, pods
+        self.selectors: list[str] = []
+
+    async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        return None
+
+    async def objects(self, plural: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        assert plural == "rayclusters"
+        self.selectors.append(label_selector)
+        names = self.clusters.pop(0) if len(self.clusters) > 1 else self.clusters[0]
+        return [{"metadata": {"name": n}} for n in names]
+
+    async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        self.selectors.append(label_selector)
+        names = self.pods_left.pop(0) if len(self.pods_left) > 1 else self.pods_left[0]
+        return [{"metadata": {"name": n}} for n in names]
+
+
+def wait_service_deleted(reader: ServiceDependents, timeout: float, clusters: list[str]) -> dict[str, Any]:
+    return asyncio.run(
+        wait_gone(
+            reader,
+            kind="RayService",
+            name="svc",
+            namespace="ns",
+            deadline=time.time() + timeout,
+            poll_interval=0.01,
+            clusters=clusters,
+        )
+    )
+
+
+def test_a_rayservices_delete_waits_for_its_rayclusters_and_their_pods() -> None:
+    """KubeRay makes a RayService's RayClusters under its own labels; deleted in the background, the RayService is gone
+    at once and the garbage collector takes its clusters and then their pods: the wait ends only when no cluster made
+    for it (one read before the delete, one made during it) has a pod left."""
+    reader = ServiceDependents(
+        clusters=[["svc-made-during"], []],
+        pods=[["svc-abcde-head", "svc-made-during-head"], ["svc-made-during-head"], []],
+    )
+    event = wait_service_deleted(reader, timeout=2, clusters=["svc-abcde"])
+    assert event["status"] == "success", event
+    assert reader.selectors[0] == "ray.io/originated-from-crd=RayService,ray.io/originated-from-cr-name=svc"
+    assert "ray.io/cluster in (svc-abcde,svc-made-during)" in reader.selectors
+
+
+def test_a_rayservices_delete_names_the_pods_left_at_its_deadline() -> None:
+    reader = ServiceDependents(clusters=[[]], pods=[["svc-abcde-worker-0"]])
+    event = wait_service_deleted(reader, timeout=0.2, clusters=["svc-abcde"])
+    assert event["status"] == "timeout", event
+    assert "RayService ns/svc is gone, but what KubeRay made for it is not" in event["message"]
+    assert "pod svc-abcde-worker-0" in event["message"]
+
+
 CLUSTER = {
     "metadata": {"name": "rc", "namespace": "ml"},
     "spec": {

@@ -7,8 +7,11 @@ from typing import Any
 
 
 class NothingToExplain:
-    """What a wait reads to explain a verdict, empty: no pods, no events, no log lines. A test's reader
-    subclasses it and defines ``get`` (the objects the verdicts come from)."""
+    """What a wait reads to explain a verdict, empty: no pods, no events, no log lines, no RayClusters made for
+    the object. A test's reader subclasses it and defines ``get`` (the objects the verdicts come from)."""
+
+    async def objects(self, plural: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return []
 
     async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return []

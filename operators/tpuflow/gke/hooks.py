@@ -40,6 +40,8 @@ from google.cloud import compute_v1
 from google.cloud.container_v1 import ClusterManagerAsyncClient, ClusterManagerClient
 from google.cloud.container_v1.types import NodePool, Operation, ResourceLabels, UpdateNodePoolRequest
 
+from tpuflow.polling import poll_delays
+
 ACTIVE_OPERATION = (Operation.Status.PENDING, Operation.Status.RUNNING)
 
 
@@ -177,9 +179,11 @@ class GKENodePoolHook(GKEHook):
         poll_interval: float = 10.0,
         timeout: float | None = None,
     ) -> Operation:
-        """Poll until the operation is DONE, then raise GKEOperationError if it failed."""
+        """Poll until the operation is DONE (looking again soon, then every poll_interval: tpuflow.polling), then
+        raise GKEOperationError if it failed."""
         name = operation if isinstance(operation, str) else operation.name
         deadline = None if timeout is None else time.monotonic() + timeout
+        delays = poll_delays(poll_interval)
         while True:
             current = self.get_operation(name, project_id=project_id)
             if current.status == Operation.Status.DONE:
@@ -188,7 +192,7 @@ class GKENodePoolHook(GKEHook):
                 raise GKEOperationError(current)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"GKE operation {name} still {current.status.name} after {timeout} s")
-            time.sleep(poll_interval)
+            time.sleep(next(delays))
 
 
 class GKENodePoolAsyncHook(GKEAsyncHook):

@@ -14,6 +14,11 @@ VERSION = "v1"
 API_VERSION = f"{GROUP}/{VERSION}"
 RAYCLUSTERS = "rayclusters"
 RAYSERVICES = "rayservices"
+# KubeRay's own labels: on every pod of a RayCluster, the cluster's name; on the RayClusters it makes for a
+# RayService (or RayJob), the kind and name they come from.
+CLUSTER_LABEL = "ray.io/cluster"
+ORIGIN_CRD_LABEL = "ray.io/originated-from-crd"
+ORIGIN_NAME_LABEL = "ray.io/originated-from-cr-name"
 # Each kind (name, plural, manifest builder, verdict, diagnosis) is one class in tpuflow.kuberay.kinds.
 
 # Names the operators need when their module is imported (argument defaults, label keys); the
@@ -26,12 +31,15 @@ DEFAULT_UPGRADE_STRATEGY = "None"
 
 __all__ = [
     "API_VERSION",
+    "CLUSTER_LABEL",
     "DEFAULT_RAY_VERSION",
     "DEFAULT_UPGRADE_STRATEGY",
     "GROUP",
     "LABEL_PREFIX",
     "RUN_KEY_LABEL",
     "MANAGED_BY",
+    "ORIGIN_CRD_LABEL",
+    "ORIGIN_NAME_LABEL",
     "RAYCLUSTERS",
     "RAYSERVICES",
     "SPEC_HASH",

@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tpuflow.kuberay import CLUSTER_LABEL
+
 
 class Reader(Protocol):
-    """What the waits and the kinds' diagnoses read: custom objects, pods, events, a pod's log tail."""
+    """What the waits and the kinds' diagnoses read: custom objects (one, or those with some labels), pods, events, a pod's log tail."""
 
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None: ...
+
+    async def objects(self, plural: str, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
     async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
@@ -91,7 +95,7 @@ async def cluster_diagnostics(
 ) -> str:
     """Pods, Warning events and the head pod's last log lines of one RayCluster, as text."""
     try:
-        pods = await reader.pods(namespace, f"ray.io/cluster={cluster_name}")
+        pods = await reader.pods(namespace, f"{CLUSTER_LABEL}={cluster_name}")
         names = [cluster_name, *extra_objects, *((p.get("metadata") or {}).get("name", "") for p in pods)]
         events = await reader.events_for(namespace, names)
         head = next(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tpuflow.kuberay import API_VERSION, RAYCLUSTERS, RAYSERVICES
+from tpuflow.kuberay import API_VERSION, ORIGIN_CRD_LABEL, ORIGIN_NAME_LABEL, RAYCLUSTERS, RAYSERVICES
 from tpuflow.kuberay.diagnostics import Reader, cluster_diagnostics
 from tpuflow.kuberay.status import (
     Verdict,
@@ -43,6 +43,9 @@ class KubeRayKind:
 
     name: ClassVar[str]
     plural: ClassVar[str]
+    delete_foreground: ClassVar[bool] = True
+    """Delete with foreground propagation: the object stays until the garbage collector has removed what it
+    owns (its pods), so a wait for it to be gone ends once they have stopped."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -78,6 +81,12 @@ class KubeRayKind:
         """Why the object is not ready, in words, for a failed or timed-out wait ("" when nothing to add)."""
         return ""
 
+    @classmethod
+    def clusters_selector(cls, name: str) -> str | None:
+        """The label selector of the RayClusters KubeRay made for the object ``name`` (a wait for it to be gone
+        waits for them and their pods too); None: it owns no RayCluster."""
+        return None
+
 
 class RayClusterKind(KubeRayKind):
     name = "RayCluster"
@@ -104,6 +113,16 @@ class RayClusterKind(KubeRayKind):
 class RayServiceKind(KubeRayKind):
     name = "RayService"
     plural = RAYSERVICES
+    # KubeRay (1.6.0) reconciles a RayService that is being deleted as a live one: while the garbage collector
+    # deletes its active RayCluster in the foreground, it makes a new one, which the foreground delete does not
+    # wait for. Deleted in the background, the RayService is gone at once and KubeRay makes nothing more; the wait
+    # for it to be gone follows its RayClusters and their pods (clusters_selector).
+    delete_foreground = False
+
+    @classmethod
+    def clusters_selector(cls, name: str) -> str | None:
+        """The labels KubeRay puts on a RayService's RayClusters."""
+        return f"{ORIGIN_CRD_LABEL}={cls.name},{ORIGIN_NAME_LABEL}={name}"
 
     @staticmethod
     def verdict(obj: Mapping[str, Any] | None) -> Verdict:

@@ -300,7 +300,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
                 namespace,
                 name,
             )
-            hook.delete(self.plural, name, namespace)
+            hook.delete(self.plural, name, namespace, foreground=self.kuberay_kind.delete_foreground)
         except Exception as err:  # noqa: BLE001 - a callback must not hide the task's own error
             self.log.warning("Could not delete the %s this task made (%s); `tpuflow reap` removes it", self.kind, err)
 
@@ -314,7 +314,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
         hook = self.kube_hook()
         if owned_by(hook.get(self.plural, owned.name, owned.namespace), owned.run_key):
             self.log.warning("Task killed: deleting %s %s/%s", owned.kind, owned.namespace, owned.name)
-            hook.delete(self.plural, owned.name, owned.namespace)
+            hook.delete(self.plural, owned.name, owned.namespace, foreground=self.kuberay_kind.delete_foreground)
 
 
 class SliceArgumentsMixin(InheritedParamDocs):

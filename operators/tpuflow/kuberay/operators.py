@@ -571,16 +571,23 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
         name = object_name(context, self.name, self.owner_task_id)
-        existed = hook.delete(self.plural, name, namespace)
+        kind = self.kuberay_kind
+        # the RayClusters KubeRay made for it, read before the delete: a background delete may take them at once,
+        # and the wait follows their pods by their names
+        selector = kind.clusters_selector(name)
+        listed = hook.objects(RayClusterKind.plural, namespace, selector) if selector else []
+        clusters = [str(c["metadata"]["name"]) for c in listed]
+        existed = hook.delete(self.plural, name, namespace, foreground=kind.delete_foreground)
         result = {"kind": self.kind, "name": name, "namespace": namespace, "existed": existed, "deleted": True}
-        if not existed:
+        if not existed and not clusters:
             self.log.info("%s %s/%s does not exist; nothing to delete", self.kind, namespace, name)
             return result
-        self.log.info("Deleting %s %s/%s", self.kind, namespace, name)
-        if not self.wait or hook.get(self.plural, name, namespace) is None:
+        made = f" and its RayClusters {', '.join(clusters)}" if clusters else ""
+        self.log.info("Deleting %s %s/%s%s", self.kind, namespace, name, made)
+        if not self.wait or (not clusters and hook.get(self.plural, name, namespace) is None):
             result["deleted"] = hook.get(self.plural, name, namespace) is None
             return result
-        wait = self.wait_arguments(name, namespace)
+        wait = {**self.wait_arguments(name, namespace), "clusters": clusters}
         if self.deferrable:
             self.execute_async(context, wait)
         return self.execute_sync(context, wait)

@@ -15,7 +15,7 @@ carrying its run-key label). ``cleanup()`` is not overridden: it also runs on tr
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
@@ -111,7 +111,8 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
         if not self.owner_run_key:
             return
         hook = self.hook()
-        plural = kind_named(self.kind).plural
+        kind = kind_named(self.kind)
+        plural = kind.plural
         obj = await hook.get(plural, self.name, self.namespace)
         if obj is None:
             return
@@ -121,7 +122,7 @@ class KubeRayReadyTrigger(_KubeRayTrigger):
             )
             return
         self.log.warning("Task killed: deleting %s %s/%s", self.kind, self.namespace, self.name)
-        await hook.delete(plural, self.name, self.namespace)
+        await hook.delete(plural, self.name, self.namespace, foreground=kind.delete_foreground)
 
 
 class KubeRayDeletedTrigger(_KubeRayTrigger):
@@ -129,14 +130,16 @@ class KubeRayDeletedTrigger(_KubeRayTrigger):
 
     :param end_task: ``{"xcoms": {...}}``: once the object is gone, end the task here with these XComs
         (``tpuflow.triggers``); None: the task resumes on a worker.
+    :param clusters: the RayClusters KubeRay made for the object, read before its delete (``wait_gone``).
     """
 
-    serialize_fields = (*_KubeRayTrigger.serialize_fields, "end_task")
+    serialize_fields = (*_KubeRayTrigger.serialize_fields, "end_task", "clusters")
     waiting_for = "to be deleted"
 
-    def __init__(self, *, end_task: dict[str, Any] | None = None, **wait: Any) -> None:
+    def __init__(self, *, end_task: dict[str, Any] | None = None, clusters: Sequence[str] = (), **wait: Any) -> None:
         super().__init__(**wait)
         self.end_task = end_task
+        self.clusters = list(clusters)
 
     def wait(self) -> Awaitable[KubeRayEvent]:
-        return wait_gone(self.hook(), **self.waited_for())
+        return wait_gone(self.hook(), **self.waited_for(), clusters=self.clusters)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from tpuflow.events import EventStatus, TriggerEventPayload, make_event
+from tpuflow.kuberay import CLUSTER_LABEL, RAYCLUSTERS
 from tpuflow.kuberay.diagnostics import Reader
 from tpuflow.kuberay.kinds import KubeRayKind, kind_named
 from tpuflow.kuberay.status import Verdict
@@ -44,6 +45,9 @@ class SyncReader:
 
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
         return self.hook.get(plural, name, namespace)  # type: ignore[no-any-return]
+
+    async def objects(self, plural: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self.hook.objects(plural, namespace, label_selector)  # type: ignore[no-any-return]
 
     async def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.hook.pods(namespace, label_selector)  # type: ignore[no-any-return]
@@ -130,36 +134,74 @@ async def wait_ready(
         await asyncio.sleep(min(next(delays), max(remaining, 0.01)))
 
 
+async def clusters_left(
+    reader: Reader, kind: type[KubeRayKind], name: str, namespace: str, seen: set[str]
+) -> list[str]:
+    """What is left of the RayClusters KubeRay made for the object ``name`` (its kind's ``clusters_selector``):
+    those still listed and the pods of every one seen so far (``seen``, added to), in words; [] when none."""
+    selector = kind.clusters_selector(name)
+    if selector is None:
+        return []
+    clusters = [str(c["metadata"]["name"]) for c in await reader.objects(RAYCLUSTERS, namespace, selector)]
+    seen.update(clusters)
+    pods = await reader.pods(namespace, f"{CLUSTER_LABEL} in ({','.join(sorted(seen))})") if seen else []
+    return [f"RayCluster {c}" for c in clusters] + [f"pod {p['metadata']['name']}" for p in pods]
+
+
 async def wait_gone(
-    reader: Reader, *, kind: str, name: str, namespace: str, deadline: float, poll_interval: float
+    reader: Reader,
+    *,
+    kind: str,
+    name: str,
+    namespace: str,
+    deadline: float,
+    poll_interval: float,
+    clusters: Sequence[str] = (),
 ) -> KubeRayEvent:
-    """Poll until the object no longer exists, or the deadline."""
-    plural = kind_named(kind).plural
+    """Poll until the object no longer exists, nor the RayClusters KubeRay made for it and their pods (``clusters``:
+    their names read before the delete; those listed while waiting are added), or the deadline."""
+    of_kind = kind_named(kind)
     obj: dict[str, Any] | None = None
+    seen: set[str] = set(clusters)
+    left: list[str] | None = None  # what is left of it once it is gone itself; None until then
+    last_error = ""
     delays = poll_delays(poll_interval)
     while True:
         try:
-            obj = await reader.get(plural, name, namespace)
+            obj = await reader.get(of_kind.plural, name, namespace)
+            left = None if obj is not None else await clusters_left(reader, of_kind, name, namespace, seen)
+            last_error = ""
         except Exception as err:
             if not is_transient(err):
                 return _read_failed(kind, name, namespace, err)
+            last_error = f"{type(err).__name__}: {err}"
         else:
-            if obj is None:
+            if obj is None and not left:
                 return kuberay_event("success", kind, name, namespace, f"{kind} {namespace}/{name} is gone")
         if time.time() >= deadline:
-            meta = (obj or {}).get("metadata") or {}
-            finalizers = ", ".join(meta.get("finalizers") or []) or "none"
-            return kuberay_event(
-                "timeout",
-                kind,
-                name,
-                namespace,
-                f"{kind} {namespace}/{name} still exists at the deadline (deletionTimestamp="
-                f"{meta.get('deletionTimestamp')}, finalizers: {finalizers}); "
-                + (
-                    "its pods are still terminating (their node may be gone or unreachable)"
-                    if finalizers == "foregroundDeletion"
-                    else "the KubeRay operator may be down or a finalizer is stuck"
-                ),
-            )
+            note = f" (last API error: {last_error})" if last_error else ""
+            message = _still_there(kind, name, namespace, obj, left) + note
+            return kuberay_event("timeout", kind, name, namespace, message)
         await asyncio.sleep(min(next(delays), max(deadline - time.time(), 0.01)))
+
+
+def _still_there(
+    kind: str, name: str, namespace: str, obj: Mapping[str, Any] | None, left: Sequence[str] | None
+) -> str:
+    """What a delete's wait found at its deadline, and its likely cause."""
+    if obj is None and left:
+        return (
+            f"{kind} {namespace}/{name} is gone, but what KubeRay made for it is not at the deadline: "
+            f"{', '.join(left)}; their pods may still be terminating (their node may be gone or unreachable)"
+        )
+    meta = (obj or {}).get("metadata") or {}
+    finalizers = ", ".join(meta.get("finalizers") or []) or "none"
+    return (
+        f"{kind} {namespace}/{name} still exists at the deadline (deletionTimestamp="
+        f"{meta.get('deletionTimestamp')}, finalizers: {finalizers}); "
+        + (
+            "its pods are still terminating (their node may be gone or unreachable)"
+            if finalizers == "foregroundDeletion"
+            else "the KubeRay operator may be down or a finalizer is stuck"
+        )
+    )

@@ -237,6 +237,15 @@ class KubeObjectsHook(TargetedHook, KubernetesHook):
             unless_missing(lambda: self.get_custom_object(self.group, self.version, plural, name, namespace), None)
         )
 
+    @generic_api_retry
+    def objects(self, plural: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The objects of ``plural`` in ``namespace`` that carry these labels (the provider has no custom-object
+        list)."""
+        found = self.custom_object_client.list_namespaced_custom_object(
+            self.group, self.version, namespace, plural, label_selector=label_selector
+        )
+        return _items(found)
+
     @create_api_retry
     def create(self, plural: str, body: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         """Create a named object; a 409 (it exists, perhaps from a retried send) is the caller's to adopt."""
@@ -335,6 +344,15 @@ class AsyncKubeObjectsHook(TargetedHook, AsyncKubernetesHook):
                 self.group, self.version, namespace, plural, name
             )
             return as_dict(await await_unless_missing(read, None))
+
+    @generic_api_retry
+    async def objects(self, plural: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """``KubeObjectsHook.objects`` from an event loop."""
+        async with self.get_conn() as api:
+            found = await async_client.CustomObjectsApi(api).list_namespaced_custom_object(
+                self.group, self.version, namespace, plural, label_selector=label_selector
+            )
+            return _items(found)
 
     @generic_api_retry
     async def delete(self, plural: str, name: str, namespace: str, *, foreground: bool = True) -> bool:
