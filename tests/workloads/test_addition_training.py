@@ -83,6 +83,28 @@ def test_fit_steps_checkpoints_and_stops() -> None:
         fit(lambda b: 0.0, float, cfg, lambda e: iter([]))
 
 
+def test_a_logged_loss_is_read_once_the_next_step_is_dispatched() -> None:
+    """Reading a loss waits for its step on the device; read after the next step is dispatched, the device has that
+    step to run meanwhile. The last step's loss and a checkpointed step's are read at once (they are needed)."""
+    cfg = resolve_config({"num_steps": 5, "checkpoint_every": 3, "log_every": 2})
+    events: list[str] = []
+
+    def step_fn(batch: int) -> int:
+        events.append(f"step {batch}")
+        return batch
+
+    def fetch(loss: int) -> float:
+        events.append(f"read {loss}")
+        return float(loss)
+
+    fit(step_fn, fetch, cfg, lambda e: iter(range(1, 6)), on_checkpoint=lambda *a: events.append("save"),
+        log=lambda line: events.append(line.split(" epoch")[0]))  # fmt: skip
+    assert events == [
+        "step 1", "step 2", "step 3", "read 2", "step 2/5", "read 3", "save",  # 2 logged, read after 3; 3 saved
+        "step 4", "step 5", "read 4", "step 4/5", "read 5", "step 5/5", "save",  # the last step: read at once
+    ]  # fmt: skip
+
+
 def test_config_validation_and_fingerprint() -> None:
     with pytest.raises(ValueError, match="unknown model keys"):
         resolve_config({"model": {"width": 3}})
