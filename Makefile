@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test test-long faults lint clean-local airflow airflow-down test-deps bench bench-quick bench-serving controlplane
+.PHONY: install demo test test-long faults lint typecheck clean-local airflow airflow-down test-deps bench bench-quick bench-serving controlplane
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,8 @@ install: $(STAMP)
 demo: install
 	$(BIN)/tpuflow demo
 
-test: install test-deps controlplane
+# CI runs this (.ci/run): the lint and the type check first (seconds, a minute), then the tests.
+test: install test-deps controlplane lint typecheck
 	$(BIN)/python -m pytest -q -m "not long" --durations=25 tests
 
 # What `make test` leaves out for CI's size (tests marked `long`; the README's Tests section lists them).
@@ -38,6 +39,10 @@ test-long: install test-deps controlplane
 lint: install
 	$(BIN)/ruff check dags operators plugins workloads tests bench
 	$(BIN)/ruff format --check dags operators plugins workloads tests bench
+
+# mypy, strict, on the tpuflow package ([tool.mypy] in pyproject.toml); .pre-commit-config.yaml runs the same hooks.
+typecheck: install
+	$(BIN)/mypy
 
 # The fault matrix in full (tests/faults: every stage x fault of the GKE pipeline on the stand-ins, and the
 # table of what each run left behind); make test runs its CI slice.

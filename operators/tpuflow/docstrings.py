@@ -34,7 +34,7 @@ def param_entries(doc: str | None) -> dict[str, str]:
 
 def inherited_param_docs(cls: type) -> str | None:
     """``cls``'s own docstring with the entries of its family's bases that it does not write itself."""
-    own_doc = cls.__dict__.get("__doc__")
+    own_doc: str | None = cls.__dict__.get("__doc__")
     if not own_doc:
         return own_doc
     written = set(param_entries(own_doc))

@@ -10,7 +10,7 @@ adopts the object), in the worker or, for a task the scheduler failed, in the DA
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 def chain_on_failure(task: BaseOperator, callback: Callable[[Any], None]) -> None:
     """Run ``callback(context)`` after the task's own ``on_failure_callback``\\ (s), the user's or default_args'."""
-    existing = task.on_failure_callback
-    own = [] if existing is None else list(existing) if isinstance(existing, (list, tuple)) else [existing]
+    # Airflow keeps a list, but a DAG author may have set a single callable (or None) after construction
+    existing: Sequence[Callable[[Any], None]] | Callable[[Any], None] | None = task.on_failure_callback
+    own: list[Callable[[Any], None]] = [] if existing is None else [existing] if callable(existing) else list(existing)
     task.on_failure_callback = [*own, callback]

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from tpuflow.errors import UserInputError
+
+_V = TypeVar("_V")
 
 MAX_CHIP_HOURS_VARIABLE = "tpuflow_max_chip_hours"
 OVER_BUDGET_VARIABLE = "tpuflow_over_budget"
@@ -95,14 +97,14 @@ def admin_limits() -> AdminLimits:
     )
 
 
-class Held(NamedTuple):
+class Held(NamedTuple, Generic[_V]):
     """A Param's value as the run is held to it, and the one line saying why it differs from the ask ("" if not)."""
 
-    value: Any
+    value: _V
     note: str
 
 
-def _hold(asked: float | None, ceiling: float, field: str, unit: str, held: str, empty: str) -> Held:
+def _hold(asked: float | None, ceiling: float, field: str, unit: str, held: str, empty: str) -> Held[float]:
     """A Param (checked; None: none asked) held at the admin's ceiling, with the line saying why when it is."""
     if asked is None:
         return Held(ceiling, f"{field} {empty} {held}")
@@ -111,7 +113,7 @@ def _hold(asked: float | None, ceiling: float, field: str, unit: str, held: str,
     return Held(asked, "")
 
 
-def hold_budget(asked: float | None, ceiling: float, field: str = "max_chip_hours") -> Held:
+def hold_budget(asked: float | None, ceiling: float, field: str = "max_chip_hours") -> Held[float]:
     """``asked`` (a checked budget, None: none asked) held at the admin's ceiling."""
     held = f"the run is held to {ceiling:g} chip-hours (Variable {MAX_CHIP_HOURS_VARIABLE})"
     return _hold(asked, ceiling, field, "", held, "empty: the admin's ceiling;")
@@ -130,7 +132,7 @@ def check_over_budget(value: Any, field: str = "over_budget") -> str | None:
     return value.strip().lower()
 
 
-def hold_over_budget(asked: str | None, allowed: str, field: str = "over_budget") -> Held:
+def hold_over_budget(asked: str | None, allowed: str, field: str = "over_budget") -> Held[str]:
     """``asked`` (a checked choice, None: none) held at the loosest the admin allows."""
     if asked is None:
         return Held(allowed, f"{field} empty: the admin's {allowed!r} (Variable {OVER_BUDGET_VARIABLE})")
@@ -156,7 +158,7 @@ def check_idle_timeout(value: Any, field: str = "params.idle_timeout") -> float 
     return minutes or None
 
 
-def hold_idle_timeout(asked: float | None, ceiling: float, field: str = "idle_timeout") -> Held:
+def hold_idle_timeout(asked: float | None, ceiling: float, field: str = "idle_timeout") -> Held[float]:
     """``asked`` (checked minutes, None: none) held at the admin's ceiling: a kept endpoint always stops when idle."""
     held = f"the endpoint stops after {ceiling:g} min without a request (Variable {MAX_IDLE_TIMEOUT_VARIABLE})"
     return _hold(asked, ceiling, field, " min", held, "empty or 0, which no longer means never:")

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tpuflow.errors import UserInputError
 
@@ -129,7 +129,9 @@ def gcs_client(gcp_conn_id: str = "google_cloud_default") -> Any:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        client = storage.Client(project="tpuflow-local", credentials=AnonymousCredentials(), client_info=CLIENT_INFO)
+        # google-auth leaves AnonymousCredentials.__init__ unannotated
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        client = storage.Client(project="tpuflow-local", credentials=credentials, client_info=CLIENT_INFO)
     else:
         from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
@@ -204,9 +206,8 @@ def read_text(uri: str, gcp_conn_id: str = "google_cloud_default") -> str | None
         bucket, name = split_gs_uri(uri)
         try:
             with deadline(uri, "reading") as timeout:
-                return (
-                    gcs_client(gcp_conn_id).bucket(bucket).blob(name).download_as_text(retry=_retry(), timeout=timeout)
-                )
+                blob = gcs_client(gcp_conn_id).bucket(bucket).blob(name)
+                return cast(str, blob.download_as_text(retry=_retry(), timeout=timeout))
         except NotFound:
             return None
     path = Path(uri)

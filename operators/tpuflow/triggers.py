@@ -60,7 +60,7 @@ class TpuflowTrigger(BaseTrigger):
             xcoms = self.task_end_xcoms(payload)
             if xcoms is not None and await self._push(xcoms):
                 return TaskEndedEvent(payload)
-        return TriggerEvent(dict(payload))
+        return TriggerEvent(dict(payload))  # type: ignore[no-untyped-call]  # Airflow's TriggerEvent.__init__ is unannotated
 
     def task_end_xcoms(self, payload: Mapping[str, Any]) -> dict[str, Any] | None:
         """The XComs of a task ended by this success; None: its operator still has work to do."""

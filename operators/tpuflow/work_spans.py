@@ -33,9 +33,12 @@ def job_work_span(cause: str, event: Mapping[str, Any], submission_id: Any) -> d
     span = event.get("job_span")
     if not span:
         return None
-    result = event.get("result") if isinstance(event.get("result"), Mapping) else {}
-    measured = result.get("goodput") if isinstance(result.get("goodput"), Mapping) else {}
-    breakdown = measured.get("seconds") if isinstance(measured.get("seconds"), Mapping) else None
+    raw_result = event.get("result")
+    result: Mapping[str, Any] = raw_result if isinstance(raw_result, Mapping) else {}
+    raw_measured = result.get("goodput")
+    measured: Mapping[str, Any] = raw_measured if isinstance(raw_measured, Mapping) else {}
+    raw_breakdown = measured.get("seconds")
+    breakdown = raw_breakdown if isinstance(raw_breakdown, Mapping) else None
     return work_span(cause, span[0], span[1], submission_id=submission_id, breakdown=breakdown)
 
 

@@ -176,3 +176,15 @@ def test_deferrable_create_and_delete_wait_for_compute_in_the_triggerer(gke):
     )
     assert deleted["workload_policies"]["deleted"] == [our_policy_name()]
     assert gke.node_pools() == [] and gke.compute.policies() == []
+
+
+def test_a_busy_gke_while_the_policy_placed_pool_is_created_is_waited_out(gke):
+    """GKE refusing the pool's create as busy (too many operations on the cluster) is backed off and tried again
+    under a workload policy too: the policy provisioner's own backoff for Compute had shadowed the pool's, and the
+    pool's busy answer raised a TypeError."""
+    gke.add_fault("too_many_operations", times=2)
+    result = create_op().execute(context())
+    assert [p["name"] for p in gke.node_pools()] == [result["node_pool_names"][0]]
+    assert [p["name"] for p in gke.compute.policies()] == [our_policy_name()]
+    teardown()
+    assert gke.node_pools() == [] and gke.compute.policies() == []

@@ -185,6 +185,8 @@ def test_wheel_carries_the_packages_and_the_workloads(wheel: Path) -> None:
     for dotted in package_folders():
         assert f"{dotted.replace('.', '/')}/__init__.py" in names, f"the wheel lacks the package {dotted}"
     assert not any(n.startswith(("operators/", "workloads/")) for n in names), "the folders ship under tpuflow/ only"
+    # PEP 561: type checkers read the provider's own annotations (make typecheck keeps them checked)
+    assert "tpuflow/py.typed" in names, "the wheel lacks tpuflow/py.typed"
     # KubeRay's CRDs (package data): the imitation control plane's schemas wherever tpuflow is installed.
     crds = "tpuflow/dev/standins/kuberay_crds/"
     shipped = {f"{crds}{p.name}" for p in (OPERATORS / "dev" / "standins" / "kuberay_crds").iterdir() if p.is_file()}

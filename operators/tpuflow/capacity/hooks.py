@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
 from kubernetes_asyncio import client as async_client
 
 from tpuflow.capacity.provisioning_request import GROUP, PLURAL, VERSION
@@ -25,6 +24,7 @@ from tpuflow.kubernetes.hooks import (
     GKEKubeObjectsHook,
     KubeObjectsHook,
     await_unless_missing,
+    generic_api_retry,
     unless_missing,
 )
 from tpuflow.labels import kept_metadata_patch

@@ -337,7 +337,8 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
         namespace = self.resolve_namespace()
         hook = self.kube_hook()
         name, templates = self.request_and_templates(context, namespace)
-        deleted, absent = [], []
+        deleted: list[str] = []
+        absent: list[str] = []
         for what, gone in [
             (f"provisioningrequest/{name}", hook.delete_provisioning_request(name, namespace)),
             *((f"podtemplate/{t}", hook.delete_pod_template(t, namespace)) for t in templates),

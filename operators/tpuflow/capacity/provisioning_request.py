@@ -155,7 +155,7 @@ def plan_provisioning_request(
     labels: Mapping[str, str] | None = None,
 ) -> ProvisioningRequestPlan:
     """Check the inputs (UserInputError naming the field) and plan the objects."""
-    from tpuflow.gke.nodepool_spec import check_node_pool_name
+    from tpuflow.naming import check_node_pool_name
 
     seconds = check_max_run_duration(max_run_duration_seconds)
     pools = [node_pools] if isinstance(node_pools, str) else list(node_pools or [])

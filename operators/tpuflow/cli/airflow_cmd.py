@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuflow.dev.supervise import Supervisor
 from tpuflow.errors import UserInputError
 from tpuflow.validation import check_count, check_folder, check_port
+
+if TYPE_CHECKING:
+    from tpuflow.dev.airflow_services import AirflowServices
 
 
 def _work_dir(args: argparse.Namespace) -> Path:
@@ -18,7 +22,7 @@ def _work_dir(args: argparse.Namespace) -> Path:
     return Path(args.work_dir).resolve() if args.work_dir else DEFAULT_WORK_DIR
 
 
-def _load(args: argparse.Namespace):  # -> AirflowServices | None
+def _load(args: argparse.Namespace) -> AirflowServices | None:
     from tpuflow.dev.airflow_services import STATE_FILE, AirflowServices
 
     work = _work_dir(args)
@@ -129,7 +133,7 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "airflow", help="run a real local Airflow (scheduler, triggerer, UI) with the project's DAGs"
     )

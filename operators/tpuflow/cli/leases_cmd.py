@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 from tpuflow.validation import check_count
 
+if TYPE_CHECKING:
+    from tpuflow.slices.leases import LeaseStore
 
-def _store(args: argparse.Namespace):  # -> LeaseStore
+
+def _store(args: argparse.Namespace) -> LeaseStore:
     from tpuflow.slices.leases import default_lease_root, lease_store
 
     return lease_store(args.lease_root or default_lease_root(), args.gcp_conn_id)
@@ -40,7 +44,7 @@ def _free(args: argparse.Namespace) -> int:
     return 0 if freed else 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("leases", help="slice leases that keep runs (and backfills) to N slices at once")
     verbs = parser.add_subparsers(dest="verb", required=True)
 

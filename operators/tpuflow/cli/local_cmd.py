@@ -10,11 +10,15 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuflow.cli.slice_cmd import add_slice_arguments, slice_from_args
 from tpuflow.errors import UserInputError
 from tpuflow.naming import check_dns_label
 from tpuflow.validation import check_count, check_folder, check_port, check_seconds
+
+if TYPE_CHECKING:
+    from tpuflow.local.cluster import LocalRayCluster
 
 DEFAULT_NAME = "tpuflow-local"
 
@@ -26,12 +30,12 @@ def _base_dir(args: argparse.Namespace) -> Path:
     return Path(args.base_dir) if args.base_dir else default_base_dir()
 
 
-def _clusters(args: argparse.Namespace) -> list:
+def _clusters(args: argparse.Namespace) -> list[LocalRayCluster]:
     from tpuflow.local.cluster import STATE_FILE, LocalRayCluster
 
     base = _base_dir(args)
     names = [args.name] if getattr(args, "name", None) else sorted(p.parent.name for p in base.glob(f"*/{STATE_FILE}"))
-    found = []
+    found: list[LocalRayCluster] = []
     for name in names:
         if (base / name / STATE_FILE).exists():
             found.append(LocalRayCluster.load(base / name))
@@ -195,23 +199,23 @@ def _gcs_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_gcs(verbs: argparse._SubParsersAction) -> None:
+def _register_gcs(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gcs = verbs.add_parser("gcs", help="a GCS emulator on loopback for gs:// output roots (fake-gcs-server)")
     gcs_verbs = gcs.add_subparsers(dest="gcs_verb", required=True)
-    state = {"default": None, "help": "where its state and data live (default $TPUFLOW_HOME/gcs-emulator)"}
+    state_help = "where its state and data live (default $TPUFLOW_HOME/gcs-emulator)"
     up = gcs_verbs.add_parser(
         "up", help="start it (and its GCE metadata stand-in) and print the export lines that point clients at it"
     )
     up.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
     up.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
-    up.add_argument("--state-dir", **state)
+    up.add_argument("--state-dir", default=None, help=state_help)
     up.set_defaults(func=_gcs_up)
     down = gcs_verbs.add_parser("down", help="stop it, by the pid it recorded")
-    down.add_argument("--state-dir", **state)
+    down.add_argument("--state-dir", default=None, help=state_help)
     down.set_defaults(func=_gcs_down)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("local", help="run the embedded Ray cluster with a simulated TPU slice")
     verbs = parser.add_subparsers(dest="verb", required=True)
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpuflow.cost.reaper import RunStates
 
 
-def _run_states(without_db: bool):  # -> RunStates
+def _run_states(without_db: bool) -> RunStates:
     """The metadata DB's running runs; without one, run states that cover no DAG (only what is provably
     over is reaped: a dead supervisor, an expiry, processes gone)."""
     from tpuflow.cost.reaper import FixedRunStates, MetadataDbRunStates
@@ -123,7 +126,7 @@ def _reap(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "reap",
         help="delete node pools, RayClusters, RayServices, local clusters and leases of runs that no longer run",

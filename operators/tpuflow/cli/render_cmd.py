@@ -7,7 +7,7 @@ import argparse
 from tpuflow.cli import render_kuberay, render_nodepool
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("render", help="print a request body or manifest for a slice")
     renderers = parser.add_subparsers(dest="what", required=True)
     # Each renderer module adds one subcommand (nodepool, raycluster, rayservice).

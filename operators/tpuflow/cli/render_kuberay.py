@@ -23,9 +23,8 @@ import yaml
 
 from tpuflow.cli.slice_cmd import add_identity_arguments, add_slice_arguments, identity_from_args, slice_from_args
 from tpuflow.errors import UserInputError
+from tpuflow.kuberay import DEFAULT_RAY_VERSION, DEFAULT_UPGRADE_STRATEGY
 from tpuflow.kuberay.manifests import (
-    DEFAULT_RAY_VERSION,
-    DEFAULT_UPGRADE_STRATEGY,
     UPGRADE_STRATEGIES,
     RayClusterTemplate,
     raycluster_manifest,
@@ -227,7 +226,7 @@ def _rayservice(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(renderers: argparse._SubParsersAction) -> None:
+def register(renderers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cluster = renderers.add_parser("raycluster", help="KubeRay RayCluster (CPU head + TPU worker group) for a slice")
     _common(cluster)
     cluster.set_defaults(func=_raycluster)

@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(renderers: argparse._SubParsersAction) -> None:
+def register(renderers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = renderers.add_parser(
         "nodepool",
         help="the GKE node pool request body for a TPU slice",

@@ -115,7 +115,7 @@ def _param_value(raw: str) -> Any:
         return raw
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "run",
         help="run your own tpu_pipeline DAG file end to end (embedded Ray and a simulated slice, or the GKE rehearsal)",

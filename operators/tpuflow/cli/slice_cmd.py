@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("slice", help="describe a TPU slice (chips, hosts, machine type, ScalingConfig)")
     add_slice_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -47,7 +47,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _state(work: Path) -> dict | None:
+def _state(work: Path) -> dict[str, Any] | None:
     path = work / STATE_FILE
     if not path.is_file():
         return None
@@ -322,7 +322,7 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "standins", help="run the GKE and Kubernetes stand-ins (gcloud and kubectl work against them)"
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
@@ -36,6 +36,7 @@ from tpuflow.storage import read_text, write_text
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.sdk.execution_time.hitl import HITLUser
 
 __all__ = ["APPROVERS_VARIABLE", "OVER_BUDGET_CHOICES", "BudgetGate", "ChipBudgetApprovalOperator", "budget_approvers"]
 
@@ -48,7 +49,7 @@ _APPROVERS_FIX = (
 )
 
 
-def parse_approvers(value: Any) -> list[str | dict[str, str]]:
+def parse_approvers(value: Any) -> list[str | HITLUser]:
     """The Variable's entries: names ("alice", "role:admin") or {"id", "name"} pairs, from text (comma-separated
     or JSON) or a list."""
     if isinstance(value, str):
@@ -62,7 +63,7 @@ def parse_approvers(value: Any) -> list[str | dict[str, str]]:
             value = [part.strip() for part in text.split(",") if part.strip()]
     if not isinstance(value, list | tuple):
         raise UserInputError(_FIELD, value, _APPROVERS_FIX)
-    entries: list[str | dict[str, str]] = []
+    entries: list[str | HITLUser] = []
     for entry in value:
         if isinstance(entry, str) and entry.strip():
             entries.append(entry.strip())
@@ -94,12 +95,12 @@ def role_members(role: str) -> list[str]:
     return [u.username for u in SimpleAuthManager.get_users() if orders.get(str(u.role).lower(), -1) >= orders[role]]
 
 
-def resolve_approvers(entries: Iterable[str | dict[str, str]]) -> list[dict[str, str]]:
+def resolve_approvers(entries: Iterable[str | HITLUser]) -> list[HITLUser]:
     """Airflow's HITL users ({"id", "name"}) for the entries, each once, in order."""
-    users: dict[str, dict[str, str]] = {}
+    users: dict[str, HITLUser] = {}
     for entry in entries:
         if isinstance(entry, dict):
-            users.setdefault(entry["id"], dict(entry))
+            users.setdefault(entry["id"], entry.copy())
         elif entry.lower().startswith("role:"):
             for name in role_members(entry.split(":", 1)[1].strip().lower()):
                 users.setdefault(name, {"id": name, "name": name})
@@ -108,11 +109,11 @@ def resolve_approvers(entries: Iterable[str | dict[str, str]]) -> list[dict[str,
     return list(users.values())
 
 
-def budget_approvers(requester: str | None, also: Iterable[Mapping[str, str]] = ()) -> tuple[list[dict[str, str]], str]:
+def budget_approvers(requester: str | None, also: Iterable[HITLUser] = ()) -> tuple[list[HITLUser], str]:
     """(who may approve a run triggered by ``requester``: the Variable's approvers and ``also``, less the requester;
     how they were named, for a message)."""
     raw = variable(APPROVERS_VARIABLE, DEFAULT_APPROVERS)
-    users = resolve_approvers([*parse_approvers(raw), *(dict(u) for u in also)])
+    users = resolve_approvers([*parse_approvers(raw), *(cast("HITLUser", dict(u)) for u in also)])
     named = f"Variable {APPROVERS_VARIABLE}={raw!r}: {', '.join(u['name'] for u in users) or 'nobody'}"
     return [u for u in users if requester is None or requester not in (u["id"], u["name"])], named
 

@@ -225,7 +225,8 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
             prices=prices,
         )
         ledger["goodput"] = run_goodput(lines)
-        measured = trained.get("goodput") if isinstance(trained.get("goodput"), Mapping) else {}
+        raw_measured = trained.get("goodput")
+        measured: Mapping[str, Any] = raw_measured if isinstance(raw_measured, Mapping) else {}
         for key in ("steps", "checkpoint", "attempts"):  # the training loop's own counts, beside the seconds
             if key in measured and _plain_json(measured[key]):
                 ledger["goodput"][key] = measured[key]
@@ -244,7 +245,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         declared = entry.get("work") or {}
         work = dict(declared) if isinstance(declared, Mapping) else dict.fromkeys(declared)
         cluster_task_id = entry.get("cluster_task_id")
-        dag = self.dag if self.has_dag() else None
+        dag = self.dag if self.has_dag() else None  # type: ignore[no-untyped-call]  # Airflow's has_dag is unannotated
         if cluster_task_id and dag is not None:
             for task_id in tasks_on_cluster(dag.tasks, cluster_task_id):
                 work.setdefault(task_id, None)
@@ -562,7 +563,8 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         self.dag_ids = dag_ids
         self.output_root = output_root
         self.older_than = older_than
-        self.dry_run = dry_run
+        # the templated Param shadows BaseOperator.dry_run(), a method nothing in Airflow 3 calls on a task
+        self.dry_run = dry_run  # type: ignore[method-assign]
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
         self.location = location

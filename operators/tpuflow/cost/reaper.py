@@ -471,7 +471,7 @@ def find_policy_orphans(compute: Any, project_id: str, region: str, pools: list[
             _note(unreadable, Orphan("workload_policy", name, f"projects/{project_id}/regions/{region}", reason))
             continue
         stamp = policy.get("creationTimestamp")
-        young = bool(stamp) and now - rfc3339_to_unix(stamp) < older_than and not isinstance(reason, SupervisorGone)
+        young = bool(stamp and now - rfc3339_to_unix(stamp) < older_than) and not isinstance(reason, SupervisorGone)
         if reason is None or young:
             continue
 
@@ -990,8 +990,8 @@ def collect_orphans(scope: ReaperScope, states: RunStates, *, older_than: float,
     if scope.leases:
         from tpuflow.slices.leases import lease_store
 
-        store = lease_store(scope.lease_root, scope.gcp_conn_id)
-        orphans += find_lease_orphans(store, running, covered=covered, renew=orphans.renew)
+        leases = lease_store(scope.lease_root, scope.gcp_conn_id)
+        orphans += find_lease_orphans(leases, running, covered=covered, renew=orphans.renew)
     return orphans
 
 

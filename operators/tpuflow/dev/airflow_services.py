@@ -331,7 +331,7 @@ class _BaseUrlSession(requests.Session):
         super().__init__()
         self.base = base.rstrip("/")
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def request(self, method: str, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
         url = url.decode() if isinstance(url, bytes) else url
         if url.startswith("/"):
             url = self.base + url

@@ -272,7 +272,7 @@ def _lease_slots(env: dict[str, str]) -> int:
         return 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("demo", help="run the local pipeline end to end (embedded Ray, simulated TPU slice)")
     parser.add_argument("--framework", default="jax", choices=("jax", "torch"))
     parser.add_argument("--accelerator", default="TPU-V6E")

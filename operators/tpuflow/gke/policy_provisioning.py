@@ -148,7 +148,7 @@ class WorkloadPolicyFirstProvisioner(NodePoolProvisioner):
                     return step
             raise
 
-    def _busy(self, state: dict[str, Any], why: str) -> Sleep:
+    def _policy_busy(self, state: dict[str, Any], why: str) -> Sleep:
         state["retries"] = int(state.get("retries", 0)) + 1
         if state["retries"] > self.policy.max_busy_retries:
             raise NodePoolFailed(
@@ -177,10 +177,10 @@ class WorkloadPolicyFirstProvisioner(NodePoolProvisioner):
             try:
                 operation = self.compute.insert_resource_policy(**where, resource_policy=wp.body())
             except Conflict:
-                return self._busy(state, f"workload policy {wp.name} is being created by someone else")
+                return self._policy_busy(state, f"workload policy {wp.name} is being created by someone else")
             except GoogleAPICallError as exc:
                 if exc.code in _RETRY_CODES:
-                    return self._busy(state, str(exc.message))
+                    return self._policy_busy(state, str(exc.message))
                 raise NodePoolFailed(
                     f"Creating workload policy {wp.name} in {wp.region} was refused ({exc.message}); no node pool "
                     f"was created. The same request by hand: `{wp.gcloud()}`",
@@ -234,9 +234,9 @@ def policies_to_delete(
     entries: dict[tuple[str, str], dict[str, Any]] = {}
     for name in names:
         pool = hook.get_node_pool(project_id=project_id, cluster_name=cluster_name, node_pool_name=name)
-        policy = pool.placement_policy.policy_name if pool is not None else ""
-        if not policy:
+        if pool is None or not pool.placement_policy.policy_name:
             continue
+        policy = pool.placement_policy.policy_name
         region = region_of(pool.locations[0] if pool.locations else location)
         entries[(region, policy)] = {
             "name": policy,

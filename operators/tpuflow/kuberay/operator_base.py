@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -46,7 +46,7 @@ from tpuflow.ray.cluster_source import ClusterTampered
 from tpuflow.tpu.slice_argument import resolve_slice
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import BaseOperatorLink, Context
 
     from tpuflow.kuberay.hooks import KubeRayHook
     from tpuflow.kuberay.manifests import RayClusterTemplate
@@ -69,7 +69,7 @@ class KubeRayBaseOperator(KubernetesBaseOperator):
     """The Kubernetes-object operator skeleton (tpuflow.kubernetes.operator_base) on KubeRay's hook, for
     the KubeRay kind ``kuberay_kind``, with the Ray / GKE console links."""
 
-    operator_extra_links = (RayDashboardLink(), GKEWorkloadsLink(), GKERayHeadPodLink())
+    operator_extra_links: Collection[BaseOperatorLink] = (RayDashboardLink(), GKEWorkloadsLink(), GKERayHeadPodLink())
     ui_color = "#e6f0ff"
     kuberay_kind: ClassVar[type[KubeRayKind]]
 
@@ -184,7 +184,7 @@ class KubeRayApplyOperator(KubeRayBaseOperator):
                 f"task {self.task_id} makes a {self.kind} in namespace {namespace}; clear {self.task_id} to make it again",
             )
         obj = hook.get(self.plural, check_name("cluster['name']", name), namespace) if name else None
-        if not self._made_by_this_task(obj, context):
+        if obj is None or not self._made_by_this_task(obj, context):
             raise ClusterTampered(
                 "cluster['name']",
                 name,

@@ -20,7 +20,7 @@ time only when the arguments they read are static).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -43,7 +43,7 @@ from tpuflow.labels import MANAGED_BY_VALUE
 from tpuflow.work_spans import SERVING, push_open_span
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import BaseOperatorLink, Context
 
     from tpuflow.kuberay.hooks import KubeRayHook
     from tpuflow.kubernetes.hooks import KubeTarget
@@ -538,7 +538,7 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
     :param log_lines: unused by deletes (accepted for symmetry with the create and deploy operators).
     """
 
-    operator_extra_links = ()
+    operator_extra_links: Collection[BaseOperatorLink] = ()
     template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
 
     def __init__(

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Final, Literal, TypedDict, cast
 
-READY, FAILED, WAITING = "ready", "failed", "waiting"
+READY: Final = "ready"
+FAILED: Final = "failed"
+WAITING: Final = "waiting"
 FAILED_APP_STATUSES = ("DEPLOY_FAILED", "UNHEALTHY")
 TERMINAL_SERVICE_REASONS = ("ValidationFailed", "InitializingTimeout")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.triggers.base import TriggerEvent
 
@@ -37,7 +37,7 @@ def owned_by(obj: Mapping[str, Any] | None, run_key: str | None) -> bool:
 class _KubeRayTrigger(TpuflowTrigger):
     """One KubeRay object (kind, name, namespace) on one Kubernetes target, until a deadline."""
 
-    serialize_fields = ("kind", "name", "namespace", "target", "deadline", "poll_interval")
+    serialize_fields: ClassVar[tuple[str, ...]] = ("kind", "name", "namespace", "target", "deadline", "poll_interval")
     waiting_for = "to be ready"
 
     def __init__(
@@ -50,7 +50,7 @@ class _KubeRayTrigger(TpuflowTrigger):
         deadline: float,
         poll_interval: float = 10.0,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
         self.kind, self.name, self.namespace = kind, name, namespace
         self.target, self.deadline, self.poll_interval = dict(target), float(deadline), float(poll_interval)
 

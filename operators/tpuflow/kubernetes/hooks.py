@@ -29,7 +29,7 @@ import base64
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypedDict, TypeVar, cast
 
 import tenacity
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
@@ -38,7 +38,9 @@ from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import (
     TRANSIENT_CONNECTION_ERRORS,
     TRANSIENT_STATUS_CODES,
     WaitRetryAfterOrExponential,
-    generic_api_retry,
+)
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import (
+    generic_api_retry as _provider_generic_api_retry,
 )
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook, GKEKubernetesHook
 from kubernetes.client import ApiException
@@ -48,6 +50,11 @@ from tpuflow.kubernetes.errors import CONFLICT, NOT_FOUND, api_error_parts
 from tpuflow.labels import kept_metadata_patch
 
 log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The provider's retry decorator is unannotated; it wraps with tenacity.retry, which keeps the signature.
+generic_api_retry: Callable[[F], F] = cast(Callable[[F], F], _provider_generic_api_retry)
 
 
 def _transient_for_create(exc: BaseException) -> bool:
@@ -112,7 +119,11 @@ def resolve_gke_target(
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
     from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
 
-    chain = tuple(impersonation_chain) if isinstance(impersonation_chain, (list, tuple)) else impersonation_chain
+    chain = (
+        impersonation_chain
+        if impersonation_chain is None or isinstance(impersonation_chain, str)
+        else tuple(impersonation_chain)
+    )
     cluster_hook = GKEHook(gcp_conn_id=gcp_conn_id, location=gke_cluster["location"], impersonation_chain=chain)
     use_dns = bool(gke_cluster.get("use_dns_endpoint", False))
     url, ca = GKEClusterAuthDetails(
@@ -210,12 +221,18 @@ class TargetedHook:
         return cls(conn_id=target.kubernetes_conn_id)  # type: ignore[call-arg]
 
 
+class DeleteOptions(TypedDict):
+    """The keyword arguments of a custom object delete that tpuflow sends."""
+
+    propagation_policy: Literal["Foreground", "Background"]
+
+
 DELETED = object()
 # Foreground: the object stays (deletionTimestamp, finalizer foregroundDeletion) until the garbage collector has
-# deleted the dependents that block it (KubeRay's pods and Services, a RayService's RayClusters), so a wait for it
-# to be gone ends when its pods have stopped, not while their processes still hold the slice's chips.
-FOREGROUND_DELETE = {"propagation_policy": "Foreground"}
-BACKGROUND_DELETE = {"propagation_policy": "Background"}
+# deleted the dependents that block it (a RayCluster's pods and Services), so a wait for it to be gone ends when its
+# pods have stopped, not while their processes still hold the slice's chips (a RayService: tpuflow.kuberay.kinds).
+FOREGROUND_DELETE: DeleteOptions = {"propagation_policy": "Foreground"}
+BACKGROUND_DELETE: DeleteOptions = {"propagation_policy": "Background"}
 
 
 class KubeObjectsHook(TargetedHook, KubernetesHook):

@@ -106,18 +106,24 @@ def stringify_ray_group_values(spec: Mapping[str, object]) -> dict[str, object]:
     2 (Jinja's native environment evaluates every rendered string), which the API server rejects."""
     out = dict(spec)
     groups: list[tuple[str, dict[str, object]]] = []
-    if isinstance(out.get("headGroupSpec"), Mapping):
-        out["headGroupSpec"] = dict(out["headGroupSpec"])  # type: ignore[arg-type]
-        groups.append(("headGroupSpec", out["headGroupSpec"]))  # type: ignore[arg-type]
+    head = out.get("headGroupSpec")
+    if isinstance(head, Mapping):
+        head_copy: dict[str, object] = dict(head)
+        out["headGroupSpec"] = head_copy
+        groups.append(("headGroupSpec", head_copy))
     workers = out.get("workerGroupSpecs")
     if isinstance(workers, list):
-        out["workerGroupSpecs"] = [dict(g) if isinstance(g, Mapping) else g for g in workers]
-        groups += [(f"workerGroupSpecs[{i}]", g) for i, g in enumerate(out["workerGroupSpecs"]) if isinstance(g, dict)]
+        worker_copies: list[object] = [dict(g) if isinstance(g, Mapping) else g for g in workers]
+        out["workerGroupSpecs"] = worker_copies
+        groups += [(f"workerGroupSpecs[{i}]", g) for i, g in enumerate(worker_copies) if isinstance(g, dict)]
     for where, group in groups:
         params = group.get("rayStartParams")
         if isinstance(params, Mapping):
             group["rayStartParams"] = {k: _as_k8s_string(f"{where}.rayStartParams.{k}", v) for k, v in params.items()}
-        pod_spec = (group.get("template") or {}).get("spec") if isinstance(group.get("template"), Mapping) else None
+        template = group.get("template")
+        if not isinstance(template, Mapping):
+            continue
+        pod_spec = template.get("spec")
         if not isinstance(pod_spec, Mapping):
             continue
         containers = []
@@ -131,5 +137,5 @@ def stringify_ray_group_values(spec: Mapping[str, object]) -> dict[str, object]:
                 ]
                 c = {**c, "env": env}
             containers.append(c)
-        group["template"] = {**group["template"], "spec": {**pod_spec, "containers": containers}}  # type: ignore[dict-item]
+        group["template"] = {**template, "spec": {**pod_spec, "containers": containers}}
     return out

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 
@@ -537,7 +537,7 @@ class LocalRayCluster:
     def nodes_summary(self) -> list[dict[str, Any]]:
         resp = requests.get(f"{self.dashboard_url}/api/v0/nodes", headers=self.auth_headers(), timeout=10)
         resp.raise_for_status()
-        return resp.json()["data"]["result"]["result"]
+        return cast(list[dict[str, Any]], resp.json()["data"]["result"]["result"])
 
     # --- internals -------------------------------------------------------------
     def _base_env(self, tpu: TpuSlice | None, extra: dict[str, str] | None) -> dict[str, str]:

@@ -69,10 +69,10 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
     :param host_cpus: CPUs each simulated TPU host offers to Ray (default: one per TPU device of the host, so
         a placement bundle per chip places as on GKE).
     :param start_timeout: seconds to wait for every node to join.
-    :param expires_after: (seconds or timedelta) recorded in the cluster's state as ``expires_at``, this
-        long after the start (default 24 hours, as a node pool's ``tpuflow-expires`` label): past it the
-        orphan reaper stops the cluster whatever its run's state. None: it never expires. A retry that
-        adopts the cluster keeps the first. Templated.
+    :param expires_after: (seconds or timedelta, or a template rendering to one) recorded in the cluster's state
+        as ``expires_at``, this long after the start (default 24 hours, as a node pool's ``tpuflow-expires``
+        label): past it the orphan reaper stops the cluster whatever its run's state. None: it never expires. A
+        retry that adopts the cluster keeps the first. Templated.
     """
 
     template_fields: Sequence[str] = ("tpu_slice", "base_dir", "expires_after")
@@ -87,7 +87,7 @@ class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
         head_cpus: int = 2,
         host_cpus: int | None = None,
         start_timeout: float = 300.0,
-        expires_after: timedelta | float | None = DEFAULT_EXPIRES_AFTER,
+        expires_after: timedelta | float | str | None = DEFAULT_EXPIRES_AFTER,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -247,18 +247,20 @@ class LocalRayClusterDeleteOperator(BaseOperator):
         self.base_dir = base_dir
         self.create_task_id = create_task_id or cluster_source_task(cluster) or "start_cluster"
 
-    def execute(self, context: Context) -> None:
-
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        """Stops (or keeps) the cluster; returns nothing (a subclass may return an XCom)."""
         # The cluster is the create task's of this run, found by its deterministic name under base_dir: never
         # a folder the XCom names (a user who may write XComs could point it anywhere).
         for owner in self._owners(context):
             self._stop_or_keep(owner)
+        return None
 
     def _owners(self, context: Context) -> list[TaskIdentity]:
         """The create task's instances whose cluster this task stops: the one of its own map index, or all of
         them when the create task is mapped (or in a mapped TaskGroup) and this task is not."""
         own = TaskIdentity.from_context(context, self.create_task_id)
-        create = self.dag.task_dict.get(self.create_task_id) if self.has_dag() else None
+        # Airflow's has_dag is unannotated
+        create = self.dag.task_dict.get(self.create_task_id) if self.has_dag() else None  # type: ignore[no-untyped-call]
         if create is None:  # not in a DAG with it: the instance of this task's own map index
             return [own]
         if not (create.is_mapped or create.get_closest_mapped_task_group() is not None):

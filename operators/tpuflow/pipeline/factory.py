@@ -11,7 +11,7 @@ import json
 import posixpath
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import DAG, BaseOperator
 
@@ -35,6 +35,19 @@ from tpuflow.work_spans import DATA_PREP, EVALUATION, PREFLIGHT, SERVING, TRAINI
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.xcom_arg import XComArg
+
+
+class _JobCode(TypedDict, total=False):
+    """A Ray job's arguments that ship the workload's code (none when its modules are importable there)."""
+
+    runtime_env: dict[str, Any] | None
+
+
+class _InTrainingGate(TypedDict, total=False):
+    """The train task's quality gate when the loop evaluates (templates of the gate's minimum)."""
+
+    min_result: dict[str, str]
+
 
 # Outputs are keyed by the run's date (logical date, or run_after for manual runs without one),
 # so backfilled dates never collide and a rerun of a date reuses what that date already produced.
@@ -196,7 +209,11 @@ def training_steps(
         *("--accelerator-type", CHECKED_SLICE.format("ray_accelerator_type")),
     ]
     # The workload's code, shipped with each job that runs it (none when its modules are importable there).
-    code = {"runtime_env": workload.runtime_env()} if workload.code_dir else {}
+    code: _JobCode = {"runtime_env": workload.runtime_env()} if workload.code_dir else {}
+    # evaluated by the loop after its last step: the same gate, on the train task's result
+    in_training_gate: _InTrainingGate = (
+        {"min_result": {IN_TRAINING_GATE: "{{ params.accuracy_threshold }}"}} if workload.evaluate_in_training else {}
+    )
     prep = None
     if workload.prep:
         prep = RayDataPrepOperator(
@@ -240,12 +257,7 @@ def training_steps(
         # the DAG's folder, above the day's run_dir: tomorrow's run reads today's compiled programs back
         compilation_cache=run_dir.rsplit("/", 1)[0] if workload.compilation_cache else False,
         log_uri=f"{run_dir}/logs/train-{{{{ params.framework }}}}.log",
-        # evaluated by the loop after its last step: the same gate, on the train task's result
-        **(
-            {"min_result": {IN_TRAINING_GATE: "{{ params.accuracy_threshold }}"}}
-            if workload.evaluate_in_training
-            else {}
-        ),
+        **in_training_gate,
         **code,
         **train_kwargs,
     )
@@ -285,7 +297,8 @@ def smoke_test_and_report(
     write the run's report after the last step the workload has (``train`` when it has no other)."""
     smoke = None
     app = f"/{workload.app_name}"
-    if deploy is not None and workload.smoke_request is not None:
+    # smoke_expect is set whenever smoke_request is (Workload checks them together)
+    if deploy is not None and workload.smoke_request is not None and workload.smoke_expect is not None:
         smoke = ServeEndpointSmokeTestOperator(
             task_id="smoke_test",
             url="{{ ti.xcom_pull(task_ids='" + deploy.task_id + "')['serve_url'] }}" + f"{app}/{workload.smoke_path}",

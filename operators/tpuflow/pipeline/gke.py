@@ -373,7 +373,8 @@ class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOper
         namespace = self.resolve_namespace()
         name, templates = self.request_and_templates(context, namespace)
         hook = self.kube_hook()
-        marked, absent = [], []
+        marked: list[str] = []
+        absent: list[str] = []
         for what, existed in [
             (f"provisioningrequest/{name}", hook.mark_provisioning_request_kept(name, namespace)),
             *((f"podtemplate/{t}", hook.mark_pod_template_kept(t, namespace)) for t in templates),
@@ -594,10 +595,7 @@ def build_gke_pipeline_dag(
             "or local:// plus the path of its copy in the Ray image)",
         )
     run_dir = run_dir_for(dag_id, output_root)
-    leases = {
-        "lease_root": lease_root or paths.gke_lease_root(output_root or paths.output_root()),
-        "gcp_conn_id": gcp_conn_id,
-    }
+    lease_root = lease_root or paths.gke_lease_root(output_root or paths.output_root())
     gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
     pools: dict[str, Any] = {
         **gke,
@@ -672,9 +670,13 @@ def build_gke_pipeline_dag(
         approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir, gcp_conn_id=gcp_conn_id)
         # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
         lease = AcquireSliceOperator(
-            task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice(), **leases
+            task_id="acquire_slice",
+            max_slices=MAX_SLICES,
+            tpu_slice=checked_slice(),
+            lease_root=lease_root,
+            gcp_conn_id=gcp_conn_id,
         )
-        release = ReleaseSliceOperator(task_id="release_slice", **leases)
+        release = ReleaseSliceOperator(task_id="release_slice", lease_root=lease_root, gcp_conn_id=gcp_conn_id)
         # The CPU cluster runs prep and evaluate: a workload with neither gets none.
         create_prep = None
         if workload.prep or workload.evaluate_job:
@@ -813,7 +815,7 @@ def build_gke_pipeline_dag(
         [t for t in (delete_pool, delete_serve_pool, delete_prep) if t] >> ledger
         [t for t in (delete_pool, delete_serve_pool) if t] >> release
         # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
-        checked.as_setup()
+        checked.as_setup()  # type: ignore[no-untyped-call]  # Airflow's AbstractOperator.as_setup is unannotated
         delete_pool.as_teardown(setups=[checked, create_pool])
         delete_cluster.as_teardown(setups=[checked, create_cluster])
         delete_request.as_teardown(setups=[checked, request_capacity])

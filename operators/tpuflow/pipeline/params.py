@@ -66,7 +66,7 @@ def _sharing_schema_in_copies(param: Param) -> Param:
     the schemas' enums (over 100 topologies). A schema is never changed once its Param exists (Airflow's own
     ``Param.__copy__`` shares it). ``copy.deepcopy`` looks ``__deepcopy__`` up on the object, so the Param stays
     of Airflow's own class: the DAG serializes, and the scheduler rebuilds it, as any Param."""
-    param.__deepcopy__ = partial(_copy_sharing_schema, param)  # type: ignore[method-assign]
+    param.__dict__["__deepcopy__"] = partial(_copy_sharing_schema, param)  # an instance attribute, as Param has none
     return param
 
 

@@ -146,7 +146,7 @@ def _from_finders(name: str, locations: list[str] | None) -> ModuleSpec | None:
         if find is None:
             continue
         try:
-            spec = find(name, locations, None)
+            spec: ModuleSpec | None = find(name, locations, None)
         except (ImportError, ValueError):
             continue
         if spec is not None:

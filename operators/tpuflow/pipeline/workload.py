@@ -298,9 +298,10 @@ class Workload:
             sys.path.insert(0, str(Path(self.code_dir).parent))
         module, name = path.split(":")
         try:
-            return getattr(importlib.import_module(module), name)
+            check: Callable[..., Any] = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as err:
             raise _error(field, path, f"give an importable function ({err})") from None
+        return check
 
 
 def templated(path: str) -> str:

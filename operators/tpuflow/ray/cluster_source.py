@@ -173,7 +173,8 @@ class _TaskInstanceView:
 
 
 def _defined(consumer: BaseOperator, task_id: str) -> Any:
-    return consumer.dag.task_dict.get(task_id) if consumer.has_dag() else None
+    dag = consumer.get_dag()
+    return dag.task_dict.get(task_id) if dag is not None else None
 
 
 def _pulled_index(consumer: BaseOperator) -> int | None:
@@ -210,7 +211,10 @@ def check_url_of_source(consumer: BaseOperator, url: str, source_task_id: str | 
         )
     producer, producer_context = found
     index = producer_context["ti"].map_index
-    reference = context["ti"].xcom_pull(task_ids=source_task_id, **({"map_indexes": index} if index >= 0 else {}))
+    if index is not None and index >= 0:
+        reference = context["ti"].xcom_pull(task_ids=source_task_id, map_indexes=index)
+    else:
+        reference = context["ti"].xcom_pull(task_ids=source_task_id)
     trusted = producer.cluster_from_reference(reference if isinstance(reference, Mapping) else {}, producer_context)
     base = str(trusted.get("serve_url") or "").rstrip("/")
     if not base or not (url == base or url.startswith(f"{base}/")):

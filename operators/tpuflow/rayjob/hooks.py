@@ -14,7 +14,7 @@ import json
 import re
 import secrets
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tpuflow.ray.connection import RayDashboardHook
 
@@ -86,7 +86,8 @@ class RayJobHook(RayDashboardHook["JobSubmissionClient"]):
     # --- async (triggerer, and the worker's one wait): the same REST paths -------------
     async def aget_job_info(self, submission_id: str) -> dict[str, Any] | None:
         """The job's details (``status``, ``message``, ...), or None when there is no such job."""
-        return await self.arequest("GET", f"/api/jobs/{submission_id}")
+        # the dashboard's decoded JSON answer (a job's details object), or None for 404
+        return cast("dict[str, Any] | None", await self.arequest("GET", f"/api/jobs/{submission_id}"))
 
     async def aget_job_logs(self, submission_id: str) -> str:
         return str((await self.arequest("GET", f"/api/jobs/{submission_id}/logs") or {}).get("logs", ""))

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, BaseOperatorLink
 from airflow.sdk.exceptions import AirflowFailException
 
 from tpuflow import workloads_dir
@@ -59,7 +59,9 @@ def command_line(entrypoint: Sequence[Any] | str, python: str | None = None) -> 
 
 
 def _check_entrypoint(value: Any) -> None:
-    """A non-empty command string, or a non-empty list of plain values (each one argument)."""
+    """A non-empty command string, or a non-empty list of plain values (each one argument); None: unset."""
+    if value is None:
+        return
     if isinstance(value, str):
         if not value.strip():
             raise UserInputError("entrypoint", value, _ENTRYPOINT_FIX)
@@ -163,7 +165,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         "train_run_path",
     )
     template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
-    operator_extra_links = (RayJobLink(), RayDashboardLink(), RayJobLogLink())
+    operator_extra_links: tuple[BaseOperatorLink, ...] = (RayJobLink(), RayDashboardLink(), RayJobLogLink())
     ui_color = "#c7e8ff"
     # what the job's time on the slice counts as in the ledger's timeline (tpuflow.work_spans)
     work_cause = "job"
@@ -184,7 +186,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         poll_interval: float = 2.0,
         job_timeout: float | None = None,
         unreachable_timeout: float | None = UNREACHABLE_TIMEOUT_S,
-        min_result: dict[str, float] | None = None,
+        min_result: Mapping[str, float | str] | None = None,
         log_uri: str | None = None,
         train_run_path: str | None = None,
         **kwargs: Any,
@@ -216,7 +218,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         (before anything is submitted); subclasses add theirs."""
         return [
             *super().argument_checks(),
-            ((self.entrypoint,), lambda: self.entrypoint is None or _check_entrypoint(self.entrypoint)),
+            ((self.entrypoint,), lambda: _check_entrypoint(self.entrypoint)),
             ((self.cluster,), lambda: check_cluster(self.cluster, self.ray_conn_id)),
             *(
                 ((getattr(self, field),), partial(_check_mapping, field, getattr(self, field)))
@@ -240,7 +242,13 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
         from tpuflow.rayjob.code_shipping import check_code_shipping
 
         field = "runtime_env['working_dir']" if "working_dir" in (self.runtime_env or {}) else "working_dir"
-        check_code_shipping(self.build_runtime_env(), working_dir_field=field, logger=self.log)
+        check_code_shipping(
+            self.build_runtime_env(),
+            working_dir_field=field,
+            # check_code_shipping (rayjob/code_shipping.py) types logger as logging.Logger; Airflow's structlog
+            # logger has the calls Ray's upload helpers make (info/debug/warning)
+            logger=self.log,  # type: ignore[arg-type]
+        )
 
     # --- helpers -----------------------------------------------------------------
     def _cluster_info(self) -> dict[str, Any]:
@@ -379,7 +387,7 @@ class RaySubmitJobOperator(ArgumentChecks, BaseOperator):
             status = str(latest.status.value if hasattr(latest.status, "value") else latest.status)
             if status in ("PENDING", "RUNNING", "SUCCEEDED"):
                 self.log.info("Re-attaching to Ray job %s (%s)", latest.submission_id, status)
-                self._record_submission(store, latest.submission_id)
+                self._record_submission(store, str(latest.submission_id))
                 return str(latest.submission_id), status, True, job_result_nonce(latest)
             sid = f"{base_id}-r{len(jobs)}"
             self.log.info("Earlier job %s ended %s; resubmitting as %s", latest.submission_id, status, sid)

@@ -11,7 +11,8 @@ def gate_failure(result: Mapping[str, Any], min_result: Mapping[str, Any] | None
     """Why ``result`` fails the gate (a key missing or below its minimum; a key is looked up in the
     result, then in its ``metrics``; a dotted key ``a.b`` is ``b`` of the mapping ``a``, e.g.
     ``evaluation.accuracy``), or None when it passes."""
-    metrics = result.get("metrics") if isinstance(result.get("metrics"), Mapping) else {}
+    raw_metrics = result.get("metrics")
+    metrics: Mapping[str, Any] = raw_metrics if isinstance(raw_metrics, Mapping) else {}
     for key, minimum in (min_result or {}).items():
         value = _lookup(result, key)
         if value is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 from tpuflow.rayjob.failures import UserInputFailure
 from tpuflow.storage import emulator_host, request_timeout
@@ -31,7 +31,8 @@ def _filesystem(path: str) -> tuple[Any, str]:
     import pyarrow.fs as pafs
 
     if not path.startswith("gs://"):
-        return pafs.FileSystem.from_uri(path if "://" in path else f"file://{path}")
+        # pyarrow is untyped here: from_uri gives (FileSystem, path on it)
+        return cast("tuple[Any, str]", pafs.FileSystem.from_uri(path if "://" in path else f"file://{path}"))
     retry = dt.timedelta(seconds=request_timeout())
     fs_path = path[len("gs://") :].rstrip("/")
     host = (emulator_host() or "").rstrip("/")

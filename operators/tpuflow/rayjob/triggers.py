@@ -82,7 +82,7 @@ class RayJobTrigger(TpuflowTrigger):
         result_nonce: str | None = None,
         unreachable_timeout: float | None = UNREACHABLE_TIMEOUT_S,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
         self.submission_id = submission_id
         self.cluster = cluster or {}
         self.ray_conn_id = ray_conn_id
@@ -127,7 +127,8 @@ class RayJobTrigger(TpuflowTrigger):
         """A SUCCEEDED job whose result passes the gate ends here; a stopped job to replace, or a result
         below the gate (the worker raises QualityGateError, one home for the message), resumes the task."""
         end = self.end_task or {}
-        result = payload.get("result") if isinstance(payload.get("result"), Mapping) else {}
+        raw_result = payload.get("result")
+        result: Mapping[str, Any] = raw_result if isinstance(raw_result, Mapping) else {}
         if payload.get("job_status") != "SUCCEEDED" or gate_failure(result, end.get("min_result")):
             return None
         xcoms: dict[str, Any] = {"return_value": dict(result)} if end.get("return_result") else {}

@@ -406,7 +406,8 @@ async def _drain(
     0.2-0.4 s after the tail's last chunk."""
     if not tail.done() and follower.seen < _SMALL_LOG_CHARS:
         fetch = asyncio.ensure_future(reader.aget_job_logs(submission_id))
-        await asyncio.wait([fetch, tail], return_when=asyncio.FIRST_COMPLETED)
+        racers: list[asyncio.Future[Any]] = [fetch, tail]
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
         whole = fetch.result() if fetch.done() and not fetch.exception() else None
         if whole is not None:
             await _cancel(tail)

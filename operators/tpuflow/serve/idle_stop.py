@@ -276,7 +276,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
     ) -> dict[str, Any]:
         """The verdict, for both paths: RayServeIdleTrigger's event, DateTimeTrigger's (the lifetime ended; not
         a dict), or the same from the worker's wait."""
-        from airflow.exceptions import AirflowException
+        from airflow.sdk.exceptions import AirflowException
 
         event = event if isinstance(event, dict) else {"status": "success", "stopped": "lifetime"}
         if event.get("status") != "success":

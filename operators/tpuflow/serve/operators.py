@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 
@@ -22,7 +22,8 @@ from tpuflow.validation import check_seconds
 from tpuflow.work_spans import SERVING, push_open_span
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import Context, XComArg
+    from pydantic import JsonValue
 
     from tpuflow.serve.hooks import RayServeHook
     from tpuflow.tpu import TpuSlice
@@ -81,10 +82,10 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
     def __init__(
         self,
         *,
-        serve_config: dict[str, Any],
-        cluster: dict[str, Any] | None = None,
+        serve_config: dict[str, Any] | XComArg,
+        cluster: dict[str, Any] | XComArg | None = None,
         ray_conn_id: str | None = None,
-        tpu_slice: SliceArgument | None = None,
+        tpu_slice: SliceArgument | str | None = None,
         deploy_timeout: float = 600.0,
         poll_interval: float = 2.0,
         deferrable: bool = True,
@@ -93,12 +94,14 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.serve_config = serve_config
+        # Template fields: an XComArg or a template here is rendered to the value before execute, and the attributes
+        # are typed as the rendered values
+        self.serve_config = cast("dict[str, Any]", serve_config)
         self.serve_token_conn_id = serve_token_conn_id
-        self.cluster = cluster
+        self.cluster = cast("dict[str, Any] | None", cluster)
         self._cluster_source = cluster_source_task(cluster)  # whose XCom it is: where and how come from that task
         self.ray_conn_id = ray_conn_id
-        self.tpu_slice = tpu_slice
+        self.tpu_slice = cast("SliceArgument | None", tpu_slice)
         self.deploy_timeout = deploy_timeout
         self.poll_interval = poll_interval
         self.deferrable = deferrable
@@ -328,7 +331,7 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
         except (TypeError, ValueError):
             raise UserInputError("payload", self.payload, "give a JSON-serialisable body") from None
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(self, context: Context) -> JsonValue:
         import requests
 
         self.validate_arguments()
@@ -352,7 +355,7 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
                     )
                 if resp.ok and str(self.expect) in resp.text:
                     self.log.info("Smoke test passed: %s -> %s", json.dumps(self.payload), resp.text[:500])
-                    return resp.json()
+                    return cast("JsonValue", resp.json())  # requests leaves the decoded JSON untyped
                 if resp.ok or (resp.status_code not in _NOT_READY and resp.status_code < 500):
                     raise RayServeDeploymentFailedError(
                         f"endpoint {self.url} answered {json.dumps(self.payload)} without {self.expect!r}: {last}"

@@ -96,7 +96,9 @@ def deletable_on_kill(payload: dict[str, Any], created: list[str] | None) -> boo
     an app it merely updated, or another deploy's app, keeps running.
     """
     present = set(((payload or {}).get("applications") or {}).keys())
-    return bool(created) and bool(present) and present <= set(created)
+    if not created or not present:
+        return False
+    return present <= set(created)
 
 
 def app_statuses(payload: dict[str, Any], app_names: list[str]) -> dict[str, str]:

@@ -139,8 +139,8 @@ class SupervisionStore:
     def _files(self) -> list[tuple[str, str]]:
         """(file name, text) of every file in the folder."""
         if not self.root.startswith("gs://"):
-            folder = Path(self.describe())
-            return [(p.name, p.read_text()) for p in sorted(folder.glob("*.json")) if p.is_file()]
+            local = Path(self.describe())
+            return [(p.name, p.read_text()) for p in sorted(local.glob("*.json")) if p.is_file()]
         bucket, folder = split_gs_uri(self.describe(), "lease_root")
         prefix = f"{folder}/"
         client = gcs_client(self.gcp_conn_id)

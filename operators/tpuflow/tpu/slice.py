@@ -70,7 +70,7 @@ def _shape_key(topology: str) -> tuple[int, ...]:
     return (chips_in(topology), *(int(d) for d in topology.split("x")))
 
 
-def _check_topology(gen: Generation, topology: str) -> str:
+def _check_topology(gen: Generation, topology: object) -> str:
     if isinstance(topology, int) and not isinstance(topology, bool):
         topology = str(topology)  # a chip count: the message below says what to give instead
     if not isinstance(topology, str):

@@ -33,6 +33,7 @@ from urllib.parse import quote
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.base import RequestResponseEndpoint
 
 from tpuflow import paths
 from tpuflow.cost.ledger import LEDGER_TASK_ID
@@ -58,7 +59,8 @@ async def _authorize(request: Request, dag_id: str | None = None) -> Any:
 
 def _checked_dag_id(dag_id: str) -> str:
     """``dag_id`` when Airflow would accept it as a DAG id and it names one folder under the output root."""
-    from airflow.exceptions import AirflowException
+    # the class validate_key raises; airflow.exceptions re-exports it from airflow.sdk without an explicit export
+    from airflow.exceptions import AirflowException  # type: ignore[attr-defined]
     from airflow.utils.helpers import validate_key
 
     try:
@@ -114,7 +116,7 @@ _FILE_CSP = f"{_PAGE_CSP}; sandbox"
 
 
 @app.middleware("http")
-async def _safe_headers(request: Request, call_next: Any) -> Response:
+async def _safe_headers(request: Request, call_next: RequestResponseEndpoint) -> Response:
     response = await call_next(request)
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers.setdefault("Content-Security-Policy", _PAGE_CSP)

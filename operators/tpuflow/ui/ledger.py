@@ -20,7 +20,8 @@ def ledger_rows(records: Iterable[tuple[str, str, Any]]) -> list[dict[str, Any]]
         if not isinstance(ledger, Mapping) or "chip_hours" not in ledger:
             continue
         slices = ledger.get("slices") or []
-        goodput = ledger.get("goodput") if isinstance(ledger.get("goodput"), Mapping) else {}
+        raw_goodput = ledger.get("goodput")
+        goodput: Mapping[str, Any] = raw_goodput if isinstance(raw_goodput, Mapping) else {}
         rows.append(
             {
                 "dag_id": dag_id,

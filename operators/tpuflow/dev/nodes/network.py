@@ -27,7 +27,7 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,11 @@ CLUSTER_DOMAIN = "cluster.local"
 NETNS_RUN = Path("/var/run/netns")  # where `ip netns add` pins each namespace
 OWNERS = Path("/run/tpuflow/pod-networks")  # tpfbr<index>.json: the process that claimed the network
 _CLONE_NEWNET = 0x40000000
+
+
+def _fixed_target(host: str, port: int) -> Callable[[], tuple[str, int]]:
+    """A TcpForwarder target that always answers ``(host, port)``."""
+    return lambda: (host, port)
 
 
 class NetworkError(RuntimeError):
@@ -284,7 +289,7 @@ class PodNetwork:
                 listening = listen_in_namespace(netns, ("127.0.0.1", port))
             except OSError:
                 continue  # taken in the pod: the gateway's address still reaches the service
-            forwarder = TcpForwarder(("127.0.0.1", port), lambda h=host, p=port: (h, p))
+            forwarder = TcpForwarder(("127.0.0.1", port), _fixed_target(host, port))
             forwarders.append(forwarder.start(listening))
 
     def stop_forward(self, port: int) -> None:

@@ -88,8 +88,8 @@ def container_env(
         for kind, ref_key in (("configmaps", "configMapRef"), ("secrets", "secretRef")):
             ref = source.get(ref_key)
             if ref:
-                for key, value in _all_keys(lookup, kind, str(ref.get("name", ""))).items():
-                    env[prefix + key] = value
+                for key, ref_value in _all_keys(lookup, kind, str(ref.get("name", ""))).items():
+                    env[prefix + key] = ref_value
     for item in container.get("env") or []:
         name = str(item.get("name"))
         if "value" in item:

@@ -26,8 +26,9 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http.client import HTTPResponse
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tpuflow.dev.nodes.network import PodInterface, PodNetwork
 from tpuflow.dev.nodes.node_registry import now
@@ -418,7 +419,7 @@ class PodRun:
                 get = spec["httpGet"]
                 port = self._port(run, get.get("port"))
                 url = f"{str(get.get('scheme') or 'HTTP').lower()}://{self.iface.ip}:{port}{get.get('path') or '/'}"
-                with urllib.request.urlopen(url, timeout=probe.timeout) as response:
+                with cast(HTTPResponse, urllib.request.urlopen(url, timeout=probe.timeout)) as response:
                     return 200 <= response.status < 400
             if "tcpSocket" in spec:
                 with socket.create_connection(

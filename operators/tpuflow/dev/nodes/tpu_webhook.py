@@ -310,6 +310,8 @@ class TpuWebhookServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        if isinstance(host, (bytes, bytearray)):  # typeshed allows bytes; getsockname() gives an AF_INET host as str
+            host = host.decode()
         return f"https://{host}:{port}"
 
     def start(self) -> TpuWebhookServer:

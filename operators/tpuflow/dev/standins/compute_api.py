@@ -194,7 +194,8 @@ class ComputeResourcePolicies:
             policy = self._policies.get((project, region, name))
             if policy is None or policy["workloadPolicy"].get("type") != "HIGH_THROUGHPUT":
                 return None
-            return policy["workloadPolicy"].get("acceleratorTopology")
+            topology: str | None = policy["workloadPolicy"].get("acceleratorTopology")  # validated on insert
+            return topology
 
     def _view(self, key: tuple[str, str, str]) -> dict[str, Any]:
         project, region, name = key

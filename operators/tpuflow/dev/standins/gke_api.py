@@ -186,7 +186,8 @@ def validate_node_pool(pool: Mapping[str, Any], workload_policies: Mapping[str, 
     config = pool.get("config") or {}
     machine_type = config.get("machineType") or ""
     placement = pool.get("placementPolicy") or {}
-    topology, policy, ptype = placement.get("tpuTopology"), placement.get("policyName"), placement.get("type")
+    topology: str | None = placement.get("tpuTopology")
+    policy, ptype = placement.get("policyName"), placement.get("type")
     nodes, ceiling = _node_count(pool)
     affinity = (config.get("reservationAffinity") or {}).get("consumeReservationType")
     if config.get("spot") and affinity == "SPECIFIC_RESERVATION":
@@ -301,11 +302,12 @@ class _Pool:
 
     @property
     def name(self) -> str:
-        return self.body["name"]
+        name: str = self.body["name"]  # validated on create (_POOL_NAME_RE)
+        return name
 
     @property
     def zone(self) -> str:
-        locations = self.body.get("locations") or [self.cluster[1]]
+        locations: list[str] = self.body.get("locations") or [self.cluster[1]]
         return locations[0]
 
     def labels(self) -> dict[str, str]:
@@ -476,7 +478,7 @@ class GKEApiStandin:
             raise ValueError("a stuck fault holds a create's operation: use on create, stage operation")
         if seconds is not None and (kind != "stuck" or not 0 <= float(seconds) < float("inf")):
             raise ValueError(f"fault seconds {seconds!r}: only a stuck fault takes seconds, a finite number >= 0")
-        fault = {
+        fault: dict[str, Any] = {
             "kind": kind,
             "capacity": capacity,
             "stage": stage,
@@ -518,9 +520,10 @@ class GKEApiStandin:
         region = self._region((pool.get("locations") or [location])[0])
         policies = dict(self.workload_policies)
         name = (pool.get("placementPolicy") or {}).get("policyName")
-        topology = self.compute.workload_topology(project, region, name) if name else None
-        if topology:
-            policies[name] = topology
+        if name:
+            topology = self.compute.workload_topology(project, region, name)
+            if topology:
+                policies[name] = topology
         return policies
 
     def _pools_using(self, project: str, region: str, policy: str) -> list[str]:
@@ -728,7 +731,9 @@ class GKEApiStandin:
             return _invalid(message or "Invalid request (injected by the stand-in).")
         return ApiError(500, "INTERNAL", message or "Internal error (injected by the stand-in).")
 
-    def _operation_failure(self, fault: Mapping[str, Any], key: tuple[str, str, str], pool: Mapping[str, Any]) -> dict:
+    def _operation_failure(
+        self, fault: Mapping[str, Any], key: tuple[str, str, str], pool: Mapping[str, Any]
+    ) -> dict[str, Any]:
         project, location, cluster = key
         zone = (pool.get("locations") or [location])[0]
         nodes = max(_node_count(pool)[0], 1)
@@ -763,7 +768,7 @@ class GKEApiStandin:
         }
 
     def _new_operation(
-        self, kind: str, key: tuple[str, str, str], pool: str, failure: dict | None = None
+        self, kind: str, key: tuple[str, str, str], pool: str, failure: dict[str, Any] | None = None
     ) -> _Operation:
         op_id = f"operation-{int(time.time() * 1000)}-{next(self._ids):08x}"
         op = _Operation(op_id, kind, key, pool, time.monotonic() + self.operation_seconds, failure)
@@ -915,7 +920,7 @@ def _parse_node_pool(body: Any) -> dict[str, Any]:
     except Exception as err:  # json_format.ParseError and friends
         raise _invalid(f"Invalid JSON payload received. {err}") from err
     # Enum values arrive as numbers from the Python client; keep names, as GKE's own JSON does.
-    parsed = json.loads(
+    parsed: dict[str, Any] = json.loads(
         NodePool.to_json(message, use_integers_for_enums=False, always_print_fields_with_no_presence=False, indent=None)
     )
     if not parsed.get("name"):

@@ -29,6 +29,7 @@ port-forward gives on GKE.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import copy
 import json
@@ -779,7 +780,7 @@ class ObjectStore:
         with self._lock:
             self._logs[(namespace, pod)] = list(lines)
 
-    def read_log(self, namespace: str, pod: str, tail_lines: int | None = None) -> list[str]:
+    def read_log(self, namespace: str, pod: str, tail_lines: int | None = None) -> builtins.list[str]:
         with self._lock:
             lines = list(self._logs.get((namespace, pod), []))
         return lines[-tail_lines:] if tail_lines else lines

@@ -289,7 +289,8 @@ def holds_crds(directory: str | Path) -> bool:
 def _read_crd(path: str, mtime_ns: int) -> dict[str, Any]:
     """A CRD file, parsed once per version of the file (schemas are only read, never changed)."""
     raw = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
-    return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd: dict[str, Any] = yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # a CRD: a mapping
+    return crd
 
 
 def unknown_fields(schema: Mapping[str, Any], obj: Any, path: str = "") -> list[str]:

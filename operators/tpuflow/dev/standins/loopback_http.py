@@ -121,4 +121,7 @@ class LoopbackServer:
         if self._server is None:
             raise RuntimeError("the stand-in is not running")
         scheme = "https" if self.tls is not None else "http"
-        return f"{scheme}://{self._server.server_address[0]}:{self._server.server_address[1]}"
+        host, port = self._server.server_address[:2]
+        if isinstance(host, (bytes, bytearray)):  # typeshed allows bytes; getsockname() gives an AF_INET host as str
+            host = host.decode()
+        return f"{scheme}://{host}:{port}"

@@ -515,8 +515,9 @@ class KubeRayController(RayServiceReconciler):
             ]
 
         pod = self.store.mutate(PODS, ns, pod_name, apply)
-        for reason, message, component in transitions if pod is not None else []:
-            self._event(pod, "Normal", reason, message, component=component)
+        if pod is not None:
+            for reason, message, component in transitions:
+                self._event(pod, "Normal", reason, message, component=component)
 
     def _ensure_headless_service(self, obj: dict[str, Any]) -> None:
         """The webhook's headless Service the TPU worker pods' hostnames resolve under."""
@@ -548,7 +549,7 @@ class KubeRayController(RayServiceReconciler):
     def _ensure_head_service(self, obj: dict[str, Any], state: ClusterState) -> None:
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         ports = self._endpoints(obj, state)
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {

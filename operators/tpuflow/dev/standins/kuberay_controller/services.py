@@ -106,7 +106,7 @@ class RayServiceReconciler(abc.ABC):
             "serve-svc": [("serve", str(handle.serve_port))],
         }
         for suffix, named in ports.items():
-            body = {
+            body: dict[str, Any] = {
                 "apiVersion": "v1",
                 "kind": "Service",
                 "metadata": {
