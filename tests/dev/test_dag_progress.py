@@ -143,7 +143,8 @@ def test_dags_test_prints_a_line_per_task_and_the_failed_tasks_last_lines(
 ) -> None:
     """`tpuflow demo`'s and `tpuflow run`'s runner on a DAG of a team's: Airflow's whole log goes to the file, the
     terminal gets a line per task and, the run having failed, the failed task's own last lines."""
-    from tpuflow.dev.demo import airflow_log, dags_test, supervised
+    from tpuflow.dev.dag_progress import airflow_log
+    from tpuflow.dev.demo import dags_test, supervised
     from tpuflow.dev.demo_env import demo_env
 
     dags = tmp_path / "dags"

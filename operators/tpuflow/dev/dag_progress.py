@@ -8,11 +8,12 @@ task task_id=...`` around each task it runs, and the execution API logs each ``n
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -89,6 +90,29 @@ def _without_library_frames(lines: list[str]) -> list[str]:
         if not skipping:
             out.append(line)
     return out
+
+
+def say(line: str) -> None:
+    """A progress line, printed at once (the run goes on for minutes)."""
+    print(line, flush=True)
+
+
+def airflow_log(home: Path, run_date: str) -> Path:
+    """Where a run's `airflow dags test` output goes (the Airflow home's logs folder, one file per date)."""
+    return home / "logs" / f"dags-test-{run_date}.log"
+
+
+@contextlib.contextmanager
+def following(log: Path, say: Callable[[str], None]) -> Iterator[DagTestProgress]:
+    """Say what the run's ``log`` shows while the block runs (a reader thread), and the rest of it once it ends."""
+    progress, done = DagTestProgress(), threading.Event()
+    reader = threading.Thread(target=follow, args=(log, done, say, progress), name="dag-progress", daemon=True)
+    reader.start()
+    try:
+        yield progress
+    finally:
+        done.set()
+        reader.join(30)
 
 
 def follow(log: Path, done: threading.Event, say: Callable[[str], None], progress: DagTestProgress) -> None:

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import date
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow.cost.goodput import ledger_lines
-from tpuflow.dev.dag_progress import DagTestProgress, follow
+from tpuflow.dev.dag_progress import DagTestProgress, airflow_log, following, say
 from tpuflow.dev.demo_env import REPO, demo_env, demo_storage
 from tpuflow.dev.supervise import (
     LeaseWaitReporter,
@@ -195,11 +194,6 @@ def _run_pipeline(
     return 0
 
 
-def airflow_log(home: Path, run_date: str) -> Path:
-    """Where a run's `airflow dags test` output goes (the Airflow home's logs folder, one file per date)."""
-    return home / "logs" / f"dags-test-{run_date}.log"
-
-
 def max_slices_env(num_slices: int) -> dict[str, str]:
     """The run's own lease limit (the Variable tpuflow_max_slices, default 1): room for every slice it trains on."""
     return {"AIRFLOW_VAR_TPUFLOW_MAX_SLICES": str(num_slices)} if num_slices > 1 else {}
@@ -238,11 +232,7 @@ def dags_test(
             log.parent.mkdir(parents=True, exist_ok=True)
             output = stack.enter_context(log.open("w"))
             proc = sup.popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
-            progress, done = DagTestProgress(), threading.Event()
-            reader = threading.Thread(target=follow, args=(log, done, _say, progress), name="dag-progress", daemon=True)
-            reader.start()
-            stack.callback(reader.join, 30)
-            stack.callback(done.set)
+            progress = stack.enter_context(following(log, say))
         with reporting_lease_waits(reporter):  # started after the fork: a preexec_fn and threads do not mix
             code = proc.wait()
     if progress is not None and code != 0:
@@ -250,10 +240,6 @@ def dags_test(
             print(line, file=sys.stderr)
     sup.check()
     return code, time.time() - started
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 def read_report(output_root: str, dag_id: str, run_date: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuflow import workloads_dir
 from tpuflow.cost.goodput import ledger_lines
+from tpuflow.dev.dag_progress import airflow_log, following, say
 from tpuflow.dev.demo_env import demo_env, demo_storage
 from tpuflow.dev.ray_launcher import LocalRayLauncher
 from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
@@ -221,16 +222,16 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         run_date = args.date or date.today().isoformat()
         leases_before = held_leases(run.lease_root)
         print(f"tpuflow demo: running {DAG_ID} for {run_date} with {json.dumps(conf)}", flush=True)
-        proc = subprocess.run([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env=env)
+        log = None if args.verbose else airflow_log(home, run_date)
+        code = _dags_test([airflow, "dags", "test", DAG_ID, run_date, "-c", json.dumps(conf)], env, log)
         elapsed = time.time() - started
-        report = _report(output_root, run_date) if proc.returncode == 0 else None
+        report = _report(output_root, run_date) if code == 0 else None
         left = run.wait_for_teardowns(leases_before)
     left = ray_processes_after_stop(run, left)
     total = time.time() - started
     if report is None:
-        print(
-            f"\ntpuflow demo: the GKE pipeline FAILED after {elapsed:.0f}s (see the task logs above)", file=sys.stderr
-        )
+        where = f"Airflow's whole log: {log}" if log else "the task logs above"
+        print(f"\ntpuflow demo: the GKE pipeline FAILED after {elapsed:.0f}s ({where})", file=sys.stderr)
     else:
         print(
             f"\n=== tpuflow demo --backend gke: pipeline succeeded in {elapsed:.0f}s ({total:.0f}s with stand-ins) ==="
@@ -255,6 +256,20 @@ def run_gke(args: argparse.Namespace, conf: dict[str, Any]) -> int:
         return 1
     print(f"left behind:        nothing ({CHECKED})")
     return 0 if report is not None else 1
+
+
+def _dags_test(argv: list[str], env: Mapping[str, str], log: Path | None) -> int:
+    """``airflow dags test``'s exit code; with ``log``, its output goes there and only the run's progress is printed
+    (tpuflow.dev.dag_progress, as the local demo does), with a failed task's last lines; without, it streams here."""
+    if log is None:
+        return subprocess.run(argv, env=env).returncode
+    print(f"tpuflow demo --backend gke: Airflow's log: {log}", flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as output, following(log, say) as progress:
+        code = subprocess.run(argv, env=env, stdout=output, stderr=subprocess.STDOUT).returncode
+    for line in progress.failure_lines() if code else []:
+        print(line, file=sys.stderr)
+    return code
 
 
 def _report(output_root: str, run_date: str) -> dict[str, Any] | None:

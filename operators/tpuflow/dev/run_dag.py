@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tpuflow.cost.goodput import ledger_lines
-from tpuflow.dev.demo import airflow_log, dags_test, local_output_root, max_slices_env, read_report, supervised
+from tpuflow.dev.dag_progress import airflow_log
+from tpuflow.dev.demo import dags_test, local_output_root, max_slices_env, read_report, supervised
 from tpuflow.dev.demo_env import demo_env, demo_storage
 from tpuflow.errors import UserInputError
 
