@@ -49,7 +49,8 @@ def test_token_mode_creates_the_secret_and_sets_the_variables_on_every_container
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"
     assert auth_secret_name("rc-auth", body["spec"]) == "rc-auth"  # where the operators look for it
 
-    pods = until(lambda: kube.store.list(PODS, NS, "ray.io/cluster=rc-auth"))
+    # the head and the workers are made one by one: wait for all of them, not the first
+    pods = until(lambda: kube.store.list(PODS, NS, "ray.io/cluster=rc-auth"), lambda p: len(p) == 1 + V6E.total_hosts)
     assert len(pods) == 1 + V6E.total_hosts
     for pod in pods:
         for container in pod["spec"]["containers"]:
