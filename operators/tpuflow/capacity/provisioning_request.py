@@ -24,7 +24,7 @@ from tpuflow.errors import UserInputError
 from tpuflow.gke.nodepool_spec import FLEX_MAX_RUN_DURATION_S
 from tpuflow.kubernetes.values import check_name, check_namespace
 from tpuflow.labels import check_labels
-from tpuflow.naming import TaskIdentity, dns_name
+from tpuflow.naming import TaskIdentity, check_node_pool_name, dns_name
 from tpuflow.tpu import TpuSlice
 from tpuflow.validation import check_whole_seconds
 
@@ -155,8 +155,6 @@ def plan_provisioning_request(
     labels: Mapping[str, str] | None = None,
 ) -> ProvisioningRequestPlan:
     """Check the inputs (UserInputError naming the field) and plan the objects."""
-    from tpuflow.naming import check_node_pool_name
-
     seconds = check_max_run_duration(max_run_duration_seconds)
     pools = [node_pools] if isinstance(node_pools, str) else list(node_pools or [])
     for pool in pools:
