@@ -129,8 +129,7 @@ def gcs_client(gcp_conn_id: str = "google_cloud_default") -> Any:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        # google-auth leaves AnonymousCredentials.__init__ unannotated
-        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        credentials = AnonymousCredentials()
         client = storage.Client(project="tpuflow-local", credentials=credentials, client_info=CLIENT_INFO)
     else:
         from airflow.providers.google.cloud.hooks.gcs import GCSHook

@@ -40,6 +40,10 @@ class TpuflowTrigger(BaseTrigger):
     # {"xcoms": {key: value}, ...}: end the task here on success; None: resume it on a worker.
     end_task: dict[str, Any] | None = None
 
+    def __init__(self) -> None:
+        # typed once here for every trigger's super().__init__(): Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()  # type: ignore[no-untyped-call]
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
@@ -60,7 +64,7 @@ class TpuflowTrigger(BaseTrigger):
             xcoms = self.task_end_xcoms(payload)
             if xcoms is not None and await self._push(xcoms):
                 return TaskEndedEvent(payload)
-        return TriggerEvent(dict(payload))  # type: ignore[no-untyped-call]  # Airflow's TriggerEvent.__init__ is unannotated
+        return TriggerEvent(dict(payload))
 
     def task_end_xcoms(self, payload: Mapping[str, Any]) -> dict[str, Any] | None:
         """The XComs of a task ended by this success; None: its operator still has work to do."""

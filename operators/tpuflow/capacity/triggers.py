@@ -155,7 +155,7 @@ class ProvisioningRequestTrigger(_CapacityTrigger):
         started_at: float,
         plan: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.name, self.namespace, self.target = name, namespace, dict(target)
         self.deadline, self.poll_interval, self.started_at = float(deadline), float(poll_interval), float(started_at)
         self.plan = dict(plan or {})
@@ -170,8 +170,7 @@ class ProvisioningRequestTrigger(_CapacityTrigger):
             started_at=self.started_at,
             log=self.log,
         )
-        # Airflow's TriggerEvent.__init__ is unannotated
-        yield TriggerEvent({**event, "plan": self.plan})  # type: ignore[no-untyped-call]
+        yield TriggerEvent({**event, "plan": self.plan})
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: withdraw the request it made
@@ -210,7 +209,7 @@ class FlexStartCapacityTrigger(_CapacityTrigger):
         poll_interval: float,
         started_at: float,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.namespace, self.label_selector, self.expected_pods = namespace, label_selector, int(expected_pods)
         self.target = dict(target)
         self.deadline, self.poll_interval, self.started_at = float(deadline), float(poll_interval), float(started_at)
@@ -226,4 +225,4 @@ class FlexStartCapacityTrigger(_CapacityTrigger):
             started_at=self.started_at,
             log=self.log,
         )
-        yield TriggerEvent(event)  # type: ignore[no-untyped-call]  # Airflow's TriggerEvent.__init__ is unannotated
+        yield TriggerEvent(event)

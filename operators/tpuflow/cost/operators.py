@@ -245,7 +245,7 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         declared = entry.get("work") or {}
         work = dict(declared) if isinstance(declared, Mapping) else dict.fromkeys(declared)
         cluster_task_id = entry.get("cluster_task_id")
-        dag = self.dag if self.has_dag() else None  # type: ignore[no-untyped-call]  # Airflow's has_dag is unannotated
+        dag = self.get_dag()
         if cluster_task_id and dag is not None:
             for task_id in tasks_on_cluster(dag.tasks, cluster_task_id):
                 work.setdefault(task_id, None)

@@ -171,7 +171,7 @@ def ensure_buckets(url: str, buckets: Iterable[str]) -> list[str]:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth leaves __init__ unannotated
+    anonymous = AnonymousCredentials()
     client = storage.Client(project=LOCAL_PROJECT, credentials=anonymous, client_options={"api_endpoint": url})
     created = []
     for name in buckets:

@@ -135,7 +135,7 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
         operation_timeout: float | None = None,
         use_dns_endpoint: bool = False,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.operation_name = operation_name
         self.project_id = project_id
         self.location = location
@@ -159,8 +159,7 @@ class GKENodePoolOperationTrigger(_NodePoolWaitTrigger):
             log=self.log,
             timeout=self.operation_timeout,
         )
-        # Airflow's TriggerEvent.__init__ is unannotated
-        yield TriggerEvent({**event, "resume": self.resume})  # type: ignore[no-untyped-call]
+        yield TriggerEvent({**event, "resume": self.resume})
 
 
 class NodePoolBackoffTrigger(_NodePoolWaitTrigger):
@@ -175,7 +174,7 @@ class NodePoolBackoffTrigger(_NodePoolWaitTrigger):
         resume: dict[str, Any] | None = None,
         delete_on_kill: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.wake_at = float(wake_at)
         self.reason = reason
         self.resume = resume or {}
@@ -183,5 +182,4 @@ class NodePoolBackoffTrigger(_NodePoolWaitTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         event = await wait_until(self.wake_at, self.reason)
-        # Airflow's TriggerEvent.__init__ is unannotated
-        yield TriggerEvent({**event, "resume": self.resume})  # type: ignore[no-untyped-call]
+        yield TriggerEvent({**event, "resume": self.resume})

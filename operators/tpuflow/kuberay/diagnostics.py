@@ -14,7 +14,8 @@ from tpuflow.kuberay import CLUSTER_LABEL
 
 
 class Reader(Protocol):
-    """What the waits and the kinds' diagnoses read: custom objects (one, or those with some labels), pods, events, a pod's log tail."""
+    """What the waits and the kinds' diagnoses read: custom objects (one, or those with some labels), pods, events,
+    a pod's log tail."""
 
     async def get(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None: ...
 

@@ -584,8 +584,9 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
             return result
         made = f" and its RayClusters {', '.join(clusters)}" if clusters else ""
         self.log.info("Deleting %s %s/%s%s", self.kind, namespace, name, made)
-        if not self.wait or (not clusters and hook.get(self.plural, name, namespace) is None):
-            result["deleted"] = hook.get(self.plural, name, namespace) is None
+        gone = hook.get(self.plural, name, namespace) is None
+        if not self.wait or (gone and not clusters):
+            result["deleted"] = gone
             return result
         wait = {**self.wait_arguments(name, namespace), "clusters": clusters}
         if self.deferrable:

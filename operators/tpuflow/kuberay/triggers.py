@@ -50,7 +50,7 @@ class _KubeRayTrigger(TpuflowTrigger):
         deadline: float,
         poll_interval: float = 10.0,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.kind, self.name, self.namespace = kind, name, namespace
         self.target, self.deadline, self.poll_interval = dict(target), float(deadline), float(poll_interval)
 

@@ -134,7 +134,7 @@ async def wait_ready(
         await asyncio.sleep(min(next(delays), max(remaining, 0.01)))
 
 
-async def clusters_left(
+async def _clusters_left(
     reader: Reader, kind: type[KubeRayKind], name: str, namespace: str, seen: set[str]
 ) -> list[str]:
     """What is left of the RayClusters KubeRay made for the object ``name`` (its kind's ``clusters_selector``):
@@ -169,7 +169,7 @@ async def wait_gone(
     while True:
         try:
             obj = await reader.get(of_kind.plural, name, namespace)
-            left = None if obj is not None else await clusters_left(reader, of_kind, name, namespace, seen)
+            left = None if obj is not None else await _clusters_left(reader, of_kind, name, namespace, seen)
             last_error = ""
         except Exception as err:
             if not is_transient(err):

@@ -259,8 +259,8 @@ class LocalRayClusterDeleteOperator(BaseOperator):
         """The create task's instances whose cluster this task stops: the one of its own map index, or all of
         them when the create task is mapped (or in a mapped TaskGroup) and this task is not."""
         own = TaskIdentity.from_context(context, self.create_task_id)
-        # Airflow's has_dag is unannotated
-        create = self.dag.task_dict.get(self.create_task_id) if self.has_dag() else None  # type: ignore[no-untyped-call]
+        dag = self.get_dag()
+        create = dag.task_dict.get(self.create_task_id) if dag is not None else None
         if create is None:  # not in a DAG with it: the instance of this task's own map index
             return [own]
         if not (create.is_mapped or create.get_closest_mapped_task_group() is not None):

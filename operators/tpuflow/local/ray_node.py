@@ -35,7 +35,7 @@ def main() -> None:
     from ray.scripts import scripts
 
     scripts.ray_constants = _ClusterCheckLifted(scripts.ray_constants)  # type: ignore[attr-defined]
-    sys.exit(scripts.main())  # type: ignore[no-untyped-call]  # Ray's CLI entry point is unannotated
+    sys.exit(scripts.main())
 
 
 if __name__ == "__main__":

@@ -23,12 +23,7 @@ def sensitive_env(runtime_env: Any) -> dict[str, str]:
     env_vars = runtime_env.get("env_vars") if isinstance(runtime_env, Mapping) else None
     if not isinstance(env_vars, Mapping):
         return {}
-    return {
-        str(name): str(value)
-        for name, value in env_vars.items()
-        # Airflow's should_hide_value_for_key is unannotated (it returns a bool)
-        if should_hide_value_for_key(str(name))  # type: ignore[no-untyped-call]
-    }
+    return {str(name): str(value) for name, value in env_vars.items() if should_hide_value_for_key(str(name))}
 
 
 async def amask_job_secrets(job_info: Mapping[str, Any]) -> None:

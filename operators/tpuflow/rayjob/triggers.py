@@ -82,7 +82,7 @@ class RayJobTrigger(TpuflowTrigger):
         result_nonce: str | None = None,
         unreachable_timeout: float | None = UNREACHABLE_TIMEOUT_S,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.submission_id = submission_id
         self.cluster = cluster or {}
         self.ray_conn_id = ray_conn_id

@@ -47,7 +47,7 @@ class RayServeHook(RayDashboardHook["ServeSubmissionClient"]):
 
     def delete_applications(self) -> None:
         """Delete every application on the cluster (Serve's REST API has no per-app delete)."""
-        self.get_client().delete_applications()  # type: ignore[no-untyped-call]  # unannotated in Ray's client
+        self.get_client().delete_applications()
 
     # --- async (triggerer, and the worker's one wait): the same REST path ----------------
     async def aget_serve_details(self) -> dict[str, Any]:

@@ -60,7 +60,7 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
         delete_on_kill: list[str] | None = None,
         end_task: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.app_names = list(app_names)
         self.cluster = cluster or {}
         self.ray_conn_id = ray_conn_id
@@ -152,7 +152,7 @@ class RayServeIdleTrigger(TpuflowTrigger):
         deadline: float | None = None,
         metrics_timeout: float = METRICS_TIMEOUT_S,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.cluster = cluster or {}
         self.ray_conn_id = ray_conn_id
         self.idle_timeout = float(idle_timeout)
@@ -174,4 +174,4 @@ class RayServeIdleTrigger(TpuflowTrigger):
             unreadable_after=self.unreadable_after,
             log=self.log,
         )
-        yield TriggerEvent(event)  # type: ignore[no-untyped-call]  # Airflow's TriggerEvent.__init__ is unannotated
+        yield TriggerEvent(event)

@@ -84,7 +84,7 @@ class SliceLeaseTrigger(TpuflowTrigger):
         started_at: float | None = None,
         count: int = 1,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is unannotated
+        super().__init__()
         self.lease_root = lease_root
         self.slots = int(slots)
         self.holder = holder
@@ -106,4 +106,4 @@ class SliceLeaseTrigger(TpuflowTrigger):
             log=self.log,
             count=self.count,
         )
-        yield TriggerEvent(event)  # type: ignore[no-untyped-call]  # Airflow's TriggerEvent.__init__ is unannotated
+        yield TriggerEvent(event)
