@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from tpuflow.cost.operators import ReapOrphansOperator
+from tpuflow.cost.operators import TPUReapOrphansOperator
 
 with DAG(
     dag_id="tpuflow_reaper",
@@ -36,7 +36,7 @@ with DAG(
     },
 ) as dag:
     gcp = "{{ var.value.get('tpuflow_gcp_conn_id', 'google_cloud_default') }}"
-    ReapOrphansOperator(
+    TPUReapOrphansOperator(
         task_id="reap",
         dag_ids="{{ params.dag_ids }}",
         older_than="{{ params.older_than }}",

@@ -75,17 +75,17 @@ def test_the_estimate_is_from_the_newest_previous_run_that_billed_a_slice() -> N
 
 
 def test_the_guard_refuses_steps_that_are_not_a_count() -> None:
-    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 
     with pytest.raises(UserInputError) as err:
-        ChipBudgetGuardOperator(task_id="g", slices=[{"role": "train", "tpu": V6E_4X4, "steps": "many"}])
+        TPUCheckChipBudgetOperator(task_id="g", slices=[{"role": "train", "tpu": V6E_4X4, "steps": "many"}])
     assert err.value.field == "slices[train].steps"
 
 
 def guard(max_chip_hours: Any, over_budget: str = "fail") -> Any:
-    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 
-    return ChipBudgetGuardOperator(
+    return TPUCheckChipBudgetOperator(
         task_id="budget_guard",
         max_chip_hours=max_chip_hours,
         slices=[{"role": "train", "tpu": V6E_4X4}, {"role": "serve", "tpu": V6E_1X1}],

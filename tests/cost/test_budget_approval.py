@@ -28,10 +28,10 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
 from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
-from tpuflow.cost.operators import ChipBudgetGuardOperator
+from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 
 with DAG("tpuflow_budget_approval_rest", schedule=None) as dag:
-    guard = ChipBudgetGuardOperator(
+    guard = TPUCheckChipBudgetOperator(
         task_id="budget_guard", max_chip_hours=8, over_budget="ask", ledger_dir=LEDGERS,
         slices=[{"role": "train", "tpu": {"generation": "v6e", "chips": 16, "num_slices": 1}}],
     )
@@ -174,7 +174,7 @@ def test_the_gate_lets_a_slice_start_only_with_an_approvers_answer_for_this_run(
     from airflow.sdk import DAG
 
     from tpuflow.cost.approval import BudgetGate, approval_uri
-    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 
     ledgers = tmp_path / "outputs"
     (ledgers / "yesterday").mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_the_gate_lets_a_slice_start_only_with_an_approvers_answer_for_this_run(
     gate = BudgetGate(record_dir=records)
     slices = [{"role": "train", "tpu": {"generation": "v6e", "chips": 16, "num_slices": 1}}]
     with DAG("gate", schedule=None):
-        ChipBudgetGuardOperator(
+        TPUCheckChipBudgetOperator(
             task_id="budget_guard", max_chip_hours=8, over_budget="ask", ledger_dir=str(ledgers), slices=slices
         )
         provision = PythonOperator(task_id="provision", python_callable=lambda: None)
@@ -213,7 +213,7 @@ def test_the_gate_lets_a_slice_start_only_with_an_approvers_answer_for_this_run(
 def test_the_guard_reads_earlier_ledgers_from_storage_not_from_a_rewritable_xcom(tmp_path: Path) -> None:
     """A user who may write XComs rewrites the previous run's chip_ledger XCom to a tiny run; the guard with a
     ledger_dir estimates from the ledger files the workers wrote."""
-    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 
     ledgers = tmp_path / "outputs"
     (ledgers / "yesterday").mkdir(parents=True)
@@ -223,7 +223,7 @@ def test_the_guard_reads_earlier_ledgers_from_storage_not_from_a_rewritable_xcom
     rewritten = {"slices": [{"role": "train", "created_at": 9.0, "seconds": 1.0}]}
     ti = RunTaskInstance(task_id="budget_guard", prior={"chip_ledger": rewritten})
     slices = [{"role": "train", "tpu": {"generation": "v6e", "chips": 16, "num_slices": 1}}]
-    guard = ChipBudgetGuardOperator(
+    guard = TPUCheckChipBudgetOperator(
         task_id="budget_guard", max_chip_hours=8, over_budget="ask", ledger_dir=str(ledgers), slices=slices
     )
     assert guard.execute(task_context(ti))["estimate"] == pytest.approx(12.0)
@@ -250,10 +250,10 @@ def approval_operator() -> Any:
     from airflow.sdk import DAG
 
     from tpuflow.cost.approval import ChipBudgetApprovalOperator
-    from tpuflow.cost.operators import ChipBudgetGuardOperator
+    from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 
     with DAG(f"approval_{uuid.uuid4().hex[:6]}", schedule=None):
-        ChipBudgetGuardOperator(
+        TPUCheckChipBudgetOperator(
             task_id="budget_guard",
             max_chip_hours=8,
             over_budget="ask",

@@ -118,7 +118,7 @@ def test_bad_prices_name_the_variable(value: str, field: str) -> None:
 
 
 def test_ledger_equals_the_standins_create_and_delete_times(gke: Any, tmp_path: Path) -> None:
-    from tpuflow.cost.operators import GKEChipLedgerOperator
+    from tpuflow.cost.operators import GKEWriteChipLedgerOperator
     from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
     fast = {"poll_interval": 0.05, "retry_backoff": 0.05, "project_id": PROJECT, "location": ZONE}
@@ -139,7 +139,7 @@ def test_ledger_equals_the_standins_create_and_delete_times(gke: Any, tmp_path: 
 
     ti = RunTaskInstance(**run, task_id="chip_ledger")
     ti.others[("create_node_pool", "node_pool_names")] = create_ctx["ti"].xcoms["node_pool_names"]
-    ledger_op = GKEChipLedgerOperator(
+    ledger_op = GKEWriteChipLedgerOperator(
         task_id="chip_ledger",
         slices=[
             {"role": "train", "tpu": V6E_2X4, "task_id": "create_node_pool"},
@@ -179,7 +179,7 @@ def test_a_pool_gke_emptied_at_its_max_run_duration_is_billed_until_then_not_unt
 ) -> None:
     """Airflow down longer than the pool's maxRunDuration: GKE ended the nodes, the teardown deleted the empty
     pool later; the chips were billed only while the nodes ran."""
-    from tpuflow.cost.operators import GKEChipLedgerOperator
+    from tpuflow.cost.operators import GKEWriteChipLedgerOperator
     from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 
     fast = {"poll_interval": 0.05, "retry_backoff": 0.05, "project_id": PROJECT, "location": ZONE}
@@ -200,7 +200,7 @@ def test_a_pool_gke_emptied_at_its_max_run_duration_is_billed_until_then_not_unt
     ti = RunTaskInstance(**run, task_id="ledger")
     ti.others[("make_slice", "node_pool_names")] = create_ctx["ti"].xcoms["node_pool_names"]
     ti.others[("make_slice", "return_value")] = made
-    ledger = GKEChipLedgerOperator(
+    ledger = GKEWriteChipLedgerOperator(
         task_id="ledger", slices=[{"role": "train", "tpu": V6E_2X4, "task_id": "make_slice"}],
         output_dir=str(tmp_path), gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
     ).execute(task_context(ti))  # fmt: skip

@@ -48,7 +48,7 @@ class RunWithWork(RunTaskInstance):
 
 def ledger_run(tmp_path: Path, *, prices: Any, breakdown: Any, fit_s: Any = 280.0) -> dict[str, Any]:
     """The local pipeline's ledger task over a slice that lived 400 s, 300 s of it training."""
-    from tpuflow.cost.local import LocalChipLedgerOperator
+    from tpuflow.cost.local import LocalWriteChipLedgerOperator
 
     t0 = time.time() - 400
     ti = RunWithWork(task_id="chip_ledger")
@@ -57,7 +57,7 @@ def ledger_run(tmp_path: Path, *, prices: Any, breakdown: Any, fit_s: Any = 280.
     }  # fmt: skip
     train_span = {"cause": "training", "started_at": t0 + 50, "ended_at": t0 + 350, "breakdown": breakdown}
     ti.others[("train", WORK_SPAN_KEY)] = train_span
-    ledger = LocalChipLedgerOperator(
+    ledger = LocalWriteChipLedgerOperator(
         task_id="chip_ledger",
         slices=[{"role": "train", "tpu": V6E_2X2, "task_id": "stop_cluster", "work": {"train": "training"}}],
         trained={"fit_s": fit_s},

@@ -17,7 +17,7 @@ import time
 
 from airflow.sdk import DAG, TaskGroup, task
 
-from tpuflow.cost.local import LocalChipLedgerOperator
+from tpuflow.cost.local import LocalWriteChipLedgerOperator
 from tpuflow.work_spans import WORK_SPAN_KEY
 
 T0 = round(time.time()) - 1000
@@ -50,7 +50,7 @@ with DAG("acme_ledger_shapes", schedule=None, render_template_as_native_obj=True
 
         shard.expand(window=[[100, 300], [250, 500]]) >> fit()
 
-    ledger = LocalChipLedgerOperator(
+    ledger = LocalWriteChipLedgerOperator(
         task_id="acme_chip_ledger",
         slices=[{
             "role": "train", "tpu": {"generation": "v6e", "chips": 4}, "task_id": "slice_lifetime",

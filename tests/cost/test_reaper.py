@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from cost_support import dead_local_cluster, live_head, pool_body
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
 from tpuflow.cost.reaper import (
     FixedRunStates,
@@ -26,8 +28,6 @@ from tpuflow.cost.reaper import (
     pool_orphan_reason,
     reap,
 )
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 from tpuflow.errors import UserInputError
 from tpuflow.labels import gce_ownership_labels, kubernetes_ownership_labels
 from tpuflow.naming import TaskIdentity
@@ -477,9 +477,9 @@ def reaper_task_context() -> dict[str, Any]:
 def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
     gke: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    """ReapOrphansOperator.execute as Airflow runs it: the run states come through the Task SDK for its
+    """TPUReapOrphansOperator.execute as Airflow runs it: the run states come through the Task SDK for its
     dag_ids only, and a labelled resource of another DAG is left alone (unless past its expiry)."""
-    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.cost.operators import TPUReapOrphansOperator
     from tpuflow.local.cluster import default_base_dir
     from tpuflow.slices.leases import LocalLeaseStore, default_lease_root
 
@@ -506,8 +506,8 @@ def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
             assert leases.try_acquire(f"{dag}/{KILLED_RUN}", 16) is not None
         assert not default_base_dir().exists()  # no local cluster: nothing of the machine's own is looked at
 
-        def reaper(dry_run: bool) -> ReapOrphansOperator:
-            return ReapOrphansOperator(
+        def reaper(dry_run: bool) -> TPUReapOrphansOperator:
+            return TPUReapOrphansOperator(
                 task_id="reap", dag_ids=[DAG, "tpu_llm_pipeline_local"], older_than="0s", dry_run=dry_run,
                 gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
                 kubernetes_conn_id="kube_standin", namespace="default",
@@ -540,11 +540,11 @@ def test_the_reaper_task_deletes_what_its_dags_runs_left_and_nothing_else(
 def test_the_reaper_task_fails_on_a_failed_list_and_deletes_nothing(gke: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.cost.operators import TPUReapOrphansOperator
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
     gke.create_node_pool(PROJECT, ZONE, CLUSTER, pool_body("finished", owned_pool_labels(KILLED_RUN)))
-    op = ReapOrphansOperator(
+    op = TPUReapOrphansOperator(
         task_id="reap", dag_ids=[DAG], older_than="0s", gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE,
         cluster_name="no-such-cluster", kubernetes_conn_id="kube_standin",
     )  # fmt: skip

@@ -47,7 +47,7 @@ class BundledTaskInstance(FakeTaskInstance):
 def test_the_hourly_reaper_finds_every_tagged_pipeline_dag_of_its_bundle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.cost.operators import TPUReapOrphansOperator
     from tpuflow.slices.leases import LocalLeaseStore, default_lease_root
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
@@ -65,7 +65,7 @@ def test_the_hourly_reaper_finds_every_tagged_pipeline_dag_of_its_bundle(
     ti = BundledTaskInstance(dag_id="tpuflow_reaper", task_id="reap", task_states=finished)
     ti.bundle_instance = SimpleNamespace(name="dags-folder", path=bundle)
 
-    outcome = ReapOrphansOperator(task_id="reap", older_than="0s").execute(task_context(ti))
+    outcome = TPUReapOrphansOperator(task_id="reap", older_than="0s").execute(task_context(ti))
 
     assert [line.split(": ")[0] for line in outcome["deleted"]] == [f"lease slot 0 ({store.describe()})"], outcome
     assert [lease.holder for lease in store.all_holders().values()] == ["other_team_etl/manual__1"]

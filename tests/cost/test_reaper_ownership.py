@@ -12,6 +12,8 @@ import pytest
 from cost_support import dead_local_cluster, live_head, pool_body
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
+from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
 from tpuflow.cost.reaper import (
     FixedRunStates,
@@ -26,8 +28,6 @@ from tpuflow.cost.reaper import (
     pool_orphan_reason,
     reap,
 )
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
 from tpuflow.labels import (
     GCE_DAG_LABEL,
@@ -94,7 +94,7 @@ def test_owner_digests_are_exact_and_fit_both_label_systems() -> None:
 
 # --- local clusters -------------------------------------------------------------------------------------------
 def _local_state(base: Path, identity: TaskIdentity, head: int, owner: Any = "record") -> str:
-    """A local cluster's state as LocalRayClusterCreateOperator writes it for ``identity`` (its owner record)."""
+    """A local cluster's state as LocalRayCreateClusterOperator writes it for ``identity`` (its owner record)."""
     name = local_cluster_name(identity)
     (base / name).mkdir(parents=True)
     LocalRayCluster(
@@ -125,10 +125,10 @@ def test_a_running_runs_local_cluster_is_live_whatever_task_started_it(tmp_path:
 
 
 def test_the_create_operator_records_its_task_instance_as_the_owner(tmp_path: Path, monkeypatch: Any) -> None:
-    """LocalRayClusterCreateOperator hands start() the task instance's record, the state keeps it, and the
+    """LocalRayCreateClusterOperator hands start() the task instance's record, the state keeps it, and the
     reaper reads it back: a mapped start task not called start_cluster of a running run owns a live cluster."""
     from tpuflow.local import cluster as cluster_mod
-    from tpuflow.local.operators import LocalRayClusterCreateOperator
+    from tpuflow.local.operators import LocalRayCreateClusterOperator
 
     asked: list[Any] = []
 
@@ -137,7 +137,7 @@ def test_the_create_operator_records_its_task_instance_as_the_owner(tmp_path: Pa
         raise cluster_mod.LocalClusterError("not starting Ray in this test")
 
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
-    op = LocalRayClusterCreateOperator(
+    op = LocalRayCreateClusterOperator(
         task_id="boot_ray", tpu_slice={"accelerator": "v6e", "topology": "2x2"}, base_dir=str(tmp_path)
     )
     with pytest.raises(cluster_mod.LocalClusterError):

@@ -15,6 +15,8 @@ from cost_support import pool_body
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from support.processes import dead_process_record
+from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
 from tpuflow import liveness
 from tpuflow.cost.reaper import (
@@ -30,8 +32,6 @@ from tpuflow.cost.reaper import (
     reap,
     settle_dead_runs,
 )
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 from tpuflow.labels import (
     kept_labels,
     kubernetes_ownership_annotations,
@@ -70,11 +70,11 @@ def test_the_store_keeps_one_record_per_run_the_newest_try_wins(tmp_path: Path) 
 
 
 def test_the_acquire_task_records_its_runs_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
     me = liveness.process_record()
     monkeypatch.setenv(liveness.SUPERVISOR_ENV, json.dumps(me))
-    acquire = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
+    acquire = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
     acquire.execute(task_context(dag_id=DAG, run_id=KILLED))
     entry = SupervisionStore(str(tmp_path)).get(KILLED_DIGEST)
     assert entry is not None and entry.supervisor == me and (entry.dag_id, entry.run_id) == (DAG, KILLED)
@@ -189,7 +189,7 @@ def test_the_hourly_reaper_covers_every_dag_with_a_recorded_run(
     runs' states; its finished run's lease is given back. Without the record the DAG is not the reaper's to judge."""
     from support.airflow_context import FakeTaskInstance
 
-    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.cost.operators import TPUReapOrphansOperator
     from tpuflow.slices.leases import LocalLeaseStore, default_lease_root
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
@@ -201,7 +201,7 @@ def test_the_hourly_reaper_covers_every_dag_with_a_recorded_run(
 
     def reap_now() -> dict[str, Any]:
         ti = FakeTaskInstance(dag_id="tpuflow_reaper", task_id="reap", task_states=states)
-        return ReapOrphansOperator(task_id="reap", older_than="0s").execute(task_context(ti))
+        return TPUReapOrphansOperator(task_id="reap", older_than="0s").execute(task_context(ti))
 
     assert reap_now()["found"] == [] and len(leases.holders(4)) == 1  # an unknown DAG: left alone
     SupervisionStore(default_lease_root()).record(DAG, KILLED, "2026-12-05", None)

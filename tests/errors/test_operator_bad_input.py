@@ -40,10 +40,10 @@ def gke_delete(**kw: Any) -> Any:
 
 
 def local_start(**kw: Any) -> Any:
-    from tpuflow.local.operators import LocalRayClusterCreateOperator
+    from tpuflow.local.operators import LocalRayCreateClusterOperator
 
     args = {"tpu_slice": {"accelerator": "v6e", "topology": "2x2"}}
-    return LocalRayClusterCreateOperator(task_id="start", **{**args, **kw})
+    return LocalRayCreateClusterOperator(task_id="start", **{**args, **kw})
 
 
 def raycluster(**kw: Any) -> Any:
@@ -115,9 +115,9 @@ def smoke(**kw: Any) -> Any:
 
 
 def acquire(**kw: Any) -> Any:
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
-    return AcquireSliceOperator(task_id="lease", **kw)
+    return TPUAcquireSliceOperator(task_id="lease", **kw)
 
 
 # (operator factory, argument, bad value, text the fix must hold)

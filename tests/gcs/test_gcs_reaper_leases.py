@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from support.airflow_context import FakeTaskInstance, task_context
+from tpuflow.dev.gcs_emulator import ensure_buckets
 
 from tpuflow import liveness
-from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.paths import gke_lease_root
 from tpuflow.slices import leases
 
@@ -33,10 +33,10 @@ def _expired_lease(root: str, holder: str, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def _reap(output_root: str, states: dict[str, dict[str, str]], dry_run: bool = False) -> dict[str, Any]:
-    from tpuflow.cost.operators import ReapOrphansOperator
+    from tpuflow.cost.operators import TPUReapOrphansOperator
 
     ti = FakeTaskInstance(dag_id="tpuflow_reaper", task_id="reap", task_states={"train_dag": states})
-    reaper = ReapOrphansOperator(
+    reaper = TPUReapOrphansOperator(
         task_id="reap", dag_ids=["train_dag"], older_than="0s", output_root=output_root, dry_run=dry_run
     )
     return reaper.execute(task_context(ti))

@@ -1,4 +1,4 @@
-"""Kill semantics of LocalRayClusterCreateOperator, without Ray: the node start is replaced by a process
+"""Kill semantics of LocalRayCreateClusterOperator, without Ray: the node start is replaced by a process
 that only sleeps, in its own session like a Ray node, so the test sees exactly what a kill leaves behind."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from support.airflow_context import task_context
 
 from tpuflow.local import cluster as cluster_mod
 from tpuflow.local.cluster import CLUSTER_ENV, STATE_FILE, LocalRayCluster, NodeProcess
-from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator, local_cluster_name
+from tpuflow.local.operators import LocalRayCreateClusterOperator, LocalRayDeleteClusterOperator, local_cluster_name
 from tpuflow.naming import TaskIdentity
 
 START_TASK = {"dag_id": "local_dag", "run_id": "manual__1", "task_id": "start_cluster"}
@@ -48,7 +48,7 @@ def test_killing_the_create_task_while_the_cluster_starts_stops_the_nodes_it_sta
     monkeypatch.setattr(LocalRayCluster, "_start_head", start_head)
     monkeypatch.setattr(LocalRayCluster, "_start_host", start_host)
     monkeypatch.setattr(cluster_mod, "_available_memory", lambda: 1 << 40)
-    op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path))
+    op = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path))
     # The task runner's SIGTERM handler calls on_kill in the task process's main thread.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: op.on_kill())
     killer = threading.Thread(target=lambda: (_wait_for(spawned), os.kill(os.getpid(), signal.SIGTERM)))
@@ -104,7 +104,7 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
     monkeypatch.setattr(LocalRayCluster, "load", classmethod(load))
     for index in (0, 1):
-        op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path))
+        op = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path))
         with pytest.raises(cluster_mod.LocalClusterError, match="not starting"):
             op.execute(mapped(index))
     started = list(seen)
@@ -114,7 +114,7 @@ def test_mapped_instances_of_the_start_task_get_a_cluster_each_and_their_deletes
         (tmp_path / name).mkdir(mode=0o700)  # as start() makes it
         (tmp_path / name / STATE_FILE).write_text("{}")
         seen.clear()
-        delete = LocalRayClusterDeleteOperator(task_id="stop_cluster", base_dir=str(tmp_path))
+        delete = LocalRayDeleteClusterOperator(task_id="stop_cluster", base_dir=str(tmp_path))
         with pytest.raises(cluster_mod.LocalClusterError, match="loaded"):
             delete.execute(mapped(index, task_id="stop_cluster"))
         assert seen == [tmp_path / name]
@@ -124,9 +124,9 @@ def test_the_slice_is_checked_at_parse_time_when_static_and_once_rendered_when_t
     from tpuflow.errors import UserInputError
 
     with pytest.raises(UserInputError, match=r"^tpu_slice\.topology='16'"):
-        LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "16"})
+        LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "16"})
     templated = {"accelerator": "{{ params.accelerator }}", "topology": "{{ params.topology }}"}
-    op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=templated, base_dir=str(tmp_path))
+    op = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice=templated, base_dir=str(tmp_path))
     assert op.tpu_slice == templated  # assigned as given, not checked yet
     op.render_template_fields({"params": {"accelerator": "v6e", "topology": "16"}})
     assert op.tpu_slice == {"accelerator": "v6e", "topology": "16"}  # each value rendered
@@ -147,7 +147,7 @@ def test_a_templated_slice_renders_and_is_what_the_cluster_simulates(tmp_path, m
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
     templated = {"accelerator": "v6e", "topology": "{{ params.topology }}", "machine_type": "ct6e-standard-4t",
                  "num_slices": "{{ params.num_slices }}"}  # fmt: skip
-    op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=templated, base_dir=str(tmp_path))
+    op = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice=templated, base_dir=str(tmp_path))
     op.render_template_fields({"params": {"topology": "2x4", "num_slices": "2"}})
     with pytest.raises(cluster_mod.LocalClusterError):
         op.execute(task_context(**START_TASK))
@@ -156,9 +156,9 @@ def test_a_templated_slice_renders_and_is_what_the_cluster_simulates(tmp_path, m
 
 def test_the_old_slice_arguments_are_refused():
     with pytest.raises(TypeError, match="tpu_slice"):
-        LocalRayClusterCreateOperator(task_id="start_cluster", accelerator="v6e", topology="2x2")
+        LocalRayCreateClusterOperator(task_id="start_cluster", accelerator="v6e", topology="2x2")
     with pytest.raises(TypeError, match="num_slices"):
-        LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, num_slices=2)
+        LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice=V6E_2X2, num_slices=2)
 
 
 def test_the_cluster_records_when_it_expires(tmp_path, monkeypatch):
@@ -175,7 +175,7 @@ def test_the_cluster_records_when_it_expires(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalRayCluster, "start", classmethod(start))
     for expires_after in ((), (timedelta(hours=2),), (None,)):
         kw = {"expires_after": expires_after[0]} if expires_after else {}
-        op = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path), **kw)
+        op = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice=V6E_2X2, base_dir=str(tmp_path), **kw)
         with pytest.raises(cluster_mod.LocalClusterError):
             op.execute(task_context(**START_TASK))
     now = time.time()
@@ -213,7 +213,7 @@ def test_keeping_the_cluster_marks_it_kept_and_the_reaper_leaves_it_while_it_run
         # past its expiry and its run over: an orphan, until it is kept
         assert [o.name for o in find_local_orphans({}, older_than=0, now=now, base_dir=tmp_path)] == [name]
 
-        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", keep="True", base_dir=str(tmp_path))
+        stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", keep="True", base_dir=str(tmp_path))
         stop.execute(task_context(**{**START_TASK, "task_id": "stop_cluster"}))
         assert _alive(sleeper.pid)  # nothing stopped
         state = json.loads((state_dir / STATE_FILE).read_text())

@@ -104,8 +104,8 @@ def test_the_argument_checking_classes_are_found() -> None:
         "RaySlicePreflightOperator",
         "RayServeDeployOperator",
         "ServeEndpointSmokeTestOperator",
-        "ChipBudgetGuardOperator",
-        "ReapOrphansOperator",
+        "TPUCheckChipBudgetOperator",
+        "TPUReapOrphansOperator",
         "BuildServeConfigOperator",
         "WriteReportOperator",
     } <= names

@@ -105,4 +105,4 @@ def test_the_check_sees_inherited_skeletons_and_missing_ones() -> None:
     assert SKELETON | {"execute_complete"} <= methods("tpuflow.gke.operators", "GKEDeleteNodePoolOperator")
     assert SKELETON | {"execute_complete"} <= methods("tpuflow.cost.training", "BudgetedRayTrainOperator")
     assert "validate_arguments" in methods("tpuflow.capacity.operators", "GKEDeleteProvisioningRequestOperator")
-    assert not SKELETON <= methods("tpuflow.local.operators", "LocalRayClusterDeleteOperator")
+    assert not SKELETON <= methods("tpuflow.local.operators", "LocalRayDeleteClusterOperator")

@@ -62,7 +62,7 @@ from pathlib import Path
 from airflow.sdk import DAG, BaseOperator, TaskGroup, task_group
 from airflow.sdk.bases.xcom import BaseXCom
 
-from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+from tpuflow.local.operators import LocalRayCreateClusterOperator, LocalRayDeleteClusterOperator
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 
@@ -86,12 +86,12 @@ class RewriteXCom(BaseOperator):
 
 LOCAL_DAG = """
 with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
-    start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "2x2"},
+    start = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "2x2"},
                                           base_dir=BASE_DIR)
     rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES)
     job = RaySubmitJobOperator(task_id="job", cluster=start.output, entrypoint="echo hello", deferrable=False,
                                retries=0)
-    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+    stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
     start >> rewrite >> job >> stop.as_teardown(setups=start)
 """
 
@@ -183,23 +183,23 @@ SLICE_2X4 = {"accelerator": "v6e", "topology": "2x4"}
 # A sweep on one cluster: the job is mapped, its cluster the unmapped start task's XCom (in partial).
 SWEEP_DAG = f"""
 with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
-    start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
+    start = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
     rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES)
     job = RaySubmitJobOperator.partial(task_id="job", cluster=start.output, deferrable=False, retries=0).expand(
         entrypoint=["echo a", "echo b", "echo c"])
-    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+    stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
     start >> rewrite >> job >> stop.as_teardown(setups=start)
 """
 
 # One cluster per slice: the start task is mapped, each job expanded over its XCom; one unmapped teardown.
 MAPPED_START_DAG = f"""
 with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
-    start = LocalRayClusterCreateOperator.partial(task_id="start_cluster", base_dir=BASE_DIR).expand(
+    start = LocalRayCreateClusterOperator.partial(task_id="start_cluster", base_dir=BASE_DIR).expand(
         tpu_slice=[{SLICE_2X2}, {SLICE_2X4}])
     rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES, only=1)
     job = RaySubmitJobOperator.partial(task_id="job", entrypoint="echo hello", deferrable=False, retries=0).expand(
         cluster=start.output)
-    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+    stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
     start >> rewrite >> job >> stop.as_teardown(setups=start)
 """
 
@@ -208,11 +208,11 @@ MAPPED_GROUP_DAG = f"""
 with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
     @task_group(group_id="per_run")
     def per_run(entrypoint):
-        start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
+        start = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
         rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES, source="per_run.start_cluster", only=1)
         job = RaySubmitJobOperator(task_id="job", cluster=start.output, entrypoint=entrypoint, deferrable=False,
                                    retries=0)
-        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+        stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
         start >> rewrite >> job >> stop.as_teardown(setups=start)
 
     per_run.expand(entrypoint=["echo a", "echo b"])
@@ -222,11 +222,11 @@ with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
 GROUP_DAG = f"""
 with DAG(DAG_ID, schedule=None, render_template_as_native_obj=True) as dag:
     with TaskGroup("train"):
-        start = LocalRayClusterCreateOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
+        start = LocalRayCreateClusterOperator(task_id="start_cluster", tpu_slice={SLICE_2X2}, base_dir=BASE_DIR)
         rewrite = RewriteXCom(task_id="rewrite", changes=CHANGES, source="train.start_cluster")
         job = RaySubmitJobOperator(task_id="job", cluster="{{{{ ti.xcom_pull(task_ids='train.start_cluster') }}}}",
                                    entrypoint="echo hello", deferrable=False, retries=0)
-        stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
+        stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", cluster=start.output, base_dir=BASE_DIR)
         start >> rewrite >> job >> stop.as_teardown(setups=start)
 """
 
@@ -358,6 +358,7 @@ def test_a_rewritten_kuberay_xcom_cannot_read_another_secret_or_send_it_away(
     the namespace through the task's connection and send it to the attacker's URL."""
     from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
     from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
+
     from tpuflow.tpu import TpuSlice
 
     url, seen = attacker

@@ -42,14 +42,14 @@ def test_more_slices_than_the_leases_allow_is_one_line_before_anything_starts() 
 def test_acquire_task_fails_at_once_above_the_limit(tmp_path: Path) -> None:
     from support.airflow_context import task_context
 
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
     two = {"accelerator": "v6e", "topology": "2x2", "num_slices": 2}
     with pytest.raises(UserInputError, match=r"^tpu_slice\.num_slices=2 is invalid: the slice leases allow 1"):
-        AcquireSliceOperator(task_id="acquire_slice", max_slices=1, tpu_slice=two, lease_root=str(tmp_path))
+        TPUAcquireSliceOperator(task_id="acquire_slice", max_slices=1, tpu_slice=two, lease_root=str(tmp_path))
     with pytest.raises(TypeError):
-        AcquireSliceOperator(task_id="acquire_slice", num_slices=2, lease_root=str(tmp_path))  # type: ignore[call-arg]
-    templated = AcquireSliceOperator(
+        TPUAcquireSliceOperator(task_id="acquire_slice", num_slices=2, lease_root=str(tmp_path))  # type: ignore[call-arg]
+    templated = TPUAcquireSliceOperator(
         task_id="acquire_slice",
         max_slices="{{ x }}",
         tpu_slice={**two, "num_slices": "{{ y }}"},

@@ -37,9 +37,9 @@ def _hold(root: Path, holder: str, record: dict[str, Any], monkeypatch: pytest.M
 
 
 def _acquire(root: Path) -> Any:
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
-    return AcquireSliceOperator(task_id="acquire_slice", lease_root=str(root), max_slices="1")
+    return TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=str(root), max_slices="1")
 
 
 def test_a_lease_records_its_supervising_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,11 +122,11 @@ def test_stray_files_in_the_lease_folder_are_ignored(tmp_path: Path, monkeypatch
 
 
 def test_max_slices_over_the_maximum_is_one_clear_line() -> None:
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
     assert parse_slots(MAX_LEASE_SLOTS) == MAX_LEASE_SLOTS
     with pytest.raises(UserInputError) as err:
-        AcquireSliceOperator(task_id="acquire_slice", max_slices=str(MAX_LEASE_SLOTS + 1))
+        TPUAcquireSliceOperator(task_id="acquire_slice", max_slices=str(MAX_LEASE_SLOTS + 1))
     assert err.value.field == "max_slices" and f"at most {MAX_LEASE_SLOTS}" in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -139,6 +139,7 @@ def test_a_gs_lease_expires_unless_renewed_and_stray_objects_are_ignored(
     import uuid
 
     from tpuflow.dev.gcs_emulator import EMULATOR_ENV, ensure_buckets
+
     from tpuflow.slices import leases
     from tpuflow.storage import gcs_client
 
@@ -176,10 +177,10 @@ def test_an_expired_gs_lease_of_a_running_run_is_renewed_not_taken_over(
 
     from airflow.sdk.exceptions import TaskDeferred
     from support.airflow_context import FakeTaskInstance
-
     from tpuflow.dev.gcs_emulator import EMULATOR_ENV, ensure_buckets
+
     from tpuflow.slices import leases
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
     monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
     bucket = f"tpuflow-test-{uuid.uuid4().hex[:10]}"
@@ -191,7 +192,7 @@ def test_an_expired_gs_lease_of_a_running_run_is_renewed_not_taken_over(
         m.setattr(leases, "LEASE_TTL_S", -1.0)  # taken long ago: already past its expiry
         assert leases.lease_store(root).try_acquire("train_dag/long", 1) is not None
     monkeypatch.delenv(liveness.SUPERVISOR_ENV, raising=False)
-    acquire = AcquireSliceOperator(task_id="acquire_slice", lease_root=root, max_slices="1")
+    acquire = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=root, max_slices="1")
     waiter = FakeTaskInstance(dag_id="train_dag", run_id="next", run_states={"train_dag/long": "running"})
     with pytest.raises(TaskDeferred):
         acquire.execute(task_context(waiter))

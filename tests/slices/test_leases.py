@@ -101,16 +101,16 @@ def test_trigger_times_out(tmp_path: Path) -> None:
 def test_acquire_operator_claims_or_defers(tmp_path: Path) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
 
     ctx_a = task_context(dag_id="dag", run_id="a")
     ctx_b = task_context(dag_id="dag", run_id="b")
-    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
+    op = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
     assert op.execute(ctx_a)["slot"] == 0  # type: ignore[arg-type]
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx_b)  # type: ignore[arg-type]
     assert deferred.value.trigger.holder == "dag/b"
-    ReleaseSliceOperator(task_id="release_slice", lease_root=str(tmp_path)).execute(ctx_a)  # type: ignore[arg-type]
+    TPUReleaseSliceOperator(task_id="release_slice", lease_root=str(tmp_path)).execute(ctx_a)  # type: ignore[arg-type]
     assert op.execute_complete(ctx_b, {"status": "success", "message": "free"})["holder"] == "dag/b"  # type: ignore[arg-type]
 
 
@@ -122,17 +122,19 @@ def test_a_non_deferrable_acquire_waits_in_the_worker_through_the_triggers_wait(
 
     from airflow.sdk.exceptions import AirflowException
 
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
     store = LocalLeaseStore(tmp_path)
     assert store.try_acquire("dag/a", 1) is not None
     args = {"task_id": "acquire_slice", "lease_root": str(tmp_path), "max_slices": "1", "poll_interval": 0.05}
     with pytest.raises(AirflowException, match=r"waiting for a slice lease \(wait_timeout=0.3s\): timeout: .*dag/a"):
-        AcquireSliceOperator(deferrable=False, wait_timeout=0.3, **args).execute(task_context(dag_id="dag", run_id="b"))  # type: ignore[arg-type]
+        TPUAcquireSliceOperator(deferrable=False, wait_timeout=0.3, **args).execute(
+            task_context(dag_id="dag", run_id="b")
+        )  # type: ignore[arg-type]
     assert "are held (dag/a): waiting in this worker" in capsys.readouterr().out
 
     threading.Timer(0.3, store.release, args=("dag/a",)).start()
-    taken = AcquireSliceOperator(deferrable=False, **args).execute(task_context(dag_id="dag", run_id="b"))  # type: ignore[arg-type]
+    taken = TPUAcquireSliceOperator(deferrable=False, **args).execute(task_context(dag_id="dag", run_id="b"))  # type: ignore[arg-type]
     assert taken["holder"] == "dag/b" and [lease.holder for lease in store.holders(1).values()] == ["dag/b"]
 
 
@@ -150,9 +152,9 @@ def test_cli_lists_and_frees_leases(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_a_lease_wait_that_timed_out_fails_the_task_naming_the_holders(tmp_path: Path) -> None:
     from airflow.sdk.exceptions import AirflowException
 
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
-    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), wait_timeout=1)
+    op = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), wait_timeout=1)
     with pytest.raises(AirflowException, match="timeout: .*held by dag/a"):
         op.execute_complete(
             task_context(dag_id="dag", run_id="b"),
@@ -161,13 +163,13 @@ def test_a_lease_wait_that_timed_out_fails_the_task_naming_the_holders(tmp_path:
 
 
 def test_lease_arguments_are_checked_at_parse_time_when_static_and_at_run_time_when_templated(tmp_path: Path) -> None:
-    from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
 
     with pytest.raises(UserInputError, match="max_slices='0'"):
-        AcquireSliceOperator(task_id="acquire_slice", max_slices="0")
+        TPUAcquireSliceOperator(task_id="acquire_slice", max_slices="0")
     with pytest.raises(UserInputError, match="lease_root='s3://bucket/leases'"):
-        ReleaseSliceOperator(task_id="release_slice", lease_root="s3://bucket/leases")
-    op = AcquireSliceOperator(
+        TPUReleaseSliceOperator(task_id="release_slice", lease_root="s3://bucket/leases")
+    op = TPUAcquireSliceOperator(
         task_id="acquire_slice", lease_root=str(tmp_path), max_slices="{{ var.value.get('tpuflow_max_slices', 1) }}"
     )  # not checked yet
     op.max_slices = "none"  # what the template rendered to
@@ -187,11 +189,11 @@ def test_a_lease_left_by_a_run_that_is_over_does_not_block_the_next_run(
     from airflow.sdk.exceptions import TaskDeferred
     from support.airflow_context import FakeTaskInstance
 
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
     store = LocalLeaseStore(tmp_path)
     assert store.try_acquire("dag/killed", 1) is not None
-    op = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
+    op = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=str(tmp_path), max_slices="1")
     ctx = task_context(FakeTaskInstance(dag_id="dag", run_id="next", run_states={"dag/killed": state}))
     if reclaimed:
         assert op.execute(ctx)["holder"] == "dag/next"  # type: ignore[arg-type]

@@ -103,9 +103,9 @@ def _reap(base: Path, leases: Path, capsys: pytest.CaptureFixture[str]) -> str:
 def _waiter_defers(leases: Path) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tpuflow.slices.operators import AcquireSliceOperator
+    from tpuflow.slices.operators import TPUAcquireSliceOperator
 
-    acquire = AcquireSliceOperator(task_id="acquire_slice", lease_root=str(leases), max_slices="1")
+    acquire = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=str(leases), max_slices="1")
     with pytest.raises(TaskDeferred):
         acquire.execute(task_context(dag_id="dag", run_id="next"))
 

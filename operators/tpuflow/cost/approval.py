@@ -10,7 +10,7 @@ anyone else gets 403; an auth manager that lets everyone answer, ``simple_auth_m
 the task's log). Nobody left to ask fails the task in one line.
 
 Neither the approval nor the slices trust the run's XComs or task states for this: the approval computes the guard's
-decision again from the guard's own arguments (ChipBudgetGuardOperator.decide), an approver's answer is recorded in
+decision again from the guard's own arguments (TPUCheckChipBudgetOperator.decide), an approver's answer is recorded in
 the run's output folder (storage only the workers write), and BudgetGate, run by every task that bills a slice before
 it starts, computes the decision a third time and finds that record. A user who may mark task instances can mark
 ``approve_budget`` success through the REST API; the slice tasks then fail with one line instead of provisioning.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from tpuflow.cost.operators import ChipBudgetGuardOperator
+from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 from tpuflow.errors import UserInputError
 from tpuflow.limits import OVER_BUDGET_CHOICES, variable
 from tpuflow.naming import owner_run_digest
@@ -128,7 +128,7 @@ class ChipBudgetApprovalOperator(ApprovalOperator):
     answer within ``response_timeout`` fails the task, and the run with it, before anything billable. With no
     approver left to ask, the task fails at once, naming the Variable.
 
-    :param guard_task_id: the ChipBudgetGuardOperator's task id: its decision (whether to ask, and why) is computed
+    :param guard_task_id: the TPUCheckChipBudgetOperator's task id: its decision (whether to ask, and why) is computed
         again here from that task's own arguments, never read from its XCom.
     :param record_dir: templated; where an approval is recorded (``<record_dir>/approvals/<run>.json``), for
         BudgetGate: the run's output folder. None: not recorded (and a BudgetGate asking for it fails).
@@ -216,8 +216,8 @@ def guard_decision(task: Any, guard_task_id: str, context: Context) -> dict[str,
     """The budget decision of ``guard_task_id`` for this run, computed again from that task as the DAG file
     defines it, rendered for ``context`` (its XCom is not read: a user who may write XComs could change it)."""
     defined = task.dag.task_dict.get(guard_task_id) if task.has_dag() else None
-    if not isinstance(defined, ChipBudgetGuardOperator):
-        raise UserInputError("guard_task_id", guard_task_id, "name the DAG's ChipBudgetGuardOperator task")
+    if not isinstance(defined, TPUCheckChipBudgetOperator):
+        raise UserInputError("guard_task_id", guard_task_id, "name the DAG's TPUCheckChipBudgetOperator task")
     guard = defined.prepare_for_execution()  # a copy: rendering it leaves the DAG's task as written
     guard.render_template_fields(context)
     return guard.decide(context)
@@ -240,7 +240,7 @@ class BudgetGate:
     estimate as it stands now. Marking ``approve_budget`` success (the REST API lets a user who may edit task
     instances do it) or rewriting the guard's XCom records no answer: the task fails with one line.
 
-    :param guard_task_id: the ChipBudgetGuardOperator's task id.
+    :param guard_task_id: the TPUCheckChipBudgetOperator's task id.
     :param record_dir: where the ChipBudgetApprovalOperator records approvals (its ``record_dir``); templated with
         the task's context.
     """

@@ -8,16 +8,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from tpuflow.cost.operators import ChipLedgerOperator, SliceSpan
-from tpuflow.local.operators import LocalRayClusterDeleteOperator, _state_dir, load_owned_cluster
+from tpuflow.cost.operators import SliceSpan, TPUWriteChipLedgerOperator
+from tpuflow.deprecations import warn_renamed
+from tpuflow.local.operators import LocalRayDeleteClusterOperator, _state_dir, load_owned_cluster
 from tpuflow.naming import TaskIdentity
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class LocalChipLedgerOperator(ChipLedgerOperator):
-    """ChipLedgerOperator for the local backend: a slice's ``task_id`` is the stop task
+class LocalWriteChipLedgerOperator(TPUWriteChipLedgerOperator):
+    """TPUWriteChipLedgerOperator for the local backend: a slice's ``task_id`` is the stop task
     (LocalStopRecordingSpanOperator), whose XCom holds the simulated cluster's start and stop."""
 
     def spans(self, context: Context) -> list[SliceSpan]:
@@ -37,8 +38,8 @@ class LocalChipLedgerOperator(ChipLedgerOperator):
         return out
 
 
-class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
-    """LocalRayClusterDeleteOperator that returns the cluster's span for the ledger:
+class LocalStopRecordingSpanOperator(LocalRayDeleteClusterOperator):
+    """LocalRayDeleteClusterOperator that returns the cluster's span for the ledger:
     ``{"name", "started_at", "ready_at", "stopped_at"}`` (``stopped_at`` None when the cluster is kept)."""
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -56,3 +57,12 @@ class LocalStopRecordingSpanOperator(LocalRayClusterDeleteOperator):
         if not (state_dir / STATE_FILE).exists() and span["started_at"] is not None:
             span["stopped_at"] = time.time()
         return span
+
+
+# Old names, kept for one release (tpuflow.deprecations): each warns and is the renamed class.
+class LocalChipLedgerOperator(LocalWriteChipLedgerOperator):
+    """Deprecated: renamed LocalWriteChipLedgerOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("LocalChipLedgerOperator", LocalWriteChipLedgerOperator)
+        super().__init__(**kwargs)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.deprecations import warn_renamed
 from tpuflow.errors import UserInputError
 from tpuflow.limits import admin_limits, check_over_budget, hold_budget, hold_over_budget
 from tpuflow.templating import is_true
@@ -120,7 +121,7 @@ def slice_chips(tpu: Mapping[str, Any] | None) -> int:
     return int(tpu.get("chips", 0)) * int(tpu.get("num_slices", 1) or 1)
 
 
-class ChipLedgerOperator(ArgumentChecks, BaseOperator):
+class TPUWriteChipLedgerOperator(ArgumentChecks, BaseOperator):
     """Write the run's chip-hour ledger: ledger.json, a ``ledger`` key in report.json, and the task's XCom.
 
     A teardown: it runs after the slices' deletes whatever failed, and never changes the run's outcome.
@@ -277,18 +278,23 @@ class ChipLedgerOperator(ArgumentChecks, BaseOperator):
         )
 
 
-class GKEChipLedgerOperator(ChipLedgerOperator):
-    """ChipLedgerOperator whose spans are the GKE operations on the pools each create task made.
+class GKEWriteChipLedgerOperator(TPUWriteChipLedgerOperator):
+    """TPUWriteChipLedgerOperator whose spans are the GKE operations on the pools each create task made.
 
     :param project_id: the cluster's project; templated.
     :param location: the cluster's zone or region; templated.
     :param cluster_name: the GKE cluster; templated.
 
-    Every other argument is ChipLedgerOperator's; a slice's ``task_id`` is its create task (its
+    Every other argument is TPUWriteChipLedgerOperator's; a slice's ``task_id`` is its create task (its
     ``node_pool_names`` XCom names the pools).
     """
 
-    template_fields: Sequence[str] = (*ChipLedgerOperator.template_fields, "project_id", "location", "cluster_name")
+    template_fields: Sequence[str] = (
+        *TPUWriteChipLedgerOperator.template_fields,
+        "project_id",
+        "location",
+        "cluster_name",
+    )
 
     def __init__(self, *, project_id: str, location: str, cluster_name: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -344,7 +350,7 @@ def gke_slice_spans(
 LEDGERS_READ = 30
 
 
-class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
+class TPUCheckChipBudgetOperator(ArgumentChecks, BaseOperator):
     """Refuse to provision when the run's estimated chip-hours exceed its budget.
 
     The budget is ``max_chip_hours`` held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
@@ -504,7 +510,7 @@ class ChipBudgetGuardOperator(ArgumentChecks, BaseOperator):
         return result
 
 
-class ReapOrphansOperator(ArgumentChecks, BaseOperator):
+class TPUReapOrphansOperator(ArgumentChecks, BaseOperator):
     """One reaper run (tpuflow.cost.reaper) from inside Airflow: what finished, killed or expired runs
     of ``dag_ids`` left behind is deleted; a failed list deletes nothing and fails the task.
 
@@ -643,3 +649,36 @@ class ReapOrphansOperator(ArgumentChecks, BaseOperator):
         if outcome["failed"]:
             raise AirflowFailException(f"Could not delete: {'; '.join(outcome['failed'])}")
         return outcome
+
+
+# Old names, kept for one release (tpuflow.deprecations): each warns and is the renamed class.
+class ChipLedgerOperator(TPUWriteChipLedgerOperator):
+    """Deprecated: renamed TPUWriteChipLedgerOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("ChipLedgerOperator", TPUWriteChipLedgerOperator)
+        super().__init__(**kwargs)
+
+
+class GKEChipLedgerOperator(GKEWriteChipLedgerOperator):
+    """Deprecated: renamed GKEWriteChipLedgerOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("GKEChipLedgerOperator", GKEWriteChipLedgerOperator)
+        super().__init__(**kwargs)
+
+
+class ChipBudgetGuardOperator(TPUCheckChipBudgetOperator):
+    """Deprecated: renamed TPUCheckChipBudgetOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("ChipBudgetGuardOperator", TPUCheckChipBudgetOperator)
+        super().__init__(**kwargs)
+
+
+class ReapOrphansOperator(TPUReapOrphansOperator):
+    """Deprecated: renamed TPUReapOrphansOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("ReapOrphansOperator", TPUReapOrphansOperator)
+        super().__init__(**kwargs)

@@ -27,7 +27,7 @@ class BudgetedRayTrainOperator(RayTrainOperator):
 
     :param max_chip_hours: templated; the budget, held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
         tpuflow.limits): None/empty or larger is the ceiling.
-    :param ledger_slices: templated; the slices billed so far, as GKEChipLedgerOperator's ``slices``.
+    :param ledger_slices: templated; the slices billed so far, as GKEWriteChipLedgerOperator's ``slices``.
     :param gcp_conn_id: templated; the GKE connection (the pools' operations give the spans).
     :param project_id: templated; the cluster's project.
     :param location: templated; the cluster's location.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.deprecations import warn_renamed
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.naming import TaskIdentity
 from tpuflow.ray.cluster_source import ClusterTampered, cluster_source_task
@@ -47,7 +48,7 @@ def _state_dir(base_dir: str | None, identity: TaskIdentity) -> Path:
     return Path(base_dir or default_base_dir()) / local_cluster_name(identity)
 
 
-class LocalRayClusterCreateOperator(ArgumentChecks, BaseOperator):
+class LocalRayCreateClusterOperator(ArgumentChecks, BaseOperator):
     """Start (or adopt, on a retry) a local Ray cluster simulating the requested TPU slice.
 
     Each simulated TPU host is its own Ray node carrying the TPU_* variables GKE injects. The
@@ -215,7 +216,7 @@ def load_owned_cluster(state_dir: Path, owner: TaskIdentity) -> LocalRayCluster 
     return cluster
 
 
-class LocalRayClusterDeleteOperator(BaseOperator):
+class LocalRayDeleteClusterOperator(BaseOperator):
     """Stop exactly the processes of the run's local cluster (never `ray stop`). A teardown task.
 
     :param cluster: the create task's XCom (``start.output``): it orders this task after the create task. The
@@ -292,3 +293,20 @@ class LocalRayClusterDeleteOperator(BaseOperator):
             return
         stopped = cluster.stop()
         self.log.info("Stopped local Ray cluster %s (%d process groups/pids signalled)", cluster.name, len(stopped))
+
+
+# Old names, kept for one release (tpuflow.deprecations): each warns and is the renamed class.
+class LocalRayClusterCreateOperator(LocalRayCreateClusterOperator):
+    """Deprecated: renamed LocalRayCreateClusterOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("LocalRayClusterCreateOperator", LocalRayCreateClusterOperator)
+        super().__init__(**kwargs)
+
+
+class LocalRayClusterDeleteOperator(LocalRayDeleteClusterOperator):
+    """Deprecated: renamed LocalRayDeleteClusterOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("LocalRayClusterDeleteOperator", LocalRayDeleteClusterOperator)
+        super().__init__(**kwargs)

@@ -18,7 +18,7 @@ from airflow.sdk import DAG, BaseOperator
 from tpuflow import paths, workloads_dir
 from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
-from tpuflow.cost.operators import ChipBudgetGuardOperator
+from tpuflow.cost.operators import TPUCheckChipBudgetOperator
 from tpuflow.errors import UserInputError
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.limits import RUN_LIMITS
@@ -30,7 +30,7 @@ from tpuflow.rayjob.preflight import RaySlicePreflightOperator
 from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 from tpuflow.serve.idle_stop import RayServeWaitForIdleOperator
 from tpuflow.serve.operators import RayServeDeployOperator, ServeEndpointSmokeTestOperator
-from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
 from tpuflow.work_spans import DATA_PREP, EVALUATION, PREFLIGHT, SERVING, TRAINING
 
 if TYPE_CHECKING:
@@ -395,8 +395,8 @@ def build_pipeline_dag(
     ``workload``: the steps to run (tpuflow.pipeline.workload.Workload); each step it lacks has no task."""
     # The local backend's own operators: imported here, so the GKE DAG file (which shares this module's
     # steps) does not load them when it is parsed.
-    from tpuflow.cost.local import LocalChipLedgerOperator, LocalStopRecordingSpanOperator
-    from tpuflow.local.operators import LocalRayClusterCreateOperator
+    from tpuflow.cost.local import LocalStopRecordingSpanOperator, LocalWriteChipLedgerOperator
+    from tpuflow.local.operators import LocalRayCreateClusterOperator
 
     run_dir = run_dir_for(dag_id, output_root)
     with pipeline_dag(
@@ -408,8 +408,8 @@ def build_pipeline_dag(
         **dag_kwargs,
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
-        lease = AcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice())
-        start = LocalRayClusterCreateOperator(
+        lease = TPUAcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice())
+        start = LocalRayCreateClusterOperator(
             task_id="start_cluster",
             tpu_slice=checked_slice(),
             expires_after=serving_expires_after(workload),  # the endpoint is served from the training slice
@@ -447,10 +447,10 @@ def build_pipeline_dag(
             cluster="{{ ti.xcom_pull(task_ids='start_cluster') }}",
             keep=keep_endpoint(workload),
         )
-        release = ReleaseSliceOperator(task_id="release_slice")
+        release = TPUReleaseSliceOperator(task_id="release_slice")
         watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='start_cluster') }}") if deploy else None
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
-        guard = ChipBudgetGuardOperator(
+        guard = TPUCheckChipBudgetOperator(
             task_id="budget_guard",
             max_chip_hours="{{ params.max_chip_hours }}",
             slices=[{"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"}],
@@ -465,7 +465,7 @@ def build_pipeline_dag(
             if task is not None
         }
         slice_work["preflight"] = PREFLIGHT
-        ledger = LocalChipLedgerOperator(
+        ledger = LocalWriteChipLedgerOperator(
             task_id=LEDGER_TASK_ID,
             slices=[
                 {

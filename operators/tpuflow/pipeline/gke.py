@@ -63,7 +63,7 @@ from tpuflow.capacity.operators import (
 )
 from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
-from tpuflow.cost.operators import ChipBudgetGuardOperator, GKEChipLedgerOperator
+from tpuflow.cost.operators import GKEWriteChipLedgerOperator, TPUCheckChipBudgetOperator
 from tpuflow.cost.training import BudgetedRayTrainOperator
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
@@ -103,7 +103,7 @@ from tpuflow.pipeline.params import (
     zones_param,
 )
 from tpuflow.pipeline.steps import CheckParamsOperator
-from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
 from tpuflow.templating import is_true
 from tpuflow.work_spans import PREFLIGHT, SERVING, TRAINING
 
@@ -656,7 +656,7 @@ def build_gke_pipeline_dag(
         train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
         serve_slice_ = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
         serving = workload.serve_app is not None
-        guard = ChipBudgetGuardOperator(
+        guard = TPUCheckChipBudgetOperator(
             task_id="budget_guard",
             max_chip_hours="{{ params.max_chip_hours }}",
             slices=[
@@ -669,14 +669,14 @@ def build_gke_pipeline_dag(
         )
         approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir, gcp_conn_id=gcp_conn_id)
         # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
-        lease = AcquireSliceOperator(
+        lease = TPUAcquireSliceOperator(
             task_id="acquire_slice",
             max_slices=MAX_SLICES,
             tpu_slice=checked_slice(),
             lease_root=lease_root,
             gcp_conn_id=gcp_conn_id,
         )
-        release = ReleaseSliceOperator(task_id="release_slice", lease_root=lease_root, gcp_conn_id=gcp_conn_id)
+        release = TPUReleaseSliceOperator(task_id="release_slice", lease_root=lease_root, gcp_conn_id=gcp_conn_id)
         # The CPU cluster runs prep and evaluate: a workload with neither gets none.
         create_prep = None
         if workload.prep or workload.evaluate_job:
@@ -784,7 +784,7 @@ def build_gke_pipeline_dag(
             if serving
             else []
         )
-        ledger = GKEChipLedgerOperator(
+        ledger = GKEWriteChipLedgerOperator(
             task_id=LEDGER_TASK_ID,
             slices=[*train_ledger, *serve_ledger],
             trained="{{ ti.xcom_pull(task_ids='train') }}",

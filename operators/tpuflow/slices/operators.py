@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator
 # its executor forks a task process (tpuflow.liveness)
 from tpuflow import liveness
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.deprecations import warn_renamed
 from tpuflow.events import raise_for_event
 from tpuflow.tpu.slice_argument import resolve_slice
 from tpuflow.validation import check_seconds
@@ -52,7 +53,7 @@ def run_is_over(ti: Any, dag_id: str, run_id: str) -> str | None:
     return state if state in ("success", "failed", "gone from the metadata DB") else None
 
 
-class AcquireSliceOperator(ArgumentChecks, BaseOperator):
+class TPUAcquireSliceOperator(ArgumentChecks, BaseOperator):
     """Claim one of ``max_slices`` slice leases; wait (deferred, on the triggerer) while all are taken.
 
     One lease per DAG run: every try and every task of the run names the same holder
@@ -244,7 +245,7 @@ class AcquireSliceOperator(ArgumentChecks, BaseOperator):
         return self._claim(context)  # may wait again if another run claimed the slot first
 
 
-class ReleaseSliceOperator(ArgumentChecks, BaseOperator):
+class TPUReleaseSliceOperator(ArgumentChecks, BaseOperator):
     """Give back this run's slice lease (a teardown: runs even when the pipeline failed).
 
     Frees every slot the run (``DAG_ID/RUN_ID``) holds and returns their numbers.
@@ -283,3 +284,20 @@ class ReleaseSliceOperator(ArgumentChecks, BaseOperator):
         freed = store.release(holder)
         self.log.info("Released slice lease(s) %s of %s in %s", freed or "none", holder, store.describe())
         return freed
+
+
+# Old names, kept for one release (tpuflow.deprecations): each warns and is the renamed class.
+class AcquireSliceOperator(TPUAcquireSliceOperator):
+    """Deprecated: renamed TPUAcquireSliceOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("AcquireSliceOperator", TPUAcquireSliceOperator)
+        super().__init__(**kwargs)
+
+
+class ReleaseSliceOperator(TPUReleaseSliceOperator):
+    """Deprecated: renamed TPUReleaseSliceOperator; this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_renamed("ReleaseSliceOperator", TPUReleaseSliceOperator)
+        super().__init__(**kwargs)

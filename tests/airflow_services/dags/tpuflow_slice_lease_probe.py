@@ -10,7 +10,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, task
 
-from tpuflow.slices.operators import AcquireSliceOperator, ReleaseSliceOperator
+from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
 
 LEASES = os.environ.get("TPUFLOW_PROBE_LEASES", "/tmp/tpuflow-probe-leases")
 
@@ -38,7 +38,7 @@ with DAG(
     max_active_runs=1,
     tags=["tpuflow", "test"],
 ) as dag:
-    acquire = AcquireSliceOperator(task_id="acquire_slice", lease_root=LEASES, max_slices=1, poll_interval=1.0)
-    release = ReleaseSliceOperator(task_id="release_slice", lease_root=LEASES)
+    acquire = TPUAcquireSliceOperator(task_id="acquire_slice", lease_root=LEASES, max_slices=1, poll_interval=1.0)
+    release = TPUReleaseSliceOperator(task_id="release_slice", lease_root=LEASES)
     acquire >> hold() >> release
     release.as_teardown(setups=acquire)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param, task
 
-from tpuflow.local.operators import LocalRayClusterCreateOperator, LocalRayClusterDeleteOperator
+from tpuflow.local.operators import LocalRayCreateClusterOperator, LocalRayDeleteClusterOperator
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 
 
@@ -33,11 +33,11 @@ with DAG(
     params={"go_file": Param("/nonexistent", type="string")},
     tags=["tpuflow-tests"],
 ):
-    start = LocalRayClusterCreateOperator(
+    start = LocalRayCreateClusterOperator(
         task_id="start_cluster", tpu_slice={"accelerator": "v6e", "topology": "2x2"}, head_cpus=1
     )
     job = RaySubmitJobOperator(
         task_id="job", cluster=start.output, entrypoint="python -c 'print(42)'", retries=0, poll_interval=1.0
     )
-    stop = LocalRayClusterDeleteOperator(task_id="stop_cluster", cluster=start.output)
+    stop = LocalRayDeleteClusterOperator(task_id="stop_cluster", cluster=start.output)
     start >> pause("{{ params.go_file }}") >> job >> stop.as_teardown(setups=start)
