@@ -24,3 +24,11 @@ def warn_renamed(old: str, new: type[Any]) -> None:
         stacklevel=3,
     )
 
+
+def warn_renamed_keyword(owner: str, old: str, new: str) -> None:
+    """Warn that ``owner`` now takes ``new`` instead of ``old`` (a keyword renamed to carry its unit)."""
+    warnings.warn(
+        f"{owner}({old}=...) is renamed {new}; {old} goes in the next release",
+        AirflowProviderDeprecationWarning,
+        stacklevel=3,
+    )

@@ -40,7 +40,7 @@ TOKEN = "the-endpoint-token"
 LIFETIME_VARIABLE = "AIRFLOW_VAR_TPUFLOW_MAX_KEPT_ENDPOINT_HOURS"
 # A hang guard, not a measure: a watch an attack holds off would otherwise never end.
 GUARD_S = 30.0
-WINDOW = {"idle_timeout": 0.01, "poll_interval": 0.05, "margin": 0.2}  # a 0.6 s window, plus 0.2 s
+WINDOW = {"idle_timeout_minutes": 0.01, "poll_interval": 0.05, "margin": 0.2}  # a 0.6 s window, plus 0.2 s
 
 
 class FakeRayHead:
@@ -248,7 +248,7 @@ def test_kept_without_an_idle_timeout_the_endpoint_still_stops_at_its_lifetime(
     head: FakeRayHead, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(LIFETIME_VARIABLE, str(1 / 3600))
-    op = RayServeWaitForIdleOperator(task_id="w", cluster=head.cluster, keep=True, idle_timeout=None)
+    op = RayServeWaitForIdleOperator(task_id="w", cluster=head.cluster, keep=True, idle_timeout_minutes=None)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(task_context())
     trigger = rebuilt(deferred.value.trigger)  # Airflow's own DateTimeTrigger, at the lifetime's end
@@ -301,7 +301,7 @@ def endless_answer(sent: Sent, *, total: int, chunk: bytes, pause: float) -> Cal
 
 def idle_trigger(head: FakeRayHead, **kwargs: Any) -> RayServeIdleTrigger:
     """The watch's trigger as the operator defers it: the window began now, one successful answer so far."""
-    args = {"idle_timeout": 0.6, "since": time.time(), "requests": 1, "poll_interval": 0.05, "margin": 0.2}
+    args = {"idle_timeout_s": 0.6, "since": time.time(), "requests": 1, "poll_interval": 0.05, "margin": 0.2}
     return rebuilt(RayServeIdleTrigger(cluster=head.cluster, **args, **kwargs))
 
 

@@ -8,11 +8,13 @@ import importlib
 import json
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from support.airflow_context import task_context
 from support.json_http import serving
@@ -64,7 +66,7 @@ def exporter() -> Iterator[FakeExporter]:
 
 
 def watch_op(exporter: FakeExporter, **kwargs: Any) -> RayServeWaitForIdleOperator:
-    args = {"keep": True, "idle_timeout": 0.01, "poll_interval": 0.05, "margin": 0.2, **kwargs}  # 0.6 s + 0.2 s
+    args = {"keep": True, "idle_timeout_minutes": 0.01, "poll_interval": 0.05, "margin": 0.2, **kwargs}  # 0.6 s + 0.2 s
     return RayServeWaitForIdleOperator(task_id="serve_until_idle", cluster=exporter.cluster, **args)
 
 
@@ -86,21 +88,23 @@ def test_kept_without_an_idle_timeout_waits_for_its_lifetime_reading_nothing(
     exporter: FakeExporter, idle_timeout: Any
 ) -> None:
     with pytest.raises(TaskDeferred) as deferred:
-        watch_op(exporter, keep="True", idle_timeout=idle_timeout).execute(task_context())
+        watch_op(exporter, keep="True", idle_timeout_minutes=idle_timeout).execute(task_context())
     assert type(deferred.value.trigger).__name__ == "DateTimeTrigger" and exporter.reads == 0
     assert deferred.value.kwargs["max_lifetime_h"] == 24  # no Variable: the built-in lifetime
 
 
 @pytest.mark.parametrize("idle_timeout", [-1, "soon", float("nan")])
 def test_a_bad_idle_timeout_is_one_line_naming_it(exporter: FakeExporter, idle_timeout: Any) -> None:
-    with pytest.raises(UserInputError, match=r"^idle_timeout=.* is invalid: give the minutes without a request") as err:
-        watch_op(exporter, idle_timeout=idle_timeout).execute(task_context())
+    with pytest.raises(
+        UserInputError, match=r"^idle_timeout_minutes=.* is invalid: give the minutes without a request"
+    ) as err:
+        watch_op(exporter, idle_timeout_minutes=idle_timeout).execute(task_context())
     assert "\n" not in str(err.value)
 
 
 def test_a_cluster_without_a_metrics_url_is_one_line_naming_the_fix() -> None:
     op = RayServeWaitForIdleOperator(task_id="w", cluster={"dashboard_url": "http://127.0.0.1:1"}, keep=True,
-                                     idle_timeout=5)  # fmt: skip
+                                     idle_timeout_minutes=5)  # fmt: skip
     with pytest.raises(UserInputError, match="no metrics_url .*8080 on KubeRay"):
         op.execute(task_context())
 
@@ -120,15 +124,15 @@ def test_in_the_worker_it_ends_only_after_a_whole_quiet_window_since_the_last_re
     assert verdict["keep"] is False and verdict["stopped"] == "idle" and verdict["requests"] == 5
     assert verdict["last_busy_at"] >= last_request - 0.1  # it saw the last request
     assert verdict["stopped_at"] - verdict["last_busy_at"] >= 0.6 + 0.2  # then the window and the margin
-    assert verdict["reason"] == "idle: no successful answer for 0.01 min (idle_timeout)"
+    assert verdict["reason"] == "idle: no successful answer for 0.01 min (idle_timeout_minutes)"
 
 
 def test_deferred_the_trigger_keeps_its_window_across_a_triggerer_restart(exporter: FakeExporter) -> None:
     exporter.requests = 3
     with pytest.raises(TaskDeferred) as deferred:
-        watch_op(exporter, idle_timeout=0.05, margin=0).execute(task_context())  # a 3 s window
+        watch_op(exporter, idle_timeout_minutes=0.05, margin=0).execute(task_context())  # a 3 s window
     trigger = rebuilt(deferred.value.trigger)
-    assert trigger.requests == 3 and trigger.idle_timeout == 3 and trigger.poll_interval == 0.05
+    assert trigger.requests == 3 and trigger.idle_timeout_s == 3 and trigger.poll_interval == 0.05
     since = trigger.since
     assert trigger.deadline == since + 24 * 3600  # the lifetime's end is a kwarg too
 
@@ -159,3 +163,31 @@ def test_unreadable_metrics_fail_the_watch_so_the_teardowns_delete(exporter: Fak
     assert event["status"] == "error" and event["reason"] == "unreadable" and "503" in event["message"]
     with pytest.raises(AirflowException, match="Stopped watching the kept endpoint: .* it is torn down"):
         op.execute_complete(task_context(), event)
+
+
+def test_the_old_idle_timeout_keyword_warns_and_is_the_minutes(exporter: FakeExporter) -> None:
+    with pytest.warns(
+        AirflowProviderDeprecationWarning, match=r"idle_timeout=\.\.\.\) is renamed idle_timeout_minutes"
+    ):
+        op = RayServeWaitForIdleOperator(task_id="w", cluster=exporter.cluster, keep=True, idle_timeout=5)
+    assert op.idle_timeout_minutes == 5 and "idle_timeout_minutes" in op.template_fields
+    with pytest.raises(UserInputError, match=r"^idle_timeout=5 is invalid: give idle_timeout_minutes only"):
+        RayServeWaitForIdleOperator(task_id="w", keep=True, idle_timeout=5, idle_timeout_minutes=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AirflowProviderDeprecationWarning)
+        RayServeWaitForIdleOperator(task_id="w", keep=True, idle_timeout_minutes=5)
+
+
+def test_the_trigger_serialises_its_window_in_seconds_and_still_rebuilds_from_the_old_keyword(
+    exporter: FakeExporter,
+) -> None:
+    trigger = RayServeIdleTrigger(cluster=exporter.cluster, idle_timeout_s=90, since=1.0)
+    classpath, kwargs = trigger.serialize()
+    assert kwargs["idle_timeout_s"] == 90 and "idle_timeout" not in kwargs
+    assert rebuilt(trigger).idle_timeout_s == 90
+    # a trigger the previous release deferred is rebuilt from its stored kwargs, where the window was idle_timeout
+    old = {**kwargs, "idle_timeout": kwargs.pop("idle_timeout_s")}
+    with pytest.warns(AirflowProviderDeprecationWarning, match=r"idle_timeout=\.\.\.\) is renamed idle_timeout_s"):
+        assert RayServeIdleTrigger(**old).idle_timeout_s == 90
+    with pytest.raises(TypeError, match="needs idle_timeout_s"):
+        RayServeIdleTrigger(since=1.0)

@@ -76,7 +76,7 @@ def test_a_served_endpoint_is_kept_until_a_whole_window_passed_without_a_request
     sender = threading.Thread(target=traffic)
     sender.start()
     try:
-        watch = RayServeWaitForIdleOperator(task_id="serve_until_idle", cluster=info, keep=True, idle_timeout=0.25,
+        watch = RayServeWaitForIdleOperator(task_id="serve_until_idle", cluster=info, keep=True, idle_timeout_minutes=0.25,
                                             poll_interval=1.0, margin=10, deferrable=False)  # fmt: skip
         verdict = watch.execute(task_context(dag_id="idle_tests", run_id=new_run_id(), task_id="serve_until_idle"))
     finally:

@@ -372,7 +372,7 @@ def serve_until_idle_task(workload: Workload, cluster: str) -> BaseOperator:
         task_id=IDLE_WATCH_TASK_ID,
         cluster=cluster,
         keep=wants_endpoint(workload),
-        idle_timeout="{{ tpuflow_limits.idle_timeout(params.idle_timeout) }}",
+        idle_timeout_minutes="{{ tpuflow_limits.idle_timeout(params.idle_timeout) }}",
     )
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from tpuflow.arguments import ArgumentCheck, ArgumentChecks
+from tpuflow.deprecations import warn_renamed_keyword
 from tpuflow.errors import UserInputError
 from tpuflow.limits import DEFAULT_MAX_KEPT_ENDPOINT_HOURS, MAX_KEPT_ENDPOINT_VARIABLE, check_limit
 from tpuflow.ray.cluster_source import cluster_source_task, trusted_cluster
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
 NOT_KEPT = "not kept: keep_endpoint is off, or the endpoint never answered"
 
 
-def idle_minutes(value: Any) -> float | None:
-    """``idle_timeout`` as minutes: None (or "", 0) for never; a bad value is one line naming the field."""
+def idle_minutes(value: Any, field: str = "idle_timeout_minutes") -> float | None:
+    """``idle_timeout_minutes`` as minutes: None (or "", 0) for never; a bad value is one line naming the field."""
     if value in (None, "", "None"):
         return None
     try:
@@ -53,7 +54,7 @@ def idle_minutes(value: Any) -> float | None:
         minutes = -1.0
     if minutes < 0 or minutes != minutes:
         raise UserInputError(
-            "idle_timeout",
+            field,
             value,
             "give the minutes without a request after which a kept endpoint stops (0: only its lifetime)",
         )
@@ -101,7 +102,8 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
     Returns ``{"keep": bool, "reason", ...}``; the teardowns keep the endpoint (and its slice) only when
     ``keep`` is true. Not kept (``keep`` renders false): returns at once. Kept: defers until the endpoint's
     lifetime ends (``max_lifetime_hours``, capped by the admin's Variable ``tpuflow_max_kept_endpoint_hours``,
-    24 h when unset; Airflow's DateTimeTrigger when there is no ``idle_timeout``), or with ``idle_timeout``, on
+    24 h when unset; Airflow's DateTimeTrigger when there is no ``idle_timeout_minutes``), or with
+    ``idle_timeout_minutes``, on
     RayServeIdleTrigger until sooner Serve's proxy has given no successful answer (HTTP 2xx, gRPC OK; health
     checks aside) for that many minutes; then returns ``keep: False, stopped: "idle" | "lifetime"`` with the
     reason, the idle seconds, the count and when it last answered. Refused requests (401, 404, 5xx) are no
@@ -113,8 +115,9 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
     :param cluster: templated; where the endpoint's cluster is: an XCom with ``metrics_url`` (the local
         cluster's start task, a RayService deploy).
     :param keep: templated; whether the endpoint is to be kept at all (keep_endpoint and it answered).
-    :param idle_timeout: templated; minutes without a successful answer after which the kept endpoint goes;
-        None / 0: only its lifetime ends it.
+    :param idle_timeout_minutes: templated; minutes without a successful answer after which the kept endpoint
+        goes; None / 0: only its lifetime ends it. (``idle_timeout``, its name before, is still accepted for one
+        release, with a deprecation warning.)
     :param max_lifetime_hours: templated; hours after which the kept endpoint goes however busy it is; None: the
         Variable ``tpuflow_max_kept_endpoint_hours`` (24 when unset), which also caps a larger value.
     :param ray_conn_id: Airflow connection naming the cluster (extra ``metrics_url``), when ``cluster`` does not.
@@ -125,7 +128,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
     :param deferrable: wait in the triggerer (default); False: in the worker, with the same wait.
     """
 
-    template_fields: Sequence[str] = ("cluster", "keep", "idle_timeout", "max_lifetime_hours")
+    template_fields: Sequence[str] = ("cluster", "keep", "idle_timeout_minutes", "max_lifetime_hours")
     ui_color = "#e2f0d9"
 
     def __init__(
@@ -133,7 +136,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
         *,
         cluster: Any = None,
         keep: Any = False,
-        idle_timeout: Any = None,
+        idle_timeout_minutes: Any = None,
         max_lifetime_hours: Any = None,
         ray_conn_id: str | None = None,
         poll_interval: float | None = None,
@@ -143,11 +146,20 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
+        if "idle_timeout" in kwargs:  # its name before it carried its unit
+            if idle_timeout_minutes is not None:
+                raise UserInputError(
+                    "idle_timeout",
+                    kwargs["idle_timeout"],
+                    "give idle_timeout_minutes only (idle_timeout is its old name)",
+                )
+            warn_renamed_keyword(type(self).__name__, "idle_timeout", "idle_timeout_minutes")
+            idle_timeout_minutes = kwargs.pop("idle_timeout")
         super().__init__(**kwargs)
         self.cluster = cluster
         self._cluster_source = cluster_source_task(cluster)  # whose XCom it is: where and how come from that task
         self.keep = keep
-        self.idle_timeout = idle_timeout
+        self.idle_timeout_minutes = idle_timeout_minutes
         self.max_lifetime_hours = max_lifetime_hours
         self.ray_conn_id = ray_conn_id
         self.poll_interval = poll_interval
@@ -159,7 +171,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
     def argument_checks(self) -> list[ArgumentCheck]:
         return [
             *super().argument_checks(),
-            ((self.idle_timeout,), lambda: idle_minutes(self.idle_timeout)),
+            ((self.idle_timeout_minutes,), lambda: idle_minutes(self.idle_timeout_minutes)),
             ((self.max_lifetime_hours,), lambda: lifetime_hours(self.max_lifetime_hours, math.inf)),
             ((), self._check_waiting),
         ]
@@ -196,18 +208,20 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
         if not is_true(self.keep):
             return {"keep": False, "reason": NOT_KEPT}
         self.cluster = trusted_cluster(self, self.cluster, self._cluster_source, context)
-        minutes = idle_minutes(self.idle_timeout)
+        minutes = idle_minutes(self.idle_timeout_minutes)
         hours = self.lifetime()
         kept_since = time.time()
         deadline = kept_since + hours * 3600
         if minutes is None:
-            self.log.info("keep_endpoint without idle_timeout: the endpoint serves for its lifetime, %g h", hours)
+            self.log.info(
+                "keep_endpoint without idle_timeout_minutes: the endpoint serves for its lifetime, %g h", hours
+            )
             return self._wait_for_lifetime(context, deadline, hours)
         check_cluster(self.cluster, self.ray_conn_id)
         url = self.hook().metrics_url
         window = minutes * 60
         wait = {
-            "idle_timeout": window,
+            "idle_timeout_s": window,
             "since": kept_since,
             "requests": serve_activity(asyncio.run(self._reader(url).aread_metrics())).requests,
             "poll_interval": self.poll_interval or poll_interval_for(window),
@@ -233,7 +247,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
         return ServeMetricsReader(url, timeout=self.metrics_timeout)
 
     def _wait_for_lifetime(self, context: Context, deadline: float, hours: float) -> dict[str, Any]:
-        """Kept without idle_timeout: wait (deferred on Airflow's DateTimeTrigger) until the lifetime ends."""
+        """Kept without idle_timeout_minutes: wait (deferred on Airflow's DateTimeTrigger) until the lifetime ends."""
         if self.deferrable:
             from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
@@ -259,7 +273,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
         """Wait in this worker: the trigger's own wait, run here."""
         from tpuflow.serve.waits import wait_until_idle
 
-        watch = IdleWatch(wait["idle_timeout"], wait["since"], wait["requests"], wait["margin"], wait["deadline"])
+        watch = IdleWatch(wait["idle_timeout_s"], wait["since"], wait["requests"], wait["margin"], wait["deadline"])
         event = asyncio.run(
             wait_until_idle(
                 self._reader(self.hook().metrics_url),
@@ -281,7 +295,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
         event = event if isinstance(event, dict) else {"status": "success", "stopped": "lifetime"}
         if event.get("status") != "success":
             raise AirflowException(f"Stopped watching the kept endpoint: {event.get('message')}; it is torn down")
-        minutes = idle_minutes(self.idle_timeout)
+        minutes = idle_minutes(self.idle_timeout_minutes)
         stopped = event.get("stopped") or "idle"
         if stopped == "lifetime":
             reason = (
@@ -289,7 +303,7 @@ class RayServeWaitForIdleOperator(ArgumentChecks, BaseOperator):
                 f"Variable {LIFETIME_VARIABLE})"
             )
         else:
-            reason = f"idle: no successful answer for {minutes or 0:g} min (idle_timeout)"
+            reason = f"idle: no successful answer for {minutes or 0:g} min (idle_timeout_minutes)"
         self.log.info("Stopping the kept endpoint, %s; the teardowns delete it and its slice", reason)
         return {
             "keep": False,

@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from tpuflow.deprecations import warn_renamed_keyword
 from tpuflow.serve.hooks import RayServeHook
 from tpuflow.serve.idle import IdleWatch
 from tpuflow.serve.metrics_read import METRICS_TIMEOUT_S, ServeMetricsReader
@@ -100,13 +101,13 @@ class RayServeApplicationsTrigger(TpuflowTrigger):
 
 
 class RayServeIdleTrigger(TpuflowTrigger):
-    """Waits until a kept endpoint has answered no request successfully for ``idle_timeout`` seconds, or has
+    """Waits until a kept endpoint has answered no request successfully for ``idle_timeout_s`` seconds, or has
     reached its ``deadline`` (tpuflow.serve.idle).
 
     Reads the head's Prometheus exporter (``metrics_url``, resolved by RayServeHook from the cluster info or the
     connection) every ``poll_interval`` seconds, without the cluster's token and at most ``metrics_timeout``
     seconds and tpuflow.serve.metrics_read.MAX_METRICS_BYTES a read. Fires ``{"status": "success", "stopped":
-    "idle" | "lifetime", "idle_s", "requests", "since"}`` once idle for ``idle_timeout`` + ``margin`` seconds or
+    "idle" | "lifetime", "idle_s", "requests", "since"}`` once idle for ``idle_timeout_s`` + ``margin`` seconds or
     at ``deadline``, or ``{"status": "error", "reason": "unreadable", "message"}`` when the metrics could not be
     read for ``unreadable_after`` seconds (the cluster is gone or unreachable).
 
@@ -116,7 +117,9 @@ class RayServeIdleTrigger(TpuflowTrigger):
 
     :param cluster: where the endpoint's cluster is (its ``metrics_url``); see RayServeHook.
     :param ray_conn_id: Airflow connection naming it, when ``cluster`` does not.
-    :param idle_timeout: seconds without a successful answer that make the endpoint idle.
+    :param idle_timeout_s: seconds without a successful answer that make the endpoint idle (``idle_timeout``,
+        its name before, is still accepted for one release with a deprecation warning: a trigger the previous
+        release serialised is rebuilt from it).
     :param since: epoch seconds the window began (the watch's start).
     :param requests: Serve's count of successful answers at ``since`` (None: not read yet).
     :param poll_interval: seconds between reads.
@@ -129,7 +132,7 @@ class RayServeIdleTrigger(TpuflowTrigger):
     serialize_fields = (
         "cluster",
         "ray_conn_id",
-        "idle_timeout",
+        "idle_timeout_s",
         "since",
         "requests",
         "poll_interval",
@@ -141,8 +144,9 @@ class RayServeIdleTrigger(TpuflowTrigger):
 
     def __init__(
         self,
-        idle_timeout: float,
+        *,
         since: float,
+        idle_timeout_s: float | None = None,
         cluster: dict[str, Any] | None = None,
         ray_conn_id: str | None = None,
         requests: float | None = None,
@@ -151,11 +155,19 @@ class RayServeIdleTrigger(TpuflowTrigger):
         unreadable_after: float = 600.0,
         deadline: float | None = None,
         metrics_timeout: float = METRICS_TIMEOUT_S,
+        idle_timeout: float | None = None,
     ) -> None:
         super().__init__()
+        if idle_timeout is not None:  # its name before it carried its unit
+            warn_renamed_keyword(type(self).__name__, "idle_timeout", "idle_timeout_s")
+            idle_timeout_s = idle_timeout if idle_timeout_s is None else idle_timeout_s
+        if idle_timeout_s is None:
+            raise TypeError(
+                f"{type(self).__name__} needs idle_timeout_s: the seconds without an answer that make the endpoint idle"
+            )
         self.cluster = cluster or {}
         self.ray_conn_id = ray_conn_id
-        self.idle_timeout = float(idle_timeout)
+        self.idle_timeout_s = float(idle_timeout_s)
         self.since = float(since)
         self.requests = requests
         self.poll_interval = float(poll_interval)
@@ -165,7 +177,7 @@ class RayServeIdleTrigger(TpuflowTrigger):
         self.metrics_timeout = float(metrics_timeout)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = IdleWatch(self.idle_timeout, self.since, self.requests, self.margin, deadline=self.deadline)
+        watch = IdleWatch(self.idle_timeout_s, self.since, self.requests, self.margin, deadline=self.deadline)
         url = RayServeHook(ray_conn_id=self.ray_conn_id, cluster=self.cluster).metrics_url
         event = await wait_until_idle(
             ServeMetricsReader(url, timeout=self.metrics_timeout),
