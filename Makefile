@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpuflow-installed
 
-.PHONY: install demo test test-long faults lint typecheck clean-local airflow airflow-down test-deps bench bench-quick bench-serving controlplane
+.PHONY: install demo test test-long faults lint typecheck docs clean-local airflow airflow-down test-deps bench bench-quick bench-serving controlplane
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,8 @@ install: $(STAMP)
 demo: install
 	$(BIN)/tpuflow demo
 
-# CI runs this (.ci/run): the lint and the type check first (seconds, a minute), then the tests.
-test: install test-deps controlplane lint typecheck
+# CI runs this (.ci/run): the lint, the type check and the docs first (seconds, a minute or two), then the tests.
+test: install test-deps controlplane lint typecheck docs
 	$(BIN)/python -m pytest -q -m "not long" --durations=25 tests
 
 # What `make test` leaves out for CI's size (tests marked `long`; the README's Tests section lists them).
@@ -37,8 +37,14 @@ test-long: install test-deps controlplane
 	$(BIN)/python -m pytest -q -m long tests
 
 lint: install
-	$(BIN)/ruff check dags operators plugins workloads tests bench
-	$(BIN)/ruff format --check dags operators plugins workloads tests bench
+	$(BIN)/ruff check dags operators plugins workloads tests bench examples docs
+	$(BIN)/ruff format --check dags operators plugins workloads tests bench examples docs
+
+# The docs (docs/, Sphinx with MyST): warnings are errors and every cross-reference must resolve (nitpicky); then
+# the local links of the README, the changelog and the docs (files and headings; external links are not followed).
+docs: install
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	$(BIN)/python docs/_ext/local_links.py
 
 # mypy, strict, on the tpuflow package ([tool.mypy] in pyproject.toml); .pre-commit-config.yaml runs the same hooks.
 typecheck: install
