@@ -32,7 +32,7 @@ demo: install
 test: install test-deps controlplane lint typecheck docs
 	$(BIN)/python -m pytest -q -m "not long" --durations=25 tests
 
-# What `make test` leaves out for CI's size (tests marked `long`; the README's Tests section lists them).
+# What `make test` leaves out for CI's size (tests marked `long`; docs/contributing/testing.md lists them).
 test-long: install test-deps controlplane
 	$(BIN)/python -m pytest -q -m long tests
 

@@ -1,4 +1,4 @@
-"""One operator skeleton, read from the source (the README's house rules):
+"""One operator skeleton, read from the source (the house rules, docs/contributing/development.md):
 
 - an operator that waits runs ``execute`` -> ``execute_sync`` | ``execute_async`` -> ``execute_complete``:
   every class that defines ``execute_complete`` also has ``execute_sync`` and ``execute_async``, its own or

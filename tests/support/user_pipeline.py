@@ -7,7 +7,7 @@ from pathlib import Path
 
 DAG_ID = "acme_sales_forecast"
 
-# The user's DAG file, as the README's "Your own model" shows it (<= 30 lines): no backend in it.
+# The user's DAG file, as docs/your-own-model.md shows it (<= 30 lines): no backend in it.
 DAG_FILE = '''\
 """Airflow DAG: Acme's daily sales forecast on a TPU slice (prepare, fit, report)."""
 

@@ -29,7 +29,7 @@ def ranks(logs: str) -> dict[int, tuple[int, int, str, list[float]]]:
     }
 
 
-@pytest.mark.long  # the README's Tests section lists it with make test-long (CI's time); make test runs the 2x4
+@pytest.mark.long  # docs/contributing/testing.md lists it with make test-long (CI's time); make test runs the 2x4
 def test_the_seed_script_unchanged_on_a_single_host_v6e_2x2(tmp_path: Path) -> None:
     with running_cluster(f"coll-{uuid.uuid4().hex[:6]}", tmp_path / "clusters") as cluster:
         logs = run_job(

@@ -1,5 +1,5 @@
 """Seed 004's model on Ray Serve LLM as a team's own app builder (workloads/seed_serve_llm/app.py),
-rendered as the README says: `tpuflow render rayservice --import-path seed_serve_llm.app:build_app` on a
+rendered as docs/your-own-model.md says: `tpuflow render rayservice --import-path seed_serve_llm.app:build_app` on a
 v6e 4x4. The RayService validates against KubeRay's CRD; the render hands the builder the slice's
 accelerator_type / accelerator_config.topology / chips_per_host, and the LLMConfig the builder makes of
 them is valid for Ray's own model and reserves exactly the rendered hosts. vLLM cannot run here: the
