@@ -25,6 +25,16 @@ def warn_renamed(old: str, new: type[Any]) -> None:
     )
 
 
+def warn_replaced(old: str, replacement: str) -> None:
+    """Warn that the class ``old`` is replaced by ``replacement`` (an operator and the argument that does
+    what the subclass did); ``old`` goes in the next release."""
+    warnings.warn(
+        f"{old} is deprecated: use {replacement}; {old} goes in the next release",
+        AirflowProviderDeprecationWarning,
+        stacklevel=3,
+    )
+
+
 def warn_renamed_keyword(owner: str, old: str, new: str) -> None:
     """Warn that ``owner`` now takes ``new`` instead of ``old`` (a keyword renamed to carry its unit)."""
     warnings.warn(

@@ -18,6 +18,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from support.airflow_context import task_context
 from support.dag_run import RUN, Run, RunTI
 from support.gke_standin import CLUSTER, CLUSTER_PATH, CONN_ID, PROJECT, ZONE
+from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+from tpuflow.dev.standins.gke_api import GKEApiStandin
+from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
+from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
 
 from tpuflow.capacity.operators import (
     GKECreateProvisioningRequestOperator,
@@ -25,10 +29,6 @@ from tpuflow.capacity.operators import (
     GKEWaitForFlexStartCapacityOperator,
 )
 from tpuflow.capacity.provisioning_request import CONSUME_ANNOTATION
-from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
-from tpuflow.dev.standins.gke_api import GKEApiStandin
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import KubeRayDeleteClusterOperator
@@ -65,10 +65,10 @@ def request_op(**kwargs: Any) -> GKECreateProvisioningRequestOperator:
 
 
 def cluster_op(provisioning_request: str | None = None) -> Any:
-    from tpuflow.pipeline.gke import QueuedCapacityRayClusterOperator
+    from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
 
-    return QueuedCapacityRayClusterOperator(
-        task_id="create_ray_cluster", image="rayproject/ray:2.60.0-py311", provisioning_request=provisioning_request,
+    return KubeRayCreateClusterOperator(
+        task_id="create_ray_cluster", image="rayproject/ray:2.60.0-py311", provisioning_request_name=provisioning_request,
         wait_timeout=20, **SLICE, **KUBE,
     )  # fmt: skip
 

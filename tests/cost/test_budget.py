@@ -163,9 +163,10 @@ def test_guard_rejects_a_bad_static_budget_at_parse_time() -> None:
 
 
 def test_budgeted_training_checks_the_training_arguments_at_parse_time() -> None:
-    """RayTrainOperator's parse-time checks run for its budgeted subclass too (once the subclass's own
-    __init__ has set its arguments)."""
-    from tpuflow.cost.training import BudgetedRayTrainOperator
+    """RayTrainOperator(budget=ChipHourBudget(...)): the training's parse-time checks run as without a budget,
+    the budget's own fields render with the task's, and a budget that is not a TrainingBudget is one line."""
+    from tpuflow.cost.training import ChipHourBudget
+    from tpuflow.rayjob.workload_operators import RayTrainOperator
 
     train = {
         "task_id": "train",
@@ -175,10 +176,13 @@ def test_budgeted_training_checks_the_training_arguments_at_parse_time() -> None
         "tpu_slice": {"accelerator": "v6e", "topology": "2x2"},
         "storage_path": "/tmp/ckpt",
         "run_name": "r",
-        "max_chip_hours": "{{ params.max_chip_hours }}",
+        "budget": ChipHourBudget(max_chip_hours="{{ params.max_chip_hours }}", project_id="{{ params.project }}"),
     }
-    assert BudgetedRayTrainOperator(**train).max_chip_hours == "{{ params.max_chip_hours }}"
-    for field, bad in [("framework", "tensorflow"), ("poll_interval", -1), ("entrypoint", [])]:
+    op = RayTrainOperator(**train)
+    assert isinstance(op.budget, ChipHourBudget) and op.budget.max_chip_hours == "{{ params.max_chip_hours }}"
+    op.render_template_fields({"params": {"max_chip_hours": 2.5, "project": "p"}})
+    assert (op.budget.max_chip_hours, op.budget.project_id) == ("2.5", "p")
+    for field, bad in [("framework", "tensorflow"), ("poll_interval", -1), ("entrypoint", []), ("budget", 5.0)]:
         with pytest.raises(UserInputError) as err:
-            BudgetedRayTrainOperator(**{**train, field: bad})
+            RayTrainOperator(**{**train, field: bad})
         assert err.value.field == field

@@ -17,11 +17,11 @@ from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from support.ray_cluster import alive_actors, running_cluster
 
-from tpuflow.cost.training import BudgetedRayTrainOperator
+from tpuflow.cost.training import ChipHourBudget
 from tpuflow.gke.operators import GKEDeleteNodePoolOperator
 from tpuflow.naming import TaskIdentity
 from tpuflow.rayjob.hooks import TERMINAL_JOB_STATES
-from tpuflow.rayjob.workload_operators import RayDataPrepOperator
+from tpuflow.rayjob.workload_operators import RayDataPrepOperator, RayTrainOperator
 
 # Minutes of training on purpose (the stop must come mid-training): `make test-long`. make test keeps the
 # guard's refusal before anything is provisioned (tests/cost/test_budget.py).
@@ -56,15 +56,17 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(
     gke.create_node_pool(PROJECT, ZONE, CLUSTER, {"nodePool": {**body, "locations": [ZONE]}})
     budget = 4 * (time.time() - created + 10 + TRAINING_ALLOWED_S) / 3600
 
-    def train_op() -> BudgetedRayTrainOperator:
-        return BudgetedRayTrainOperator(
+    def train_op() -> RayTrainOperator:
+        return RayTrainOperator(
             task_id="train", cluster=info, deferrable=False, poll_interval=0.5, framework="jax",
             train_loop="addition.train_jax:train_loop_per_worker", tpu_slice={"accelerator": "TPU-V6E", "topology": "2x2"},
             storage_path=str(tmp_path / "train"), run_name="budget",
             datasets={"train": str(tmp_path / "data" / "train")},
             train_loop_config={"num_steps": 100_000, "checkpoint_every": 100},
-            max_chip_hours=budget, gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE,
-            ledger_slices=[{"role": "train", "tpu": V6E_2X2, "task_id": "create_node_pool"}],
+            budget=ChipHourBudget(
+                max_chip_hours=budget, gcp_conn_id=CONN_ID, project_id=PROJECT, location=ZONE,
+                ledger_slices=[{"role": "train", "tpu": V6E_2X2, "task_id": "create_node_pool"}],
+            ),
         )  # fmt: skip
 
     def context(try_number: int) -> dict[str, Any]:
@@ -112,7 +114,7 @@ def test_training_stops_at_the_budget_and_a_retry_submits_nothing(
         cluster_name=CLUSTER, gcp_conn_id=CONN_ID, poll_interval=0.1, retry_backoff=0.1,
     ).execute(task_context(**run, task_id="delete_node_pool"))  # fmt: skip
     assert gke.node_pools() == [] and gke.compute.policies() == []
-    assert train_op().budget_left(context(2))[1].endswith("used by 0 chips held")
+    assert train_op().budget.seconds_left(context(2))[1].endswith("used by 0 chips held")
 
 
 def alive_of_job(cluster: Any, job_id: str | None, submission_id: str) -> list[str]:

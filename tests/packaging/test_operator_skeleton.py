@@ -103,6 +103,6 @@ def test_an_operator_that_completes_a_wait_has_the_sync_and_the_async_path(modul
 def test_the_check_sees_inherited_skeletons_and_missing_ones() -> None:
     """The reading itself: a subclass inherits its tpuflow base's methods, across modules."""
     assert SKELETON | {"execute_complete"} <= methods("tpuflow.gke.operators", "GKEDeleteNodePoolOperator")
-    assert SKELETON | {"execute_complete"} <= methods("tpuflow.cost.training", "BudgetedRayTrainOperator")
+    assert SKELETON | {"execute_complete"} <= methods("tpuflow.rayjob.workload_operators", "RayTrainOperator")
     assert "validate_arguments" in methods("tpuflow.capacity.operators", "GKEDeleteProvisioningRequestOperator")
     assert not SKELETON <= methods("tpuflow.local.operators", "LocalRayDeleteClusterOperator")

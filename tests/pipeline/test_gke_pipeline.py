@@ -28,8 +28,6 @@ from support.gke_pipeline import (
     wait_until_empty,
 )
 from support.pipeline_steps import GKE_TRAIN_TO_REPORT
-
-from tpuflow.cost.ledger import rfc3339_to_unix
 from tpuflow.dev.standins.gke_api import GKEApiStandin
 from tpuflow.dev.standins.kuberay_controller import (
     FakeRayLauncher,
@@ -40,6 +38,8 @@ from tpuflow.dev.standins.kuberay_controller import (
     RayClusterHandle,
 )
 from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
+
+from tpuflow.cost.ledger import rfc3339_to_unix
 from tpuflow.errors import UserInputError
 from tpuflow.labels import EXPIRES_LABEL, GCE_OWNER_RUN_LABEL, OWNER_RUN_LABEL
 from tpuflow.serve.idle_stop import NOT_KEPT
@@ -136,8 +136,10 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
         "chip_ledger"
     ).upstream_task_ids
     # what reads the GKE API renders its connection from the Variable, as the node pool tasks do
-    for task_id in ("chip_ledger", "train", "create_node_pool"):
+    for task_id in ("chip_ledger", "create_node_pool"):
         assert "gcp_conn_id" in dag.get_task(task_id).template_fields, task_id
+    train_task = dag.get_task("train")  # its chip-hour budget reads the pools' operations
+    assert "budget" in train_task.template_fields and "gcp_conn_id" in train_task.budget.template_fields
     for task_id in ("create_ray_cluster", "create_prep_cluster", "deploy"):
         assert dag.get_task(task_id).retries == 0
     assert {"serve_topology", "keep_endpoint", "accelerator", "topology", "max_chip_hours"} <= set(dag.params)
@@ -157,7 +159,7 @@ def test_gke_pipeline_shape(migrated_airflow_db: Path) -> None:
     ]:
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     for task_id, request in [("create_ray_cluster", "request_capacity"), ("deploy", "request_serve_capacity")]:
-        assert request in dag.get_task(task_id).provisioning_request, task_id
+        assert request in dag.get_task(task_id).provisioning_request_name, task_id
     assert dag.get_task("request_capacity").node_pool_task_id == "create_node_pool"
     assert "max_run_duration_seconds" in dag.get_task("request_capacity").max_run_duration_seconds
     assert dag.params["max_run_duration_seconds"] is None
@@ -246,9 +248,9 @@ def deploy_service() -> str:
 
 def delete_service(keep: Any) -> dict[str, Any]:
     """The run's delete_service teardown of what deploy_service deployed."""
-    from tpuflow.pipeline.gke import KeepableDeleteServiceOperator
+    from tpuflow.kuberay.operators import KubeRayDeleteServiceOperator
 
-    svc = KeepableDeleteServiceOperator(
+    svc = KubeRayDeleteServiceOperator(
         task_id="delete_service",
         service_task_id="deploy",
         keep=keep,
@@ -260,11 +262,11 @@ def delete_service(keep: Any) -> dict[str, Any]:
 
 
 def serve_pool_teardown(keep: Any, **kwargs: Any) -> Any:
-    """The run's delete_serve_node_pool teardown task (a KeepableDeleteNodePoolOperator); kwargs name the pool
+    """The run's delete_serve_node_pool teardown task (GKEDeleteNodePoolOperator with keep); kwargs name the pool
     (created_by_task_id or node_pool_name) and may replace the fast polling and backoff."""
-    from tpuflow.pipeline.gke import KeepableDeleteNodePoolOperator
+    from tpuflow.gke.operators import GKEDeleteNodePoolOperator
 
-    return KeepableDeleteNodePoolOperator(
+    return GKEDeleteNodePoolOperator(
         task_id="delete_serve_node_pool", keep=keep, project_id=PROJECT, location=ZONE, cluster_name=CLUSTER,
         gcp_conn_id="gke_standin", **{"poll_interval": 0.1, "retry_backoff": 0.1, **kwargs},
     )  # fmt: skip
@@ -284,12 +286,13 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
     """keep_endpoint: the three endpoint teardowns delete nothing; their only writes label the RayService, its
     ProvisioningRequest and PodTemplate (merge patches) and the serve pool (nodePools.update) kept, without their
     expiry. A reaper run after the run is over then takes the run's other leftovers and leaves the endpoint."""
+    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+
+    from tpuflow.capacity.operators import GKEDeleteProvisioningRequestOperator
     from tpuflow.capacity.provisioning_request import plan_provisioning_request, request_name
     from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans, reap
-    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
     from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels, kubernetes_ownership_labels
     from tpuflow.naming import TaskIdentity
-    from tpuflow.pipeline.gke import KeepableDeleteProvisioningRequestOperator
     from tpuflow.tpu import TpuSlice
 
     run_id, expires = "manual__keep", int(time.time() + 3600)
@@ -315,7 +318,7 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
             "kind": "RayService", "name": service, "namespace": "default", "kept": True, "existed": True,
             "deleted": False,
         }  # fmt: skip
-        request = KeepableDeleteProvisioningRequestOperator(
+        request = GKEDeleteProvisioningRequestOperator(
             task_id="delete_serve_provisioning_request", created_by_task_id="request_serve_capacity", keep=keep,
             kubernetes_conn_id="kube_standin",
         )  # fmt: skip
@@ -451,9 +454,9 @@ def test_gke_pipeline_end_to_end_on_the_standins(
     capacity the slice's ProvisioningRequest is Provisioned (after the stand-in's delay), the TPU pods consume
     it, the run completes and the teardown deletes the request with the pools."""
     from support.gcs_bucket import list_bucket
-
     from tpuflow.dev.gcs_emulator import ensure_buckets
     from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+
     from tpuflow.storage import EMULATOR_ENV, read_text
 
     bucket = "tpuflow-gke-outputs"

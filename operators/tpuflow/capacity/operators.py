@@ -32,6 +32,7 @@ from tpuflow.kubernetes.ownership import object_name
 from tpuflow.kubernetes.values import check_name
 from tpuflow.labels import RUN_KEY_LABEL, kubernetes_ownership_labels
 from tpuflow.naming import TaskIdentity
+from tpuflow.templating import is_true
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -292,16 +293,22 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
     :param name: the request's name; or
     :param created_by_task_id: the GKECreateProvisioningRequestOperator task of this run whose request
         (and the PodTemplates carrying its run-key label) to delete.
+    :param keep: templated; true (True, "true", "1", "yes") leaves the request and its PodTemplates (and so
+        their nodes) in place, each labelled ``tpuflow-kept=true`` (the orphan reaper leaves them), and returns
+        ``{"namespace", "kept": True, "deleted": [], "marked_kept": [...], "absent": [...]}``. Default False.
 
     Kubernetes target and namespace as for the KubeRay operators. Returns ``{"deleted": [...], "absent": [...]}``.
     """
 
-    template_fields: Sequence[str] = (*KubernetesBaseOperator.template_fields, "name")
+    template_fields: Sequence[str] = (*KubernetesBaseOperator.template_fields, "name", "keep")
 
-    def __init__(self, *, name: str | None = None, created_by_task_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, name: str | None = None, created_by_task_id: str | None = None, keep: Any = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.name = name
         self.created_by_task_id = created_by_task_id
+        self.keep = keep
 
     def argument_checks(self) -> list[ArgumentCheck]:
         return [*super().argument_checks(), ((self.name, self.created_by_task_id), self._check_target)]
@@ -337,6 +344,8 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
         namespace = self.resolve_namespace()
         hook = self.kube_hook()
         name, templates = self.request_and_templates(context, namespace)
+        if is_true(self.keep):
+            return self._keep(name, templates, namespace)
         deleted: list[str] = []
         absent: list[str] = []
         for what, gone in [
@@ -346,6 +355,19 @@ class GKEDeleteProvisioningRequestOperator(_CapacityOperator):
             (deleted if gone else absent).append(what)
         self.log.info("Deleted %s; already gone: %s", deleted or "nothing", absent or "nothing")
         return {"namespace": namespace, "deleted": deleted, "absent": absent}
+
+    def _keep(self, name: str, templates: list[str], namespace: str) -> dict[str, Any]:
+        """``keep``: leave the request and its PodTemplates, marked kept."""
+        hook = self.kube_hook()
+        marked: list[str] = []
+        absent: list[str] = []
+        for what, existed in [
+            (f"provisioningrequest/{name}", hook.mark_provisioning_request_kept(name, namespace)),
+            *((f"podtemplate/{t}", hook.mark_pod_template_kept(t, namespace)) for t in templates),
+        ]:
+            (marked if existed else absent).append(what)
+        self.log.info("keep: leaving %s (marked kept); already gone: %s", marked or "nothing", absent or "-")
+        return {"namespace": namespace, "kept": True, "deleted": [], "marked_kept": marked, "absent": absent}
 
 
 class GKEWaitForFlexStartCapacityOperator(_CapacityOperator):

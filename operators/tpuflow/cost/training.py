@@ -5,6 +5,10 @@ it crosses ``max_chip_hours`` is known when the job starts: it becomes the job's
 moment the Ray job wait stops the job (Ray Train keeps the checkpoints it reported), and the task
 fails without a retry; the teardowns delete the slice. A retry started after the budget is spent
 fails at once, before submitting anything.
+
+``RayTrainOperator(budget=ChipHourBudget(...))``: the training operator holds its job to any
+tpuflow.rayjob.budget.TrainingBudget; this is the chip-hour one (it reads the GKE ledger, a layer above
+the training operator).
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from tpuflow.cost.budget import check_max_chip_hours
 from tpuflow.cost.operators import gke_slice_spans, slice_chips
+from tpuflow.deprecations import warn_replaced
 from tpuflow.limits import admin_limits, hold_budget
+from tpuflow.rayjob.budget import TrainingBudget
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class BudgetedRayTrainOperator(RayTrainOperator):
-    """RayTrainOperator stopped (and failed, not retried) when the run's chip-hours reach ``max_chip_hours``.
+class ChipHourBudget(TrainingBudget):
+    """The run's chip-hour budget for RayTrainOperator's ``budget``: the training is stopped (and fails, not
+    retried) when the run's chip-hours reach ``max_chip_hours``.
 
     :param max_chip_hours: templated; the budget, held at the admin's ceiling (Variable ``tpuflow_max_chip_hours``,
         tpuflow.limits): None/empty or larger is the ceiling.
@@ -31,18 +38,9 @@ class BudgetedRayTrainOperator(RayTrainOperator):
     :param gcp_conn_id: templated; the GKE connection (the pools' operations give the spans).
     :param project_id: templated; the cluster's project.
     :param location: templated; the cluster's location.
-
-    Every other argument is RayTrainOperator's.
     """
 
-    template_fields: Sequence[str] = (
-        *RayTrainOperator.template_fields,
-        "max_chip_hours",
-        "ledger_slices",
-        "gcp_conn_id",
-        "project_id",
-        "location",
-    )
+    template_fields: Sequence[str] = ("max_chip_hours", "ledger_slices", "gcp_conn_id", "project_id", "location")
 
     def __init__(
         self,
@@ -52,15 +50,15 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         gcp_conn_id: str = "google_cloud_default",
         project_id: str = "",
         location: str = "",
-        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
         self.max_chip_hours = max_chip_hours
         self.ledger_slices = ledger_slices
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
         self.location = location
-        self._budget_deadline: float | None = None
+
+    def __repr__(self) -> str:  # what the rendered-template view and the serialized DAG show
+        return f"ChipHourBudget(max_chip_hours={self.max_chip_hours!r}, ledger_slices={self.ledger_slices!r})"
 
     def held_budget(self) -> tuple[float, str]:
         """(the budget the run is held to: max_chip_hours within the admin's ceiling, the line saying so if it is
@@ -68,7 +66,10 @@ class BudgetedRayTrainOperator(RayTrainOperator):
         held = hold_budget(check_max_chip_hours(self.max_chip_hours, "max_chip_hours"), admin_limits().max_chip_hours)
         return held.value, held.note
 
-    def budget_left(self, context: Context) -> tuple[float | None, str]:
+    def held_note(self) -> str:
+        return self.held_budget()[1]
+
+    def seconds_left(self, context: Context) -> tuple[float | None, str]:
         """(seconds until the ledger crosses the budget, what it is made of); None: no slice to hold to it."""
 
         budget, _ = self.held_budget()
@@ -89,33 +90,40 @@ class BudgetedRayTrainOperator(RayTrainOperator):
             return (float("inf") if used < budget else 0.0), said
         return (budget - used) * 3600.0 / open_chips, said
 
-    def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
+    def spent_message(self, said: str, storage_path: str) -> str:
+        return (
+            f"Training stopped: the run reached its chip-hour budget ({said}). Ray Train's last checkpoint "
+            f"is kept under {storage_path}; the teardowns delete the slice. Raise max_chip_hours (up "
+            "to the admin's Variable tpuflow_max_chip_hours) and rerun to resume from it."
+        )
 
-        note = self.held_budget()[1]
-        if note:
-            self.log.warning("%s", note)
-        left, said = self.budget_left(context)
-        if left is not None:
-            if left <= 0:
-                raise AirflowFailException(f"chip-hour budget spent before training ({said}); nothing submitted")
-            if left != float("inf") and (self.job_timeout is None or left < float(self.job_timeout)):
-                self.log.info("Chip-hour budget: %s; the job is stopped in %.0f s unless it ends first", said, left)
-                self.job_timeout = left
-                self._budget_deadline = time.time() + left
-        return super()._submit_and_follow(context, may_restart=may_restart)
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
+class BudgetedRayTrainOperator(RayTrainOperator):
+    """Deprecated: RayTrainOperator(budget=ChipHourBudget(...)); this name goes in the next release.
 
-        if isinstance(event, dict) and event.get("status") == "timeout":
-            left, said = self.budget_left(context)
-            if left is not None and left < float(self.poll_interval) + 5:
-                self._owned = None
-                self._keep_log(context, event)
-                raise AirflowFailException(
-                    f"Training stopped: the run reached its chip-hour budget ({said}). Ray Train's last checkpoint "
-                    f"is kept under {self.storage_path}; the teardowns delete the slice. Raise max_chip_hours (up "
-                    "to the admin's Variable tpuflow_max_chip_hours) and rerun to resume from it."
-                )
-        return super().execute_complete(context, event)
+    :param max_chip_hours: ChipHourBudget's.
+    :param ledger_slices: ChipHourBudget's.
+    :param gcp_conn_id: ChipHourBudget's.
+    :param project_id: ChipHourBudget's.
+    :param location: ChipHourBudget's.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_chip_hours: Any = None,
+        ledger_slices: Any = None,
+        gcp_conn_id: str = "google_cloud_default",
+        project_id: str = "",
+        location: str = "",
+        **kwargs: Any,
+    ) -> None:
+        warn_replaced(type(self).__name__, "RayTrainOperator(budget=ChipHourBudget(...))")
+        budget = ChipHourBudget(
+            max_chip_hours=max_chip_hours,
+            ledger_slices=ledger_slices,
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+        )
+        super().__init__(budget=budget, **kwargs)

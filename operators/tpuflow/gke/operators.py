@@ -33,6 +33,7 @@ from tpuflow.naming import (
     check_node_pool_name,
     check_project,
 )
+from tpuflow.templating import is_true
 from tpuflow.validation import check_count, check_seconds
 
 # max_run_duration's default: the pool's expires_after, enforced by GKE itself
@@ -543,6 +544,11 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
 
     :param node_pool_name: a pool name or a list of them, e.g. the create task's ``node_pool_names`` XCom.
     :param created_by_task_id: the create task whose pools to delete (instead of ``node_pool_name``).
+    :param keep: templated; true (True, "true", "1", "yes") leaves the pools in place instead, their GCE
+        resourceLabels given ``tpuflow-kept=true`` and rid of ``tpuflow-expires`` (GKE nodePools.update, waited
+        for as deletes are: in the worker, or deferred), so the orphan reaper leaves them (their workload
+        policies too); returns ``{"kept": True, "deleted": [], "marked_kept": [...], "absent": [...]}`` with the
+        cluster's coordinates. Default False.
 
     After the pools, the workload policies the create task made for them are deleted (never a policy the
     user gave: only one whose description names the pools' ``tpuflow-key``).
@@ -558,6 +564,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         "created_by_task_id",
         "gcp_conn_id",
         "impersonation_chain",
+        "keep",
     )
     operator_extra_links = (GKEClusterNodesLink(),)
     ui_color = "#ffd9d5"
@@ -567,11 +574,13 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         *,
         node_pool_name: str | Sequence[str] | None = None,
         created_by_task_id: str | None = None,
+        keep: Any = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.node_pool_name = node_pool_name
         self.created_by_task_id = created_by_task_id
+        self.keep = keep
 
     def _names(self, context: Context, hook: GKENodePoolHook) -> list[str]:
 
@@ -604,6 +613,12 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         from tpuflow.gke.policy_provisioning import NodePoolThenPolicyRemover, policies_to_delete
 
         hook = self.get_hook(self.location)
+        if is_true(self.keep):
+            from tpuflow.gke.provisioning import NodePoolKeeper
+
+            if progress.pools is None:  # resolved once, as the delete does
+                progress.pools = self._names(context, hook)
+            return NodePoolKeeper(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
         if progress.pools is None:
             # Resolved once: a resumed task keeps deleting the same pools (then the workload policies made for them).
             progress.pools = self._names(context, hook)
@@ -627,4 +642,7 @@ class GKEDeleteNodePoolOperator(_NodePoolOperatorBase):
         GKEClusterNodesLink.persist(
             context, project_id=self.project_id, location=self.location, cluster_name=self.cluster_name
         )
+        if is_true(self.keep):
+            which = self.created_by_task_id or self.node_pool_name
+            self.log.info("keep: leaving the node pools of %s in place, marked kept", which)
         return self.run_loop(context, Progress())

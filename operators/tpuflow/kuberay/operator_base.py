@@ -332,10 +332,13 @@ class SliceArgumentsMixin(InheritedParamDocs):
         always comes from the slice.
     :param service_account: Kubernetes service account of the Ray pods.
     :param shm_size: size limit of the /dev/shm memory volume (default: unlimited).
+    :param provisioning_request_name: queued capacity: the ProvisioningRequest (e.g. the ``name`` in
+        GKECreateProvisioningRequestOperator's XCom) whose nodes the TPU worker pods consume, by its
+        consume-provisioning-request annotations; None / empty: none, the pods take whatever pool fits. Templated.
     """
 
     # the templated ones, for the template_fields of the operators that take them
-    slice_template_fields: ClassVar[tuple[str, ...]] = ("image", "env", "tpu_slice")
+    slice_template_fields: ClassVar[tuple[str, ...]] = ("image", "env", "tpu_slice", "provisioning_request_name")
 
     def __init__(
         self,
@@ -349,6 +352,7 @@ class SliceArgumentsMixin(InheritedParamDocs):
         service_account: str | None = None,
         shm_size: str | None = None,
         ray_auth: str = "token",
+        provisioning_request_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -361,6 +365,7 @@ class SliceArgumentsMixin(InheritedParamDocs):
         self.service_account = service_account
         self.shm_size = shm_size
         self.ray_auth = ray_auth
+        self.provisioning_request_name = provisioning_request_name
 
     def slice_values(self) -> tuple[Any, ...]:
         """What the cluster shape is built from (the check runs at parse time only when all are static)."""
@@ -374,6 +379,7 @@ class SliceArgumentsMixin(InheritedParamDocs):
             self.service_account,
             self.shm_size,
             self.ray_auth,
+            self.provisioning_request_name,
         )
 
     def resolved_slice(self) -> TpuSlice:
@@ -396,5 +402,6 @@ class SliceArgumentsMixin(InheritedParamDocs):
             service_account=self.service_account,
             shm_size=self.shm_size,
             auth_mode=self.ray_auth,
+            provisioning_request=self.provisioning_request_name or None,
             **kwargs,
         ).validated()

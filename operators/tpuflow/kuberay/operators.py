@@ -40,6 +40,7 @@ from tpuflow.kubernetes.ownership import object_name, owner_labels
 from tpuflow.kubernetes.values import check_name, stringify_ray_group_values
 from tpuflow.labels import CLUSTER_SPEC_HASH_ANNOTATION as CLUSTER_SPEC_HASH
 from tpuflow.labels import MANAGED_BY_VALUE
+from tpuflow.templating import is_true
 from tpuflow.work_spans import SERVING, push_open_span
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def argument_checks(self) -> list[ArgumentCheck]:
         checks = [
             *super().argument_checks(),
-            ((self.manifest, self.tpu_slice, self.image), self._check_one_source),
+            ((self.manifest, self.tpu_slice, self.image, self.provisioning_request_name), self._check_one_source),
         ]
         if self.manifest is None:
             checks.append((self.slice_values(), self.build_template))  # bad slice/image/env names the field
@@ -151,6 +152,13 @@ class KubeRayCreateClusterOperator(SliceArgumentsMixin, KubeRayApplyOperator):
     def _check_one_source(self) -> None:
         if self.manifest is not None and (self.tpu_slice or self.image):
             raise UserInputError("manifest", "<manifest>", "give either manifest or the slice arguments, not both")
+        if self.manifest is not None and self.provisioning_request_name:
+            raise UserInputError(
+                "provisioning_request_name",
+                self.provisioning_request_name,
+                "applies to the slice arguments: with manifest, put the consume-provisioning-request annotations "
+                "on its TPU worker group's pod template",
+            )
 
     # --- manifest ---
     def _parsed_manifest(self) -> dict[str, Any]:
@@ -532,6 +540,10 @@ class KubeRayDeployServiceOperator(SliceArgumentsMixin, KubeRayApplyOperator):
 class _KubeRayDeleteOperator(KubeRayBaseOperator):
     """Delete one object of ``kuberay_kind``; with ``wait``, wait until it is gone (in the triggerer or here).
 
+    :param keep: templated; true (True, "true", "1", "yes") leaves the object running instead, labelled
+        ``tpuflow-kept=true`` without its ``tpuflow-expires`` label (a merge patch; the orphan reaper leaves it,
+        and what it owns stays with it), and returns ``{"kind", "name", "namespace", "kept": True, "existed",
+        "deleted": False}``; e.g. a run's kept endpoint. Default False: delete.
     :param wait: wait until the object is gone (default True).
     :param poll_interval: seconds between reads (default 5).
     :param wait_timeout: seconds until the task fails naming the object's finalizers (default 600).
@@ -539,13 +551,14 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
     """
 
     operator_extra_links: Collection[BaseOperatorLink] = ()
-    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name")
+    template_fields: Sequence[str] = (*KubeRayBaseOperator.template_fields, "name", "keep")
 
     def __init__(
         self,
         *,
         name: str | None = None,
         owner_task_id: str | None = None,
+        keep: Any = False,
         wait: bool = True,
         wait_timeout: float = 600.0,
         poll_interval: float = 5.0,
@@ -554,6 +567,7 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         super().__init__(wait_timeout=wait_timeout, poll_interval=poll_interval, **kwargs)
         self.name = name
         self.owner_task_id = owner_task_id
+        self.keep = keep
         self.wait = wait
 
     def argument_checks(self) -> list[ArgumentCheck]:
@@ -571,6 +585,8 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         hook = self.kube_hook()
         namespace = self.resolve_namespace()
         name = object_name(context, self.name, self.owner_task_id)
+        if is_true(self.keep):
+            return self._keep(name, namespace)
         kind = self.kuberay_kind
         # the RayClusters KubeRay made for it, read before the delete: a background delete may take them at once,
         # and the wait follows their pods by their names
@@ -592,6 +608,20 @@ class _KubeRayDeleteOperator(KubeRayBaseOperator):
         if self.deferrable:
             self.execute_async(context, wait)
         return self.execute_sync(context, wait)
+
+    def _keep(self, name: str, namespace: str) -> dict[str, Any]:
+        """``keep``: leave the object running, marked kept (the orphan reaper never deletes a marked object)."""
+        existed = self.kube_hook().mark_kept(self.plural, name, namespace)
+        what = "running (marked kept)" if existed else "alone (it does not exist)"
+        self.log.info("keep: leaving %s %s/%s %s", self.kind, namespace, name, what)
+        return {
+            "kind": self.kind,
+            "name": name,
+            "namespace": namespace,
+            "kept": True,
+            "existed": existed,
+            "deleted": False,
+        }
 
     def execute_async(self, context: Context, wait: dict[str, Any]) -> None:
         """Defer: KubeRayDeletedTrigger waits in the triggerer until the object is gone, and ends the task there."""

@@ -191,7 +191,7 @@ def training_steps(
     *,
     workload: Workload,
     train_cluster: Any = None,
-    train_class: type[RayTrainOperator] = RayTrainOperator,
+    gcp_conn_id: str = "google_cloud_default",
     **train_kwargs: Any,
 ) -> tuple[BaseOperator | None, BaseOperator, BaseOperator | None]:
     """prep and preflight -> train -> evaluate as Ray jobs on `cluster` (an XComArg of connection info):
@@ -201,7 +201,8 @@ def training_steps(
 
     ``train_cluster``: train elsewhere (the TPU cluster, while prep and evaluate run on a CPU one: the
     evaluation then runs in one CPU actor, since the training slice is deleted once its checkpoint
-    exists); ``train_class`` and ``train_kwargs``: a RayTrainOperator subclass and its own arguments."""
+    exists); ``gcp_conn_id``: the connection of a gs:// run folder (prep replaces its output there);
+    ``train_kwargs``: more of RayTrainOperator's arguments (e.g. ``budget``)."""
     # On the slice: one actor per host of the training slice, each holding that host's TPU resources.
     on_slice = [
         *("--num-hosts", CHECKED_SLICE.format("num_hosts")),
@@ -229,7 +230,7 @@ def training_steps(
             log_uri=f"{run_dir}/logs/prep.log",
             # a rerun of the date replaces the data an earlier attempt wrote, never adds to it
             replace_output_dir=True,
-            gcp_conn_id=train_kwargs.get("gcp_conn_id", "google_cloud_default"),
+            gcp_conn_id=gcp_conn_id,
             **code,
         )
     slice_args = {
@@ -239,7 +240,7 @@ def training_steps(
     preflight = RaySlicePreflightOperator(
         task_id="preflight", enabled="{{ params.preflight }}", log_uri=f"{run_dir}/logs/preflight.log", **slice_args
     )
-    train = train_class(
+    train = RayTrainOperator(
         task_id="train",
         framework="{{ params.framework }}",
         train_loop=templated(workload.train_loop),

@@ -48,7 +48,6 @@ Variables. Cheap to import: no google-cloud, kubernetes or ray imports at module
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -64,7 +63,8 @@ from tpuflow.capacity.operators import (
 from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
 from tpuflow.cost.operators import GKEWriteChipLedgerOperator, TPUCheckChipBudgetOperator
-from tpuflow.cost.training import BudgetedRayTrainOperator
+from tpuflow.cost.training import ChipHourBudget
+from tpuflow.deprecations import warn_replaced
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import (
@@ -74,7 +74,6 @@ from tpuflow.kuberay.operators import (
     KubeRayDeployServiceOperator,
 )
 from tpuflow.kuberay.ray_auth import with_cluster_auth
-from tpuflow.kubernetes.ownership import object_name
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.pipeline.factory import (
     ENDPOINT_VERDICT,
@@ -104,7 +103,6 @@ from tpuflow.pipeline.params import (
 )
 from tpuflow.pipeline.steps import CheckParamsOperator
 from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
-from tpuflow.templating import is_true
 from tpuflow.work_spans import PREFLIGHT, SERVING, TRAINING
 
 if TYPE_CHECKING:
@@ -268,154 +266,6 @@ _MAX_RUN_EXPR = (
     + f"{_EXPIRY_S}, {_EXPIRY_S}] | min"
 )
 _MAX_RUN = "{{ " + _MAX_RUN_EXPR + " }}"
-
-
-class _ConsumesProvisioningRequest:
-    """The TPU worker pods carry the consume-provisioning-request annotations of ``provisioning_request``
-    (templated; empty: none, the pools are not queued)."""
-
-    provisioning_request: str | None
-
-    def build_template(self) -> Any:
-
-        template = super().build_template()  # type: ignore[misc]
-        # getattr: the parse-time check runs inside BaseOperator's __init__, before this is assigned
-        name = getattr(self, "provisioning_request", None)
-        return dataclasses.replace(template, provisioning_request=name).validated() if name else template
-
-
-class QueuedCapacityRayClusterOperator(_ConsumesProvisioningRequest, KubeRayCreateClusterOperator):
-    """KubeRayCreateClusterOperator whose TPU pods consume ``provisioning_request`` (templated) when set.
-
-    Every other argument is KubeRayCreateClusterOperator's.
-    """
-
-    template_fields: Sequence[str] = (*KubeRayCreateClusterOperator.template_fields, "provisioning_request")
-
-    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.provisioning_request = provisioning_request
-
-
-class QueuedCapacityDeployServiceOperator(_ConsumesProvisioningRequest, KubeRayDeployServiceOperator):
-    """KubeRayDeployServiceOperator whose TPU pods consume ``provisioning_request`` (templated) when set.
-
-    Every other argument is KubeRayDeployServiceOperator's.
-    """
-
-    template_fields: Sequence[str] = (*KubeRayDeployServiceOperator.template_fields, "provisioning_request")
-
-    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.provisioning_request = provisioning_request
-
-
-# --- teardowns that can keep the endpoint -------------------------------------------------------------
-# Keeping marks what is kept (tpuflow.labels.KEPT_LABEL added, EXPIRES_LABEL removed): the orphan reaper
-# (tpuflow.cost.reaper) never deletes a marked resource, so the endpoint outlives its run and its expiry.
-class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
-    """KubeRayDeleteServiceOperator that leaves the RayService running when ``keep`` renders true, marked kept.
-
-    :param keep: templated; true (True, "true", "1", "yes") leaves the RayService in place, labels it
-        ``tpuflow-kept=true`` without its ``tpuflow-expires`` label (a merge patch; the orphan reaper leaves
-        it, and the RayCluster it owns goes with it) and returns ``{"kind", "name", "namespace", "kept": True,
-        "existed", "deleted": False}``.
-
-    Every other argument is KubeRayDeleteServiceOperator's.
-    """
-
-    template_fields: Sequence[str] = (*KubeRayDeleteServiceOperator.template_fields, "keep")
-
-    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.keep = keep
-
-    def execute(self, context: Context) -> dict[str, Any]:
-        if not is_true(self.keep):
-            return super().execute(context)
-
-        self.validate_arguments()
-        namespace = self.resolve_namespace()
-        name = object_name(context, self.name, self.owner_task_id)
-        existed = self.kube_hook().mark_kept(self.plural, name, namespace)
-        what = "running (marked kept)" if existed else "alone (it does not exist)"
-        self.log.info("keep_endpoint: leaving RayService %s/%s %s", namespace, name, what)
-        return {
-            "kind": self.kind,
-            "name": name,
-            "namespace": namespace,
-            "kept": True,
-            "existed": existed,
-            "deleted": False,
-        }
-
-
-class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOperator):
-    """GKEDeleteProvisioningRequestOperator that leaves the request (and so its nodes) when ``keep`` renders true.
-
-    :param keep: templated; true leaves the request and its PodTemplates in place, each labelled
-        ``tpuflow-kept=true`` (as the kept RayService), and returns ``{"kept": True, "deleted": [],
-        "marked_kept": [...], "absent": [...]}``.
-
-    Every other argument is GKEDeleteProvisioningRequestOperator's.
-    """
-
-    template_fields: Sequence[str] = (*GKEDeleteProvisioningRequestOperator.template_fields, "keep")
-
-    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.keep = keep
-
-    def execute(self, context: Context) -> Any:
-        if not is_true(self.keep):
-            return super().execute(context)
-        self.validate_arguments()
-        namespace = self.resolve_namespace()
-        name, templates = self.request_and_templates(context, namespace)
-        hook = self.kube_hook()
-        marked: list[str] = []
-        absent: list[str] = []
-        for what, existed in [
-            (f"provisioningrequest/{name}", hook.mark_provisioning_request_kept(name, namespace)),
-            *((f"podtemplate/{t}", hook.mark_pod_template_kept(t, namespace)) for t in templates),
-        ]:
-            (marked if existed else absent).append(what)
-        self.log.info("keep_endpoint: leaving %s (marked kept); already gone: %s", marked or "nothing", absent or "-")
-        return {"namespace": namespace, "kept": True, "deleted": [], "marked_kept": marked, "absent": absent}
-
-
-class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
-    """GKEDeleteNodePoolOperator that leaves the pools in place when ``keep`` renders true, marked kept.
-
-    :param keep: templated; true (True, "true", "1", "yes") leaves the node pools in place, their GCE
-        resourceLabels given ``tpuflow-kept=true`` and rid of ``tpuflow-expires`` (GKE nodePools.update, waited
-        for as deletes are: in the worker, or deferred), so the orphan reaper leaves them; returns ``{"kept": True,
-        "deleted": [], "marked_kept": [...], "absent": [...]}`` with the cluster's coordinates.
-
-    Every other argument is GKEDeleteNodePoolOperator's.
-    """
-
-    template_fields: Sequence[str] = (*GKEDeleteNodePoolOperator.template_fields, "keep")
-
-    def __init__(self, *, keep: Any = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.keep = keep
-
-    def _loop(self, context: Context, progress: Any) -> Any:
-        if not is_true(self.keep):
-            return super()._loop(context, progress)
-        from tpuflow.gke.provisioning import NodePoolKeeper
-
-        hook = self.get_hook(self.location)
-        if progress.pools is None:  # resolved once, as the delete does
-            progress.pools = self._names(context, hook)
-        return NodePoolKeeper(hook, self.project_id, self.cluster_name, progress.pools, self._policy())
-
-    def execute(self, context: Context) -> Any:
-        if is_true(self.keep):
-            which = self.created_by_task_id or self.node_pool_name
-            self.log.info("keep_endpoint: leaving the node pools of %s in place, marked kept", which)
-        return super().execute(context)
 
 
 # --- configuration ------------------------------------------------------------------------------------
@@ -699,10 +549,10 @@ def build_gke_pipeline_dag(
         request_capacity = GKECreateProvisioningRequestOperator(
             task_id="request_capacity", node_pool_task_id="create_node_pool", tpu_slice=checked_slice(), **queued
         )
-        create_cluster = QueuedCapacityRayClusterOperator(
+        create_cluster = KubeRayCreateClusterOperator(
             task_id="create_ray_cluster",
             tpu_slice=checked_slice(),
-            provisioning_request=_REQUESTED % "request_capacity",
+            provisioning_request_name=_REQUESTED % "request_capacity",
             wait_timeout=cluster_ready_timeout,
             **rays,
         )
@@ -731,12 +581,14 @@ def build_gke_pipeline_dag(
             run_dir,
             workload=workload,
             train_cluster=create_cluster.output,
-            train_class=BudgetedRayTrainOperator,
-            max_chip_hours="{{ params.max_chip_hours }}",
-            ledger_slices=train_ledger,
             gcp_conn_id=gcp_conn_id,
-            project_id=project_id,
-            location=location,
+            budget=ChipHourBudget(
+                max_chip_hours="{{ params.max_chip_hours }}",
+                ledger_slices=train_ledger,
+                gcp_conn_id=gcp_conn_id,
+                project_id=project_id,
+                location=location,
+            ),
         )
         deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
         serve_tasks = (
@@ -872,27 +724,27 @@ def _serve_steps(
         tpu_slice=checked_slice(serve=True),
         **queued,
     )
-    deploy = QueuedCapacityDeployServiceOperator(
+    deploy = KubeRayDeployServiceOperator(
         task_id="deploy",
         serve_config=serve_cfg,
         tpu_slice=checked_slice(serve=True),
-        provisioning_request=_REQUESTED % "request_serve_capacity",
+        provisioning_request_name=_REQUESTED % "request_serve_capacity",
         wait_timeout=wait_timeout,
         serve_token_conn_id=serve_token_conn_id,
         expires_after=serving_expires_after(workload),
         **rays,
     )
     keep = keep_endpoint(workload)
-    delete_service = KeepableDeleteServiceOperator(
+    delete_service = KubeRayDeleteServiceOperator(
         task_id="delete_service", service_task_id="deploy", keep=keep, **deletes
     )
-    delete_serve_request = KeepableDeleteProvisioningRequestOperator(
+    delete_serve_request = GKEDeleteProvisioningRequestOperator(
         task_id="delete_serve_provisioning_request",
         created_by_task_id="request_serve_capacity",
         keep=keep,
         **kube,
     )
-    delete_serve_pool = KeepableDeleteNodePoolOperator(
+    delete_serve_pool = GKEDeleteNodePoolOperator(
         task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep, **pools
     )
     after >> [serve_cfg, create_serve_pool]
@@ -904,3 +756,46 @@ def _serve_steps(
     delete_serve_pool.as_teardown(setups=[checked, create_serve_pool])
     delete_service.as_teardown(setups=[checked])
     return deploy, delete_service, delete_serve_pool
+
+
+# --- old names, kept for one release (tpuflow.deprecations) --------------------------------------------
+# The keep and queued-capacity variants are arguments of the operators they extended now: ``keep`` on the
+# deletes, ``provisioning_request_name`` on the KubeRay create and deploy operators.
+class QueuedCapacityRayClusterOperator(KubeRayCreateClusterOperator):
+    """Deprecated: KubeRayCreateClusterOperator(provisioning_request_name=...); this name goes in the next release."""
+
+    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
+        warn_replaced(type(self).__name__, "KubeRayCreateClusterOperator(provisioning_request_name=...)")
+        super().__init__(provisioning_request_name=provisioning_request, **kwargs)
+
+
+class QueuedCapacityDeployServiceOperator(KubeRayDeployServiceOperator):
+    """Deprecated: KubeRayDeployServiceOperator(provisioning_request_name=...); this name goes in the next release."""
+
+    def __init__(self, *, provisioning_request: str | None = None, **kwargs: Any) -> None:
+        warn_replaced(type(self).__name__, "KubeRayDeployServiceOperator(provisioning_request_name=...)")
+        super().__init__(provisioning_request_name=provisioning_request, **kwargs)
+
+
+class KeepableDeleteServiceOperator(KubeRayDeleteServiceOperator):
+    """Deprecated: KubeRayDeleteServiceOperator(keep=...); this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_replaced(type(self).__name__, "KubeRayDeleteServiceOperator(keep=...)")
+        super().__init__(**kwargs)
+
+
+class KeepableDeleteProvisioningRequestOperator(GKEDeleteProvisioningRequestOperator):
+    """Deprecated: GKEDeleteProvisioningRequestOperator(keep=...); this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_replaced(type(self).__name__, "GKEDeleteProvisioningRequestOperator(keep=...)")
+        super().__init__(**kwargs)
+
+
+class KeepableDeleteNodePoolOperator(GKEDeleteNodePoolOperator):
+    """Deprecated: GKEDeleteNodePoolOperator(keep=...); this name goes in the next release."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warn_replaced(type(self).__name__, "GKEDeleteNodePoolOperator(keep=...)")
+        super().__init__(**kwargs)

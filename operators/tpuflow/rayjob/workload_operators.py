@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tpuflow.arguments import RUN_TIME, ArgumentCheck
 from tpuflow.errors import UserInputError
 from tpuflow.output_links import OutputsLink
+from tpuflow.rayjob.budget import TrainingBudget
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.storage import remove_tree
 from tpuflow.tpu.slice_argument import FIELD as SLICE_FIELD
@@ -208,6 +209,11 @@ class RayTrainOperator(RaySubmitJobOperator):
     :param compilation_cache: a jax run keeps JAX's persistent compilation cache under storage_path (or under
         the folder given instead, local or gs://), per slice shape and JAX/jaxlib/libtpu version, so a retried,
         resumed or next-day run skips compiling (tpuflow_driver.compile_cache); False: no cache.
+    :param budget: a TrainingBudget (tpuflow.rayjob.budget) the training is held to, e.g. the run's chip-hour
+        budget, tpuflow.cost.training.ChipHourBudget: when the job starts, the seconds left become its timeout
+        (none left: the task fails before submitting anything); when that timeout stops the job, the task fails
+        without a retry, the checkpoints kept. Its own template_fields are rendered with the task's. None
+        (default): no budget.
     """
 
     work_cause = "training"
@@ -221,6 +227,7 @@ class RayTrainOperator(RaySubmitJobOperator):
         "datasets",
         "train_loop_config",
         "resume",
+        "budget",
     )
     template_fields_renderers = {
         **RaySubmitJobOperator.template_fields_renderers,
@@ -247,9 +254,11 @@ class RayTrainOperator(RaySubmitJobOperator):
         resume: str = "auto",
         worker_env: dict[str, str] | None = None,
         compilation_cache: bool | str = True,
+        budget: TrainingBudget | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.budget = budget
         self.compilation_cache = compilation_cache
         self.framework = framework
         self.train_loop = train_loop
@@ -286,9 +295,46 @@ class RayTrainOperator(RaySubmitJobOperator):
             ((), self._check_ray_train_configs),  # never templated
             ((self.framework,), self._check_torch_backend_framework),
             ((), lambda: check_mapping("worker_env", self.worker_env)),
+            ((), self._check_budget),  # an object, never a template itself
             # Checked only once rendered: the cluster the task is handed says whether its hosts are simulated.
             ((RUN_TIME,), lambda: check_multislice(self._tpu_slice(), self.framework, simulated=self._simulated())),
         ]
+
+    def _check_budget(self) -> None:
+        if self.budget is not None and not isinstance(self.budget, TrainingBudget):
+            raise UserInputError(
+                "budget",
+                type(self.budget).__name__,
+                "give a tpuflow.rayjob.budget.TrainingBudget, e.g. tpuflow.cost.training.ChipHourBudget(...), or None",
+            )
+
+    # --- the budget: the job's timeout is the budget left; a stop at it fails without a retry ---------------
+    def _submit_and_follow(self, context: Context, *, may_restart: bool) -> Any:
+        if self.budget is not None:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            note = self.budget.held_note()
+            if note:
+                self.log.warning("%s", note)
+            left, said = self.budget.seconds_left(context)
+            if left is not None:
+                if left <= 0:
+                    raise AirflowFailException(f"budget spent before training ({said}); nothing submitted")
+                if left != float("inf") and (self.job_timeout is None or left < float(self.job_timeout)):
+                    self.log.info("Budget: %s; the job is stopped in %.0f s unless it ends first", said, left)
+                    self.job_timeout = left
+        return super()._submit_and_follow(context, may_restart=may_restart)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        if self.budget is not None and isinstance(event, dict) and event.get("status") == "timeout":
+            from airflow.sdk.exceptions import AirflowFailException
+
+            left, said = self.budget.seconds_left(context)
+            if left is not None and left < float(self.poll_interval) + 5:
+                self._owned = None
+                self._keep_log(context, event)
+                raise AirflowFailException(self.budget.spent_message(said, str(self.storage_path)))
+        return super().execute_complete(context, event)
 
     def _check_train_loop_config(self) -> None:
         if isinstance(self.train_loop_config, dict):
