@@ -109,11 +109,16 @@ def _env_reads(tree: ast.Module) -> Iterator[tuple[ast.AST, ast.AST | None]]:
 
 
 def _line_comment(lines: list[str], lineno: int) -> str:
+    """The comment at the end of line ``lineno``, else the whole comment block right above it."""
     line = lines[lineno - 1]
-    if "#" in line and not line.lstrip().startswith("#"):
+    if "#" in line and not line.lstrip().startswith("#") and line.count('"') % 2 == 0:
         return line.split("#", 1)[1].strip()
-    before = lines[lineno - 2].strip() if lineno > 1 else ""
-    return before[1:].strip() if before.startswith("#") else ""
+    block: list[str] = []
+    i = lineno - 2
+    while i >= 0 and lines[i].strip().startswith("#"):
+        block.insert(0, lines[i].strip()[1:].strip())
+        i -= 1
+    return " ".join(block)
 
 
 def environment_variables() -> dict[str, Found]:
@@ -137,6 +142,19 @@ def environment_variables() -> dict[str, Found]:
     for path, tree in trees.items():
         module, lines = module_name(path), path.read_text().splitlines()
         local = {**constants, **_constants(tree)}
+        functions = [
+            (f.lineno, f.end_lineno or f.lineno, (ast.get_docstring(f) or "").split("\n\n")[0].replace("\n", " "))
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+
+        def purpose(lineno: int, comment: str, functions: list[tuple[int, int, str]] = functions) -> str:
+            """The comment at the read, else the docstring's first paragraph of the function that reads it."""
+            if comment:
+                return comment
+            around = [f for f in functions if f[0] <= lineno <= f[1] and f[2]]
+            return min(around, key=lambda f: f[1] - f[0])[2] if around else ""
+
         for name_expr, default_expr in _env_reads(tree):
             default = None
             if default_expr is not None:
@@ -145,9 +163,9 @@ def environment_variables() -> dict[str, Found]:
                 except (ValueError, SyntaxError, TypeError):
                     default = ast.unparse(default_expr)
             if isinstance(name_expr, ast.Constant) and isinstance(name_expr.value, str):
-                add(name_expr.value, module, default, _line_comment(lines, name_expr.lineno))
+                add(name_expr.value, module, default, purpose(name_expr.lineno, _line_comment(lines, name_expr.lineno)))
             elif isinstance(name_expr, ast.Name) and isinstance(local.get(name_expr.id), str):
-                add(local[name_expr.id], module, default)
+                add(local[name_expr.id], module, default, purpose(name_expr.lineno, ""))
             elif isinstance(name_expr, ast.Name):  # a library's constant named as its variable (Ray's)
                 add(name_expr.id, module, default, "the library's own variable, read as it reads it")
             elif isinstance(name_expr, ast.JoinedStr):
@@ -174,6 +192,17 @@ _VAR_PATTERNS = [
 ]
 
 
+def _default_text(text: str) -> str:
+    """A default as the code writes it: a literal in one quoting, a call closed again (the pattern stops at ")")."""
+    text = text.strip()
+    if text.count("(") > text.count(")"):
+        text += ")" * (text.count("(") - text.count(")"))
+    try:
+        return repr(ast.literal_eval(text))
+    except (ValueError, SyntaxError):
+        return text
+
+
 def airflow_variables() -> dict[str, Found]:
     found: dict[str, Found] = {}
     for path in provider_files():
@@ -182,7 +211,7 @@ def airflow_variables() -> dict[str, Found]:
                 entry = found.setdefault(match.group(1), Found(match.group(1)))
                 entry.modules.add(module_name(path))
                 if match.group(2):
-                    entry.defaults.add(match.group(2).strip())
+                    entry.defaults.add(_default_text(match.group(2)))
     return dict(sorted(found.items()))
 
 
