@@ -13,12 +13,12 @@ $(BIN)/python:
 # where pip's config names one (uv, seconds; pip took about a minute to unpack it), else pip with
 # pip's own config (uv alone would take PyPI's CUDA build).
 # Quiet (one line, then errors only): the lock's ~290 package lines would bury the demo's own output.
-$(STAMP): $(BIN)/python requirements.lock pyproject.toml
-	@echo "make: installing requirements.lock and tpuflow into $(VENV) (the first time takes a few minutes)"
+$(STAMP): $(BIN)/python requirements.lock pyproject.toml rehearsal/pyproject.toml
+	@echo "make: installing requirements.lock, tpuflow and tpuflow-rehearsal into $(VENV) (the first time takes a few minutes)"
 	@$(BIN)/python -m pip install -q --upgrade pip uv
 	@$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode $(UV_FIND_LINKS) -r requirements.lock
 	@$(if $(UV_FIND_LINKS),$(BIN)/uv pip install -q --python $(BIN)/python $(UV_FIND_LINKS) "torch==2.13.0",$(BIN)/python -m pip install -q "torch==2.13.0")
-	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . -e rehearsal
 	@touch $(STAMP)
 
 UV_FIND_LINKS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\([^']*\)'.*/--find-links \1/p" | head -1)
@@ -37,8 +37,8 @@ test-long: install test-deps controlplane
 	$(BIN)/python -m pytest -q -m long tests
 
 lint: install
-	$(BIN)/ruff check dags operators plugins workloads tests bench examples docs
-	$(BIN)/ruff format --check dags operators plugins workloads tests bench examples docs
+	$(BIN)/ruff check dags operators rehearsal plugins workloads tests bench examples docs
+	$(BIN)/ruff format --check dags operators rehearsal plugins workloads tests bench examples docs
 
 # The docs (docs/, Sphinx with MyST): warnings are errors and every cross-reference must resolve (nitpicky); then
 # the local links of the README, the changelog and the docs (files and headings; external links are not followed).
@@ -46,7 +46,7 @@ docs: install
 	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
 	$(BIN)/python docs/_ext/local_links.py
 
-# mypy, strict, on the tpuflow package ([tool.mypy] in pyproject.toml); .pre-commit-config.yaml runs the same hooks.
+# mypy, strict, on the tpuflow and tpuflow_rehearsal packages ([tool.mypy] in pyproject.toml); .pre-commit-config.yaml runs the same hooks.
 typecheck: install
 	$(BIN)/mypy
 

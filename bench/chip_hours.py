@@ -151,7 +151,7 @@ def run_shape(gke: Any, shape: str, minutes: dict[str, float], scale: float) -> 
 
 
 def compare(scale: float, train_minutes: float | None = None) -> dict[str, dict[str, Any]]:
-    from tpuflow.dev.standins.gke_api import GKEApiStandin
+    from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
 
     minutes = dict(ASSUMED_MINUTES)
     if train_minutes is not None:

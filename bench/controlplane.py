@@ -52,8 +52,8 @@ def _ready_s(create: Any, state: Any, timeout: float = 600.0) -> float:
 
 
 def _real(work: Path) -> tuple[float, float]:
-    from tpuflow.dev.controlplane import binaries
-    from tpuflow.dev.rehearsal import RehearsalStack
+    from tpuflow_rehearsal.controlplane import binaries
+    from tpuflow_rehearsal.rehearsal import RehearsalStack
 
     binaries.ensure()
     stack = RehearsalStack(work / "real", operation_seconds=0)
@@ -73,9 +73,9 @@ def _real(work: Path) -> tuple[float, float]:
 
 
 def _imitation(work: Path) -> tuple[float, float]:
-    from tpuflow.dev.ray_launcher import LocalRayLauncher
-    from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
-    from tpuflow.dev.standins.stack import StandinStack
+    from tpuflow_rehearsal.ray_launcher import LocalRayLauncher
+    from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS
+    from tpuflow_rehearsal.standins.stack import StandinStack
 
     stack = StandinStack(
         work / "imitation", operation_seconds=0, launcher=LocalRayLauncher(work / "imitation" / "ray", timeout=600)

@@ -5,7 +5,7 @@ tests/pipeline/test_local_pipeline.py runs it) vs the same cluster start, prep, 
 workers after the last step, as the pipeline does), deploy and cluster stop run as plain Ray jobs by a
 script on the same kind of local cluster (goal <= 1.10).
 job_end_to_task_end_p95_s — Ray job end (Ray's own end time) -> Airflow task end, through a real
-triggerer (tpuflow.dev.airflow_services), over 20 deferred jobs ending together (goal <= 2 s; p50 reported too).
+triggerer (tpuflow_rehearsal.airflow_services), over 20 deferred jobs ending together (goal <= 2 s; p50 reported too).
 """
 
 from __future__ import annotations
@@ -337,8 +337,8 @@ def _local_airflow(base: Path, pipelines: list[str]) -> Iterator[tuple[Any, Any,
     """A real local Airflow (scheduler, triggerer, LocalExecutor, API server) whose DAGs are the bench's and
     `pipelines`, beside a local Ray cluster for the short jobs: (services, REST session, cluster); both are
     stopped on the way out, with any cluster a pipeline started."""
-    from tpuflow.dev.airflow_services import AirflowServices
     from tpuflow.local.cluster import LocalRayCluster
+    from tpuflow_rehearsal.airflow_services import AirflowServices
 
     dags = base / "dags"
     dags.mkdir(parents=True)
@@ -387,7 +387,7 @@ def job_end_to_task_end(ctx: Context) -> list[Result]:
         "pipeline_overhead_ratio_scheduler", scheduled_s, "s", plain["total"], r, "ratio <= 1.15", goal_check(r, "<=", 1.15),
         baseline_is="the plain pipeline of pipeline_overhead_ratio (one run serves both)",
         notes=f"{PIPELINE} triggered through the REST API of a real Airflow (scheduler, triggerer, LocalExecutor; "
-              f"tpuflow.dev.airflow_services) with the demo's conf ({TRAIN_STEPS} steps, v6e {TOPOLOGY}); the run's "
+              f"tpuflow_rehearsal.airflow_services) with the demo's conf ({TRAIN_STEPS} steps, v6e {TOPOLOGY}); the run's "
               "start to its end; each task's queued / start / end (s from the run's start) in details",
         details={"tasks": timeline, "plain_phases_s": plain,
                  "machine_cpu_s": {"scheduler_run": run_cpu_s, "plain": ctx.shared["plain_pipeline_cpu_s"]},

@@ -80,7 +80,7 @@ def _sides(repeats: int) -> dict[str, list[tuple[float, float, float]]]:
 
 @measure("storage_deadline_overhead")
 def storage_deadline_overhead(ctx: Context) -> list[Result]:
-    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
+    from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
 
     repeats = 5 if ctx.quick else 7
     emulator = GcsEmulator.start(state_dir=ctx.work / "gcs-emulator")

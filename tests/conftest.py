@@ -48,7 +48,7 @@ def migrated_airflow_db() -> Path:
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One fake-gcs-server on a free loopback port for the session (tests/gcs and the gs:// demo run)."""
-    from tpuflow.dev.gcs_emulator import GcsEmulator
+    from tpuflow_rehearsal.gcs_emulator import GcsEmulator
 
     emulator = GcsEmulator.start(state_dir=tmp_path_factory.mktemp("gcs-emulator"))
     try:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Copy KubeRay's CRDs of the operator version pinned in controlplane/kuberay/go.mod into the package
-# (operators/tpuflow/dev/standins/kuberay_crds: gzipped, with the version and KubeRay's licence), where the
+# (rehearsal/tpuflow_rehearsal/standins/kuberay_crds: gzipped, with the version and KubeRay's licence), where the
 # imitation control plane reads them by default. Run it after changing the pin;
-# tests/dev/standins/test_kuberay_crds.py fails until the shipped CRDs are those of the pinned version.
+# tests/rehearsal/standins/test_kuberay_crds.py fails until the shipped CRDs are those of the pinned version.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-dest="$here/../../operators/tpuflow/dev/standins/kuberay_crds"
+dest="$here/../../rehearsal/tpuflow_rehearsal/standins/kuberay_crds"
 module="$(cd "$here" && go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)"
 version="$(cd "$here" && go list -m -f '{{.Version}}' github.com/ray-project/kuberay/ray-operator)"
 rm -f "$dest"/ray.io_*.yaml.gz

@@ -26,7 +26,7 @@ from typing import Any, cast
 from tpuflow.errors import UserInputError
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-# host:port of the GCE metadata stand-in that runs beside the emulator (tpuflow.dev.metadata_server); exported
+# host:port of the GCE metadata stand-in that runs beside the emulator (tpuflow_rehearsal.metadata_server); exported
 # with STORAGE_EMULATOR_HOST, read only here: this process's own clients never see a metadata server
 METADATA_ENV = "TPUFLOW_GCE_METADATA_HOST"
 # What plain client libraries read for an emulator, besides STORAGE_EMULATOR_HOST (google-cloud-storage, gcsfs):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuflow.dev.airflow_services import SERVICE_ARGS, SERVICES, AirflowServices
+from tpuflow_rehearsal.airflow_services import SERVICE_ARGS, SERVICES, AirflowServices
 
 
 def test_settings_are_local_only_and_shared_by_every_service(tmp_path: Path) -> None:

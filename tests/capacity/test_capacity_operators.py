@@ -18,10 +18,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from support.airflow_context import task_context
 from support.dag_run import RUN, Run, RunTI
 from support.gke_standin import CLUSTER, CLUSTER_PATH, CONN_ID, PROJECT, ZONE
-from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
-from tpuflow.dev.standins.gke_api import GKEApiStandin
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
 
 from tpuflow.capacity.operators import (
     GKECreateProvisioningRequestOperator,
@@ -32,6 +28,10 @@ from tpuflow.capacity.provisioning_request import CONSUME_ANNOTATION
 from tpuflow.errors import UserInputError
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
 from tpuflow.kuberay.operators import KubeRayDeleteClusterOperator
+from tpuflow_rehearsal.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
+from tpuflow_rehearsal.standins.kubernetes_api import EVENTS, PODS, RAYCLUSTERS
 
 KUBE_CONN = "kube_standin"
 SLICE = {"tpu_slice": {"accelerator": "v6e", "topology": "4x4"}}

@@ -99,7 +99,7 @@ def test_bad_input_the_flags_show_starts_nothing(
     assert not (tmp_path / "work").exists()
 
 
-# Each needs the file parsed: one `python -m tpuflow.dev.dag_file` in the run's Airflow home, no Airflow run.
+# Each needs the file parsed: one `python -m tpuflow_rehearsal.dag_file` in the run's Airflow home, no Airflow run.
 PARSED: list[tuple[str, list[str], tuple[str, ...]]] = [
     (
         DAG_FILE.replace('"acme_sales.regress:fit"', '"acme_sales.regres:fit"'),

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tpuflow.dev.standins import kuberay_crds
+from tpuflow_rehearsal.standins import kuberay_crds
 
 CRDS_ENV = "TPUFLOW_KUBERAY_CRDS"
 

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from support.gke_pipeline import point_airflow_at
 
-from tpuflow.cli.standins_cmd import GCS_BUCKET, airflow_env, export_lines
 from tpuflow.errors import UserInputError
+from tpuflow_rehearsal.cli.standins_cmd import GCS_BUCKET, airflow_env, export_lines
 
 REPO = Path(__file__).resolve().parents[2]
 

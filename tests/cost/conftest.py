@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from support.gke_standin import connected_standin
 
-from tpuflow.dev.standins.gke_api import GKEApiStandin
+from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
 
 
 @pytest.fixture

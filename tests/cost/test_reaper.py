@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from cost_support import dead_local_cluster, live_head, pool_body
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
 from tpuflow.cost.reaper import (
     FixedRunStates,
@@ -31,6 +29,8 @@ from tpuflow.cost.reaper import (
 from tpuflow.errors import UserInputError
 from tpuflow.labels import gce_ownership_labels, kubernetes_ownership_labels
 from tpuflow.naming import TaskIdentity
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS
 
 DAG = "tpu_llm_pipeline_gke"
 # a user's own DAG built with the pipeline factory (named after the shipped one): not in the reaper's dag_ids

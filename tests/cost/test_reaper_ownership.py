@@ -12,8 +12,6 @@ import pytest
 from cost_support import dead_local_cluster, live_head, pool_body
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
 from tpuflow.cost.reaper import (
     FixedRunStates,
@@ -44,6 +42,8 @@ from tpuflow.local.cluster import LocalRayCluster, NodeProcess
 from tpuflow.local.operators import local_cluster_name
 from tpuflow.naming import TaskIdentity, owner_dag_digest, owner_run_digest
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS
 
 DAG = "tpu_llm_pipeline_local"
 LIVE_RUN, DONE_RUN = "manual__2026-12-03T10:00:00+00:00", "scheduled__2026-12-02T00:00:00+00:00"

@@ -15,8 +15,6 @@ from cost_support import pool_body
 from support.airflow_context import task_context
 from support.gke_standin import CLUSTER, CONN_ID, PROJECT, ZONE
 from support.processes import dead_process_record
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
 
 from tpuflow import liveness
 from tpuflow.cost.reaper import (
@@ -39,6 +37,8 @@ from tpuflow.labels import (
 )
 from tpuflow.naming import TaskIdentity, owner_run_digest
 from tpuflow.slices.supervision import SupervisionStore, dead_runs
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin
+from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS
 
 # a team's DAG (not the shipped ones), which no run state covers
 DAG = "acme_forecast_daily"

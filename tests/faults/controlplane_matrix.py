@@ -1,6 +1,6 @@
 """The fault matrix's control-plane rows (issue 46): a team's own DAG (a TPU slice's node pool, a RayCluster on
 it, a Ray job on the slice's host, both teardowns) run through dag.test() on the real control plane
-(tpuflow.dev.rehearsal: real etcd, kube-apiserver, controller-manager, scheduler and KubeRay operator; GKE's API
+(tpuflow_rehearsal.rehearsal: real etcd, kube-apiserver, controller-manager, scheduler and KubeRay operator; GKE's API
 and nodes played), while a piece of that control plane fails:
 
 - kube-apiserver restarted while the RayCluster task waits for its cluster;
@@ -40,8 +40,8 @@ from support.gke_pipeline import load_dag_file, task_states
 from support.kube_fault_proxy import KubeFaultProxy
 
 from faults.matrix import Outcome, raises_after_its_work, settled
-from tpuflow.dev.rehearsal import RehearsalStack
 from tpuflow.kuberay.manifests import AUTH_TOKEN_SECRET_KEY, auth_secret_name
+from tpuflow_rehearsal.rehearsal import RehearsalStack
 
 DAG_ID = "orbit_nightly_slice_check"
 STAGES = ("slice_pool", "ray_on_slice", "tpu_check", "drop_ray", "drop_pool")

@@ -266,8 +266,8 @@ def gcs_errors_on_writes(drill: LocalDrill) -> Iterator[None]:
     Fired when every rule fired."""
     from support.fault_proxy import FaultProxy, Rule, writes_to
 
-    from tpuflow.dev.gcs_emulator import GcsEmulator
     from tpuflow.storage import EMULATOR_ENV
+    from tpuflow_rehearsal.gcs_emulator import GcsEmulator
 
     bucket = "tpuflow-faults"
     with ExitStack() as stack:
@@ -315,8 +315,8 @@ def gcs_stalls_during_checkpoint_upload(drill: LocalDrill) -> Iterator[None]:
     case after the last stall began: the deadline plus the job's teardown, not a hang."""
     from support.fault_proxy import FaultProxy, Rule
 
-    from tpuflow.dev.gcs_emulator import GcsEmulator
     from tpuflow.storage import EMULATOR_ENV, REQUEST_TIMEOUT_ENV, gcs_client
+    from tpuflow_rehearsal.gcs_emulator import GcsEmulator
 
     bucket = "tpuflow-faults"
     stalls: list[float] = []

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 from support.gke_pipeline import CLUSTER_PATH, ZONE, load_dag, point_airflow_at, task_states
 
-from tpuflow.dev.standins.capacity import PROVISIONING_REQUESTS
-from tpuflow.dev.standins.gke_api import GKEApiStandin
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+from tpuflow_rehearsal.standins.capacity import PROVISIONING_REQUESTS
+from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, GkeNodePools, KubeRayStandin
+from tpuflow_rehearsal.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
 
 CONF = {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"}
 CLUSTER_DEADLINE = 20.0  # the Ray clusters' ready wait, test-sized

@@ -88,9 +88,9 @@ def test_airflow_fault_leaves_nothing_behind(
 
 @pytest.fixture(scope="module")
 def real_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The real control plane (tpuflow.dev.rehearsal), shared by the control-plane rows."""
-    from tpuflow.dev.nodes import network as net
-    from tpuflow.dev.rehearsal import RehearsalStack
+    """The real control plane (tpuflow_rehearsal.rehearsal), shared by the control-plane rows."""
+    from tpuflow_rehearsal.nodes import network as net
+    from tpuflow_rehearsal.rehearsal import RehearsalStack
 
     if net.available() is not None:
         pytest.skip(str(net.available()))

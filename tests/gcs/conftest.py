@@ -1,4 +1,4 @@
-"""A real GCS server on loopback (fake-gcs-server through `tpuflow.dev.gcs_emulator`), once per session.
+"""A real GCS server on loopback (fake-gcs-server through `tpuflow_rehearsal.gcs_emulator`), once per session.
 
 The emulator runs on a free port and is stopped by its PID. In every test of this folder
 STORAGE_EMULATOR_HOST names it, as `tpuflow local gcs up` tells a user to export it (only here:
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from support.ray_cluster import running_cluster
 
-from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
+from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV, GcsEmulator, ensure_buckets
 
 
 @pytest.fixture(autouse=True)

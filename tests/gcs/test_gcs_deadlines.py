@@ -19,7 +19,7 @@ import pytest
 from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
 from support.gcs_bucket import list_bucket
 
-from tpuflow.dev.gcs_emulator import GcsEmulator
+from tpuflow_rehearsal.gcs_emulator import GcsEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 1.0

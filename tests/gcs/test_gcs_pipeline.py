@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from support.gcs_bucket import list_bucket
 
-from tpuflow.dev.gcs_emulator import EMULATOR_ENV
 from tpuflow.storage import read_text
+from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV
 
 TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
 DAG_ID, DATE = "tpu_llm_pipeline_local", "2026-11-04"
@@ -76,7 +76,7 @@ def test_a_rerun_of_the_same_date_reuses_the_buckets_outputs(tmp_path: Path, gcs
 
 
 def test_demo_starts_and_stops_an_emulator_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuflow.dev.gcs_emulator import emulator_for
+    from tpuflow_rehearsal.gcs_emulator import emulator_for
 
     monkeypatch.delenv(EMULATOR_ENV)
     with emulator_for(["demo-bucket"]) as url:

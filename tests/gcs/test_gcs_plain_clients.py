@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from support.gcs_bucket import list_bucket
 
-from tpuflow.dev.gcs_emulator import GcsEmulator
 from tpuflow.storage import EMULATOR_ENV, METADATA_ENV, emulator_env
+from tpuflow_rehearsal.gcs_emulator import GcsEmulator
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 CLIENTS = SUPPORT / "plain_gcs_clients.py"

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from support.airflow_context import FakeTaskInstance, task_context
-from tpuflow.dev.gcs_emulator import ensure_buckets
 
 from tpuflow import liveness
 from tpuflow.paths import gke_lease_root
 from tpuflow.slices import leases
+from tpuflow_rehearsal.gcs_emulator import ensure_buckets
 
 
 @pytest.fixture

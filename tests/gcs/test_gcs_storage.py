@@ -16,9 +16,9 @@ import pytest
 from support.fault_proxy import FaultProxy, Rule, any_request, writes_to
 from support.gcs_bucket import list_bucket
 
-from tpuflow.dev.gcs_emulator import EMULATOR_ENV, GcsEmulator
 from tpuflow.errors import UserInputError
 from tpuflow.storage import METADATA_ENV
+from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV, GcsEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 TPUFLOW = [sys.executable, "-m", "tpuflow.cli"]
@@ -86,7 +86,7 @@ def test_local_gcs_up_and_down_by_pid(tmp_path: Path) -> None:
 
 
 def test_gcs_up_on_a_given_port(tmp_path: Path) -> None:
-    from tpuflow.dev.gcs_emulator import free_port
+    from tpuflow_rehearsal.gcs_emulator import free_port
 
     port = free_port()
     emulator = GcsEmulator.start(port=port, state_dir=tmp_path)

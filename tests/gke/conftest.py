@@ -27,7 +27,7 @@ if "airflow" not in sys.modules:
 
 from support.gke_standin import connected_standin  # noqa: E402
 
-from tpuflow.dev.standins.gke_api import GKEApiStandin  # noqa: E402
+from tpuflow_rehearsal.standins.gke_api import GKEApiStandin  # noqa: E402
 
 
 @pytest.fixture

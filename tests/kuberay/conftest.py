@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture
 def standin(tmp_path: Path) -> Iterator[Any]:
     """Kubernetes API stand-in + simulated KubeRay with a fake (Ray-less) launcher; no node pools yet."""
-    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
+    from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
 
     kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=StaticNodePools(), interval=0.05)
     kube.controller.serve_poll_interval = 0.05

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from tpuflow.dev.standins import kubernetes_api as standin_api
 from tpuflow.kuberay import RAYCLUSTERS
+from tpuflow_rehearsal.standins import kubernetes_api as standin_api
 
 CONN = "kube_faults"
 

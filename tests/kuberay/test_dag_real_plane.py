@@ -1,6 +1,6 @@
 """The KubeRay operators inside a team's Airflow run (`airflow dags test` in a subprocess: task runner, XCom, the
 inline triggerer) against the real control plane: real etcd, kube-apiserver, scheduler, controller-manager and
-the KubeRay operator (tpuflow.dev.rehearsal), only GKE's API and nodes played. The imitation's versions of these
+the KubeRay operator (tpuflow_rehearsal.rehearsal), only GKE's API and nodes played. The imitation's versions of these
 runs are in test_dag_standin.py (its stuck-RayService message is a behaviour only the imitation can be told to
 play)."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from support.standin_dag_run import run_dagtest, standin_airflow_home
 
-from tpuflow.dev.nodes import network as net
-from tpuflow.dev.rehearsal import RehearsalStack
+from tpuflow_rehearsal.nodes import network as net
+from tpuflow_rehearsal.rehearsal import RehearsalStack
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(net.available() is not None, reason=str(net.available()))]
 

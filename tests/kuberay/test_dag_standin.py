@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from support.standin_dag_run import run_dagtest, standin_airflow_home
 
-from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
+from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ DAG = textwrap.dedent("""
 @pytest.mark.slow
 def test_operators_in_a_dag_run(tmp_path: Path) -> None:
     tpu = TpuSlice.from_spec("v6e", "4x4")
-    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher
+    from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher
 
     launcher = FakeRayLauncher(
         serve={
@@ -107,7 +107,7 @@ def test_a_create_that_failed_for_good_deletes_its_cluster_though_airflow_skips_
     """A team's natural DAG: ``delete.as_teardown(setups=create)``. Airflow skips that teardown when its setup
     failed, so the create (never ready: no TPU node) deletes its own RayCluster once its last try failed; the
     retry before that adopted it (one RayCluster, made once)."""
-    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher
+    from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher
 
     with KubeRayStandin(
         tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=StaticNodePools([]), interval=0.1

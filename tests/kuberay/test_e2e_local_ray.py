@@ -13,10 +13,10 @@ import pytest
 import requests
 from support.airflow_context import task_context
 
-from tpuflow.dev.standins.kuberay_controller import KubeRayStandin, LocalRayLauncher, StaticNodePools
-from tpuflow.dev.standins.kubernetes_api import RAYSERVICES
 from tpuflow.kuberay.operators import KubeRayDeleteServiceOperator, KubeRayDeployServiceOperator
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller import KubeRayStandin, LocalRayLauncher, StaticNodePools
+from tpuflow_rehearsal.standins.kubernetes_api import RAYSERVICES
 
 HERE = Path(__file__).resolve().parent
 
@@ -25,7 +25,7 @@ SERVE_TASK = {"dag_id": "tpu_llm_pipeline_gke", "run_id": "manual__e2e", "task_i
 
 
 @pytest.mark.slow
-@pytest.mark.long  # the imitation's end to end; make test deploys through the real operator (tests/dev/test_rehearsal.py)
+@pytest.mark.long  # the imitation's end to end; make test deploys through the real operator (tests/rehearsal/test_rehearsal.py)
 def test_rayservice_on_a_real_local_ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tpu = TpuSlice.from_spec("tpu7x", "2x2x2")  # 2 simulated hosts, 8 logical TPU devices each
     launcher = LocalRayLauncher(tmp_path / "ray", head_cpus=1, host_cpus=1, env={"PYTHONPATH": str(HERE)}, timeout=240)

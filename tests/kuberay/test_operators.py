@@ -17,8 +17,6 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from support.airflow_context import FakeTaskInstance, task_context
 
-from tpuflow.dev.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest
 from tpuflow.kuberay.operators import (
@@ -29,6 +27,8 @@ from tpuflow.kuberay.operators import (
 )
 from tpuflow.kubernetes.ownership import resource_name
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller import FakeServeBehaviour, KubeRayStandin, StaticNodePools
+from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 
 CONN = "kube_standin"
 V6E = TpuSlice.from_spec("v6e", "4x4")

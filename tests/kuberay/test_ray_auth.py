@@ -15,8 +15,6 @@ import pytest
 from support.airflow_context import task_context
 from support.kuberay_crds import schema_errors
 
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
-from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
 from tpuflow.errors import UserInputError
 from tpuflow.kuberay.addresses import cluster_payload, service_payload
 from tpuflow.kuberay.manifests import RayClusterTemplate, raycluster_manifest, rayservice_manifest
@@ -24,6 +22,8 @@ from tpuflow.kuberay.operators import KubeRayCreateClusterOperator
 from tpuflow.kuberay.ray_auth import RAY_AUTH_VALUES
 from tpuflow.rayjob.hooks import RayJobHook
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
+from tpuflow_rehearsal.standins.kubernetes_api import CORE_TYPES
 
 V6E = TpuSlice.from_spec("v6e", "2x2")
 IMAGE = "rayproject/ray:2.60.0-py311"

@@ -25,16 +25,26 @@ from support.parse_cost import HEAVY
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operators" / "tpuflow"
+# the rehearsal distribution (rehearsal/tpuflow_rehearsal): its modules follow the same rule
+REHEARSAL = REPO / "rehearsal" / "tpuflow_rehearsal"
+PROJECT_ROOTS = ("tpuflow", "tpuflow_rehearsal")
 # what every DAG file has loaded before its first line runs
 LOADED_WITH_THE_SDK = ("airflow.sdk", "airflow.sdk.exceptions")
 
 
+def source_root(path: Path) -> Path:
+    """The source root a module's path is relative to (operators/ or rehearsal/)."""
+    return PACKAGE.parent if path.is_relative_to(PACKAGE) else REHEARSAL.parent
+
+
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(source_root(path)).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+MODULES = {
+    module_name(p): p for package in (PACKAGE, REHEARSAL) for p in package.rglob("*.py") if "__pycache__" not in p.parts
+}
 
 
 def lazy_names(package_init: Path) -> dict[str, str]:
@@ -88,7 +98,7 @@ def heavy(name: str) -> bool:
     """Whether importing ``name`` loads something DAG parsing must not (its parent packages included)."""
     if in_heavy_list(name):
         return True
-    if name.split(".")[0] != "tpuflow":
+    if name.split(".")[0] not in PROJECT_ROOTS:
         root = name.split(".")[0]
         return root not in sys.stdlib_module_names and name not in LOADED_WITH_THE_SDK
     if name not in MODULES:
@@ -117,11 +127,13 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
-# The `tpuflow` command's start: every subcommand's module is imported before one runs.
+# The `tpuflow` command's start: every subcommand's module is imported before one runs (the rehearsal's too,
+# through the entry points its parser loads).
 CLI_START = """
 import json, sys
 before = set(sys.modules)
 import tpuflow.cli
+tpuflow.cli.build_parser()
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
@@ -152,7 +164,7 @@ def needless(module: str, target: str) -> bool:
 def test_a_function_imports_only_what_its_module_must_not_load() -> None:
     needless_ones = sorted(
         {
-            f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {target}"
+            f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
             for module in MODULES
             for line, target in function_level_imports(module)
             if needless(module, target)

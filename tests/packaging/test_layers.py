@@ -14,7 +14,10 @@ one, nor a sibling of its own layer):
 - kuberay: RayCluster / RayService (a RayService carries a Serve config)
 - cost: budget, ledger, reaper
 - pipeline (the DAG factory), ui (the plugin's pages)
-- dev: stand-ins and rehearsal tools; cli: the command line
+- cli: the command line
+- rehearsal: the second distribution (rehearsal/tpuflow_rehearsal, import root tpuflow_rehearsal): stand-ins,
+  launchers, the demo and the commands that need them. Above every provider layer: nothing in tpuflow, its
+  command line included, imports it (the command line finds its commands through entry points).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "operators" / "tpuflow"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "operators" / "tpuflow"
+REHEARSAL = REPO / "rehearsal" / "tpuflow_rehearsal"
 LAYERS: list[set[str]] = [
     {"core"},
     {"tpu"},
@@ -38,19 +43,19 @@ LAYERS: list[set[str]] = [
     {"kuberay"},
     {"cost"},
     {"pipeline", "ui"},
-    {"dev"},
     {"cli"},
+    {"rehearsal"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
-DEV_TOOLS = {"dev", "cli"}
 
 
 def modules() -> dict[str, Path]:
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if "__pycache__" not in parts:
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package in (PACKAGE, REHEARSAL):
+        for path in sorted(package.rglob("*.py")):
+            parts = path.relative_to(package.parent).with_suffix("").parts
+            if "__pycache__" not in parts:
+                found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
@@ -59,6 +64,8 @@ MODULES = modules()
 
 def subpackage(module: str) -> str:
     parts = module.split(".")
+    if parts[0] == "tpuflow_rehearsal":
+        return "rehearsal"  # one layer: its own subpackages import one another freely
     return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "core"
 
 
@@ -78,7 +85,7 @@ def imported(module: str, path: Path) -> Iterator[tuple[str, int]]:
         else:
             continue
         for target in targets:
-            if target.startswith("tpuflow.") or target == "tpuflow":
+            if target.split(".")[0] in ("tpuflow", "tpuflow_rehearsal"):
                 yield target, node.lineno
 
 
@@ -139,17 +146,34 @@ def test_no_import_cycle_between_files() -> None:
     assert cycles == []
 
 
-@pytest.mark.parametrize("forbidden", ["tpuflow.dev", "tpuflow.cli", "tpuflow.workloads"])
-def test_provider_modules_never_import_the_dev_tools_or_the_examples(forbidden: str) -> None:
+# what a module may not import, unless it is in one of these layers
+FORBIDDEN = {
+    "tpuflow_rehearsal": {"rehearsal"},  # the provider, its command line included, never needs the rehearsal
+    "tpuflow.dev": set(),  # the rehearsal's old home inside the provider: gone for good
+    "tpuflow.cli": {"cli", "rehearsal"},
+    "tpuflow.workloads": {"cli", "rehearsal"},
+}
+
+
+@pytest.mark.parametrize("forbidden", sorted(FORBIDDEN))
+def test_provider_modules_never_import_the_rehearsal_the_cli_or_the_workloads(forbidden: str) -> None:
     """tpuflow.workloads is shipped to Ray (the examples and the driver); `tpuflow.workloads_dir()` finds it."""
     wrong = [
         f"{module} -> {target}"
         for module, targets in GRAPH.items()
-        if subpackage(module) not in DEV_TOOLS
+        if subpackage(module) not in FORBIDDEN[forbidden]
         for target in targets
         if target == forbidden or target.startswith(forbidden + ".")
     ]
     assert wrong == []
+
+
+def test_the_rehearsal_is_in_the_graph_above_the_provider() -> None:
+    """The scan reads the rehearsal's files too (they import the provider: arrows pointing down)."""
+    assert "tpuflow_rehearsal.demo" in MODULES and "tpuflow_rehearsal.cli.run_cmd" in MODULES
+    assert subpackage("tpuflow_rehearsal.standins.gke_api") == "rehearsal" and LAYERS[-1] == {"rehearsal"}
+    assert any(t.startswith("tpuflow.") for t in GRAPH["tpuflow_rehearsal.demo"])
+    assert not any(t.startswith("tpuflow_rehearsal") for m, ts in GRAPH.items() if m.startswith("tpuflow.") for t in ts)
 
 
 def test_the_checks_see_imports_inside_functions() -> None:

@@ -1,8 +1,12 @@
 """tpuflow as production installs it: a wheel (Composer, docker/airflow.Dockerfile), not this checkout.
 
-Fast: pyproject's explicit package list covers every package folder; the wheel carries the workloads;
-the provider part never imports the simulators (tpuflow.dev). Slow: a fresh venv with the lock and the
-wheel (non-editable) imports tpuflow from site-packages only and runs the local pipeline's Ray steps.
+Two distributions, one repository: `tpuflow` (operators/, the provider and its pipelines) and `tpuflow-rehearsal`
+(rehearsal/, import root tpuflow_rehearsal: stand-ins, launchers, `tpuflow demo`). Fast: each pyproject's
+explicit package list covers every package folder; the provider wheel carries the workloads and none of the
+rehearsal; the provider, its command line included, never imports the rehearsal. Slow: a fresh venv with the
+lock and the provider wheel alone (non-editable) imports every operator from site-packages, parses every
+shipped DAG, runs `tpuflow --help` (and `tpuflow demo` says what to install), and runs the local pipeline's Ray
+steps.
 """
 
 from __future__ import annotations
@@ -27,19 +31,22 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOT = REPO / "operators"  # the src/ of this layout: operators/tpuflow/gke/hooks.py is tpuflow.gke.hooks
 OPERATORS = SOURCE_ROOT / "tpuflow"
 WORKLOADS = REPO / "workloads"
+# the rehearsal distribution's source root: rehearsal/tpuflow_rehearsal/demo.py is tpuflow_rehearsal.demo
+REHEARSAL_ROOT = REPO / "rehearsal"
+REHEARSAL = REHEARSAL_ROOT / "tpuflow_rehearsal"
 UV = Path(sys.executable).with_name("uv")
 # What the Airflow image copies to build the wheel (docker/airflow.Dockerfile).
 BUILD_INPUTS = ("pyproject.toml", "README.md", "operators", "workloads")
 
 
-def pyproject() -> dict:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())
+def pyproject(root: Path = REPO) -> dict:
+    return tomllib.loads((root / "pyproject.toml").read_text())
 
 
-def package_folders() -> dict[str, Path]:
+def package_folders(roots: tuple[tuple[Path, str], ...] = ((OPERATORS, "tpuflow"), (WORKLOADS, "tpuflow.workloads"))):
     """Dotted name -> folder of every package (a folder with __init__.py) the distribution ships."""
     found = {}
-    for root, prefix in ((OPERATORS, "tpuflow"), (WORKLOADS, "tpuflow.workloads")):
+    for root, prefix in roots:
         for init in sorted(root.rglob("__init__.py")):
             rel = init.parent.relative_to(root).parts
             if "__pycache__" not in rel:
@@ -47,33 +54,46 @@ def package_folders() -> dict[str, Path]:
     return found
 
 
-def test_every_package_folder_is_listed_in_pyproject() -> None:
-    setuptools = pyproject()["tool"]["setuptools"]
-    assert setuptools["package-dir"] == {"": "operators", "tpuflow.workloads": "workloads"}
+def rehearsal_folders() -> dict[str, Path]:
+    return package_folders(((REHEARSAL, "tpuflow_rehearsal"),))
+
+
+@pytest.mark.parametrize(
+    ("root", "package_dir", "folders"),
+    [
+        (REPO, {"": "operators", "tpuflow.workloads": "workloads"}, package_folders),
+        (REHEARSAL_ROOT, {"": "."}, rehearsal_folders),
+    ],
+    ids=["tpuflow", "tpuflow-rehearsal"],
+)
+def test_every_package_folder_is_listed_in_pyproject(root: Path, package_dir: dict, folders) -> None:
+    setuptools = pyproject(root)["tool"]["setuptools"]
+    assert setuptools["package-dir"] == package_dir
     listed = setuptools["packages"]
     assert len(listed) == len(set(listed)), "a package is listed twice"
-    folders = package_folders()
-    assert sorted(set(folders) - set(listed)) == [], "package folders missing from [tool.setuptools] packages"
-    assert sorted(set(listed) - set(folders)) == [], "listed packages without a folder (or its __init__.py)"
+    found = folders()
+    assert sorted(set(found) - set(listed)) == [], "package folders missing from [tool.setuptools] packages"
+    assert sorted(set(listed) - set(found)) == [], "listed packages without a folder (or its __init__.py)"
 
 
 def test_package_folders_have_no_module_without_init() -> None:
     """A folder of modules without __init__.py is not a package: setuptools would silently leave it out."""
-    shipped = set(package_folders().values())
+    shipped = set(package_folders().values()) | set(rehearsal_folders().values())
     stray = sorted(
         str(py.relative_to(REPO))
-        for root in (OPERATORS, WORKLOADS)
+        for root in (OPERATORS, WORKLOADS, REHEARSAL)
         for py in root.rglob("*.py")
         if "__pycache__" not in py.parts and py.parent not in shipped
     )
     assert stray == [], f"modules outside any listed package (add an __init__.py and list it): {stray}"
 
 
-def test_every_file_path_under_operators_is_its_import_name() -> None:
-    """operators/ is the source root: a module's path below it, dots for slashes, is what imports it."""
+@pytest.mark.parametrize(("root", "package"), [(SOURCE_ROOT, "tpuflow"), (REHEARSAL_ROOT, "tpuflow_rehearsal")])
+def test_every_file_path_under_a_source_root_is_its_import_name(root: Path, package: str) -> None:
+    """operators/ and rehearsal/ are source roots: a module's path below one, dots for slashes, is what imports it."""
     wrong = {}
-    for py in sorted(SOURCE_ROOT.rglob("*.py")):
-        rel = py.relative_to(SOURCE_ROOT).with_suffix("").parts
+    for py in sorted(root.rglob("*.py")):
+        rel = py.relative_to(root).with_suffix("").parts
         if "__pycache__" in rel:
             continue
         dotted = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
@@ -81,13 +101,15 @@ def test_every_file_path_under_operators_is_its_import_name() -> None:
         if spec is None or spec.origin is None or Path(spec.origin).resolve() != py.resolve():
             wrong[str(py.relative_to(REPO))] = spec.origin if spec else None
     assert wrong == {}, f"files whose path is not their import name: {wrong}"
-    top = sorted(p.name for p in SOURCE_ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
-    assert top == ["tpuflow"], "operators/ holds the tpuflow package and nothing else importable"
+    top = sorted(p.name for p in root.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert top == [package], f"{root.name}/ holds the {package} package and nothing else importable"
 
 
-# --- the provider part never needs the simulators ---------------------------------------------
+def test_the_old_home_of_the_rehearsal_is_gone() -> None:
+    assert not (OPERATORS / "dev").exists() and importlib.util.find_spec("tpuflow.dev") is None
 
-DEV_ONLY = ("dev", "cli")  # operators/tpuflow/dev/** (tpuflow.dev) and operators/tpuflow/cli/** may use the simulators
+
+# --- the provider never needs the rehearsal ---------------------------------------------------
 
 
 def module_name(path: Path) -> str:
@@ -101,64 +123,68 @@ def package_of(path: Path) -> str:
     return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
 
 
-def is_dev(module: str) -> bool:
-    return module == "tpuflow.dev" or module.startswith("tpuflow.dev.")
+def is_rehearsal(module: str) -> bool:
+    """The rehearsal distribution, or its old home inside the provider."""
+    return any(module == root or module.startswith(root + ".") for root in ("tpuflow_rehearsal", "tpuflow.dev"))
 
 
 def provider_modules() -> list[Path]:
-    return sorted(
-        p
-        for p in OPERATORS.rglob("*.py")
-        if p.relative_to(OPERATORS).parts[0] not in DEV_ONLY and "__pycache__" not in p.parts
-    )
+    """Every module of the provider distribution, its command line included."""
+    return sorted(p for p in OPERATORS.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def test_the_import_scan_sees_every_form_of_import() -> None:
-    """The scanner itself: absolute, relative, nested and dynamic imports of tpuflow.dev are all found."""
+    """The scanner itself: absolute, nested and dynamic imports of the rehearsal are all found."""
     source = (
-        "import tpuflow.dev.standins\n"
-        "from tpuflow import dev\n"
-        "def f():\n    from ..dev.standins import gke_api\n"
-        "class C:\n    def m(self):\n        import importlib\n        importlib.import_module('tpuflow.dev.demo')\n"
+        "import tpuflow_rehearsal.standins\n"
+        "from tpuflow_rehearsal import demo\n"
+        "def f():\n    from tpuflow_rehearsal.standins import gke_api\n"
+        "class C:\n    def m(self):\n        import importlib\n        importlib.import_module('tpuflow_rehearsal.demo')\n"
         "from .hooks import GkeHook\n"
-        "import tpuflow.devices\n"
+        "import tpuflow_rehearsals\n"
+        "from ..dev import standins\n"
     )
     found = imported_modules(source, "tpuflow.gke")
-    assert sorted({(line, m) for line, m in found if is_dev(m)}) == [
-        (1, "tpuflow.dev.standins"),
-        (2, "tpuflow.dev"),
-        (4, "tpuflow.dev.standins"),
-        (4, "tpuflow.dev.standins.gke_api"),
-        (8, "tpuflow.dev.demo"),
+    assert sorted({(line, m) for line, m in found if is_rehearsal(m)}) == [
+        (1, "tpuflow_rehearsal.standins"),
+        (2, "tpuflow_rehearsal"),
+        (2, "tpuflow_rehearsal.demo"),
+        (4, "tpuflow_rehearsal.standins"),
+        (4, "tpuflow_rehearsal.standins.gke_api"),
+        (8, "tpuflow_rehearsal.demo"),
+        (11, "tpuflow.dev"),
+        (11, "tpuflow.dev.standins"),
     ]
-    assert (9, "tpuflow.gke.hooks") in found and (10, "tpuflow.devices") in found
+    assert (9, "tpuflow.gke.hooks") in found and (10, "tpuflow_rehearsals") in found
 
 
-def test_provider_part_never_imports_the_simulators() -> None:
+def test_the_provider_never_imports_the_rehearsal() -> None:
     modules = provider_modules()
     assert OPERATORS / "rayjob" / "operators.py" in modules and OPERATORS / "local" / "cluster.py" in modules
-    assert not [p for p in modules if p.relative_to(OPERATORS).parts[0] in DEV_ONLY]
+    assert OPERATORS / "cli" / "__init__.py" in modules, "the command line is the provider's too"
     offending = [
         f"{p.relative_to(REPO)}:{line} imports {name}"
         for p in modules
         for line, name in imported_modules(p.read_text(), package_of(p))
-        if is_dev(name)
+        if is_rehearsal(name)
     ]
-    assert offending == [], "the provider part must not need tpuflow.dev (simulators):\n" + "\n".join(offending)
+    assert offending == [], "the provider must not need tpuflow_rehearsal:\n" + "\n".join(offending)
 
 
-# --- the wheel ----------------------------------------------------------------------------------
+# --- the wheels ---------------------------------------------------------------------------------
 
 
-def build_wheel(out: Path) -> Path:
-    """Build the wheel from a copy of exactly what the Airflow image copies (the checkout stays clean)."""
+def build_wheel(out: Path, inputs: tuple[str, ...] = BUILD_INPUTS, root: Path = REPO, name: str = "tpuflow") -> Path:
+    """Build a wheel from a copy of exactly what its image copies (the checkout stays clean)."""
     src = out / "src"
-    for name in BUILD_INPUTS:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for input_name in inputs:
+        if (root / input_name).is_dir():
+            shutil.copytree(
+                root / input_name, src / input_name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+            )
         else:
             src.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, src / name)
+            shutil.copy2(root / input_name, src / input_name)
     dist = out / "dist"
     cmd = (
         [str(UV), "build", "--wheel", "--out-dir", str(dist), str(src)]
@@ -167,7 +193,7 @@ def build_wheel(out: Path) -> Path:
     )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    wheels = sorted(dist.glob("tpuflow-*.whl"))
+    wheels = sorted(dist.glob(f"{name.replace('-', '_')}-*.whl"))
     assert len(wheels) == 1, f"expected one wheel, got {wheels}"
     return wheels[0]
 
@@ -175,6 +201,16 @@ def build_wheel(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def rehearsal_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(
+        tmp_path_factory.mktemp("rehearsal-wheel"),
+        ("pyproject.toml", "tpuflow_rehearsal"),
+        REHEARSAL_ROOT,
+        "tpuflow-rehearsal",
+    )
 
 
 def test_wheel_carries_the_packages_and_the_workloads(wheel: Path) -> None:
@@ -187,26 +223,71 @@ def test_wheel_carries_the_packages_and_the_workloads(wheel: Path) -> None:
     assert not any(n.startswith(("operators/", "workloads/")) for n in names), "the folders ship under tpuflow/ only"
     # PEP 561: type checkers read the provider's own annotations (make typecheck keeps them checked)
     assert "tpuflow/py.typed" in names, "the wheel lacks tpuflow/py.typed"
-    # KubeRay's CRDs (package data): the imitation control plane's schemas wherever tpuflow is installed.
-    crds = "tpuflow/dev/standins/kuberay_crds/"
-    shipped = {f"{crds}{p.name}" for p in (OPERATORS / "dev" / "standins" / "kuberay_crds").iterdir() if p.is_file()}
-    assert f"{crds}ray.io_rayclusters.yaml.gz" in shipped and {f"{crds}LICENSE", f"{crds}NOTICE"} <= shipped
-    assert shipped <= names, f"the wheel lacks {sorted(shipped - names)}"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "tpuflow.provider_info:get_provider_info" in text and "tpuflow = tpuflow.cli:main" in text
 
 
+# What the provider wheel must never hold: the rehearsal (stand-ins, launchers, demo; in either home) and the
+# KubeRay CRDs it serves. Listed from the wheel's own file names.
+NOT_THE_PROVIDER = ("tpuflow/dev/", "tpuflow_rehearsal/")
+
+
+def test_the_provider_wheel_holds_no_stand_in_launcher_or_demo(wheel: Path) -> None:
+    names = sorted(zipfile.ZipFile(wheel).namelist())
+    assert "tpuflow/cli/__init__.py" in names and "tpuflow/gke/operators.py" in names, names[:20]
+    wrong = [
+        n
+        for n in names
+        if n.startswith(NOT_THE_PROVIDER)
+        or n.endswith((".yaml.gz", ".yaml"))
+        or Path(n).stem in ("demo", "demo_gke", "gcs_emulator", "metadata_server", "standins_cmd", "run_cmd")
+    ]
+    assert wrong == [], f"the provider wheel holds rehearsal files: {wrong}"
+
+
+def test_the_rehearsal_wheel_carries_the_lab_its_crds_and_its_commands(rehearsal_wheel: Path) -> None:
+    names = set(zipfile.ZipFile(rehearsal_wheel).namelist())
+    for dotted in rehearsal_folders():
+        assert f"{dotted.replace('.', '/')}/__init__.py" in names, f"the wheel lacks the package {dotted}"
+    assert not any(n.startswith(("tpuflow/", "rehearsal/")) for n in names), sorted(names)[:10]
+    # KubeRay's CRDs (package data): the imitation control plane's schemas wherever the rehearsal is installed.
+    crds = "tpuflow_rehearsal/standins/kuberay_crds/"
+    shipped = {f"{crds}{p.name}" for p in (REHEARSAL / "standins" / "kuberay_crds").iterdir() if p.is_file()}
+    assert f"{crds}ray.io_rayclusters.yaml.gz" in shipped and {f"{crds}LICENSE", f"{crds}NOTICE"} <= shipped
+    assert shipped <= names, f"the wheel lacks {sorted(shipped - names)}"
+    assert "tpuflow_rehearsal/controlplane/crds/autoscaling.x-k8s.io_provisioningrequests.yaml" in names
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(rehearsal_wheel).read(entry_points).decode()
+    commands = pyproject(REHEARSAL_ROOT)["project"]["entry-points"]["tpuflow.commands"]
+    assert {"demo", "run", "airflow", "standins", "local.gcs"} <= set(commands)
+    assert "[tpuflow.commands]" in text and all(f"{name} = {value}" in text for name, value in commands.items())
+
+
 # --- installed the way production installs it ---------------------------------------------------
 
 CHECK_INSTALL = """
-import importlib.util, json, sys, sysconfig
+import importlib, importlib.util, json, pkgutil, sys, sysconfig
 from pathlib import Path
 import tpuflow
-from tpuflow.dev.standins.kubernetes_catalog import CrdSchemas
-from tpuflow.dev.standins.stack import default_crds
+from airflow.sdk import BaseOperator, DAG
 site = Path(sysconfig.get_paths()["purelib"]).resolve()
 workloads = Path(tpuflow.workloads_dir()).resolve()
+# every provider module (the workloads run on Ray, with the ML stacks the Ray image has): every operator in them
+modules = [m.name for m in pkgutil.walk_packages(tpuflow.__path__, "tpuflow.")
+           if not m.name.startswith("tpuflow.workloads") and not m.name.endswith(".__main__")]
+operators = set()
+for name in modules:
+    module = importlib.import_module(name)
+    operators |= {f"{name}.{k}" for k, v in vars(module).items()
+                  if isinstance(v, type) and issubclass(v, BaseOperator) and v.__module__ == name}
+# every shipped DAG file parses from the bare provider (argv: the files)
+dags = {}
+for path in sys.argv[1:]:
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dags[Path(path).name] = sorted(v.dag_id for v in vars(module).values() if isinstance(v, DAG))
 print(json.dumps({
     "prefix": sys.prefix,
     "site": str(site),
@@ -215,8 +296,11 @@ print(json.dumps({
     "workloads_in_site": workloads.is_relative_to(site),
     "subfolders": sorted(p.name for p in workloads.iterdir() if p.is_dir() and p.name != "__pycache__"),
     "operators_importable": importlib.util.find_spec("operators") is not None,
-    "crds": str(default_crds()),
-    "crd_plurals": sorted(CrdSchemas.load(default_crds()).schemas),
+    "rehearsal_importable": importlib.util.find_spec("tpuflow_rehearsal") is not None,
+    "modules": modules,
+    "operators": sorted(operators),
+    "dags": dags,
+    "loaded": sorted(m for m in sys.modules if m.startswith(("tpuflow_rehearsal", "tpuflow.dev"))),
     "sys_path": sys.path,
 }))
 import operators  # must fail: the distribution imports only as tpuflow
@@ -271,24 +355,65 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     yield {"venv": venv, "cwd": neutral, "env": clean_env(base), "install_s": time.monotonic() - started}
 
 
+def provider_operator_modules() -> set[str]:
+    """Modules of the checkout that define an operator class (read from the source)."""
+    return {
+        module_name(p)
+        for p in provider_modules()
+        if p.relative_to(OPERATORS).parts[0] != "workloads" and re.search(r"^class \w+Operator\b", p.read_text(), re.M)
+    }
+
+
 @pytest.mark.slow
 def test_installed_wheel_imports_as_tpuflow_from_site_packages(installed: dict) -> None:
+    """The provider wheel alone (no rehearsal): every module and operator imports, every shipped DAG parses."""
     venv, cwd, env = installed["venv"], installed["cwd"], installed["env"]
-    done = run_in(venv, ["-c", CHECK_INSTALL], cwd, env, timeout=300)
-    facts = json.loads(done.stdout.splitlines()[0]) if done.stdout.strip() else {}
+    dag_files = [str(p) for p in sorted((REPO / "dags").glob("*.py"))]
+    done = run_in(venv, ["-c", CHECK_INSTALL, *dag_files], cwd, env, timeout=300)
+    facts = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip() else {}
     assert facts, f"the installed tpuflow did not import:\n{done.stderr[-3000:]}"
     assert Path(facts["prefix"]) == venv
     assert facts["tpuflow"].startswith(facts["site"] + "/tpuflow/"), facts["tpuflow"]
     assert facts["workloads_in_site"], f"workloads_dir() is {facts['workloads']}, outside {facts['site']}"
     assert {"addition", "tpuflow_driver"} <= set(facts["subfolders"]), facts["subfolders"]
     assert not facts["operators_importable"]
-    assert facts["crds"].startswith(facts["site"] + "/tpuflow/"), facts["crds"]
-    assert facts["crd_plurals"] == ["rayclusters", "raycronjobs", "rayjobs", "rayservices"], facts["crd_plurals"]
+    assert not facts["rehearsal_importable"] and facts["loaded"] == [], facts["loaded"]
+    wanted = provider_operator_modules()
+    assert "tpuflow.gke.operators" in wanted and wanted <= set(facts["modules"]), sorted(wanted - set(facts["modules"]))
+    defined = {name.rpartition(".")[0] for name in facts["operators"]}
+    assert wanted <= defined, f"modules whose operators did not import: {sorted(wanted - defined)}"
+    assert len(facts["operators"]) >= 25, facts["operators"]
+    assert set(facts["dags"]) == {Path(p).name for p in dag_files} and all(facts["dags"].values()), facts["dags"]
     assert done.returncode != 0 and "ModuleNotFoundError: No module named 'operators'" in done.stderr, done.stderr
     assert not any(p.startswith(str(REPO)) for p in facts["sys_path"]), f"the checkout is on sys.path: {facts}"
     # The install is the wheel's copy, not an editable pointer back here.
     pth = [p.name for p in Path(facts["site"]).glob("*.pth") if str(REPO) in p.read_text()]
     assert pth == [], f"an editable install of the checkout is in the venv: {pth}"
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_its_command_line_without_the_rehearsal(installed: dict) -> None:
+    """`tpuflow --help` lists every command; a rehearsal command says, in one line, what to install."""
+    venv, cwd, env = installed["venv"], installed["cwd"], installed["env"]
+    tpuflow = str(venv / "bin" / "tpuflow")
+    helped = subprocess.run([tpuflow, "--help"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    for command in ("slice", "local", "render", "reap", "leases", "demo", "run", "standins", "airflow"):
+        assert command in helped.stdout, helped.stdout
+    for argv in (["demo"], ["demo", "--framework", "torch"], ["local", "gcs", "up"]):
+        done = subprocess.run([tpuflow, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stdout == "", (argv, done.stdout, done.stderr[-3000:])
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "tpuflow-rehearsal" in done.stderr and "is not installed" in done.stderr, done.stderr
+    sliced = subprocess.run(
+        [tpuflow, "slice", "--accelerator", "tpu-v6e-slice", "--topology", "2x4", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sliced.returncode == 0 and json.loads(sliced.stdout), sliced.stderr[-3000:]
 
 
 @pytest.mark.slow

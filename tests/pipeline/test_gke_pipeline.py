@@ -28,8 +28,13 @@ from support.gke_pipeline import (
     wait_until_empty,
 )
 from support.pipeline_steps import GKE_TRAIN_TO_REPORT
-from tpuflow.dev.standins.gke_api import GKEApiStandin
-from tpuflow.dev.standins.kuberay_controller import (
+
+from tpuflow.cost.ledger import rfc3339_to_unix
+from tpuflow.errors import UserInputError
+from tpuflow.labels import EXPIRES_LABEL, GCE_OWNER_RUN_LABEL, OWNER_RUN_LABEL
+from tpuflow.serve.idle_stop import NOT_KEPT
+from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
+from tpuflow_rehearsal.standins.kuberay_controller import (
     FakeRayLauncher,
     GkeNodePools,
     KubeRayStandin,
@@ -37,12 +42,7 @@ from tpuflow.dev.standins.kuberay_controller import (
     LocalRayLauncher,
     RayClusterHandle,
 )
-from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
-
-from tpuflow.cost.ledger import rfc3339_to_unix
-from tpuflow.errors import UserInputError
-from tpuflow.labels import EXPIRES_LABEL, GCE_OWNER_RUN_LABEL, OWNER_RUN_LABEL
-from tpuflow.serve.idle_stop import NOT_KEPT
+from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS, RAYSERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 ORDER = [
@@ -286,14 +286,13 @@ def test_endpoint_teardowns_keep_by_only_labelling_the_kept_objects_which_the_re
     """keep_endpoint: the three endpoint teardowns delete nothing; their only writes label the RayService, its
     ProvisioningRequest and PodTemplate (merge patches) and the serve pool (nodePools.update) kept, without their
     expiry. A reaper run after the run is over then takes the run's other leftovers and leaves the endpoint."""
-    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
-
     from tpuflow.capacity.operators import GKEDeleteProvisioningRequestOperator
     from tpuflow.capacity.provisioning_request import plan_provisioning_request, request_name
     from tpuflow.cost.reaper import FixedRunStates, ReaperScope, collect_orphans, reap
     from tpuflow.labels import EXPIRES_LABEL, KEPT_LABEL, gce_ownership_labels, kubernetes_ownership_labels
     from tpuflow.naming import TaskIdentity
     from tpuflow.tpu import TpuSlice
+    from tpuflow_rehearsal.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 
     run_id, expires = "manual__keep", int(time.time() + 3600)
     kube = KubeRayStandin(tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke), interval=0.05)
@@ -438,7 +437,7 @@ def test_endpoint_teardowns_delete_unless_kept(
 @pytest.mark.parametrize(
     "capacity",
     # both on the imitation of the control plane, in make test-long: make test runs the GKE pipeline end to end on
-    # the real API server and KubeRay operator (tests/dev/test_demo_gke.py, tests/pipeline/test_team_dag_gke_killed.py).
+    # the real API server and KubeRay operator (tests/rehearsal/test_demo_gke.py, tests/pipeline/test_team_dag_gke_killed.py).
     # The plain run serves from a multi-host slice (v6e 4x4: one replica over the 4 hosts of its own serve slice).
     [pytest.param("queued", marks=pytest.mark.long), pytest.param("on-demand", marks=pytest.mark.long)],
 )
@@ -454,10 +453,10 @@ def test_gke_pipeline_end_to_end_on_the_standins(
     capacity the slice's ProvisioningRequest is Provisioned (after the stand-in's delay), the TPU pods consume
     it, the run completes and the teardown deletes the request with the pools."""
     from support.gcs_bucket import list_bucket
-    from tpuflow.dev.gcs_emulator import ensure_buckets
-    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 
     from tpuflow.storage import EMULATOR_ENV, read_text
+    from tpuflow_rehearsal.gcs_emulator import ensure_buckets
+    from tpuflow_rehearsal.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 
     bucket = "tpuflow-gke-outputs"
     ensure_buckets(gcs_emulator.url, [bucket])
@@ -663,7 +662,7 @@ def test_queued_capacity_that_never_arrives_fails_at_the_deadline_and_teardown_l
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from tpuflow.dev.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
+    from tpuflow_rehearsal.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 
     gke.capacity.update({"queued": {"available": False, "failAfterSeconds": 3600}})
     kube = KubeRayStandin(

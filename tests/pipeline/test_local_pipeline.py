@@ -113,8 +113,8 @@ def test_torch_pipeline_on_gs_survives_transient_faults_and_a_rerun_reuses_the_b
     from support.fault_proxy import FaultProxy, Rule, writes_to
     from support.gcs_bucket import list_bucket
 
-    from tpuflow.dev.gcs_emulator import EMULATOR_ENV
     from tpuflow.storage import read_text
+    from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV
 
     bucket, run = "tpuflow-demo", f"run/{DAG_ID}/{DATE}"
     proxy = FaultProxy(gcs_emulator.url).start()

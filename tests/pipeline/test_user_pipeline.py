@@ -97,13 +97,13 @@ def test_the_same_dag_file_on_the_standins_is_configuration_only(
     with real Ray clusters behind the simulated KubeRay (make test-long) the run succeeds."""
     from support.gke_pipeline import CLUSTER_PATH
 
-    from tpuflow.dev.standins.kuberay_controller import (
+    from tpuflow_rehearsal.standins.kuberay_controller import (
         FakeRayLauncher,
         GkeNodePools,
         KubeRayStandin,
         LocalRayLauncher,
     )
-    from tpuflow.dev.standins.kubernetes_api import RAYCLUSTERS
+    from tpuflow_rehearsal.standins.kubernetes_api import RAYCLUSTERS
 
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
     launcher = (

@@ -21,10 +21,10 @@ from support.workload_operators import IN_THE_WORKER, addition_prep, addition_tr
 from tpuflow.workloads.tpuflow_driver.goodput import FLUSH_S
 
 from tpuflow.cost.goodput import run_goodput, slice_timeline, summary_line
-from tpuflow.dev.gcs_emulator import ensure_buckets
 from tpuflow.rayjob.operators import RaySubmitJobOperator
 from tpuflow.rayjob.workload_operators import RayTrainOperator
 from tpuflow.storage import EMULATOR_ENV, read_text
+from tpuflow_rehearsal.gcs_emulator import ensure_buckets
 
 pytestmark = pytest.mark.slow
 # The model's loss is near zero by step 500 (the demo's logs): 900 steps still meet the gate after a resume.

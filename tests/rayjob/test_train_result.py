@@ -144,9 +144,9 @@ def test_a_folder_without_a_ray_train_run_fails_once_with_one_line(tmp_path, fol
 def test_a_run_folder_on_gcs_names_its_checkpoint_with_the_gs_scheme(trained, gcs_emulator, monkeypatch):
     import pyarrow.fs as pafs
 
-    from tpuflow.dev.gcs_emulator import ensure_buckets
     from tpuflow.rayjob.train_result import _filesystem
     from tpuflow.storage import EMULATOR_ENV
+    from tpuflow_rehearsal.gcs_emulator import ensure_buckets
 
     bucket = f"tpuflow-train-{uuid.uuid4().hex[:8]}"
     ensure_buckets(gcs_emulator.url, [bucket])

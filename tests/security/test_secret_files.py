@@ -110,7 +110,7 @@ def test_local_cluster_token_is_private_while_the_cluster_starts(
 def test_airflow_passwords_and_services_state_are_private(
     tmp_path: Path, open_umask: None, no_chmod_after_the_fact: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tpuflow.dev.airflow_services import STATE_FILE, AirflowServices
+    from tpuflow_rehearsal.airflow_services import STATE_FILE, AirflowServices
 
     def stop_before_migrating(self: AirflowServices, *args: str, **kwargs: Any) -> Any:
         raise Stop
@@ -133,7 +133,7 @@ def test_the_standin_kubeconfig_is_never_readable_by_another_user_while_written(
     with group or other bits: each file opened for writing there is checked the moment it exists."""
     import io
 
-    from tpuflow.dev.standins.kubernetes_api import KubernetesApiStandin
+    from tpuflow_rehearsal.standins.kubernetes_api import KubernetesApiStandin
 
     folder = tmp_path / "kube"
     folder.mkdir()

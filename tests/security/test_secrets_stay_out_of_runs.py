@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from support.standin_dag_run import dagtest_command, standin_airflow_home
 
-from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
-from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
+from tpuflow_rehearsal.standins.kubernetes_api import CORE_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 SECRETS = CORE_TYPES["secrets"]

@@ -356,10 +356,9 @@ def test_a_rewritten_kuberay_xcom_cannot_read_another_secret_or_send_it_away(
 ) -> None:
     """On the Kubernetes stand-in (simulated KubeRay, token auth): the XCom rewritten to read another Secret of
     the namespace through the task's connection and send it to the attacker's URL."""
-    from tpuflow.dev.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
-    from tpuflow.dev.standins.kubernetes_api import CORE_TYPES
-
     from tpuflow.tpu import TpuSlice
+    from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
+    from tpuflow_rehearsal.standins.kubernetes_api import CORE_TYPES
 
     url, seen = attacker
     tpu = TpuSlice.from_spec("v6e", "2x2")

@@ -138,10 +138,9 @@ def test_a_gs_lease_expires_unless_renewed_and_stray_objects_are_ignored(
     import time
     import uuid
 
-    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, ensure_buckets
-
     from tpuflow.slices import leases
     from tpuflow.storage import gcs_client
+    from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV, ensure_buckets
 
     monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
     monkeypatch.delenv(liveness.SUPERVISOR_ENV, raising=False)
@@ -177,10 +176,10 @@ def test_an_expired_gs_lease_of_a_running_run_is_renewed_not_taken_over(
 
     from airflow.sdk.exceptions import TaskDeferred
     from support.airflow_context import FakeTaskInstance
-    from tpuflow.dev.gcs_emulator import EMULATOR_ENV, ensure_buckets
 
     from tpuflow.slices import leases
     from tpuflow.slices.operators import TPUAcquireSliceOperator
+    from tpuflow_rehearsal.gcs_emulator import EMULATOR_ENV, ensure_buckets
 
     monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)
     bucket = f"tpuflow-test-{uuid.uuid4().hex[:10]}"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tpuflow.dev.standins.gke_api import GKEApiStandin
-from tpuflow.dev.standins.kuberay_controller import KubeRayStandin
-from tpuflow.dev.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
+from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
+from tpuflow_rehearsal.standins.kuberay_controller import KubeRayStandin
+from tpuflow_rehearsal.standins.kubernetes_api import PODS, RAYCLUSTERS, RAYSERVICES
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "tpu_llm_pipeline_gke"

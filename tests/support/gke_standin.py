@@ -29,7 +29,7 @@ def context(**identity: Any) -> dict[str, Any]:
 @contextmanager
 def connected_standin(monkeypatch: pytest.MonkeyPatch, operation_seconds: float) -> Iterator[Any]:
     """A running GKE stand-in serving CLUSTER_PATH and the Airflow connection CONN_ID to it."""
-    from tpuflow.dev.standins.gke_api import GKEApiStandin
+    from tpuflow_rehearsal.standins.gke_api import GKEApiStandin
 
     standin = GKEApiStandin(operation_seconds=operation_seconds, clusters=[CLUSTER_PATH])
     standin.start()

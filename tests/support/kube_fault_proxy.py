@@ -1,4 +1,4 @@
-"""A TLS proxy in front of the real kube-apiserver (tpuflow.dev.controlplane) that answers chosen requests with the
+"""A TLS proxy in front of the real kube-apiserver (tpuflow_rehearsal.controlplane) that answers chosen requests with the
 errors a loaded or restarting API server gives (429 Too Many Requests with Retry-After, 500, 503) and passes every
 other request through unchanged. Only the clients given its kubeconfig go through it (the DAG's Airflow
 connection); the KubeRay operator, the node agent and the tests' own checks talk to kube-apiserver directly.
@@ -41,7 +41,7 @@ class KubeFaultProxy:
     ``proxy.kubeconfig`` for the client under test, ``proxy.fired`` for what was answered with an error."""
 
     def __init__(self, plane: Any, workdir: Path) -> None:
-        from tpuflow.dev.controlplane.pki import load_ca
+        from tpuflow_rehearsal.controlplane.pki import load_ca
 
         self.plane = plane
         self.workdir = Path(workdir)

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from tpuflow.dev.standins import kuberay_crds
-from tpuflow.dev.standins.kubernetes_catalog import CrdSchemas, unknown_fields
+from tpuflow_rehearsal.standins import kuberay_crds
+from tpuflow_rehearsal.standins.kubernetes_catalog import CrdSchemas, unknown_fields
 
 CRD_DIR = Path(os.environ.get("TPUFLOW_KUBERAY_CRDS") or kuberay_crds.DIRECTORY)
 SAMPLES_DIR = Path(__file__).resolve().parent / "kuberay_samples"

@@ -22,7 +22,7 @@ def running_airflow(base: Path, extra_dags: list[Path], wait_for: list[str]) -> 
     `tpuflow airflow up`, in `base` with its own TPUFLOW_HOME (local Ray clusters, slice leases) and output root,
     the project's DAGs and `extra_dags` in its DAGs folder. Stopped by process group at the end, with the local
     clusters its runs left; the caller fails if any of its processes outlive that."""
-    from tpuflow.dev.airflow_services import AirflowServices
+    from tpuflow_rehearsal.airflow_services import AirflowServices
 
     dags = base / "dags"
     dags.mkdir()

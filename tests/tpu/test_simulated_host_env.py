@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tpuflow.dev.standins.kuberay_controller.webhook import worker_env
 from tpuflow.local.cluster import default_host_cpus, host_ip
 from tpuflow.tpu import TpuSlice
+from tpuflow_rehearsal.standins.kuberay_controller.webhook import worker_env
 
 WEBHOOK_KEYS = (
     "TPU_WORKER_ID",

@@ -5,7 +5,7 @@ Connection extras honoured besides the google_cloud_platform ones (``is_anonymou
 
 ``container_api_endpoint``
     Base URL of the GKE API, e.g. ``http://127.0.0.1:8123`` for the local stand-in
-    (``python -m tpuflow.dev.standins.gke_api``). Unset: the real GKE endpoint.
+    (``python -m tpuflow_rehearsal.standins.gke_api``). Unset: the real GKE endpoint.
 ``container_api_transport``
     ``rest`` or ``grpc``. Defaults to ``rest`` when the endpoint starts with ``http://`` or
     ``https://``, otherwise to the client library's default (gRPC).

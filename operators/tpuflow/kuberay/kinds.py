@@ -6,7 +6,7 @@ operators, the waits and the triggers look a kind up instead of branching on its
 the name (plain JSON) and resolves it with ``kind_named``.
 
 Adding a kind is one subclass, registered when it is defined (``KIND_BY_NAME``), plus its stand-in in
-the simulated KubeRay controller (tpuflow.dev.standins.kuberay_controller).
+the simulated KubeRay controller (tpuflow_rehearsal.standins.kuberay_controller).
 
 Cheap to import (the operators name their kind at DAG parse time): the manifest builders load when a
 manifest is built.

@@ -2,7 +2,7 @@
 
 `raycluster_verdict` / `rayservice_verdict` turn a custom object into ready / failed(reason) /
 waiting(why). The triggers and the synchronous waits both use these, so "ready" means one thing on
-the operator side; the simulated KubeRay controller (tpuflow.dev.standins) keeps its own reading of
+the operator side; the simulated KubeRay controller (tpuflow_rehearsal.standins) keeps its own reading of
 KubeRay's documented status, so the stand-in does not grade itself with the operator's rules. The
 status pieces read here are typed (``RayClusterStatus``, ``RayServiceStatus``, ``Condition``, ...).
 

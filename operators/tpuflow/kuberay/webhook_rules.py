@@ -5,7 +5,7 @@ TPU worker group has numOfHosts != max(chips(topology) / google.com/tpu, 1), wit
 WEBHOOK_DENIAL. The operator side keeps it as a pre-flight check: KubeRayCreateClusterOperator checks a
 user-supplied manifest with it (``tpu_preflight``) before sending anything, and explains a webhook denial
 with the group and the numOfHosts to set; ``slice_of_group`` reads a ready cluster's slice for the XCom.
-The simulated webhook in tpuflow.dev.standins is written separately from GKE's documentation, so a
+The simulated webhook in tpuflow_rehearsal.standins is written separately from GKE's documentation, so a
 mistake here shows up there as a denial instead of being shared.
 """
 
