@@ -11,7 +11,9 @@ from airflow.sdk import DAG
 from tpuflow.cost.approval import ChipBudgetApprovalOperator
 from tpuflow.cost.local import LocalWriteChipLedgerOperator
 from tpuflow.cost.operators import TPUCheckChipBudgetOperator, TPUReapOrphansOperator
+from tpuflow.cost.training import ChipHourBudget
 from tpuflow.local.operators import LocalRayCreateClusterOperator, LocalRayDeleteClusterOperator
+from tpuflow.rayjob.workload_operators import RayTrainOperator
 from tpuflow.tpu import TpuSlice
 
 SLICE = TpuSlice.from_spec("v6e", "2x2")
@@ -40,6 +42,25 @@ with DAG("example_cost", schedule=None, start_date=datetime(2026, 11, 1), tags=[
     )
     guard >> approve >> start >> stop.as_teardown(setups=start) >> ledger.as_teardown(setups=guard)
     # [END howto_cost_ledger]
+
+with DAG("example_training_budget", schedule=None, start_date=datetime(2026, 11, 1), tags=["example"]):
+    # [START howto_cost_training_budget]
+    RayTrainOperator(
+        task_id="train",
+        cluster="{{ ti.xcom_pull(task_ids='create_ray_cluster') }}",
+        framework="jax",
+        train_loop="acme_forecast.fit:train_loop",
+        tpu_slice=SLICE,
+        storage_path="gs://acme-runs/forecast/{{ ds }}/train",
+        run_name="forecast",
+        budget=ChipHourBudget(  # the job is stopped, its checkpoints kept, when the run's chip-hours reach 8
+            max_chip_hours=8,
+            ledger_slices=[{"role": "train", "tpu": SLICE.to_dict(), "task_id": "create_pool"}],
+            project_id="my-project",
+            location="us-east5-b",
+        ),
+    )
+    # [END howto_cost_training_budget]
 
 # [START howto_cost_reaper]
 with DAG("example_reaper", schedule="@hourly", start_date=datetime(2026, 11, 1), catchup=False, tags=["example"]):

@@ -54,12 +54,25 @@ with DAG("example_gke_queued_capacity", schedule=None, start_date=datetime(2026,
         wait_timeout=3600,
         **KUBE,
     )
+    queued_ray = KubeRayCreateClusterOperator(
+        task_id="create_ray_cluster",
+        tpu_slice=SLICE,
+        image="rayproject/ray:2.60.0-py311",
+        provisioning_request_name="{{ ti.xcom_pull(task_ids='request_capacity')['name'] }}",  # its nodes, exactly
+        **KUBE,
+    )
+    drop_queued_ray = KubeRayDeleteClusterOperator(
+        task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **KUBE
+    )
     give_back = GKEDeleteProvisioningRequestOperator(
-        task_id="delete_request", created_by_task_id="request_capacity", **KUBE
+        task_id="delete_request",
+        created_by_task_id="request_capacity",
+        keep="{{ params.get('keep_endpoint', False) }}",  # true: left in place, labelled tpuflow-kept=true
+        **KUBE,
     )
     delete_queued_pool = GKEDeleteNodePoolOperator(task_id="delete_pool", created_by_task_id="create_pool", **GKE)
-    queued_pool >> request >> give_back.as_teardown(setups=request)
-    give_back >> delete_queued_pool.as_teardown(setups=queued_pool)
+    queued_pool >> request >> queued_ray >> drop_queued_ray.as_teardown(setups=queued_ray)
+    drop_queued_ray >> give_back.as_teardown(setups=request) >> delete_queued_pool.as_teardown(setups=queued_pool)
     # [END howto_gke_provisioning_request]
 
 with DAG("example_gke_flex_start", schedule=None, start_date=datetime(2026, 11, 1), tags=["example"]):

@@ -14,10 +14,14 @@ PRIVATE = ("dev", "cli")
 BASES = {"KubeRayApplyOperator"}
 
 
+# tpuflow.deprecations: what an old operator name's __init__ calls first (renamed, or replaced by an argument)
+ALIAS_WARNINGS = {"warn_renamed", "warn_replaced"}
+
+
 def _is_deprecated_alias(node: ast.ClassDef) -> bool:
-    """A renamed operator's old name: its __init__ warns through tpuflow.deprecations.warn_renamed."""
+    """An operator kept one release under its old name: its __init__ warns through tpuflow.deprecations."""
     calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
-    return any(getattr(c.func, "id", getattr(c.func, "attr", "")) == "warn_renamed" for c in calls)
+    return any(getattr(c.func, "id", getattr(c.func, "attr", "")) in ALIAS_WARNINGS for c in calls)
 
 
 def provider_operators() -> dict[str, str]:
