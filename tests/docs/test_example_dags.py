@@ -39,7 +39,7 @@ def test_every_example_dag_parses_in_a_dagbag(migrated_airflow_db: Path) -> None
     bag = DagBag(dag_folder=str(EXAMPLES))
     assert bag.import_errors == {}
     files = {Path(dag.fileloc).name for dag in bag.dags.values()}
-    assert files == set(example_files()), "every example file defines at least one DAG"
+    assert set(example_files()) <= files, "every example file defines at least one DAG"
 
 
 @pytest.mark.parametrize("example", example_files())
