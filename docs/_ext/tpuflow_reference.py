@@ -12,6 +12,10 @@
   constants and every ``TPUFLOW_*`` name in the code).
 - ``{tpuflow-api}``: one ``automodule`` per public module of the provider (not the rehearsal lab, not the CLI).
 
+The provider's docstrings are plain text with reST's literals and ``:param:`` fields: ``plain_docstring`` (an
+``autodoc-process-docstring`` hook) reads an indented block under prose (a code example, a column table) as a
+literal block, so the API reference builds without warnings and without editing the code.
+
 ``python docs/_ext/tpuflow_reference.py env`` prints the environment variables, one a line (tests/docs use it).
 """
 
