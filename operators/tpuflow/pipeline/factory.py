@@ -11,7 +11,7 @@ import json
 import posixpath
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from airflow.sdk import DAG, BaseOperator
 
@@ -59,6 +59,8 @@ MAX_SLICES = "{{ var.value.get('tpuflow_max_slices', 1) }}"
 CHECKED_SLICE = "{{{{ ti.xcom_pull(task_ids='check_params')['{}'] }}}}"
 
 
+# check_params' training slice (TpuSlice.to_dict()), a dict once rendered: the budget's and the ledger's slice.
+TRAIN_SLICE = "{{ ti.xcom_pull(task_ids='check_params') }}"
 # check_params' serve slice (tpuflow.pipeline.params: serve_topology), a dict once rendered.
 SERVE_SLICE = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
 # The quality gate's key when the train loop evaluates (Workload.evaluate_in_training): its reported evaluation.
@@ -377,6 +379,53 @@ def serve_until_idle_task(workload: Workload, cluster: str) -> BaseOperator:
     )
 
 
+class Admission(NamedTuple):
+    """How a run gets its slice, the same on every backend: the budget guard, an approver's answer when the
+    estimate is over budget, the slice lease; and the lease given back (a teardown)."""
+
+    guard: BaseOperator
+    approve: BaseOperator
+    lease: BaseOperator
+    release: BaseOperator
+
+
+def admission_steps(
+    checked: BaseOperator,
+    *,
+    dag_id: str,
+    output_root: str | None,
+    run_dir: str,
+    budget_slices: list[dict[str, Any]],
+    lease_root: str | None = None,
+    gcp_conn_id: str = "google_cloud_default",
+) -> Admission:
+    """check_params >> budget_guard >> approve_budget >> acquire_slice, and release_slice as the lease's
+    teardown: a run over its budget may wait for a person, and holds no slice lease while it waits.
+
+    ``budget_slices``: the guard's ``slices`` (what the run will hold); ``lease_root`` and ``gcp_conn_id``:
+    where the leases and the run's records are (default: the local lease root, the default connection)."""
+    guard = TPUCheckChipBudgetOperator(
+        task_id="budget_guard",
+        max_chip_hours="{{ params.max_chip_hours }}",
+        slices=budget_slices,
+        over_budget="{{ params.over_budget }}",
+        ledger_dir=dag_dir_for(dag_id, output_root),
+        gcp_conn_id=gcp_conn_id,
+    )
+    approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir, gcp_conn_id=gcp_conn_id)
+    lease = TPUAcquireSliceOperator(
+        task_id="acquire_slice",
+        max_slices=MAX_SLICES,
+        tpu_slice=checked_slice(),
+        lease_root=lease_root,
+        gcp_conn_id=gcp_conn_id,
+    )
+    release = TPUReleaseSliceOperator(task_id="release_slice", lease_root=lease_root, gcp_conn_id=gcp_conn_id)
+    checked >> guard >> approve >> lease
+    release.as_teardown(setups=[checked, lease])
+    return Admission(guard, approve, lease, release)
+
+
 def build_pipeline_dag(
     dag_id: str,
     *,
@@ -409,7 +458,13 @@ def build_pipeline_dag(
         **dag_kwargs,
     ) as dag:
         checked = CheckParamsOperator(task_id="check_params", output_dir=run_dir, workload=workload)
-        lease = TPUAcquireSliceOperator(task_id="acquire_slice", max_slices=MAX_SLICES, tpu_slice=checked_slice())
+        admission = admission_steps(
+            checked,
+            dag_id=dag_id,
+            output_root=output_root,
+            run_dir=run_dir,
+            budget_slices=[{"role": "train", "tpu": TRAIN_SLICE, "steps": "{{ params.train_steps }}"}],
+        )
         start = LocalRayCreateClusterOperator(
             task_id="start_cluster",
             tpu_slice=checked_slice(),
@@ -448,17 +503,7 @@ def build_pipeline_dag(
             cluster="{{ ti.xcom_pull(task_ids='start_cluster') }}",
             keep=keep_endpoint(workload),
         )
-        release = TPUReleaseSliceOperator(task_id="release_slice")
         watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='start_cluster') }}") if deploy else None
-        train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
-        guard = TPUCheckChipBudgetOperator(
-            task_id="budget_guard",
-            max_chip_hours="{{ params.max_chip_hours }}",
-            slices=[{"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"}],
-            over_budget="{{ params.over_budget }}",
-            ledger_dir=dag_dir_for(dag_id, output_root),
-        )
-        approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir)
         # everything runs on the one simulated slice (the ledger's timeline)
         slice_work = {
             task.task_id: cause
@@ -471,7 +516,7 @@ def build_pipeline_dag(
             slices=[
                 {
                     "role": "train",
-                    "tpu": train_slice,
+                    "tpu": TRAIN_SLICE,
                     "task_id": "stop_cluster",
                     "work": slice_work,
                     "cluster_task_id": "start_cluster",  # a team's own Ray jobs on it are work too
@@ -482,16 +527,14 @@ def build_pipeline_dag(
             prices="{{ var.value.get('" + PRICES_VARIABLE + "', '') }}",
             endpoint=ENDPOINT_VERDICT if watch else None,
         )
-        # a run over its budget may wait for a person: it holds no slice lease while it waits
-        checked >> guard >> approve >> lease >> start
+        admission.lease >> start
         if prep:
             start >> prep
         if watch:
             report >> watch
-        (watch or report) >> stop >> [release, ledger]
+        (watch or report) >> stop >> [admission.release, ledger]
         # check_params is a setup of each teardown too, as in the GKE DAG: a teardown runs when one of its
         # setups succeeded, and a start (or lease) task that failed after its work still left something.
         stop.as_teardown(setups=[checked, start])
-        release.as_teardown(setups=[checked, lease])
         ledger.as_teardown(setups=[checked, start])
     return dag

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow.sdk import DAG, Param
 
@@ -60,9 +60,9 @@ from tpuflow.capacity.operators import (
     GKEDeleteProvisioningRequestOperator,
     GKEWaitForFlexStartCapacityOperator,
 )
-from tpuflow.cost.approval import BudgetGate, ChipBudgetApprovalOperator
+from tpuflow.cost.approval import BudgetGate
 from tpuflow.cost.ledger import LEDGER_TASK_ID, PRICES_VARIABLE
-from tpuflow.cost.operators import GKEWriteChipLedgerOperator, TPUCheckChipBudgetOperator
+from tpuflow.cost.operators import GKEWriteChipLedgerOperator
 from tpuflow.cost.training import ChipHourBudget
 from tpuflow.deprecations import warn_replaced
 from tpuflow.errors import UserInputError
@@ -77,11 +77,11 @@ from tpuflow.kuberay.ray_auth import with_cluster_auth
 from tpuflow.labels import DEFAULT_EXPIRES_AFTER
 from tpuflow.pipeline.factory import (
     ENDPOINT_VERDICT,
-    MAX_SLICES,
     SERVE_SLICE,
+    TRAIN_SLICE,
+    admission_steps,
     build_serve_config,
     checked_slice,
-    dag_dir_for,
     keep_endpoint,
     pipeline_dag,
     run_dir_for,
@@ -102,7 +102,6 @@ from tpuflow.pipeline.params import (
     zones_param,
 )
 from tpuflow.pipeline.steps import CheckParamsOperator
-from tpuflow.slices.operators import TPUAcquireSliceOperator, TPUReleaseSliceOperator
 from tpuflow.work_spans import PREFLIGHT, SERVING, TRAINING
 
 if TYPE_CHECKING:
@@ -446,7 +445,186 @@ def build_gke_pipeline_dag(
         )
     run_dir = run_dir_for(dag_id, output_root)
     lease_root = lease_root or paths.gke_lease_root(output_root or paths.output_root())
-    gke = {"project_id": project_id, "location": location, "cluster_name": cluster_name}
+    node_zone = _or_param(ZONES_PARAM, node_zone)  # the run's Param zones, else the builder's
+    args = _task_arguments(
+        run_dir,
+        gcp_conn_id=gcp_conn_id,
+        kubernetes_conn_id=kubernetes_conn_id,
+        gke={"project_id": project_id, "location": location, "cluster_name": cluster_name},
+        image=image,
+        node_zone=node_zone,
+        namespace=namespace,
+        capacity=capacity,
+        fallback_capacity=fallback_capacity,
+        address_mode=address_mode,
+        cluster_ready_timeout=cluster_ready_timeout,
+        delete_timeout=delete_timeout,
+        poll_interval=poll_interval,
+        node_pool_poll_interval=node_pool_poll_interval,
+        deferrable=deferrable,
+        ray_env=ray_env,
+        ray_auth=ray_auth,
+    )
+    dag_kwargs.setdefault("doc_md", __doc__)
+    with pipeline_dag(
+        dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        max_active_runs=max_active_runs,
+        params=gke_pipeline_params(),
+        workload=workload,
+        **dag_kwargs,
+    ) as dag:
+        checked = CheckGkeParamsOperator(
+            task_id="check_params",
+            output_dir=run_dir,
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+            node_zone=node_zone,
+            capacity=capacity,
+            fallback_capacity=fallback_capacity,
+            workload=workload,
+        )
+        serving = workload.serve_app is not None
+        # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
+        admission = admission_steps(
+            checked,
+            dag_id=dag_id,
+            output_root=output_root,
+            run_dir=run_dir,
+            budget_slices=[
+                {"role": "train", "tpu": TRAIN_SLICE, "steps": "{{ params.train_steps }}"},
+                *([{"role": "serve", "tpu": SERVE_SLICE}] if serving else []),
+            ],
+            lease_root=lease_root,
+            gcp_conn_id=gcp_conn_id,
+        )
+        # The CPU cluster runs prep and evaluate: a workload with neither gets none.
+        create_prep, delete_prep = _prep_cluster(checked, workload, args, image, ray_env, ray_auth)
+        slice_ = _training_slice(checked, args)
+        cpu_cluster = create_prep.output if create_prep else None
+        # the work each slice was held for (the ledger's timeline): evaluation and prep run on the CPU cluster;
+        # a team's own Ray jobs on the training cluster (tpuflow.pipeline.handles) are work too
+        train_ledger = [
+            {
+                "role": "train",
+                "tpu": TRAIN_SLICE,
+                "task_id": "create_node_pool",
+                "work": {"preflight": PREFLIGHT, "train": TRAINING},
+                "cluster_task_id": "create_ray_cluster",
+            }
+        ]
+        prep, train, evaluate = training_steps(
+            cpu_cluster,
+            run_dir,
+            workload=workload,
+            train_cluster=slice_.create_cluster.output,
+            gcp_conn_id=gcp_conn_id,
+            budget=ChipHourBudget(
+                max_chip_hours="{{ params.max_chip_hours }}",
+                ledger_slices=train_ledger,
+                gcp_conn_id=gcp_conn_id,
+                project_id=project_id,
+                location=location,
+            ),
+        )
+        serve_tasks = (
+            _serve_steps(
+                workload,
+                checked,
+                cluster=cpu_cluster,
+                trained=train,
+                after=evaluate or train,
+                workloads_uri=serve_workloads_uri,
+                code_uri=serve_code_uri,
+                kube=args.kube,
+                pools=args.pools,
+                creates=args.creates,
+                queued=args.queued,
+                rays=args.rays,
+                deletes=args.deletes,
+                wait_timeout=service_ready_timeout,
+                serve_token_conn_id=serve_token_conn_id,
+            )
+            if serving
+            else None
+        )
+        deploy = serve_tasks[0] if serve_tasks else None
+        _, report = smoke_test_and_report(
+            run_dir, evaluate, deploy, workload=workload, train=train, serve_token_conn_id=serve_token_conn_id
+        )
+        serve_ledger = (
+            [{"role": "serve", "tpu": SERVE_SLICE, "task_id": "create_serve_node_pool", "work": {"deploy": SERVING}}]
+            if serving
+            else []
+        )
+        ledger = GKEWriteChipLedgerOperator(
+            task_id=LEDGER_TASK_ID,
+            slices=[*train_ledger, *serve_ledger],
+            trained="{{ ti.xcom_pull(task_ids='train') }}",
+            output_dir=run_dir,
+            prices=_var(PRICES_VARIABLE, ""),
+            gcp_conn_id=gcp_conn_id,
+            project_id=project_id,
+            location=location,
+            cluster_name=cluster_name,
+            endpoint=ENDPOINT_VERDICT if serving else None,
+        )
+
+        admission.lease >> [t for t in (create_prep, slice_.create_pool) if t]
+        if create_prep and prep:
+            create_prep >> prep
+        [slice_.create_cluster, slice_.wait_flex, *([prep] if prep else [])] >> train
+        # the training slice goes as soon as training is over; evaluation and serving do not need it
+        train >> slice_.delete_cluster
+        watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='deploy') }}") if serve_tasks else None
+        if watch and serve_tasks:
+            watch >> serve_tasks[1]  # report >> watch below
+        report_next = [t for t in (watch, delete_prep) if t]
+        report >> (report_next or [ledger])
+        delete_serve_pool = serve_tasks[2] if serve_tasks else None
+        [t for t in (slice_.delete_pool, delete_serve_pool, delete_prep) if t] >> ledger
+        [t for t in (slice_.delete_pool, delete_serve_pool) if t] >> admission.release
+        # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
+        checked.as_setup()  # type: ignore[no-untyped-call]  # Airflow's AbstractOperator.as_setup is unannotated
+        ledger.as_teardown(setups=[checked])
+    return dag
+
+
+class _TaskArguments(NamedTuple):
+    """The arguments the GKE DAG's task families share."""
+
+    pools: dict[str, Any]  # the node pool creates and deletes
+    creates: dict[str, Any]  # the node pool creates
+    kube: dict[str, Any]  # every task that talks to the cluster's Kubernetes API
+    rays: dict[str, Any]  # the RayCluster and RayService applies
+    queued: dict[str, Any]  # the ProvisioningRequests and flex-start's wait
+    deletes: dict[str, Any]  # the KubeRay deletes
+    cluster_ready_timeout: float  # seconds for a RayCluster to become ready
+
+
+def _task_arguments(
+    run_dir: str,
+    *,
+    gcp_conn_id: str,
+    kubernetes_conn_id: str | None,
+    gke: dict[str, str],
+    image: str,
+    node_zone: str | None,
+    namespace: str | None,
+    capacity: str,
+    fallback_capacity: Sequence[str] | str,
+    address_mode: str,
+    cluster_ready_timeout: float,
+    delete_timeout: float,
+    poll_interval: float,
+    node_pool_poll_interval: float,
+    deferrable: bool,
+    ray_env: Mapping[str, str] | None,
+    ray_auth: str,
+) -> _TaskArguments:
+    """build_gke_pipeline_dag's arguments, as each task family takes them."""
     pools: dict[str, Any] = {
         **gke,
         "gcp_conn_id": gcp_conn_id,
@@ -454,7 +632,6 @@ def build_gke_pipeline_dag(
         "poll_interval": node_pool_poll_interval,
         "retry_backoff": node_pool_poll_interval,
     }
-    node_zone = _or_param(ZONES_PARAM, node_zone)  # the run's Param zones, else the builder's
     creates: dict[str, Any] = {
         **pools,
         "capacity": capacity,
@@ -482,200 +659,96 @@ def build_gke_pipeline_dag(
         "address_mode": address_mode,
         "retries": 0,
     }
-    dag_kwargs.setdefault("doc_md", __doc__)
-    with pipeline_dag(
-        dag_id,
-        schedule=schedule,
-        start_date=start_date,
-        max_active_runs=max_active_runs,
-        params=gke_pipeline_params(),
-        workload=workload,
-        **dag_kwargs,
-    ) as dag:
-        checked = CheckGkeParamsOperator(
-            task_id="check_params",
-            output_dir=run_dir,
-            gcp_conn_id=gcp_conn_id,
-            project_id=project_id,
-            location=location,
-            node_zone=node_zone,
-            capacity=capacity,
-            fallback_capacity=fallback_capacity,
-            workload=workload,
-        )
-        train_slice = "{{ ti.xcom_pull(task_ids='check_params') }}"
-        serve_slice_ = "{{ ti.xcom_pull(task_ids='check_params')['serve'] }}"
-        serving = workload.serve_app is not None
-        guard = TPUCheckChipBudgetOperator(
-            task_id="budget_guard",
-            max_chip_hours="{{ params.max_chip_hours }}",
-            slices=[
-                {"role": "train", "tpu": train_slice, "steps": "{{ params.train_steps }}"},
-                *([{"role": "serve", "tpu": serve_slice_}] if serving else []),
-            ],
-            over_budget="{{ params.over_budget }}",
-            ledger_dir=dag_dir_for(dag_id, output_root),
-            gcp_conn_id=gcp_conn_id,
-        )
-        approve = ChipBudgetApprovalOperator(task_id="approve_budget", record_dir=run_dir, gcp_conn_id=gcp_conn_id)
-        # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
-        lease = TPUAcquireSliceOperator(
-            task_id="acquire_slice",
-            max_slices=MAX_SLICES,
-            tpu_slice=checked_slice(),
-            lease_root=lease_root,
-            gcp_conn_id=gcp_conn_id,
-        )
-        release = TPUReleaseSliceOperator(task_id="release_slice", lease_root=lease_root, gcp_conn_id=gcp_conn_id)
-        # The CPU cluster runs prep and evaluate: a workload with neither gets none.
-        create_prep = None
-        if workload.prep or workload.evaluate_job:
-            create_prep = KubeRayCreateClusterOperator(
-                task_id="create_prep_cluster",
-                manifest=prep_cluster_manifest(image, ray_env, ray_auth),
-                wait_timeout=cluster_ready_timeout,
-                **{k: v for k, v in rays.items() if k not in ("image", "env")},
-            )
-        create_pool = GKECreateTPUNodePoolOperator(
-            task_id="create_node_pool", tpu_slice=checked_slice(), max_run_duration=_MAX_RUN % "train", **creates
-        )
-        # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
-        queued: dict[str, Any] = {
-            **kube,
-            "max_run_duration_seconds": "{{ params.max_run_duration_seconds or '' }}",
-            "wait_timeout": cluster_ready_timeout,
-            "pre_execute": creates["pre_execute"],
-        }
-        request_capacity = GKECreateProvisioningRequestOperator(
-            task_id="request_capacity", node_pool_task_id="create_node_pool", tpu_slice=checked_slice(), **queued
-        )
-        create_cluster = KubeRayCreateClusterOperator(
-            task_id="create_ray_cluster",
-            tpu_slice=checked_slice(),
-            provisioning_request_name=_REQUESTED % "request_capacity",
-            wait_timeout=cluster_ready_timeout,
-            **rays,
-        )
-        wait_flex = GKEWaitForFlexStartCapacityOperator(
-            task_id="wait_for_flex_start",
-            node_pool_task_id="create_node_pool",
-            ray_cluster_task_id="create_ray_cluster",
-            tpu_slice=checked_slice(),
-            **{k: v for k, v in queued.items() if k != "max_run_duration_seconds"},
-        )
-        cpu_cluster = create_prep.output if create_prep else None
-        # the work each slice was held for (the ledger's timeline): evaluation and prep run on the CPU cluster
-        train_work = {"preflight": PREFLIGHT, "train": TRAINING}
-        # a team's own Ray jobs on the training cluster (tpuflow.pipeline.handles) are work too
-        train_ledger = [
-            {
-                "role": "train",
-                "tpu": train_slice,
-                "task_id": "create_node_pool",
-                "work": train_work,
-                "cluster_task_id": "create_ray_cluster",
-            }
-        ]
-        prep, train, evaluate = training_steps(
-            cpu_cluster,
-            run_dir,
-            workload=workload,
-            train_cluster=create_cluster.output,
-            gcp_conn_id=gcp_conn_id,
-            budget=ChipHourBudget(
-                max_chip_hours="{{ params.max_chip_hours }}",
-                ledger_slices=train_ledger,
-                gcp_conn_id=gcp_conn_id,
-                project_id=project_id,
-                location=location,
-            ),
-        )
-        deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
-        serve_tasks = (
-            _serve_steps(
-                workload,
-                checked,
-                cluster=cpu_cluster,
-                trained=train,
-                after=evaluate or train,
-                workloads_uri=serve_workloads_uri,
-                code_uri=serve_code_uri,
-                kube=kube,
-                pools=pools,
-                creates=creates,
-                queued=queued,
-                rays=rays,
-                deletes=deletes,
-                wait_timeout=service_ready_timeout,
-                serve_token_conn_id=serve_token_conn_id,
-            )
-            if serving
-            else None
-        )
-        deploy = serve_tasks[0] if serve_tasks else None
-        _, report = smoke_test_and_report(
-            run_dir, evaluate, deploy, workload=workload, train=train, serve_token_conn_id=serve_token_conn_id
-        )
+    # queued pools: ask for their nodes (nothing to do for other capacities, fallbacks included)
+    queued: dict[str, Any] = {
+        **kube,
+        "max_run_duration_seconds": "{{ params.max_run_duration_seconds or '' }}",
+        "wait_timeout": cluster_ready_timeout,
+        "pre_execute": creates["pre_execute"],
+    }
+    deletes: dict[str, Any] = {**kube, "wait_timeout": delete_timeout}
+    return _TaskArguments(pools, creates, kube, rays, queued, deletes, cluster_ready_timeout)
 
-        delete_cluster = KubeRayDeleteClusterOperator(
-            task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **deletes
-        )
-        delete_request = GKEDeleteProvisioningRequestOperator(
-            task_id="delete_provisioning_request", created_by_task_id="request_capacity", **kube
-        )
-        delete_pool = GKEDeleteNodePoolOperator(
-            task_id="delete_node_pool", created_by_task_id="create_node_pool", **pools
-        )
-        delete_prep = None
-        if create_prep:
-            delete_prep = KubeRayDeleteClusterOperator(
-                task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **deletes
-            )
-        serve_ledger = (
-            [{"role": "serve", "tpu": serve_slice_, "task_id": "create_serve_node_pool", "work": {"deploy": SERVING}}]
-            if serving
-            else []
-        )
-        ledger = GKEWriteChipLedgerOperator(
-            task_id=LEDGER_TASK_ID,
-            slices=[*train_ledger, *serve_ledger],
-            trained="{{ ti.xcom_pull(task_ids='train') }}",
-            output_dir=run_dir,
-            prices=_var(PRICES_VARIABLE, ""),
-            gcp_conn_id=gcp_conn_id,
-            project_id=project_id,
-            location=location,
-            cluster_name=cluster_name,
-            endpoint=ENDPOINT_VERDICT if serving else None,
-        )
 
-        checked >> guard >> approve >> lease >> [t for t in (create_prep, create_pool) if t]
-        if create_prep and prep:
-            create_prep >> prep
-        create_pool >> request_capacity >> [create_cluster, wait_flex]
-        create_pool >> create_cluster  # (also through request_capacity; stated for readers of the graph)
-        [create_cluster, wait_flex, *([prep] if prep else [])] >> train
-        # the training slice goes as soon as training is over; evaluation and serving do not need it
-        train >> delete_cluster >> delete_request >> delete_pool
-        delete_cluster >> delete_pool
-        watch = serve_until_idle_task(workload, "{{ ti.xcom_pull(task_ids='deploy') }}") if serve_tasks else None
-        if watch and serve_tasks:
-            watch >> serve_tasks[1]  # report >> watch below
-        report_next = [t for t in (watch, delete_prep) if t]
-        report >> (report_next or [ledger])
-        delete_serve_pool = serve_tasks[2] if serve_tasks else None
-        [t for t in (delete_pool, delete_serve_pool, delete_prep) if t] >> ledger
-        [t for t in (delete_pool, delete_serve_pool) if t] >> release
-        # check_params is a setup of every teardown: once validation passed, each delete runs whatever failed.
-        checked.as_setup()  # type: ignore[no-untyped-call]  # Airflow's AbstractOperator.as_setup is unannotated
-        delete_pool.as_teardown(setups=[checked, create_pool])
-        delete_cluster.as_teardown(setups=[checked, create_cluster])
-        delete_request.as_teardown(setups=[checked, request_capacity])
-        if create_prep and delete_prep:
-            delete_prep.as_teardown(setups=[checked, create_prep])
-        ledger.as_teardown(setups=[checked])
-        release.as_teardown(setups=[checked, lease])
-    return dag
+def _prep_cluster(
+    checked: BaseOperator,
+    workload: Workload,
+    args: _TaskArguments,
+    image: str,
+    ray_env: Mapping[str, str] | None,
+    ray_auth: str,
+) -> tuple[BaseOperator | None, BaseOperator | None]:
+    """The CPU RayCluster that runs prep and evaluate, and its delete (a teardown); (None, None) when the
+    workload has neither."""
+    if not (workload.prep or workload.evaluate_job):
+        return None, None
+    create_prep = KubeRayCreateClusterOperator(
+        task_id="create_prep_cluster",
+        manifest=prep_cluster_manifest(image, ray_env, ray_auth),
+        wait_timeout=args.cluster_ready_timeout,
+        **{k: v for k, v in args.rays.items() if k not in ("image", "env")},
+    )
+    delete_prep = KubeRayDeleteClusterOperator(
+        task_id="delete_prep_cluster", cluster_task_id="create_prep_cluster", **args.deletes
+    )
+    delete_prep.as_teardown(setups=[checked, create_prep])
+    return create_prep, delete_prep
+
+
+class _TrainingSlice(NamedTuple):
+    """The training slice's tasks: its node pool, queued capacity, RayCluster, and their teardowns."""
+
+    create_pool: BaseOperator
+    request_capacity: BaseOperator
+    create_cluster: BaseOperator
+    wait_flex: BaseOperator
+    delete_cluster: BaseOperator
+    delete_request: BaseOperator
+    delete_pool: BaseOperator
+
+
+def _training_slice(checked: BaseOperator, args: _TaskArguments) -> _TrainingSlice:
+    """The training slice, from its node pool (and, queued, its ProvisioningRequest) to the RayCluster on it,
+    and the teardowns that delete them in the reverse order (each also a teardown of check_params)."""
+    create_pool = GKECreateTPUNodePoolOperator(
+        task_id="create_node_pool", tpu_slice=checked_slice(), max_run_duration=_MAX_RUN % "train", **args.creates
+    )
+    request_capacity = GKECreateProvisioningRequestOperator(
+        task_id="request_capacity", node_pool_task_id="create_node_pool", tpu_slice=checked_slice(), **args.queued
+    )
+    create_cluster = KubeRayCreateClusterOperator(
+        task_id="create_ray_cluster",
+        tpu_slice=checked_slice(),
+        provisioning_request_name=_REQUESTED % "request_capacity",
+        wait_timeout=args.cluster_ready_timeout,
+        **args.rays,
+    )
+    wait_flex = GKEWaitForFlexStartCapacityOperator(
+        task_id="wait_for_flex_start",
+        node_pool_task_id="create_node_pool",
+        ray_cluster_task_id="create_ray_cluster",
+        tpu_slice=checked_slice(),
+        **{k: v for k, v in args.queued.items() if k != "max_run_duration_seconds"},
+    )
+    delete_cluster = KubeRayDeleteClusterOperator(
+        task_id="delete_ray_cluster", cluster_task_id="create_ray_cluster", **args.deletes
+    )
+    delete_request = GKEDeleteProvisioningRequestOperator(
+        task_id="delete_provisioning_request", created_by_task_id="request_capacity", **args.kube
+    )
+    delete_pool = GKEDeleteNodePoolOperator(
+        task_id="delete_node_pool", created_by_task_id="create_node_pool", **args.pools
+    )
+    create_pool >> request_capacity >> [create_cluster, wait_flex]
+    create_pool >> create_cluster  # (also through request_capacity; stated for readers of the graph)
+    delete_cluster >> delete_request >> delete_pool
+    delete_cluster >> delete_pool
+    delete_pool.as_teardown(setups=[checked, create_pool])
+    delete_cluster.as_teardown(setups=[checked, create_cluster])
+    delete_request.as_teardown(setups=[checked, request_capacity])
+    return _TrainingSlice(
+        create_pool, request_capacity, create_cluster, wait_flex, delete_cluster, delete_request, delete_pool
+    )
 
 
 def _serve_steps(
