@@ -52,4 +52,6 @@ nitpick_ignore_regex = [
 
 html_theme = "alabaster"
 html_title = "tpuflow"
+# The code is 120 columns wide (ruff's line length): a page wide enough to show it without scrolling.
+html_theme_options = {"page_width": "1360px", "sidebar_width": "260px"}
 html_static_path: list[str] = []

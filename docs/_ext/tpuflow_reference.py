@@ -229,7 +229,7 @@ def _modules(entry: Found) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = [".. list-table::", "   :header-rows: 1", ""]
+    out = [".. list-table::", "   :header-rows: 1", "   :width: 100%", ""]
     for row in [header, *rows]:
         out.append("   * - " + (row[0] or " "))
         out.extend("     - " + (cell or " ") for cell in row[1:])
@@ -263,7 +263,7 @@ def params_rst() -> list[str]:
     }
     rows = []
     for name, spec in specs.items():
-        rows.append(_param_row(name, spec.value, spec.schema, "both"))
+        rows.append(_param_row(name, spec.value, spec.schema, "local, GKE"))
     for name, param in gke.items():
         rows.append(_param_row(name, param.value, dict(param.schema), "GKE"))
     steps = ", ".join(f"{step}: {', '.join(names)}" for step, names in params.STEP_PARAMS.items())
