@@ -439,6 +439,10 @@ GENERATORS = {
 }
 
 
+def _generated_pages(app: Any, env: Any, added: set[str], changed: set[str], removed: set[str]) -> list[str]:
+    return [doc for doc in ("reference/api", "reference/configuration") if doc in env.found_docs]
+
+
 def setup(app: Any) -> dict[str, Any]:
     from docutils.statemachine import StringList
     from sphinx.util.docutils import SphinxDirective
@@ -463,6 +467,9 @@ def setup(app: Any) -> dict[str, Any]:
     for name, generate in GENERATORS.items():
         app.add_directive(name, directive(generate))
     app.connect("autodoc-process-docstring", _process_docstring)
+    # The generated pages are read again on every build: a module or a setting added to the code shows at once
+    # (a file-level dependency would miss a new module).
+    app.connect("env-get-outdated", _generated_pages)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
 
 
