@@ -456,7 +456,7 @@ def _stop_leftover_cluster(base: Path) -> list[int]:
 
 
 def test_the_lock_pins_every_dependency_and_dev_tool() -> None:
-    """`make install` installs requirements.lock: everything pyproject names (but the torch extra) is pinned there,
+    """`make install` installs requirements.lock: everything either pyproject names (but the torch extra) is pinned there,
     Playwright included (the UI tests drive Debian's Chromium with it)."""
     pinned = {
         re.sub(r"[-_.]+", "-", m.group(1)).lower()
@@ -465,6 +465,8 @@ def test_the_lock_pins_every_dependency_and_dev_tool() -> None:
     project = pyproject()["project"]
     extras = project["optional-dependencies"]
     wanted = [*project["dependencies"], *extras["jax"], *extras["dev"]]  # the demo and the tests run JAX
+    # and what the rehearsal distribution needs (`make install` installs it with --no-deps too)
+    wanted += [req for req in pyproject(REHEARSAL_ROOT)["project"]["dependencies"] if req != "tpuflow"]
     names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", req).group(0)).lower() for req in wanted}
     assert "playwright" in names and "greenlet" in pinned
     assert sorted(names - pinned) == [], "pyproject names packages the lock does not pin: re-run `uv pip compile`"
