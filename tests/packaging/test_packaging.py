@@ -228,9 +228,9 @@ def test_wheel_carries_the_packages_and_the_workloads(wheel: Path) -> None:
     assert "tpuflow.provider_info:get_provider_info" in text and "tpuflow = tpuflow.cli:main" in text
 
 
-# What the provider wheel must never hold: the rehearsal (stand-ins, launchers, demo; in either home) and the
-# KubeRay CRDs it serves. Listed from the wheel's own file names.
-NOT_THE_PROVIDER = ("tpuflow/dev/", "tpuflow_rehearsal/")
+# What the provider wheel must never hold: the rehearsal (stand-ins, launchers, demo; in either home), the
+# KubeRay CRDs it serves and the seed examples (examples/workloads). Listed from the wheel's own file names.
+NOT_THE_PROVIDER = ("tpuflow/dev/", "tpuflow_rehearsal/", "tpuflow/workloads/seed_", "examples/")
 
 
 def test_the_provider_wheel_holds_no_stand_in_launcher_or_demo(wheel: Path) -> None:

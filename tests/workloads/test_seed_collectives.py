@@ -1,4 +1,4 @@
-"""Seed 004's Ray Core collectives (workloads/seed_collectives/ray_core_collectives.py, the seed's script
+"""Seed 004's Ray Core collectives (examples/workloads/seed_collectives/ray_core_collectives.py, the seed's script
 byte for byte) submitted with the seed's command line, `ray job submit --working-dir . -- python3
 ray_core_collectives.py --topology=2x2 --accelerator-type=TPU-V6E`, through Ray's JobSubmissionClient:
 one actor per chip of a slice reserved with slice_placement_group, tensors on the stand-in's ``tpu``
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.ray_cluster import run_job, running_cluster
 
-SCRIPT_DIR = Path(__file__).resolve().parents[2] / "workloads" / "seed_collectives"
+SCRIPT_DIR = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "seed_collectives"
 RANK_LINE = re.compile(
     r"^Rank +(\d+) \(worker_id=(\d+), local_rank=(\d+), ip=([0-9.]+)\): all_reduce_sum=\[([0-9., ]+)\]$", re.M
 )

@@ -1,4 +1,4 @@
-"""Seed 004's model on Ray Serve LLM as a team's own app builder (workloads/seed_serve_llm/app.py),
+"""Seed 004's model on Ray Serve LLM as a team's own app builder (examples/workloads/seed_serve_llm/app.py),
 rendered as docs/your-own-model.md says: `tpuflow render rayservice --import-path seed_serve_llm.app:build_app` on a
 v6e 4x4. The RayService validates against KubeRay's CRD; the render hands the builder the slice's
 accelerator_type / accelerator_config.topology / chips_per_host, and the LLMConfig the builder makes of
@@ -19,7 +19,10 @@ from support.kuberay_crds import schema_errors
 
 from tpuflow.cli import main
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
+# a seed example, not in the provider wheel: on sys.path here as a team puts its own app on its pods' path
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
 IMPORT_PATH = "seed_serve_llm.app:build_app"
 README_RENDER = [
     "render",
@@ -163,7 +166,7 @@ def test_ray_serve_llm_is_imported_only_when_serve_builds_the_app() -> None:
             print("BUILT", type(app.build_app(args)).__name__)
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=WORKLOADS)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=EXAMPLES)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("BUILT Application") or (
         done.stdout.startswith("NO-VLLM") and "vLLM" in done.stdout

@@ -1,4 +1,4 @@
-"""Seed 004's FSDP2 TorchTrainer (workloads/seed_torch_finetune/train.py) submitted as a Ray job to a
+"""Seed 004's FSDP2 TorchTrainer (examples/workloads/seed_torch_finetune/train.py) submitted as a Ray job to a
 simulated v6e 2x2 (one 4-chip host): ScalingConfig(use_tpu=True, topology, accelerator_type,
 resources_per_worker={"TPU": 1}) and TorchConfig(backend="tpu_dist") as the seed wrote them, through
 Ray's own TPU torch path with tpuflow's CPU stand-in for torch_tpu: model, batches and loss on the
@@ -15,7 +15,7 @@ import pytest
 from support.ray_cluster import run_job, running_cluster
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
-SCRIPT_DIR = WORKLOADS / "seed_torch_finetune"
+SCRIPT_DIR = WORKLOADS.parent / "examples" / "workloads" / "seed_torch_finetune"
 STAND_IN = WORKLOADS / "simulated_tpu" / "torch_tpu"
 
 pytestmark = pytest.mark.slow  # a cluster plus four FSDP2 workers (about 50 s): the example runs in make test
