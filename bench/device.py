@@ -102,8 +102,8 @@ def device_train_step_ratio(ctx: Context) -> list[Result]:
                    baseline_is="a bare loop over the same jitted step (the demo's DataParallelState.step) and the "
                                "same device batches, loss fetched once at the end",
                    ratio_means="median over repetitions of (addition.training.fit with its StepClock, logging "
-                               "and loss fetch every log_every) / (bare loop), both warm, the order reversed every "
-                               "other repetition; details.noise_floor: bare loop / bare loop in the same repetitions",
+                               "and loss fetch every log_every) / (bare loop), both warm, the six orders of (fit, bare, "
+                               "bare again) in turn; details.noise_floor: bare loop / bare loop in the same repetitions",
                    details=d)]  # fmt: skip
 
 

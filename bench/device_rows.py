@@ -8,6 +8,7 @@ project's own modules are imported (no Ray, pyarrow or optax: see bench.device_m
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ PEAK_BF16_FLOPS = {"TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v6 lite": 918e
 
 SIZES: dict[str, dict[str, Any]] = {
     "chip": {
-        "ratio": {"steps": 500, "reps": 15, "batch": 128},
+        "ratio": {"steps": 500, "reps": 18, "batch": 128},
         "mfu": {"model": {"d_model": 1024, "n_heads": 16, "n_layers": 16, "d_ff": 4096}, "batch": 2048, "steps": 20},
         "first": {"demo": {}, "25m": {"d_model": 512, "n_heads": 8, "n_layers": 8, "d_ff": 2048}},
         "ckpt": {"model": {"d_model": 1536, "n_heads": 12, "n_layers": 12, "d_ff": 6144}, "notices": 10},
@@ -39,6 +40,10 @@ SIZES: dict[str, dict[str, Any]] = {
         "serve": {"calls": 3},
     },
 }
+
+
+# main's own moments (time.time()), for time_to_first_step_s's phases
+_MARKS: dict[str, float] = {}
 
 
 def _tokens(n: int) -> np.ndarray:
@@ -75,7 +80,7 @@ def train_step_ratio(size: dict[str, Any]) -> dict[str, Any]:
     logs: list[str] = []
 
     def fit_loop() -> None:
-        fit(state.step, state.fetch_float, cfg, lambda _epoch: iter(batches), log=logs.append)
+        fit(state.step, state.fetch_float, cfg, lambda _epoch: iter(batches), log=logs.append, prefetch=state.prefetch)
 
     def bare() -> None:
         loss = None
@@ -83,19 +88,21 @@ def train_step_ratio(size: dict[str, Any]) -> dict[str, Any]:
             loss = state.step(b)
         state.fetch_float(loss)
 
-    # Both sides run once untimed (the step is compiled, and fit's own first call is not "warm"), then each
-    # repetition times fit, the bare loop and the bare loop again, in reversed order every other repetition: a
-    # fixed order charged the side that went first (its first repetition 1.16-1.23). Bare against bare is the
-    # noise floor the ratio is read against.
+    # Both sides run once untimed (the step is compiled, and fit's own first call is not "warm"). Each repetition
+    # then times fit, the bare loop and the bare loop again in one of the six orders, the orders taken in turn: a
+    # slot charges its run (on the chip the first of a repetition ran up to 1 % slower), and a side kept in one
+    # slot (the bare loop always in the middle, as before) read that slot's charge as fit's overhead or saving. Bare against bare
+    # is the noise floor the ratio is read against.
     bare()
     fit_loop()
+    sides = {"fit": fit_loop, "bare": bare, "bare again": bare}
+    orders = list(itertools.permutations(sides))
     fit_s, bare_s, floor = [], [], []
     for rep in range(int(size["reps"])):
-        sides = [("fit", fit_loop), ("bare", bare), ("bare again", bare)]
         timed: dict[str, float] = {}
-        for side, run in sides if rep % 2 == 0 else sides[::-1]:
+        for side in orders[rep % len(orders)]:
             t = time.perf_counter()
-            run()
+            sides[side]()
             timed[side] = time.perf_counter() - t
         fit_s.append(timed["fit"])
         bare_s.append(timed["bare"])
@@ -167,15 +174,22 @@ def first_step(model: dict[str, Any], cache: str | None) -> dict[str, Any]:
     from tpuflow_driver.goodput import StepClock
 
     cfg = resolve_config({"num_steps": 3, "global_batch_size": 32, "model": model})
+    marks = {**_MARKS, "cache_and_imports": time.time()}
     state = _state(cfg)
+    marks["state_init"] = time.time()
     rows = _tokens(3 * 32)
+    marks["data"] = time.time()
     clock = StepClock()
     fit(state.step, state.fetch_float, cfg, lambda _e: iter(state.global_batch(rows[i * 32 : (i + 1) * 32])
                                                               for i in range(3)), clock=clock, log=lambda _m: None)  # fmt: skip
     started = float(os.environ.get(T0_ENV, clock.began_at))
     first_done = clock.began_at + sum(clock.seconds[c] for c in ("startup", "data_wait", "compile"))
+    # the profile: where process start -> first step went, phase by phase (the first step: trace, compile or
+    # cache read, run)
+    edges = [("python_start", started), *marks.items(), ("first_step", first_done)]
     return {
         "to_first_step_s": first_done - started,
+        "phases_s": {name: round(t - prev, 4) for (_, prev), (name, t) in zip(edges, edges[1:], strict=False)},
         "compile_s": clock.seconds["compile"],
         "cache_folder": folder,
         "cache_files": sum(1 for _ in Path(folder).rglob("*") if _.is_file()) if folder else 0,
@@ -278,9 +292,12 @@ def main(argv: list[str]) -> None:
     row, size_name, out = argv[0], argv[1], Path(argv[2])
     extra = argv[3] if len(argv) > 3 else None
     size = SIZES[size_name]
+    _MARKS["python_start"] = time.time()
     import jax
 
+    _MARKS["jax_import"] = time.time()
     kind = jax.devices()[0].device_kind
+    _MARKS["backend_init"] = time.time()
     if row == "ratio":
         result = train_step_ratio(size["ratio"])
     elif row == "mfu":

@@ -105,6 +105,41 @@ def test_a_logged_loss_is_read_once_the_next_step_is_dispatched() -> None:
     ]  # fmt: skip
 
 
+def test_a_deferred_read_takes_the_prefetched_copy() -> None:
+    """With prefetch, a logged loss's copy to the host starts the moment its step is dispatched, and the deferred
+    read takes that copy (a read that waited for the copy cost ~0.45 ms on a TPU v5e, ~0.08 ms prefetched); a loss
+    read at once (the last step, a checkpoint) is not prefetched."""
+    cfg = resolve_config({"num_steps": 5, "checkpoint_every": 3, "log_every": 2})
+    events: list[str] = []
+
+    def step_fn(batch: int) -> int:
+        events.append(f"step {batch}")
+        return batch
+
+    def prefetch(loss: int) -> str:
+        events.append(f"copy {loss}")
+        return f"host {loss}"
+
+    def fetch(loss: int | str) -> float:
+        events.append(f"read {loss}")
+        return float(str(loss).split()[-1])
+
+    fit(step_fn, fetch, cfg, lambda e: iter(range(1, 6)), log=lambda line: events.append(line.split(" epoch")[0]),
+        prefetch=prefetch)  # fmt: skip
+    assert events == [
+        "step 1", "step 2", "copy 2", "step 3", "read host 2", "step 2/5",
+        "step 4", "copy 4", "step 5", "read host 4", "step 4/5", "read 5", "step 5/5",
+    ]  # fmt: skip
+
+
+def test_the_jax_states_prefetch_reads_back_the_same_value() -> None:
+    from addition.train_jax import DataParallelState
+
+    jnp = pytest.importorskip("jax.numpy")
+    value = jnp.arange(4.0).sum()
+    assert DataParallelState.fetch(DataParallelState.prefetch(value)) == DataParallelState.fetch(value) == 6.0
+
+
 def test_config_validation_and_fingerprint() -> None:
     with pytest.raises(ValueError, match="unknown model keys"):
         resolve_config({"model": {"width": 3}})

@@ -93,9 +93,20 @@ class DataParallelState:
         return loss
 
     @staticmethod
-    def fetch(x: Any) -> np.ndarray:
+    def _local(x: Any) -> Any:
         # replicated: the local copy is the value, also when other processes hold devices
-        return np.asarray(x.addressable_data(0))
+        return x if len(x.devices()) == 1 else x.addressable_data(0)
+
+    @classmethod
+    def fetch(cls, x: Any) -> np.ndarray:
+        return np.asarray(cls._local(x))
+
+    @classmethod
+    def prefetch(cls, x: Any) -> Any:
+        """Start copying a replicated value to the host; ``fetch`` of what this returns reads that copy."""
+        local = cls._local(x)
+        local.copy_to_host_async()
+        return local
 
     def fetch_float(self, x: Any) -> float:
         return float(self.fetch(x))
@@ -150,7 +161,7 @@ def train_local(
             yield state.global_batch(np.ascontiguousarray(tokens[order[i : i + bsz]], dtype=np.int32))
 
     t0 = time.perf_counter()
-    step, epoch, loss = fit(state.step, state.fetch_float, cfg, epoch_batches, log=log)
+    step, epoch, loss = fit(state.step, state.fetch_float, cfg, epoch_batches, log=log, prefetch=state.prefetch)
     return state.params_numpy(), {"step": step, "epoch": epoch, "loss": loss, "train_s": time.perf_counter() - t0}
 
 
@@ -393,6 +404,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             notice=preemption_notice(cfg),
             clock=clock,
             log=log,
+            prefetch=state.prefetch,
         )
     finally:
         if joined_here:
