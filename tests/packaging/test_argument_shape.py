@@ -15,10 +15,8 @@ import pytest
 from tpuflow.arguments import ArgumentChecks
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operators" / "tpuflow"
-# every subpackage of the provider (the dev tools and the CLI are not operators)
-SUBPACKAGES = tuple(
-    sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name not in ("dev", "cli"))
-)
+# every subpackage of the provider (the CLI holds no operator)
+SUBPACKAGES = tuple(sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name != "cli"))
 OLD_SHAPES = {"_check_arguments", "_checked_fields", "_check_static_arguments", "_check_static_names"}
 # The helper's two moments: operators list their checks (argument_checks) and never redefine these.
 HELPER_MOMENTS = {"validate_arguments", "check_static_arguments"}

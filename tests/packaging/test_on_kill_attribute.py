@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operators" / "tpuflow"
-SUBPACKAGES = tuple(
-    sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name not in ("dev", "cli"))
-)
+SUBPACKAGES = tuple(sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name != "cli"))
 OWNED = "_owned"
 
 

@@ -5,7 +5,7 @@
   inherited from a tpuflow base class;
 - every such class is found, whichever subpackage it lives in.
 
-Every provider module is read (the dev tools and the CLI are not operators). The argument-check shape and
+Every provider module is read (the CLI holds no operator; the rehearsal lab is another distribution). The argument-check shape and
 ``on_kill``'s one attribute have their own tests (test_argument_shape.py, test_on_kill_attribute.py).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operators" / "tpuflow"
-DEV_TOOLS = ("dev", "cli")
+DEV_TOOLS = ("cli",)
 
 
 def provider_modules() -> list[str]:

@@ -21,7 +21,7 @@ from tpuflow.capacity.operators import (
 )
 from tpuflow.capacity.provisioning_request import CONSUME_ANNOTATION
 from tpuflow.gke.operators import GKECreateTPUNodePoolOperator, GKEDeleteNodePoolOperator
-from tpuflow.kuberay.operators import KubeRayDeleteClusterOperator
+from tpuflow.kuberay.operators import KubeRayCreateClusterOperator, KubeRayDeleteClusterOperator
 from tpuflow_rehearsal.nodes import network as net
 from tpuflow_rehearsal.nodes.kube_rest import KubeError
 from tpuflow_rehearsal.played_autoscaler import AUTOSCALER_USER
@@ -84,11 +84,9 @@ def request_op(**kwargs: Any) -> GKECreateProvisioningRequestOperator:
 
 
 def cluster_op(provisioning_request: str | None = None) -> Any:
-    from tpuflow.pipeline.gke import QueuedCapacityRayClusterOperator
-
-    return QueuedCapacityRayClusterOperator(
-        task_id="create_ray_cluster", image="rayproject/ray:2.60.0-py311", provisioning_request=provisioning_request,
-        wait_timeout=240, **SLICE, **KUBE,
+    return KubeRayCreateClusterOperator(
+        task_id="create_ray_cluster", image="rayproject/ray:2.60.0-py311",
+        provisioning_request_name=provisioning_request, wait_timeout=240, **SLICE, **KUBE,
     )  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 What a keep_endpoint run kept (labelled tpuflow-kept=true; a local cluster's state "kept") is never deleted:
 each run says how many it skipped. Delete a kept endpoint with kubectl / gcloud / `tpuflow local down` (the
-commands: the tpuflow.cost.reaper docstring, or the README's orphan reaper section).
+commands: the tpuflow.cost.reaper docstring, or docs/cost-and-goodput.md, Orphan reaper).
 
 Without an Airflow metadata DB (a plain shell after `tpuflow demo`; or --without-db) no run state can be read:
 resources are then judged by the process that supervised their run (a `tpuflow demo`, `tpuflow run`, an

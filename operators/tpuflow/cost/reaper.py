@@ -703,7 +703,7 @@ def reap(
     if spared:
         say(
             f"skipped {len(spared)} kept endpoint resource(s) (keep_endpoint): still running, and billed until you "
-            "delete them (how: the tpuflow.cost.reaper docstring, or the README's orphan reaper section)"
+            "delete them (how: the tpuflow.cost.reaper docstring, or docs/cost-and-goodput.md, Orphan reaper)"
         )
         for entry in spared:
             say(f"kept {entry.line()}")

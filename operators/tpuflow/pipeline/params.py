@@ -255,7 +255,7 @@ def _all_param_specs(accelerator: str, topology: str) -> dict[str, ParamSpec]:
             type="boolean",
             title="Keep the endpoint running",
             description="Leave the cluster and Serve endpoint up after the run, marked kept so the orphan reaper "
-            "leaves them (local: `tpuflow local down` removes them; GKE: see the README's orphan reaper section).",
+            "leaves them (local: `tpuflow local down` removes them; GKE: see docs/cost-and-goodput.md, Orphan reaper).",
         ),
         "idle_timeout": ParamSpec(
             None,
