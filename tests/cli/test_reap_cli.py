@@ -6,42 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.local_clusters import supervised_cluster
 from support.processes import dead_process_record
 
 from tpuflow import liveness
-from tpuflow.local.cluster import CLUSTER_ENV, LocalRayCluster, NodeProcess
-from tpuflow.naming import TaskIdentity
 from tpuflow.slices.leases import LocalLeaseStore
-
-
-def _cluster(base: Path, run_id: str, supervisor: dict[str, Any]) -> tuple[LocalRayCluster, subprocess.Popen]:
-    """A run's local cluster whose 'head' is a sleep in its own process group carrying the cluster's marker."""
-    temp_dir = tempfile.mkdtemp(prefix="tpf-test-", dir="/tmp")
-    head = subprocess.Popen(["sleep", "120"], start_new_session=True, env={**os.environ, CLUSTER_ENV: temp_dir})
-    name = f"local-dag-{run_id}"
-    cluster = LocalRayCluster(
-        name=name,
-        state_dir=str(base / name),
-        temp_dir=temp_dir,
-        gcs_address="",
-        dashboard_url="",
-        serve_port=0,
-        slice=None,
-        nodes=[NodeProcess("head", head.pid, str(base / name / "head.log"), temp_dir=temp_dir)],
-        started_at=time.time(),
-        owner=TaskIdentity("dag", run_id, "start_cluster").record(),
-        supervisor=supervisor,
-    )
-    Path(cluster.state_dir).mkdir(parents=True)
-    cluster.save()
-    return cluster, head
 
 
 def _lease(root: Path, holder: str, supervisor: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,8 +29,8 @@ def test_reap_without_a_db_takes_what_a_dead_supervisor_left_and_keeps_a_live_on
     from tpuflow.cli import main
 
     base, leases = tmp_path / "clusters", tmp_path / "leases"
-    killed, killed_head = _cluster(base, "killed", dead_process_record())
-    live, live_head = _cluster(base, "live", liveness.process_record())
+    killed, killed_head = supervised_cluster(base, "killed", dead_process_record())
+    live, live_head = supervised_cluster(base, "live", liveness.process_record())
     _lease(leases, "dag/killed", dead_process_record(), monkeypatch)
     _lease(leases, "dag/live", liveness.process_record(), monkeypatch)
     try:
@@ -105,7 +78,7 @@ def test_a_run_the_db_lists_as_running_is_reaped_when_its_supervisor_is_dead(
 
     leases = tmp_path / "leases"
     _lease(leases, "dag/killed", dead_process_record(), monkeypatch)
-    killed, head = _cluster(tmp_path / "clusters", "killed", dead_process_record())
+    killed, head = supervised_cluster(tmp_path / "clusters", "killed", dead_process_record())
     try:
         scope = ReaperScope(local_base_dir=str(tmp_path / "clusters"), lease_root=str(leases), kube=False)
         orphans = collect_orphans(scope, FixedRunStates({"dag": ["killed"]}), older_than=7200)

@@ -10,20 +10,17 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.airflow_context import task_context
+from support.local_clusters import supervised_cluster
 from support.processes import dead_process_record
 
 from tpuflow import liveness
-from tpuflow.local.cluster import CLUSTER_ENV, LocalRayCluster, NodeProcess
-from tpuflow.naming import TaskIdentity
 from tpuflow.slices.leases import LocalLeaseStore
 
 # `airflow dags test --use-executor`'s process tree: the dags-test process parses the DAG (importing tpuflow) or
@@ -55,29 +52,6 @@ DAGS_TEST = textwrap.dedent(
 def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.delenv(liveness.SUPERVISOR_ENV, raising=False)
-
-
-def _cluster(base: Path, run_id: str, supervisor: dict[str, Any] | None) -> tuple[LocalRayCluster, Any]:
-    """A run's local cluster (its 'head' a sleep carrying the cluster's marker) supervised by ``supervisor``."""
-    temp_dir = tempfile.mkdtemp(prefix="tpf-test-", dir="/tmp")
-    head = subprocess.Popen(["sleep", "120"], start_new_session=True, env={**os.environ, CLUSTER_ENV: temp_dir})
-    name = f"local-dag-{run_id}"
-    cluster = LocalRayCluster(
-        name=name,
-        state_dir=str(base / name),
-        temp_dir=temp_dir,
-        gcs_address="",
-        dashboard_url="",
-        serve_port=0,
-        slice=None,
-        nodes=[NodeProcess("head", head.pid, str(base / name / "head.log"), temp_dir=temp_dir)],
-        started_at=time.time(),
-        owner=TaskIdentity("dag", run_id, "start_cluster").record(),
-        supervisor=supervisor,
-    )
-    Path(cluster.state_dir).mkdir(parents=True)
-    cluster.save()
-    return cluster, head
 
 
 @pytest.fixture
@@ -129,7 +103,9 @@ def test_a_lease_taken_in_an_executor_forked_task_process_stays_with_the_live_da
         assert dags_test.stdout is not None and dags_test.stdout.readline().strip() == "ready"
         (lease,) = LocalLeaseStore(leases).all_holders().values()
         assert lease.supervisor is not None and lease.supervisor["pid"] == dags_test.pid, lease.supervisor
-        cluster, head = _cluster(base, "live", lease.supervisor)  # what its start-cluster task records the same way
+        cluster, head = supervised_cluster(
+            base, "live", lease.supervisor
+        )  # what its start-cluster task records the same way
         heads.append(head)
         _waiter_defers(leases)
         assert "no orphans found" in _reap(base, leases, capsys)
@@ -173,7 +149,7 @@ def test_a_live_run_in_another_pid_namespace_keeps_its_lease_and_cluster(
     record = {**ours, "pid_ns": here + 1}  # as the container's process wrote it
     leases, base = tmp_path / "leases", tmp_path / "clusters"
     _hold(leases, "dag/live", record, monkeypatch)
-    cluster, head = _cluster(base, "live", record)
+    cluster, head = supervised_cluster(base, "live", record)
     heads.append(head)
     _waiter_defers(leases)
     assert "no orphans found" in _reap(base, leases, capsys)
