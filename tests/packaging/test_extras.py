@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from support.python_packages import write_package
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOT = REPO / "operators"  # operators/tpuflow/gke/hooks.py is tpuflow.gke.hooks
@@ -103,13 +104,13 @@ def test_every_provider_module_imports_and_the_dags_parse_without_the_ml_extras(
 
 
 def test_the_blocked_run_reports_module_level_ml_imports_and_leaves_function_level_ones(tmp_path: Path) -> None:
-    package = tmp_path / "heavyprobe"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "top.py").write_text("import optax\n")
-    (package / "swallowed.py").write_text("try:\n    import torch.nn\nexcept ImportError:\n    torch = None\n")
-    (package / "lazy.py").write_text("def train():\n    import jax\n\n    return jax\n")
-    (package / "plain.py").write_text("import json\n")
+    modules = {
+        "top": "import optax\n",
+        "swallowed": "try:\n    import torch.nn\nexcept ImportError:\n    torch = None\n",
+        "lazy": "def train():\n    import jax\n\n    return jax\n",
+        "plain": "import json\n",
+    }
+    write_package(tmp_path, "heavyprobe", modules)
     result = run_blocked(tmp_path, "heavyprobe")
     assert set(result["modules"]) == {
         "heavyprobe",

@@ -8,20 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.python_packages import acme_sales
 
 from tpuflow.errors import UserInputError
 from tpuflow.pipeline.dag import configured_backend, tpu_pipeline
 from tpuflow.pipeline.workload import Workload
-
-
-def acme_sales(tmp_path: Path) -> Path:
-    """The package the workloads name: tpu_pipeline finds each step's module and function in it."""
-    package = tmp_path / "acme_sales"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "build_features.py").write_text("")
-    (package / "regress.py").write_text("def fit(config):\n    pass\n")
-    return package
 
 
 @pytest.fixture

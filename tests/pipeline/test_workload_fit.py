@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.python_packages import acme_sales
 
 from tpuflow.pipeline.dag import tpu_pipeline
 from tpuflow.pipeline.workload import Workload
@@ -51,16 +52,6 @@ ALWAYS_KEYS = ["output_dir", "training"]
 EVALUATION_KEYS = ["accuracy", "heldout_examples", "eval_examples_per_s", "eval_hosts"]
 SMOKE_KEYS = ["sample_prompt", "sample_completion"]
 DEMO_REPORT_KEYS = ["output_dir", *EVALUATION_KEYS, *SMOKE_KEYS, "endpoint", "training"]
-
-
-def acme_sales(tmp_path: Path) -> Path:
-    """The team's package (as tests/pipeline/test_dag_backend.py's): a prep module and a train loop."""
-    package = tmp_path / "acme_sales"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "build_features.py").write_text("")
-    (package / "regress.py").write_text("def fit(config):\n    pass\n")
-    return package
 
 
 @pytest.fixture
