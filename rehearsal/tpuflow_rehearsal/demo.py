@@ -288,29 +288,42 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --keep-endpoint: serve until this many minutes pass without a request, then tear down "
         "(the demo waits for it)",
     )
-    parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="stream Airflow's whole log here (default: a line per task and the training's progress; the log goes "
-        "to WORK_DIR/airflow/logs/dags-test-DATE.log)",
+    add_run_arguments(
+        parser,
+        verbose_help="stream Airflow's whole log here (default: a line per task and the training's progress; the log "
+        "goes to WORK_DIR/airflow/logs/dags-test-DATE.log)",
+        work_dir=REPO / ".tpuflow",
+        work_dir_shown=".tpuflow/",
+        outputs_of="the demo",
+        backend_help="local: tpu_llm_pipeline_local on embedded Ray; gke: tpu_llm_pipeline_gke on the GKE and "
+        "Kubernetes stand-ins (simulated KubeRay, real local Ray clusters), all stopped afterwards",
     )
+    parser.set_defaults(func=_run)
+
+
+def add_run_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    verbose_help: str,
+    work_dir: Path,
+    work_dir_shown: str,
+    outputs_of: str,
+    backend_help: str,
+) -> None:
+    """The flags ``tpuflow demo`` and ``tpuflow run`` share: the run's date, its log, its folders, the backend and
+    how ``--backend gke`` plays GKE (what differs is each command's wording and default folder)."""
+    parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
     parser.add_argument(
-        "--work-dir", default=str(REPO / ".tpuflow"), help="Airflow home and outputs (default .tpuflow/)"
+        "--work-dir", default=str(work_dir), help=f"Airflow home and outputs (default {work_dir_shown})"
     )
     parser.add_argument(
         "--output-root",
         default=None,
-        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at "
-        "$STORAGE_EMULATOR_HOST (else one started for the demo); default WORK_DIR/outputs",
+        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at $STORAGE_EMULATOR_HOST (else "
+        f"one started for {outputs_of}); default WORK_DIR/outputs",
     )
-    parser.add_argument(
-        "--backend",
-        default="local",
-        choices=("local", "gke"),
-        help="local: tpu_llm_pipeline_local on embedded Ray; gke: tpu_llm_pipeline_gke on the GKE and Kubernetes "
-        "stand-ins (simulated KubeRay, real local Ray clusters), all stopped afterwards",
-    )
+    parser.add_argument("--backend", default="local", choices=("local", "gke"), help=backend_help)
     parser.add_argument(
         "--operation-seconds", type=float, default=2.0, help="--backend gke: how long each node-pool operation takes"
     )
@@ -322,4 +335,3 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "controlplane), GKE's nodes played by the node agent (needs root); imitation: the Python Kubernetes API and "
         "simulated KubeRay",
     )
-    parser.set_defaults(func=_run)

@@ -17,7 +17,7 @@ from typing import Any
 
 from tpuflow.errors import UserInputError
 from tpuflow.validation import check_date, check_folder, check_seconds, check_text
-from tpuflow_rehearsal.demo import check_output_root_flag
+from tpuflow_rehearsal.demo import add_run_arguments, check_output_root_flag
 from tpuflow_rehearsal.run_dag import RunRequest, run_local
 
 DEFAULT_WORK_DIR = Path(".tpuflow") / "run"
@@ -132,35 +132,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="NAME=VALUE",
         help="one Param (repeat it; over --conf); VALUE is read as JSON when it is JSON (40, true), else as text",
     )
-    parser.add_argument("--date", default=None, help="logical date YYYY-MM-DD (default today)")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="--backend local: stream Airflow's whole log here (default: a line per task; the log goes to "
+    add_run_arguments(
+        parser,
+        verbose_help="--backend local: stream Airflow's whole log here (default: a line per task; the log goes to "
         "WORK_DIR/airflow/logs/dags-test-DATE.log)",
-    )
-    parser.add_argument(
-        "--work-dir", default=str(DEFAULT_WORK_DIR), help=f"Airflow home and outputs (default {DEFAULT_WORK_DIR}/)"
-    )
-    parser.add_argument(
-        "--output-root",
-        default=None,
-        help="where outputs go: a folder, or gs://BUCKET/PREFIX on the GCS emulator at $STORAGE_EMULATOR_HOST (else "
-        "one started for the run); default WORK_DIR/outputs",
-    )
-    parser.add_argument(
-        "--backend",
-        default="local",
-        choices=("local", "gke"),
-        help="local: embedded Ray with a simulated slice; gke: the GKE rehearsal (stand-ins), stopped afterwards",
-    )
-    parser.add_argument(
-        "--operation-seconds", type=float, default=2.0, help="--backend gke: how long each node-pool operation takes"
-    )
-    parser.add_argument(
-        "--control-plane",
-        default="real",
-        choices=("real", "imitation"),
-        help="--backend gke: real (default; make controlplane, needs root) or imitation (Python stand-ins)",
+        work_dir=DEFAULT_WORK_DIR,
+        work_dir_shown=f"{DEFAULT_WORK_DIR}/",
+        outputs_of="the run",
+        backend_help="local: embedded Ray with a simulated slice; gke: the GKE rehearsal (stand-ins), stopped "
+        "afterwards",
     )
     parser.set_defaults(func=_run)
