@@ -143,24 +143,6 @@ def test_table_covers_every_subcommand() -> None:
     assert set(_leaves(build_parser())) - covered == set()
 
 
-@pytest.fixture
-def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
-    """Fail the test if the command starts a process (Airflow, stand-ins, Ray, an emulator)."""
-    started: list[Any] = []
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        started.append(args)
-        raise AssertionError(f"a bad input started {args!r}")
-
-    monkeypatch.setattr(subprocess, "run", refuse)
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-    from tpuflow.local.cluster import LocalRayCluster
-
-    monkeypatch.setattr(LocalRayCluster, "start", classmethod(refuse))
-    monkeypatch.setenv("TPUFLOW_HOME", str(tmp_path / "home"))
-    return {"started": started}
-
-
 def _run(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     (tmp_path / "bad.yaml").write_text("applications: [name: x\n  - : :\n")
     (tmp_path / "a-file").write_text("not a folder")
@@ -180,7 +162,7 @@ def test_bad_value_is_one_line_and_starts_nothing(
     expected: tuple[str, ...],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    nothing_starts: dict[str, Any],
+    nothing_starts: list[Any],
 ) -> None:
     code, err = _run(argv, tmp_path, capsys)
     lines = err.strip().splitlines()
@@ -190,20 +172,20 @@ def test_bad_value_is_one_line_and_starts_nothing(
     line = lines[0]
     positions = [line.find(text.replace(P, str(tmp_path))) for text in expected if text]
     assert all(p >= 0 for p in positions), (expected, line)
-    assert nothing_starts["started"] == []
+    assert nothing_starts == []
     assert not (tmp_path / "work").exists()  # the demo made no Airflow home
     assert not (tmp_path / "home").exists()
 
 
 @pytest.mark.parametrize(("argv", "flag"), ARGPARSE_CASES, ids=[" ".join(a)[:60] for a, _ in ARGPARSE_CASES])
 def test_argparse_rejections_name_the_flag(
-    argv: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: dict[str, Any]
+    argv: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[Any]
 ) -> None:
     code, err = _run(argv, tmp_path, capsys)
     assert code == 2
     assert "Traceback" not in err
     assert flag in err.strip().splitlines()[-1]
-    assert nothing_starts["started"] == []
+    assert nothing_starts == []
 
 
 def test_installed_command_prints_no_traceback(tmp_path: Path) -> None:

@@ -48,19 +48,6 @@ def assert_one_line(code: int, err: str, *expected: str) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    started: list[Any] = []
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        started.append(args)
-        raise AssertionError(f"a bad input started {args!r}")
-
-    monkeypatch.setattr(subprocess, "run", refuse)
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-    return started
-
-
 # (what to do to the team's folder, extra argv, the text the one line must hold: field, value, fix)
 EARLY: list[tuple[str, list[str], tuple[str, ...]]] = [
     ("syntax", [], ("DAG_FILE=", "acme_sales_dag.py", "line 2: ", "fix the syntax error")),
