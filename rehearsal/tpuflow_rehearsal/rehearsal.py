@@ -41,6 +41,7 @@ from tpuflow_rehearsal.standins.stack import (
     StandinStack,
     serve,
     stack_arguments,
+    stack_options,
 )
 
 NODE_AGENT_USER = "system:node:tpuflow-node-agent"
@@ -233,15 +234,7 @@ class RehearsalStack(StandinStack):
 def main(argv: list[str] | None = None) -> int:
     """Serve the rehearsal until SIGTERM / SIGINT (what ``tpuflow standins up --control-plane real`` runs)."""
     args = stack_arguments("python -m tpuflow_rehearsal.rehearsal", main.__doc__).parse_args(argv)
-    return serve(
-        RehearsalStack(
-            args.workdir,
-            operation_seconds=args.operation_seconds,
-            project=args.project,
-            zone=args.zone,
-            cluster=args.cluster,
-        )
-    )
+    return serve(RehearsalStack(args.workdir, **stack_options(args)))
 
 
 if __name__ == "__main__":

@@ -200,6 +200,16 @@ def stack_arguments(prog: str, description: str | None) -> argparse.ArgumentPars
     return parser
 
 
+def stack_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What stack_arguments parsed, past --workdir, as either stack's keyword arguments."""
+    return {
+        "operation_seconds": args.operation_seconds,
+        "project": args.project,
+        "zone": args.zone,
+        "cluster": args.cluster,
+    }
+
+
 def serve(stack: StandinStack) -> int:
     """Run ``stack`` until SIGTERM / SIGINT, its state printed once it is up; the state file goes with it."""
     stop = threading.Event()
@@ -218,17 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fake", action="store_true", help="no Ray processes behind the simulated KubeRay")
     parser.add_argument("--crds", default=None)
     args = parser.parse_args(argv)
-    return serve(
-        StandinStack(
-            args.workdir,
-            fake=args.fake,
-            operation_seconds=args.operation_seconds,
-            project=args.project,
-            zone=args.zone,
-            cluster=args.cluster,
-            crds=args.crds,
-        )
-    )
+    return serve(StandinStack(args.workdir, fake=args.fake, crds=args.crds, **stack_options(args)))
 
 
 if __name__ == "__main__":
