@@ -4,7 +4,7 @@ KubeRay CRD, and carries the official vLLM TPU sample's fields; bad shapes are r
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -28,6 +28,20 @@ SAMPLE = "ray-service.vllm-tpu-v6e-singlehost.yaml"
 SHAPES = [("v6e", "2x4", 1, 8), ("v6e", "4x4", 4, 4), ("v5p", "2x2x2", 2, 4), ("v5e", "1x1", 1, 1)]
 
 
+class Shape(NamedTuple):
+    tpu: TpuSlice
+    topology: str
+    hosts: int
+    per_host: int  # TPU chips a host of the slice has
+
+
+@pytest.fixture(params=SHAPES, ids=["-".join(map(str, s)) for s in SHAPES])
+def shape(request: pytest.FixtureRequest) -> Shape:
+    """Each slice shape of SHAPES: (accelerator, topology, hosts, chips per host)."""
+    accelerator, topology, hosts, per_host = request.param
+    return Shape(TpuSlice.from_spec(accelerator, topology), topology, hosts, per_host)
+
+
 def ray_llm_config() -> Any:
     """Ray's own LLMConfig model; this module needs no vLLM (ray.serve.llm itself imports it)."""
     from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
@@ -42,13 +56,10 @@ def manifest_for(tpu: TpuSlice, llm: LlmServe, **template: Any) -> dict[str, Any
     )
 
 
-@pytest.mark.parametrize(("accelerator", "topology", "hosts", "per_host"), SHAPES)
-def test_llm_config_is_valid_for_ray_and_reserves_exactly_the_slice(
-    accelerator: str, topology: str, hosts: int, per_host: int
-) -> None:
+def test_llm_config_is_valid_for_ray_and_reserves_exactly_the_slice(shape: Shape) -> None:
     from ray.llm._internal.serve.core.configs.accelerators import TPUAccelerator
 
-    tpu = TpuSlice.from_spec(accelerator, topology)
+    tpu, topology, hosts, per_host = shape
     config = llm_serve_config(tpu, LlmServe("qwen", model_source="Qwen/Qwen2.5-7B-Instruct"))
     (app,) = config["applications"]
     assert app["import_path"] == LLM_IMPORT_PATH
@@ -66,11 +77,8 @@ def test_llm_config_is_valid_for_ray_and_reserves_exactly_the_slice(
     assert {b["TPU"] for b in bundles} == {per_host}
 
 
-@pytest.mark.parametrize(("accelerator", "topology", "hosts", "per_host"), SHAPES)
-def test_rendered_rayservice_validates_against_the_crd(
-    accelerator: str, topology: str, hosts: int, per_host: int
-) -> None:
-    tpu = TpuSlice.from_spec(accelerator, topology)
+def test_rendered_rayservice_validates_against_the_crd(shape: Shape) -> None:
+    tpu, _, hosts, per_host = shape
     manifest = manifest_for(tpu, LlmServe("qwen", cache_bucket="my-xla-cache"))
     assert schema_errors("rayservices", manifest) == []
     group = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
