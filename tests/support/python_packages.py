@@ -6,12 +6,21 @@ from pathlib import Path
 
 
 def write_package(parent: Path, name: str, modules: dict[str, str]) -> Path:
-    """parent/name/ with an empty __init__.py and each ``modules`` entry as name.py holding its text."""
+    """parent/name/ (parent made if missing) with an empty __init__.py and each ``modules`` entry as name.py holding its text."""
     package = parent / name
-    package.mkdir()
+    package.mkdir(parents=True)
     for module, text in {"__init__": "", **modules}.items():
         (package / f"{module}.py").write_text(text)
     return package
+
+
+def write_team_folder(dags: Path, name: str, modules: dict[str, str], dag_source: str) -> Path:
+    """A team's DAGs folder as a user lays it out: DAGS/name_dag.py holding ``dag_source`` beside its package
+    DAGS/name/ (``modules`` as in write_package); returns the DAG file."""
+    write_package(dags, name, modules)
+    dag_file = dags / f"{name}_dag.py"
+    dag_file.write_text(dag_source)
+    return dag_file
 
 
 def acme_sales(tmp_path: Path) -> Path:

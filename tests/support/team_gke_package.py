@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.python_packages import write_team_folder
+
 DAG_ID = "acme_churn_daily"
 
 DAG_FILE = '''\
@@ -107,11 +109,4 @@ def loop(config: dict) -> None:
 
 def write_team_project(dags: Path) -> Path:
     """DAGS/acme_churn_dag.py and DAGS/acme_churn/; returns the DAG file."""
-    package = dags / "acme_churn"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "prep.py").write_text(PREP)
-    (package / "fit.py").write_text(FIT)
-    dag_file = dags / "acme_churn_dag.py"
-    dag_file.write_text(DAG_FILE)
-    return dag_file
+    return write_team_folder(dags, "acme_churn", {"prep": PREP, "fit": FIT}, DAG_FILE)

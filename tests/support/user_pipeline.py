@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.python_packages import write_team_folder
+
 DAG_ID = "acme_sales_forecast"
 
 # The user's DAG file, as docs/your-own-model.md shows it (<= 30 lines): no backend in it.
@@ -104,12 +106,5 @@ def check(params: dict) -> None:
 
 def write_user_project(dags: Path) -> Path:
     """DAGS/acme_sales_dag.py and DAGS/acme_sales/; returns the DAG file."""
-    package = dags / "acme_sales"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "build_features.py").write_text(BUILD_FEATURES)
-    (package / "regress.py").write_text(REGRESS)
-    (package / "limits.py").write_text(LIMITS)
-    dag_file = dags / "acme_sales_dag.py"
-    dag_file.write_text(DAG_FILE)
-    return dag_file
+    modules = {"build_features": BUILD_FEATURES, "regress": REGRESS, "limits": LIMITS}
+    return write_team_folder(dags, "acme_sales", modules, DAG_FILE)
