@@ -465,6 +465,8 @@ def build_gke_pipeline_dag(
         ray_env=ray_env,
         ray_auth=ray_auth,
     )
+    # the tasks that read the cluster's project and location through the GKE connection
+    located: dict[str, Any] = {"gcp_conn_id": gcp_conn_id, "project_id": project_id, "location": location}
     dag_kwargs.setdefault("doc_md", __doc__)
     with pipeline_dag(
         dag_id,
@@ -478,13 +480,11 @@ def build_gke_pipeline_dag(
         checked = CheckGkeParamsOperator(
             task_id="check_params",
             output_dir=run_dir,
-            gcp_conn_id=gcp_conn_id,
-            project_id=project_id,
-            location=location,
             node_zone=node_zone,
             capacity=capacity,
             fallback_capacity=fallback_capacity,
             workload=workload,
+            **located,
         )
         serving = workload.serve_app is not None
         # One lease per run, as locally: nothing is created before it (a run waiting for a slice bills nothing).
@@ -521,13 +521,7 @@ def build_gke_pipeline_dag(
             workload=workload,
             train_cluster=slice_.create_cluster.output,
             gcp_conn_id=gcp_conn_id,
-            budget=ChipHourBudget(
-                max_chip_hours="{{ params.max_chip_hours }}",
-                ledger_slices=train_ledger,
-                gcp_conn_id=gcp_conn_id,
-                project_id=project_id,
-                location=location,
-            ),
+            budget=ChipHourBudget(max_chip_hours="{{ params.max_chip_hours }}", ledger_slices=train_ledger, **located),
         )
         serve_tasks = (
             _serve_steps(
@@ -538,12 +532,7 @@ def build_gke_pipeline_dag(
                 after=evaluate or train,
                 workloads_uri=serve_workloads_uri,
                 code_uri=serve_code_uri,
-                kube=args.kube,
-                pools=args.pools,
-                creates=args.creates,
-                queued=args.queued,
-                rays=args.rays,
-                deletes=args.deletes,
+                args=args,
                 wait_timeout=service_ready_timeout,
                 serve_token_conn_id=serve_token_conn_id,
             )
@@ -565,11 +554,9 @@ def build_gke_pipeline_dag(
             trained="{{ ti.xcom_pull(task_ids='train') }}",
             output_dir=run_dir,
             prices=_var(PRICES_VARIABLE, ""),
-            gcp_conn_id=gcp_conn_id,
-            project_id=project_id,
-            location=location,
             cluster_name=cluster_name,
             endpoint=ENDPOINT_VERDICT if serving else None,
+            **located,
         )
 
         admission.lease >> [t for t in (create_prep, slice_.create_pool) if t]
@@ -760,12 +747,7 @@ def _serve_steps(
     after: BaseOperator,
     workloads_uri: str,
     code_uri: str | None,
-    kube: dict[str, Any],
-    pools: dict[str, Any],
-    creates: dict[str, Any],
-    queued: dict[str, Any],
-    rays: dict[str, Any],
-    deletes: dict[str, Any],
+    args: _TaskArguments,
     wait_timeout: float,
     serve_token_conn_id: str | None = None,
 ) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
@@ -789,13 +771,13 @@ def _serve_steps(
         max_run_duration="{{ tpuflow_limits.kept_endpoint_seconds(%s) if params.keep_endpoint else (%s) }}"
         % ((_MAX_RUN_EXPR % "serve",) * 2),
         expires_after=serving_expires_after(workload),
-        **creates,
+        **args.creates,
     )
     request_serve_capacity = GKECreateProvisioningRequestOperator(
         task_id="request_serve_capacity",
         node_pool_task_id="create_serve_node_pool",
         tpu_slice=checked_slice(serve=True),
-        **queued,
+        **args.queued,
     )
     deploy = KubeRayDeployServiceOperator(
         task_id="deploy",
@@ -805,20 +787,20 @@ def _serve_steps(
         wait_timeout=wait_timeout,
         serve_token_conn_id=serve_token_conn_id,
         expires_after=serving_expires_after(workload),
-        **rays,
+        **args.rays,
     )
     keep = keep_endpoint(workload)
     delete_service = KubeRayDeleteServiceOperator(
-        task_id="delete_service", service_task_id="deploy", keep=keep, **deletes
+        task_id="delete_service", service_task_id="deploy", keep=keep, **args.deletes
     )
     delete_serve_request = GKEDeleteProvisioningRequestOperator(
         task_id="delete_serve_provisioning_request",
         created_by_task_id="request_serve_capacity",
         keep=keep,
-        **kube,
+        **args.kube,
     )
     delete_serve_pool = GKEDeleteNodePoolOperator(
-        task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep, **pools
+        task_id="delete_serve_node_pool", created_by_task_id="create_serve_node_pool", keep=keep, **args.pools
     )
     after >> [serve_cfg, create_serve_pool]
     create_serve_pool >> request_serve_capacity
