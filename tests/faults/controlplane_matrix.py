@@ -290,6 +290,11 @@ class ControlPlaneFaultCase:
         return f"{self.stage}-{self.fault}"
 
 
+def _gke_error_retried(stage: str, fault: str, error: dict[str, Any]) -> ControlPlaneFaultCase:
+    """GKE's stand-in answering a call of the stage's task with ``error``, the team having given the task a retry."""
+    return ControlPlaneFaultCase(stage, fault, gke_errors_answered, True, patch_dag=retried(stage), gke_errors=(error,))
+
+
 CASES = [
     ControlPlaneFaultCase("ray_on_slice", "kube-apiserver-restarted", restart_mid_wait("kube-apiserver"), True),
     ControlPlaneFaultCase("ray_on_slice", "etcd-restarted", restart_mid_wait("etcd"), True),
@@ -306,22 +311,8 @@ CASES = [
     # unreachable_timeout ended before the kubelet's restarted Ray head answered (now 90 s)
     ControlPlaneFaultCase("tpu_check", "node-agent-killed", node_agent_killed_mid_job, True),
     # GKE's API errors (the GKE stand-in, as in tests/faults/matrix.py), the team having given the task a retry
-    ControlPlaneFaultCase(
-        "slice_pool",
-        "gke-5xx-mid-create",
-        gke_errors_answered,
-        True,
-        patch_dag=retried("slice_pool"),
-        gke_errors=({"kind": "internal", "stage": "operation"},),
-    ),
-    ControlPlaneFaultCase(
-        "drop_pool",
-        "gke-5xx-on-delete",
-        gke_errors_answered,
-        True,
-        patch_dag=retried("drop_pool"),
-        gke_errors=({"kind": "internal", "on": "delete"},),
-    ),
+    _gke_error_retried("slice_pool", "gke-5xx-mid-create", {"kind": "internal", "stage": "operation"}),
+    _gke_error_retried("drop_pool", "gke-5xx-on-delete", {"kind": "internal", "on": "delete"}),
     # Kubernetes API errors (tests/support/kube_fault_proxy.py), the imitation's rows of tests/faults/matrix.py
     ControlPlaneFaultCase(
         "ray_on_slice",

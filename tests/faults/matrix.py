@@ -298,6 +298,14 @@ def airflow_down_past_max_run(seconds: float = 2.0) -> Callable[[Any], None]:
     return patch
 
 
+def _create_past_its_deadline(fault: str, seconds: float, recovers: bool) -> FaultCase:
+    """The node pool's create running ``seconds`` past the task's 2 s operation deadline."""
+    create = "create_node_pool"
+    return FaultCase(
+        create, fault, gke_fault("stuck", seconds=seconds), recovers, patch_dag=operation_timeout(create, 2.0)
+    )
+
+
 # One row per stage; `ci` marks the slice make test runs (one transient fault per API: GKE's here, Kubernetes' on the
 # real control plane in tests/faults/controlplane_matrix.py), make faults runs all.
 CASES: list[FaultCase] = [
@@ -308,20 +316,8 @@ CASES: list[FaultCase] = [
     # A create running past the task's 2 s operation deadline: the try fails naming the operation (GKE cannot
     # cancel a create). Ending within the retry's 10 s delay, the retry adopts the pool; running on past both
     # tries, the run fails and the teardown deletes the pool once GKE ends the create.
-    FaultCase(
-        "create_node_pool",
-        "gke-operation-slow",
-        gke_fault("stuck", seconds=8.0),
-        recovers=True,
-        patch_dag=operation_timeout("create_node_pool", 2.0),
-    ),
-    FaultCase(
-        "create_node_pool",
-        "gke-operation-stuck",
-        gke_fault("stuck", seconds=30.0),
-        recovers=False,
-        patch_dag=operation_timeout("create_node_pool", 2.0),
-    ),
+    _create_past_its_deadline("gke-operation-slow", seconds=8.0, recovers=True),
+    _create_past_its_deadline("gke-operation-stuck", seconds=30.0, recovers=False),
     FaultCase("create_ray_cluster", "k8s-429-on-create", kube_fault(429, "POST", "rayclusters", 2), recovers=True),
     FaultCase("create_ray_cluster", "k8s-500-on-read", kube_fault(500, "GET", "rayclusters", 2), recovers=True),
     FaultCase("create_ray_cluster", "head-crash-looping", no_fault, recovers=False, launcher=crash_looping_head),
