@@ -54,6 +54,13 @@ def test_an_endpoint_not_serving_yet_is_asked_again_until_it_answers(endpoint: E
     assert len(endpoint.bodies) == 4 and endpoint.bodies[-1] == PAYLOAD
 
 
+@pytest.mark.parametrize("endpoint", [[(200, "17+25=42")]], indirect=True)
+def test_a_plain_text_answer_passes_at_once_and_is_returned_as_text(endpoint: Endpoint) -> None:
+    started = time.monotonic()
+    assert smoke(endpoint.url, timeout=60).execute(task_context()) == "17+25=42"
+    assert len(endpoint.bodies) == 1 and time.monotonic() - started < 30
+
+
 @pytest.mark.parametrize("endpoint", [[(200, WRONG)]], indirect=True)
 def test_a_wrong_answer_fails_at_once_with_the_answer(endpoint: Endpoint) -> None:
     started = time.monotonic()

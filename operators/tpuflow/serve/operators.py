@@ -270,6 +270,15 @@ class RayServeDeployOperator(ArgumentChecks, BaseOperator):
 _NOT_READY = (404, 408, 425, 429)
 
 
+def _answer(text: str) -> JsonValue:
+    """A passed smoke test's answer for XCom: the decoded JSON, or the text of an endpoint that is not JSON (its
+    decode error must not read as "not answering yet": requests' JSONDecodeError is a RequestException)."""
+    try:
+        return cast("JsonValue", json.loads(text))
+    except ValueError:
+        return text
+
+
 class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
     """POST a request to a deployed endpoint and check the answer contains what it should.
 
@@ -355,7 +364,7 @@ class ServeEndpointSmokeTestOperator(ArgumentChecks, BaseOperator):
                     )
                 if resp.ok and str(self.expect) in resp.text:
                     self.log.info("Smoke test passed: %s -> %s", json.dumps(self.payload), resp.text[:500])
-                    return cast("JsonValue", resp.json())  # requests leaves the decoded JSON untyped
+                    return _answer(resp.text)
                 if resp.ok or (resp.status_code not in _NOT_READY and resp.status_code < 500):
                     raise RayServeDeploymentFailedError(
                         f"endpoint {self.url} answered {json.dumps(self.payload)} without {self.expect!r}: {last}"
