@@ -25,6 +25,7 @@ if "airflow" not in sys.modules:
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_home / "dags")
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
+from support.dag_modules import import_dag_module, remove_dag_module  # noqa: E402
 from support.gke_standin import connected_standin  # noqa: E402
 
 from tpuflow_rehearsal.standins.gke_api import GKEApiStandin  # noqa: E402
@@ -55,20 +56,12 @@ def airflow_db() -> Path:
 @pytest.fixture
 def dag_file(airflow_db: Path) -> Iterator[Any]:
     """Write a DAG module into the DAGs folder (dag.test() needs it there), import it, remove it after."""
-    written: list[Path] = []
+    written: list[str] = []
 
     def write(module_name: str, source: str) -> Any:
-        path = airflow_db / f"{module_name}.py"
-        path.write_text(source)
-        written.append(path)
-        sys.path.insert(0, str(airflow_db))
-        try:
-            __import__(module_name)
-        finally:
-            sys.path.remove(str(airflow_db))
-        return sys.modules[module_name]
+        written.append(module_name)
+        return import_dag_module(airflow_db, module_name, source)
 
     yield write
-    for path in written:
-        sys.modules.pop(path.stem, None)
-        path.unlink(missing_ok=True)
+    for module_name in written:
+        remove_dag_module(airflow_db, module_name)

@@ -12,10 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.kuberay_standin import one_slice_kuberay
 from support.standin_dag_run import dagtest_command, standin_airflow_home
 
-from tpuflow.tpu import TpuSlice
-from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
 from tpuflow_rehearsal.standins.kubernetes_api import CORE_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,13 +48,7 @@ DAG = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_no_token_in_logs_xcom_or_rendered_templates(tmp_path: Path) -> None:
-    tpu = TpuSlice.from_spec("v6e", "2x2")
-    with KubeRayStandin(
-        tmp_path / "kube",
-        launcher=FakeRayLauncher(),
-        node_pools=StaticNodePools([(dict(tpu.node_selector), 1)]),
-        interval=0.1,
-    ) as kube:
+    with one_slice_kuberay(tmp_path / "kube") as kube:
         tokens: set[str] = {str(kube.api.token)}
         seen = kube.store.changed
 

@@ -9,7 +9,6 @@ write the REST API's xcomEntries PATCH makes)."""
 from __future__ import annotations
 
 import base64
-import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dag_modules import import_dag_module, remove_dag_module
 from support.standin_dag_run import run_dagtest, standin_airflow_home
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,21 +126,13 @@ def local_run(migrated_airflow_db: Path, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(LocalRayCluster, "stop", stop)
 
     def run(dag_id: str, changes: dict[str, Any], body: str = LOCAL_DAG) -> Any:
-        path = migrated_airflow_db / f"{dag_id}.py"
         header = f"DAG_ID = {dag_id!r}\nBASE_DIR = {str(base)!r}\nCHANGES = {changes!r}\n"
-        path.write_text(header + LOCAL_PRELUDE + body)
         written.append(dag_id)
-        sys.path.insert(0, str(migrated_airflow_db))
-        try:
-            __import__(dag_id)
-        finally:
-            sys.path.remove(str(migrated_airflow_db))
-        return sys.modules[dag_id].dag.test()
+        return import_dag_module(migrated_airflow_db, dag_id, header + LOCAL_PRELUDE + body).dag.test()
 
     yield base, run
     for dag_id in written:
-        sys.modules.pop(dag_id, None)
-        (migrated_airflow_db / f"{dag_id}.py").unlink(missing_ok=True)
+        remove_dag_module(migrated_airflow_db, dag_id)
 
 
 def _states(run: Any) -> dict[str, str]:
@@ -356,18 +348,12 @@ def test_a_rewritten_kuberay_xcom_cannot_read_another_secret_or_send_it_away(
 ) -> None:
     """On the Kubernetes stand-in (simulated KubeRay, token auth): the XCom rewritten to read another Secret of
     the namespace through the task's connection and send it to the attacker's URL."""
-    from tpuflow.tpu import TpuSlice
-    from tpuflow_rehearsal.standins.kuberay_controller import FakeRayLauncher, KubeRayStandin, StaticNodePools
+    from support.kuberay_standin import one_slice_kuberay
+
     from tpuflow_rehearsal.standins.kubernetes_api import CORE_TYPES
 
     url, seen = attacker
-    tpu = TpuSlice.from_spec("v6e", "2x2")
-    with KubeRayStandin(
-        tmp_path / "kube",
-        launcher=FakeRayLauncher(),
-        node_pools=StaticNodePools([(dict(tpu.node_selector), 1)]),
-        interval=0.1,
-    ) as kube:
+    with one_slice_kuberay(tmp_path / "kube") as kube:
         prod = base64.b64encode(b"prod-database-password").decode()
         kube.store.create(
             CORE_TYPES["secrets"],
