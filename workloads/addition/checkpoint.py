@@ -94,6 +94,17 @@ def load_meta(directory: str | Path) -> Meta:
     return Meta.from_dict(json.loads(path.read_text()))
 
 
+def load_resumable_meta(directory: str | Path, framework: str, model: ModelConfig) -> Meta:
+    """The checkpoint's Meta, refused unless a ``framework`` training of ``model`` can resume from it."""
+    meta = load_meta(directory)
+    if meta.framework != framework:
+        shown = "JAX" if framework == "jax" else framework
+        raise CheckpointError(f"cannot resume {shown} training from a {meta.framework} checkpoint")
+    if meta.model != model:
+        raise CheckpointError(f"checkpoint model {meta.model} differs from the configured {model}")
+    return meta
+
+
 def load_params(directory: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
     with np.load(Path(directory) / PARAMS) as npz:
         params = {k: npz[k] for k in npz.files}

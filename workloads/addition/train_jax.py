@@ -26,6 +26,7 @@ from addition.model_jax import init_params, make_optimizer, make_train_step
 from addition.training import (
     CachedEpochs,
     RunMetrics,
+    checkpoint_checks,
     fingerprint,
     fit,
     model_config,
@@ -136,12 +137,8 @@ class DataParallelState:
 
 
 def restore(directory: str | Path, cfg: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray], ckpt.Meta]:
-    meta = ckpt.load_meta(directory)
-    if meta.framework != "jax":
-        raise ckpt.CheckpointError(f"cannot resume JAX training from a {meta.framework} checkpoint")
     _, model = model_config(cfg)
-    if meta.model != model:
-        raise ckpt.CheckpointError(f"checkpoint model {meta.model} differs from the configured {model}")
+    meta = ckpt.load_resumable_meta(directory, "jax", model)
     return ckpt.load_params(directory, model), ckpt.load_leaves(Path(directory) / ckpt.OPT_STATE), meta
 
 
@@ -374,12 +371,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             )
 
         def on_checkpoint(at_step: int, at_epoch: int, loss: float) -> None:
-            evaluated = evaluation(at_step, at_epoch)
-            if evaluated:
-                clock.mark("evaluation")  # not a checkpoint's time: the ledger shows it as the evaluation's
-            in_sync = state.replicas_in_sync()
-            if in_sync is False:
-                print(f"[train_jax] ERROR: worker parameters diverged at step {at_step} (rank {rank})", flush=True)
+            evaluated, in_sync = checkpoint_checks(
+                evaluation, state.replicas_in_sync, clock, at_step, at_epoch, rank, "train_jax"
+            )
             with tempfile.TemporaryDirectory(prefix="tpuflow-jax-ckpt-") as tmp:
                 if rank == 0:
                     state.save(tmp, at_step, at_epoch)

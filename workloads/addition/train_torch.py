@@ -19,6 +19,7 @@ from addition.model_jax import init_params
 from addition.training import (
     CachedEpochs,
     RunMetrics,
+    checkpoint_checks,
     fingerprint,
     fit,
     model_config,
@@ -73,11 +74,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            meta = ckpt.load_meta(d)
-            if meta.framework != "torch":
-                raise ckpt.CheckpointError(f"cannot resume torch training from a {meta.framework} checkpoint")
-            if meta.model != model_cfg:
-                raise ckpt.CheckpointError(f"checkpoint model {meta.model} differs from the configured {model_cfg}")
+            meta = ckpt.load_resumable_meta(d, "torch", model_cfg)
             module.load_canonical(ckpt.load_params(d, model_cfg))
             opt_state = torch.load(Path(d) / ckpt.TORCH_OPT, weights_only=True)
         step, epoch, resumed_from = meta.step, meta.epoch + 1, checkpoint.path
@@ -153,12 +150,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         )
 
     def on_checkpoint(at_step: int, at_epoch: int, loss: float) -> None:
-        evaluated = evaluation(at_step, at_epoch)
-        if evaluated:
-            clock.mark("evaluation")  # not a checkpoint's time: the ledger shows it as the evaluation's
-        in_sync = replicas_in_sync()
-        if in_sync is False:
-            print(f"[train_torch] ERROR: worker parameters diverged at step {at_step} (rank {rank})", flush=True)
+        evaluated, in_sync = checkpoint_checks(
+            evaluation, replicas_in_sync, clock, at_step, at_epoch, rank, "train_torch"
+        )
         with tempfile.TemporaryDirectory(prefix="tpuflow-torch-ckpt-") as tmp:
             if rank == 0:
                 ckpt.save(tmp, ckpt.Meta("torch", at_step, at_epoch, model_cfg, spec), module.canonical())

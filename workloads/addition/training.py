@@ -163,6 +163,27 @@ def fit(
     return step, epoch, loss_value
 
 
+def checkpoint_checks(
+    evaluation: Callable[[int, int], dict[str, Any]],
+    replicas_in_sync: Callable[[], bool | None],
+    clock: StepClock,
+    at_step: int,
+    at_epoch: int,
+    rank: int,
+    who: str,
+) -> tuple[dict[str, Any], bool | None]:
+    """What a worker does at a checkpoint before saving it: the held-out evaluation (its time charged to the
+    evaluation on ``clock``) and whether the workers' parameters still agree (a collective: every worker calls it;
+    a divergence is printed as ``who``'s). Returns (the evaluation's metrics, in sync; None with one worker)."""
+    evaluated = evaluation(at_step, at_epoch)
+    if evaluated:
+        clock.mark("evaluation")  # not a checkpoint's time: the ledger shows it as the evaluation's
+    in_sync = replicas_in_sync()
+    if in_sync is False:
+        print(f"[{who}] ERROR: worker parameters diverged at step {at_step} (rank {rank})", flush=True)
+    return evaluated, in_sync
+
+
 def preemption_notice(cfg: dict[str, Any]) -> PreemptionNotice | None:
     """The notice a Ray Train loop checks (None when the config turns it off)."""
     every = int(cfg["preemption_check_every"])
