@@ -87,10 +87,9 @@ def test_rest_triggered_run_defers_to_the_triggerer(services: Any, api: Any, unp
 
 def _ledger_page_shows_the_timeline(services: Any, run_id: str) -> None:
     """The plugin's ledger page draws the run's goodput bar and its slice's timeline, cut by cause."""
-    from support.ui_browser import airflow_page, wait_for
+    from support.ui_browser import airflow_page_at, wait_for
 
-    with airflow_page(services.url, services.token()) as page:
-        page.goto(f"{services.url}/tpuflow/ledger")
+    with airflow_page_at(services, "/tpuflow/ledger") as page:
         causes = wait_for(
             page,
             "(() => { const c = [...document.querySelectorAll(\"svg[aria-label='slice timeline'] rect\")]"
@@ -109,10 +108,9 @@ def _ledger_page_shows_the_timeline(services: Any, run_id: str) -> None:
 
 def _task_page_shows_links(services: Any, run_id: str) -> None:
     """The task page in the UI renders the extra links as buttons, and the Outputs one opens the run's folder."""
-    from support.ui_browser import airflow_page, wait_for
+    from support.ui_browser import airflow_page_at, wait_for
 
-    with airflow_page(services.url, services.token()) as page:
-        page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/train/details")
+    with airflow_page_at(services, f"/dags/{PIPELINE}/runs/{run_id}/tasks/train/details") as page:
         shown = wait_for(
             page,
             "(() => { const n = [...document.querySelectorAll('a')].map(a => a.innerText.trim())"
@@ -166,7 +164,7 @@ def test_a_run_over_its_budget_waits_for_an_approver_never_its_requester(
     API. One is rejected by the approver in the browser (nothing starts), one is killed while it waits, and one
     is approved through the API: it provisions, then is failed from the API mid-training and its teardowns
     leave nothing."""
-    from support.ui_browser import airflow_page, wait_for
+    from support.ui_browser import airflow_page_at, wait_for
 
     from tpuflow.paths import output_root
 
@@ -187,8 +185,8 @@ def test_a_run_over_its_budget_waits_for_an_approver_never_its_requester(
     hitl = f"/dags/{PIPELINE}/dagRuns/{run_id}/taskInstances/approve_budget/-1/hitlDetails"
     own = requester.patch(hitl, json={"chosen_options": ["Approve"], "params_input": {}})
     assert own.status_code == 403 and "not a respondent" in own.text, own.text  # the requester approves nothing
-    with airflow_page(services.url, services.token("approver")) as page:
-        page.goto(f"{services.url}/dags/{PIPELINE}/runs/{run_id}/tasks/approve_budget/required_actions")
+    approval = f"/dags/{PIPELINE}/runs/{run_id}/tasks/approve_budget/required_actions"
+    with airflow_page_at(services, approval, "approver") as page:
         wait_for(page, "document.body.innerText.includes('chip-hours')", 90, "the approval request with its estimate")
         page.screenshot(path=ARTIFACTS / "budget_approval.png")
         page.get_by_role("button", name="Reject").first.click()

@@ -49,6 +49,16 @@ def airflow_page(url: str, token: str, width: int = 1400, height: int = 1000) ->
             browser.close()
 
 
+@contextmanager
+def airflow_page_at(services: Any, path: str, user: str | None = None) -> Iterator[Page]:
+    """airflow_page on the test Airflow ``services`` (tpuflow_rehearsal.airflow_services), logged in as ``user``
+    (its admin unless given) and opened at ``path`` of its UI."""
+    token = services.token() if user is None else services.token(user)
+    with airflow_page(services.url, token) as page:
+        page.goto(f"{services.url}{path}")
+        yield page
+
+
 def wait_for(page: Page, expression: str, timeout: float = 60.0, what: str = "") -> Any:
     """The first truthy value of a JS expression, polled every 0.5 s; on timeout, fail showing the page text."""
     try:
