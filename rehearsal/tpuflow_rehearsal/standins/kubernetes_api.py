@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
@@ -335,6 +335,17 @@ def apply_crd_defaults(value: Any) -> None:
 
 
 # --- the object store ------------------------------------------------------------------------------
+
+
+class _Target(NamedTuple):
+    """What one resource request is on: the store, the resource type, the namespace (None: all), the object's name
+    (None: the collection) and its subresource (status, log; None: the object itself)."""
+
+    store: ObjectStore
+    rtype: ResourceType
+    ns: str | None
+    name: str | None
+    sub: str | None
 
 
 class ObjectStore:
@@ -1021,17 +1032,17 @@ class _Handler(LoopbackHandler):
         if m:
             g = m.groupdict()
             rtype = self._rtype(g.get("group") or "", g.get("version") or "v1", g["plural"])
-            return self._resource(store, rtype, g["ns"], g.get("name"), g.get("sub"), query, body)
+            return self._resource(_Target(store, rtype, g["ns"], g.get("name"), g.get("sub")), query, body)
         m = _GROUP_ALL.match(path)
         if m:
             rtype = self._rtype(m["group"], m["version"], m["plural"])
-            return self._resource(store, rtype, None, None, None, query, body)
+            return self._resource(_Target(store, rtype, None, None, None), query, body)
         m = _CORE_ALL.match(path)
         if m:
             rtype = self._rtype("", "v1", m["plural"])
             if rtype.plural == "namespaces":
                 return self._namespace(m["name"], query)
-            return self._resource(store, rtype, None, m["name"], None, query, body)
+            return self._resource(_Target(store, rtype, None, m["name"], None), query, body)
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
 
     def _openapi(self, store: ObjectStore, path: str) -> tuple[int, Any, str]:
@@ -1116,16 +1127,8 @@ class _Handler(LoopbackHandler):
         }
 
     # --- resources ---
-    def _resource(
-        self,
-        store: ObjectStore,
-        rtype: ResourceType,
-        ns: str | None,
-        name: str | None,
-        sub: str | None,
-        query: dict[str, str],
-        body: Any,
-    ) -> tuple[int, Any, str]:
+    def _resource(self, target: _Target, query: dict[str, str], body: Any) -> tuple[int, Any, str]:
+        store, rtype, ns, name, sub = target
         method = self.command
         if sub not in (None, "status", "log") or (sub == "log" and rtype.plural != "pods"):
             raise ApiError(404, "NotFound", f"no subresource {sub!r} on {rtype.plural}")
@@ -1135,22 +1138,14 @@ class _Handler(LoopbackHandler):
         dry_run = query.get("dryRun") == "All"
         validation = FieldValidation(query.get("fieldValidation") or "Warn")
         try:
-            return self._verb(store, rtype, ns, name, sub, query, body, dry_run, validation)
+            return self._verb(target, query, body, dry_run, validation)
         finally:
             self._warnings = validation.warnings
 
     def _verb(
-        self,
-        store: ObjectStore,
-        rtype: ResourceType,
-        ns: str | None,
-        name: str | None,
-        sub: str | None,
-        query: dict[str, str],
-        body: Any,
-        dry_run: bool,
-        validation: FieldValidation,
+        self, target: _Target, query: dict[str, str], body: Any, dry_run: bool, validation: FieldValidation
     ) -> tuple[int, Any, str]:
+        store, rtype, ns, name, sub = target
         method = self.command
         if name is None:
             if method == "GET":

@@ -26,6 +26,7 @@ from tpuflow_rehearsal.standins.kuberay_controller.state import (
     desired_resources,
     involved,
     owner_ref,
+    stamp_transitions,
     tpus_per_host,
 )
 from tpuflow_rehearsal.standins.kuberay_controller.webhook import (
@@ -668,14 +669,7 @@ class KubeRayController(RayServiceReconciler):
         def apply(o: dict[str, Any]) -> None:
             old = o.get("status") or {}
             comparable = {k: v for k, v in old.items() if k not in ("lastUpdateTime", "stateTransitionTimes")}
-            old_conds = {c["type"]: c for c in old.get("conditions") or []}
-            for c in status["conditions"]:
-                prev = old_conds.get(c["type"])
-                c["lastTransitionTime"] = (
-                    prev["lastTransitionTime"]
-                    if prev and prev.get("status") == c["status"] and prev.get("lastTransitionTime")
-                    else stamp
-                )
+            stamp_transitions(status["conditions"], old, stamp)
             if comparable == status:
                 return
             new = dict(status)

@@ -12,7 +12,12 @@ from typing import Any
 import yaml
 
 from tpuflow_rehearsal.standins.kuberay_controller.seams import RayClusterHandle
-from tpuflow_rehearsal.standins.kuberay_controller.state import ServiceState, owner_ref, short_hash
+from tpuflow_rehearsal.standins.kuberay_controller.state import (
+    ServiceState,
+    owner_ref,
+    short_hash,
+    stamp_transitions,
+)
 from tpuflow_rehearsal.standins.kubernetes_api import (
     PODS,
     RAYCLUSTERS,
@@ -278,14 +283,7 @@ class RayServiceReconciler(abc.ABC):
         def apply(o: dict[str, Any]) -> None:
             old = o.get("status") or {}
             comparable = {k: v for k, v in old.items() if k != "lastUpdateTime"}
-            old_conds = {c["type"]: c for c in old.get("conditions") or []}
-            for c in status["conditions"]:
-                prev = old_conds.get(c["type"])
-                c["lastTransitionTime"] = (
-                    prev["lastTransitionTime"]
-                    if prev and prev.get("status") == c["status"] and prev.get("lastTransitionTime")
-                    else stamp
-                )
+            stamp_transitions(status["conditions"], old, stamp)
             if comparable != status:
                 o["status"] = {**status, "lastUpdateTime": stamp}
 

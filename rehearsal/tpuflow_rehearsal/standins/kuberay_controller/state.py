@@ -39,6 +39,19 @@ def short_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:5]
 
 
+def stamp_transitions(conditions: list[dict[str, Any]], old_status: Mapping[str, Any], stamp: str) -> None:
+    """Each condition keeps the lastTransitionTime it had in ``old_status`` while its status is the same, else
+    takes ``stamp`` (Kubernetes' condition convention, which KubeRay's status updates follow)."""
+    old_conds = {c["type"]: c for c in old_status.get("conditions") or []}
+    for c in conditions:
+        prev = old_conds.get(c["type"])
+        c["lastTransitionTime"] = (
+            prev["lastTransitionTime"]
+            if prev and prev.get("status") == c["status"] and prev.get("lastTransitionTime")
+            else stamp
+        )
+
+
 def owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": obj.get("apiVersion", "ray.io/v1"),
