@@ -108,19 +108,16 @@ GENERATIONS: dict[str, Generation] = {
             ray_version="v6e",
             machine_family="ct6e-standard",
         ),
-        Generation(
+        replace(
+            _V4,  # 3-D, 4-chip VMs, 2 cores a chip; each core its own device
             name="tpu7x",
             gke_accelerator="tpu7x",
             ray_accelerator_type="TPU-V7X",
             ray_version="v7x",
             machine_family="tpu7x-standard",
-            machine_chip_options=(4,),
-            dims=3,
-            cores_per_chip=2,
             logical_devices_per_chip=2,
             gke_topologies=_V7X,
             ray_topologies=_V7X,
-            single_vm_max_chips=4,
             multi_host_uses_workload_policy=True,
         ),
     )
