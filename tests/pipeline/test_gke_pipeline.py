@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -553,22 +555,18 @@ def test_gke_pipeline_end_to_end_on_the_standins(
 
         # Node pools: the training slice (one ct6e-standard-4t node) and the serve slice (1x1), both deleted.
         created = [
-            (r["body"] or {}).get("nodePool", {}).get("config", {}).get("machineType")
-            for r in gke.requests
-            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+            (r["body"] or {}).get("nodePool", {}).get("config", {}).get("machineType") for r in _node_pool_creates(gke)
         ]
         assert sorted(created) == sorted(["ct6e-standard-4t", serve_machine]), gke.requests
         # GKE's own hard stop on each pool, from the budget guard's bound for its role
         max_runs = {
             r["body"]["nodePool"]["name"]: r["body"]["nodePool"]["config"].get("maxRunDuration")
-            for r in gke.requests
-            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+            for r in _node_pool_creates(gke)
         }
         bounds = tis["budget_guard"].xcom_pull(task_ids="budget_guard")["max_run_seconds"]
         pool_labels = {
             r["body"]["nodePool"]["name"]: r["body"]["nodePool"]["config"].get("resourceLabels") or {}
-            for r in gke.requests
-            if r["method"] == "POST" and r["path"].endswith("/nodePools")
+            for r in _node_pool_creates(gke)
         }
         assert bounds == {"train": 10 * 3600 // 4 + 900, "serve": 10 * 3600 // serve_chips + 900}, bounds
         for entry in ledger["slices"]:
@@ -585,11 +583,7 @@ def test_gke_pipeline_end_to_end_on_the_standins(
             if event == "ADDED"
         ]
         assert (EXPIRES_LABEL in service_labels) != kept and service_labels[OWNER_RUN_LABEL], service_labels
-        queued = [
-            (r["body"] or {}).get("nodePool", {}).get("queuedProvisioning")
-            for r in gke.requests
-            if r["method"] == "POST" and r["path"].endswith("/nodePools")
-        ]
+        queued = [(r["body"] or {}).get("nodePool", {}).get("queuedProvisioning") for r in _node_pool_creates(gke)]
         assert queued == [{"enabled": True}] * 2 if capacity == "queued" else not any(queued), queued
         requested = tis["request_capacity"].xcom_pull(task_ids="request_capacity")
         if capacity == "queued":
@@ -610,43 +604,69 @@ def test_gke_pipeline_end_to_end_on_the_standins(
         assert kube.controller.errors == []
 
 
+@pytest.fixture
+def failing_run_standins(
+    gke: GKEApiStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., AbstractContextManager[KubeRayStandin]]:
+    """Starts the Kubernetes stand-in (simulated KubeRay, a FakeRayLauncher unless given) over ``cluster``'s node
+    pools of the GKE stand-in, with Airflow's connections and Variables pointed at both (and the TPU capacity
+    Variable set, if given), for a run that is to fail."""
+
+    @contextmanager
+    def start(
+        cluster: str = CLUSTER_PATH, launcher: FakeRayLauncher | None = None, capacity: str | None = None
+    ) -> Iterator[KubeRayStandin]:
+        node_pools = GkeNodePools(gke, cluster=cluster)
+        with KubeRayStandin(
+            tmp_path / "kube", launcher=launcher or FakeRayLauncher(), node_pools=node_pools, interval=0.1
+        ) as kube:
+            point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+            if capacity is not None:
+                monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_TPU_CAPACITY", capacity)
+            yield kube
+
+    return start
+
+
+def _failed(run: Any) -> dict[str, str]:
+    """The task states of a run that failed."""
+    states = task_states(run)
+    assert run.state == "failed", states
+    return states
+
+
+def _node_pool_creates(gke: GKEApiStandin) -> list[dict[str, Any]]:
+    """The requests to the GKE stand-in that created a node pool, in order."""
+    return [r for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
+
+
 @pytest.mark.slow
 def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_deletes_everything(
-    dags_folder: Path,
-    gke: GKEApiStandin,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
+    dags_folder: Path, gke: GKEApiStandin, failing_run_standins: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
     # The Kubernetes connection reaches a cluster whose nodes are not the GKE cluster's that got the slice's
     # node pool: the TPU worker pods stay Pending (FailedScheduling) and the RayCluster never becomes ready.
     other_cluster = f"projects/{PROJECT}/locations/{ZONE}/clusters/another-cluster"
     launcher = FakeRayLauncher()
-    kube = KubeRayStandin(
-        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=other_cluster), interval=0.1
-    )
-    with kube:
-        point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
+    with failing_run_standins(other_cluster, launcher) as kube:
         dag = load_dag(dags_folder, poll=0.3)
         deadline = 20.0
         dag.get_task("create_ray_cluster").wait_timeout = deadline  # the configured deadline, test-sized
         started = time.time()
-        run = dag.test(run_conf={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"})
+        states = _failed(
+            dag.test(run_conf={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"})
+        )
         elapsed = time.time() - started
-        states = task_states(run)
-        assert run.state == "failed", states
         assert states["check_params"] == "success" and states["create_node_pool"] == "success"
         assert states["create_ray_cluster"] == "failed"
         assert {states[t] for t in ("train", "evaluate", "deploy", "smoke_test")} == {"upstream_failed"}
         assert {t: states[t] for t in TEARDOWNS} == dict.fromkeys(TEARDOWNS, "success"), states
-        out = capfd.readouterr()
-        text = out.out + out.err
+        text = "".join(capfd.readouterr())
         # A clear reason, within the deadline: KubeRay's state plus the scheduler's FailedScheduling event.
         assert "didn't match Pod's node affinity/selector" in text, text[-5000:]
         assert elapsed < deadline + 120, elapsed
         # The two-host pool existed while the cluster waited, then teardown removed the pool and the RayCluster.
-        pools_created = [r for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
-        assert len(pools_created) == 1
+        assert len(_node_pool_creates(gke)) == 1
         assert gke.node_pools() == []
         assert kube.store.list(RAYCLUSTERS) == [] and kube.store.list(RAYSERVICES) == []
         # only the CPU prep cluster ever started (it has no TPU workers to wait for)
@@ -656,40 +676,22 @@ def test_a_raycluster_that_never_becomes_ready_fails_the_run_and_teardown_delete
 @pytest.mark.slow
 @pytest.mark.long  # a DAG run of its own (about 2 min here); make test proves the wiring with the shape test
 def test_queued_capacity_that_never_arrives_fails_at_the_deadline_and_teardown_leaves_nothing(
-    dags_folder: Path,
-    gke: GKEApiStandin,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
+    dags_folder: Path, gke: GKEApiStandin, failing_run_standins: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from tpuflow_rehearsal.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 
     gke.capacity.update({"queued": {"available": False, "failAfterSeconds": 3600}})
-    kube = KubeRayStandin(
-        tmp_path / "kube", launcher=FakeRayLauncher(), node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
-    )
-    with kube:
-        point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
-        monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_TPU_CAPACITY", "queued")
+    with failing_run_standins(capacity="queued") as kube:
         dag = load_dag(dags_folder, poll=0.3)
         dag.get_task("request_capacity").wait_timeout = 5.0  # the configured deadline, test-sized
-        run = dag.test(
-            run_conf={
-                "accelerator": "TPU-V6E",
-                "topology": "2x4",
-                "machine_type": "ct6e-standard-4t",
-                "max_run_duration_seconds": 3600,
-            }
-        )
-        states = task_states(run)
-        assert run.state == "failed", states
+        conf = {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t"}
+        states = _failed(dag.test(run_conf={**conf, "max_run_duration_seconds": 3600}))
         assert states["create_node_pool"] == "success" and states["request_capacity"] == "failed", states
         assert states["create_ray_cluster"] == "upstream_failed" and states["train"] == "upstream_failed"
         assert {t: states[t] for t in TEARDOWNS} == dict.fromkeys(TEARDOWNS, "success"), states
-        out = capfd.readouterr()
-        text = out.out + out.err
+        text = "".join(capfd.readouterr())
         assert "Provisioned=False: CapacityIsNotFound" in text and "by the deadline" in text, text[-5000:]
-        queued_pools = [r for r in gke.requests if r["method"] == "POST" and r["path"].endswith("/nodePools")]
+        queued_pools = _node_pool_creates(gke)
         assert queued_pools and queued_pools[0]["body"]["nodePool"]["queuedProvisioning"] == {"enabled": True}
         assert gke.node_pools() == []
         assert kube.store.list(PROVISIONING_REQUESTS) == [] and kube.store.list(POD_TEMPLATES) == []
@@ -699,27 +701,15 @@ def test_queued_capacity_that_never_arrives_fails_at_the_deadline_and_teardown_l
 
 @pytest.mark.slow
 def test_slices_above_the_projects_quota_fail_the_first_task_and_nothing_is_created(
-    dags_folder: Path,
-    gke: GKEApiStandin,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
+    dags_folder: Path, gke: GKEApiStandin, failing_run_standins: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
     # Two v6e 2x4 slices on spot need 16 preemptible chips; the project has 8 in the cluster's region.
     gke.quotas.set("PREEMPTIBLE-TPU-V6E-per-project-region", 8, region=ZONE.rsplit("-", 1)[0])
     launcher = FakeRayLauncher()
-    kube = KubeRayStandin(
-        tmp_path / "kube", launcher=launcher, node_pools=GkeNodePools(gke, cluster=CLUSTER_PATH), interval=0.1
-    )
-    with kube:
-        point_airflow_at(monkeypatch, gke, kube, tmp_path / "outputs")
-        monkeypatch.setenv("AIRFLOW_VAR_TPUFLOW_TPU_CAPACITY", "spot")
+    with failing_run_standins(launcher=launcher, capacity="spot") as kube:
         dag = load_dag(dags_folder, poll=0.3)
-        run = dag.test(
-            run_conf={"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t", "num_slices": 2}
-        )
-        states = task_states(run)
-        assert run.state == "failed", states
+        conf = {"accelerator": "TPU-V6E", "topology": "2x4", "machine_type": "ct6e-standard-4t", "num_slices": 2}
+        states = _failed(dag.test(run_conf=conf))
         assert states["check_params"] == "failed", states
         assert not [t for t, s in states.items() if s == "success"], states
         text = "".join(capfd.readouterr())
