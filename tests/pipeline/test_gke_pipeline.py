@@ -460,7 +460,9 @@ def test_gke_pipeline_end_to_end_on_the_standins(
     from tpuflow_rehearsal.gcs_emulator import ensure_buckets
     from tpuflow_rehearsal.standins.capacity import POD_TEMPLATES, PROVISIONING_REQUESTS
 
-    bucket = "tpuflow-gke-outputs"
+    # a bucket per case: the emulator lives for the session, and the second case would adopt the first's
+    # finished training run (same DAG, date and slice) and train no step
+    bucket = f"tpuflow-gke-outputs-{capacity}"
     ensure_buckets(gcs_emulator.url, [bucket])
     monkeypatch.setenv(EMULATOR_ENV, gcs_emulator.url)  # the Airflow side, and the stand-in's Ray processes
     launcher = RecordingLauncher(tmp_path / "ray", head_cpus=2, host_cpus=1, timeout=600)
