@@ -15,30 +15,25 @@ from typing import Any
 from airflow.exceptions import AirflowProviderDeprecationWarning
 
 
+def _warn(message: str) -> None:
+    # stacklevel 4: past this function, the warn_* that called it and the deprecated __init__ (an operator's
+    # init wrappers still stand between that and the DAG file)
+    warnings.warn(message, AirflowProviderDeprecationWarning, stacklevel=4)
+
+
 def warn_renamed(old: str, new: type[Any]) -> None:
     """Warn that the operator class ``old`` is now ``new`` (the old name goes in the next release)."""
-    warnings.warn(
-        f"{old} is renamed {new.__name__} (from {new.__module__} import {new.__name__}); "
-        f"{old} goes in the next release",
-        AirflowProviderDeprecationWarning,
-        stacklevel=3,
+    _warn(
+        f"{old} is renamed {new.__name__} (from {new.__module__} import {new.__name__}); {old} goes in the next release"
     )
 
 
 def warn_replaced(old: str, replacement: str) -> None:
     """Warn that the class ``old`` is replaced by ``replacement`` (an operator and the argument that does
     what the subclass did); ``old`` goes in the next release."""
-    warnings.warn(
-        f"{old} is deprecated: use {replacement}; {old} goes in the next release",
-        AirflowProviderDeprecationWarning,
-        stacklevel=3,
-    )
+    _warn(f"{old} is deprecated: use {replacement}; {old} goes in the next release")
 
 
 def warn_renamed_keyword(owner: str, old: str, new: str) -> None:
     """Warn that ``owner`` now takes ``new`` instead of ``old`` (a keyword renamed to carry its unit)."""
-    warnings.warn(
-        f"{owner}({old}=...) is renamed {new}; {old} goes in the next release",
-        AirflowProviderDeprecationWarning,
-        stacklevel=3,
-    )
+    _warn(f"{owner}({old}=...) is renamed {new}; {old} goes in the next release")

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 NOT_KEPT = "not kept: keep_endpoint is off, or the endpoint never answered"
 
 
-def idle_minutes(value: Any, field: str = "idle_timeout_minutes") -> float | None:
+def idle_minutes(value: Any) -> float | None:
     """``idle_timeout_minutes`` as minutes: None (or "", 0) for never; a bad value is one line naming the field."""
     if value in (None, "", "None"):
         return None
@@ -54,7 +54,7 @@ def idle_minutes(value: Any, field: str = "idle_timeout_minutes") -> float | Non
         minutes = -1.0
     if minutes < 0 or minutes != minutes:
         raise UserInputError(
-            field,
+            "idle_timeout_minutes",
             value,
             "give the minutes without a request after which a kept endpoint stops (0: only its lifetime)",
         )
